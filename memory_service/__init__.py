@@ -1,0 +1,3 @@
+"""memory-service: long-term memory for LLM agents."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,54 @@
+"""Turning one conversation window into memories: the extractor interface.
+
+Formation (memory_service.formation) claims a window, calls ONE extractor on it, and
+writes what comes back with deterministic ids. Extractors never write anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
+
+from .models import MemoryKind, Role, Shard
+
+
+@dataclass(frozen=True, slots=True)
+class WindowMessage:
+    message_id: str
+    sequence: int
+    role: Role
+    user_id: str
+    content: str
+    created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """Exactly the messages formation claimed, oldest first, plus the agent's active shards."""
+
+    agent_id: str
+    session_id: str
+    messages: tuple[WindowMessage, ...]
+    shards: tuple[Shard, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ExtractedItem:
+    kind: MemoryKind  # DIRECTIVE, FACT or SUGGESTION
+    content: str
+    message_ids: tuple[str, ...]  # the window messages it was formed from
+    user_id: str | None = None  # for directives: whose rule or preference it is
+    shard_id: str | None = None  # for facts and suggestions: the shard it belongs to
+
+
+@dataclass(slots=True)
+class Extraction:
+    episode: str | None = None  # <= ~50 words: what happened in the window
+    items: list[ExtractedItem] = field(default_factory=list)
+
+
+class Extractor(Protocol):
+    name: str
+
+    async def extract(self, window: Window) -> Extraction: ...

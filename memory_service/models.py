@@ -1,0 +1,176 @@
+"""The service's data: messages, memories and their provenance, agents, shards."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from .namespaces import Namespace, validate_id
+
+MAX_MESSAGE_CHARS = 32_000
+
+
+def _checked_id(what: str):
+    return AfterValidator(lambda v: validate_id(v, what))
+
+
+AgentId = Annotated[str, _checked_id("agent_id")]
+UserId = Annotated[str, _checked_id("user_id")]
+SessionId = Annotated[str, _checked_id("session_id")]
+ShardId = Annotated[str, _checked_id("shard_id")]
+MessageId = Annotated[str, _checked_id("message_id")]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+class Role(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class MemoryKind(StrEnum):
+    MESSAGE = "message"
+    EPISODE = "episode"
+    DIRECTIVE = "directive"
+    FACT = "fact"
+    SUGGESTION = "suggestion"
+    OBSERVATION = "observation"
+
+
+# Word limits on what is stored, per DESIGN.md.
+WORD_LIMITS: dict[MemoryKind, int] = {
+    MemoryKind.EPISODE: 50,
+    MemoryKind.DIRECTIVE: 25,
+    MemoryKind.FACT: 30,
+    MemoryKind.SUGGESTION: 35,
+}
+
+
+class MessageIn(BaseModel):
+    """A message as the host application records it."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    agent_id: AgentId
+    user_id: UserId
+    role: Role
+    content: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    message_id: MessageId | None = None
+    created_at: datetime | None = None
+    incognito: bool = False
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("content must not be blank")
+        return value
+
+    @field_validator("created_at")
+    @classmethod
+    def _timezone(cls, value: datetime | None) -> datetime | None:
+        return _aware(value) if value else value
+
+
+class Provenance(BaseModel):
+    """Where a memory came from. Serialised as the episode body's ``metadata``."""
+
+    agent_id: str
+    user_id: str | None = None
+    user_ids: list[str] = Field(default_factory=list)
+    session_id: str | None = None
+    message_ids: list[str] = Field(default_factory=list)
+    sequence: int = 0
+    role: Role | None = None
+
+
+class Memory(BaseModel):
+    """One stored memory. ``id`` is deterministic for formed memories, so rewrites are no-ops."""
+
+    id: str
+    kind: MemoryKind
+    namespace: str
+    content: str
+    metadata: Provenance
+    valid_at: datetime = Field(default_factory=utcnow)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return str(Namespace.parse(value))
+
+    @field_validator("valid_at")
+    @classmethod
+    def _timezone(cls, value: datetime) -> datetime:
+        return _aware(value)
+
+    def episode_body(self) -> str:
+        """The JSON body written to Graphiti, in the shape DESIGN.md fixes."""
+        return json.dumps(
+            {
+                "memory_type": self.kind.value,
+                "content": self.content,
+                "metadata": self.metadata.model_dump(mode="json"),
+            },
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_episode_body(cls, *, id: str, namespace: str, body: str, valid_at: Any) -> Memory:
+        data = json.loads(body)
+        return cls(
+            id=id,
+            kind=data["memory_type"],
+            namespace=namespace,
+            content=data["content"],
+            metadata=Provenance.model_validate(data["metadata"]),
+            valid_at=valid_at,
+        )
+
+
+class AgentSettings(BaseModel):
+    """Per-agent settings. ``memory_backend`` routes the agent; None means the default.
+
+    ``agent_extras.experimental_memory_backend`` is the legacy spelling of the same switch.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_backend: str | None = Field(default=None, min_length=1, max_length=64)
+    agent_extras: dict[str, Any] = Field(default_factory=dict)
+
+    def requested_backend(self) -> str | None:
+        legacy = self.agent_extras.get("experimental_memory_backend")
+        return self.memory_backend or (legacy if isinstance(legacy, str) and legacy else None)
+
+
+class Agent(AgentSettings):
+    agent_id: str
+    effective_backend: str | None = None
+
+
+class ShardIn(BaseModel):
+    """A topic an agent keeps collective knowledge on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=120)
+    extraction_focus: str = Field(default="", max_length=2_000)
+    active: bool = True
+
+
+class Shard(ShardIn):
+    agent_id: str
+    shard_id: str

@@ -1,0 +1,159 @@
+"""Namespaces and their reversible, collision-free mapping to Graphiti group_ids.
+
+A namespace is one of ``session:<session_id>``, ``user:<agent_id>:<user_id>``,
+``shard:<agent_id>:<shard_id>`` or ``agent:<agent_id>``.
+
+Graphiti accepts ``[A-Za-z0-9_-]`` in a group_id, and on FalkorDB a hyphen breaks
+full-text search inside the group, so group_ids use ``[A-Za-z0-9_]`` only:
+
+* ASCII letters and digits stand for themselves;
+* any other character becomes ``_<lowercase hex code point>_`` (``_`` is ``_5f_``);
+* ``__`` (an escape with no digits, which no character produces) separates fields;
+* the first field is the namespace kind.
+
+``session:a_b`` -> ``session__a_5f_b``. Decoding is the exact inverse, so the mapping is
+injective, and no group_id is ``''`` or ``'_'``.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from dataclasses import dataclass
+from enum import StrEnum
+
+from .errors import InvalidInput
+
+MAX_ID_LENGTH = 256
+_ALNUM = re.compile(r"[A-Za-z0-9]")
+_ESCAPE = re.compile(r"_([0-9a-f]*)_")
+
+
+class NamespaceKind(StrEnum):
+    SESSION = "session"
+    USER = "user"
+    SHARD = "shard"
+    AGENT = "agent"
+
+
+_FIELDS: dict[NamespaceKind, tuple[str, ...]] = {
+    NamespaceKind.SESSION: ("session_id",),
+    NamespaceKind.USER: ("agent_id", "user_id"),
+    NamespaceKind.SHARD: ("agent_id", "shard_id"),
+    NamespaceKind.AGENT: ("agent_id",),
+}
+
+
+def validate_id(value: object, what: str = "id") -> str:
+    """Return ``value`` if it is a usable identifier, else raise InvalidInput.
+
+    Any Unicode is allowed except ':' (the namespace separator), control and
+    unassigned characters, and leading or trailing white space.
+    """
+    if not isinstance(value, str):
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidInput(f"{what} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}")
+    if value != value.strip():
+        raise InvalidInput(f"{what} {value!r} must not start or end with white space")
+    if ":" in value:
+        raise InvalidInput(f"{what} {value!r} must not contain ':' (it separates namespace fields)")
+    bad = next((c for c in value if unicodedata.category(c) in {"Cc", "Cs", "Cn"}), None)
+    if bad is not None:
+        raise InvalidInput(f"{what} {value!r} contains the control or unassigned character U+{ord(bad):04X}")
+    return value
+
+
+def _encode_field(value: str) -> str:
+    return "".join(c if _ALNUM.fullmatch(c) else f"_{ord(c):x}_" for c in value)
+
+
+def _decode_group_id(group_id: str) -> list[str]:
+    """Split and unescape a group_id into its fields, scanning left to right.
+
+    A plain split on '__' would be wrong: ``_5f_`` followed by the separator reads ``_5f___``.
+    """
+    fields: list[str] = [""]
+    pos = 0
+    while pos < len(group_id):
+        char = group_id[pos]
+        if _ALNUM.fullmatch(char):
+            fields[-1] += char
+            pos += 1
+            continue
+        match = _ESCAPE.match(group_id, pos)
+        if not match:
+            raise InvalidInput(f"group_id {group_id!r} is not one this service produced")
+        digits = match.group(1)
+        if not digits:
+            fields.append("")
+        elif digits.startswith("0") or int(digits, 16) > 0x10FFFF:
+            raise InvalidInput(f"group_id {group_id!r} has a malformed escape _{digits}_")
+        else:
+            fields[-1] += chr(int(digits, 16))
+        pos = match.end()
+    return fields
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    kind: NamespaceKind
+    fields: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        names = _FIELDS[self.kind]
+        if len(self.fields) != len(names):
+            raise InvalidInput(f"a {self.kind} namespace has {len(names)} field(s): {', '.join(names)}")
+        for name, value in zip(names, self.fields):
+            validate_id(value, name)
+
+    # Constructors, one per kind, so call sites read as the spec does.
+    @classmethod
+    def session(cls, session_id: str) -> Namespace:
+        return cls(NamespaceKind.SESSION, (session_id,))
+
+    @classmethod
+    def user(cls, agent_id: str, user_id: str) -> Namespace:
+        return cls(NamespaceKind.USER, (agent_id, user_id))
+
+    @classmethod
+    def shard(cls, agent_id: str, shard_id: str) -> Namespace:
+        return cls(NamespaceKind.SHARD, (agent_id, shard_id))
+
+    @classmethod
+    def agent(cls, agent_id: str) -> Namespace:
+        return cls(NamespaceKind.AGENT, (agent_id,))
+
+    @classmethod
+    def parse(cls, text: object) -> Namespace:
+        if not isinstance(text, str):
+            raise InvalidInput(f"a namespace must be a string, got {type(text).__name__}")
+        kind_text, sep, rest = text.partition(":")
+        if not sep:
+            raise InvalidInput(f"namespace {text!r} has no ':'; expected e.g. 'session:<session_id>'")
+        try:
+            kind = NamespaceKind(kind_text)
+        except ValueError:
+            kinds = ", ".join(k.value for k in NamespaceKind)
+            raise InvalidInput(f"namespace {text!r} has unknown kind {kind_text!r}; expected one of {kinds}") from None
+        return cls(kind, tuple(rest.split(":")))
+
+    def __str__(self) -> str:
+        return ":".join((self.kind.value, *self.fields))
+
+    @property
+    def group_id(self) -> str:
+        return "__".join((self.kind.value, *(_encode_field(f) for f in self.fields)))
+
+    @classmethod
+    def from_group_id(cls, group_id: str) -> Namespace:
+        if not isinstance(group_id, str):
+            raise InvalidInput(f"a group_id must be a string, got {type(group_id).__name__}")
+        kind_text, *fields = _decode_group_id(group_id)
+        try:
+            kind = NamespaceKind(kind_text)
+        except ValueError:
+            raise InvalidInput(f"group_id {group_id!r} is not one this service produced") from None
+        return cls(kind, tuple(fields))
