@@ -1,0 +1,1 @@
+"""Memory backends: one module per store, all behind backends.base.MemoryBackend."""

@@ -1,0 +1,44 @@
+"""The one interface every memory backend implements (and the contract tests check)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from memory_service.models import Memory, MemoryKind
+from memory_service.namespaces import Namespace
+
+
+class MemoryBackend(ABC):
+    """Stores memories by namespace. Writes are idempotent by ``Memory.id``."""
+
+    name: str
+
+    async def start(self) -> None:
+        """Connect and check the store; raise to make the registry fall back."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+    @abstractmethod
+    async def health(self) -> dict:
+        """``{"ok": bool, ...}`` with whatever helps an operator."""
+
+    @abstractmethod
+    async def write(self, memories: Sequence[Memory]) -> int:
+        """Store memories whose id is not stored yet; return how many were new.
+
+        Writing an id that exists changes nothing, so a retried formation is a no-op.
+        """
+
+    @abstractmethod
+    async def get(self, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+        """The memories of ``namespace`` with these ids (missing ids are skipped)."""
+
+    @abstractmethod
+    async def recent(self, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+        """The ``limit`` most recent memories of these kinds, oldest first."""
+
+    @abstractmethod
+    async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        """How many memories (of these kinds, or all) the namespace holds."""

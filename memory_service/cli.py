@@ -1,0 +1,145 @@
+"""The command line: `memory-service serve` and `memory-service demo`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import tempfile
+from datetime import datetime, timedelta
+from importlib import resources
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+
+from .config import Settings
+from .errors import MemoryServiceError
+
+app = typer.Typer(help="Long-term memory for LLM agents.", no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on", min=1, max=65535)] = 8080,
+    data_dir: Annotated[Path | None, typer.Option(help="Data of the embedded store (ignored when FALKORDB_URL is set)")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run the HTTP API (OpenAPI docs at /docs) on the embedded default or the configured URLs."""
+    import uvicorn
+
+    from .api import create_app
+
+    _setup_logging(log_level)
+    try:
+        settings = Settings()
+    except Exception as exc:
+        console.print(f"[red]invalid configuration:[/red] {exc}")
+        raise typer.Exit(2) from None
+    uvicorn.run(create_app(settings, data_dir), host=host, port=port, log_level=log_level.lower())
+
+
+@app.command()
+def demo(
+    data_dir: Annotated[Path | None, typer.Option(help="Keep the demo's data here (default: a temporary directory)")] = None,
+    model: Annotated[str | None, typer.Option(help="Model name whose budget the shown memory block must fit")] = None,
+) -> None:
+    """Replay a bundled sample conversation through the HTTP API and show what was formed."""
+    _setup_logging("warning")
+    try:
+        if data_dir is None:
+            with tempfile.TemporaryDirectory(prefix="memory-service-demo-") as tmp:
+                asyncio.run(_demo(Path(tmp), model))
+        else:
+            asyncio.run(_demo(data_dir, model))
+    except MemoryServiceError as exc:
+        console.print(f"[red]demo failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def _demo(data_dir: Path, model: str | None) -> None:
+    import httpx
+    import uvicorn
+
+    from .api import create_app
+
+    script = json.loads(resources.files("memory_service").joinpath("data/demo_conversation.json").read_text())
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(Settings(), data_dir), host="127.0.0.1", port=port, log_level="warning"))
+    serving = asyncio.create_task(server.serve())
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
+            await _wait_started(server, serving)
+            console.rule(f"memory-service demo — API on http://127.0.0.1:{port}, embedded FalkorDB in {data_dir}")
+            await _replay(http, script)
+            show = script["show"]
+            params = {"agent_id": script["agent_id"], **show, **({"model": model} if model else {})}
+            ctx = _ok(await http.get("/v1/context", params=params))
+            console.rule(f"GET /v1/context for {show['user_id']} in {show['session_id']}: {ctx['chars']} of {ctx['budget']} chars")
+            console.print(Syntax(ctx["xml"], "xml", word_wrap=True))
+            console.print(f"sections: {ctx['sections']}  dropped to fit: {ctx['dropped']}")
+    finally:
+        server.should_exit = True
+        await serving
+
+
+async def _wait_started(server, serving: asyncio.Task) -> None:
+    for _ in range(600):
+        if server.started:
+            return
+        if serving.done():
+            serving.result()  # raises the start-up error
+            raise MemoryServiceError("the API server stopped during start-up")
+        await asyncio.sleep(0.05)
+    raise MemoryServiceError("the API server did not start within 30 s")
+
+
+def _ok(response) -> dict:
+    if response.status_code >= 400:
+        raise MemoryServiceError(f"{response.request.method} {response.request.url.path} answered {response.status_code}: {response.text}")
+    return response.json()
+
+
+async def _replay(http, script: dict) -> None:
+    agent_id = script["agent_id"]
+    _ok(await http.put(f"/v1/agents/{agent_id}", json=script["agent"]))
+    for shard_id, shard in script["shards"].items():
+        _ok(await http.put(f"/v1/agents/{agent_id}/shards/{shard_id}", json=shard))
+    table = Table("session", "messages", "formed by gate", "formed at session end", title="What was formed")
+    for session in script["sessions"]:
+        sid, start = session["session_id"], datetime.fromisoformat(session["date"])
+        by_gate: dict[str, int] = {}
+        for i, (user_id, role, content) in enumerate(session["messages"]):
+            body = {"agent_id": agent_id, "user_id": user_id, "role": role, "content": content,
+                    "message_id": f"{sid}-{i}", "created_at": (start + timedelta(minutes=i)).isoformat()}
+            result = _ok(await http.post(f"/v1/sessions/{sid}/messages", json=body))
+            for kind, n in ((result.get("formation") or {}).get("memories") or {}).items():
+                by_gate[kind] = by_gate.get(kind, 0) + n
+        # A host (or, later, the cold-session sweep) forms what is left when a session ends.
+        at_end = _ok(await http.post(f"/v1/sessions/{sid}/form"))["memories"]
+        table.add_row(sid, str(len(session["messages"])), _counts(by_gate), _counts(at_end))
+    console.print(table)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "-"
+
+
+if __name__ == "__main__":
+    app()

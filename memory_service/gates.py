@@ -1,0 +1,50 @@
+"""Formation gates: when a session has enough new conversation to form memories."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from .config import Settings
+from .models import Role
+from .state import SessionCounters
+
+# Users' words say most about them; an agent's own words least.
+ROLE_WEIGHTS: dict[Role, float] = {Role.USER: 1.0, Role.TOOL: 0.5, Role.SYSTEM: 0.5, Role.ASSISTANT: 0.2}
+CHARS_PER_TOKEN = 4.5  # tiktoken would download its tables at run time
+
+
+def weighted_tokens(role: Role, content: str) -> float:
+    return len(content) * ROLE_WEIGHTS[role] / CHARS_PER_TOKEN
+
+
+class GateStatus(BaseModel):
+    open: bool
+    reason: str
+    pending_messages: int
+    pending_tokens: float
+    min_messages: int
+    message_interval: int
+    token_interval: int
+
+
+def evaluate(counters: SessionCounters, settings: Settings) -> GateStatus:
+    pending, tokens = counters.pending_messages, round(counters.pending_tokens, 1)
+    if counters.incognito:
+        is_open, reason = False, "incognito session: memories are never formed"
+    elif pending < settings.never_form_memories_less_than_n_messages:
+        is_open, reason = False, f"{pending} new message(s), fewer than the minimum {settings.never_form_memories_less_than_n_messages}"
+    elif pending >= settings.memory_formation_msg_interval:
+        is_open, reason = True, f"{pending} new messages reached the interval {settings.memory_formation_msg_interval}"
+    elif tokens >= settings.memory_formation_token_interval:
+        is_open, reason = True, f"{tokens:.0f} weighted tokens reached the interval {settings.memory_formation_token_interval}"
+    else:
+        is_open, reason = False, "waiting for more messages or tokens"
+    return GateStatus(
+        open=is_open,
+        reason=reason,
+        pending_messages=pending,
+        pending_tokens=tokens,
+        min_messages=settings.never_form_memories_less_than_n_messages,
+        message_interval=settings.memory_formation_msg_interval,
+        token_interval=settings.memory_formation_token_interval,
+    )

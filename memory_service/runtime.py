@@ -1,0 +1,50 @@
+"""Wiring: build a MemoryService from Settings, on the embedded default or configured URLs."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from .config import Settings
+from .embedded import EmbeddedFalkorDB
+from .service import MemoryService
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+
+def _graph_backend(settings: Settings):
+    from backends.graph import GraphBackend
+
+    if not settings.falkordb_url:
+        raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
+    return GraphBackend(settings.falkordb_url, settings)
+
+
+def default_extractor(settings: Settings):
+    from .rule_extractor import RuleBasedExtractor
+
+    return RuleBasedExtractor()
+
+
+@asynccontextmanager
+async def open_service(settings: Settings | None = None, data_dir: Path | None = None) -> AsyncIterator[MemoryService]:
+    """A running MemoryService; starts (and later stops) the embedded store if no URL is set."""
+    settings = (settings or Settings()).model_copy()
+    embedded = None
+    if not settings.falkordb_url:
+        embedded = EmbeddedFalkorDB(data_dir or settings.memory_data_dir)
+        settings.falkordb_url = embedded.start()
+    settings.redis_url = settings.redis_url or settings.falkordb_url
+    service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings))
+    service.register_backend("graph", _graph_backend)
+    service.embedded = embedded
+    try:
+        await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
+        yield service
+    finally:
+        await service.close()
+        if embedded:
+            embedded.stop()

@@ -1,0 +1,334 @@
+"""MemoryService: the one entry point. The HTTP API, the CLI and the worker call it.
+
+It routes each agent to a backend from a registry of named factories, records messages,
+runs the formation gates, forms memories, and assembles the memory context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from backends.base import MemoryBackend
+
+from . import gates
+from .config import Settings
+from .context import ContextInputs, RenderedContext, ShardContext, UserContext, budget_for_model, render_context
+from .errors import BackendUnavailable, Conflict, InvalidInput, NotFound
+from .extraction import Extractor
+from .formation import FormationResult, form_window, message_memory_id
+from .models import Agent, AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Shard, ShardIn
+from .namespaces import Namespace, validate_id
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+BackendFactory = Callable[[Settings], MemoryBackend | Awaitable[MemoryBackend]]
+
+
+@dataclass(slots=True)
+class RecordResult:
+    session_id: str
+    message_id: str
+    sequence: int
+    duplicate: bool
+    gate: gates.GateStatus
+    formation: FormationResult | None = None
+
+
+@dataclass(slots=True)
+class _FailedFactory:
+    error: str
+    failed_at: float
+
+
+@dataclass(slots=True)
+class BackendRegistry:
+    """Named backend factories; each backend is built once and reused.
+
+    A factory that fails is remembered for ``retry_seconds`` so that a broken store
+    costs one warning, not one failed connection per call.
+    """
+
+    settings: Settings
+    factories: dict[str, BackendFactory] = field(default_factory=dict)
+    _live: dict[str, MemoryBackend] = field(default_factory=dict)
+    _failed: dict[str, _FailedFactory] = field(default_factory=dict)
+    _warned: set[tuple[str, str]] = field(default_factory=set)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def register(self, name: str, factory: BackendFactory) -> None:
+        self.factories[name] = factory
+
+    def _warn_once(self, key: tuple[str, str], message: str, *args) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    async def get(self, name: str) -> MemoryBackend:
+        """The live backend called ``name``; raises BackendUnavailable if it cannot start."""
+        if name in self._live:
+            return self._live[name]
+        if name not in self.factories:
+            raise BackendUnavailable(f"no memory backend named {name!r} is registered")
+        failed = self._failed.get(name)
+        if failed and time.monotonic() - failed.failed_at < self.settings.backend_retry_seconds:
+            raise BackendUnavailable(f"memory backend {name!r} failed to start: {failed.error}")
+        async with self._lock:
+            if name in self._live:
+                return self._live[name]
+            try:
+                backend = self.factories[name](self.settings)
+                if asyncio.iscoroutine(backend):
+                    backend = await backend
+                await backend.start()
+            except Exception as exc:
+                self._failed[name] = _FailedFactory(f"{type(exc).__name__}: {exc}", time.monotonic())
+                self._warned.discard(("failed", name))
+                raise BackendUnavailable(f"memory backend {name!r} failed to start: {exc}") from exc
+            self._failed.pop(name, None)
+            self._live[name] = backend
+            return backend
+
+    async def resolve(self, requested: str | None, default: str, agent_id: str) -> tuple[str, MemoryBackend]:
+        """The agent's backend, or the default with one logged warning."""
+        if requested and requested != default:
+            if requested not in self.factories:
+                self._warn_once(("unknown", requested), "agent %s asks for unknown memory backend %r; using %r",
+                                agent_id, requested, default)
+            else:
+                try:
+                    return requested, await self.get(requested)
+                except BackendUnavailable as exc:
+                    self._warn_once(("failed", requested), "%s; agents that ask for it use %r", exc, default)
+        return default, await self.get(default)
+
+    async def close(self) -> None:
+        for backend in self._live.values():
+            await backend.close()
+        self._live.clear()
+
+    async def health(self) -> dict:
+        report = {name: await b.health() for name, b in self._live.items()}
+        for name, failed in self._failed.items():
+            report.setdefault(name, {"ok": False, "error": failed.error})
+        return report
+
+
+class MemoryService:
+    def __init__(self, settings: Settings, state: StateStore, extractor: Extractor):
+        self.settings = settings
+        self.state = state
+        self.extractor = extractor
+        self.registry = BackendRegistry(settings)
+
+    def register_backend(self, name: str, factory: BackendFactory) -> None:
+        self.registry.register(name, factory)
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.state.close()
+
+    # Agents and shards -------------------------------------------------------------
+
+    async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
+        validate_id(agent_id, "agent_id")
+        requested = settings.requested_backend()
+        if requested and requested not in self.registry.factories:
+            known = ", ".join(sorted(self.registry.factories))
+            raise InvalidInput(f"unknown memory backend {requested!r}; registered backends: {known}")
+        await self.state.put_agent(agent_id, settings)
+        return await self.get_agent(agent_id)
+
+    async def get_agent(self, agent_id: str) -> Agent:
+        validate_id(agent_id, "agent_id")
+        settings = await self.state.get_agent(agent_id)
+        if settings is None:
+            raise NotFound(f"agent {agent_id!r} has no settings; PUT /v1/agents/{agent_id} creates them")
+        name, _ = await self.backend_for(agent_id, settings)
+        return Agent(agent_id=agent_id, effective_backend=name, **settings.model_dump())
+
+    async def backend_for(self, agent_id: str, settings: AgentSettings | None = None) -> tuple[str, MemoryBackend]:
+        if settings is None:
+            settings = await self.state.get_agent(agent_id) or AgentSettings()
+        return await self.registry.resolve(settings.requested_backend(), self.settings.default_memory_backend, agent_id)
+
+    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
+        validate_id(agent_id, "agent_id")
+        validate_id(shard_id, "shard_id")
+        created = await self.state.put_shard(agent_id, shard_id, shard)
+        return Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump()), created
+
+    async def list_shards(self, agent_id: str) -> list[Shard]:
+        validate_id(agent_id, "agent_id")
+        return [Shard(agent_id=agent_id, shard_id=sid, **s.model_dump()) for sid, s in (await self.state.shards(agent_id)).items()]
+
+    # Recording and formation -------------------------------------------------------
+
+    async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
+        """Store one message (idempotent by message_id) and evaluate the gates."""
+        validate_id(session_id, "session_id")
+        message_id = message.message_id or uuid.uuid4().hex
+        digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
+        reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
+        if reservation.digest != digest:
+            raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
+        _, backend = await self.backend_for(message.agent_id)
+        memory = Memory(
+            id=message_memory_id(session_id, message_id),
+            kind=MemoryKind.MESSAGE,
+            namespace=str(Namespace.session(session_id)),
+            content=message.content,
+            metadata=Provenance(
+                agent_id=message.agent_id,
+                user_id=message.user_id,
+                user_ids=[message.user_id],
+                session_id=session_id,
+                message_ids=[message_id],
+                sequence=reservation.sequence,
+                role=message.role,
+            ),
+            valid_at=message.created_at or datetime.now(UTC),
+        )
+        # Store first, then make it pending: a failed write leaves nothing pending that
+        # formation could not read, and the client's retry completes the same message.
+        await backend.write([memory])
+        first = await self.state.commit_message(
+            session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
+            message.user_id if message.role == "user" else None, message.incognito,
+        )
+        gate = gates.evaluate(await self.state.counters(session_id), self.settings)
+        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
+        if gate.open and self.settings.form_memories_on_record:
+            result.formation = await self._form(session_id, message.agent_id, backend)
+            result.gate = gates.evaluate(await self.state.counters(session_id), self.settings)
+        return result
+
+    async def session_gate(self, session_id: str) -> gates.GateStatus:
+        validate_id(session_id, "session_id")
+        return gates.evaluate(await self.state.counters(session_id), self.settings)
+
+    async def maybe_form_memories(self, session_id: str) -> FormationResult | None:
+        """Form the pending window if a gate is open; None when it is closed."""
+        if not (await self.session_gate(session_id)).open:
+            return None
+        return await self.form_memories(session_id)
+
+    async def form_memories(self, session_id: str) -> FormationResult:
+        """Form whatever is pending now, gates or not (never in an incognito session)."""
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        if counters.incognito:
+            return FormationResult(session_id=session_id, extractor=self.extractor.name)
+        _, backend = await self.backend_for(counters.agent_id)
+        return await self._form(session_id, counters.agent_id, backend)
+
+    async def _form(self, session_id: str, agent_id: str, backend: MemoryBackend) -> FormationResult:
+        return await form_window(
+            agent_id=agent_id,
+            session_id=session_id,
+            backend=backend,
+            state=self.state,
+            extractor=self.extractor,
+            shards=await self.list_shards(agent_id),
+        )
+
+    # The memory context --------------------------------------------------------------
+
+    async def assemble_memory_context(
+        self, agent_id: str, user_id: str, session_id: str, model: str | None = None
+    ) -> RenderedContext:
+        """The XML memory block for one model call; it fits the model's budget.
+
+        A store that fails to answer shrinks the block; it never fails the prompt.
+        """
+        for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
+            validate_id(value, what)
+        counters = await self.state.counters(session_id)
+        if counters.agent_id not in (None, agent_id):
+            raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
+        budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        shards = [s for s in await self.list_shards(agent_id) if s.active]
+        users = [user_id] + [u for u in await self.state.session_users(session_id) if u != user_id]
+        namespaces = [
+            Namespace.session(session_id),
+            *(Namespace.user(agent_id, u) for u in users),
+            *(Namespace.shard(agent_id, s.shard_id) for s in shards),
+        ]
+        dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
+        generations = await self.state.generations(dependencies)
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, dependencies, generations]).encode()).hexdigest()
+        if cached := await self.state.cache_get(key):
+            return RenderedContext(**cached)
+
+        inputs, complete = await self._context_inputs(agent_id, session_id, users, shards)
+        rendered = render_context(inputs, budget)
+        if complete:  # never cache a block shrunk by an outage
+            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
+        return rendered
+
+    async def _context_inputs(
+        self, agent_id: str, session_id: str, users: list[str], shards: list[Shard]
+    ) -> tuple[ContextInputs, bool]:
+        s = self.settings
+        try:
+            _, backend = await self.backend_for(agent_id)
+        except BackendUnavailable as exc:
+            log.warning("memory context for agent %s without memories: %s", agent_id, exc)
+            return ContextInputs(), False
+
+        async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
+            try:
+                return await backend.recent(namespace, kinds, limit)
+            except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+                log.warning("memory context: reading %s failed: %s", namespace, exc)
+                return None
+
+        reads = [read(Namespace.session(session_id), [MemoryKind.EPISODE], s.context_recent_episodes)]
+        reads += [read(Namespace.user(agent_id, u), [MemoryKind.DIRECTIVE], s.context_directives_per_user) for u in users]
+        for shard in shards:
+            ns = Namespace.shard(agent_id, shard.shard_id)
+            reads.append(read(ns, [MemoryKind.FACT], s.context_facts_per_shard))
+            reads.append(read(ns, [MemoryKind.SUGGESTION], s.context_suggestions_per_shard))
+        results = await asyncio.gather(*reads)
+        complete = all(r is not None for r in results)
+        results = [r or [] for r in results]
+        episodes, user_reads, shard_reads = results[0], results[1 : 1 + len(users)], results[1 + len(users) :]
+        return (
+            ContextInputs(
+                shards=[
+                    ShardContext(shard_id=sh.shard_id, name=sh.name, facts=shard_reads[2 * i], suggestions=shard_reads[2 * i + 1])
+                    for i, sh in enumerate(shards)
+                ],
+                users=[UserContext(user_id=u, directives=d) for u, d in zip(users, user_reads)],
+                episodes=episodes,
+            ),
+            complete,
+        )
+
+    async def health(self) -> dict:
+        try:
+            state_ok = await self.state.ping()
+            state = {"ok": state_ok}
+        except Exception as exc:
+            state = {"ok": False, "error": str(exc)}
+        backends = await self.registry.health()
+        return {
+            "ok": state["ok"] and all(b.get("ok") for b in backends.values()),
+            "state": state,
+            "backends": backends,
+            "default_backend": self.settings.default_memory_backend,
+        }
+
+
+def _asdict(rendered: RenderedContext) -> dict:
+    return {f: getattr(rendered, f) for f in rendered.__dataclass_fields__}
