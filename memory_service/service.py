@@ -21,7 +21,7 @@ from backends.base import MemoryBackend
 from . import gates
 from .config import Settings
 from .context import ContextInputs, RenderedContext, ShardContext, UserContext, budget_for_model, render_context
-from .errors import BackendUnavailable, Conflict, InvalidInput, NotFound
+from .errors import BackendUnavailable, Conflict, InvalidInput, MemoryServiceError, NotFound
 from .extraction import Extractor
 from .formation import FormationResult, form_window, message_memory_id
 from .models import Agent, AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Shard, ShardIn
@@ -253,10 +253,19 @@ class MemoryService:
         """
         for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
             validate_id(value, what)
+        budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        try:
+            return await self._assemble(agent_id, user_id, session_id, budget)
+        except MemoryServiceError:
+            raise  # the caller's mistake (e.g. another agent's session), not an outage
+        except Exception as exc:
+            log.warning("memory context for %s/%s/%s is empty: state store failed: %s", agent_id, user_id, session_id, exc)
+            return render_context(ContextInputs(), budget)
+
+    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int) -> RenderedContext:
         counters = await self.state.counters(session_id)
         if counters.agent_id not in (None, agent_id):
             raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
-        budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
         shards = [s for s in await self.list_shards(agent_id) if s.active]
         users = [user_id] + [u for u in await self.state.session_users(session_id) if u != user_id]
         namespaces = [

@@ -1,0 +1,131 @@
+"""The HTTP API on a real uvicorn server on loopback, backed by a real FalkorDB."""
+
+import xml.etree.ElementTree as ET
+
+import pytest
+
+AGENT = "trip-planner"
+
+
+def message(i: int, content: str, user: str = "alice", role: str = "user", **extra) -> dict:
+    return {"agent_id": AGENT, "user_id": user, "role": role, "content": content, "message_id": f"m{i}",
+            "created_at": f"2026-05-01T09:{i:02d}:00Z", **extra}
+
+
+CHAT = [
+    message(0, "I prefer window seats on flights."),
+    message(1, "Noted, window seats.", role="assistant"),
+    message(2, "The flight to Lisbon leaves on June 3rd at 9am."),
+    message(3, "I will plan around it.", role="assistant"),
+]
+
+
+async def post_chat(http, session="s1", chat=CHAT):
+    return [(await http.post(f"/v1/sessions/{session}/messages", json=m)).json() for m in chat]
+
+
+async def test_record_answers_with_gate_status_and_is_idempotent(http):
+    first = await http.post("/v1/sessions/s1/messages", json=message(0, "hello"))
+    assert first.status_code == 200
+    body = first.json()
+    assert body["sequence"] == 1 and body["duplicate"] is False
+    assert body["gate"] == {"open": False, "reason": "1 new message(s), fewer than the minimum 4", "pending_messages": 1,
+                            "pending_tokens": pytest.approx(5 / 4.5, abs=0.1), "min_messages": 4, "message_interval": 20,
+                            "token_interval": 1000}
+    again = (await http.post("/v1/sessions/s1/messages", json=message(0, "hello"))).json()
+    assert again["duplicate"] is True and again["sequence"] == 1 and again["gate"]["pending_messages"] == 1
+
+
+async def test_force_formation_then_context_has_the_memories(http):
+    await http.put(f"/v1/agents/{AGENT}/shards/travel", json={"name": "travel", "extraction_focus": "flights, dates"})
+    await post_chat(http)
+    formed = await http.post("/v1/sessions/s1/form")
+    assert formed.status_code == 200
+    body = formed.json()
+    assert body["formed"] and body["message_ids"] == ["m0", "m1", "m2", "m3"] and body["memories"]["episode"] == 1
+    ctx = await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1"})
+    assert ctx.status_code == 200
+    data = ctx.json()
+    root = ET.fromstring(data["xml"])
+    assert data["chars"] == len(data["xml"]) <= data["budget"]
+    assert [e.tag for e in root][-2:] == ["UserMemory", "CurrentConversationContext"]
+    assert "window seats" in data["xml"]
+    assert data["sections"]["conversation"] == 1
+    again = (await http.post("/v1/sessions/s1/form")).json()
+    assert again == {"formed": False, "message_ids": [], "memories": {}, "written": 0, "extractor": body["extractor"]}
+
+
+async def test_context_budget_follows_the_model_name(http):
+    await post_chat(http, chat=CHAT * 1)
+    await http.post("/v1/sessions/s1/form")
+    small = (await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1",
+                                                   "model": "llama3.2:3b"})).json()
+    default = (await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1"})).json()
+    assert small["budget"] == 2000 and default["budget"] == 6000
+
+
+async def test_agents_and_shards(http):
+    missing = await http.get(f"/v1/agents/{AGENT}")
+    assert missing.status_code == 404 and "PUT" in missing.json()["detail"]
+    put = await http.put(f"/v1/agents/{AGENT}", json={"memory_backend": "graph", "agent_extras": {"tone": "warm"}})
+    assert put.status_code == 200 and put.json()["effective_backend"] == "graph"
+    assert (await http.get(f"/v1/agents/{AGENT}")).json()["agent_extras"] == {"tone": "warm"}
+    created = await http.put(f"/v1/agents/{AGENT}/shards/food", json={"name": "food", "extraction_focus": "dinner"})
+    replaced = await http.put(f"/v1/agents/{AGENT}/shards/food", json={"name": "food", "active": False})
+    assert (created.status_code, replaced.status_code) == (201, 200)
+    shards = (await http.get(f"/v1/agents/{AGENT}/shards")).json()
+    assert shards == [{"name": "food", "extraction_focus": "", "active": False, "agent_id": AGENT, "shard_id": "food"}]
+
+
+@pytest.mark.parametrize(
+    "method, path, payload, status, words",
+    [
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "role": "robot"}, 422, "role"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "content": "   "}, 422, "blank"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "content": ""}, 422, "content"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "content": "x" * 32_001}, 422, "content"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "agent_id": "a:b"}, 422, "must not contain ':'"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "user_id": " bob"}, 422, "white space"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "created_at": "yesterday"}, 422, "created_at"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "surprise": 1}, 422, "surprise"),
+        ("post", "/v1/sessions/s1/messages", {"content": "hi"}, 422, "agent_id"),
+        ("post", "/v1/sessions/a:b/messages", CHAT[0], 422, "must not contain ':'"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "content": "tampered"}, 409, "other content"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "agent_id": "intruder", "message_id": "x"}, 409, "belongs to agent"),
+        ("post", "/v1/sessions/nobody/form", None, 404, "no recorded messages"),
+        ("put", f"/v1/agents/{AGENT}", {"memory_backend": "cassandra"}, 422, "unknown memory backend"),
+        ("put", f"/v1/agents/{AGENT}", {"memory_backend": ""}, 422, "memory_backend"),
+        ("put", f"/v1/agents/{AGENT}/shards/s", {"name": ""}, 422, "name"),
+        ("put", f"/v1/agents/{AGENT}/shards/a:b", {"name": "x"}, 422, "must not contain ':'"),
+        ("get", "/v1/context?agent_id=a&user_id=u", None, 422, "session_id"),
+        ("get", f"/v1/context?agent_id=intruder&user_id=u&session_id=s1", None, 409, "belongs to agent"),
+    ],
+)
+async def test_bad_input_gets_a_clear_4xx_and_changes_nothing(http, method, path, payload, status, words):
+    await http.post("/v1/sessions/s1/messages", json=CHAT[0])
+    await http.put(f"/v1/agents/{AGENT}", json={"memory_backend": "graph"})
+    before_ctx = (await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1"})).json()
+    response = await http.request(method.upper(), path, json=payload)
+    assert response.status_code == status, response.text
+    assert words in response.json()["detail"]
+    # Nothing stored changed: the same message is still the only one, settings unchanged.
+    again = (await http.post("/v1/sessions/s1/messages", json=CHAT[0])).json()
+    assert again["duplicate"] and again["gate"]["pending_messages"] == 1
+    assert (await http.get(f"/v1/agents/{AGENT}")).json()["memory_backend"] == "graph"
+    assert (await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1"})).json() == before_ctx
+
+
+async def test_health_reports_each_dependency(http):
+    health = await http.get("/health")
+    assert health.status_code == 200
+    body = health.json()
+    assert body["ok"] and body["state"]["ok"] and body["backends"]["graph"]["ok"]
+
+
+async def test_openapi_documents_every_route(http):
+    spec = (await http.get("/openapi.json")).json()
+    assert set(spec["paths"]) == {
+        "/v1/sessions/{session_id}/messages", "/v1/sessions/{session_id}/form", "/v1/context",
+        "/v1/agents/{agent_id}", "/v1/agents/{agent_id}/shards/{shard_id}", "/v1/agents/{agent_id}/shards", "/health",
+    }
+    assert (await http.get("/docs")).status_code == 200

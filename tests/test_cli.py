@@ -1,0 +1,91 @@
+"""The installed `memory-service` command, run as a user runs it."""
+
+import asyncio
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .conftest import free_port
+
+CLI = str(Path(sys.executable).parent / "memory-service")
+
+
+def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+    env["COLUMNS"] = "200"
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def test_demo_prints_a_memory_block_with_all_three_sections(tmp_path):
+    result = run("demo", "--data-dir", str(tmp_path / "demo"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    start, end = out.index("<MemoryContext>"), out.index("</MemoryContext>") + len("</MemoryContext>")
+    root = ET.fromstring(out[start:end])
+    assert [e.tag for e in root] == ["CollectiveMemory", "UserMemory", "CurrentConversationContext"]
+    assert len(list(root.iter("Episode"))) >= 1 and len(list(root.iter("Directive"))) >= 1
+    assert len(list(root.iter("Fact"))) + len(list(root.iter("Suggestion"))) >= 1
+    assert "What was formed" in out
+
+
+def test_demo_rejects_a_data_dir_in_use(tmp_path):
+    from memory_service.embedded import EmbeddedFalkorDB
+
+    held = EmbeddedFalkorDB(tmp_path / "busy")
+    held.start()
+    try:
+        result = run("demo", "--data-dir", str(tmp_path / "busy"), timeout=60)
+    finally:
+        held.stop()
+    assert result.returncode != 0
+    assert "in use by another memory-service process" in result.stdout + result.stderr
+
+
+def test_cli_usage_errors_exit_nonzero_with_a_sentence():
+    result = run("serve", "--port", "0")
+    assert result.returncode == 2 and "port" in (result.stdout + result.stderr).lower()
+
+
+async def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
+    async with httpx.AsyncClient() as client:
+        for _ in range(300):
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited: {proc.stderr.read()}")
+            try:
+                if (await client.get(f"{url}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("serve did not become healthy")
+
+
+async def test_two_servers_with_two_data_dirs_share_nothing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+    procs, urls = [], []
+    try:
+        for name in ("one", "two"):
+            port = free_port()
+            procs.append(subprocess.Popen([CLI, "serve", "--port", str(port), "--data-dir", str(tmp_path / name),
+                                           "--log-level", "warning"], env=env, stderr=subprocess.PIPE, text=True))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, proc in zip(urls, procs):
+            await _wait_healthy(url, proc)
+        async with httpx.AsyncClient(timeout=30) as client:
+            body = {"agent_id": "a1", "user_id": "u1", "role": "user", "content": "only in one", "message_id": "m1"}
+            first = (await client.post(f"{urls[0]}/v1/sessions/s1/messages", json=body)).json()
+            other = (await client.post(f"{urls[1]}/v1/sessions/s1/messages", json={**body, "agent_id": "a2"})).json()
+            assert first["duplicate"] is False and other["duplicate"] is False  # a2 may own s1 in server two
+            await client.put(f"{urls[0]}/v1/agents/a1", json={"agent_extras": {"where": "one"}})
+            assert (await client.get(f"{urls[1]}/v1/agents/a1")).status_code == 404
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            assert proc.wait(timeout=30) == 0
+    assert not list(tmp_path.glob("*/falkordb.pid"))  # each server stopped its embedded store
