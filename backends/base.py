@@ -40,5 +40,13 @@ class MemoryBackend(ABC):
         """The ``limit`` most recent memories of these kinds, oldest first."""
 
     @abstractmethod
+    async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+        """Evict all but the ``keep`` most recent memories of ``kind``; return how many went.
+
+        Evicted memories are no longer read by ``recent`` or counted; the retention policy
+        removes them for good. Idempotent.
+        """
+
+    @abstractmethod
     async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        """How many memories (of these kinds, or all) the namespace holds."""
+        """How many live (not evicted) memories of these kinds, or of all, the namespace holds."""

@@ -150,7 +150,7 @@ class GraphBackend(MemoryBackend):
             return []
         rows = await self._query_rows(
             namespace,
-            f"MATCH (n:Episodic) WHERE n.kind IN $kinds RETURN {_READ_FIELDS} "
+            f"MATCH (n:Episodic) WHERE n.kind IN $kinds AND n.evicted IS NULL RETURN {_READ_FIELDS} "
             "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
             kinds=[k.value for k in kinds],
             limit=limit,
@@ -158,9 +158,20 @@ class GraphBackend(MemoryBackend):
         return [self._memory(namespace, row) for row in reversed(rows)]
 
     async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        where = "WHERE n.kind IN $kinds " if kinds else ""
+        where = "WHERE n.evicted IS NULL " + ("AND n.kind IN $kinds " if kinds else "")
         rows = await self._query_rows(
             namespace, f"MATCH (n:Episodic) {where}RETURN count(n) AS c", kinds=[k.value for k in kinds]
+        )
+        return int(rows[0]["c"]) if rows else 0
+
+    async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+        rows = await self._query_rows(
+            namespace,
+            "MATCH (n:Episodic) WHERE n.kind = $kind AND n.evicted IS NULL "
+            "WITH n ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC SKIP $keep "
+            "SET n.evicted = true RETURN count(n) AS c",
+            kind=kind.value,
+            keep=keep,
         )
         return int(rows[0]["c"]) if rows else 0
 

@@ -8,30 +8,17 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
 
 from . import __version__
 from .config import Settings
 from .errors import MemoryServiceError
-from .formation import FormationResult
+from .formation import FormationSummary
 from .gates import GateStatus
 from .models import Agent, AgentId, AgentSettings, MessageIn, SessionId, Shard, ShardIn, UserId
 from .runtime import open_service
 from .service import MemoryService
-
-
-class FormationOut(BaseModel):
-    formed: bool
-    message_ids: list[str]
-    memories: dict[str, int] = Field(description="memories formed from the window, per kind")
-    written: int = Field(description="how many of them were new (0 when the window was already formed)")
-    extractor: str
-
-    @classmethod
-    def of(cls, result: FormationResult) -> FormationOut:
-        return cls(formed=result.formed, message_ids=result.message_ids, memories=result.counts(),
-                   written=result.written, extractor=result.extractor)
 
 
 class RecordOut(BaseModel):
@@ -40,7 +27,7 @@ class RecordOut(BaseModel):
     sequence: int
     duplicate: bool
     gate: GateStatus
-    formation: FormationOut | None = None
+    formation_job: str | None = Field(None, description="id of the job forming the session's window, when a gate opened")
 
 
 class ContextOut(BaseModel):
@@ -51,8 +38,9 @@ class ContextOut(BaseModel):
     dropped: int
 
 
-def create_app(settings: Settings | None = None, data_dir: Path | None = None, service: MemoryService | None = None) -> FastAPI:
-    """The app; it opens its own MemoryService unless one is given."""
+def create_app(settings: Settings | None = None, data_dir: Path | None = None, service: MemoryService | None = None,
+               run_worker: bool | None = None) -> FastAPI:
+    """The app; it opens its own MemoryService (and worker, see open_service) unless one is given."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -60,7 +48,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
             app.state.service = service
             yield
             return
-        async with open_service(settings, data_dir) as opened:
+        async with open_service(settings, data_dir, run_worker=run_worker) as opened:
             app.state.service = opened
             yield
 
@@ -89,14 +77,27 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         result = await svc(request).record_message(session_id, body)
         return RecordOut(
             session_id=result.session_id, message_id=result.message_id, sequence=result.sequence,
-            duplicate=result.duplicate, gate=result.gate,
-            formation=FormationOut.of(result.formation) if result.formation else None,
+            duplicate=result.duplicate, gate=result.gate, formation_job=result.formation_job,
         )
 
-    @app.post("/v1/sessions/{session_id}/form", response_model=FormationOut, tags=["sessions"])
-    async def form(session_id: SessionId, request: Request) -> FormationOut:
-        """Form memories from the session's pending messages now, whatever the gates say."""
-        return FormationOut.of(await svc(request).form_memories(session_id))
+    @app.post("/v1/sessions/{session_id}/form", response_model=FormationSummary, tags=["sessions"])
+    async def form(
+        session_id: SessionId,
+        request: Request,
+        wait: bool = Query(True, description="answer once the window is stored (else as soon as it is queued)"),
+    ) -> FormationSummary:
+        """Enqueue the session's pending window for formation now, whatever the gates say.
+
+        With `wait` (the default) the answer comes once the worker stored the window; a
+        formation that fails or takes longer than FORM_WAIT_SECONDS answers 503, and the
+        window stays pending.
+        """
+        return await svc(request).form_memories(session_id, wait=wait)
+
+    @app.get("/v1/sessions/{session_id}", tags=["sessions"])
+    async def session(session_id: SessionId, request: Request) -> dict:
+        """The session's gate state, formation cursor and the job of its pending window."""
+        return await svc(request).session_status(session_id)
 
     @app.get("/v1/context", response_model=ContextOut, tags=["context"])
     async def context(
@@ -129,6 +130,15 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     @app.get("/v1/agents/{agent_id}/shards", response_model=list[Shard], tags=["agents"])
     async def list_shards(agent_id: AgentId, request: Request) -> list[Shard]:
         return await svc(request).list_shards(agent_id)
+
+    @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
+    async def metrics(request: Request) -> str:
+        """Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations."""
+        counters = await svc(request).state.metrics()
+        return "".join(
+            f"# TYPE memory_service_{name}_total counter\nmemory_service_{name}_total {value:g}\n"
+            for name, value in sorted(counters.items())
+        )
 
     @app.get("/health", tags=["ops"])
     async def health(request: Request) -> JSONResponse:

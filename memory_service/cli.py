@@ -34,19 +34,71 @@ def serve(
     port: Annotated[int, typer.Option(help="Port to listen on", min=1, max=65535)] = 8080,
     data_dir: Annotated[Path | None, typer.Option(help="Data of the embedded store (ignored when FALKORDB_URL is set)")] = None,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    worker: Annotated[bool | None, typer.Option("--worker/--no-worker", help="Run a formation worker in this process (default: only on the embedded store)")] = None,
 ) -> None:
-    """Run the HTTP API (OpenAPI docs at /docs) on the embedded default or the configured URLs."""
+    """Run the HTTP API (OpenAPI docs at /docs) on the embedded default or the configured URLs.
+
+    On the embedded default a worker runs in the same process, so that one command gives a
+    working service; with FALKORDB_URL/REDIS_URL set, run workers with `memory-service worker`.
+    """
     import uvicorn
 
     from .api import create_app
 
     _setup_logging(log_level)
+    settings = _settings()
+    uvicorn.run(create_app(settings, data_dir, run_worker=worker), host=host, port=port, log_level=log_level.lower())
+
+
+@app.command("worker")
+def worker_command(
+    data_dir: Annotated[Path | None, typer.Option(help="Attach to the embedded store a `serve` runs on this data directory")] = None,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Run a formation worker (arq): gated formation, consolidation, cold-session sweeps.
+
+    Start as many as you like on one REDIS_URL; each window is formed by exactly one.
+    """
+    from .embedded import EmbeddedFalkorDB
+
+    _setup_logging(log_level)
+    settings = _settings()
+    if not settings.falkordb_url:
+        data_dir = data_dir or settings.memory_data_dir
+        url = EmbeddedFalkorDB.running_url(data_dir)
+        if url is None:
+            console.print(f"[red]no store to work on:[/red] FALKORDB_URL is not set and no `memory-service serve` "
+                          f"runs on {Path(data_dir).resolve()}; start one (with --no-worker to scale workers "
+                          "separately) or set FALKORDB_URL and REDIS_URL")
+            raise typer.Exit(2)
+        settings.falkordb_url = url
     try:
-        settings = Settings()
+        asyncio.run(_run_worker(settings))
+    except KeyboardInterrupt:
+        pass
+
+
+async def _run_worker(settings: Settings) -> None:
+    from workers.worker import build_worker
+
+    from .runtime import open_service
+
+    async with open_service(settings, run_worker=False) as service:
+        worker = build_worker(service, handle_signals=True)
+        try:
+            await worker.async_run()
+        except asyncio.CancelledError:
+            pass  # SIGINT or SIGTERM: arq cancelled its main task; jobs in flight are re-queued
+        finally:
+            await worker.close()
+
+
+def _settings() -> Settings:
+    try:
+        return Settings()
     except Exception as exc:
         console.print(f"[red]invalid configuration:[/red] {exc}")
         raise typer.Exit(2) from None
-    uvicorn.run(create_app(settings, data_dir), host=host, port=port, log_level=log_level.lower())
 
 
 @app.command()
@@ -81,12 +133,18 @@ async def _demo(data_dir: Path, model: str | None) -> None:
 
     script = json.loads(resources.files("memory_service").joinpath("data/demo_conversation.json").read_text())
     port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Settings(), data_dir), host="127.0.0.1", port=port, log_level="warning"))
+    # A short gate interval, so that the short sample sessions open it and formation is
+    # seen happening in the background while the conversation goes on.
+    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, memory_formation_msg_interval=5)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, data_dir, run_worker=True), host="127.0.0.1", port=port,
+                                           log_level="warning"))
     serving = asyncio.create_task(server.serve())
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
             await _wait_started(server, serving)
             console.rule(f"memory-service demo — API on http://127.0.0.1:{port}, embedded FalkorDB in {data_dir}")
+            console.print(f"gates: form after {settings.memory_formation_msg_interval} new messages (or "
+                          f"{settings.memory_formation_token_interval} weighted tokens); a worker in this process forms them")
             await _replay(http, script)
             show = script["show"]
             params = {"agent_id": script["agent_id"], **show, **({"model": model} if model else {})}
@@ -121,20 +179,34 @@ async def _replay(http, script: dict) -> None:
     _ok(await http.put(f"/v1/agents/{agent_id}", json=script["agent"]))
     for shard_id, shard in script["shards"].items():
         _ok(await http.put(f"/v1/agents/{agent_id}/shards/{shard_id}", json=shard))
-    table = Table("session", "messages", "formed by gate", "formed at session end", title="What was formed")
+    table = Table("session", "messages", "gate opened (job queued)", "formed in the background",
+                  "formed at session end (POST /form)", title="What was formed")
     for session in script["sessions"]:
         sid, start = session["session_id"], datetime.fromisoformat(session["date"])
-        by_gate: dict[str, int] = {}
+        jobs: list[str] = []
         for i, (user_id, role, content) in enumerate(session["messages"]):
             body = {"agent_id": agent_id, "user_id": user_id, "role": role, "content": content,
                     "message_id": f"{sid}-{i}", "created_at": (start + timedelta(minutes=i)).isoformat()}
-            result = _ok(await http.post(f"/v1/sessions/{sid}/messages", json=body))
-            for kind, n in ((result.get("formation") or {}).get("memories") or {}).items():
-                by_gate[kind] = by_gate.get(kind, 0) + n
-        # A host (or, later, the cold-session sweep) forms what is left when a session ends.
+            job = _ok(await http.post(f"/v1/sessions/{sid}/messages", json=body))["formation_job"]
+            if job and job not in jobs:
+                jobs.append(job)
+        background = "-"
+        if jobs:  # the worker forms these while the conversation goes on; wait to show them
+            status = await _wait_formed(http, sid)
+            background = f"{status['formed_windows']} window(s), {status['formed_messages']} messages"
+        # A host (or the cold-session sweep) forms what is left when a session ends.
         at_end = _ok(await http.post(f"/v1/sessions/{sid}/form"))["memories"]
-        table.add_row(sid, str(len(session["messages"])), _counts(by_gate), _counts(at_end))
+        table.add_row(sid, str(len(session["messages"])), ", ".join(jobs) or "-", background, _counts(at_end))
     console.print(table)
+
+
+async def _wait_formed(http, session_id: str) -> dict:
+    for _ in range(600):
+        status = _ok(await http.get(f"/v1/sessions/{session_id}"))
+        if status["pending_job"] is None:
+            return status
+        await asyncio.sleep(0.05)
+    raise MemoryServiceError(f"the worker did not form session {session_id} within 30 s")
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -31,7 +31,24 @@ class Settings(BaseSettings):
     never_form_memories_less_than_n_messages: int = Field(default=4, ge=1)
     memory_formation_msg_interval: int = Field(default=20, ge=1)
     memory_formation_token_interval: int = Field(default=1000, ge=1)
-    form_memories_on_record: bool = Field(default=True, description="Form in-process when a gate opens while recording")
+    consider_cold_after_minutes: float = Field(default=10, ge=0, description="Idle minutes after which a session's pending messages are formed")
+    cleanup_cold_sessions_every_minutes: int = Field(default=10, ge=1, le=60, description="How often the cold-session sweep runs")
+    max_window_messages: int = Field(default=200, ge=1, description="Most messages one formation window holds")
+
+    # The worker (arq).
+    worker_max_tries: int = Field(default=5, ge=1, description="Tries of a formation or consolidation job before it fails visibly")
+    worker_retry_backoff_seconds: float = Field(default=2.0, ge=0, description="First retry delay; doubles on each try")
+    worker_job_timeout_seconds: float = Field(default=300, gt=0, description="A job running longer is cancelled and retried")
+    worker_max_jobs: int = Field(default=10, ge=1, description="Jobs one worker runs at once")
+    worker_keep_result_seconds: float = Field(default=3600, ge=1, description="How long a job's result is kept for waiting clients")
+    form_wait_seconds: float = Field(default=120, gt=0, description="How long POST /form waits for the window to be stored")
+
+    # Consolidation.
+    consolidate_directives_after: int = Field(default=5, ge=1, description="Pending directives of a user that trigger consolidation")
+    consolidate_suggestions_after: int = Field(default=16, ge=1, description="Pending suggestions of a shard that trigger consolidation")
+    user_memory_words: int = Field(default=400, ge=10, description="Word limit of a user's consolidated memory")
+    shard_memory_words: int = Field(default=1000, ge=10, description="Word limit of a shard's consolidated memory")
+    facts_per_shard: int = Field(default=100, ge=1, description="Facts kept per shard, oldest evicted first")
 
     # Memory context.
     context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)

@@ -76,6 +76,7 @@ class EmbeddedFalkorDB:
         )
         (self.data_dir / "falkordb.pid").write_text(str(self._process.pid))
         self._wait_ready(timeout, log_file)
+        (self.data_dir / "falkordb.url").write_text(self.url)
         log.info("embedded FalkorDB on %s (data in %s)", self.url, self.data_dir)
         return self.url
 
@@ -89,9 +90,24 @@ class EmbeddedFalkorDB:
                 self._process.wait()
         self._process = None
         (self.data_dir / "falkordb.pid").unlink(missing_ok=True)
+        (self.data_dir / "falkordb.url").unlink(missing_ok=True)
         if self._lock_file:
             self._lock_file.close()
             self._lock_file = None
+
+    @staticmethod
+    def running_url(data_dir: Path) -> str | None:
+        """The URL of the server another process runs for ``data_dir``, if one does."""
+        data_dir = Path(data_dir).resolve()
+        try:
+            with open(data_dir / "memory-service.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return None  # nobody holds it
+        except BlockingIOError:
+            url_file = data_dir / "falkordb.url"
+            return url_file.read_text().strip() if url_file.exists() else None
+        except FileNotFoundError:
+            return None
 
     def _lock(self) -> None:
         self._lock_file = open(self.data_dir / "memory-service.lock", "w")

@@ -25,3 +25,9 @@ class Conflict(MemoryServiceError):
 
 class BackendUnavailable(MemoryServiceError):
     status_code = 503
+
+
+class FormationPending(MemoryServiceError):
+    """A formation did not finish in time or failed; the window stays pending."""
+
+    status_code = 503

@@ -43,9 +43,32 @@ class ExtractedItem:
 
 
 @dataclass(slots=True)
+class ExtractionUsage:
+    """What extracting one window cost. Extractors that call no model leave ``Extraction.usage`` None."""
+
+    calls: int = 0  # requests that returned a completion (HTTP 200), usable or not
+    attempts: int = 0  # requests sent, including those that failed
+    prompt_tokens: int = 0  # as the endpoint reported them, summed over the calls
+    completion_tokens: int = 0
+    latency_seconds: float = 0.0  # wall time of the whole extraction, retries and backoff included
+
+
+@dataclass(slots=True)
 class Extraction:
     episode: str | None = None  # <= ~50 words: what happened in the window
     items: list[ExtractedItem] = field(default_factory=list)
+    usage: ExtractionUsage | None = None
+
+
+class ExtractionFailed(RuntimeError):
+    """The extractor could not produce an extraction for a window; the window stays pending.
+
+    ``usage`` is what the failed attempts cost, when the extractor measured it.
+    """
+
+    def __init__(self, message: str, *, usage: ExtractionUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class Extractor(Protocol):

@@ -1,9 +1,11 @@
 """Forming memories from exactly one claimed window — the one function the worker calls.
 
-The window is read once (the pending messages at claim time), extracted once, written
-with ids derived from the window, and only then taken off the pending set. A crash or
-an extractor failure before the last step leaves the window pending; running it again
-rewrites nothing, because the same window yields the same ids.
+A claim (memory_service.state) is a snapshot of the session's pending messages, kept in
+Redis until the window is complete. Formation reads exactly those messages, makes one
+extractor call, writes the memories with ids derived from the window, and only then
+completes the claim with a compare-and-set. A crash or an extractor failure before that
+leaves the claim in place; running it again rewrites nothing, because the same window
+yields the same ids, and the compare-and-set lets only one run complete it.
 """
 
 from __future__ import annotations
@@ -11,14 +13,16 @@ from __future__ import annotations
 import hashlib
 import logging
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+from pydantic import BaseModel, Field
 
 from backends.base import MemoryBackend
 
-from .extraction import Extractor, Window, WindowMessage
+from .extraction import Extractor, ExtractionUsage, Window, WindowMessage
 from .models import Memory, MemoryKind, Provenance, Shard
 from .namespaces import Namespace
-from .state import StateStore
+from .state import Claim, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +41,17 @@ def _formed_id(window_key: str, namespace: str, kind: MemoryKind, index: int) ->
 @dataclass(slots=True)
 class FormationResult:
     session_id: str
+    window: int | None = None
     message_ids: list[str] = field(default_factory=list)
     memories: list[Memory] = field(default_factory=list)
     written: int = 0
     extractor: str = ""
+    usage: ExtractionUsage | None = None
+    already_formed: bool = False  # another run completed this window first
 
     @property
     def formed(self) -> bool:
-        return bool(self.message_ids)
+        return bool(self.message_ids) and not self.already_formed
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -53,25 +60,51 @@ class FormationResult:
         return out
 
 
+class FormationSummary(BaseModel):
+    """What a formation job did, as the job returns it and the API shows it."""
+
+    session_id: str
+    window: int | None = None
+    formed: bool = False
+    message_ids: list[str] = Field(default_factory=list)
+    memories: dict[str, int] = Field(default_factory=dict, description="memories formed from the window, per kind")
+    written: int = Field(default=0, description="how many of them were new (0 when the window was already formed)")
+    extractor: str = ""
+    usage: dict | None = Field(default=None, description="LLM calls, attempts, tokens and seconds, when an LLM formed it")
+    job_id: str | None = None
+    reason: str = ""
+
+    @classmethod
+    def of(cls, result: FormationResult) -> FormationSummary:
+        return cls(session_id=result.session_id, window=result.window, formed=result.formed,
+                   message_ids=result.message_ids if result.formed else [],
+                   memories=result.counts() if result.formed else {}, written=result.written,
+                   extractor=result.extractor, usage=asdict(result.usage) if result.usage else None,
+                   reason="formed" if result.formed else "window already formed")
+
+
+# Kinds that are merged into a consolidated memory once enough of them are pending.
+CONSOLIDATED_KINDS = (MemoryKind.DIRECTIVE, MemoryKind.SUGGESTION)
+
+
 async def form_window(
     *,
+    claim: Claim,
     agent_id: str,
-    session_id: str,
     backend: MemoryBackend,
     state: StateStore,
     extractor: Extractor,
     shards: list[Shard],
 ) -> FormationResult:
-    result = FormationResult(session_id=session_id, extractor=extractor.name)
-    claimed = await state.pending_window(session_id, MAX_WINDOW_MESSAGES)
-    if not claimed:
-        return result
+    """Form exactly the claimed window. Safe to run again: the same claim writes the same ids."""
+    session_id = claim.session_id
+    result = FormationResult(session_id=session_id, window=claim.window, extractor=extractor.name)
     session_ns = Namespace.session(session_id)
-    ids_by_uuid = {message_memory_id(session_id, mid): mid for mid, _ in claimed}
+    ids_by_uuid = {message_memory_id(session_id, mid): mid for mid in claim.message_ids}
     stored = {ids_by_uuid[m.id]: m for m in await backend.get(session_ns, list(ids_by_uuid))}
-    missing = [mid for mid, _ in claimed if mid not in stored]
+    missing = [mid for mid in claim.message_ids if mid not in stored]
     if missing:
-        raise RuntimeError(f"session {session_id!r}: pending messages missing from the store: {missing[:5]}")
+        raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: {missing[:5]}")
 
     messages = tuple(
         WindowMessage(
@@ -82,22 +115,25 @@ async def form_window(
             content=stored[mid].content,
             created_at=stored[mid].valid_at,
         )
-        for mid, seq in claimed
+        for mid, seq in claim.messages
     )
     window = Window(agent_id=agent_id, session_id=session_id, messages=messages, shards=tuple(s for s in shards if s.active))
     extraction = await extractor.extract(window)
+    result.usage = extraction.usage
 
-    first, last = claimed[0][1], claimed[-1][1]
-    digest = hashlib.sha256("\x1f".join(mid for mid, _ in claimed).encode()).hexdigest()[:16]
-    window_key = f"{session_id}\x1f{first}-{last}\x1f{digest}"
-    result.memories = _memories(window, window_key, extraction, last)
+    digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
+    window_key = f"{session_id}\x1f{claim.window}\x1f{digest}"
+    result.memories = _memories(window, window_key, extraction, claim.last_sequence)
     result.written = await backend.write(result.memories)
-    result.message_ids = [mid for mid, _ in claimed]
-    await state.complete_window(session_id, last, result.message_ids)
+    result.message_ids = claim.message_ids
+    consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]
+    if await state.complete_window(claim, consolidate) < 0:
+        result.already_formed = True
+        log.info("session %s window %d was already formed; wrote %d new", session_id, claim.window, result.written)
+        return result
     await state.bump(*{m.namespace for m in result.memories})
-    log.info(
-        "formed session %s messages %d-%d: %s (%d new)", session_id, first, last, result.counts(), result.written
-    )
+    log.info("formed session %s window %d (%d messages): %s (%d new)",
+             session_id, claim.window, len(messages), result.counts(), result.written)
     return result
 
 

@@ -47,6 +47,7 @@ class MemoryKind(StrEnum):
     FACT = "fact"
     SUGGESTION = "suggestion"
     OBSERVATION = "observation"
+    CONSOLIDATED = "consolidated"  # a user's or a shard's merged memory, versioned by sequence
 
 
 # Word limits on what is stored, per DESIGN.md.
@@ -92,6 +93,7 @@ class Provenance(BaseModel):
     user_ids: list[str] = Field(default_factory=list)
     session_id: str | None = None
     message_ids: list[str] = Field(default_factory=list)
+    memory_ids: list[str] = Field(default_factory=list)  # for consolidated memories: what they merged
     sequence: int = 0
     role: Role | None = None
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .config import Settings
 from .embedded import EmbeddedFalkorDB
+from .jobs import JobQueue
 from .service import MemoryService
 from .state import StateStore
 
@@ -30,21 +31,41 @@ def default_extractor(settings: Settings):
 
 
 @asynccontextmanager
-async def open_service(settings: Settings | None = None, data_dir: Path | None = None) -> AsyncIterator[MemoryService]:
-    """A running MemoryService; starts (and later stops) the embedded store if no URL is set."""
+async def open_service(
+    settings: Settings | None = None, data_dir: Path | None = None, run_worker: bool | None = None
+) -> AsyncIterator[MemoryService]:
+    """A running MemoryService; starts (and later stops) the embedded store if no URL is set.
+
+    ``run_worker`` runs an arq worker in this process; by default it does on the embedded
+    default (one command, a working service) and not when the stores are configured,
+    where workers run as their own processes (``memory-service worker``).
+    """
     settings = (settings or Settings()).model_copy()
     embedded = None
     if not settings.falkordb_url:
         embedded = EmbeddedFalkorDB(data_dir or settings.memory_data_dir)
         settings.falkordb_url = embedded.start()
+    if run_worker is None:
+        run_worker = embedded is not None
     settings.redis_url = settings.redis_url or settings.falkordb_url
-    service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings))
-    service.register_backend("graph", _graph_backend)
-    service.embedded = embedded
+    worker = None
     try:
-        await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
-        yield service
+        queue = await JobQueue.connect(settings.redis_url)
+        service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings), queue)
+        service.register_backend("graph", _graph_backend)
+        service.embedded = embedded
+        try:
+            await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
+            if run_worker:
+                from workers.worker import InProcessWorker
+
+                worker = InProcessWorker(service)
+                worker.start()
+            yield service
+        finally:
+            if worker:
+                await worker.stop()
+            await service.close()
     finally:
-        await service.close()
         if embedded:
             embedded.stop()

@@ -22,10 +22,13 @@ from . import gates
 from .config import Settings
 from .context import ContextInputs, RenderedContext, ShardContext, UserContext, budget_for_model, render_context
 from .errors import BackendUnavailable, Conflict, InvalidInput, MemoryServiceError, NotFound
+from .consolidation import Consolidator, RuleBasedConsolidator, consolidate
+from .errors import FormationPending
 from .extraction import Extractor
-from .formation import FormationResult, form_window, message_memory_id
+from .formation import FormationResult, FormationSummary, form_window, message_memory_id
+from .jobs import JobQueue, formation_job_id
 from .models import Agent, AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Shard, ShardIn
-from .namespaces import Namespace, validate_id
+from .namespaces import Namespace, NamespaceKind, validate_id
 from .state import StateStore
 
 log = logging.getLogger(__name__)
@@ -40,7 +43,7 @@ class RecordResult:
     sequence: int
     duplicate: bool
     gate: gates.GateStatus
-    formation: FormationResult | None = None
+    formation_job: str | None = None  # the job forming the session's window, if a gate opened
 
 
 @dataclass(slots=True)
@@ -123,10 +126,13 @@ class BackendRegistry:
 
 
 class MemoryService:
-    def __init__(self, settings: Settings, state: StateStore, extractor: Extractor):
+    def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
+                 consolidator: Consolidator | None = None):
         self.settings = settings
         self.state = state
         self.extractor = extractor
+        self.queue = queue
+        self.consolidator = consolidator or RuleBasedConsolidator()
         self.registry = BackendRegistry(settings)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
@@ -134,6 +140,7 @@ class MemoryService:
 
     async def close(self) -> None:
         await self.registry.close()
+        await self.queue.close()
         await self.state.close()
 
     # Agents and shards -------------------------------------------------------------
@@ -206,41 +213,493 @@ class MemoryService:
         )
         gate = gates.evaluate(await self.state.counters(session_id), self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
-        if gate.open and self.settings.form_memories_on_record:
-            result.formation = await self._form(session_id, message.agent_id, backend)
-            result.gate = gates.evaluate(await self.state.counters(session_id), self.settings)
+        if gate.open:
+            result.formation_job = await self._schedule(session_id)
         return result
 
     async def session_gate(self, session_id: str) -> gates.GateStatus:
         validate_id(session_id, "session_id")
         return gates.evaluate(await self.state.counters(session_id), self.settings)
 
-    async def maybe_form_memories(self, session_id: str) -> FormationResult | None:
-        """Form the pending window if a gate is open; None when it is closed."""
+    async def _schedule(self, session_id: str) -> str | None:
+        """Claim the session's window (or find the claimed one) and enqueue its job."""
+        claim = await self.state.claim_window(session_id, self.settings.max_window_messages)
+        if claim is None:
+            return None
+        return await self.queue.enqueue_formation(session_id, claim.window)
+
+    async def maybe_form_memories(self, session_id: str) -> str | None:
+        """Enqueue the pending window's formation if a gate is open; the job id, or None."""
         if not (await self.session_gate(session_id)).open:
             return None
-        return await self.form_memories(session_id)
+        return await self._schedule(session_id)
 
-    async def form_memories(self, session_id: str) -> FormationResult:
-        """Form whatever is pending now, gates or not (never in an incognito session)."""
+    async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
+        """Form whatever is pending now, gates or not (never in an incognito session).
+
+        Enqueues the window's job (or joins the one already queued) and, with ``wait``,
+        answers once the window is stored. The worker does the forming.
+        """
         validate_id(session_id, "session_id")
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")
-        if counters.incognito:
-            return FormationResult(session_id=session_id, extractor=self.extractor.name)
-        _, backend = await self.backend_for(counters.agent_id)
-        return await self._form(session_id, counters.agent_id, backend)
+        job_id = await self._schedule(session_id)
+        if job_id is None:
+            reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
+            return FormationSummary(session_id=session_id, extractor=self.extractor.name, reason=reason)
+        if not wait:
+            return FormationSummary(session_id=session_id, extractor=self.extractor.name, job_id=job_id, reason="queued")
+        try:
+            return FormationSummary.model_validate(await self.queue.wait(job_id, self.settings.form_wait_seconds))
+        except TimeoutError:
+            raise FormationPending(
+                f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "
+                f"job {job_id} is still queued or running (GET /v1/sessions/{session_id} shows it)"
+            ) from None
+        except Exception as exc:
+            raise FormationPending(
+                f"forming session {session_id!r} failed: {type(exc).__name__}: {exc}; its window stays pending "
+                "and is retried by the next gate, sweep or POST /form"
+            ) from exc
 
-    async def _form(self, session_id: str, agent_id: str, backend: MemoryBackend) -> FormationResult:
-        return await form_window(
-            agent_id=agent_id,
-            session_id=session_id,
-            backend=backend,
-            state=self.state,
-            extractor=self.extractor,
-            shards=await self.list_shards(agent_id),
+    async def session_status(self, session_id: str) -> dict:
+        """The session's gate, formation cursor and the job of its claimed window."""
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        claim = await self.state.current_claim(session_id)
+        job = None
+        if claim is not None:
+            job = {"window": claim.window, "messages": len(claim.messages),
+                   **await self.queue.status(formation_job_id(session_id, claim.window))}
+        return {
+            "session_id": session_id,
+            "agent_id": counters.agent_id,
+            "gate": gates.evaluate(counters, self.settings).model_dump(),
+            "cursor": counters.cursor,
+            "formed_windows": counters.formed_windows,
+            "formed_messages": counters.formed_messages,
+            "incognito": counters.incognito,
+            "last_activity": counters.last_activity,
+            "pending_job": job,
+        }
+
+    # Work the worker does (workers/jobs.py calls these) ------------------------------
+
+    async def run_formation(self, session_id: str, window: int) -> FormationSummary:
+        """Form the claimed window ``window`` of the session, exactly once across retries."""
+        claim = await self.state.current_claim(session_id)
+        if claim is None or claim.window != window:
+            return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
+                                    reason="window already formed")
+        counters = await self.state.counters(session_id)
+        agent_id = counters.agent_id
+        _, backend = await self.backend_for(agent_id)
+        started = time.perf_counter()
+        result = await form_window(claim=claim, agent_id=agent_id, backend=backend, state=self.state,
+                                   extractor=self.extractor, shards=await self.list_shards(agent_id))
+        if not result.already_formed:
+            await self._after_formation(agent_id, backend, result, time.perf_counter() - started)
+        if (await self.session_gate(session_id)).open:  # messages that arrived meanwhile
+            await self._schedule(session_id)
+        return FormationSummary.of(result)
+
+    async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult, seconds: float) -> None:
+        usage = result.usage
+        await self.state.add_metrics(
+            formations=1, formed_messages=len(result.message_ids), formed_memories=result.written,
+            formation_seconds=seconds,
+            **({"llm_calls": usage.calls, "llm_attempts": usage.attempts, "llm_prompt_tokens": usage.prompt_tokens,
+                "llm_completion_tokens": usage.completion_tokens, "llm_seconds": usage.latency_seconds} if usage else {}),
         )
+        touched = {m.namespace for m in result.memories}
+        for namespace in sorted(touched):
+            ns = Namespace.parse(namespace)
+            if ns.kind is NamespaceKind.SHARD:
+                await backend.trim(ns, MemoryKind.FACT, self.settings.facts_per_shard)
+            if ns.kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                await self._maybe_consolidate(namespace)
+
+    def _consolidation_threshold(self, namespace: Namespace) -> int:
+        if namespace.kind is NamespaceKind.USER:
+            return self.settings.consolidate_directives_after
+        return self.settings.consolidate_suggestions_after
+
+    async def _maybe_consolidate(self, namespace: str) -> str | None:
+        pending = await self.state.consolidation_pending(namespace)
+        if len(pending) < self._consolidation_threshold(Namespace.parse(namespace)):
+            return None
+        version = await self.state.consolidation_version(namespace)
+        return await self.queue.enqueue_consolidation(namespace, version, len(pending))
+
+    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict:
+        """Merge the ``count`` oldest pending items of ``namespace`` into consolidated version+1."""
+        ns = Namespace.parse(namespace)
+        agent_id = ns.fields[0]
+        _, backend = await self.backend_for(agent_id)
+        words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
+        outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
+                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id)
+        if outcome["consolidated"]:
+            await self.state.bump(namespace)
+            await self.state.add_metrics(consolidations=1, consolidated_items=outcome["items"])
+            await self._maybe_consolidate(namespace)
+        return outcome
+
+    async def sweep_cold_sessions(self) -> list[str]:
+        """Enqueue the window of every session idle long enough with the minimum of messages."""
+        idle_before = time.time() - self.settings.consider_cold_after_minutes * 60
+        enqueued = []
+        for session_id in await self.state.idle_sessions(idle_before):
+            counters = await self.state.counters(session_id)
+            if counters.incognito or counters.pending_messages < self.settings.never_form_memories_less_than_n_messages:
+                continue
+            if job_id := await self._schedule(session_id):
+                enqueued.append(job_id)
+        if enqueued:
+            log.info("cold-session sweep enqueued %d window(s)", len(enqueued))
+        return enqueued
+
+    # The memory context --------------------------------------------------------------
+
+    async def assemble_memory_context(
+        self, agent_id: str, user_id: str, session_id: str, model: str | None = None
+    ) -> RenderedContext:
+        """The XML memory block for one model call; it fits the model's budget.
+
+        A store that fails to answer shrinks the block; it never fails the prompt.
+        """
+        for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
+            validate_id(value, what)
+        budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        try:
+            return await self._assemble(agent_id, user_id, session_id, budget)
+        except MemoryServiceError:
+            raise  # the caller's mistake (e.g. another agent's session), not an outage
+        except Exception as exc:
+            log.warning("memory context for %s/%s/%s is empty: state store failed: %s", agent_id, user_id, session_id, exc)
+            return render_context(ContextInputs(), budget)
+
+    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int) -> RenderedContext:
+        counters = await self.state.counters(session_id)
+        if counters.agent_id not in (None, agent_id):
+            raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
+        shards = [s for s in await self.list_shards(agent_id) if s.active]
+        users = [user_id] + [u for u in await self.state.session_users(session_id) if u != user_id]
+        namespaces = [
+            Namespace.session(session_id),
+            *(Namespace.user(agent_id, u) for u in users),
+            *(Namespace.shard(agent_id, s.shard_id) for s in shards),
+        ]
+        dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
+        generations = await self.state.generations(dependencies)
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, dependencies, generations]).encode()).hexdigest()
+        if cached := await self.state.cache_get(key):
+            return RenderedContext(**cached)
+
+        inputs, complete = await self._context_inputs(agent_id, session_id, users, shards)
+        rendered = render_context(inputs, budget)
+        if complete:  # never cache a block shrunk by an outage
+            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
+        return rendered
+
+    async def _context_inputs(
+        self, agent_id: str, session_id: str, users: list[str], shards: list[Shard]
+    ) -> tuple[ContextInputs, bool]:
+        s = self.settings
+        try:
+            _, backend = await self.backend_for(agent_id)
+        except BackendUnavailable as exc:
+            log.warning("memory context for agent %s without memories: %s", agent_id, exc)
+            return ContextInputs(), False
+
+        async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
+            try:
+                return await backend.recent(namespace, kinds, limit)
+            except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+                log.warning("memory context: reading %s failed: %s", namespace, exc)
+                return None
+
+        async def read_merged(namespace: Namespace, kind: MemoryKind, limit: int) -> tuple[str | None, list[Memory]] | None:
+            """The consolidated memory and the items not merged into it yet."""
+            items, latest = await asyncio.gather(read(namespace, [kind], limit), read(namespace, [MemoryKind.CONSOLIDATED], 1))
+            if items is None or latest is None:
+                return None
+            if not latest:
+                return None, items
+            pending = set(await self.state.consolidation_pending(str(namespace)))
+            return latest[-1].content, [m for m in items if m.id in pending]
+
+        reads = [read(Namespace.session(session_id), [MemoryKind.EPISODE], s.context_recent_episodes)]
+        reads += [read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user) for u in users]
+        for shard in shards:
+            ns = Namespace.shard(agent_id, shard.shard_id)
+            reads.append(read(ns, [MemoryKind.FACT], s.context_facts_per_shard))
+            reads.append(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard))
+        results = await asyncio.gather(*reads)
+        complete = all(r is not None for r in results)
+        episodes = results[0] or []
+        user_reads = [r or (None, []) for r in results[1 : 1 + len(users)]]
+        shard_reads = results[1 + len(users) :]
+        shard_contexts = []
+        for i, shard in enumerate(shards):
+            consolidated, suggestions = shard_reads[2 * i + 1] or (None, [])
+            shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=shard_reads[2 * i] or [],
+                                               suggestions=suggestions, consolidated=consolidated))
+        return (
+            ContextInputs(
+                shards=shard_contexts,
+                users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
+                episodes=episodes,
+            ),
+            complete,
+        )
+
+    async def health(self) -> dict:
+        report = {name: await b.health() for name, b in self._live.items()}
+        for name, failed in self._failed.items():
+            report.setdefault(name, {"ok": False, "error": failed.error})
+        return report
+
+
+class MemoryService:
+    def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
+                 consolidator: Consolidator | None = None):
+        self.settings = settings
+        self.state = state
+        self.extractor = extractor
+        self.queue = queue
+        self.consolidator = consolidator or RuleBasedConsolidator()
+        self.registry = BackendRegistry(settings)
+
+    def register_backend(self, name: str, factory: BackendFactory) -> None:
+        self.registry.register(name, factory)
+
+    async def close(self) -> None:
+        await self.registry.close()
+        await self.queue.close()
+        await self.state.close()
+
+    # Agents and shards -------------------------------------------------------------
+
+    async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
+        validate_id(agent_id, "agent_id")
+        requested = settings.requested_backend()
+        if requested and requested not in self.registry.factories:
+            known = ", ".join(sorted(self.registry.factories))
+            raise InvalidInput(f"unknown memory backend {requested!r}; registered backends: {known}")
+        await self.state.put_agent(agent_id, settings)
+        return await self.get_agent(agent_id)
+
+    async def get_agent(self, agent_id: str) -> Agent:
+        validate_id(agent_id, "agent_id")
+        settings = await self.state.get_agent(agent_id)
+        if settings is None:
+            raise NotFound(f"agent {agent_id!r} has no settings; PUT /v1/agents/{agent_id} creates them")
+        name, _ = await self.backend_for(agent_id, settings)
+        return Agent(agent_id=agent_id, effective_backend=name, **settings.model_dump())
+
+    async def backend_for(self, agent_id: str, settings: AgentSettings | None = None) -> tuple[str, MemoryBackend]:
+        if settings is None:
+            settings = await self.state.get_agent(agent_id) or AgentSettings()
+        return await self.registry.resolve(settings.requested_backend(), self.settings.default_memory_backend, agent_id)
+
+    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
+        validate_id(agent_id, "agent_id")
+        validate_id(shard_id, "shard_id")
+        created = await self.state.put_shard(agent_id, shard_id, shard)
+        return Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump()), created
+
+    async def list_shards(self, agent_id: str) -> list[Shard]:
+        validate_id(agent_id, "agent_id")
+        return [Shard(agent_id=agent_id, shard_id=sid, **s.model_dump()) for sid, s in (await self.state.shards(agent_id)).items()]
+
+    # Recording and formation -------------------------------------------------------
+
+    async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
+        """Store one message (idempotent by message_id) and evaluate the gates."""
+        validate_id(session_id, "session_id")
+        message_id = message.message_id or uuid.uuid4().hex
+        digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
+        reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
+        if reservation.digest != digest:
+            raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
+        _, backend = await self.backend_for(message.agent_id)
+        memory = Memory(
+            id=message_memory_id(session_id, message_id),
+            kind=MemoryKind.MESSAGE,
+            namespace=str(Namespace.session(session_id)),
+            content=message.content,
+            metadata=Provenance(
+                agent_id=message.agent_id,
+                user_id=message.user_id,
+                user_ids=[message.user_id],
+                session_id=session_id,
+                message_ids=[message_id],
+                sequence=reservation.sequence,
+                role=message.role,
+            ),
+            valid_at=message.created_at or datetime.now(UTC),
+        )
+        # Store first, then make it pending: a failed write leaves nothing pending that
+        # formation could not read, and the client's retry completes the same message.
+        await backend.write([memory])
+        first = await self.state.commit_message(
+            session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
+            message.user_id if message.role == "user" else None, message.incognito,
+        )
+        gate = gates.evaluate(await self.state.counters(session_id), self.settings)
+        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
+        if gate.open:
+            result.formation_job = await self._schedule(session_id)
+        return result
+
+    async def session_gate(self, session_id: str) -> gates.GateStatus:
+        validate_id(session_id, "session_id")
+        return gates.evaluate(await self.state.counters(session_id), self.settings)
+
+    async def _schedule(self, session_id: str) -> str | None:
+        """Claim the session's window (or find the claimed one) and enqueue its job."""
+        claim = await self.state.claim_window(session_id, self.settings.max_window_messages)
+        if claim is None:
+            return None
+        return await self.queue.enqueue_formation(session_id, claim.window)
+
+    async def maybe_form_memories(self, session_id: str) -> str | None:
+        """Enqueue the pending window's formation if a gate is open; the job id, or None."""
+        if not (await self.session_gate(session_id)).open:
+            return None
+        return await self._schedule(session_id)
+
+    async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
+        """Form whatever is pending now, gates or not (never in an incognito session).
+
+        Enqueues the window's job (or joins the one already queued) and, with ``wait``,
+        answers once the window is stored. The worker does the forming.
+        """
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        job_id = await self._schedule(session_id)
+        if job_id is None:
+            reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
+            return FormationSummary(session_id=session_id, extractor=self.extractor.name, reason=reason)
+        if not wait:
+            return FormationSummary(session_id=session_id, extractor=self.extractor.name, job_id=job_id, reason="queued")
+        try:
+            return FormationSummary.model_validate(await self.queue.wait(job_id, self.settings.form_wait_seconds))
+        except TimeoutError:
+            raise FormationPending(
+                f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "
+                f"job {job_id} is still queued or running (GET /v1/sessions/{session_id} shows it)"
+            ) from None
+        except Exception as exc:
+            raise FormationPending(
+                f"forming session {session_id!r} failed: {type(exc).__name__}: {exc}; its window stays pending "
+                "and is retried by the next gate, sweep or POST /form"
+            ) from exc
+
+    async def session_status(self, session_id: str) -> dict:
+        """The session's gate, formation cursor and the job of its claimed window."""
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        claim = await self.state.current_claim(session_id)
+        job = None
+        if claim is not None:
+            job = {"window": claim.window, "messages": len(claim.messages),
+                   **await self.queue.status(formation_job_id(session_id, claim.window))}
+        return {
+            "session_id": session_id,
+            "agent_id": counters.agent_id,
+            "gate": gates.evaluate(counters, self.settings).model_dump(),
+            "cursor": counters.cursor,
+            "formed_windows": counters.formed_windows,
+            "formed_messages": counters.formed_messages,
+            "incognito": counters.incognito,
+            "last_activity": counters.last_activity,
+            "pending_job": job,
+        }
+
+    # Work the worker does (workers/jobs.py calls these) ------------------------------
+
+    async def run_formation(self, session_id: str, window: int) -> FormationSummary:
+        """Form the claimed window ``window`` of the session, exactly once across retries."""
+        claim = await self.state.current_claim(session_id)
+        if claim is None or claim.window != window:
+            return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
+                                    reason="window already formed")
+        counters = await self.state.counters(session_id)
+        agent_id = counters.agent_id
+        _, backend = await self.backend_for(agent_id)
+        started = time.perf_counter()
+        result = await form_window(claim=claim, agent_id=agent_id, backend=backend, state=self.state,
+                                   extractor=self.extractor, shards=await self.list_shards(agent_id))
+        if not result.already_formed:
+            await self._after_formation(agent_id, backend, result, time.perf_counter() - started)
+        if (await self.session_gate(session_id)).open:  # messages that arrived meanwhile
+            await self._schedule(session_id)
+        return FormationSummary.of(result)
+
+    async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult, seconds: float) -> None:
+        usage = result.usage
+        await self.state.add_metrics(
+            formations=1, formed_messages=len(result.message_ids), formed_memories=result.written,
+            formation_seconds=seconds,
+            **({"llm_calls": usage.calls, "llm_attempts": usage.attempts, "llm_prompt_tokens": usage.prompt_tokens,
+                "llm_completion_tokens": usage.completion_tokens, "llm_seconds": usage.latency_seconds} if usage else {}),
+        )
+        touched = {m.namespace for m in result.memories}
+        for namespace in sorted(touched):
+            ns = Namespace.parse(namespace)
+            if ns.kind is NamespaceKind.SHARD:
+                await backend.trim(ns, MemoryKind.FACT, self.settings.facts_per_shard)
+            if ns.kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                await self._maybe_consolidate(namespace)
+
+    def _consolidation_threshold(self, namespace: Namespace) -> int:
+        if namespace.kind is NamespaceKind.USER:
+            return self.settings.consolidate_directives_after
+        return self.settings.consolidate_suggestions_after
+
+    async def _maybe_consolidate(self, namespace: str) -> str | None:
+        pending = await self.state.consolidation_pending(namespace)
+        if len(pending) < self._consolidation_threshold(Namespace.parse(namespace)):
+            return None
+        version = await self.state.consolidation_version(namespace)
+        return await self.queue.enqueue_consolidation(namespace, version, len(pending))
+
+    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict:
+        """Merge the ``count`` oldest pending items of ``namespace`` into consolidated version+1."""
+        ns = Namespace.parse(namespace)
+        agent_id = ns.fields[0]
+        _, backend = await self.backend_for(agent_id)
+        words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
+        outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
+                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id)
+        if outcome["consolidated"]:
+            await self.state.bump(namespace)
+            await self.state.add_metrics(consolidations=1, consolidated_items=outcome["items"])
+            await self._maybe_consolidate(namespace)
+        return outcome
+
+    async def sweep_cold_sessions(self) -> list[str]:
+        """Enqueue the window of every session idle long enough with the minimum of messages."""
+        idle_before = time.time() - self.settings.consider_cold_after_minutes * 60
+        enqueued = []
+        for session_id in await self.state.idle_sessions(idle_before):
+            counters = await self.state.counters(session_id)
+            if counters.incognito or counters.pending_messages < self.settings.never_form_memories_less_than_n_messages:
+                continue
+            if job_id := await self._schedule(session_id):
+                enqueued.append(job_id)
+        if enqueued:
+            log.info("cold-session sweep enqueued %d window(s)", len(enqueued))
+        return enqueued
 
     # The memory context --------------------------------------------------------------
 
@@ -331,9 +790,14 @@ class MemoryService:
         except Exception as exc:
             state = {"ok": False, "error": str(exc)}
         backends = await self.registry.health()
+        try:
+            queue = {"ok": await self.queue.ping()}
+        except Exception as exc:
+            queue = {"ok": False, "error": str(exc)}
         return {
-            "ok": state["ok"] and all(b.get("ok") for b in backends.values()),
+            "ok": state["ok"] and queue["ok"] and all(b.get("ok") for b in backends.values()),
             "state": state,
+            "queue": queue,
             "backends": backends,
             "default_backend": self.settings.default_memory_backend,
         }

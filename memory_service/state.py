@@ -13,6 +13,11 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:s:<session>:pending         zset message_id -> seq, recorded but not yet formed
   ms:s:<session>:tokens          hash message_id -> weighted tokens, while pending
   ms:s:<session>:users           set of user ids who spoke in the session
+  ms:s:<session>:claim           hash: the window being formed (window, ids, last_seq, claimed_at)
+  ms:active                      zset session_id -> last activity, while messages are pending
+  ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
+  ms:cons:<namespace>:version    version of the namespace's consolidated memory
+  ms:metrics                     hash of counters (formations, LLM calls, tokens, ...)
   ms:gen:<namespace>             write generation, for context cache invalidation
   ms:ctx:<digest>                cached memory context
 """
@@ -42,7 +47,7 @@ redis.call('HSET', KEYS[2], ARGV[1], value)
 return {'new', value}
 """
 
-# Mark a stored message pending (once) and return the gate counters.
+# Mark a stored message pending (once) and return whether this call did it.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
 if first then
@@ -53,28 +58,90 @@ if first then
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'incognito', '1') end
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
+redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
 return first and 1 or 0
 """
 
-# Finish a window: take its messages off the pending set exactly once, advance the cursor.
-_COMPLETE = """
-local removed, tokens = 0, 0
-for i = 2, #ARGV do
-  if redis.call('ZREM', KEYS[2], ARGV[i]) == 1 then
-    removed = removed + 1
-    tokens = tokens + tonumber(redis.call('HGET', KEYS[3], ARGV[i]) or '0')
-    redis.call('HDEL', KEYS[3], ARGV[i])
-  end
+# Claim the session's window: the one already claimed, or a snapshot of (up to ARGV[1])
+# pending messages. The snapshot is what formation reads, however often it is retried;
+# messages recorded later belong to the next window.
+_CLAIM = """
+if redis.call('HGET', KEYS[1], 'incognito') == '1' then return false end
+local window = redis.call('HGET', KEYS[3], 'window')
+if not window then
+  local rows = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+  if #rows == 0 then return false end
+  local ids = {}
+  for i = 1, #rows, 2 do ids[#ids + 1] = {rows[i], tonumber(rows[i + 1])} end
+  window = tostring(redis.call('HINCRBY', KEYS[1], 'claimed_windows', 1))
+  redis.call('HSET', KEYS[3], 'window', window, 'ids', cjson.encode(ids),
+             'last_seq', rows[#rows], 'claimed_at', ARGV[2])
 end
-if removed > 0 then
-  redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', -tokens)
-  redis.call('HINCRBY', KEYS[1], 'formed_windows', 1)
-  redis.call('HINCRBY', KEYS[1], 'formed_messages', removed)
-  local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
-  if tonumber(ARGV[1]) > cursor then redis.call('HSET', KEYS[1], 'cursor', ARGV[1]) end
+return {window, redis.call('HGET', KEYS[3], 'ids')}
+"""
+
+# Finish a window, exactly once: compare-and-set on the claimed window number, then take
+# its messages off the pending set, advance the cursor, and queue the formed directives
+# and suggestions for consolidation (KEYS[6..] with ARGV[2..] as "key index|memory id").
+_COMPLETE = """
+if redis.call('HGET', KEYS[4], 'window') ~= ARGV[1] then return -1 end
+local ids = cjson.decode(redis.call('HGET', KEYS[4], 'ids'))
+local removed, tokens, last = 0, 0, 0
+for _, row in ipairs(ids) do
+  if redis.call('ZREM', KEYS[2], row[1]) == 1 then
+    removed = removed + 1
+    tokens = tokens + tonumber(redis.call('HGET', KEYS[3], row[1]) or '0')
+    redis.call('HDEL', KEYS[3], row[1])
+  end
+  if row[2] > last then last = row[2] end
+end
+redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', -tokens)
+redis.call('HINCRBY', KEYS[1], 'formed_windows', 1)
+redis.call('HINCRBY', KEYS[1], 'formed_messages', removed)
+local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
+if last > cursor then redis.call('HSET', KEYS[1], 'cursor', last) end
+redis.call('DEL', KEYS[4])
+if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[5], ARGV[#ARGV]) end
+for i = 2, #ARGV - 1 do
+  local sep = string.find(ARGV[i], '|', 1, true)
+  redis.call('RPUSH', KEYS[5 + tonumber(string.sub(ARGV[i], 1, sep - 1))], string.sub(ARGV[i], sep + 1))
 end
 return removed
 """
+
+# Finish a consolidation: compare-and-set on the version, then drop exactly the items it
+# merged from the head of the list. Items pushed meanwhile are behind them and survive.
+_CONSOLIDATED = """
+local version = tonumber(redis.call('GET', KEYS[2]) or '0')
+if version ~= tonumber(ARGV[1]) then return -1 end
+redis.call('LTRIM', KEYS[1], tonumber(ARGV[2]), -1)
+return redis.call('INCR', KEYS[2])
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The window a formation job forms: exactly these messages, in sequence order."""
+
+    session_id: str
+    window: int
+    messages: tuple[tuple[str, int], ...]  # (message_id, sequence)
+
+    @property
+    def message_ids(self) -> list[str]:
+        return [mid for mid, _ in self.messages]
+
+    @property
+    def last_sequence(self) -> int:
+        return max(seq for _, seq in self.messages)
+
+
+ACTIVE = "ms:active"
+METRICS = "ms:metrics"
+
+
+def _cons_list(namespace: str) -> str:
+    return f"ms:cons:{namespace}:pending"
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +161,7 @@ class SessionCounters:
     formed_messages: int
     incognito: bool
     last_activity: float | None
+    claimed_window: int | None = None
 
 
 class StateStore:
@@ -102,6 +170,8 @@ class StateStore:
         self._reserve = redis.register_script(_RESERVE)
         self._commit = redis.register_script(_COMMIT)
         self._complete = redis.register_script(_COMPLETE)
+        self._claim = redis.register_script(_CLAIM)
+        self._consolidated = redis.register_script(_CONSOLIDATED)
 
     @classmethod
     def from_url(cls, url: str) -> StateStore:
@@ -138,7 +208,7 @@ class StateStore:
     @staticmethod
     def _keys(session_id: str) -> dict[str, str]:
         base = f"ms:s:{session_id}"
-        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed")}
+        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed", "claim")}
 
     async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str) -> Reservation:
         """Give a message id its sequence number in the session (the same one on a retry)."""
@@ -156,8 +226,9 @@ class StateStore:
         """Make a stored message pending for formation; False if it already was (a retry)."""
         k = self._keys(session_id)
         first = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"]],
-            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}", "1" if incognito else "0"],
+            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE],
+            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}",
+                  "1" if incognito else "0", session_id],
         )
         return bool(first)
 
@@ -166,7 +237,8 @@ class StateStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k["meta"])
             pipe.zcard(k["pending"])
-            meta, pending = await pipe.execute()
+            pipe.hget(k["claim"], "window")
+            meta, pending, claimed = await pipe.execute()
         return SessionCounters(
             agent_id=meta.get("agent_id"),
             pending_messages=int(pending),
@@ -176,17 +248,63 @@ class StateStore:
             formed_messages=int(meta.get("formed_messages", 0)),
             incognito=meta.get("incognito") == "1",
             last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
+            claimed_window=int(claimed) if claimed else None,
         )
 
-    async def pending_window(self, session_id: str, limit: int) -> list[tuple[str, int]]:
-        """The oldest ``limit`` pending message ids with their sequence numbers."""
-        rows = await self.redis.zrange(self._keys(session_id)["pending"], 0, limit - 1, withscores=True)
-        return [(mid, int(score)) for mid, score in rows]
-
-    async def complete_window(self, session_id: str, last_sequence: int, message_ids: Sequence[str]) -> int:
-        """Take a formed window off the pending set; returns how many messages this call removed."""
+    async def claim_window(self, session_id: str, limit: int) -> Claim | None:
+        """The session's claimed window, claiming one if none is; None if nothing is pending."""
         k = self._keys(session_id)
-        return int(await self._complete(keys=[k["meta"], k["pending"], k["tokens"]], args=[last_sequence, *message_ids]))
+        row = await self._claim(keys=[k["meta"], k["pending"], k["claim"]], args=[limit, f"{time.time():.3f}"])
+        if not row:
+            return None
+        window, ids = row
+        return Claim(session_id, int(window), tuple((mid, int(seq)) for mid, seq in json.loads(ids)))
+
+    async def current_claim(self, session_id: str) -> Claim | None:
+        raw = await self.redis.hgetall(self._keys(session_id)["claim"])
+        if not raw:
+            return None
+        return Claim(session_id, int(raw["window"]), tuple((mid, int(seq)) for mid, seq in json.loads(raw["ids"])))
+
+    async def complete_window(self, claim: Claim, consolidate: Sequence[tuple[str, str]] = ()) -> int:
+        """Finish ``claim`` if it is still the session's claim; -1 if it was finished before.
+
+        ``consolidate`` lists (namespace, memory id) to queue for consolidation, in the same
+        atomic step, so that a retried window never queues an item twice.
+        """
+        k = self._keys(claim.session_id)
+        lists = sorted({ns for ns, _ in consolidate})
+        keys = [k["meta"], k["pending"], k["tokens"], k["claim"], ACTIVE, *(_cons_list(ns) for ns in lists)]
+        pushes = [f"{lists.index(ns) + 1}|{mid}" for ns, mid in consolidate]
+        return int(await self._complete(keys=keys, args=[claim.window, *pushes, claim.session_id]))
+
+    async def idle_sessions(self, idle_before: float, limit: int = 1000) -> list[str]:
+        """Sessions with pending messages whose last activity is older than ``idle_before``."""
+        return list(await self.redis.zrangebyscore(ACTIVE, "-inf", idle_before, start=0, num=limit))
+
+    # Consolidation -----------------------------------------------------------------
+
+    async def consolidation_pending(self, namespace: str, limit: int = -1) -> list[str]:
+        return list(await self.redis.lrange(_cons_list(namespace), 0, limit - 1 if limit > 0 else -1))
+
+    async def consolidation_version(self, namespace: str) -> int:
+        return int(await self.redis.get(f"ms:cons:{namespace}:version") or 0)
+
+    async def finish_consolidation(self, namespace: str, version: int, merged: int) -> int:
+        """Drop the ``merged`` oldest pending items and bump the version; -1 if another run did."""
+        keys = [_cons_list(namespace), f"ms:cons:{namespace}:version"]
+        return int(await self._consolidated(keys=keys, args=[version, merged]))
+
+    # Metrics -----------------------------------------------------------------------
+
+    async def add_metrics(self, **counters: float) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name, value in counters.items():
+                pipe.hincrbyfloat(METRICS, name, value)
+            await pipe.execute()
+
+    async def metrics(self) -> dict[str, float]:
+        return {k: float(v) for k, v in (await self.redis.hgetall(METRICS)).items()}
 
     async def session_users(self, session_id: str) -> list[str]:
         return sorted(await self.redis.smembers(self._keys(session_id)["users"]))

@@ -55,7 +55,7 @@ def settings(falkordb_url) -> Settings:
 async def service(settings):
     """A fresh MemoryService on a flushed store."""
     await flush(settings.falkordb_url)
-    async with open_service(settings) as svc:
+    async with open_service(settings, run_worker=True) as svc:
         yield svc
 
 
@@ -79,7 +79,7 @@ class LiveServer:
 
 @pytest.fixture(scope="session")
 async def live_server(falkordb_url):
-    server = LiveServer(create_app(Settings(_env_file=None, falkordb_url=falkordb_url)))
+    server = LiveServer(create_app(Settings(_env_file=None, falkordb_url=falkordb_url), run_worker=True))
     await server.start()
     yield server
     await server.stop()

@@ -52,19 +52,24 @@ async def test_a_session_belongs_to_one_agent(service):
     assert (await service.session_gate("shared")).pending_messages == 1
 
 
-async def test_gate_opens_at_the_message_interval_and_forms_in_process(settings):
+async def test_gate_opens_at_the_message_interval_and_the_worker_forms_the_window(settings):
     settings = settings.model_copy(update={"memory_formation_msg_interval": 6, "memory_formation_token_interval": 10_000})
-    async with open_service(settings) as service:
+    async with open_service(settings, run_worker=True) as service:
         results = await record_all(service, "g1", "a1", [("alice", "user", f"short note {i}") for i in range(6)])
-    assert [r.gate.open for r in results[:5]] == [False] * 5
-    assert results[-1].formation is not None and results[-1].formation.formed
-    assert results[-1].formation.message_ids == [f"g1-{i}" for i in range(6)]
-    assert results[-1].gate.pending_messages == 0
+        assert [r.gate.open for r in results[:5]] == [False] * 5 and results[-1].gate.open
+        assert [r.formation_job for r in results[:5]] == [None] * 5
+        job = results[-1].formation_job
+        assert job is not None
+        summary = await service.queue.wait(job, timeout=30)
+        assert summary["formed"] and summary["message_ids"] == [f"g1-{i}" for i in range(6)]
+        status = await service.session_status("g1")
+        assert status["pending_job"] is None and status["formed_windows"] == 1 and status["cursor"] == 6
+        assert status["gate"]["pending_messages"] == 0
 
 
 async def test_token_gate_needs_the_minimum_of_messages(settings):
-    settings = settings.model_copy(update={"memory_formation_token_interval": 50, "form_memories_on_record": False})
-    async with open_service(settings) as service:
+    settings = settings.model_copy(update={"memory_formation_token_interval": 50})
+    async with open_service(settings, run_worker=False) as service:
         long = "word " * 100  # 500 chars of user text = 111 weighted tokens
         results = await record_all(service, "t1", "a1", [("alice", "user", long)] * 4)
         gates = [r.gate for r in results]
@@ -80,8 +85,8 @@ async def test_forming_writes_provenance_and_forming_again_writes_nothing(servic
     await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights, hotels, dates"))
     await record_all(service, "s1", "a1", CHAT)
     formed = await service.form_memories("s1")
-    assert formed.formed and formed.written == len(formed.memories) > 0
-    kinds = formed.counts()
+    assert formed.formed and formed.written == sum(formed.memories.values()) > 0
+    kinds = formed.memories
     assert kinds.get("episode") == 1 and kinds.get("directive", 0) >= 1
     backend = (await service.backend_for("a1"))[1]
     [episode] = await backend.recent(Namespace.session("s1"), [MemoryKind.EPISODE], 5)
@@ -104,7 +109,8 @@ async def test_the_same_window_formed_twice_rewrites_nothing(service):
 
     await record_all(service, "s1", "a1", CHAT)
     _, backend = await service.backend_for("a1")
-    kwargs = dict(agent_id="a1", session_id="s1", backend=backend, state=service.state, extractor=service.extractor, shards=[])
+    claim = await service.state.claim_window("s1", 100)
+    kwargs = dict(claim=claim, agent_id="a1", backend=backend, state=service.state, extractor=service.extractor, shards=[])
     counts_before = await backend.count(Namespace.session("s1"))
 
     class CrashBeforeComplete(Exception):
@@ -121,10 +127,13 @@ async def test_the_same_window_formed_twice_rewrites_nothing(service):
     service.state.complete_window = original
     after_crash = await backend.count(Namespace.session("s1"))
     assert after_crash > counts_before
+    assert await service.state.claim_window("s1", 100) == claim  # the same window is claimed again
     retried = await form_window(**kwargs)
     assert retried.formed and retried.written == 0
     assert await backend.count(Namespace.session("s1")) == after_crash
     assert (await service.session_gate("s1")).pending_messages == 0
+    again = await form_window(**kwargs)  # a late duplicate of the job: the compare-and-set refuses it
+    assert again.already_formed and not again.formed
 
 
 async def test_incognito_sessions_never_form(service):
@@ -173,7 +182,7 @@ async def test_hostile_content_cannot_break_the_memory_xml(service):
 
 async def test_context_fits_every_budget_and_model_patterns(settings):
     settings = settings.model_copy(update={"context_budget_chars": 5000, "context_model_budgets": {"tiny-*": 300}})
-    async with open_service(settings) as service:
+    async with open_service(settings, run_worker=True) as service:
         await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights, hotels, trains, dates"))
         for n in range(3):
             await record_all(service, f"b{n}", "a1", CHAT * 3)
@@ -259,7 +268,7 @@ async def test_a_graph_outage_shrinks_the_context_instead_of_failing(settings, t
     url = graph.start()
     try:  # memories on their own server, state on the shared one
         settings = settings.model_copy(update={"falkordb_url": url, "redis_url": settings.falkordb_url})
-        async with open_service(settings) as service:
+        async with open_service(settings, run_worker=True) as service:
             await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights"))
             await record_all(service, "o1", "a1", CHAT)
             await service.form_memories("o1")
@@ -281,7 +290,7 @@ async def test_a_total_outage_still_answers_with_an_empty_block(settings, tmp_pa
     store = EmbeddedFalkorDB(tmp_path / "all")
     url = store.start()
     try:
-        async with open_service(settings.model_copy(update={"falkordb_url": url})) as service:
+        async with open_service(settings.model_copy(update={"falkordb_url": url}), run_worker=True) as service:
             await record_all(service, "o2", "a1", CHAT)
             store.stop()
             rendered = await service.assemble_memory_context("a1", "alice", "o2")

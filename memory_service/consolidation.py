@@ -1,0 +1,114 @@
+"""Consolidation: merging a namespace's pending directives or suggestions into one memory.
+
+A user's directives become one consolidated memory (<= USER_MEMORY_WORDS), a shard's
+suggestions its consolidated memory (<= SHARD_MEMORY_WORDS), each versioned. The items to
+merge are the head of a Redis list (memory_service.state); formation appends to its tail.
+A run merges exactly the ``count`` items it was enqueued with, writes version+1 with a
+deterministic id (a retry rewrites nothing), and only then drops those items from the
+head with a compare-and-set on the version, so an item pushed meanwhile is never lost.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Protocol
+
+from backends.base import MemoryBackend
+
+from .models import Memory, MemoryKind, Provenance, utcnow
+from .namespaces import Namespace, NamespaceKind
+from .rule_extractor import limit_words
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+_ID_NAMESPACE = uuid.UUID("0b6a1c53-7e0f-4b0e-9d0c-6a2d4f1e9c42")
+
+
+def consolidated_memory_id(namespace: Namespace, version: int) -> str:
+    return str(uuid.uuid5(_ID_NAMESPACE, f"{namespace}\x1f{version}"))
+
+
+class Consolidator(Protocol):
+    name: str
+
+    async def merge(self, previous: str | None, items: list[str], word_limit: int) -> str: ...
+
+
+class RuleBasedConsolidator:
+    """No model: one line per item, newest first, duplicates dropped, oldest cut at the limit.
+
+    Newer items win because a user's latest statement of a preference supersedes older ones.
+    """
+
+    name = "rules"
+
+    async def merge(self, previous: str | None, items: list[str], word_limit: int) -> str:
+        lines = [f"- {' '.join(item.split())}" for item in reversed(items)]
+        lines += [line for line in (previous or "").splitlines() if line.strip()]
+        kept, seen, words = [], set(), 0
+        for line in lines:
+            key = line.casefold().strip("- .")
+            if key in seen:
+                continue
+            size = len(line.split())
+            if words + size > word_limit:
+                if not kept:  # one overlong item still yields a (cut) memory
+                    kept.append(limit_words(line, word_limit))
+                break
+            seen.add(key)
+            kept.append(line)
+            words += size
+        return "\n".join(kept)
+
+
+async def latest_consolidated(backend: MemoryBackend, namespace: Namespace) -> Memory | None:
+    found = await backend.recent(namespace, [MemoryKind.CONSOLIDATED], 1)
+    return found[-1] if found else None
+
+
+async def consolidate(
+    *,
+    namespace: Namespace,
+    version: int,
+    count: int,
+    backend: MemoryBackend,
+    state: StateStore,
+    consolidator: Consolidator,
+    word_limit: int,
+    agent_id: str,
+) -> dict:
+    """Merge the ``count`` oldest pending items of ``namespace`` into version ``version + 1``."""
+    key = str(namespace)
+    outcome = {"namespace": key, "version": version, "consolidated": False, "items": 0}
+    if await state.consolidation_version(key) != version:
+        return {**outcome, "reason": "version already consolidated"}
+    ids = await state.consolidation_pending(key, count)
+    found = {m.id: m for m in await backend.get(namespace, ids)}
+    items = [found[i] for i in ids if i in found]  # order of the list: oldest first
+    if len(items) < len(ids):
+        log.warning("consolidating %s: %d pending item(s) no longer stored", key, len(ids) - len(items))
+    previous = await latest_consolidated(backend, namespace)
+    content = await consolidator.merge(previous.content if previous else None, [m.content for m in items], word_limit)
+    memory = Memory(
+        id=consolidated_memory_id(namespace, version + 1),
+        kind=MemoryKind.CONSOLIDATED,
+        namespace=key,
+        content=limit_words(content, word_limit) if len(content.split()) > word_limit else content,
+        metadata=Provenance(
+            agent_id=agent_id,
+            user_id=namespace.fields[1] if namespace.kind is NamespaceKind.USER else None,
+            user_ids=sorted({u for m in items for u in m.metadata.user_ids}),
+            message_ids=[mid for m in items for mid in m.metadata.message_ids],
+            memory_ids=[m.id for m in items],
+            sequence=version + 1,
+        ),
+        # Never older than the version it replaces: reads order by time, then sequence.
+        valid_at=max([m.valid_at for m in items] + ([previous.valid_at] if previous else []), default=utcnow()),
+    )
+    await backend.write([memory])  # the same id on a retry: the first write stands
+    if await state.finish_consolidation(key, version, len(ids)) < 0:
+        return {**outcome, "reason": "version already consolidated"}
+    log.info("consolidated %d item(s) of %s into version %d", len(ids), key, version + 1)
+    return {**outcome, "version": version + 1, "consolidated": True, "items": len(ids)}

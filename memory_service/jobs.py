@@ -1,0 +1,88 @@
+"""The job queue seen from the API side: enqueue formation and consolidation, wait, inspect.
+
+Jobs run in the arq worker (``workers/``). Every job id is derived from what the job
+forms, so that a gate, the cold-session sweep and a forced formation asking for the same
+window enqueue ONE job: arq refuses a second job with an id it already holds.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.constants import result_key_prefix
+from arq.jobs import Job, JobStatus
+
+from .namespaces import Namespace
+
+log = logging.getLogger(__name__)
+
+QUEUE_NAME = "memory-service:jobs"
+FORM_JOB = "form_window"
+CONSOLIDATE_JOB = "consolidate"
+
+
+def formation_job_id(session_id: str, window: int) -> str:
+    return f"form:{Namespace.session(session_id).group_id}:{window}"
+
+
+def consolidation_job_id(namespace: str, version: int) -> str:
+    return f"consolidate:{Namespace.parse(namespace).group_id}:{version}"
+
+
+class JobQueue:
+    def __init__(self, pool: ArqRedis):
+        self.pool = pool
+
+    @classmethod
+    async def connect(cls, redis_url: str) -> JobQueue:
+        settings = RedisSettings.from_dsn(redis_url)
+        settings.conn_retries = 0  # the service degrades on its own; don't stall start-up
+        return cls(await create_pool(settings, default_queue_name=QUEUE_NAME))
+
+    async def close(self) -> None:
+        await self.pool.aclose()
+
+    async def _enqueue(self, job_id: str, function: str, *args: Any) -> str:
+        job = await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
+        if job is None:
+            # arq holds the id: the job is queued or running (a duplicate, nothing to do), or
+            # its result is kept. A kept failure must not block the window for keep_result
+            # seconds: drop it and enqueue again.
+            info = await self.job(job_id).result_info()
+            if info is not None and not info.success:
+                log.info("re-enqueueing %s after its failure: %s", job_id, info.result)
+                await self.pool.delete(result_key_prefix + job_id)
+                await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
+        return job_id
+
+    async def enqueue_formation(self, session_id: str, window: int) -> str:
+        return await self._enqueue(formation_job_id(session_id, window), FORM_JOB, session_id, window)
+
+    async def enqueue_consolidation(self, namespace: str, version: int, count: int) -> str:
+        return await self._enqueue(consolidation_job_id(namespace, version), CONSOLIDATE_JOB, namespace, version, count)
+
+    def job(self, job_id: str) -> Job:
+        return Job(job_id, self.pool, _queue_name=QUEUE_NAME)
+
+    async def wait(self, job_id: str, timeout: float) -> Any:
+        """The job's result; raises the job's own error if it failed, TimeoutError if late."""
+        return await self.job(job_id).result(timeout=timeout, poll_delay=0.05)
+
+    async def status(self, job_id: str) -> dict:
+        job = self.job(job_id)
+        status = await job.status()
+        out: dict[str, Any] = {"job_id": job_id, "status": status.value}
+        if status is JobStatus.complete and (info := await job.result_info()) is not None:
+            out["success"] = info.success
+            out["tries"] = info.job_try
+            if not info.success:
+                out["error"] = f"{type(info.result).__name__}: {info.result}"
+        elif status in (JobStatus.queued, JobStatus.deferred, JobStatus.in_progress):
+            tries = await self.pool.get(f"arq:retry:{job_id}")
+            out["tries"] = int(tries or 0)
+        return out
+
+    async def ping(self) -> bool:
+        return bool(await self.pool.ping())
