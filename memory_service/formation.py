@@ -123,7 +123,7 @@ async def form_window(
 
     digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{digest}"
-    result.memories = _memories(window, window_key, extraction, claim.last_sequence)
+    result.memories = _memories(window, window_key, extraction)
     result.written = await backend.write(result.memories)
     result.message_ids = claim.message_ids
     consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]
@@ -137,14 +137,18 @@ async def form_window(
     return result
 
 
-def _memories(window: Window, window_key: str, extraction, sequence: int) -> list[Memory]:
-    valid_at = window.messages[-1].created_at
+def _memories(window: Window, window_key: str, extraction) -> list[Memory]:
     users = sorted({m.user_id for m in window.messages if m.role == "user"})
     all_ids = [m.message_id for m in window.messages]
+    by_id = {m.message_id: m for m in window.messages}
     memories: list[Memory] = []
 
     def add(kind: MemoryKind, namespace: Namespace, content: str, message_ids, user_id: str | None) -> None:
         index = sum(1 for m in memories if m.kind is kind and m.namespace == str(namespace))
+        # An item is as old as the latest message it was formed from, so that the items of
+        # one window keep the conversation's order.
+        sources = [by_id[mid] for mid in message_ids if mid in by_id] or [window.messages[-1]]
+        latest = max(sources, key=lambda m: (m.created_at, m.sequence))
         memories.append(
             Memory(
                 id=_formed_id(window_key, str(namespace), kind, index),
@@ -157,9 +161,9 @@ def _memories(window: Window, window_key: str, extraction, sequence: int) -> lis
                     user_ids=users,
                     session_id=window.session_id,
                     message_ids=list(message_ids),
-                    sequence=sequence,
+                    sequence=latest.sequence,
                 ),
-                valid_at=valid_at,
+                valid_at=latest.created_at,
             )
         )
 

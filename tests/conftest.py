@@ -47,14 +47,15 @@ async def flush(url: str) -> None:
 
 
 @pytest.fixture
-def settings(falkordb_url) -> Settings:
+async def settings(falkordb_url) -> Settings:
+    """Settings for the shared store, flushed: each test starts empty."""
+    await flush(falkordb_url)
     return Settings(_env_file=None, falkordb_url=falkordb_url)
 
 
 @pytest.fixture
 async def service(settings):
-    """A fresh MemoryService on a flushed store."""
-    await flush(settings.falkordb_url)
+    """A fresh MemoryService on a flushed store, with a worker in-process."""
     async with open_service(settings, run_worker=True) as svc:
         yield svc
 
