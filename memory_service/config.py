@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIN_CONTEXT_BUDGET = 64
@@ -50,6 +52,14 @@ class Settings(BaseSettings):
     shard_memory_words: int = Field(default=1000, ge=10, description="Word limit of a shard's consolidated memory")
     facts_per_shard: int = Field(default=100, ge=1, description="Facts kept per shard, oldest evicted first")
 
+    # Extraction: the offline rule-based extractor, or one call per window to an LLM.
+    extractor: Literal["rules", "llm"] = Field(default="rules", description="rules (offline, no model) or llm")
+    llm_base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
+    llm_api_key: SecretStr | None = Field(default=None, description="API key of the endpoint, if it needs one")
+    llm_model: str | None = Field(default=None, description="Model name; it must support JSON-schema structured output")
+    llm_timeout_seconds: float = Field(default=60, gt=0, description="Timeout of one LLM call")
+    llm_max_attempts: int = Field(default=3, ge=1, description="Calls per window on malformed output or a transient error, before the job retries")
+
     # Memory context.
     context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)
     context_model_budgets: dict[str, int] = Field(
@@ -61,6 +71,12 @@ class Settings(BaseSettings):
     context_directives_per_user: int = Field(default=20, ge=0)
     context_facts_per_shard: int = Field(default=30, ge=0)
     context_suggestions_per_shard: int = Field(default=10, ge=0)
+
+    @model_validator(mode="after")
+    def _llm_complete(self) -> Settings:
+        if self.extractor == "llm" and not (self.llm_base_url and self.llm_model):
+            raise ValueError("EXTRACTOR=llm needs LLM_BASE_URL and LLM_MODEL")
+        return self
 
     @field_validator("context_model_budgets")
     @classmethod

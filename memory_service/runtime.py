@@ -25,6 +25,17 @@ def _graph_backend(settings: Settings):
 
 
 def default_extractor(settings: Settings):
+    """The extractor the operator chose: rule-based (the offline default) or an LLM."""
+    if settings.extractor == "llm":
+        from .llm_extractor import LLMExtractor
+
+        return LLMExtractor(
+            base_url=settings.llm_base_url,
+            model=settings.llm_model,
+            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            timeout_seconds=settings.llm_timeout_seconds,
+            max_attempts=settings.llm_max_attempts,
+        )
     from .rule_extractor import RuleBasedExtractor
 
     return RuleBasedExtractor()

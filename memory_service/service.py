@@ -142,6 +142,8 @@ class MemoryService:
         await self.registry.close()
         await self.queue.close()
         await self.state.close()
+        if close_extractor := getattr(self.extractor, "aclose", None):
+            await close_extractor()
 
     # Agents and shards -------------------------------------------------------------
 

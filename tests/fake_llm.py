@@ -1,0 +1,107 @@
+"""An OpenAI-compatible chat endpoint that answers from the request itself, on loopback.
+
+The worker tests and the formation benchmark run the real LLM extractor (the real
+``openai`` client, real HTTP) against it. It reads the numbered message lines the
+extractor sends and answers in the requested JSON schema: an episode, one directive per
+user message that states a preference, and one fact per shard from the messages that
+mention the shard's id. Faults are scripted: answer the next calls with an HTTP error,
+or hold them until released (to kill a worker in the middle of a call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import socket
+from dataclasses import dataclass, field
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+_LINE = re.compile(r'^\[(\d+)\] (user (\S+)|assistant): (".*")$')
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class EchoLLM:
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    failures: list[int] = field(default_factory=list)  # statuses to answer the next calls with
+    hold: asyncio.Event | None = None  # while set to an unset Event, calls wait on it
+    held: int = 0  # calls waiting on ``hold`` now
+
+    def __post_init__(self) -> None:
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self._complete)
+        self.port = _free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+
+    async def start(self) -> EchoLLM:
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()
+            await asyncio.sleep(0.02)
+        return self
+
+    async def stop(self) -> None:
+        if self.hold is not None:
+            self.hold.set()
+        self._server.should_exit = True
+        await self._task
+
+    async def _complete(self, request: Request):
+        body = await request.json()
+        self.calls += 1
+        if self.hold is not None and not self.hold.is_set():
+            self.held += 1
+            try:
+                await self.hold.wait()
+            finally:
+                self.held -= 1
+        if self.failures:
+            status = self.failures.pop(0)
+            return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
+        prompt = body["messages"][-1]["content"]
+        schema = body["response_format"]["json_schema"]["schema"]
+        content = json.dumps(answer(prompt, schema))
+        prompt_tokens, completion_tokens = len(json.dumps(body)) // 4, len(content) // 4
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+        return {
+            "id": f"echo-{self.calls}", "object": "chat.completion", "created": 0, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                      "total_tokens": prompt_tokens + completion_tokens},
+        }
+
+
+def answer(prompt: str, schema: dict) -> dict:
+    """A reply in ``schema`` built from the prompt's numbered message lines."""
+    messages = []
+    for line in prompt.splitlines():
+        if match := _LINE.match(line):
+            messages.append((int(match.group(1)), match.group(3), json.loads(match.group(4))))
+    episode = " ".join(text.split(".")[0] + "." for _, _, text in messages)
+    directives = [{"user_id": user, "content": text, "messages": [n]}
+                  for n, user, text in messages if user and "prefer" in text.lower()]
+    reply: dict = {"episode": " ".join(episode.split()[:50]),
+                   "directives": directives[: schema["properties"]["directives"]["maxItems"]]}
+    if "shards" in schema["properties"]:
+        shard_ids = schema["properties"]["shards"]["items"]["properties"]["shard_id"]["enum"]
+        reply["shards"] = [
+            {"shard_id": shard, "suggestions": [],
+             "facts": [{"content": f"{user or 'assistant'}: {text}", "messages": [n]}
+                       for n, user, text in messages if shard in text.lower()][:1]}
+            for shard in shard_ids
+        ]
+    return reply
