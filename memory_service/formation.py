@@ -127,11 +127,10 @@ async def form_window(
     result.written = await backend.write(result.memories)
     result.message_ids = claim.message_ids
     consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]
-    if await state.complete_window(claim, consolidate) < 0:
+    if await state.complete_window(claim, consolidate, written=[m.namespace for m in result.memories]) < 0:
         result.already_formed = True
         log.info("session %s window %d was already formed; wrote %d new", session_id, claim.window, result.written)
         return result
-    await state.bump(*{m.namespace for m in result.memories})
     log.info("formed session %s window %d (%d messages): %s (%d new)",
              session_id, claim.window, len(messages), result.counts(), result.written)
     return result

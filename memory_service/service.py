@@ -208,7 +208,13 @@ class MemoryService:
         )
         # Store first, then make it pending: a failed write leaves nothing pending that
         # formation could not read, and the client's retry completes the same message.
-        await backend.write([memory])
+        try:
+            await backend.write([memory])
+        except Exception as exc:
+            raise BackendUnavailable(
+                f"could not store message {message_id!r} of session {session_id!r}: {type(exc).__name__}: {exc}; "
+                "nothing is pending for it: send it again with the same message_id"
+            ) from exc
         first = await self.state.commit_message(
             session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
             message.user_id if message.role == "user" else None, message.incognito,
@@ -345,7 +351,6 @@ class MemoryService:
         outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
                                     consolidator=self.consolidator, word_limit=words, agent_id=agent_id)
         if outcome["consolidated"]:
-            await self.state.bump(namespace)
             await self.state.add_metrics(consolidations=1, consolidated_items=outcome["items"])
             await self._maybe_consolidate(namespace)
         return outcome

@@ -81,8 +81,9 @@ return {window, redis.call('HGET', KEYS[3], 'ids')}
 """
 
 # Finish a window, exactly once: compare-and-set on the claimed window number, then take
-# its messages off the pending set, advance the cursor, and queue the formed directives
-# and suggestions for consolidation (KEYS[6..] with ARGV[2..] as "key index|memory id").
+# its messages off the pending set, advance the cursor, queue the formed directives and
+# suggestions for consolidation (ARGV "key index|memory id" pushes onto KEYS[index]), and
+# bump the write generation of every namespace written (ARGV "+key index").
 _COMPLETE = """
 if redis.call('HGET', KEYS[4], 'window') ~= ARGV[1] then return -1 end
 local ids = cjson.decode(redis.call('HGET', KEYS[4], 'ids'))
@@ -103,8 +104,12 @@ if last > cursor then redis.call('HSET', KEYS[1], 'cursor', last) end
 redis.call('DEL', KEYS[4])
 if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[5], ARGV[#ARGV]) end
 for i = 2, #ARGV - 1 do
-  local sep = string.find(ARGV[i], '|', 1, true)
-  redis.call('RPUSH', KEYS[5 + tonumber(string.sub(ARGV[i], 1, sep - 1))], string.sub(ARGV[i], sep + 1))
+  if string.sub(ARGV[i], 1, 1) == '+' then
+    redis.call('INCR', KEYS[tonumber(string.sub(ARGV[i], 2))])
+  else
+    local sep = string.find(ARGV[i], '|', 1, true)
+    redis.call('RPUSH', KEYS[tonumber(string.sub(ARGV[i], 1, sep - 1))], string.sub(ARGV[i], sep + 1))
+  end
 end
 return removed
 """
@@ -115,6 +120,7 @@ _CONSOLIDATED = """
 local version = tonumber(redis.call('GET', KEYS[2]) or '0')
 if version ~= tonumber(ARGV[1]) then return -1 end
 redis.call('LTRIM', KEYS[1], tonumber(ARGV[2]), -1)
+redis.call('INCR', KEYS[3])
 return redis.call('INCR', KEYS[2])
 """
 
@@ -142,6 +148,17 @@ METRICS = "ms:metrics"
 
 def _cons_list(namespace: str) -> str:
     return f"ms:cons:{namespace}:pending"
+
+
+def _generation(namespace: str) -> str:
+    return f"ms:gen:{namespace}"
+
+
+def _key_index(keys: list[str], key: str) -> int:
+    """``key``'s 1-based index in ``keys`` (a Lua script's KEYS), appending it if new."""
+    if key not in keys:
+        keys.append(key)
+    return keys.index(key) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -266,17 +283,21 @@ class StateStore:
             return None
         return Claim(session_id, int(raw["window"]), tuple((mid, int(seq)) for mid, seq in json.loads(raw["ids"])))
 
-    async def complete_window(self, claim: Claim, consolidate: Sequence[tuple[str, str]] = ()) -> int:
+    async def complete_window(
+        self, claim: Claim, consolidate: Sequence[tuple[str, str]] = (), written: Sequence[str] = ()
+    ) -> int:
         """Finish ``claim`` if it is still the session's claim; -1 if it was finished before.
 
-        ``consolidate`` lists (namespace, memory id) to queue for consolidation, in the same
-        atomic step, so that a retried window never queues an item twice.
+        In the same atomic step, ``consolidate`` (namespace, memory id) pairs are queued for
+        consolidation, so that a retried window never queues an item twice, and the cached
+        memory contexts reading the ``written`` namespaces are invalidated.
         """
         k = self._keys(claim.session_id)
-        lists = sorted({ns for ns, _ in consolidate})
-        keys = [k["meta"], k["pending"], k["tokens"], k["claim"], ACTIVE, *(_cons_list(ns) for ns in lists)]
-        pushes = [f"{lists.index(ns) + 1}|{mid}" for ns, mid in consolidate]
-        return int(await self._complete(keys=keys, args=[claim.window, *pushes, claim.session_id]))
+        keys = [k["meta"], k["pending"], k["tokens"], k["claim"], ACTIVE]
+        lists = {ns: _key_index(keys, _cons_list(ns)) for ns, _ in consolidate}
+        args = [f"{lists[ns]}|{mid}" for ns, mid in consolidate]
+        args += [f"+{_key_index(keys, _generation(ns))}" for ns in sorted(set(written))]
+        return int(await self._complete(keys=keys, args=[claim.window, *args, claim.session_id]))
 
     async def idle_sessions(self, idle_before: float, limit: int = 1000) -> list[str]:
         """Sessions with pending messages whose last activity is older than ``idle_before``."""
@@ -292,7 +313,7 @@ class StateStore:
 
     async def finish_consolidation(self, namespace: str, version: int, merged: int) -> int:
         """Drop the ``merged`` oldest pending items and bump the version; -1 if another run did."""
-        keys = [_cons_list(namespace), f"ms:cons:{namespace}:version"]
+        keys = [_cons_list(namespace), f"ms:cons:{namespace}:version", _generation(namespace)]
         return int(await self._consolidated(keys=keys, args=[version, merged]))
 
     # Metrics -----------------------------------------------------------------------
@@ -315,13 +336,13 @@ class StateStore:
         if namespaces:
             async with self.redis.pipeline(transaction=False) as pipe:
                 for ns in namespaces:
-                    pipe.incr(f"ms:gen:{ns}")
+                    pipe.incr(_generation(ns))
                 await pipe.execute()
 
     async def generations(self, namespaces: Sequence[str]) -> list[int]:
         if not namespaces:
             return []
-        return [int(v or 0) for v in await self.redis.mget([f"ms:gen:{ns}" for ns in namespaces])]
+        return [int(v or 0) for v in await self.redis.mget([_generation(ns) for ns in namespaces])]
 
     async def cache_get(self, key: str) -> dict | None:
         raw = await self.redis.get(f"ms:ctx:{key}")

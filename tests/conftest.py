@@ -78,7 +78,9 @@ class LiveServer:
         await self.task
 
 
-@pytest.fixture(scope="session")
+# Module scope: its in-process worker takes jobs from the shared store's queue, so it
+# must be gone before other modules run services with settings of their own.
+@pytest.fixture(scope="module")
 async def live_server(falkordb_url):
     server = LiveServer(create_app(Settings(_env_file=None, falkordb_url=falkordb_url), run_worker=True))
     await server.start()

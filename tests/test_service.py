@@ -282,6 +282,10 @@ async def test_a_graph_outage_shrinks_the_context_instead_of_failing(settings, t
             assert "<Episode>" not in degraded.xml and degraded.chars <= degraded.budget
             ET.fromstring(degraded.xml)
             assert (await service.health())["ok"] is False
+            pending = (await service.session_gate("o1")).pending_messages
+            with pytest.raises(BackendUnavailable, match="send it again with the same message_id"):
+                await service.record_message("o1", msg("a1", "alice", "lost?", mid="during-outage", minute=9))
+            assert (await service.session_gate("o1")).pending_messages == pending
     finally:
         graph.stop()
 
