@@ -48,5 +48,9 @@ class MemoryBackend(ABC):
         """
 
     @abstractmethod
+    async def export(self, namespace: Namespace) -> list[Memory]:
+        """Every memory of the namespace, evicted ones included, oldest first (for migration)."""
+
+    @abstractmethod
     async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
         """How many live (not evicted) memories of these kinds, or of all, the namespace holds."""

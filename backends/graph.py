@@ -38,10 +38,10 @@ def _save_query() -> str:
     anchor = "RETURN n.uuid AS uuid"
     if anchor not in query:  # fail loudly if graphiti-core changes its query shape
         raise RuntimeError("graphiti-core's FalkorDB episode save query changed; update backends/graph.py")
-    return query.replace(anchor, "SET n.kind = $kind, n.ts = $ts, n.seq = $seq " + anchor)
+    return query.replace(anchor, "SET n.kind = $kind, n.ts = $ts, n.seq = $seq, n.evicted = $evicted " + anchor)
 
 
-_READ_FIELDS = "n.uuid AS uuid, n.content AS content, n.valid_at AS valid_at"
+_READ_FIELDS = "n.uuid AS uuid, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
 
 class GraphBackend(MemoryBackend):
@@ -127,6 +127,7 @@ class GraphBackend(MemoryBackend):
             "kind": memory.kind.value,
             "ts": memory.valid_at.timestamp(),
             "seq": memory.metadata.sequence,
+            "evicted": True if memory.evicted else None,  # null removes the property
         }
 
     async def _existing_ids(self, namespace: Namespace, ids: list[str]) -> set[str]:
@@ -175,11 +176,19 @@ class GraphBackend(MemoryBackend):
         )
         return int(rows[0]["c"]) if rows else 0
 
+    async def export(self, namespace: Namespace) -> list[Memory]:
+        rows = await self._query_rows(
+            namespace, f"MATCH (n:Episodic) WHERE n.kind IS NOT NULL RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid"
+        )
+        return [self._memory(namespace, row) for row in rows]
+
     @staticmethod
     def _memory(namespace: Namespace, row: dict) -> Memory:
-        return Memory.from_episode_body(
+        memory = Memory.from_episode_body(
             id=row["uuid"], namespace=str(namespace), body=row["content"], valid_at=row["valid_at"]
         )
+        memory.evicted = bool(row.get("evicted"))
+        return memory
 
 
 def _redact(url: str) -> str:

@@ -30,6 +30,7 @@ import logging
 import math
 import os
 import random
+import socket
 import statistics
 import sys
 import tempfile
@@ -52,7 +53,7 @@ from rich.table import Table  # noqa: E402
 from context_bench import machine  # noqa: E402
 from memory_service.api import create_app  # noqa: E402
 from memory_service.config import Settings  # noqa: E402
-from memory_service.embedded import EmbeddedFalkorDB, _free_port  # noqa: E402
+from memory_service.embedded import EmbeddedFalkorDB  # noqa: E402
 from memory_service.extraction import Extraction, ExtractionUsage, Window  # noqa: E402
 from memory_service.jobs import QUEUE_NAME, formation_job_id  # noqa: E402
 from memory_service.llm_extractor import LLMExtractor  # noqa: E402
@@ -67,6 +68,7 @@ log = logging.getLogger("formation_bench")
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 NEVER = 10**9  # a gate threshold no session reaches: formation disabled
 POLL_SECONDS = 0.2  # how often the tail is polled; timings come from arq, not from polling
+STORE_PID: int | None = None  # the embedded redis-server's pid (set by run_all), for its CPU time
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Sizes:
     llm_shards: tuple[int, ...]
 
 
-FULL = Sizes(sessions=8, messages=40, interval=10, repeat=5, llm_sessions=4, llm_messages=40, llm_shards=(1, 3, 8))
+FULL = Sizes(sessions=8, messages=40, interval=10, repeat=10, llm_sessions=4, llm_messages=40, llm_shards=(1, 3, 8))
 QUICK = Sizes(sessions=4, messages=20, interval=10, repeat=2, llm_sessions=2, llm_messages=20, llm_shards=(1, 3))
 
 
@@ -164,7 +166,8 @@ def message_bodies(agent: str, seed: str, session: int, count: int, user_prefix:
             for i, (user, role, content) in enumerate(conversation(seed, session, count, user_prefix))]
 
 
-# The rule-based part's shards: the demo's two, and one more that EchoLLM-style words hit.
+# The rule-based part's shards: the demo's two and a third; the rule extractor files a
+# sentence under a shard when it shares a content word with the shard's name or focus.
 RULE_SHARDS = {
     "travel": ShardIn(name="travel logistics", extraction_focus="flights, trains, hotels, bookings, dates, budget"),
     "food": ShardIn(name="food and restaurants", extraction_focus="restaurants, dinner, lunch, cuisine, dishes"),
@@ -182,6 +185,19 @@ def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {"n": len(ordered), "median": statistics.median(ordered),
             "p95": ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)], "min": ordered[0], "max": ordered[-1]}
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """CPU seconds used so far by this process (service, worker, client, EchoLLM: one event
+    loop) and by the embedded store (redis-server + FalkorDB); nan where /proc is missing."""
+    store = math.nan
+    if STORE_PID:
+        try:
+            fields = Path(f"/proc/{STORE_PID}/stat").read_text().rsplit(")", 1)[1].split()
+            store = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except (OSError, ValueError, IndexError):
+            pass
+    return time.process_time(), store
 
 
 # --- targets: the service called directly, or through HTTP -------------------------------
@@ -223,12 +239,18 @@ def http_target(service: MemoryService, http: httpx.AsyncClient) -> Target:
     return Target(service, record, status, form)
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 class LiveServer:
     """The API under uvicorn on a loopback port, in this process (tests/conftest.py's pattern)."""
 
     def __init__(self, settings: Settings, run_worker: bool):
         self.app = create_app(settings, run_worker=run_worker)
-        self.port = _free_port()
+        self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
 
@@ -253,10 +275,10 @@ class LiveServer:
 def bench_settings(url: str, interval: int, *, formation: bool, **overrides) -> Settings:
     """Settings on the bench's store.
 
-    With formation, the message gate is N and a window holds at most N messages, so every
-    repetition forms the same windows (K/N per session) however far the worker lags; with
-    the default cap of 200 a lagging worker would form fewer, larger windows. Without
-    formation no gate ever opens. The cold-session sweep is pushed out of the way: it is
+    With formation, the message gate is N and a window holds at most N messages, however
+    far the worker lags (with the default cap of 200 a lagging worker would form fewer,
+    larger windows, and windows/s would say little). Windows may still hold fewer than N
+    messages: see the README. Without formation no gate ever opens. The cold-session sweep is pushed out of the way: it is
     not what is measured, and must not pick up the baseline's never-formed sessions.
     """
     gates = ({"memory_formation_msg_interval": interval, "max_window_messages": interval} if formation else
@@ -277,6 +299,7 @@ class Run:
     windows: int = 0
     jobs: list[dict] = field(default_factory=list)  # per window: timings (s) and the job's result
     errors: list[str] = field(default_factory=list)
+    cpu: dict[str, float] = field(default_factory=dict)  # busy fraction of one core: this process, the store
 
     @property
     def messages_per_second(self) -> float:
@@ -287,8 +310,14 @@ class Run:
         return self.windows / self.total_seconds
 
 
-async def record_sessions(target: Target, sessions: dict[str, list[dict]]) -> tuple[float, float, dict]:
-    """Record every session concurrently, each in order; (start, end, job id -> first record's (start, end))."""
+async def record_sessions(target: Target, sessions: dict[str, list[dict]], pace: bool = False
+                          ) -> tuple[float, float, dict]:
+    """Record every session concurrently, each in order; (start, end, job id -> first record's (start, end)).
+
+    With ``pace``, a session waits for each window it opened to be formed before its next
+    message. Then no message arrives while its session's window is forming, and every
+    window holds exactly N messages (see the README on the smaller windows otherwise).
+    """
     first_seen: dict[str, tuple[float, float]] = {}
 
     async def converse(session_id: str, bodies: list[dict]) -> None:
@@ -297,6 +326,8 @@ async def record_sessions(target: Target, sessions: dict[str, list[dict]]) -> tu
             job = await target.record(session_id, body)
             if job and job not in first_seen:
                 first_seen[job] = (sent, time.time())
+                if pace:
+                    await target.service.queue.wait(job, timeout=300)
 
     start = time.time()
     await asyncio.gather(*(converse(sid, bodies) for sid, bodies in sessions.items()))
@@ -328,7 +359,10 @@ async def wait_for_idle_queue(service: MemoryService, timeout: float = 120) -> N
     so that one repetition's leftovers do not load the next."""
     pool, deadline = service.queue.pool, time.monotonic() + timeout
     while time.monotonic() < deadline:
-        running = [key async for key in pool.scan_iter("arq:in-progress:*")]
+        # Only formation and consolidation jobs: arq keeps a cron job's in-progress key
+        # until long after it ran.
+        running = [key for pattern in ("arq:in-progress:form:*", "arq:in-progress:consolidate:*")
+                   for key in [k async for k in pool.scan_iter(pattern)]]
         if not running and await pool.zcard(QUEUE_NAME) == 0:
             return
         await asyncio.sleep(0.05)
@@ -359,9 +393,11 @@ async def job_records(service: MemoryService, session_ids: list[str], first_seen
             sent, answered = first_seen.get(job_id, (math.nan, math.nan))
             by_record = sent - 0.002 <= enqueued <= answered + 0.002
             jobs.append({"job_id": job_id, "enqueued": enqueued, "started": started, "finished": finished,
-                         "queue_wait": started - enqueued, "run": finished - started, "enqueue_to_stored": finished - enqueued,
+                         "queue_wait": started - enqueued, "run": finished - started,
+                         "enqueue_to_stored": finished - enqueued,
                          "record_to_stored": finished - sent if by_record else None,
-                         "tries": info.job_try, "result": info.result})
+                         "messages": len(info.result.get("message_ids", [])), "tries": info.job_try,
+                         "result": info.result})
     return jobs, errors
 
 
@@ -396,26 +432,32 @@ async def check_recorded_only(service: MemoryService, agent: str, sessions: dict
     return errors
 
 
-async def run_once(target: Target, sessions: dict[str, list[dict]], agent: str, formation: bool) -> Run:
+async def run_once(target: Target, sessions: dict[str, list[dict]], agent: str, formation: bool,
+                   pace: bool = False) -> Run:
     """Record ``sessions``; with formation, wait for every window and read the jobs' timings."""
-    start, recorded, first_seen = await record_sessions(target, sessions)
+    wall0, (mine0, store0) = time.perf_counter(), cpu_seconds()
+    start, recorded, first_seen = await record_sessions(target, sessions, pace)
     messages = sum(map(len, sessions.values()))
+    if formation:
+        await wait_until_formed(target, list(sessions))
+    wall, (mine, store) = time.perf_counter() - wall0, cpu_seconds()
+    cpu = {"process": (mine - mine0) / wall, "store": (store - store0) / wall}
     if not formation:
-        run = Run(messages, recorded - start, recorded - start)
+        run = Run(messages, recorded - start, recorded - start, cpu=cpu)
         run.errors = await check_recorded_only(target.service, agent, sessions)
         return run
-    await wait_until_formed(target, list(sessions))
     jobs, errors = await job_records(target.service, list(sessions), first_seen)
     last = max((j["finished"] for j in jobs), default=recorded)
-    run = Run(messages, recorded - start, max(last, recorded) - start, windows=len(jobs), jobs=jobs)
+    run = Run(messages, recorded - start, max(last, recorded) - start, windows=len(jobs), jobs=jobs, cpu=cpu)
     run.errors = errors + await check_formed(target.service, agent, sessions)
     await wait_for_idle_queue(target.service)
     return run
 
 
-def make_sessions(label: str, agent: str, seed: str, sizes_sessions: int, messages: int, user_prefix: str,
+def make_sessions(label: str, agent: str, seed: str, count: int, messages: int, user_prefix: str,
                   day: int) -> dict[str, list[dict]]:
-    return {f"{label}-s{k}": message_bodies(agent, seed, k, messages, user_prefix, day) for k in range(sizes_sessions)}
+    """``count`` sessions named ``<label>-s<k>`` with their message bodies."""
+    return {f"{label}-s{k}": message_bodies(agent, seed, k, messages, user_prefix, day) for k in range(count)}
 
 
 # --- part 1: rule-based formation against recording only ---------------------------------
@@ -480,6 +522,11 @@ def summarise_rules(runs: dict[str, list[Run]], sizes: Sizes) -> dict:
             "windows_per_run": [r.windows for r in form],
         },
         "ratio": form_rate["median"] / base_rate["median"],
+        "cpu_busy": {name: {part: statistics.median(r.cpu[part] for r in rs) for part in ("process", "store")}
+                     for name, rs in runs.items()},
+        "runs": [{"run": name, "repetition": i, "messages_per_second": r.messages_per_second, "windows": r.windows,
+                  "seconds": r.total_seconds, "record_seconds": r.record_seconds, "cpu_busy": r.cpu}
+                 for name, rs in runs.items() for i, r in enumerate(rs)],
         "pair_ratios": [f.messages_per_second / b.messages_per_second for b, f in zip(base, form)],
         "latency": {
             "queue_wait": summary([j["queue_wait"] for j in jobs]),
@@ -488,6 +535,8 @@ def summarise_rules(runs: dict[str, list[Run]], sizes: Sizes) -> dict:
             "record_to_stored": summary([j["record_to_stored"] for j in jobs if j["record_to_stored"] is not None]),
         },
         "windows_enqueued_by_worker": sum(j["record_to_stored"] is None for j in jobs),
+        "window_messages": summary([j["messages"] for j in jobs]),
+        "windows_below_interval": sum(j["messages"] < sizes.interval for j in jobs),
         "memories_formed": kinds,
         "errors": errors,
     }
@@ -565,7 +614,8 @@ async def llm_flow(url: str, echo: EchoLLM, sizes: Sizes, shards: int, style: st
                                  sizes.llm_messages, "llm-", day=0)
         echo_before = (echo.calls, echo.prompt_tokens, echo.completion_tokens)
         metrics_before = await service.state.metrics()
-        run = await run_once(direct_target(service), sessions, agent, formation=True)
+        # Paced, so that both styles form exactly the same windows (K/N per session, N messages each).
+        run = await run_once(direct_target(service), sessions, agent, formation=True, pace=True)
         metrics_after = await service.state.metrics()
     echo_delta = dict(zip(("calls", "prompt_tokens", "completion_tokens"),
                           (after - before for before, after in
@@ -593,7 +643,6 @@ async def llm_flow(url: str, echo: EchoLLM, sizes: Sizes, shards: int, style: st
         "prompt_tokens": summary([u.get("prompt_tokens", 0) for u in usages]),
         "completion_tokens": summary([u.get("completion_tokens", 0) for u in usages]),
         "job_run_seconds": summary([j["run"] for j in run.jobs]),
-        "windows_per_second": run.windows_per_second,
         "echo": echo_delta, "metrics": metrics, "errors": errors,
     }
 
@@ -643,9 +692,12 @@ def rules_tables(result: dict, label: str) -> list[Table]:
               f"{f['seconds']['median']:.2f}")
     t.add_row("  of which recording phase", *_rate(f["record_phase_messages_per_second"]), "-", "-", "-")
     pairs = ", ".join(f"{r:.2f}" for r in result["pair_ratios"])
+    cpu = result["cpu_busy"]
     t.caption = (f"ratio = formation msgs/s median / baseline msgs/s median = {result['ratio']:.2f}  "
                  f"(per repetition: {pairs}); tail after the last record: "
-                 f"{result['formation']['tail_seconds']['median']:.2f} s median")
+                 f"{result['formation']['tail_seconds']['median']:.2f} s median. CPU busy, in cores (median): "
+                 f"this process {cpu['baseline']['process']:.2f} / store {cpu['baseline']['store']:.2f} recording only, "
+                 f"{cpu['formation']['process']:.2f} / {cpu['formation']['store']:.2f} with formation")
 
     lat = Table(title=f"{label}: per-window latency (ms, all windows of all repetitions)")
     for column in ("interval", "median", "p95", "max", "windows"):
@@ -656,8 +708,11 @@ def rules_tables(result: dict, label: str) -> list[Table]:
              "run": "  running (form_window job)"}
     for key, name in names.items():
         lat.add_row(name, *_ms(result["latency"][key]))
-    lat.caption = (f"{result['windows_enqueued_by_worker']} window(s) were enqueued by the worker right after the "
-                   f"session's previous one (not by a record); memories formed: {result['memories_formed']}")
+    size = result["window_messages"]
+    lat.caption = (f"windows: {size['n']}, of {size['min']:.0f} to {size['max']:.0f} messages (median "
+                   f"{size['median']:.0f}); {result['windows_below_interval']} below the gate's {s['interval']}; "
+                   f"{result['windows_enqueued_by_worker']} enqueued by the worker or by POST /form, not by a record. "
+                   f"Memories formed: {result['memories_formed']}")
     return [t, lat]
 
 
@@ -674,9 +729,10 @@ def llm_table(result: dict) -> Table:
     for ratio in result["ratios"]:
         t.add_row(str(ratio["shards"]), "[bold]reference / ours[/bold]", "", "", f"{ratio['calls']:.2f}x",
                   f"{ratio['prompt_tokens']:.2f}x", "", f"{ratio['completion_tokens']:.2f}x", "", "", "")
-    t.caption = ("Tokens are EchoLLM's estimates, len/4 of the JSON request and reply bodies, not a real tokenizer; "
-                 "tok/window = EchoLLM totals / windows (the service's metrics and the jobs' usage agree, checked). "
-                 "Median per-window prompt tokens equal the mean here up to window-size variation.")
+    t.caption = ("Tokens are EchoLLM's estimates, len/4 of the JSON request and reply bodies, not a real tokenizer. "
+                 "tok/window = EchoLLM's totals / windows (equal to the service's metrics and the jobs' usage: checked); "
+                 "p95 = per window, from each form_window job's usage. Both extractors form the same windows of the "
+                 "same text. Job run = the whole form_window job, the LLM calls made one after another.")
     return t
 
 
@@ -685,8 +741,10 @@ def llm_table(result: dict) -> Table:
 async def run_all(sizes: Sizes, http: bool, console: Console) -> dict:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="formation-bench-") as tmp:
+        global STORE_PID
         store = EmbeddedFalkorDB(Path(tmp))
         url = store.start()
+        STORE_PID = int((Path(tmp) / "falkordb.pid").read_text())
         try:
             started = time.perf_counter()
             results["rules_direct"] = await rules_direct(url, sizes, console)
@@ -709,14 +767,18 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"a smoke run: {QUICK.sessions} sessions x {QUICK.messages} messages, {QUICK.repeat} "
                              f"repetitions, shards {QUICK.llm_shards} (figures are rough)")
     parser.add_argument("--repeat", type=int, help=f"timed repetitions of the rule-based part (default {FULL.repeat})")
+    parser.add_argument("--sessions", type=int, help=f"M, sessions recorded concurrently (default {FULL.sessions})")
+    parser.add_argument("--messages", type=int, help=f"K, messages per session (default {FULL.messages})")
     parser.add_argument("--http", action="store_true", help="also run the rule-based part through the HTTP API")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
-    if args.repeat is not None:
-        if args.repeat < 1:
-            parser.error("--repeat must be at least 1")
-        sizes = replace(sizes, repeat=args.repeat)
+    for option, name in (("repeat", "repeat"), ("sessions", "sessions"), ("messages", "messages")):
+        value = getattr(args, option)
+        if value is not None:
+            if value < 1:
+                parser.error(f"--{option} must be at least 1")
+            sizes = replace(sizes, **{name: value})
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console() if sys.stdout.isatty() else Console(width=180)
@@ -748,8 +810,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        for part in ("rules_direct", "rules_http"):  # per-job records are bulky; keep the summaries
-            results.get(part, {}).pop("jobs", None)
         args.json.write_text(json.dumps({
             "benchmark": "formation_bench", "machine": header,
             "settings": {**vars(sizes), "llm_shards": list(sizes.llm_shards), "quick": args.quick, "http": args.http},

@@ -36,6 +36,8 @@ class ContextOut(BaseModel):
     budget: int
     sections: dict[str, int]
     dropped: int
+    source: str = Field(description="where the memories came from: graph, mongo (fallback), cache, last-good "
+                                    "(every store failing: the last complete block), none")
 
 
 def create_app(settings: Settings | None = None, data_dir: Path | None = None, service: MemoryService | None = None,
@@ -110,7 +112,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         """The memory block for one model call, within the model's character budget."""
         rendered = await svc(request).assemble_memory_context(agent_id, user_id, session_id, model)
         return ContextOut(xml=rendered.xml, chars=rendered.chars, budget=rendered.budget,
-                          sections=rendered.sections, dropped=rendered.dropped)
+                          sections=rendered.sections, dropped=rendered.dropped, source=rendered.source)
 
     @app.put("/v1/agents/{agent_id}", response_model=Agent, tags=["agents"])
     async def put_agent(agent_id: AgentId, body: AgentSettings, request: Request) -> Agent:

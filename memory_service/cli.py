@@ -59,9 +59,18 @@ def worker_command(
 
     Start as many as you like on one REDIS_URL; each window is formed by exactly one.
     """
+    _setup_logging(log_level)
+    settings = _attached_settings(data_dir)
+    try:
+        asyncio.run(_run_worker(settings))
+    except KeyboardInterrupt:
+        pass
+
+
+def _attached_settings(data_dir: Path | None) -> Settings:
+    """Settings whose stores are the configured ones or the embedded store a `serve` runs."""
     from .embedded import EmbeddedFalkorDB
 
-    _setup_logging(log_level)
     settings = _settings()
     if not settings.falkordb_url:
         data_dir = data_dir or settings.memory_data_dir
@@ -72,10 +81,58 @@ def worker_command(
                           "separately) or set FALKORDB_URL and REDIS_URL")
             raise typer.Exit(2)
         settings.falkordb_url = url
+    return settings
+
+
+@app.command()
+def migrate(
+    agent: Annotated[str, typer.Option("--agent", help="The agent whose memories move")],
+    to: Annotated[str, typer.Option("--to", help="The backend to move them to: graph or mongo")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Count what would be copied; change nothing")] = False,
+    data_dir: Annotated[Path | None, typer.Option(help="Attach to the embedded store a `serve` runs on this data directory")] = None,
+) -> None:
+    """Copy an agent's memories to the other backend, verify, then switch the agent to it.
+
+    Idempotent and resumable: run it again after an interruption and it copies only what
+    is missing. Switching back (--to the other backend) copies back what was written since.
+    """
+    _setup_logging("warning")
+    settings = _attached_settings(data_dir)
     try:
-        asyncio.run(_run_worker(settings))
-    except KeyboardInterrupt:
-        pass
+        report = asyncio.run(_migrate(settings, agent, to, dry_run))
+    except MemoryServiceError as exc:
+        console.print(f"[red]migration failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table("namespace", "memories", "copied", "missing", title=(
+        f"{'Dry run: ' if dry_run else ''}agent {agent}: {report.source} → {report.target}"))
+    for entry in report.namespaces:
+        table.add_row(entry.namespace, str(entry.source), str(entry.copied), str(entry.missing))
+    console.print(table)
+    if dry_run:
+        console.print(f"{report.total} memories, {report.missing} not yet in {to}; nothing was changed.")
+    else:
+        console.print(f"{report.total} memories verified in {to} ({report.copied} copied by this run); "
+                      f"agent {agent} now uses the {to} backend.")
+
+
+async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from .migration import migrate_agent
+    from .namespaces import validate_id
+    from .runtime import open_service
+
+    validate_id(agent, "agent_id")
+    async with open_service(settings, run_worker=False) as service:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("copying", total=None)
+            return await migrate_agent(
+                service, agent, to, dry_run=dry_run,
+                on_namespace=lambda ns, n: progress.update(task, description=str(ns)[:60],
+                                                           total=(progress.tasks[0].total or 0) + n),
+                on_copied=lambda n: progress.advance(task, n),
+            )
 
 
 async def _run_worker(settings: Settings) -> None:
@@ -135,7 +192,7 @@ async def _demo(data_dir: Path, model: str | None) -> None:
     port = _free_port()
     # A short gate interval, so that the short sample sessions open it and formation is
     # seen happening in the background while the conversation goes on.
-    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, memory_formation_msg_interval=5)
+    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, memory_formation_msg_interval=5)
     server = uvicorn.Server(uvicorn.Config(create_app(settings, data_dir, run_worker=True), host="127.0.0.1", port=port,
                                            log_level="warning"))
     serving = asyncio.create_task(server.serve())

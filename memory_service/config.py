@@ -25,6 +25,11 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, description="Redis for state and the job queue; defaults to FALKORDB_URL or the embedded server")
     memory_data_dir: Path = Field(default=Path(".data"), description="Where the embedded server keeps its files")
 
+    mongodb_uri: SecretStr | None = Field(default=None, description="mongodb://... of MongoDB: enables the mongo backend and mirroring")
+    mongodb_database: str = Field(default="memory_service", min_length=1, description="MongoDB database of the service")
+    mirror_to_mongo: bool = Field(default=True, description="With MONGODB_URI set, copy every graph write to MongoDB through the outbox")
+    outbox_drain_seconds: float = Field(default=1.0, gt=0, description="How often undelivered outbox writes are retried")
+
     default_memory_backend: str = "graph"
     backend_retry_seconds: float = Field(default=300.0, ge=0, description="How long a failed backend factory is not retried")
     graphiti_telemetry_enabled: bool = False

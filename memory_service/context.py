@@ -100,6 +100,7 @@ class RenderedContext:
     budget: int
     sections: dict[str, int]  # items kept per section: collective, user, conversation, relevant
     dropped: int  # items left out to fit the budget
+    source: str = ""  # where the memories came from: graph, mongo, cache, last-good, none
 
 
 def clean(text: str) -> str:

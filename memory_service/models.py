@@ -107,6 +107,7 @@ class Memory(BaseModel):
     content: str
     metadata: Provenance
     valid_at: datetime = Field(default_factory=utcnow)
+    evicted: bool = False  # past a FIFO cap: kept for retention and migration, no longer read
 
     @field_validator("namespace")
     @classmethod

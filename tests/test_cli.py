@@ -11,13 +11,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import free_port
+from .conftest import clean_env, free_port
 
 CLI = str(Path(sys.executable).parent / "memory-service")
 
 
 def run(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+    env = clean_env()
     env["COLUMNS"] = "200"
     return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -67,7 +67,7 @@ async def _wait_healthy(url: str, proc: subprocess.Popen) -> None:
 
 
 async def test_two_servers_with_two_data_dirs_share_nothing(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+    env = clean_env()
     procs, urls = [], []
     try:
         for name in ("one", "two"):

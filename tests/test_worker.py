@@ -24,6 +24,7 @@ from memory_service.models import MemoryKind, ShardIn
 from memory_service.namespaces import Namespace
 from memory_service.runtime import open_service
 
+from .conftest import clean_env
 from .fake_llm import EchoLLM
 from .helpers import msg
 
@@ -56,14 +57,14 @@ FAST = {
 
 
 def make_settings(url: str, **overrides) -> Settings:
-    return Settings(_env_file=None, falkordb_url=url, **{**FAST, **overrides})
+    return Settings(_env_file=None, falkordb_url=url, redis_url=None, mongodb_uri=None, **{**FAST, **overrides})
 
 
 class WorkerProcess:
     """`memory-service worker` as an operator runs it, with settings from the environment."""
 
     def __init__(self, url: str, log: Path, **overrides):
-        self.env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+        self.env = clean_env()
         self.env.update({k.upper(): str(v) for k, v in {**FAST, **overrides}.items()}, FALKORDB_URL=url)
         self.log = log
         self.proc: subprocess.Popen | None = None
@@ -265,7 +266,7 @@ async def test_serve_without_worker_and_a_separate_worker_attached_to_its_store(
     from .conftest import free_port
     from .test_cli import _wait_healthy
 
-    env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+    env = clean_env()
     data = tmp_path / "data"
     port = free_port()
     api = subprocess.Popen([CLI, "serve", "--no-worker", "--port", str(port), "--data-dir", str(data),
@@ -299,7 +300,7 @@ async def test_serve_without_worker_and_a_separate_worker_attached_to_its_store(
 
 
 def test_a_worker_with_no_store_says_so(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("FALKORDB_URL", "REDIS_URL")}
+    env = clean_env()
     result = subprocess.run([CLI, "worker", "--data-dir", str(tmp_path / "none")], env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 2 and "no store to work on" in result.stdout + result.stderr

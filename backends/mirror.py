@@ -1,0 +1,174 @@
+"""The graph backend with MongoDB beside it: writes mirrored through a durable outbox,
+reads falling back to MongoDB.
+
+Writes: the memories go into the outbox (memory_service.outbox) first, then to the graph
+at once; MongoDB gets them from the drain loop, so a slow or absent MongoDB never slows a
+request. A store that is down keeps its queue until it returns; the other is not held
+back. (The proof of concept wrote to the graph, then to Mongo: a graph failure lost the
+Mongo copy.)
+
+Reads come from the graph. When the graph fails, or holds nothing for a namespace (an
+agent that has just opted in), they come from MongoDB. Which store served each read is
+recorded in ``read_sources`` (a context variable), so the memory context can say where it
+came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+from collections.abc import Sequence
+
+from memory_service.models import Memory, MemoryKind
+from memory_service.namespaces import Namespace
+from memory_service.outbox import Outbox
+
+from .base import MemoryBackend
+
+log = logging.getLogger(__name__)
+
+# The stores that served the reads of the current task ("graph", "mongo").
+read_sources: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("read_sources", default=None)
+
+
+def _served_by(source: str) -> None:
+    if (sources := read_sources.get()) is not None:
+        sources.add(source)
+
+
+class MirroredBackend(MemoryBackend):
+    name = "graph"
+
+    def __init__(self, primary: MemoryBackend, mirror: MemoryBackend, outbox: Outbox, drain_seconds: float = 1.0,
+                 batch: int = 100):
+        self.primary, self.mirror, self.outbox = primary, mirror, outbox
+        self.drain_seconds = drain_seconds
+        self.batch = batch
+        self.fallback_reads = 0
+        self._stores = {"graph": primary, "mongo": mirror}
+        self._down: dict[str, str] = {}  # store -> last error, while its deliveries fail
+        self._mirror_started = False
+        self._drainer: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        await self.primary.start()
+        await self._start_mirror()
+        self._drainer = asyncio.create_task(self._drain_forever(), name="outbox-drain")
+
+    async def _start_mirror(self) -> bool:
+        if not self._mirror_started:
+            try:
+                await self.mirror.start()
+                self._mirror_started = True
+            except Exception as exc:  # MongoDB down at start: writes wait in the outbox
+                self._mark_down("mongo", exc)
+        return self._mirror_started
+
+    async def close(self) -> None:
+        if self._drainer:
+            self._drainer.cancel()
+            await asyncio.gather(self._drainer, return_exceptions=True)
+        await self.primary.close()
+        await self.mirror.close()
+
+    async def health(self) -> dict:
+        graph, mongo = await asyncio.gather(self.primary.health(), self.mirror.health())
+        try:
+            depth = await self.outbox.depth()
+        except Exception as exc:
+            depth = {"error": str(exc)}
+        return {"ok": bool(graph.get("ok")), "graph": graph, "mongo": mongo, "outbox": depth,
+                "undelivered": dict(self._down), "fallback_reads": self.fallback_reads}
+
+    # Writes ----------------------------------------------------------------------------
+
+    async def write(self, memories: Sequence[Memory]) -> int:
+        if not memories:
+            return 0
+        entry = await self.outbox.append(memories)
+        try:
+            written = await self.primary.write(memories)
+        except Exception as exc:
+            self._mark_down("graph", exc)
+            return 0  # kept in the outbox: delivered when the graph is back
+        await self.outbox.delivered("graph", entry)
+        return written
+
+    async def drain(self) -> dict[str, int]:
+        """Deliver what the outbox holds for each store; how many entries each got."""
+        delivered = {}
+        for target, store in self._stores.items():
+            delivered[target] = 0
+            if target == "mongo" and not await self._start_mirror():
+                continue
+            for entry, memories in await self.outbox.pending(target, self.batch):
+                try:
+                    await store.write(memories)
+                except Exception as exc:
+                    self._mark_down(target, exc)
+                    break
+                await self.outbox.delivered(target, entry)
+                delivered[target] += 1
+            if delivered[target] and self._down.pop(target, None):
+                log.warning("outbox: %s is back; delivered %d held write(s)", target, delivered[target])
+        return delivered
+
+    async def _drain_forever(self) -> None:
+        while True:
+            try:
+                await self.drain()
+            except Exception as exc:  # Redis itself unreachable: try again later
+                log.warning("outbox drain failed: %s", exc)
+            await asyncio.sleep(self.drain_seconds)
+
+    def _mark_down(self, target: str, exc: Exception) -> None:
+        if target not in self._down:
+            log.warning("%s unreachable, writes wait in the outbox: %s", target, exc)
+        self._down[target] = f"{type(exc).__name__}: {exc}"
+
+    async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+        evicted = await self.primary.trim(namespace, kind, keep)
+        try:
+            await self.mirror.trim(namespace, kind, keep)
+        except Exception as exc:  # the mirror's summaries are capped on their own
+            log.warning("trimming %s in mongo failed: %s", namespace, exc)
+        return evicted
+
+    # Reads: the graph, else MongoDB ---------------------------------------------------------
+
+    async def _read(self, method: str, namespace: Namespace, *args, empty_falls_back: bool = False):
+        primary_failed = None
+        try:
+            result = await getattr(self.primary, method)(namespace, *args)
+            if result or not empty_falls_back:
+                _served_by("graph")
+                return result
+        except Exception as exc:
+            primary_failed = exc
+            log.warning("graph read of %s failed, reading mongo: %s", namespace, exc)
+        try:
+            fallback = await getattr(self.mirror, method)(namespace, *args)
+        except Exception:
+            if primary_failed:
+                raise
+            _served_by("graph")
+            return result  # the graph's (empty) answer stands
+        if primary_failed or fallback:
+            self.fallback_reads += 1
+            _served_by("mongo")
+            return fallback
+        _served_by("graph")
+        return result
+
+    async def get(self, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+        return await self._read("get", namespace, ids, empty_falls_back=bool(ids))
+
+    async def recent(self, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+        return await self._read("recent", namespace, kinds, limit, empty_falls_back=limit > 0)
+
+    async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        return await self._read("count", namespace, kinds)
+
+    async def export(self, namespace: Namespace) -> list[Memory]:
+        return await self.primary.export(namespace)

@@ -1,0 +1,54 @@
+"""A TCP proxy on loopback that a test can cut and restore: an outage of whatever server
+is behind it (the MongoDB stand-in or a real MongoDB at MONGODB_URI) as the client sees
+one — connections reset, new ones refused — without owning that server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class TcpProxy:
+    def __init__(self, target_host: str, target_port: int):
+        self.target = (target_host, target_port)
+        self.port = _free_port()
+        self._server: asyncio.base_events.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+
+    async def start(self) -> TcpProxy:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        return self
+
+    async def stop(self) -> None:
+        """Refuse new connections and reset the open ones."""
+        if self._server:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.transport.abort()
+        self._writers.clear()
+
+    async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        try:
+            server_reader, server_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            client_writer.transport.abort()
+            return
+        self._writers |= {client_writer, server_writer}
+        await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+        self._writers -= {client_writer, server_writer}
+
+    @staticmethod
+    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError, asyncio.IncompleteReadError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
