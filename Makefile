@@ -28,6 +28,7 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/context_bench.py
+	$(PY) bench/formation_bench.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

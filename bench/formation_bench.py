@@ -68,6 +68,7 @@ log = logging.getLogger("formation_bench")
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 NEVER = 10**9  # a gate threshold no session reaches: formation disabled
 POLL_SECONDS = 0.2  # how often the tail is polled; timings come from arq, not from polling
+MIN_MESSAGES = Settings.model_fields["never_form_memories_less_than_n_messages"].default  # the gate's minimum
 STORE_PID: int | None = None  # the embedded redis-server's pid (set by run_all), for its CPU time
 
 
@@ -272,6 +273,16 @@ class LiveServer:
         return self.app.state.service
 
 
+class BenchSettings(Settings):
+    """Settings from the bench's own arguments only. No environment variable or .env file
+    reaches a measurement: a REDIS_URL, EXTRACTOR or MONGODB_URI there would change what
+    is measured (another store, another extractor, mirrored writes)."""
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, **other_sources):
+        return (init_settings,)
+
+
 def bench_settings(url: str, interval: int, *, formation: bool, **overrides) -> Settings:
     """Settings on the bench's store.
 
@@ -284,7 +295,7 @@ def bench_settings(url: str, interval: int, *, formation: bool, **overrides) -> 
     gates = ({"memory_formation_msg_interval": interval, "max_window_messages": interval} if formation else
              {"never_form_memories_less_than_n_messages": NEVER, "memory_formation_msg_interval": NEVER,
               "memory_formation_token_interval": NEVER})
-    return Settings(_env_file=None, falkordb_url=url, consider_cold_after_minutes=10**6, **gates, **overrides)
+    return BenchSettings(falkordb_url=url, consider_cold_after_minutes=10**6, **gates, **overrides)
 
 
 # --- one repetition ----------------------------------------------------------------------
@@ -410,8 +421,10 @@ async def check_formed(service: MemoryService, agent: str, sessions: dict[str, l
         episodes = await backend.recent(Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
         covered = sorted(mid for episode in episodes for mid in episode.metadata.message_ids)
         if covered != expected:
-            missing, extra = set(expected) - set(covered), len(covered) - len(set(covered))
-            errors.append(f"{session_id}: {len(missing)} message(s) in no window, {extra} in more than one")
+            missing, unknown = set(expected) - set(covered), set(covered) - set(expected)
+            repeated = len(covered) - len(set(covered))
+            errors.append(f"{session_id}: {len(missing)} message(s) in no window, {repeated} in more than one, "
+                          f"{len(unknown)} formed but never recorded")
         status = await service.session_status(session_id)
         if status["formed_messages"] != len(expected) or status["formed_windows"] != len(episodes):
             errors.append(f"{session_id}: {status['formed_windows']} windows / {status['formed_messages']} messages "
@@ -537,6 +550,10 @@ def summarise_rules(runs: dict[str, list[Run]], sizes: Sizes) -> dict:
         "windows_enqueued_by_worker": sum(j["record_to_stored"] is None for j in jobs),
         "window_messages": summary([j["messages"] for j in jobs]),
         "windows_below_interval": sum(j["messages"] < sizes.interval for j in jobs),
+        # A record's gate needs MIN_MESSAGES new messages; a smaller window it enqueued was
+        # claimed after its gate check saw the previous, still-forming window's messages.
+        "record_windows_below_minimum": sum(j["messages"] < MIN_MESSAGES and j["record_to_stored"] is not None
+                                            for j in jobs),
         "memories_formed": kinds,
         "errors": errors,
     }
@@ -608,9 +625,10 @@ async def llm_flow(url: str, echo: EchoLLM, sizes: Sizes, shards: int, style: st
             service.extractor = ReferenceStyleExtractor(service.extractor)
         for shard_id in LLM_SHARD_IDS[:shards]:
             await service.put_shard(agent, shard_id, ShardIn(name=shard_id, extraction_focus=f"anything about {shard_id}s"))
-        # Same seed and users for both styles: the windows, and so the prompts' conversation
-        # lines, are identical; only the call pattern differs.
-        sessions = make_sessions(f"llm{shards}-{style}", agent, f"llm-{shards}", sizes.llm_sessions,
+        # The same seed and users for both styles and every shard count: the windows, and so
+        # the prompts' conversation lines, are identical; only the shards and the call
+        # pattern differ.
+        sessions = make_sessions(f"llm{shards}-{style}", agent, "llm", sizes.llm_sessions,
                                  sizes.llm_messages, "llm-", day=0)
         echo_before = (echo.calls, echo.prompt_tokens, echo.completion_tokens)
         metrics_before = await service.state.metrics()
@@ -711,7 +729,9 @@ def rules_tables(result: dict, label: str) -> list[Table]:
     size = result["window_messages"]
     lat.caption = (f"windows: {size['n']}, of {size['min']:.0f} to {size['max']:.0f} messages (median "
                    f"{size['median']:.0f}); {result['windows_below_interval']} below the gate's {s['interval']}; "
-                   f"{result['windows_enqueued_by_worker']} enqueued by the worker or by POST /form, not by a record. "
+                   f"{result['windows_enqueued_by_worker']} enqueued by the worker or by POST /form, not by a record; "
+                   f"{result['record_windows_below_minimum']} enqueued by a record with fewer than the gate's minimum "
+                   f"of {MIN_MESSAGES}. "
                    f"Memories formed: {result['memories_formed']}")
     return [t, lat]
 

@@ -161,7 +161,8 @@ def mongo_uri(mongo_server_uri, mongo_proxy) -> str:
     parts = urlsplit(mongo_server_uri)
     credentials = parts.netloc.rpartition("@")[0]
     netloc = f"{credentials}@" if credentials else ""
-    query = "&".join(q for q in (parts.query, "directConnection=true") if q)
+    direct = "" if "directconnection" in parts.query.lower() else "directConnection=true"
+    query = "&".join(q for q in (parts.query, direct) if q)
     return urlunsplit((parts.scheme, f"{netloc}127.0.0.1:{mongo_proxy.port}", parts.path or "/", query, ""))
 
 
@@ -176,19 +177,3 @@ async def mongo_database(mongo_server_uri):
     client = AsyncMongoClient(mongo_server_uri)
     await client.drop_database(name)
     await client.close()
-
-
-@pytest.fixture
-async def mongo_backend_factory(mongo_uri, mongo_database):
-    from backends.mongo import MongoBackend
-
-    created = []
-
-    async def make() -> MongoBackend:
-        backend = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000)
-        created.append(backend)
-        return backend
-
-    yield make
-    for backend in created:
-        await backend.close()

@@ -1,0 +1,246 @@
+"""MongoDB beside the graph: mirroring through the outbox, fallback reads, migration.
+
+MongoDB is a real server when MONGODB_URI is set, else the in-process stand-in (the pytest
+header says which); the service reaches it through a TCP proxy the tests cut to stop it.
+The graph store is an embedded FalkorDB of the test's own, stopped and restarted for real.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pydantic import SecretStr
+
+from memory_service.embedded import EmbeddedFalkorDB
+from memory_service.migration import agent_namespaces, migrate_agent
+from memory_service.models import AgentSettings, MemoryKind, ShardIn
+from memory_service.namespaces import Namespace
+from memory_service.runtime import open_service
+
+from .conftest import clean_env
+from .helpers import msg
+
+CLI = str(Path(sys.executable).parent / "memory-service")
+CHAT = [
+    ("alice", "user", "I prefer window seats on every flight."),
+    ("alice", "assistant", "Noted, window seats it is."),
+    ("alice", "user", "The flight to Lisbon leaves on June 3rd at 9am."),
+    ("bob", "user", "We should book the hotel near the station because it is cheaper."),
+    ("alice", "user", "I agree, the hotel near the station is fine."),
+    ("bob", "user", "Always answer me in French."),
+]
+
+
+@pytest.fixture
+async def graph(tmp_path):
+    """A graph store of the test's own, so that stopping it stops nothing else."""
+    server = EmbeddedFalkorDB(tmp_path / "graph")
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def mongo_settings(settings, graph, mongo_uri, mongo_database):
+    """The graph on its own server, state on the shared one, MongoDB through the proxy."""
+    return settings.model_copy(update={
+        "falkordb_url": graph.url, "redis_url": settings.falkordb_url, "mongodb_uri": SecretStr(mongo_uri),
+        "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1,
+        "worker_retry_backoff_seconds": 0.1, "memory_formation_msg_interval": 100,
+    })
+
+
+async def converse(service, session: str, agent: str = "a1", start: int = 0, lines=CHAT) -> list[str]:
+    ids = []
+    for i, (user, role, content) in enumerate(lines, start):
+        mid = f"{session}-{i}"
+        await service.record_message(session, msg(agent, user, content, role=role, mid=mid, minute=i))
+        ids.append(mid)
+    return ids
+
+
+async def snapshot(backend, namespaces) -> dict[str, dict[str, str]]:
+    """namespace -> {memory id: content} of everything the backend holds."""
+    return {str(ns): {m.id: m.content for m in await backend.export(ns)} for ns in namespaces}
+
+
+async def settle(service, agent: str = "a1", timeout: float = 30) -> None:
+    """Until the outbox has delivered everything to both stores."""
+    _, backend = await service.backend_for(agent)
+    for _ in range(int(timeout / 0.05)):
+        if not any((await backend.outbox.depth()).values()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"outbox not drained: {await backend.outbox.depth()}")
+
+
+async def both_stores(service, agent: str = "a1"):
+    _, mirrored = await service.backend_for(agent)
+    namespaces = await agent_namespaces(service, agent)
+    return await snapshot(mirrored.primary, namespaces), await snapshot(mirrored.mirror, namespaces)
+
+
+async def test_every_graph_write_reaches_mongo_once(mongo_settings):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights, hotels"))
+        await converse(service, "s1")
+        assert (await service.form_memories("s1")).formed
+        await settle(service)
+        in_graph, in_mongo = await both_stores(service)
+        assert in_graph == in_mongo and sum(map(len, in_graph.values())) > len(CHAT)
+        _, backend = await service.backend_for("a1")
+        alice = await backend.mirror.user_memory.find_one({"_id": "user:a1:alice"})
+        assert any("window seats" in d["content"] for d in alice["recent_directives"])
+        assert (await backend.health())["outbox"] == {"graph": 0, "mongo": 0}
+
+
+async def test_mongo_stopped_mid_run_gets_every_write_when_it_returns(mongo_settings, mongo_proxy):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await converse(service, "s1", lines=CHAT[:3])
+        await settle(service)
+        await mongo_proxy.stop()
+        await converse(service, "s1", start=3, lines=CHAT[3:])
+        assert (await service.form_memories("s1")).formed  # the graph carries on alone
+        _, backend = await service.backend_for("a1")
+        await asyncio.sleep(0.3)
+        health = await backend.health()
+        assert health["outbox"]["mongo"] > 0 and health["outbox"]["graph"] == 0 and "mongo" in health["undelivered"]
+        context = await service.assemble_memory_context("a1", "alice", "s1")
+        assert "<Episode>" in context.xml and context.source == "graph"
+        await mongo_proxy.start()
+        await settle(service)
+        in_graph, in_mongo = await both_stores(service)
+        assert in_graph == in_mongo
+        count = await backend.mirror.memories.count_documents({})
+        assert count == sum(map(len, in_mongo.values()))  # nothing written twice
+
+
+async def test_graph_stopped_mid_run_keeps_writes_reads_mongo_and_catches_up(mongo_settings, graph):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await converse(service, "s1", lines=CHAT[:4])
+        assert (await service.form_memories("s1")).formed
+        await settle(service)
+        port = graph.port
+        graph.stop()
+        # Recording goes on: the messages wait in the outbox for the graph.
+        await converse(service, "s1", start=4, lines=CHAT[4:])
+        context = await service.assemble_memory_context("a1", "alice", "s1", model="gpt-4o-mini")
+        assert context.source == "mongo" and "<Episode>" in context.xml
+        health = await service.health()
+        assert health["backends"]["graph"]["fallback_reads"] > 0 and health["backends"]["graph"]["outbox"]["graph"] > 0
+        queued = await service.form_memories("s1", wait=False)
+        await asyncio.sleep(0.5)  # the job fails its first tries against the stopped graph
+        graph.start()  # on the same port and data: the graph is back
+        assert graph.port == port
+        summary = await service.queue.wait(queued.job_id, timeout=60)
+        assert summary["formed"] and summary["message_ids"] == ["s1-4", "s1-5"]
+        await settle(service)
+        in_graph, in_mongo = await both_stores(service)
+        assert in_graph == in_mongo
+        episodes = await (await service.backend_for("a1"))[1].primary.recent(Namespace.session("s1"), [MemoryKind.EPISODE], 10)
+        assert [e.metadata.message_ids for e in episodes] == [[f"s1-{i}" for i in range(4)], ["s1-4", "s1-5"]]
+
+
+async def test_an_agent_that_just_opted_in_reads_its_memories_from_mongo(mongo_settings):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
+        await converse(service, "s1")
+        assert (await service.form_memories("s1")).formed
+        on_mongo = await service.assemble_memory_context("a1", "alice", "s1")
+        assert on_mongo.source == "mongo" and "window seats" in on_mongo.xml
+        await service.put_agent("a1", AgentSettings(memory_backend="graph"))  # opted in, nothing migrated
+        on_graph = await service.assemble_memory_context("a1", "alice", "s1")
+        # Namespaces empty in both stores count as served by the graph.
+        assert "mongo" in on_graph.source.split("+") and on_graph.xml == on_mongo.xml
+
+
+async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await converse(service, "s1")
+        await service.form_memories("s1")
+        good = await service.assemble_memory_context("a1", "alice", "s1")
+        graph.stop()
+        await mongo_proxy.stop()
+        await service.record_message("s1", msg("a1", "alice", "one more", mid="late", minute=30))  # kept in the outbox
+        await service.put_shard("a1", "food", ShardIn(name="food"))  # invalidates the cached block
+        served = await service.assemble_memory_context("a1", "alice", "s1")
+        assert served.source == "last-good" and served.xml == good.xml
+        fresh_user = await service.assemble_memory_context("a1", "carol", "s1")  # never assembled: no memories
+        assert fresh_user.source in ("graph", "mongo", "graph+mongo") and "<Episode>" not in fresh_user.xml
+
+
+async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_settings):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await service.put_agent("a1", AgentSettings(memory_backend="mongo", agent_extras={"tone": "warm"}))
+        await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights, hotels"))
+        await converse(service, "s1")
+        await service.form_memories("s1")
+        await converse(service, "s2", lines=CHAT[::-1])
+        await service.form_memories("s2")
+        mongo = await service.registry.get("mongo")
+        namespaces = await agent_namespaces(service, "a1")
+        before = await snapshot(mongo, namespaces)
+        assert sum(map(len, before.values())) > 2 * len(CHAT)
+
+        dry = await migrate_agent(service, "a1", "graph", dry_run=True)
+        assert dry.total == sum(map(len, before.values())) and dry.missing == dry.total and not dry.switched
+        assert (await service.get_agent("a1")).memory_backend == "mongo"
+
+        # Interrupted after the first batch of one namespace, then run again: it resumes.
+        class Interrupted(Exception):
+            pass
+
+        def interrupt(n: int) -> None:
+            raise Interrupted
+
+        with pytest.raises(Interrupted):
+            await migrate_agent(service, "a1", "graph", on_copied=interrupt)
+        assert (await service.get_agent("a1")).memory_backend == "mongo"
+        report = await migrate_agent(service, "a1", "graph")
+        assert report.switched and report.missing == 0 and 0 < report.copied < report.total
+        agent = await service.get_agent("a1")
+        assert (agent.memory_backend, agent.effective_backend, agent.agent_extras) == ("graph", "graph", {"tone": "warm"})
+        graph_backend = (await service.backend_for("a1"))[1]
+        assert await snapshot(graph_backend.primary, namespaces) == before
+
+        # On the graph, the conversation goes on; then back to mongo with nothing lost.
+        await converse(service, "s3", lines=CHAT[:4])
+        await service.form_memories("s3")
+        namespaces = await agent_namespaces(service, "a1")
+        on_graph = await snapshot(graph_backend.primary, namespaces)
+        back = await migrate_agent(service, "a1", "mongo")
+        assert back.switched and back.missing == 0
+        assert await snapshot(mongo, namespaces) == on_graph
+        assert (await service.get_agent("a1")).effective_backend == "mongo"
+        context = await service.assemble_memory_context("a1", "alice", "s3")
+        assert context.source == "mongo" and "<Episode>" in context.xml
+
+
+async def test_the_migrate_command(mongo_settings):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
+        await converse(service, "s1")
+        await service.form_memories("s1")
+    env = {**clean_env(), "FALKORDB_URL": mongo_settings.falkordb_url, "REDIS_URL": mongo_settings.redis_url,
+           "MONGODB_URI": mongo_settings.mongodb_uri.get_secret_value(), "MONGODB_DATABASE": mongo_settings.mongodb_database,
+           "COLUMNS": "200"}
+
+    async def run(*args: str) -> tuple[int, str]:
+        # Not subprocess.run: the proxy to MongoDB runs on this test's event loop.
+        proc = await asyncio.create_subprocess_exec(CLI, "migrate", *args, env=env, stdout=subprocess.PIPE,
+                                                    stderr=subprocess.STDOUT)
+        out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+        return proc.returncode, out.decode()
+
+    code, out = await run("--agent", "a1", "--to", "graph", "--dry-run")
+    assert code == 0 and "nothing was changed" in out, out
+    code, out = await run("--agent", "a1", "--to", "cassandra")
+    assert code == 1 and "unknown memory backend 'cassandra'" in out, out
+    code, out = await run("--agent", "a1", "--to", "graph")
+    assert code == 0 and "now uses the graph backend" in out, out
+    code, out = await run("--agent", "a1", "--to", "graph")
+    assert code == 1 and "already uses the 'graph' backend" in out, out
