@@ -18,7 +18,8 @@ Speed is reported, never asserted. Correctness is checked on every run: every me
 must end up in exactly one formed window (the episodes' ``message_ids``), every job must
 succeed, and the LLM counters must agree with each other. Any violation exits 1.
 
-    .venv/bin/python bench/formation_bench.py [--quick] [--repeat N] [--http] [--json PATH]
+    .venv/bin/python bench/formation_bench.py [--quick] [--repeat N] [--sessions M] [--messages K]
+                                              [--http] [--json PATH]
 """
 
 from __future__ import annotations
@@ -676,12 +677,17 @@ async def llm_part(url: str, sizes: Sizes, console: Console) -> dict:
                 flows.append(await llm_flow(url, echo, sizes, shards, style))
     finally:
         await echo.stop()
-    ratios = []
+    ratios, errors = [], [e for f in flows for e in f["errors"]]
     for ours, ref in zip(flows[::2], flows[1::2]):
+        # Per-window ratios compare like with like only if both formed the same windows.
+        if not ours["windows"] or ours["windows"] != ref["windows"] or ours["messages"] != ref["messages"]:
+            errors.append(f"{ours['shards']} shard(s): the two styles formed different windows "
+                          f"({ours['windows']} and {ref['windows']})")
+            continue
         ratios.append({"shards": ours["shards"],
                        **{k: ref["per_window"][k] / ours["per_window"][k]
                           for k in ("calls", "prompt_tokens", "completion_tokens")}})
-    return {"flows": flows, "ratios": ratios, "errors": [e for f in flows for e in f["errors"]]}
+    return {"flows": flows, "ratios": ratios, "errors": errors}
 
 
 # --- reporting ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .errors import InvalidInput, MemoryServiceError
+from .errors import InvalidInput, MemoryServiceError, NotFound
 from .models import AgentSettings
 from .namespaces import Namespace
 from .service import MemoryService
@@ -86,7 +86,10 @@ async def migrate_agent(
     if to not in service.registry.factories:
         known = ", ".join(sorted(service.registry.factories))
         raise InvalidInput(f"unknown memory backend {to!r}; registered backends: {known}")
-    settings = await service.state.get_agent(agent_id) or AgentSettings()
+    stored = await service.state.get_agent(agent_id)
+    if stored is None and not await service.state.agent_sessions(agent_id):
+        raise NotFound(f"agent {agent_id!r} has no settings and no sessions: nothing to migrate")
+    settings = stored or AgentSettings()
     source_name, source = await service.backend_for(agent_id, settings)
     if source_name == to:
         raise InvalidInput(f"agent {agent_id!r} already uses the {to!r} backend; nothing to migrate")

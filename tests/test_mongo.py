@@ -238,6 +238,8 @@ async def test_the_migrate_command(mongo_settings):
 
     code, out = await run("--agent", "a1", "--to", "graph", "--dry-run")
     assert code == 0 and "nothing was changed" in out, out
+    code, out = await run("--agent", "nobody", "--to", "graph")
+    assert code == 1 and "no settings and no sessions" in out, out
     code, out = await run("--agent", "a1", "--to", "cassandra")
     assert code == 1 and "unknown memory backend 'cassandra'" in out, out
     code, out = await run("--agent", "a1", "--to", "graph")
