@@ -231,16 +231,25 @@ class MemoryService:
         gate = gates.evaluate(await self.state.counters(session_id), self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
         if gate.open:
-            result.formation_job = await self._schedule(session_id)
+            result.formation_job = await self._schedule(session_id, gated=True)
         return result
 
     async def session_gate(self, session_id: str) -> gates.GateStatus:
         validate_id(session_id, "session_id")
         return gates.evaluate(await self.state.counters(session_id), self.settings)
 
-    async def _schedule(self, session_id: str) -> str | None:
-        """Claim the session's window (or find the claimed one) and enqueue its job."""
-        claim = await self.state.claim_window(session_id, self.settings.max_window_messages)
+    async def _schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1) -> str | None:
+        """Claim the session's window (or find the claimed one) and enqueue its job.
+
+        ``gated``: only if the gates are open on what is pending at the claim itself.
+        """
+        s = self.settings
+        if gated:
+            min_messages = s.never_form_memories_less_than_n_messages
+        claim = await self.state.claim_window(
+            session_id, s.max_window_messages, min_messages,
+            s.memory_formation_msg_interval if gated else 0, s.memory_formation_token_interval if gated else 0,
+        )
         if claim is None:
             return None
         return await self.queue.enqueue_formation(session_id, claim.window)
@@ -249,7 +258,7 @@ class MemoryService:
         """Enqueue the pending window's formation if a gate is open; the job id, or None."""
         if not (await self.session_gate(session_id)).open:
             return None
-        return await self._schedule(session_id)
+        return await self._schedule(session_id, gated=True)
 
     async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
         """Form whatever is pending now, gates or not (never in an incognito session).
@@ -320,7 +329,7 @@ class MemoryService:
         if not result.already_formed:
             await self._after_formation(agent_id, backend, result, time.perf_counter() - started)
         if (await self.session_gate(session_id)).open:  # messages that arrived meanwhile
-            await self._schedule(session_id)
+            await self._schedule(session_id, gated=True)
         return FormationSummary.of(result)
 
     async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult, seconds: float) -> None:
@@ -372,7 +381,8 @@ class MemoryService:
             counters = await self.state.counters(session_id)
             if counters.incognito or counters.pending_messages < self.settings.never_form_memories_less_than_n_messages:
                 continue
-            if job_id := await self._schedule(session_id):
+            min_messages = self.settings.never_form_memories_less_than_n_messages
+            if job_id := await self._schedule(session_id, min_messages=min_messages):
                 enqueued.append(job_id)
         if enqueued:
             log.info("cold-session sweep enqueued %d window(s)", len(enqueued))

@@ -68,11 +68,20 @@ return first and 1 or 0
 
 # Claim the session's window: the one already claimed, or a snapshot of (up to ARGV[1])
 # pending messages. The snapshot is what formation reads, however often it is retried;
-# messages recorded later belong to the next window.
+# messages recorded later belong to the next window. A new claim needs at least ARGV[3]
+# pending messages and, when ARGV[4] > 0, the message (ARGV[4]) or weighted token
+# (ARGV[5]) interval: checked here, on what is pending now, because a window completed
+# since the caller read the counters has taken its messages away.
 _CLAIM = """
 if redis.call('HGET', KEYS[1], 'incognito') == '1' then return false end
 local window = redis.call('HGET', KEYS[3], 'window')
 if not window then
+  local pending = redis.call('ZCARD', KEYS[2])
+  if pending < tonumber(ARGV[3]) then return false end
+  if tonumber(ARGV[4]) > 0 and pending < tonumber(ARGV[4])
+     and tonumber(redis.call('HGET', KEYS[1], 'pending_tokens') or '0') < tonumber(ARGV[5]) then
+    return false
+  end
   local rows = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
   if #rows == 0 then return false end
   local ids = {}
@@ -277,10 +286,17 @@ class StateStore:
             claimed_window=int(claimed) if claimed else None,
         )
 
-    async def claim_window(self, session_id: str, limit: int) -> Claim | None:
-        """The session's claimed window, claiming one if none is; None if nothing is pending."""
+    async def claim_window(
+        self, session_id: str, limit: int, min_messages: int = 1, message_interval: int = 0, token_interval: float = 0
+    ) -> Claim | None:
+        """The session's claimed window, or a new claim if none is and enough is pending.
+
+        A new claim needs ``min_messages`` pending and, with a ``message_interval``, that
+        many messages or ``token_interval`` weighted tokens. None if no window qualifies.
+        """
         k = self._keys(session_id)
-        row = await self._claim(keys=[k["meta"], k["pending"], k["claim"]], args=[limit, f"{time.time():.3f}"])
+        row = await self._claim(keys=[k["meta"], k["pending"], k["claim"]],
+                                args=[limit, f"{time.time():.3f}", min_messages, message_interval, token_interval])
         if not row:
             return None
         window, ids = row

@@ -146,6 +146,26 @@ async def test_a_gate_enqueues_one_job_per_window_and_duplicates_collapse(url):
         assert status["pending_job"]["status"] == "queued" and status["pending_job"]["messages"] == 4
 
 
+async def test_a_gate_read_before_a_window_completed_claims_no_undersized_window(url):
+    """A record reads the counters (the open window's messages included), the window
+    completes, then the record claims: what is left must still pass the gate itself."""
+    from memory_service.formation import form_window
+
+    async with open_service(make_settings(url), run_worker=False) as service:
+        for i in range(7):
+            await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
+        first = await service.state.current_claim("r")
+        assert first.message_ids == [f"m{i}" for i in range(4)]
+        _, backend = await service.backend_for("a1")
+        await form_window(claim=first, agent_id="a1", backend=backend, state=service.state,
+                          extractor=service.extractor, shards=[])
+        assert await service._schedule("r", gated=True) is None  # 3 left: below the gate
+        assert await service.state.current_claim("r") is None
+        summary = await service.form_memories("r", wait=False)  # forced: any size
+        assert summary.job_id == formation_job_id("r", 2)
+        assert (await service.state.current_claim("r")).message_ids == ["m4", "m5", "m6"]
+
+
 async def test_the_worker_forms_each_window_once_and_the_rest_later(url, tmp_path):
     worker = WorkerProcess(url, tmp_path / "worker.log").start()
     try:
