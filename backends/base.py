@@ -20,6 +20,9 @@ class MemoryBackend(ABC):
     async def close(self) -> None:
         """Release connections."""
 
+    async def describe_shard(self, agent_id: str, shard_id: str, name: str, extraction_focus: str, active: bool) -> None:
+        """Record a shard's settings where this store keeps them (by default it does not)."""
+
     @abstractmethod
     async def health(self) -> dict:
         """``{"ok": bool, ...}`` with whatever helps an operator."""

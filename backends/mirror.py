@@ -127,6 +127,12 @@ class MirroredBackend(MemoryBackend):
             log.warning("%s unreachable, writes wait in the outbox: %s", target, exc)
         self._down[target] = f"{type(exc).__name__}: {exc}"
 
+    async def describe_shard(self, agent_id: str, shard_id: str, name: str, extraction_focus: str, active: bool) -> None:
+        try:
+            await self.mirror.describe_shard(agent_id, shard_id, name, extraction_focus, active)
+        except Exception as exc:  # settings live in Redis; MongoDB's copy is for dashboards
+            log.warning("describing shard %s/%s in mongo failed: %s", agent_id, shard_id, exc)
+
     async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
         evicted = await self.primary.trim(namespace, kind, keep)
         try:

@@ -120,6 +120,14 @@ class MongoBackend(MemoryBackend):
             if batch:
                 await self.db[name].bulk_write(batch, ordered=True)
 
+    async def describe_shard(self, agent_id: str, shard_id: str, name: str, extraction_focus: str, active: bool) -> None:
+        await self.shards.update_one(
+            {"_id": str(Namespace.shard(agent_id, shard_id))},
+            {"$set": {"agent_id": agent_id, "shard_id": shard_id, "name": name,
+                      "extraction_focus": extraction_focus, "active": active}},
+            upsert=True,
+        )
+
     async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
         keep_ids = [
             d["_id"] async for d in self.memories.find(

@@ -182,6 +182,11 @@ class MemoryService:
         validate_id(agent_id, "agent_id")
         validate_id(shard_id, "shard_id")
         created = await self.state.put_shard(agent_id, shard_id, shard)
+        try:  # a copy for the store's own readers (MongoDB dashboards); Redis holds the truth
+            _, backend = await self.backend_for(agent_id)
+            await backend.describe_shard(agent_id, shard_id, shard.name, shard.extraction_focus, shard.active)
+        except Exception as exc:
+            log.warning("shard %s/%s saved; its copy in the memory store failed: %s", agent_id, shard_id, exc)
         return Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump()), created
 
     async def list_shards(self, agent_id: str) -> list[Shard]:

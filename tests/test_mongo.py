@@ -93,6 +93,8 @@ async def test_every_graph_write_reaches_mongo_once(mongo_settings):
         in_graph, in_mongo = await both_stores(service)
         assert in_graph == in_mongo and sum(map(len, in_graph.values())) > len(CHAT)
         _, backend = await service.backend_for("a1")
+        travel = await backend.mirror.shards.find_one({"_id": "shard:a1:travel"})
+        assert (travel["name"], travel["extraction_focus"], travel["active"]) == ("travel", "flights, hotels", True)
         alice = await backend.mirror.user_memory.find_one({"_id": "user:a1:alice"})
         assert any("window seats" in d["content"] for d in alice["recent_directives"])
         assert (await backend.health())["outbox"] == {"graph": 0, "mongo": 0}
