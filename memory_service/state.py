@@ -150,10 +150,6 @@ class Claim:
     def message_ids(self) -> list[str]:
         return [mid for mid, _ in self.messages]
 
-    @property
-    def last_sequence(self) -> int:
-        return max(seq for _, seq in self.messages)
-
 
 ACTIVE = "ms:active"
 METRICS = "ms:metrics"
@@ -195,7 +191,6 @@ class SessionCounters:
     formed_messages: int
     incognito: bool
     last_activity: float | None
-    claimed_window: int | None = None
 
 
 class StateStore:
@@ -272,8 +267,7 @@ class StateStore:
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k["meta"])
             pipe.zcard(k["pending"])
-            pipe.hget(k["claim"], "window")
-            meta, pending, claimed = await pipe.execute()
+            meta, pending = await pipe.execute()
         return SessionCounters(
             agent_id=meta.get("agent_id"),
             pending_messages=int(pending),
@@ -283,7 +277,6 @@ class StateStore:
             formed_messages=int(meta.get("formed_messages", 0)),
             incognito=meta.get("incognito") == "1",
             last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
-            claimed_window=int(claimed) if claimed else None,
         )
 
     async def claim_window(

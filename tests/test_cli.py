@@ -1,7 +1,6 @@
 """The installed `memory-service` command, run as a user runs it."""
 
 import asyncio
-import os
 import signal
 import subprocess
 import sys
@@ -9,7 +8,6 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import httpx
-import pytest
 
 from .conftest import clean_env, free_port
 
