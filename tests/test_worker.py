@@ -74,6 +74,16 @@ class WorkerProcess:
         self.proc = subprocess.Popen([CLI, "worker", "--log-level", "info"], env=self.env, stdout=out, stderr=out)
         return self
 
+    async def ready(self, timeout: float = 60) -> WorkerProcess:
+        """Until arq says the worker polls the queue (a cold start imports a lot)."""
+        for _ in range(int(timeout / 0.1)):
+            if "Starting worker for" in self.log.read_text():
+                return self
+            if self.proc.poll() is not None:
+                raise AssertionError(f"the worker exited: {self.log.read_text()[-2000:]}")
+            await asyncio.sleep(0.1)
+        raise AssertionError("the worker did not start")
+
     def kill(self) -> None:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(timeout=10)
@@ -92,6 +102,15 @@ async def wait_until_formed(service, sessions, timeout: float = 90) -> None:
             return
         await asyncio.sleep(0.1)
     raise AssertionError(f"not formed within {timeout}s: {[s for s in statuses if s['pending_job']]}")
+
+
+async def form_leftovers(service, sessions) -> None:
+    """Form what no gate took: fewer messages than the gate needs, left after the last window."""
+    for session_id in sessions:
+        leftover = (await service.session_status(session_id))["gate"]["pending_messages"]
+        assert leftover < FAST["memory_formation_msg_interval"], f"{session_id}: an open gate was left"
+        summary = await service.form_memories(session_id)
+        assert summary.formed == (leftover > 0) and len(summary.message_ids) == leftover
 
 
 async def assert_formed_exactly_once(service, sessions: dict[str, tuple[str, list[str]]], agent: str = "a1",
@@ -172,13 +191,9 @@ async def test_the_worker_forms_each_window_once_and_the_rest_later(url, tmp_pat
         async with open_service(make_settings(url), run_worker=False) as service:
             sessions = await converse(service, sessions=3, messages=10)
             await wait_until_formed(service, sessions)
-            for session_id in sessions:  # what no gate took (fewer than 4 messages), if anything
-                status = await service.session_status(session_id)
-                leftover = status["gate"]["pending_messages"]
-                summary = await service.form_memories(session_id)
-                assert leftover < 4 and summary.formed == (leftover > 0) and len(summary.message_ids) == leftover
-                # Windows formed by the gate held at least its minimum of messages.
-                assert status["formed_windows"] <= 10 // 4
+            for session_id in sessions:  # gate-formed windows hold at least the gate's 4 messages
+                assert (await service.session_status(session_id))["formed_windows"] <= 10 // 4
+            await form_leftovers(service, sessions)
             await assert_formed_exactly_once(service, sessions)
             metrics = await service.state.metrics()
             assert metrics["formed_messages"] == 30
@@ -187,11 +202,15 @@ async def test_the_worker_forms_each_window_once_and_the_rest_later(url, tmp_pat
 
 
 async def test_two_workers_on_one_queue_form_every_window_once(url, tmp_path):
-    workers = [WorkerProcess(url, tmp_path / f"worker{i}.log").start() for i in range(2)]
+    # One job at a time each, so that neither worker can take every queued window alone.
+    workers = [WorkerProcess(url, tmp_path / f"worker{i}.log", worker_max_jobs=1).start() for i in range(2)]
     try:
+        for worker in workers:
+            await worker.ready()
         async with open_service(make_settings(url), run_worker=False) as service:
             sessions = await converse(service, sessions=6, messages=12)
             await wait_until_formed(service, sessions)
+            await form_leftovers(service, sessions)
             await assert_formed_exactly_once(service, sessions)
         logs = [w.log.read_text() for w in workers]
         assert all("form_window" in log for log in logs), "both workers should have taken jobs"
@@ -217,6 +236,7 @@ async def test_a_worker_killed_mid_job_and_restarted_loses_and_repeats_nothing(u
             worker.kill()  # once more, after the last gate opened
             worker.start()
             await wait_until_formed(service, sessions, timeout=120)
+            await form_leftovers(service, sessions)
             await assert_formed_exactly_once(service, sessions)
             assert kills >= 2
     finally:
