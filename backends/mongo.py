@@ -129,15 +129,22 @@ class MongoBackend(MemoryBackend):
         )
 
     async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
-        keep_ids = [
-            d["_id"] async for d in self.memories.find(
-                {"namespace": str(namespace), "kind": kind.value, "evicted": False}, {"_id": 1}
-            ).sort([("ts", DESCENDING), ("seq", DESCENDING), ("_id", DESCENDING)]).limit(keep)
-        ]
-        result = await self.memories.update_many(
-            {"namespace": str(namespace), "kind": kind.value, "evicted": False, "_id": {"$nin": keep_ids}},
-            {"$set": {"evicted": True}},
-        )
+        live = {"namespace": str(namespace), "kind": kind.value, "evicted": False}
+        newest_first = [("ts", DESCENDING), ("seq", DESCENDING), ("_id", DESCENDING)]
+        # The last one kept; everything older goes. A memory inserted meanwhile is newer
+        # than it, so a concurrent write is never evicted by this trim.
+        cutoff = await self.memories.find_one(live, {"ts": 1, "seq": 1}, sort=newest_first, skip=max(keep - 1, 0))
+        if cutoff is None:
+            return 0
+        if keep == 0:
+            older = {}
+        else:
+            older = {"$or": [
+                {"ts": {"$lt": cutoff["ts"]}},
+                {"ts": cutoff["ts"], "seq": {"$lt": cutoff["seq"]}},
+                {"ts": cutoff["ts"], "seq": cutoff["seq"], "_id": {"$lt": cutoff["_id"]}},
+            ]}
+        result = await self.memories.update_many({**live, **older}, {"$set": {"evicted": True}})
         return result.modified_count
 
     # Reads -----------------------------------------------------------------------------

@@ -282,7 +282,8 @@ class MemoryService:
         if not wait:
             return FormationSummary(session_id=session_id, extractor=self.extractor.name, job_id=job_id, reason="queued")
         try:
-            return FormationSummary.model_validate(await self.queue.wait(job_id, self.settings.form_wait_seconds))
+            summary = FormationSummary.model_validate(await self.queue.wait(job_id, self.settings.form_wait_seconds))
+            return summary.model_copy(update={"job_id": job_id})
         except TimeoutError:
             raise FormationPending(
                 f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "

@@ -91,6 +91,9 @@ async def test_trim_evicts_the_oldest_and_is_idempotent(backend):
     exported = await backend.export(SHARD)
     assert [(m.id, m.evicted) for m in exported if m.kind is MemoryKind.FACT] == [
         ("f0", True), ("f1", True), ("f2", True), ("f3", False), ("f4", False)]
+    assert await backend.trim(SHARD, MemoryKind.FACT, 5) == 0  # a larger cap brings nothing back
+    assert await backend.trim(SHARD, MemoryKind.FACT, 0) == 2
+    assert await backend.count(SHARD, [MemoryKind.FACT]) == 0 and await backend.count(SHARD) == 1
 
 
 async def test_export_returns_everything_and_an_evicted_memory_stays_evicted_when_copied(backend):
