@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import contextvars
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from memory_service.models import Memory, MemoryKind
 from memory_service.namespaces import Namespace
+
+# The stores that served the reads of the current task, for backends that read from more
+# than one ("graph", "mongo"): the memory context reports where it came from.
+read_sources: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("read_sources", default=None)
+
+
+def served_by(source: str) -> None:
+    if (sources := read_sources.get()) is not None:
+        sources.add(source)
 
 
 class MemoryBackend(ABC):

@@ -16,7 +16,6 @@ came from.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import logging
 from collections.abc import Sequence
 
@@ -24,17 +23,9 @@ from memory_service.models import Memory, MemoryKind
 from memory_service.namespaces import Namespace
 from memory_service.outbox import Outbox
 
-from .base import MemoryBackend
+from .base import MemoryBackend, served_by
 
 log = logging.getLogger(__name__)
-
-# The stores that served the reads of the current task ("graph", "mongo").
-read_sources: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("read_sources", default=None)
-
-
-def _served_by(source: str) -> None:
-    if (sources := read_sources.get()) is not None:
-        sources.add(source)
 
 
 class MirroredBackend(MemoryBackend):
@@ -148,7 +139,7 @@ class MirroredBackend(MemoryBackend):
         try:
             result = await getattr(self.primary, method)(namespace, *args)
             if result or not empty_falls_back:
-                _served_by("graph")
+                served_by("graph")
                 return result
         except Exception as exc:
             primary_failed = exc
@@ -158,13 +149,13 @@ class MirroredBackend(MemoryBackend):
         except Exception:
             if primary_failed:
                 raise
-            _served_by("graph")
+            served_by("graph")
             return result  # the graph's (empty) answer stands
         if primary_failed or fallback:
             self.fallback_reads += 1
-            _served_by("mongo")
+            served_by("mongo")
             return fallback
-        _served_by("graph")
+        served_by("graph")
         return result
 
     async def get(self, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:

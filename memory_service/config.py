@@ -7,7 +7,6 @@ The formation gate names are those of the system this reimplements.
 from __future__ import annotations
 
 from pathlib import Path
-
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator

@@ -19,7 +19,7 @@ from pydantic import BaseModel, Field
 
 from backends.base import MemoryBackend
 
-from .extraction import Extractor, ExtractionUsage, Window, WindowMessage
+from .extraction import ExtractionUsage, Extractor, Window, WindowMessage
 from .models import Memory, MemoryKind, Provenance, Shard
 from .namespaces import Namespace
 from .state import Claim, StateStore

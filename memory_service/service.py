@@ -12,21 +12,19 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from backends.base import MemoryBackend
-from backends.mirror import read_sources
+from backends.base import MemoryBackend, read_sources
 
 from . import gates
 from .config import Settings
-from .context import ContextInputs, RenderedContext, ShardContext, UserContext, budget_for_model, render_context
-from .errors import BackendUnavailable, Conflict, InvalidInput, MemoryServiceError, NotFound
 from .consolidation import Consolidator, RuleBasedConsolidator, consolidate
-from .errors import FormationPending
+from .context import ContextInputs, RenderedContext, ShardContext, UserContext, budget_for_model, render_context
+from .errors import BackendUnavailable, Conflict, FormationPending, InvalidInput, MemoryServiceError, NotFound
 from .extraction import Extractor
 from .formation import FormationResult, FormationSummary, form_window, message_memory_id
 from .jobs import JobQueue, formation_job_id
