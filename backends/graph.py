@@ -15,7 +15,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from memory_service.config import Settings
+from memory_service.config import Settings, redact_url
 from memory_service.models import Memory, MemoryKind
 from memory_service.namespaces import Namespace
 
@@ -67,9 +67,9 @@ class GraphBackend(MemoryBackend):
     async def health(self) -> dict:
         try:
             await self.client.connection.ping()
-            return {"ok": True, "url": _redact(self.url), "graphs_cached": len(self._drivers)}
+            return {"ok": True, "url": redact_url(self.url), "graphs_cached": len(self._drivers)}
         except Exception as exc:  # health reports, it never raises
-            return {"ok": False, "url": _redact(self.url), "error": str(exc)}
+            return {"ok": False, "url": redact_url(self.url), "error": str(exc)}
 
     async def _driver(self, namespace: Namespace):
         """One Graphiti driver per group, cached: each new driver re-runs index creation."""
@@ -189,12 +189,3 @@ class GraphBackend(MemoryBackend):
         )
         memory.evicted = bool(row.get("evicted"))
         return memory
-
-
-def _redact(url: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@")
-    return url

@@ -23,6 +23,7 @@ from typing import Any
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
 from pymongo.errors import BulkWriteError, PyMongoError
 
+from memory_service.config import redact_url
 from memory_service.models import Memory, MemoryKind, Provenance
 from memory_service.namespaces import Namespace, NamespaceKind
 
@@ -65,9 +66,9 @@ class MongoBackend(MemoryBackend):
     async def health(self) -> dict:
         try:
             await self.client.admin.command("ping")
-            return {"ok": True, "uri": _redact(self.uri)}
+            return {"ok": True, "uri": redact_url(self.uri)}
         except PyMongoError as exc:
-            return {"ok": False, "uri": _redact(self.uri), "error": str(exc)}
+            return {"ok": False, "uri": redact_url(self.uri), "error": str(exc)}
 
     # Writes ----------------------------------------------------------------------------
 
@@ -206,10 +207,3 @@ def _memory(doc: dict[str, Any]) -> Memory:
         valid_at=doc["valid_at"],
         evicted=doc.get("evicted", False),
     )
-
-
-def _redact(uri: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(uri)
-    return uri.replace(f":{parts.password}@", ":***@") if parts.password else uri

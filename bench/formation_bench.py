@@ -31,7 +31,6 @@ import logging
 import math
 import os
 import random
-import socket
 import statistics
 import sys
 import tempfile
@@ -47,7 +46,6 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
-import uvicorn  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -58,6 +56,7 @@ from memory_service.embedded import EmbeddedFalkorDB  # noqa: E402
 from memory_service.extraction import Extraction, ExtractionUsage, Window  # noqa: E402
 from memory_service.jobs import QUEUE_NAME, formation_job_id  # noqa: E402
 from memory_service.llm_extractor import LLMExtractor  # noqa: E402
+from memory_service.loopback import LoopbackServer  # noqa: E402
 from memory_service.models import MemoryKind, MessageIn, ShardIn  # noqa: E402
 from memory_service.namespaces import Namespace  # noqa: E402
 from memory_service.runtime import open_service  # noqa: E402
@@ -241,33 +240,12 @@ def http_target(service: MemoryService, http: httpx.AsyncClient) -> Target:
     return Target(service, record, status, form)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class LiveServer:
-    """The API under uvicorn on a loopback port, in this process (tests/conftest.py's pattern)."""
+class LiveServer(LoopbackServer):
+    """The API under uvicorn on a loopback port, in this process."""
 
     def __init__(self, settings: Settings, run_worker: bool):
         self.app = create_app(settings, run_worker=run_worker)
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
-
-    async def __aenter__(self) -> LiveServer:
-        self.task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self.task.done():
-                self.task.result()
-                raise RuntimeError("the API server stopped during start-up")
-            await asyncio.sleep(0.02)
-        return self
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.server.should_exit = True
-        await self.task
+        super().__init__(self.app)
 
     @property
     def service(self) -> MemoryService:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import socket
 import tempfile
 from datetime import datetime, timedelta
 from importlib import resources
@@ -176,30 +175,19 @@ def demo(
         raise typer.Exit(1) from None
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 async def _demo(data_dir: Path, model: str | None) -> None:
     import httpx
-    import uvicorn
 
     from .api import create_app
+    from .loopback import LoopbackServer
 
     script = json.loads(resources.files("memory_service").joinpath("data/demo_conversation.json").read_text())
-    port = _free_port()
     # A short gate interval, so that the short sample sessions open it and formation is
     # seen happening in the background while the conversation goes on.
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, memory_formation_msg_interval=5)
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, data_dir, run_worker=True), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    serving = asyncio.create_task(server.serve())
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as http:
-            await _wait_started(server, serving)
-            console.rule(f"memory-service demo — API on http://127.0.0.1:{port}, embedded FalkorDB in {data_dir}")
+    async with LoopbackServer(create_app(settings, data_dir, run_worker=True)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+            console.rule(f"memory-service demo — API on {server.base_url}, embedded FalkorDB in {data_dir}")
             console.print(f"gates: form after {settings.memory_formation_msg_interval} new messages (or "
                           f"{settings.memory_formation_token_interval} weighted tokens); a worker in this process forms them")
             await _replay(http, script)
@@ -209,20 +197,6 @@ async def _demo(data_dir: Path, model: str | None) -> None:
             console.rule(f"GET /v1/context for {show['user_id']} in {show['session_id']}: {ctx['chars']} of {ctx['budget']} chars")
             console.print(Syntax(ctx["xml"], "xml", word_wrap=True))
             console.print(f"sections: {ctx['sections']}  dropped to fit: {ctx['dropped']}")
-    finally:
-        server.should_exit = True
-        await serving
-
-
-async def _wait_started(server, serving: asyncio.Task) -> None:
-    for _ in range(600):
-        if server.started:
-            return
-        if serving.done():
-            serving.result()  # raises the start-up error
-            raise MemoryServiceError("the API server stopped during start-up")
-        await asyncio.sleep(0.05)
-    raise MemoryServiceError("the API server did not start within 30 s")
 
 
 def _ok(response) -> dict:

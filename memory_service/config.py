@@ -15,6 +15,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MIN_CONTEXT_BUDGET = 64
 
 
+def redact_url(url: str) -> str:
+    """``url`` with its password, if any, replaced by ``***`` (for health reports and logs)."""
+    from urllib.parse import urlsplit
+
+    password = urlsplit(url).password
+    return url.replace(f":{password}@", ":***@") if password else url
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore", case_sensitive=False)
 

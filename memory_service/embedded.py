@@ -18,14 +18,9 @@ import time
 from pathlib import Path
 
 from .errors import BackendUnavailable
+from .loopback import free_port
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _binaries() -> tuple[str, str]:
@@ -55,7 +50,7 @@ class EmbeddedFalkorDB:
         self._lock()
         self._stop_orphan()
         server, module = _binaries()
-        self.port = self.port or _free_port()
+        self.port = self.port or free_port()
         log_file = self.data_dir / "falkordb.log"
         self._process = subprocess.Popen(
             [

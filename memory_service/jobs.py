@@ -11,7 +11,7 @@ import logging
 from typing import Any
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
-from arq.constants import result_key_prefix
+from arq.constants import result_key_prefix, retry_key_prefix
 from arq.jobs import Job, JobStatus
 
 from .namespaces import Namespace
@@ -80,7 +80,7 @@ class JobQueue:
             if not info.success:
                 out["error"] = f"{type(info.result).__name__}: {info.result}"
         elif status in (JobStatus.queued, JobStatus.deferred, JobStatus.in_progress):
-            tries = await self.pool.get(f"arq:retry:{job_id}")
+            tries = await self.pool.get(retry_key_prefix + job_id)
             out["tries"] = int(tries or 0)
         return out
 

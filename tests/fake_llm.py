@@ -13,20 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import socket
 from dataclasses import dataclass, field
 
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from memory_service.loopback import LoopbackServer
+
 _LINE = re.compile(r'^\[(\d+)\] (user (\S+)|assistant): (".*")$')
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @dataclass
@@ -41,23 +35,17 @@ class EchoLLM:
     def __post_init__(self) -> None:
         self.app = FastAPI()
         self.app.post("/v1/chat/completions")(self._complete)
-        self.port = _free_port()
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning"))
+        self._server = LoopbackServer(self.app)
+        self.base_url = f"{self._server.base_url}/v1"
 
     async def start(self) -> EchoLLM:
-        self._task = asyncio.create_task(self._server.serve())
-        while not self._server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.02)
+        await self._server.start()
         return self
 
     async def stop(self) -> None:
         if self.hold is not None:
             self.hold.set()
-        self._server.should_exit = True
-        await self._task
+        await self._server.stop()
 
     async def _complete(self, request: Request):
         body = await request.json()

@@ -6,19 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from memory_service.loopback import free_port
 
 
 class TcpProxy:
     def __init__(self, target_host: str, target_port: int):
         self.target = (target_host, target_port)
-        self.port = _free_port()
+        self.port = free_port()
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
