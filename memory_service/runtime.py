@@ -92,9 +92,11 @@ async def open_service(
                 worker.start()
             yield service
         finally:
-            if worker:
-                await worker.stop()
-            await service.close()
+            try:
+                if worker:
+                    await worker.stop()
+            finally:
+                await service.close()
     finally:
         if embedded:
             embedded.stop()

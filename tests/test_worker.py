@@ -266,6 +266,29 @@ async def test_cold_sessions_are_swept_once_even_alongside_a_forced_formation(ur
         assert (await service.session_status("secret"))["formed_windows"] == 0
 
 
+async def test_an_in_process_worker_stopped_as_its_jobs_start_lets_them_finish_and_raises_nothing(url):
+    """Shutdown used to re-raise the CancelledError of a job cancelled before its first
+    round trip, which skipped closing the service (and, in the suite, broke the next tests)."""
+    from workers.worker import InProcessWorker
+
+    async with open_service(make_settings(url), run_worker=False) as service:
+        for i in range(4):
+            await service.record_message("stop", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"m{i}"))
+        worker = InProcessWorker(service)
+        worker.start()
+        job_id = formation_job_id("stop", 1)
+        for _ in range(600):
+            if job_id in worker.worker.tasks:
+                break
+            await asyncio.sleep(0.005)
+        else:
+            raise AssertionError("the worker did not take the job")
+        await worker.stop()  # at once: the startup sweep and the formation have just started
+        assert worker.worker.tasks == {}
+        status = await service.session_status("stop")
+        assert status["formed_windows"] == 1 and status["pending_job"] is None
+
+
 async def test_a_graph_outage_during_formation_is_retried_and_past_max_tries_fails_visibly(url, tmp_path):
     """The graph store goes down under a formation job: the job retries with backoff, the
     window waits; past the maximum of tries the job fails visibly; once the store is back,

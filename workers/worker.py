@@ -28,6 +28,9 @@ from memory_service.service import MemoryService
 
 log = logging.getLogger(__name__)
 
+# How long a stopping worker lets its running jobs finish before cancelling them.
+SHUTDOWN_WAIT_SECONDS = 5
+
 
 def _service(ctx: dict) -> MemoryService:
     return ctx["service"]
@@ -96,7 +99,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         max_tries=s.worker_max_tries,
         poll_delay=0.05,
         # Cancelling a job on shutdown re-queues it; a window is never half-claimed.
-        job_completion_wait=5,
+        job_completion_wait=SHUTDOWN_WAIT_SECONDS,
     )
 
 
@@ -111,9 +114,22 @@ class InProcessWorker:
         self._task = asyncio.create_task(self.worker.main(), name="memory-service-worker")
 
     async def stop(self) -> None:
+        """Stop taking jobs, give running ones a moment to finish, cancel the rest, close.
+
+        arq's ``close()`` gathers the running jobs after cancelling them, so a job cancelled
+        before its first Redis round trip (the startup sweep, typically) would raise its
+        CancelledError out of shutdown and skip the rest of it. Jobs are settled here first.
+        """
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        running = list(self.worker.tasks.values())
+        if running:
+            _, late = await asyncio.wait(running, timeout=SHUTDOWN_WAIT_SECONDS)
+            for task in late:
+                task.cancel()  # arq re-queues a job cancelled while it runs
+            await asyncio.gather(*running, return_exceptions=True)
+            self.worker.tasks.clear()
         try:
             await self.worker.close()
         except Exception as exc:  # the store may be gone; shutting down must still finish
