@@ -3,7 +3,7 @@ reads falling back to MongoDB.
 
 Writes: the memories go into the outbox (memory_service.outbox) first, then to the graph
 at once; MongoDB gets them from the drain loop, so a slow or absent MongoDB never slows a
-request. A store that is down keeps its queue until it returns; the other is not held
+request. The graph's FIFO trims and the shards' settings reach MongoDB the same way. A store that is down keeps its queue until it returns; the other is not held
 back. (The proof of concept wrote to the graph, then to Mongo: a graph failure lost the
 Mongo copy.)
 
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from memory_service.models import Memory, MemoryKind
 from memory_service.namespaces import Namespace
-from memory_service.outbox import Outbox
+from memory_service.outbox import DescribeShardOp, Outbox, TrimOp, WriteOp
 
 from .base import MemoryBackend, served_by
 
@@ -77,7 +77,7 @@ class MirroredBackend(MemoryBackend):
     async def write(self, memories: Sequence[Memory]) -> int:
         if not memories:
             return 0
-        entry = await self.outbox.append(memories)
+        entry = await self.outbox.append(WriteOp(memories=list(memories)))
         try:
             written = await self.primary.write(memories)
         except Exception as exc:
@@ -93,9 +93,9 @@ class MirroredBackend(MemoryBackend):
             delivered[target] = 0
             if target == "mongo" and not await self._start_mirror():
                 continue
-            for entry, memories in await self.outbox.pending(target, self.batch):
+            for entry, op in await self.outbox.pending(target, self.batch):
                 try:
-                    await store.write(memories)
+                    await op.apply(store)
                 except Exception as exc:
                     self._mark_down(target, exc)
                     break
@@ -119,18 +119,14 @@ class MirroredBackend(MemoryBackend):
         self._down[target] = f"{type(exc).__name__}: {exc}"
 
     async def describe_shard(self, agent_id: str, shard_id: str, name: str, extraction_focus: str, active: bool) -> None:
-        try:
-            await self.mirror.describe_shard(agent_id, shard_id, name, extraction_focus, active)
-        except Exception as exc:  # settings live in Redis; MongoDB's copy is for dashboards
-            log.warning("describing shard %s/%s in mongo failed: %s", agent_id, shard_id, exc)
+        await self.outbox.append(DescribeShardOp(agent_id=agent_id, shard_id=shard_id, name=name,
+                                                 extraction_focus=extraction_focus, active=active), ["mongo"])
+        await self.primary.describe_shard(agent_id, shard_id, name, extraction_focus, active)
 
     async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
-        evicted = await self.primary.trim(namespace, kind, keep)
-        try:
-            await self.mirror.trim(namespace, kind, keep)
-        except Exception as exc:  # the mirror's summaries are capped on their own
-            log.warning("trimming %s in mongo failed: %s", namespace, exc)
-        return evicted
+        # Queued behind the writes it trims; the graph is trimmed at once, as the caller waits.
+        await self.outbox.append(TrimOp(namespace=str(namespace), kind=kind, keep=keep), ["mongo"])
+        return await self.primary.trim(namespace, kind, keep)
 
     # Reads: the graph, else MongoDB ---------------------------------------------------------
 

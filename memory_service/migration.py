@@ -4,7 +4,8 @@ The copy reads every namespace of the agent from the backend it uses now (its se
 the users who spoke in them, its shards, the agent namespace), writes each memory to the
 other backend by id (insert-if-absent: running it again, or after an interruption,
 copies only what is missing), verifies that every memory id of the source is in the
-target, and only then flips the agent's ``memory_backend``. Switching back is the same
+target, copies the shards' settings to where the target keeps them, and only then flips
+the agent's ``memory_backend``. Switching back is the same
 command in the other direction: what was written meanwhile is copied back.
 """
 
@@ -121,6 +122,8 @@ async def migrate_agent(
 
     if dry_run:
         return report
+    for shard in await service.list_shards(agent_id):  # where the target keeps shard settings
+        await target.describe_shard(agent_id, shard.shard_id, shard.name, shard.extraction_focus, shard.active)
     if report.missing:
         raise MigrationFailed(
             f"{report.missing} of {report.total} memories of agent {agent_id!r} are not in {to!r} after the copy; "

@@ -1,23 +1,30 @@
 """A durable outbox in Redis: every write reaches every target store, at least once.
 
-A write is recorded once (``ms:outbox:entries``, id -> the memories as JSON) and queued
-for each target (``ms:outbox:<target>``, a list of ids), in one transaction, before any
-store is touched. Each target is then delivered to independently: a store that is down
+A write (an ``OutboxOp``: memories to store, a FIFO trim, a shard's settings) is recorded
+once (``ms:outbox:entries``, id -> the operation as JSON) and queued for each of its
+targets (``ms:outbox:<target>``, a list of ids), in one transaction, before any store is
+touched. Each queue is delivered in order, so a trim follows the writes it trims. Each target is then delivered to independently: a store that is down
 keeps its queue, and the others go on. An entry is dropped once every target has it.
-Stores write by memory id, insert-if-absent, so a delivery repeated after a crash or by a
+Every operation is idempotent (memories are stored insert-if-absent by id, a trim keeps
+the newest N, shard settings are upserted), so a delivery repeated after a crash or by a
 second process writes nothing twice. Redis keeps the outbox on disk (the embedded server
 runs with appendonly).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Literal
 
+from pydantic import BaseModel, Field, TypeAdapter
 from redis.asyncio import Redis
 
-from .models import Memory
+from .models import Memory, MemoryKind
+from .namespaces import Namespace
+
+if TYPE_CHECKING:
+    from backends.base import MemoryBackend
 
 ENTRIES = "ms:outbox:entries"
 
@@ -32,6 +39,40 @@ return 1
 """
 
 
+class WriteOp(BaseModel):
+    op: Literal["write"] = "write"
+    memories: list[Memory]
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.write(self.memories)
+
+
+class TrimOp(BaseModel):
+    op: Literal["trim"] = "trim"
+    namespace: str
+    kind: MemoryKind
+    keep: int
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.trim(Namespace.parse(self.namespace), self.kind, self.keep)
+
+
+class DescribeShardOp(BaseModel):
+    op: Literal["describe_shard"] = "describe_shard"
+    agent_id: str
+    shard_id: str
+    name: str
+    extraction_focus: str
+    active: bool
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.describe_shard(self.agent_id, self.shard_id, self.name, self.extraction_focus, self.active)
+
+
+OutboxOp = Annotated[WriteOp | TrimOp | DescribeShardOp, Field(discriminator="op")]
+_OPS: TypeAdapter[OutboxOp] = TypeAdapter(OutboxOp)
+
+
 def _queue(target: str) -> str:
     return f"ms:outbox:{target}"
 
@@ -42,23 +83,26 @@ class Outbox:
         self.targets = list(targets)
         self._delivered = redis.register_script(_DELIVERED)
 
-    async def append(self, memories: Sequence[Memory]) -> str:
+    async def append(self, op: WriteOp | TrimOp | DescribeShardOp, targets: Sequence[str] | None = None) -> str:
+        """Record ``op`` for ``targets`` (default: every target); its entry id."""
+        targets = self.targets if targets is None else targets
+        if unknown := set(targets) - set(self.targets):
+            raise ValueError(f"unknown outbox target(s): {sorted(unknown)}")
         entry_id = uuid.uuid4().hex
-        payload = json.dumps([m.model_dump(mode="json") for m in memories], ensure_ascii=False)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(ENTRIES, entry_id, payload)
-            for target in self.targets:
+            pipe.hset(ENTRIES, entry_id, op.model_dump_json())
+            for target in targets:
                 pipe.rpush(_queue(target), entry_id)
             await pipe.execute()
         return entry_id
 
-    async def pending(self, target: str, limit: int) -> list[tuple[str, list[Memory]]]:
-        """The oldest ``limit`` entries ``target`` has not acknowledged, with their memories."""
+    async def pending(self, target: str, limit: int) -> list[tuple[str, WriteOp | TrimOp | DescribeShardOp]]:
+        """The oldest ``limit`` entries ``target`` has not acknowledged, with their operations."""
         ids = await self.redis.lrange(_queue(target), 0, limit - 1)
         if not ids:
             return []
         payloads = await self.redis.hmget(ENTRIES, ids)
-        return [(i, [Memory.model_validate(m) for m in json.loads(p)]) for i, p in zip(ids, payloads) if p]
+        return [(i, _OPS.validate_json(p)) for i, p in zip(ids, payloads) if p]
 
     async def delivered(self, target: str, entry_id: str) -> None:
         others = [_queue(t) for t in self.targets if t != target]

@@ -121,6 +121,29 @@ async def test_mongo_stopped_mid_run_gets_every_write_when_it_returns(mongo_sett
         assert count == sum(map(len, in_mongo.values()))  # nothing written twice
 
 
+async def test_mongo_stopped_mid_run_gets_shard_settings_and_fact_trims_when_it_returns(mongo_settings, mongo_proxy):
+    settings = mongo_settings.model_copy(update={"facts_per_shard": 1})
+    async with open_service(settings, run_worker=True) as service:
+        _, backend = await service.backend_for("a1")
+        await mongo_proxy.stop()
+        await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights, hotels, dates"))
+        await converse(service, "s1")
+        assert (await service.form_memories("s1")).formed
+        shard = Namespace.shard("a1", "travel")
+        facts = await backend.primary.export(shard)
+        assert len([f for f in facts if f.kind is MemoryKind.FACT]) > 1  # so that the cap of 1 evicted some
+        assert await backend.primary.count(shard, [MemoryKind.FACT]) == 1
+        assert (await backend.outbox.depth())["mongo"] > 0
+        await mongo_proxy.start()
+        await settle(service)
+        travel = await backend.mirror.shards.find_one({"_id": "shard:a1:travel"})
+        assert (travel["name"], travel["extraction_focus"], travel["active"]) == ("travel", "flights, hotels, dates", True)
+        assert await backend.mirror.count(shard, [MemoryKind.FACT]) == 1
+        [kept_in_graph] = await backend.primary.recent(shard, [MemoryKind.FACT], 10)
+        [kept_in_mongo] = await backend.mirror.recent(shard, [MemoryKind.FACT], 10)
+        assert kept_in_mongo.id == kept_in_graph.id
+
+
 async def test_graph_stopped_mid_run_keeps_writes_reads_mongo_and_catches_up(mongo_settings, graph):
     async with open_service(mongo_settings, run_worker=True) as service:
         await converse(service, "s1", lines=CHAT[:4])
@@ -214,9 +237,13 @@ async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_sett
         await service.form_memories("s3")
         namespaces = await agent_namespaces(service, "a1")
         on_graph = await snapshot(graph_backend.primary, namespaces)
+        await settle(service)
+        await mongo.shards.delete_many({})  # as if the graph had run without mirroring
         back = await migrate_agent(service, "a1", "mongo")
         assert back.switched and back.missing == 0
         assert await snapshot(mongo, namespaces) == on_graph
+        travel = await mongo.shards.find_one({"_id": "shard:a1:travel"})
+        assert (travel["name"], travel["extraction_focus"]) == ("travel", "flights, hotels")
         assert (await service.get_agent("a1")).effective_backend == "mongo"
         context = await service.assemble_memory_context("a1", "alice", "s3")
         assert context.source == "mongo" and "<Episode>" in context.xml
