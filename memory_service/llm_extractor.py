@@ -18,26 +18,31 @@ Failure policy:
 - an item that is wrong on its own (wrong field types, an unknown shard or message number,
   a directive of someone who did not speak as a user) is dropped and logged;
 - a reply that is not JSON of the expected shape, a connection error or timeout, and HTTP
-  408, 429 or 5xx are retried with exponential backoff;
+  408, 429 or 5xx are retried with exponential backoff (memory_service.llm_client);
 - any other HTTP error, or running out of attempts, raises ExtractionFailed: formation then
   leaves the window pending, so nothing is lost.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import openai
 from pydantic import BaseModel, Field, ValidationError
 
-from .extraction import ExtractedItem, Extraction, ExtractionFailed, ExtractionUsage, Window, WindowMessage
+from .extraction import (
+    ExtractedItem,
+    Extraction,
+    ExtractionFailed,
+    ExtractionUsage,
+    Window,
+    WindowMessage,
+)
+from .llm_client import LLMCallFailed, Malformed, StructuredChat, reply_json
 from .models import WORD_LIMITS, MemoryKind, Role, Shard
 from .rule_extractor import limit_words
 
@@ -50,7 +55,6 @@ log = logging.getLogger(__name__)
 # Every memory is shown in later prompts, so a long window must not flood them.
 MESSAGES_PER_ITEM = 4
 MAX_ITEMS = 12
-RETRYABLE_STATUS = frozenset({408, 429})  # and every 5xx
 SCHEMA_NAME = "memory_extraction"
 
 SYSTEM_PROMPT = f"""\
@@ -108,29 +112,14 @@ class LLMExtractor:
         backoff_seconds: float = 0.5,
         max_prompt_chars: int = 60_000,
     ) -> None:
-        # An empty base_url would make the SDK fall back to OPENAI_BASE_URL or api.openai.com:
-        # conversations must go nowhere but to the endpoint configured here.
-        if not base_url:
-            raise ValueError("LLMExtractor needs a base_url")
-        if not model:
-            raise ValueError("LLMExtractor needs a model name")
-        if max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
+        self._chat = StructuredChat(base_url=base_url, model=model, api_key=api_key, timeout_seconds=timeout_seconds,
+                                    max_attempts=max_attempts, temperature=temperature, backoff_seconds=backoff_seconds)
         self.model = model
         self.max_attempts = max_attempts
-        self.temperature = temperature
-        self.backoff_seconds = backoff_seconds
         self.max_prompt_chars = max_prompt_chars
-        # max_retries=0: the SDK's own retries would be invisible to the attempt count, the
-        # usage and the tests; the loop in extract() is the only one. Local servers (vLLM,
-        # Ollama, llama.cpp) need no key, but the SDK refuses to start without one and would
-        # otherwise read OPENAI_API_KEY from the environment: pass a placeholder.
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key or "unused", timeout=timeout_seconds, max_retries=0
-        )
 
     async def aclose(self) -> None:
-        await self._client.close()
+        await self._chat.aclose()
 
     async def __aenter__(self) -> LLMExtractor:
         return self
@@ -144,83 +133,24 @@ class LLMExtractor:
         usage = ExtractionUsage()
         if not plan.shown:  # nothing anyone said: no call, nothing to pay for
             return Extraction(usage=usage)
-        request = {
-            "model": self.model,
-            "temperature": self.temperature,
-            "messages": [
-                {"role": "system", "content": SYSTEM_PROMPT},
-                {"role": "user", "content": plan.prompt(self.max_prompt_chars)},
-            ],
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": SCHEMA_NAME, "strict": True, "schema": plan.schema()},
-            },
-        }
-        problem = ""
         try:
-            for attempt in range(1, self.max_attempts + 1):
-                if attempt > 1:
-                    await asyncio.sleep(self.backoff_seconds * 2 ** (attempt - 2))
-                usage.attempts = attempt
-                try:
-                    extraction = await self._attempt(plan, request, usage)
-                except _Retry as exc:
-                    problem = str(exc)
-                    log.warning("session %s: extraction attempt %d of %d: %s",
-                                window.session_id, attempt, self.max_attempts, problem)
-                    continue
-                except _Fatal as exc:
-                    raise self._failed(window, usage, str(exc)) from exc.__cause__
-                extraction.usage = usage
-                return extraction
-            raise self._failed(window, usage, problem)
+            extraction = await self._chat.complete(
+                system=SYSTEM_PROMPT, user=plan.prompt(self.max_prompt_chars), schema_name=SCHEMA_NAME,
+                schema=plan.schema(), parse=plan.parse, usage=usage, what=f"session {window.session_id}: extraction",
+            )
+        except LLMCallFailed as exc:
+            raise ExtractionFailed(
+                f"LLM extraction for session {window.session_id!r} failed after {usage.attempts} of "
+                f"{self.max_attempts} attempt(s) with model {self.model!r}: {exc.problem}",
+                usage=usage,
+            ) from exc.__cause__
         finally:
             usage.latency_seconds = time.perf_counter() - started
-
-    async def _attempt(self, plan: _Plan, request: dict[str, Any], usage: ExtractionUsage) -> Extraction:
-        """One request and its reply; every failure becomes _Retry or _Fatal."""
-        try:
-            completion = await self._client.chat.completions.create(**request)
-        except openai.APIStatusError as exc:
-            problem = f"HTTP {exc.status_code}: {exc.message}"
-            if exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500:
-                raise _Retry(problem) from exc
-            raise _Fatal(problem + " (not retryable)") from exc
-        except openai.APIConnectionError as exc:  # includes timeouts
-            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
-        except (openai.APIResponseValidationError, json.JSONDecodeError) as exc:
-            # HTTP 200 whose body is declared JSON but is not: the SDK raises the bare decode error.
-            raise _Retry(f"unusable response body: {exc}") from exc
-        usage.calls += 1
-        prompt_tokens, completion_tokens = _tokens(completion)
-        usage.prompt_tokens += prompt_tokens
-        usage.completion_tokens += completion_tokens
-        try:
-            return plan.parse(_reply_text(completion))
-        except _Malformed as exc:
-            raise _Retry(f"malformed reply: {exc}") from exc
-
-    def _failed(self, window: Window, usage: ExtractionUsage, problem: str) -> ExtractionFailed:
-        return ExtractionFailed(
-            f"LLM extraction for session {window.session_id!r} failed after {usage.attempts} of "
-            f"{self.max_attempts} attempt(s) with model {self.model!r}: {problem}",
-            usage=usage,
-        )
+        extraction.usage = usage
+        return extraction
 
 
 # --- the model's reply, as parsed ----------------------------------------------------
-
-
-class _Retry(Exception):
-    """This attempt failed in a way another attempt may not."""
-
-
-class _Fatal(Exception):
-    """This attempt failed in a way every attempt would."""
-
-
-class _Malformed(Exception):
-    """The reply as a whole is unusable: worth another attempt."""
 
 
 class _Drop(Exception):
@@ -246,32 +176,6 @@ class _Item(BaseModel):
 
 class _Directive(_Item):
     user_id: str
-
-
-# Some endpoints ignore response_format and the model wraps its JSON in a Markdown fence.
-_FENCE = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
-
-
-# The SDK does not validate responses (and must not: local servers omit fields it declares
-# required), so a completion may be a bare str or list, and any field may have any type.
-
-
-def _tokens(completion: Any) -> tuple[int, int]:
-    usage = getattr(completion, "usage", None)
-    counts = (getattr(usage, "prompt_tokens", 0), getattr(usage, "completion_tokens", 0))
-    return tuple(n if isinstance(n, int) else 0 for n in counts)  # type: ignore[return-value]
-
-
-def _reply_text(completion: Any) -> str:
-    if not hasattr(completion, "choices"):
-        raise _Malformed(f"the response is a {type(completion).__name__}, not a chat completion")
-    choices = completion.choices
-    message = getattr(choices[0], "message", None) if isinstance(choices, list) and choices else None
-    content = getattr(message, "content", None)
-    if not isinstance(content, str):
-        refusal = getattr(message, "refusal", None)
-        raise _Malformed(f"the model refused: {refusal}" if refusal else "no message content in the completion")
-    return content
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,18 +277,13 @@ class _Plan:
     # reply
 
     def parse(self, text: str) -> Extraction:
-        if fenced := _FENCE.match(text):
-            text = fenced.group(1)
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise _Malformed(f"not JSON ({exc})") from None
+        data = reply_json(text)
         try:
             reply = _Reply.model_validate(data)
         except ValidationError as exc:
-            raise _Malformed(f"not the expected shape ({_first_error(exc)})") from None
+            raise Malformed(f"not the expected shape ({_first_error(exc)})") from None
         if self.shards and "shards" not in data:
-            raise _Malformed("no 'shards' in the reply")
+            raise Malformed("no 'shards' in the reply")
 
         episode = limit_words(reply.episode or "", WORD_LIMITS[MemoryKind.EPISODE]) or None
         items = self._collect(MemoryKind.DIRECTIVE, reply.directives)

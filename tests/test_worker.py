@@ -277,7 +277,7 @@ async def test_an_in_process_worker_stopped_as_its_jobs_start_lets_them_finish_a
         worker = InProcessWorker(service)
         worker.start()
         job_id = formation_job_id("stop", 1)
-        for _ in range(600):
+        for _ in range(6000):
             if job_id in worker.worker.tasks:
                 break
             await asyncio.sleep(0.005)
