@@ -71,6 +71,8 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(default=None, description="Model name; it must support JSON-schema structured output")
     llm_timeout_seconds: float = Field(default=60, gt=0, description="Timeout of one LLM call")
     llm_max_attempts: int = Field(default=3, ge=1, description="Calls per window on malformed output or a transient error, before the job retries")
+    consolidator: Literal["rules", "llm"] | None = Field(
+        default=None, description="How pending directives and suggestions are merged: rules, or llm (one call per merge); unset: as EXTRACTOR")
 
     # Memory context.
     context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)
@@ -88,7 +90,13 @@ class Settings(BaseSettings):
     def _llm_complete(self) -> Settings:
         if self.extractor == "llm" and not (self.llm_base_url and self.llm_model):
             raise ValueError("EXTRACTOR=llm needs LLM_BASE_URL and LLM_MODEL")
+        if self.consolidator == "llm" and not (self.llm_base_url and self.llm_model):
+            raise ValueError("CONSOLIDATOR=llm needs LLM_BASE_URL and LLM_MODEL")
         return self
+
+    @property
+    def effective_consolidator(self) -> str:
+        return self.consolidator or self.extractor
 
     @field_validator("context_model_budgets")
     @classmethod

@@ -6,16 +6,22 @@ merge are the head of a Redis list (memory_service.state); formation appends to 
 A run merges exactly the ``count`` items it was enqueued with, writes version+1 with a
 deterministic id (a retry rewrites nothing), and only then drops those items from the
 head with a compare-and-set on the version, so an item pushed meanwhile is never lost.
+
+Merging is the consolidator's: by rule (the offline default), or by one LLM call when the
+operator chose the LLM extractor (memory_service.llm_consolidator). A merge that fails
+raises; the job is retried and the items stay pending (and shown) until one succeeds.
 """
 
 from __future__ import annotations
 
 import logging
 import uuid
+from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from backends.base import MemoryBackend
 
+from .extraction import ExtractionUsage
 from .models import Memory, MemoryKind, Provenance, utcnow
 from .namespaces import Namespace, NamespaceKind
 from .rule_extractor import limit_words
@@ -30,10 +36,18 @@ def consolidated_memory_id(namespace: Namespace, version: int) -> str:
     return str(uuid.uuid5(_ID_NAMESPACE, f"{namespace}\x1f{version}"))
 
 
+@dataclass(frozen=True, slots=True)
+class Merged:
+    content: str
+    usage: ExtractionUsage | None = None  # what a model call cost, for consolidators that make one
+
+
 class Consolidator(Protocol):
     name: str
 
-    async def merge(self, previous: str | None, items: list[str], word_limit: int) -> str: ...
+    async def merge(self, previous: str | None, items: list[str], word_limit: int, *, subject: str = "") -> Merged:
+        """``previous`` (the latest consolidated memory) and ``items`` (oldest first) as one
+        memory of at most ``word_limit`` words; ``subject`` says whose or what it is."""
 
 
 class RuleBasedConsolidator:
@@ -44,23 +58,39 @@ class RuleBasedConsolidator:
 
     name = "rules"
 
-    async def merge(self, previous: str | None, items: list[str], word_limit: int) -> str:
+    async def merge(self, previous: str | None, items: list[str], word_limit: int, *, subject: str = "") -> Merged:
         lines = [f"- {' '.join(item.split())}" for item in reversed(items)]
         lines += [line for line in (previous or "").splitlines() if line.strip()]
-        kept, seen, words = [], set(), 0
+        newest_first: dict[str, str] = {}
         for line in lines:
-            key = line.casefold().strip("- .")
-            if key in seen:
-                continue
-            size = len(line.split())
-            if words + size > word_limit:
-                if not kept:  # one overlong item still yields a (cut) memory
-                    kept.append(limit_words(line, word_limit))
-                break
-            seen.add(key)
-            kept.append(line)
-            words += size
-        return "\n".join(kept)
+            newest_first.setdefault(line.casefold().strip("- ."), line)
+        return Merged(fit_lines("\n".join(newest_first.values()), word_limit))
+
+
+def fit_lines(text: str, word_limit: int) -> str:
+    """Whole lines of ``text``, first to last, while they fit in ``word_limit`` words.
+
+    A consolidated memory is one point per line, most important first: a point that does
+    not fit is dropped, not cut, unless it is the first (an overlong memory is still one).
+    """
+    kept, words = [], 0
+    for line in text.splitlines():
+        size = len(line.split())
+        if not size:
+            continue
+        if words + size > word_limit:
+            if not kept:
+                kept.append(limit_words(line, word_limit))
+            break
+        kept.append(" ".join(line.split()))
+        words += size
+    return "\n".join(kept)
+
+
+def _subject(namespace: Namespace) -> str:
+    if namespace.kind is NamespaceKind.USER:
+        return f"the standing rules, preferences and personal context of user {namespace.fields[1]}"
+    return f"the shared suggestions and plans on shard {namespace.fields[1]}"
 
 
 async def latest_consolidated(backend: MemoryBackend, namespace: Namespace) -> Memory | None:
@@ -90,12 +120,16 @@ async def consolidate(
     if len(items) < len(ids):
         log.warning("consolidating %s: %d pending item(s) no longer stored", key, len(ids) - len(items))
     previous = await latest_consolidated(backend, namespace)
-    content = await consolidator.merge(previous.content if previous else None, [m.content for m in items], word_limit)
+    merged = await consolidator.merge(previous.content if previous else None, [m.content for m in items], word_limit,
+                                      subject=_subject(namespace))
+    content = merged.content
+    if merged.usage:
+        outcome["usage"] = asdict(merged.usage)
     memory = Memory(
         id=consolidated_memory_id(namespace, version + 1),
         kind=MemoryKind.CONSOLIDATED,
         namespace=key,
-        content=limit_words(content, word_limit) if len(content.split()) > word_limit else content,
+        content=fit_lines(content, word_limit),
         metadata=Provenance(
             agent_id=agent_id,
             user_id=namespace.fields[1] if namespace.kind is NamespaceKind.USER else None,

@@ -40,21 +40,37 @@ def _mongo_backend(settings: Settings):
                         facts_per_shard=settings.facts_per_shard)
 
 
+def _llm_options(settings: Settings) -> dict:
+    return {
+        "base_url": settings.llm_base_url,
+        "model": settings.llm_model,
+        "api_key": settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+        "timeout_seconds": settings.llm_timeout_seconds,
+        "max_attempts": settings.llm_max_attempts,
+    }
+
+
 def default_extractor(settings: Settings):
     """The extractor the operator chose: rule-based (the offline default) or an LLM."""
     if settings.extractor == "llm":
         from .llm_extractor import LLMExtractor
 
-        return LLMExtractor(
-            base_url=settings.llm_base_url,
-            model=settings.llm_model,
-            api_key=settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
-            timeout_seconds=settings.llm_timeout_seconds,
-            max_attempts=settings.llm_max_attempts,
-        )
+        return LLMExtractor(**_llm_options(settings))
     from .rule_extractor import RuleBasedExtractor
 
     return RuleBasedExtractor()
+
+
+def default_consolidator(settings: Settings):
+    """How pending items are merged: by rule, or by the LLM (by default, as the extractor)."""
+    if settings.effective_consolidator == "llm":
+        from .llm_client import StructuredChat
+        from .llm_consolidator import LLMConsolidator
+
+        return LLMConsolidator(StructuredChat(**_llm_options(settings)))
+    from .consolidation import RuleBasedConsolidator
+
+    return RuleBasedConsolidator()
 
 
 @asynccontextmanager
@@ -78,7 +94,8 @@ async def open_service(
     worker = None
     try:
         queue = await JobQueue.connect(settings.redis_url)
-        service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings), queue)
+        service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings), queue,
+                                default_consolidator(settings))
         service.register_backend("graph", lambda s: _graph_backend(s, service.state))
         if settings.mongodb_uri:
             service.register_backend("mongo", _mongo_backend)

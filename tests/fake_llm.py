@@ -4,7 +4,8 @@ The worker tests and the formation benchmark run the real LLM extractor (the rea
 ``openai`` client, real HTTP) against it. It reads the numbered message lines the
 extractor sends and answers in the requested JSON schema: an episode, one directive per
 user message that states a preference, and one fact per shard from the messages that
-mention the shard's id. Faults are scripted: answer the next calls with an HTTP error,
+mention the shard's id. Asked to consolidate, it lists the new items newest first, then
+the current memory's lines, each once. Faults are scripted: answer the next calls with an HTTP error,
 or hold them until released (to kill a worker in the middle of a call).
 """
 
@@ -31,6 +32,7 @@ class EchoLLM:
     failures: list[int] = field(default_factory=list)  # statuses to answer the next calls with
     hold: asyncio.Event | None = None  # while set to an unset Event, calls wait on it
     held: int = 0  # calls waiting on ``hold`` now
+    schemas: list[str] = field(default_factory=list)  # the schema name of every call answered
 
     def __post_init__(self) -> None:
         self.app = FastAPI()
@@ -60,8 +62,10 @@ class EchoLLM:
             status = self.failures.pop(0)
             return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
         prompt = body["messages"][-1]["content"]
-        schema = body["response_format"]["json_schema"]["schema"]
-        content = json.dumps(answer(prompt, schema))
+        schema = body["response_format"]["json_schema"]
+        self.schemas.append(schema["name"])
+        reply = consolidate(prompt) if schema["name"] == "memory_consolidation" else answer(prompt, schema["schema"])
+        content = json.dumps(reply)
         prompt_tokens, completion_tokens = len(json.dumps(body)) // 4, len(content) // 4
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
@@ -93,3 +97,18 @@ def answer(prompt: str, schema: dict) -> dict:
             for shard in shard_ids
         ]
     return reply
+
+
+_ITEM = re.compile(r'^\[(\d+)\] (".*")$')
+
+
+def consolidate(prompt: str) -> dict:
+    """The new items newest first, then the current memory's lines, each once."""
+    previous, items = "", []
+    for line in prompt.splitlines():
+        if line.startswith("Current memory: "):
+            previous = json.loads(line.removeprefix("Current memory: "))
+        elif match := _ITEM.match(line):
+            items.append(json.loads(match.group(2)))
+    lines = [f"- {item}" for item in reversed(items)] + [line for line in previous.splitlines() if line.strip()]
+    return {"memory": "\n".join(dict.fromkeys(lines))}

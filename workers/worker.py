@@ -58,9 +58,11 @@ async def form_window(ctx: dict, session_id: str, window: int) -> dict:
 
 
 async def consolidate(ctx: dict, namespace: str, version: int, count: int) -> dict:
+    service = _service(ctx)
     try:
-        return await _service(ctx).run_consolidation(namespace, version, count)
+        return await service.run_consolidation(namespace, version, count)
     except Exception as exc:
+        await service.state.add_metrics(consolidation_failures=1)
         _retry_or_raise(ctx, f"consolidating {namespace} version {version}", exc)
 
 
