@@ -3,9 +3,9 @@ reads falling back to MongoDB.
 
 Writes: the memories go into the outbox (memory_service.outbox) first, then to the graph
 at once; MongoDB gets them from the drain loop, so a slow or absent MongoDB never slows a
-request. The graph's FIFO trims and the shards' settings reach MongoDB the same way. A store that is down keeps its queue until it returns; the other is not held
-back. (The proof of concept wrote to the graph, then to Mongo: a graph failure lost the
-Mongo copy.)
+request. The graph's FIFO trims and the shards' settings reach MongoDB the same way. A
+store that is down keeps its queue until it returns; the other is not held back. (The
+proof of concept wrote to the graph, then to Mongo: a graph failure lost the Mongo copy.)
 
 Reads come from the graph. When the graph fails, or holds nothing for a namespace (an
 agent that has just opted in), they come from MongoDB. Which store served each read is
