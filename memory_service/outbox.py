@@ -13,6 +13,7 @@ runs with appendonly).
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Literal
@@ -73,6 +74,13 @@ OutboxOp = Annotated[WriteOp | TrimOp | DescribeShardOp, Field(discriminator="op
 _OPS: TypeAdapter[OutboxOp] = TypeAdapter(OutboxOp)
 
 
+def _op(payload: str) -> WriteOp | TrimOp | DescribeShardOp:
+    data = json.loads(payload)
+    if isinstance(data, list):  # an entry written before the outbox carried operations: memories
+        data = {"op": "write", "memories": data}
+    return _OPS.validate_python(data)
+
+
 def _queue(target: str) -> str:
     return f"ms:outbox:{target}"
 
@@ -102,7 +110,7 @@ class Outbox:
         if not ids:
             return []
         payloads = await self.redis.hmget(ENTRIES, ids)
-        return [(i, _OPS.validate_json(p)) for i, p in zip(ids, payloads) if p]
+        return [(i, _op(p)) for i, p in zip(ids, payloads) if p]
 
     async def delivered(self, target: str, entry_id: str) -> None:
         others = [_queue(t) for t in self.targets if t != target]

@@ -8,6 +8,7 @@ The graph store is an embedded FalkorDB of the test's own, stopped and restarted
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +143,21 @@ async def test_mongo_stopped_mid_run_gets_shard_settings_and_fact_trims_when_it_
         [kept_in_graph] = await backend.primary.recent(shard, [MemoryKind.FACT], 10)
         [kept_in_mongo] = await backend.mirror.recent(shard, [MemoryKind.FACT], 10)
         assert kept_in_mongo.id == kept_in_graph.id
+
+
+async def test_an_outbox_entry_in_the_format_before_operations_is_still_delivered(mongo_settings):
+    """Entries queued by a version whose outbox held bare memory lists survive the upgrade."""
+    async with open_service(mongo_settings, run_worker=False) as service:
+        await converse(service, "s1", lines=CHAT[:1])
+        await settle(service)
+        _, backend = await service.backend_for("a1")
+        [message] = await backend.primary.export(Namespace.session("s1"))
+        legacy = message.model_copy(update={"id": "legacy-1", "content": "queued before the upgrade"})
+        await service.state.redis.hset("ms:outbox:entries", "old", json.dumps([legacy.model_dump(mode="json")]))
+        await service.state.redis.rpush("ms:outbox:mongo", "old")
+        await settle(service)
+        [delivered] = await backend.mirror.get(Namespace.session("s1"), ["legacy-1"])
+        assert delivered.content == "queued before the upgrade"
 
 
 async def test_graph_stopped_mid_run_keeps_writes_reads_mongo_and_catches_up(mongo_settings, graph):
