@@ -597,8 +597,10 @@ async def llm_flow(url: str, echo: EchoLLM, sizes: Sizes, shards: int, style: st
     """One run of M sessions with an LLM extractor; calls and tokens counted three ways:
     by EchoLLM, by the service's metrics, and per job (the form_window result's usage)."""
     agent = f"bench-llm-{shards}"
+    # Extraction is what is compared: merges stay rule-based, so every call EchoLLM counts is
+    # an extraction call (an LLM merge adds one call per CONSOLIDATE_*_AFTER items).
     settings = bench_settings(url, sizes.interval, formation=True, extractor="llm", llm_base_url=echo.base_url,
-                              llm_model="echo")
+                              llm_model="echo", consolidator="rules")
     async with open_service(settings, run_worker=True) as service:
         if style == "reference":
             service.extractor = ReferenceStyleExtractor(service.extractor)
