@@ -3,6 +3,7 @@ and a real HTTP server on loopback. Nothing here is mocked."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
@@ -63,8 +64,15 @@ async def settings(falkordb_url) -> Settings:
 @pytest.fixture
 async def service(settings):
     """A fresh MemoryService on a flushed store, with a worker in-process."""
-    async with open_service(settings, run_worker=True) as svc:
-        yield svc
+    opened = open_service(settings, run_worker=True)
+    yield await opened.__aenter__()
+    try:
+        await opened.__aexit__(None, None, None)
+    except asyncio.CancelledError as exc:
+        # A BaseException out of a fixture's teardown leaves pytest-asyncio's fixture cache
+        # stale: every later test would reuse this test's settings and skip the flush.
+        # An ordinary error fails this test's teardown alone.
+        raise RuntimeError("shutting the service down raised CancelledError") from exc
 
 
 @pytest.fixture(scope="module")
