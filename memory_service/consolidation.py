@@ -7,8 +7,8 @@ A run merges exactly the ``count`` items it was enqueued with, writes version+1 
 deterministic id (a retry rewrites nothing), and only then drops those items from the
 head with a compare-and-set on the version, so an item pushed meanwhile is never lost.
 
-Merging is the consolidator's: by rule (the offline default), or by one LLM call when the
-operator chose the LLM extractor (memory_service.llm_consolidator). A merge that fails
+Merging is the consolidator's: by rule (the offline default), or by one LLM call with
+CONSOLIDATOR=llm, the default when EXTRACTOR=llm (memory_service.llm_consolidator). A merge that fails
 raises; the job is retried and the items stay pending (and shown) until one succeeds.
 """
 

@@ -3,8 +3,9 @@
 A write (an ``OutboxOp``: memories to store, a FIFO trim, a shard's settings) is recorded
 once (``ms:outbox:entries``, id -> the operation as JSON) and queued for each of its
 targets (``ms:outbox:<target>``, a list of ids), in one transaction, before any store is
-touched. Each queue is delivered in order, so a trim follows the writes it trims. Each target is then delivered to independently: a store that is down
-keeps its queue, and the others go on. An entry is dropped once every target has it.
+touched. Each target's queue is delivered in order (a trim follows the writes it trims)
+and independently: a store that is down keeps its queue, and the others go on. An entry
+is dropped once every target has it.
 Every operation is idempotent (memories are stored insert-if-absent by id, a trim keeps
 the newest N, shard settings are upserted), so a delivery repeated after a crash or by a
 second process writes nothing twice. Redis keeps the outbox on disk (the embedded server
@@ -70,11 +71,11 @@ class DescribeShardOp(BaseModel):
         await store.describe_shard(self.agent_id, self.shard_id, self.name, self.extraction_focus, self.active)
 
 
-OutboxOp = Annotated[WriteOp | TrimOp | DescribeShardOp, Field(discriminator="op")]
-_OPS: TypeAdapter[OutboxOp] = TypeAdapter(OutboxOp)
+OutboxOp = WriteOp | TrimOp | DescribeShardOp
+_OPS: TypeAdapter[OutboxOp] = TypeAdapter(Annotated[OutboxOp, Field(discriminator="op")])
 
 
-def _op(payload: str) -> WriteOp | TrimOp | DescribeShardOp:
+def _op(payload: str) -> OutboxOp:
     data = json.loads(payload)
     if isinstance(data, list):  # an entry written before the outbox carried operations: memories
         data = {"op": "write", "memories": data}
@@ -91,7 +92,7 @@ class Outbox:
         self.targets = list(targets)
         self._delivered = redis.register_script(_DELIVERED)
 
-    async def append(self, op: WriteOp | TrimOp | DescribeShardOp, targets: Sequence[str] | None = None) -> str:
+    async def append(self, op: OutboxOp, targets: Sequence[str] | None = None) -> str:
         """Record ``op`` for ``targets`` (default: every target); its entry id."""
         targets = self.targets if targets is None else targets
         if unknown := set(targets) - set(self.targets):
@@ -104,7 +105,7 @@ class Outbox:
             await pipe.execute()
         return entry_id
 
-    async def pending(self, target: str, limit: int) -> list[tuple[str, WriteOp | TrimOp | DescribeShardOp]]:
+    async def pending(self, target: str, limit: int) -> list[tuple[str, OutboxOp]]:
         """The oldest ``limit`` entries ``target`` has not acknowledged, with their operations."""
         ids = await self.redis.lrange(_queue(target), 0, limit - 1)
         if not ids:
