@@ -264,6 +264,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def print_machine(console: Console, bench: str) -> dict:
+    """Print which machine this runs on, and its load; the header for the results."""
+    header = machine()
+    console.print(f"[bold]{bench}[/bold]  {header['date']}  {header['cpu']}, "
+                  f"{header['cores']} cores ({header['usable_cores']} usable)  {header['python']}  "
+                  f"{header['platform']}")
+    console.print(f"load average at start: {header['load_avg_1_5_15']}  (shared machine: expect noise)")
+    return header
+
+
 def machine() -> dict:
     try:
         usable = len(os.sched_getaffinity(0))
@@ -307,11 +317,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # Piped (make bench | tee, CI logs): wide enough for the table not to be cut.
     console = Console() if sys.stdout.isatty() else Console(width=160)
-    header = machine()
-    console.print(f"[bold]context_bench[/bold]  {header['date']}  {header['cpu']}, "
-                  f"{header['cores']} cores ({header['usable_cores']} usable)  {header['python']}  "
-                  f"{header['platform']}")
-    console.print(f"load average at start: {header['load_avg_1_5_15']}  (shared machine: expect noise)")
+    header = print_machine(console, "context_bench")
     started = time.perf_counter()
     cases, errors = run(repeat, min_sample, console)
     header["load_avg_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None

@@ -49,7 +49,7 @@ import httpx  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from context_bench import machine  # noqa: E402
+from context_bench import print_machine  # noqa: E402
 from memory_service.api import create_app  # noqa: E402
 from memory_service.config import Settings  # noqa: E402
 from memory_service.embedded import EmbeddedFalkorDB  # noqa: E402
@@ -788,11 +788,7 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     console = Console() if sys.stdout.isatty() else Console(width=180)
-    header = machine()
-    console.print(f"[bold]formation_bench[/bold]  {header['date']}  {header['cpu']}, "
-                  f"{header['cores']} cores ({header['usable_cores']} usable)  {header['python']}  "
-                  f"{header['platform']}")
-    console.print(f"load average at start: {header['load_avg_1_5_15']}  (shared machine: expect noise)")
+    header = print_machine(console, "formation_bench")
     started = time.perf_counter()
     errors: list[str] = []
     try:

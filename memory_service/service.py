@@ -373,13 +373,15 @@ class MemoryService:
         words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
         outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
                                     consolidator=self.consolidator, word_limit=words, agent_id=agent_id)
+        counters = {"consolidations": 1, "consolidated_items": outcome["items"]} if outcome["consolidated"] else {}
         if usage := outcome.get("usage"):
-            await self.state.add_metrics(
+            counters.update(
                 consolidation_llm_calls=usage["calls"], consolidation_llm_attempts=usage["attempts"],
                 consolidation_llm_prompt_tokens=usage["prompt_tokens"],
                 consolidation_llm_completion_tokens=usage["completion_tokens"], consolidation_llm_seconds=usage["latency_seconds"])
+        if counters:
+            await self.state.add_metrics(**counters)
         if outcome["consolidated"]:
-            await self.state.add_metrics(consolidations=1, consolidated_items=outcome["items"])
             await self._maybe_consolidate(namespace)
         return outcome
 
