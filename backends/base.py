@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import contextvars
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
-from memory_service.models import Memory, MemoryKind
+from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 
 # The stores that served the reads of the current task, for backends that read from more
 # than one ("graph", "mongo"): the memory context reports where it came from.
 read_sources: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("read_sources", default=None)
+
+# A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
+# with that signal's raw score (higher is better).
+SignalHits = dict[str, list[tuple[Memory, float]]]
 
 
 def served_by(source: str) -> None:
@@ -20,7 +24,12 @@ def served_by(source: str) -> None:
 
 
 class MemoryBackend(ABC):
-    """Stores memories by namespace. Writes are idempotent by ``Memory.id``."""
+    """Stores memories by agent and namespace. Writes are idempotent by ``Memory.id``.
+
+    Every read names the agent: a session namespace does not carry it, and a backend may
+    keep each agent's memories apart (the graph backend keeps one graph per agent).
+    Reads never create storage.
+    """
 
     name: str
 
@@ -41,29 +50,55 @@ class MemoryBackend(ABC):
     async def write(self, memories: Sequence[Memory]) -> int:
         """Store memories whose id is not stored yet; return how many were new.
 
-        Writing an id that exists changes nothing, so a retried formation is a no-op.
+        Writing an id that exists changes nothing, so a retried formation is a no-op. A
+        memory without ``embedding`` is stored and marked for ``unembedded``.
         """
 
     @abstractmethod
-    async def get(self, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+    async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
         """The memories of ``namespace`` with these ids (missing ids are skipped)."""
 
     @abstractmethod
-    async def recent(self, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+    async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
         """The ``limit`` most recent memories of these kinds, oldest first."""
 
     @abstractmethod
-    async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+    async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
         """Evict all but the ``keep`` most recent memories of ``kind``; return how many went.
 
-        Evicted memories are no longer read by ``recent`` or counted; the retention policy
-        removes them for good. Idempotent.
+        Evicted memories are no longer read by ``recent``, ``search`` or counted; the
+        retention policy removes them for good. Idempotent.
         """
 
     @abstractmethod
-    async def export(self, namespace: Namespace) -> list[Memory]:
+    async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
         """Every memory of the namespace, evicted ones included, oldest first (for migration)."""
 
     @abstractmethod
-    async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+    async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
         """How many live (not evicted) memories of these kinds, or of all, the namespace holds."""
+
+    @abstractmethod
+    async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
+        """Candidates per signal for ``query`` among the agent's live memories.
+
+        ``fulltext`` when ``query.terms`` is not empty, ``vector`` when ``query.vector`` is
+        set; each list holds at most ``query.limit`` candidates inside ``query.namespaces``
+        (all of the agent's when None), of ``query.kinds`` and in the time range.
+        """
+
+    async def _search(self, agent_id: str, _namespace: None, query: StoreQuery) -> SignalHits:
+        """``search`` in the shape of the namespace reads, for readers that wrap several stores."""
+        return await self.search(agent_id, query)
+
+    @abstractmethod
+    async def agents(self) -> list[str]:
+        """The agents this store holds memories of (for maintenance: backfill, migration)."""
+
+    @abstractmethod
+    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories stored without an embedding."""
+
+    @abstractmethod
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+        """Store embeddings by memory id (ids not stored are skipped); return how many were set."""

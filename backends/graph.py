@@ -1,27 +1,53 @@
-"""The graph backend: memories as Graphiti episodes on FalkorDB, one graph per namespace.
+"""The graph backend: memories as Graphiti episodes on FalkorDB, one graph per agent.
 
-Each namespace is a Graphiti group_id and, on FalkorDB, its own graph. Episodes are
-written with Graphiti's own FalkorDB save query, so Graphiti can later run entity
-extraction on them (``add_episode(uuid=...)``); two extra properties make reads cheap:
-``kind`` (the memory kind) and ``ts``/``seq`` (a numeric sort key, because ISO strings
-with and without microseconds do not sort reliably).
+Layout (see the README, "Storage layout"): every memory of an agent, in every one of its
+namespaces, is an ``Episodic`` node in the agent's graph ``ms_agent__<agent>``, with
+Graphiti's own properties (``uuid``, ``name``, ``group_id`` = the namespace's group_id,
+``content`` = the JSON body, ``source``, ``created_at``, ``valid_at``, ...) built from
+graphiti-core's ``EpisodicNode`` model, so Graphiti can later run entity extraction on
+them. Ours beside them:
+
+* ``kind``, ``ts``/``seq`` (a numeric sort key: ISO strings with and without microseconds
+  do not sort), ``evicted``;
+* ``group_kind`` = ``<group_id>|<kind>``, indexed, so the context's reads ("the 8 latest
+  episodes of this session") are one index lookup, not a scan of the group;
+* ``text``: what search reads (a message under its speaker), in a full-text index with
+  ``group_key``, a case-proof token of the group_id (RediSearch folds case, group_ids do
+  not), so a scoped full-text query is filtered inside the index;
+* ``embedding`` (vecf32) in a native vector index; ``needs_embedding`` (indexed) marks
+  memories stored while the embedder was down, for the backfill.
+
+An empty namespace costs nothing; a new session adds nodes to an existing graph (index
+creation runs once per agent graph); a read of an unknown agent or namespace creates
+nothing (read-only queries; a missing graph reads as empty).
 """
 
 from __future__ import annotations
 
-import asyncio
+import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memory_service.config import Settings, redact_url
-from memory_service.models import Memory, MemoryKind
+from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 
-from .base import MemoryBackend
+from .base import MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
+
+GRAPH_PREFIX = "ms_"  # + the agent namespace's group_id: ms_agent__<agent>
+LABEL = "Episodic"
+# How many more nearest neighbours the vector index is asked for when filters (kinds,
+# time) apply after it, so that enough survive them.
+VECTOR_OVERSAMPLE = 4
+MAX_FULLTEXT_TERMS = 32
+_READY_CACHE = 10_000  # agent graphs whose indexes this process has checked
+
+_READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
 
 def _disable_telemetry_unless_asked(settings: Settings) -> None:
@@ -30,36 +56,74 @@ def _disable_telemetry_unless_asked(settings: Settings) -> None:
     os.environ["GRAPHITI_TELEMETRY_ENABLED"] = "true" if settings.graphiti_telemetry_enabled else "false"
 
 
-def _save_query() -> str:
-    from graphiti_core.driver.driver import GraphProvider
-    from graphiti_core.models.nodes.node_db_queries import get_episode_node_save_query
-
-    query = get_episode_node_save_query(GraphProvider.FALKORDB)
-    anchor = "RETURN n.uuid AS uuid"
-    if anchor not in query:  # fail loudly if graphiti-core changes its query shape
-        raise RuntimeError("graphiti-core's FalkorDB episode save query changed; update backends/graph.py")
-    return query.replace(anchor, "SET n.kind = $kind, n.ts = $ts, n.seq = $seq, n.evicted = $evicted " + anchor)
+def graph_name(agent_id: str) -> str:
+    return GRAPH_PREFIX + Namespace.agent(agent_id).group_id
 
 
-_READ_FIELDS = "n.uuid AS uuid, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
+def agent_of_graph(name: str) -> str | None:
+    """The agent whose graph ``name`` is, or None for any other graph."""
+    if not name.startswith(GRAPH_PREFIX):
+        return None
+    try:
+        namespace = Namespace.from_group_id(name[len(GRAPH_PREFIX):])
+    except Exception:
+        return None
+    return namespace.fields[0] if namespace.kind == "agent" else None
+
+
+def group_key(group_id: str) -> str:
+    """A token for ``group_id`` that survives full-text tokenising (letters and digits, one case)."""
+    return "g" + hashlib.sha1(group_id.encode()).hexdigest()[:20]
+
+
+def _group_kind(group_id: str, kind: MemoryKind | str) -> str:
+    return f"{group_id}|{kind}"
+
+
+def _is_missing_graph(exc: Exception) -> bool:
+    return "empty key" in str(exc)
+
+
+def _index_statements(dimension: int | None) -> list[str]:
+    statements = [
+        f"CREATE INDEX FOR (n:{LABEL}) ON (n.uuid, n.group_id, n.group_kind, n.needs_embedding)",
+        f"CALL db.idx.fulltext.createNodeIndex({{label: '{LABEL}', language: 'english'}}, 'text', 'group_key')",
+    ]
+    if dimension:
+        statements.append(f"CREATE VECTOR INDEX FOR (n:{LABEL}) ON (n.embedding) "
+                          f"OPTIONS {{dimension: {int(dimension)}, similarityFunction: 'cosine'}}")
+    return statements
+
+
+def fulltext_query(terms: Sequence[str], group_ids: Sequence[str] | None) -> str | None:
+    """The RediSearch query: any of the terms in ``text``, inside the groups if given."""
+    words = [t for t in dict.fromkeys(terms) if t.replace("_", "").isalnum()][:MAX_FULLTEXT_TERMS]
+    if not words:
+        return None
+    query = f"@text:({'|'.join(words)})"
+    if group_ids is not None:
+        query = f"@group_key:({'|'.join(group_key(g) for g in group_ids)}) {query}"
+    return query
 
 
 class GraphBackend(MemoryBackend):
     name = "graph"
 
-    def __init__(self, url: str, settings: Settings | None = None):
+    def __init__(self, url: str, settings: Settings | None = None, embedding_dimension: int | None = None):
         self.settings = settings or Settings()
         _disable_telemetry_unless_asked(self.settings)
         from falkordb.asyncio import FalkorDB
 
         self.url = url
         self.client = FalkorDB.from_url(url)
-        self._drivers: dict[str, Any] = {}
-        self._driver_lock = asyncio.Lock()
-        self._query = _save_query()
+        self.embedding_dimension = embedding_dimension
+        self._ready: OrderedDict[str, None] = OrderedDict()
 
     async def start(self) -> None:
         await self.client.connection.ping()
+        from .graph_layout import migrate_layout
+
+        await migrate_layout(self)
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -67,125 +131,231 @@ class GraphBackend(MemoryBackend):
     async def health(self) -> dict:
         try:
             await self.client.connection.ping()
-            return {"ok": True, "url": redact_url(self.url), "graphs_cached": len(self._drivers)}
+            return {"ok": True, "url": redact_url(self.url), "agent_graphs": len(await self.agents())}
         except Exception as exc:  # health reports, it never raises
             return {"ok": False, "url": redact_url(self.url), "error": str(exc)}
 
-    async def _driver(self, namespace: Namespace):
-        """One Graphiti driver per group, cached: each new driver re-runs index creation."""
-        group_id = namespace.group_id
-        driver = self._drivers.get(group_id)
-        if driver is not None:
-            return driver
-        async with self._driver_lock:
-            driver = self._drivers.get(group_id)
-            if driver is None:
-                from graphiti_core.driver.falkordb_driver import FalkorDriver
+    # Queries -------------------------------------------------------------------------
 
-                driver = FalkorDriver(falkor_db=self.client, database=group_id)
-                if driver._init_task is not None:  # indexes first, so reads never race them
-                    await driver._init_task
-                self._drivers[group_id] = driver
-        return driver
+    async def _read(self, agent_id: str, cypher: str, **params: Any) -> list[dict]:
+        """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
+        graph = self.client.select_graph(graph_name(agent_id))
+        try:
+            result = await graph.ro_query(cypher, params)
+        except Exception as exc:
+            if _is_missing_graph(exc):
+                return []
+            raise
+        names = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in result.header]
+        return [dict(zip(names, row)) for row in result.result_set]
 
-    async def _query_rows(self, namespace: Namespace, cypher: str, **params: Any) -> list[dict]:
-        driver = await self._driver(namespace)
-        result = await driver.execute_query(cypher, **params)
-        return result[0] if result else []
+    async def _writable(self, agent_id: str):
+        """The agent's graph, with its indexes (created once per graph; safe to repeat)."""
+        name = graph_name(agent_id)
+        graph = self.client.select_graph(name)
+        if name not in self._ready:
+            for statement in _index_statements(self.embedding_dimension):
+                try:
+                    await graph.query(statement)
+                except Exception as exc:
+                    if "already" not in str(exc).lower():
+                        raise
+            self._ready[name] = None
+            while len(self._ready) > _READY_CACHE:
+                self._ready.popitem(last=False)
+        else:
+            self._ready.move_to_end(name)
+        return graph
+
+    # Writes --------------------------------------------------------------------------
 
     async def write(self, memories: Sequence[Memory]) -> int:
-        by_namespace: dict[str, list[Memory]] = {}
+        by_agent: dict[str, list[Memory]] = {}
         for memory in memories:
-            by_namespace.setdefault(memory.namespace, []).append(memory)
+            by_agent.setdefault(memory.metadata.agent_id, []).append(memory)
         written = 0
-        for namespace_text, group in by_namespace.items():
-            namespace = Namespace.parse(namespace_text)
-            existing = await self._existing_ids(namespace, [m.id for m in group])
-            driver = await self._driver(namespace)
-            for memory in group:
-                if memory.id in existing:
-                    continue
-                await driver.execute_query(self._query, **self._episode_args(namespace, memory))
-                existing.add(memory.id)
-                written += 1
+        for agent_id, group in by_agent.items():
+            graph = await self._writable(agent_id)
+            # One idempotent statement per agent: MERGE on uuid, properties only on create.
+            result = await graph.query(
+                f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
+                "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
+                "ELSE vecf32(row.embedding) END",
+                {"rows": [self._row(m) for m in group]},
+            )
+            written += int(result.nodes_created)
         return written
 
-    def _episode_args(self, namespace: Namespace, memory: Memory) -> dict[str, Any]:
-        from graphiti_core.nodes import EpisodeType
+    def _row(self, memory: Memory) -> dict[str, Any]:
+        from graphiti_core.nodes import EpisodeType, EpisodicNode
 
-        source = EpisodeType.message if memory.kind is MemoryKind.MESSAGE else EpisodeType.json
-        return {
-            "uuid": memory.id,
-            "name": f"{memory.kind.value}:{memory.id}",
-            "group_id": namespace.group_id,
-            "source_description": f"memory-service {memory.kind.value}",
-            "source": source.value,
-            "content": memory.episode_body(),
-            "entity_edges": [],
-            "created_at": memory.valid_at,
-            "valid_at": memory.valid_at,
+        namespace = Namespace.parse(memory.namespace)
+        node = EpisodicNode(
+            uuid=memory.id,
+            name=f"{memory.kind.value}:{memory.id}",
+            group_id=namespace.group_id,
+            source=EpisodeType.message if memory.kind is MemoryKind.MESSAGE else EpisodeType.json,
+            source_description=f"memory-service {memory.kind.value}",
+            content=memory.episode_body(),
+            created_at=memory.valid_at,
+            valid_at=memory.valid_at,
+        )
+        embedding = self._checked(memory.embedding)
+        props = {
+            "name": node.name,
+            "group_id": node.group_id,
+            "source": node.source.value,
+            "source_description": node.source_description,
+            "content": node.content,
+            "entity_edges": node.entity_edges,
+            "created_at": node.created_at.isoformat(),
+            "valid_at": node.valid_at.isoformat(),
             "kind": memory.kind.value,
             "ts": memory.valid_at.timestamp(),
             "seq": memory.metadata.sequence,
-            "evicted": True if memory.evicted else None,  # null removes the property
+            "evicted": True if memory.evicted else None,  # null leaves the property out
+            "group_kind": _group_kind(node.group_id, memory.kind),
+            "group_key": group_key(node.group_id),
+            "text": memory.search_text,
+            "needs_embedding": None if embedding else True,
         }
+        return {"uuid": memory.id, "props": props, "embedding": embedding}
 
-    async def _existing_ids(self, namespace: Namespace, ids: list[str]) -> set[str]:
-        rows = await self._query_rows(
-            namespace, "MATCH (n:Episodic) WHERE n.uuid IN $ids RETURN n.uuid AS uuid", ids=ids
-        )
-        return {row["uuid"] for row in rows}
+    def _checked(self, vector: Sequence[float] | None) -> list[float] | None:
+        if vector is None or not self.embedding_dimension:
+            return None
+        if len(vector) != self.embedding_dimension:
+            raise ValueError(f"an embedding of {len(vector)} dimensions cannot be stored beside "
+                             f"{self.embedding_dimension}-dimensional vectors")
+        return list(vector)
 
-    async def get(self, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
-        if not ids:
-            return []
-        rows = await self._query_rows(
-            namespace,
-            f"MATCH (n:Episodic) WHERE n.uuid IN $ids RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid",
-            ids=list(ids),
-        )
-        return [self._memory(namespace, row) for row in rows]
-
-    async def recent(self, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
-        if limit <= 0:
-            return []
-        rows = await self._query_rows(
-            namespace,
-            f"MATCH (n:Episodic) WHERE n.kind IN $kinds AND n.evicted IS NULL RETURN {_READ_FIELDS} "
-            "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
-            kinds=[k.value for k in kinds],
-            limit=limit,
-        )
-        return [self._memory(namespace, row) for row in reversed(rows)]
-
-    async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        where = "WHERE n.evicted IS NULL " + ("AND n.kind IN $kinds " if kinds else "")
-        rows = await self._query_rows(
-            namespace, f"MATCH (n:Episodic) {where}RETURN count(n) AS c", kinds=[k.value for k in kinds]
-        )
-        return int(rows[0]["c"]) if rows else 0
-
-    async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
-        rows = await self._query_rows(
-            namespace,
-            "MATCH (n:Episodic) WHERE n.kind = $kind AND n.evicted IS NULL "
+    async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+        graph = await self._writable(agent_id)
+        result = await graph.query(
+            f"MATCH (n:{LABEL}) WHERE n.group_kind = $gk AND n.evicted IS NULL "
             "WITH n ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC SKIP $keep "
             "SET n.evicted = true RETURN count(n) AS c",
-            kind=kind.value,
-            keep=keep,
+            {"gk": _group_kind(namespace.group_id, kind), "keep": keep},
         )
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+        if not vectors:
+            return 0
+        graph = await self._writable(agent_id)
+        rows = [{"id": i, "v": self._checked(v)} for i, v in vectors.items()]
+        result = await graph.query(
+            f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+            "SET n.embedding = vecf32(row.v), n.needs_embedding = NULL RETURN count(n) AS c",
+            {"rows": rows},
+        )
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    # Reads ---------------------------------------------------------------------------
+
+    async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+        if not ids:
+            return []
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g RETURN {_READ_FIELDS} "
+            "ORDER BY n.ts, n.seq, n.uuid",
+            ids=list(ids), g=namespace.group_id,
+        )
+        return [_memory(row) for row in rows]
+
+    async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+        if limit <= 0 or not kinds:
+            return []
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND n.evicted IS NULL RETURN {_READ_FIELDS} "
+            "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
+            gks=[_group_kind(namespace.group_id, k) for k in kinds], limit=limit,
+        )
+        return [_memory(row) for row in reversed(rows)]
+
+    async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        if kinds:
+            where, params = "n.group_kind IN $gks", {"gks": [_group_kind(namespace.group_id, k) for k in kinds]}
+        else:
+            where, params = "n.group_id = $g", {"g": namespace.group_id}
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} AND n.evicted IS NULL RETURN count(n) AS c",
+                                **params)
         return int(rows[0]["c"]) if rows else 0
 
-    async def export(self, namespace: Namespace) -> list[Memory]:
-        rows = await self._query_rows(
-            namespace, f"MATCH (n:Episodic) WHERE n.kind IS NOT NULL RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid"
+    async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.group_id = $g AND n.kind IS NOT NULL RETURN {_READ_FIELDS} "
+            "ORDER BY n.ts, n.seq, n.uuid",
+            g=namespace.group_id,
         )
-        return [self._memory(namespace, row) for row in rows]
+        return [_memory(row) for row in rows]
 
-    @staticmethod
-    def _memory(namespace: Namespace, row: dict) -> Memory:
-        memory = Memory.from_episode_body(
-            id=row["uuid"], namespace=str(namespace), body=row["content"], valid_at=row["valid_at"]
+    async def agents(self) -> list[str]:
+        names = await self.client.list_graphs()
+        return sorted(a for a in map(agent_of_graph, names) if a is not None)
+
+    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+        rows = await self._read(
+            agent_id, f"MATCH (n:{LABEL}) WHERE n.needs_embedding = true RETURN {_READ_FIELDS} LIMIT $limit",
+            limit=limit,
         )
-        memory.evicted = bool(row.get("evicted"))
-        return memory
+        return [_memory(row) for row in rows]
+
+    async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
+        groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
+        if groups == []:
+            return {}
+        filters, params = ["n.evicted IS NULL"], {"limit": query.limit}
+        if groups is not None:
+            filters.append("n.group_id IN $groups")
+            params["groups"] = groups
+        if query.kinds:
+            filters.append("n.kind IN $kinds")
+            params["kinds"] = [k.value for k in query.kinds]
+        if query.since:
+            filters.append("n.ts >= $since")
+            params["since"] = query.since.timestamp()
+        if query.until:
+            filters.append("n.ts <= $until")
+            params["until"] = query.until.timestamp()
+        where = " AND ".join(filters)
+        hits: SignalHits = {}
+        if (text_query := fulltext_query(query.terms, groups)) is not None:
+            rows = await self._read(
+                agent_id,
+                f"CALL db.idx.fulltext.queryNodes('{LABEL}', $q) YIELD node AS n, score WHERE {where} "
+                f"RETURN {_READ_FIELDS}, score ORDER BY score DESC LIMIT $limit",
+                q=text_query, **params,
+            )
+            hits["fulltext"] = [(_memory(r), float(r["score"])) for r in rows]
+        if query.vector is not None and self.embedding_dimension:
+            vector = self._checked(query.vector)
+            if groups is None:
+                # The agent's whole graph: the vector index's nearest neighbours.
+                k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
+                cypher = (f"CALL db.idx.vector.queryNodes('{LABEL}', 'embedding', $k, vecf32($v)) "
+                          f"YIELD node AS n, score WHERE {where} "
+                          f"RETURN {_READ_FIELDS}, score AS d ORDER BY d ASC LIMIT $limit")
+                params["k"] = k
+            else:
+                # A scope inside the agent: exact distances over the scope's memories,
+                # found through the group_id index (cost: the scope's size, not the graph's).
+                cypher = (f"MATCH (n:{LABEL}) WHERE {where} AND n.embedding IS NOT NULL "
+                          "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
+                          f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
+            rows = await self._read(agent_id, cypher, v=vector, **params)
+            # Cosine distance (0 = same direction) as a similarity in [-1, 1].
+            hits["vector"] = [(_memory(r), 1.0 - float(r["d"])) for r in rows]
+        return hits
+
+
+def _memory(row: dict) -> Memory:
+    memory = Memory.from_episode_body(
+        id=row["uuid"], namespace=str(Namespace.from_group_id(row["group_id"])), body=row["content"],
+        valid_at=row["valid_at"],
+    )
+    memory.evicted = bool(row.get("evicted"))
+    return memory

@@ -19,11 +19,13 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from memory_service.models import Memory, MemoryKind
-from memory_service.namespaces import Namespace
-from memory_service.outbox import DescribeShardOp, Outbox, TrimOp, WriteOp
+from collections.abc import Mapping
 
-from .base import MemoryBackend, served_by
+from memory_service.models import Memory, MemoryKind, StoreQuery
+from memory_service.namespaces import Namespace
+from memory_service.outbox import DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
+
+from .base import MemoryBackend, SignalHits, served_by
 
 log = logging.getLogger(__name__)
 
@@ -123,25 +125,30 @@ class MirroredBackend(MemoryBackend):
                                                  extraction_focus=extraction_focus, active=active), ["mongo"])
         await self.primary.describe_shard(agent_id, shard_id, name, extraction_focus, active)
 
-    async def trim(self, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+    async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
         # Queued behind the writes it trims; the graph is trimmed at once, as the caller waits.
-        await self.outbox.append(TrimOp(namespace=str(namespace), kind=kind, keep=keep), ["mongo"])
-        return await self.primary.trim(namespace, kind, keep)
+        await self.outbox.append(TrimOp(agent_id=agent_id, namespace=str(namespace), kind=kind, keep=keep), ["mongo"])
+        return await self.primary.trim(agent_id, namespace, kind, keep)
+
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+        await self.outbox.append(EmbeddingsOp(agent_id=agent_id, vectors={k: list(v) for k, v in vectors.items()}),
+                                 ["mongo"])
+        return await self.primary.set_embeddings(agent_id, vectors)
 
     # Reads: the graph, else MongoDB ---------------------------------------------------------
 
-    async def _read(self, method: str, namespace: Namespace, *args, empty_falls_back: bool = False):
+    async def _read(self, method: str, agent_id: str, namespace: Namespace | None, *args, empty_falls_back: bool = False):
         primary_failed = None
         try:
-            result = await getattr(self.primary, method)(namespace, *args)
+            result = await getattr(self.primary, method)(agent_id, namespace, *args)
             if result or not empty_falls_back:
                 served_by("graph")
                 return result
         except Exception as exc:
             primary_failed = exc
-            log.warning("graph read of %s failed, reading mongo: %s", namespace, exc)
+            log.warning("graph read of %s failed, reading mongo: %s", namespace or agent_id, exc)
         try:
-            fallback = await getattr(self.mirror, method)(namespace, *args)
+            fallback = await getattr(self.mirror, method)(agent_id, namespace, *args)
         except Exception:
             if primary_failed:
                 raise
@@ -154,14 +161,24 @@ class MirroredBackend(MemoryBackend):
         served_by("graph")
         return result
 
-    async def get(self, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
-        return await self._read("get", namespace, ids, empty_falls_back=bool(ids))
+    async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+        return await self._read("get", agent_id, namespace, ids, empty_falls_back=bool(ids))
 
-    async def recent(self, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
-        return await self._read("recent", namespace, kinds, limit, empty_falls_back=limit > 0)
+    async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+        return await self._read("recent", agent_id, namespace, kinds, limit, empty_falls_back=limit > 0)
 
-    async def count(self, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        return await self._read("count", namespace, kinds)
+    async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        return await self._read("count", agent_id, namespace, kinds)
 
-    async def export(self, namespace: Namespace) -> list[Memory]:
-        return await self.primary.export(namespace)
+    async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
+        # MongoDB answers only when the graph fails: an empty graph answer is an answer.
+        return await self._read("_search", agent_id, None, query)
+
+    async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
+        return await self.primary.export(agent_id, namespace)
+
+    async def agents(self) -> list[str]:
+        return await self.primary.agents()
+
+    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+        return await self.primary.unembedded(agent_id, limit)

@@ -34,7 +34,15 @@ from xml.sax.saxutils import escape, quoteattr
 from rich.console import Console
 from rich.table import Table
 
-from memory_service.context import ContextInputs, ShardContext, UserContext, age, render_context
+from memory_service.context import (
+    ContextInputs,
+    RelevantItem,
+    ShardContext,
+    UserContext,
+    age,
+    memory_date,
+    render_context,
+)
 from memory_service.models import Memory, MemoryKind, Provenance
 
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
@@ -67,7 +75,7 @@ def make_inputs(shards: int, facts: int, suggestions: int, users: int, directive
                                                 for i in range(directives)])
                for k in range(users)],
         episodes=[_mem("episode", f"episode {i} " * 5, "session:s1") for i in range(episodes)],
-        relevant=[_mem("fact", f"relevant {i}", "shard:a:t", timedelta(hours=i)) for i in range(relevant)],
+        relevant=[RelevantItem(m, m.content) for m in (_mem("fact", f"relevant {i}", "shard:a:t", timedelta(hours=i)) for i in range(relevant))],
     )
 
 
@@ -142,8 +150,9 @@ def naive_render(inputs: ContextInputs, now: datetime) -> str:
         out.append("  </CurrentConversationContext>\n")
     if inputs.relevant:
         out.append("  <RelevantMemories>\n")
-        out.extend(f"    <Memory kind={_a(m.kind.value)} age={_a(age(m.valid_at, now))}>{_t(m.content)}</Memory>\n"
-                   for m in inputs.relevant)
+        out.extend(f"    <Memory kind={_a(r.memory.kind.value)} date={_a(memory_date(r.memory.valid_at))}"
+                   f" age={_a(age(r.memory.valid_at, now))}>{_t(r.text)}</Memory>\n"
+                   for r in inputs.relevant)
         out.append("  </RelevantMemories>\n")
     if not out:
         return "<MemoryContext/>"

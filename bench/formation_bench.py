@@ -397,7 +397,7 @@ async def check_formed(service: MemoryService, agent: str, sessions: dict[str, l
     _, backend = await service.backend_for(agent)
     for session_id, bodies in sessions.items():
         expected = sorted(b["message_id"] for b in bodies)
-        episodes = await backend.recent(Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
+        episodes = await backend.recent(agent, Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
         covered = sorted(mid for episode in episodes for mid in episode.metadata.message_ids)
         if covered != expected:
             missing, unknown = set(expected) - set(covered), set(covered) - set(expected)
@@ -416,7 +416,7 @@ async def check_recorded_only(service: MemoryService, agent: str, sessions: dict
     errors = []
     _, backend = await service.backend_for(agent)
     for session_id, bodies in sessions.items():
-        stored = await backend.recent(Namespace.session(session_id), [MemoryKind.MESSAGE], 10_000)
+        stored = await backend.recent(agent, Namespace.session(session_id), [MemoryKind.MESSAGE], 10_000)
         status = await service.session_status(session_id)
         if len(stored) != len(bodies) or status["gate"]["pending_messages"] != len(bodies) or status["formed_windows"]:
             errors.append(f"baseline {session_id}: {len(stored)} stored, {status['gate']['pending_messages']} pending, "

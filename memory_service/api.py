@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from .config import Settings
 from .errors import MemoryServiceError
 from .formation import FormationSummary
 from .gates import GateStatus
-from .models import Agent, AgentId, AgentSettings, MessageIn, SessionId, Shard, ShardIn, UserId
+from .models import Agent, AgentId, AgentSettings, MemoryKind, MessageIn, SessionId, Shard, ShardIn, UserId
+from .retrieval import Scope, SearchRequest, SearchResult
 from .runtime import open_service
 from .service import MemoryService
 
@@ -108,11 +110,43 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         user_id: UserId = Query(...),
         session_id: SessionId = Query(...),
         model: str | None = Query(None, max_length=200, description="target model name; selects the budget"),
+        query: str | None = Query(None, description="what the model is asked now; default: the session's latest "
+                                                   "user message. Adds <RelevantMemories>"),
+        budget: int | None = Query(None, description="character budget; overrides the model's"),
     ) -> ContextOut:
-        """The memory block for one model call, within the model's character budget."""
-        rendered = await svc(request).assemble_memory_context(agent_id, user_id, session_id, model)
+        """The memory block for one model call, within its character budget, with the memories
+        most relevant to the query (or to the session's latest user message)."""
+        rendered = await svc(request).assemble_memory_context(agent_id, user_id, session_id, model, query=query,
+                                                              budget=budget)
         return ContextOut(xml=rendered.xml, chars=rendered.chars, budget=rendered.budget,
                           sections=rendered.sections, dropped=rendered.dropped, source=rendered.source)
+
+    @app.get("/v1/search", response_model=SearchResult, tags=["search"])
+    async def search(
+        request: Request,
+        agent_id: AgentId = Query(...),
+        query: str = Query(..., description="what to look for, in plain words"),
+        scope: Scope = Query(Scope.AGENT, description="session, user, shard, agent, or namespaces"),
+        user_id: UserId | None = Query(None, description="scope=user"),
+        session_id: SessionId | None = Query(None, description="scope=session"),
+        shard_id: str | None = Query(None, max_length=256, description="scope=shard"),
+        namespaces: list[str] | None = Query(None, description="scope=namespaces: repeat for each namespace"),
+        top_k: int = Query(10, ge=1),
+        min_score: float | None = Query(None, ge=0, le=1),
+        kinds: list[MemoryKind] | None = Query(None, description="repeat for each kind; default: every kind"),
+        since: datetime | None = Query(None),
+        until: datetime | None = Query(None),
+    ) -> SearchResult:
+        """Search an agent's memories: full-text and vector signals fused by reciprocal rank,
+        with recency; every result explained."""
+        return await svc(request).search(agent_id, SearchRequest(
+            query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
+            namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since, until=until))
+
+    @app.post("/v1/agents/{agent_id}/search", response_model=SearchResult, tags=["search"])
+    async def search_body(agent_id: AgentId, body: SearchRequest, request: Request) -> SearchResult:
+        """The same search with the request as a JSON body (for long queries and namespace lists)."""
+        return await svc(request).search(agent_id, body)
 
     @app.put("/v1/agents/{agent_id}", response_model=Agent, tags=["agents"])
     async def put_agent(agent_id: AgentId, body: AgentSettings, request: Request) -> Agent:

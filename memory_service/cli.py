@@ -114,6 +114,47 @@ def migrate(
                       f"agent {agent} now uses the {to} backend.")
 
 
+@app.command("backfill-embeddings")
+def backfill_embeddings(
+    batch: Annotated[int, typer.Option(help="Memories embedded per call to the embedder", min=1, max=2048)] = 64,
+    data_dir: Annotated[Path | None, typer.Option(help="Attach to the embedded store a `serve` runs on this data directory")] = None,
+) -> None:
+    """Embed every memory stored without an embedding (written while the embedder was down).
+
+    Resumable: what is embedded is no longer missing, so an interrupted run picks up where
+    it stopped. The worker also does this every few minutes on its own.
+    """
+    _setup_logging("warning")
+    settings = _attached_settings(data_dir)
+    try:
+        report = asyncio.run(_backfill(settings, batch))
+    except RuntimeError as exc:
+        console.print(f"[red]backfill failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if report["failed_batches"]:
+        console.print(f"[red]the embedder failed[/red] after {report['embedded']} memories; run again once it is back")
+        raise typer.Exit(1)
+    console.print(f"{report['embedded']} memories embedded; none is missing an embedding now.")
+
+
+async def _backfill(settings: Settings, batch: int) -> dict:
+    from rich.progress import Progress, SpinnerColumn, TextColumn
+
+    from .runtime import open_service
+
+    async with open_service(settings, run_worker=False) as service:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=console, transient=True) as progress:
+            task = progress.add_task("embedding", total=None)
+            done = 0
+
+            def on_progress(agent_id: str, count: int) -> None:
+                nonlocal done
+                done += count
+                progress.update(task, description=f"embedded {done} (agent {agent_id})")
+
+            return await service.backfill_embeddings(batch=batch, on_progress=on_progress)
+
+
 async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -86,6 +86,23 @@ class Settings(BaseSettings):
     context_facts_per_shard: int = Field(default=30, ge=0)
     context_suggestions_per_shard: int = Field(default=10, ge=0)
 
+    # Search and the query-aware memory block.
+    embedding_backfill_per_run: int = Field(
+        default=2000, ge=1, description="Memories the worker embeds per run (every 2 minutes) when they were stored without")
+    search_rrf_k: int = Field(default=60, ge=1, description="Reciprocal rank fusion constant: a signal's rank r adds 1/(k + r)")
+    search_candidates: int = Field(default=50, ge=1, le=1000, description="Candidates each signal (full-text, vector) gives fusion")
+    search_recency_half_life_days: float = Field(default=30, gt=0, description="Age at which the recency factor is halfway to its floor")
+    search_recency_weight: float = Field(
+        default=0.3, ge=0, le=1,
+        description="Most a score loses to age: an old memory still wins with a fused score 1/(1-weight) times a newer one's")
+    search_max_query_chars: int = Field(default=2000, ge=1, description="Longest query accepted; longer ones answer 422")
+    search_max_top_k: int = Field(default=100, ge=1, description="Largest top_k a search may ask for")
+    context_relevant_items: int = Field(default=40, ge=0, description="Query-relevant memories the block may show, best first")
+    context_relevant_full: int = Field(default=3, ge=0, description="How many of the best relevant memories are shown in full")
+    context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next ones as snippets around the match")
+    context_snippet_chars: int = Field(default=320, ge=40, description="Length of a snippet around the matching text")
+    context_reference_chars: int = Field(default=100, ge=20, description="Length of a one-line reference")
+
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:
         if self.extractor == "llm" and not (self.llm_base_url and self.llm_model):

@@ -24,6 +24,7 @@ from backends.base import MemoryBackend
 from .extraction import ExtractionUsage
 from .models import Memory, MemoryKind, Provenance, utcnow
 from .namespaces import Namespace, NamespaceKind
+from .retrieval import embed_memories
 from .rule_extractor import limit_words
 from .state import StateStore
 
@@ -93,8 +94,8 @@ def _subject(namespace: Namespace) -> str:
     return f"the shared suggestions and plans on shard {namespace.fields[1]}"
 
 
-async def latest_consolidated(backend: MemoryBackend, namespace: Namespace) -> Memory | None:
-    found = await backend.recent(namespace, [MemoryKind.CONSOLIDATED], 1)
+async def latest_consolidated(backend: MemoryBackend, agent_id: str, namespace: Namespace) -> Memory | None:
+    found = await backend.recent(agent_id, namespace, [MemoryKind.CONSOLIDATED], 1)
     return found[-1] if found else None
 
 
@@ -108,6 +109,7 @@ async def consolidate(
     consolidator: Consolidator,
     word_limit: int,
     agent_id: str,
+    embedder=None,
 ) -> dict:
     """Merge the ``count`` oldest pending items of ``namespace`` into version ``version + 1``."""
     key = str(namespace)
@@ -115,11 +117,11 @@ async def consolidate(
     if await state.consolidation_version(key) != version:
         return {**outcome, "reason": "version already consolidated"}
     ids = await state.consolidation_pending(key, count)
-    found = {m.id: m for m in await backend.get(namespace, ids)}
+    found = {m.id: m for m in await backend.get(agent_id, namespace, ids)}
     items = [found[i] for i in ids if i in found]  # order of the list: oldest first
     if len(items) < len(ids):
         log.warning("consolidating %s: %d pending item(s) no longer stored", key, len(ids) - len(items))
-    previous = await latest_consolidated(backend, namespace)
+    previous = await latest_consolidated(backend, agent_id, namespace)
     merged = await consolidator.merge(previous.content if previous else None, [m.content for m in items], word_limit,
                                       subject=_subject(namespace))
     content = merged.content
@@ -141,6 +143,7 @@ async def consolidate(
         # Never older than the version it replaces: reads order by time, then sequence.
         valid_at=max([m.valid_at for m in items] + ([previous.valid_at] if previous else []), default=utcnow()),
     )
+    await embed_memories(embedder, [memory])
     await backend.write([memory])  # the same id on a retry: the first write stands
     if await state.finish_consolidation(key, version, len(ids)) < 0:
         return {**outcome, "reason": "version already consolidated"}

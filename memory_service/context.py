@@ -15,7 +15,7 @@ block, in the element order DESIGN.md fixes::
         <User id="..."><ConsolidatedMemory/><Directives><Directive/></Directives></User>
       </UserMemory>
       <CurrentConversationContext><Episode>...</Episode></CurrentConversationContext>
-      <RelevantMemories><Memory kind="..." age="...">...</Memory></RelevantMemories>
+      <RelevantMemories><Memory kind="..." date="..." age="...">...</Memory></RelevantMemories>
     </MemoryContext>
 
 Empty sections and containers are left out; with nothing to show the block is
@@ -31,17 +31,21 @@ are kept greedily in this priority order, highest first:
 3. the requesting user's consolidated memory;
 4. the requesting user's most recent directives;
 5. the shards' consolidated memories;
-6. the most recent facts (round-robin over shards);
-7. the other recent episodes;
-8. the recent suggestions (round-robin over shards);
-9. the other users' consolidated memories and recent directives;
-10. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
+6. the other query-relevant memories, best first;
+7. the most recent facts (round-robin over shards);
+8. the other recent episodes;
+9. the recent suggestions (round-robin over shards);
+10. the other users' consolidated memories and recent directives;
+11. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
     round-robin over the lists in the order above.
 
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
-items go first: once an item of a list is left out, every older item of it is too. An item
-too long for the room left is cut with an ellipsis if at least ``MIN_TRUNCATED_CHARS`` of it
-fit. Sizes are computed incrementally (an item's line, plus the open and close lines of its
+items go first: once an item of a list is left out, every older item of it is too. The
+relevant memories are the exception: they come already shaped (the best in full, the next
+as snippets, the rest as one-line references, see ``RelevantItem``), and a shorter one
+further down still takes the room a longer one left, so unused budget is carried forward.
+Every relevant memory shows its date and age. An item too long for the room left is cut
+with an ellipsis if at least ``MIN_TRUNCATED_CHARS`` of it fit. Sizes are computed incrementally (an item's line, plus the open and close lines of its
 containers the first time one of their items is kept), so rendering is O(n log n).
 """
 
@@ -86,11 +90,19 @@ class UserContext:
 
 
 @dataclass(frozen=True)
+class RelevantItem:
+    """A query-relevant memory as the block shows it: in full, a snippet, or a reference."""
+
+    memory: Memory
+    text: str
+
+
+@dataclass(frozen=True)
 class ContextInputs:
     shards: Sequence[ShardContext] = ()
     users: Sequence[UserContext] = ()  # the requesting user first
     episodes: Sequence[Memory] = ()  # the session's recent episodes, oldest first
-    relevant: Sequence[Memory] = ()  # query-relevant memories, best first
+    relevant: Sequence[RelevantItem] = ()  # query-relevant memories, best first
 
 
 @dataclass(frozen=True)
@@ -199,9 +211,14 @@ def age(then: datetime, now: datetime) -> str:
     return "just now"  # also for the (clock-skewed) future
 
 
+def memory_date(moment: datetime) -> str:
+    """The date a memory shows, so that questions about when can be answered."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
+
+
 # Tiers, in the priority order the module docstring lists.
-(_LATEST_EPISODE, _RELEVANT, _USER_CONSOLIDATED, _USER_DIRECTIVES, _SHARD_CONSOLIDATED,
- _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS, _OLDER) = range(10)
+(_LATEST_EPISODE, _RELEVANT, _USER_CONSOLIDATED, _USER_DIRECTIVES, _SHARD_CONSOLIDATED, _RELEVANT_MORE,
+ _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS, _OLDER) = range(11)
 
 
 def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | None = None) -> RenderedContext:
@@ -216,7 +233,8 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
     groups = count()  # one id per list, for "drop oldest first" and as the last tie-breaker
 
     def add(parent: _Node, tag: str, texts: Sequence[str], section: str, tier: int,
-            newest_first: bool = False, attrs: Sequence[str] = (), first_tier: int | None = None) -> None:
+            newest_first: bool = False, attrs: Sequence[str] = (), first_tier: int | None = None,
+            later_tier: int = _OLDER) -> None:
         group = next(groups)
         for pos, text in enumerate(texts):
             rank = pos if newest_first else len(texts) - 1 - pos  # 0 = the newest (or the best)
@@ -224,7 +242,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             item_tier = first_tier if rank == 0 and first_tier is not None else tier
             # Equal ranks across lists (round-robin) are broken by the list's own tier, so
             # older items of every list go in the docstring's order too.
-            ranked.append(((item_tier if rank < RECENT_ITEMS else _OLDER, rank, tier, group), item))
+            ranked.append(((item_tier if rank < RECENT_ITEMS else later_tier, rank, tier, group), item))
 
     collective = _Node(root, "CollectiveMemory")
     user_memory = _Node(root, "UserMemory")
@@ -233,9 +251,10 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
 
     add(conversation, "Episode", [m.content for m in inputs.episodes], "conversation",
         _EPISODES, first_tier=_LATEST_EPISODE)
-    add(relevant_node, "Memory", [m.content for m in inputs.relevant], "relevant", _RELEVANT,
-        newest_first=True,
-        attrs=[f" kind={_attr(m.kind.value)} age={_attr(age(m.valid_at, now))}" for m in inputs.relevant])
+    add(relevant_node, "Memory", [r.text for r in inputs.relevant], "relevant", _RELEVANT,
+        newest_first=True, later_tier=_RELEVANT_MORE,
+        attrs=[f" kind={_attr(r.memory.kind.value)} date={_attr(memory_date(r.memory.valid_at))}"
+               f" age={_attr(age(r.memory.valid_at, now))}" for r in inputs.relevant])
 
     for index, user in enumerate(inputs.users):
         node = _Node(user_memory, "User", f" id={_attr(user.user_id)}")
@@ -265,7 +284,8 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         room = budget_chars - size - item.parent.unopened_overhead()
         line = item.render(_escape_text(item.text))
         if len(line) > room:
-            closed.add(item.group)
+            if item.section != "relevant":  # shaped best first: a shorter one may still fit
+                closed.add(item.group)
             body = _truncate(item.text, room - item.shell())
             if body is None:
                 dropped += 1

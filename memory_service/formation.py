@@ -22,6 +22,7 @@ from backends.base import MemoryBackend
 from .extraction import ExtractionUsage, Extractor, Window, WindowMessage
 from .models import Memory, MemoryKind, Provenance, Shard
 from .namespaces import Namespace
+from .retrieval import embed_memories
 from .state import Claim, StateStore
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,14 @@ async def form_window(
     state: StateStore,
     extractor: Extractor,
     shards: list[Shard],
+    embedder=None,
 ) -> FormationResult:
     """Form exactly the claimed window. Safe to run again: the same claim writes the same ids."""
     session_id = claim.session_id
     result = FormationResult(session_id=session_id, window=claim.window, extractor=extractor.name)
     session_ns = Namespace.session(session_id)
     ids_by_uuid = {message_memory_id(session_id, mid): mid for mid in claim.message_ids}
-    stored = {ids_by_uuid[m.id]: m for m in await backend.get(session_ns, list(ids_by_uuid))}
+    stored = {ids_by_uuid[m.id]: m for m in await backend.get(agent_id, session_ns, list(ids_by_uuid))}
     missing = [mid for mid in claim.message_ids if mid not in stored]
     if missing:
         raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: {missing[:5]}")
@@ -123,6 +125,7 @@ async def form_window(
     digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{digest}"
     result.memories = _memories(window, window_key, extraction)
+    await embed_memories(embedder, result.memories)
     result.written = await backend.write(result.memories)
     result.message_ids = claim.message_ids
     consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]

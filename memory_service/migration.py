@@ -98,12 +98,12 @@ async def migrate_agent(
     report = MigrationReport(agent_id, source_name, to, dry_run)
 
     for namespace in await agent_namespaces(service, agent_id):
-        memories = await source.export(namespace)
+        memories = await source.export(agent_id, namespace)
         entry = NamespaceReport(str(namespace), len(memories))
         report.namespaces.append(entry)
         if on_namespace:
             on_namespace(namespace, len(memories))
-        present = {m.id for m in await target.export(namespace)} if memories else set()
+        present = {m.id for m in await target.export(agent_id, namespace)} if memories else set()
         todo = [m for m in memories if m.id not in present]
         if dry_run:
             entry.copied, entry.missing = 0, len(todo)
@@ -117,7 +117,7 @@ async def migrate_agent(
             entry.copied += await target.write(batch)
             if on_copied:
                 on_copied(len(batch))
-        stored = {m.id for m in await target.export(namespace)} if memories else set()
+        stored = {m.id for m in await target.export(agent_id, namespace)} if memories else set()
         entry.missing = sum(1 for m in memories if m.id not in stored)
 
     if dry_run:

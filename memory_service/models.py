@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .namespaces import Namespace, validate_id
+from .namespaces import Namespace, validate_id, validate_message_id
 
 MAX_MESSAGE_CHARS = 32_000
 
@@ -22,7 +24,7 @@ AgentId = Annotated[str, _checked_id("agent_id")]
 UserId = Annotated[str, _checked_id("user_id")]
 SessionId = Annotated[str, _checked_id("session_id")]
 ShardId = Annotated[str, _checked_id("shard_id")]
-MessageId = Annotated[str, _checked_id("message_id")]
+MessageId = Annotated[str, AfterValidator(validate_message_id)]
 
 
 def utcnow() -> datetime:
@@ -108,6 +110,22 @@ class Memory(BaseModel):
     metadata: Provenance
     valid_at: datetime = Field(default_factory=utcnow)
     evicted: bool = False  # past a FIFO cap: kept for retention and migration, no longer read
+    # Of ``search_text``, unit length; None until embedded (a failing embedder never
+    # blocks a write: the memory is stored and embedded later).
+    embedding: list[float] | None = Field(default=None, repr=False)
+
+    @property
+    def search_text(self) -> str:
+        """What full-text and vector search index: a message under its speaker, else the content."""
+        if self.kind is MemoryKind.MESSAGE:
+            role = self.metadata.role
+            speaker = self.metadata.user_id if role in (None, Role.USER) and self.metadata.user_id else (role or "user")
+            return f"{speaker}: {self.content}"
+        return self.content
+
+    @property
+    def source_message_ids(self) -> list[str]:
+        return list(self.metadata.message_ids)
 
     @field_validator("namespace")
     @classmethod
@@ -141,6 +159,19 @@ class Memory(BaseModel):
             metadata=Provenance.model_validate(data["metadata"]),
             valid_at=valid_at,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreQuery:
+    """What retrieval asks a backend for: candidates per signal, inside a scope."""
+
+    terms: Sequence[str]  # full-text terms, normalised (lowercase words, stopwords removed)
+    vector: Sequence[float] | None = None  # the query's embedding
+    namespaces: Sequence[Namespace] | None = None  # None: every namespace of the agent
+    kinds: Sequence[MemoryKind] | None = None  # None: every kind
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = 50  # candidates per signal
 
 
 class AgentSettings(BaseModel):

@@ -66,6 +66,16 @@ def validate_id(value: object, what: str = "id") -> str:
     return value
 
 
+def validate_message_id(value: object, what: str = "message_id") -> str:
+    """Message ids are never namespace fields, so any printable id up to 256 characters is
+    accepted, ':' included (LoCoMo's ``D3:7``, ``chat:42:7``); no control, unassigned or
+    surrogate characters and no outer white space."""
+    if isinstance(value, str) and ":" in value:
+        validate_id(value.replace(":", "_"), what)
+        return value
+    return validate_id(value, what)
+
+
 def _encode_field(value: str) -> str:
     return "".join(c if _ALNUM.fullmatch(c) else f"_{ord(c):x}_" for c in value)
 

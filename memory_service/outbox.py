@@ -51,12 +51,25 @@ class WriteOp(BaseModel):
 
 class TrimOp(BaseModel):
     op: Literal["trim"] = "trim"
+    agent_id: str | None = None  # None in entries queued before reads named the agent
     namespace: str
     kind: MemoryKind
     keep: int
 
     async def apply(self, store: MemoryBackend) -> None:
-        await store.trim(Namespace.parse(self.namespace), self.kind, self.keep)
+        namespace = Namespace.parse(self.namespace)
+        await store.trim(self.agent_id or namespace.fields[0], namespace, self.kind, self.keep)
+
+
+class EmbeddingsOp(BaseModel):
+    """Embeddings given to stored memories later (the backfill)."""
+
+    op: Literal["embeddings"] = "embeddings"
+    agent_id: str
+    vectors: dict[str, list[float]]
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.set_embeddings(self.agent_id, self.vectors)
 
 
 class DescribeShardOp(BaseModel):
@@ -71,7 +84,7 @@ class DescribeShardOp(BaseModel):
         await store.describe_shard(self.agent_id, self.shard_id, self.name, self.extraction_focus, self.active)
 
 
-OutboxOp = WriteOp | TrimOp | DescribeShardOp
+OutboxOp = WriteOp | TrimOp | DescribeShardOp | EmbeddingsOp
 _OPS: TypeAdapter[OutboxOp] = TypeAdapter(Annotated[OutboxOp, Field(discriminator="op")])
 
 

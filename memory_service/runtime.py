@@ -16,13 +16,13 @@ from .state import StateStore
 log = logging.getLogger(__name__)
 
 
-def _graph_backend(settings: Settings, state: StateStore):
+def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None):
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
     from backends.graph import GraphBackend
 
     if not settings.falkordb_url:
         raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
-    graph = GraphBackend(settings.falkordb_url, settings)
+    graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
     from backends.mirror import MirroredBackend
@@ -73,6 +73,32 @@ def default_consolidator(settings: Settings):
     return RuleBasedConsolidator()
 
 
+async def start_embedder(settings: Settings, state: StateStore):
+    """The configured embedder, started, and checked against the vectors already stored.
+
+    Stored vectors of another dimension cannot be searched with this embedder's: refuse to
+    start (loudly) rather than store vectors that no index can hold.
+    """
+    from .embedding import build_embedder
+
+    embedder = build_embedder(settings)
+    await embedder.start()
+    stored = await state.record_embedder(embedder.name, embedder.dimension)
+    if stored is not None:
+        name, dimension = stored
+        if dimension != embedder.dimension:
+            await embedder.aclose()
+            raise RuntimeError(
+                f"the configured embedder {embedder.name} gives {embedder.dimension}-dimensional vectors, but this "
+                f"store holds {dimension}-dimensional vectors of {name}; configure {name} again (EMBEDDER, "
+                "EMBEDDING_MODEL), or start on an empty store"
+            )
+        if name != embedder.name:
+            log.warning("the configured embedder %s differs from %s, which embedded the stored memories: vector "
+                        "search compares vectors of two models until they are embedded again", embedder.name, name)
+    return embedder
+
+
 @asynccontextmanager
 async def open_service(
     settings: Settings | None = None, data_dir: Path | None = None, run_worker: bool | None = None
@@ -94,9 +120,16 @@ async def open_service(
     worker = None
     try:
         queue = await JobQueue.connect(settings.redis_url)
-        service = MemoryService(settings, StateStore.from_url(settings.redis_url), default_extractor(settings), queue,
-                                default_consolidator(settings))
-        service.register_backend("graph", lambda s: _graph_backend(s, service.state))
+        state = StateStore.from_url(settings.redis_url)
+        try:
+            embedder = await start_embedder(settings, state)
+        except BaseException:
+            await state.close()
+            await queue.close()
+            raise
+        service = MemoryService(settings, state, default_extractor(settings), queue,
+                                default_consolidator(settings), embedder=embedder)
+        service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
         if settings.mongodb_uri:
             service.register_backend("mongo", _mongo_backend)
         service.embedded = embedded

@@ -23,13 +23,23 @@ from backends.base import MemoryBackend, read_sources
 from . import gates
 from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator, consolidate
-from .context import ContextInputs, RenderedContext, ShardContext, UserContext, budget_for_model, render_context
+from .context import (
+    MIN_BUDGET_CHARS,
+    ContextInputs,
+    RelevantItem,
+    RenderedContext,
+    ShardContext,
+    UserContext,
+    budget_for_model,
+    render_context,
+)
 from .errors import BackendUnavailable, Conflict, FormationPending, InvalidInput, MemoryServiceError, NotFound
 from .extraction import Extractor
 from .formation import FormationResult, FormationSummary, form_window, message_memory_id
 from .jobs import JobQueue, formation_job_id
 from .models import Agent, AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Shard, ShardIn
 from .namespaces import Namespace, NamespaceKind, validate_id
+from .retrieval import Retriever, SearchRequest, SearchResult, embed_memories, query_terms, snippet
 from .state import StateStore
 
 log = logging.getLogger(__name__)
@@ -119,6 +129,11 @@ class BackendRegistry:
                     self._warn_once(("failed", requested), "%s; agents that ask for it use %r", exc, default)
         return default, await self.get(default)
 
+    async def live(self) -> list[MemoryBackend]:
+        """The default backend and every other one started so far."""
+        await self.get(self.settings.default_memory_backend)
+        return list(self._live.values())
+
     async def close(self) -> None:
         for backend in self._live.values():
             await backend.close()
@@ -133,12 +148,14 @@ class BackendRegistry:
 
 class MemoryService:
     def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
-                 consolidator: Consolidator | None = None):
+                 consolidator: Consolidator | None = None, embedder=None):
         self.settings = settings
         self.state = state
         self.extractor = extractor
         self.queue = queue
         self.consolidator = consolidator or RuleBasedConsolidator()
+        self.embedder = embedder
+        self.retriever = Retriever(settings, state, embedder)
         self.registry = BackendRegistry(settings)
         self._last_good: OrderedDict[str, RenderedContext] = OrderedDict()
 
@@ -149,7 +166,7 @@ class MemoryService:
         await self.registry.close()
         await self.queue.close()
         await self.state.close()
-        for llm_user in (self.extractor, self.consolidator):
+        for llm_user in (self.extractor, self.consolidator, self.embedder):
             if aclose := getattr(llm_user, "aclose", None):
                 await aclose()
 
@@ -221,6 +238,8 @@ class MemoryService:
         )
         # Store first, then make it pending: a failed write leaves nothing pending that
         # formation could not read, and the client's retry completes the same message.
+        # A failing embedder does not fail it: the message is stored and embedded later.
+        await embed_memories(self.embedder, [memory])
         try:
             await backend.write([memory])
         except Exception as exc:
@@ -230,7 +249,7 @@ class MemoryService:
             ) from exc
         first = await self.state.commit_message(
             session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
-            message.user_id if message.role == "user" else None, message.incognito,
+            message.user_id if message.role == "user" else None, message.incognito, message.agent_id,
         )
         gate = gates.evaluate(await self.state.counters(session_id), self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
@@ -330,7 +349,8 @@ class MemoryService:
         _, backend = await self.backend_for(agent_id)
         started = time.perf_counter()
         result = await form_window(claim=claim, agent_id=agent_id, backend=backend, state=self.state,
-                                   extractor=self.extractor, shards=await self.list_shards(agent_id))
+                                   extractor=self.extractor, shards=await self.list_shards(agent_id),
+                                   embedder=self.embedder)
         if not result.already_formed:
             await self._after_formation(agent_id, backend, result, time.perf_counter() - started)
         if (await self.session_gate(session_id)).open:  # messages that arrived meanwhile
@@ -349,7 +369,7 @@ class MemoryService:
         for namespace in sorted(touched):
             ns = Namespace.parse(namespace)
             if ns.kind is NamespaceKind.SHARD:
-                await backend.trim(ns, MemoryKind.FACT, self.settings.facts_per_shard)
+                await backend.trim(agent_id, ns, MemoryKind.FACT, self.settings.facts_per_shard)
             if ns.kind in (NamespaceKind.USER, NamespaceKind.SHARD):
                 await self._maybe_consolidate(namespace)
 
@@ -372,7 +392,8 @@ class MemoryService:
         _, backend = await self.backend_for(agent_id)
         words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
         outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
-                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id)
+                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id,
+                                    embedder=self.embedder)
         counters = {"consolidations": 1, "consolidated_items": outcome["items"]} if outcome["consolidated"] else {}
         if usage := outcome.get("usage"):
             counters.update(
@@ -400,19 +421,78 @@ class MemoryService:
 
     # The memory context --------------------------------------------------------------
 
-    async def assemble_memory_context(
-        self, agent_id: str, user_id: str, session_id: str, model: str | None = None
-    ) -> RenderedContext:
-        """The XML memory block for one model call; it fits the model's budget.
+    # Search ----------------------------------------------------------------------------
 
-        A store that fails to answer shrinks the block; it never fails the prompt.
+    async def search(self, agent_id: str, query: str | SearchRequest, **options) -> SearchResult:
+        """Memories of ``agent_id`` relevant to ``query``, best first, each explained.
+
+        ``options`` are the fields of ``SearchRequest``: ``scope`` (agent, user, session,
+        shard, namespaces), ``user_id``/``session_id``/``shard_id``/``namespaces``, ``top_k``,
+        ``min_score``, ``kinds``, ``since``, ``until``. A scope never reaches another agent's
+        namespaces.
+        """
+        validate_id(agent_id, "agent_id")
+        request = query if isinstance(query, SearchRequest) else SearchRequest(query=query, **options)
+        _, backend = await self.backend_for(agent_id)
+        return await self.retriever.search(agent_id, backend, request)
+
+    async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
+                                  on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+        """Embed the memories stored without an embedding (the embedder was down); counts.
+
+        Resumable by construction: what is embedded is no longer ``unembedded``. Stops at
+        ``limit`` memories, or when the embedder fails (what is left waits for the next run).
+        """
+        report = {"embedded": 0, "failed_batches": 0}
+        if self.embedder is None:
+            return report
+        for backend in await self.registry.live():
+            for agent_id in await backend.agents():
+                while limit is None or report["embedded"] < limit:
+                    size = batch if limit is None else min(batch, limit - report["embedded"])
+                    memories = await backend.unembedded(agent_id, size)
+                    if not memories:
+                        break
+                    try:
+                        vectors = await self.embedder.embed([m.search_text for m in memories])
+                    except Exception as exc:
+                        log.warning("embedding backfill paused, the embedder failed: %s", exc)
+                        report["failed_batches"] += 1
+                        return report
+                    done = await backend.set_embeddings(agent_id, {m.id: v for m, v in zip(memories, vectors)})
+                    report["embedded"] += done
+                    if on_progress:
+                        on_progress(agent_id, done)
+                    if done < len(memories):  # removed meanwhile: do not loop on them
+                        break
+        if report["embedded"]:
+            await self.state.add_metrics(embeddings_backfilled=report["embedded"])
+        return report
+
+    # The memory context --------------------------------------------------------------
+
+    async def assemble_memory_context(
+        self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
+        query: str | None = None, budget: int | None = None,
+    ) -> RenderedContext:
+        """The XML memory block for one model call; it fits the budget.
+
+        ``budget`` (characters) overrides the model's. With a ``query`` the block gains the
+        memories most relevant to it; without one, the session's latest user message is the
+        query. A store that fails to answer shrinks the block; it never fails the prompt.
         """
         for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
             validate_id(value, what)
-        budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        if query is not None and len(query) > self.settings.search_max_query_chars:
+            raise InvalidInput(f"query is {len(query)} characters long; the limit is {self.settings.search_max_query_chars}")
+        if budget is not None and budget < MIN_BUDGET_CHARS:
+            raise InvalidInput(f"budget must be at least {MIN_BUDGET_CHARS} characters, got {budget}")
+        if budget is None:
+            budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        query = query.strip() if query else None
         last_good_key = json.dumps([agent_id, user_id, session_id, budget])
         try:
-            rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key)
+            rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query)
         except MemoryServiceError:
             raise  # the caller's mistake (e.g. another agent's session), not an outage
         except Exception as exc:
@@ -426,7 +506,8 @@ class MemoryService:
             await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
         return rendered
 
-    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str) -> RenderedContext:
+    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
+                        query: str | None) -> RenderedContext:
         counters = await self.state.counters(session_id)
         if counters.agent_id not in (None, agent_id):
             raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
@@ -439,14 +520,15 @@ class MemoryService:
         ]
         dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
         generations = await self.state.generations(dependencies)
-        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, dependencies, generations]).encode()).hexdigest()
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, dependencies, generations]).encode()).hexdigest()
         if cached := await self.state.cache_get(key):
             return RenderedContext(**{**cached, "source": "cache"})
 
         sources: set[str] = set()
         token = read_sources.set(sources)
         try:
-            inputs, complete, backend_name = await self._context_inputs(agent_id, session_id, users, shards)
+            inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
+                                                                        query, budget)
         finally:
             read_sources.reset(token)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
@@ -468,7 +550,8 @@ class MemoryService:
             self._last_good.popitem(last=False)
 
     async def _context_inputs(
-        self, agent_id: str, session_id: str, users: list[str], shards: list[Shard]
+        self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
+        query: str | None, budget: int,
     ) -> tuple[ContextInputs, bool, str]:
         """What the block shows, whether every read succeeded, and the backend read."""
         s = self.settings
@@ -480,7 +563,7 @@ class MemoryService:
 
         async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
             try:
-                return await backend.recent(namespace, kinds, limit)
+                return await backend.recent(agent_id, namespace, kinds, limit)
             except Exception as exc:  # an outage shrinks the block instead of failing the prompt
                 log.warning("memory context: reading %s failed: %s", namespace, exc)
                 return None
@@ -511,15 +594,62 @@ class MemoryService:
             consolidated, suggestions = shard_reads[2 * i + 1] or (None, [])
             shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=shard_reads[2 * i] or [],
                                                suggestions=suggestions, consolidated=consolidated))
-        return (
-            ContextInputs(
-                shards=shard_contexts,
-                users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
-                episodes=episodes,
-            ),
-            complete,
-            backend_name,
+        inputs = ContextInputs(
+            shards=shard_contexts,
+            users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
+            episodes=episodes,
         )
+        relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
+                                                           query)
+        return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
+
+    async def _relevant(self, agent_id: str, user_id: str, session_id: str, shards: list[Shard],
+                        backend: MemoryBackend, shown: ContextInputs, query: str | None) -> tuple[list[RelevantItem], bool]:
+        """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
+
+        The scope is what this user may see: the session, the user's memory and every
+        session they spoke in, the active shards and the agent's own namespace. Memories
+        the block already shows elsewhere are left out. Without a query, the session's
+        latest user message is the query (and is itself left out).
+        """
+        s = self.settings
+        if s.context_relevant_items <= 0:
+            return [], True
+        exclude: set[str] = {m.id for m in shown.episodes}
+        exclude |= {m.id for u in shown.users for m in u.directives}
+        exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
+        try:
+            if query is None:
+                latest = [m for m in await backend.recent(agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
+                          if m.metadata.role in (None, "user")]
+                if not latest:
+                    return [], True
+                query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+            sessions = await self.state.user_sessions(agent_id, user_id)
+            namespaces = [Namespace.session(session_id), Namespace.user(agent_id, user_id),
+                          *(Namespace.session(x) for x in sessions if x != session_id),
+                          *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]
+            request = SearchRequest(query=query, top_k=min(s.context_relevant_items + len(exclude), s.search_max_top_k))
+            result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
+        except MemoryServiceError:
+            raise
+        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+            log.warning("memory context: searching for %r failed: %s", query[:80] if query else None, exc)
+            return [], False
+        hits = [h for h in result.results if h.id not in exclude][: s.context_relevant_items]
+        terms = query_terms(query)
+        items = []
+        for rank, h in enumerate(hits):
+            text = h.content
+            if rank >= s.context_relevant_full + s.context_relevant_snippets:
+                text = snippet(text, terms, s.context_reference_chars)
+            elif rank >= s.context_relevant_full:
+                text = snippet(text, terms, s.context_snippet_chars)
+            memory = Memory(id=h.id, kind=h.kind, namespace=h.namespace, content=h.content, valid_at=h.valid_at,
+                            metadata=Provenance(agent_id=agent_id, user_id=h.user_id, session_id=h.session_id,
+                                                message_ids=h.source_message_ids))
+            items.append(RelevantItem(memory=memory, text=text))
+        return items, True
 
     async def health(self) -> dict:
         try:

@@ -14,10 +14,13 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:s:<session>:pending         zset message_id -> seq, recorded but not yet formed
   ms:s:<session>:tokens          hash message_id -> weighted tokens, while pending
   ms:s:<session>:users           set of user ids who spoke in the session
+  ms:agent:<agent>:user:<user>:sessions
+                                 set of the sessions the user spoke in (the "user" search scope)
   ms:s:<session>:claim           hash: the window being formed (window, ids)
   ms:active                      zset session_id -> last activity, while messages are pending
   ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
   ms:cons:<namespace>:version    version of the namespace's consolidated memory
+  ms:embedder                    hash: name and dimension of the embedder whose vectors are stored
   ms:metrics                     hash of counters (formations, LLM calls, tokens, ...)
   ms:gen:<namespace>             write generation, for context cache invalidation
   ms:ctx:<digest>                cached memory context
@@ -51,14 +54,21 @@ redis.call('HSET', KEYS[2], ARGV[1], value)
 return {'new', value}
 """
 
-# Mark a stored message pending (once) and return whether this call did it.
+# Mark a stored message pending (once) and return whether this call did it. A new message
+# is searchable at once, so it bumps the write generation of its session and of its
+# speaker's user namespace: cached memory blocks that could show it are stale.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
 if first then
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
   redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', ARGV[3])
-  if ARGV[4] ~= '' then redis.call('SADD', KEYS[4], ARGV[4]) end
+  redis.call('INCR', KEYS[8])
+  if ARGV[4] ~= '' then
+    redis.call('SADD', KEYS[4], ARGV[4])
+    redis.call('SADD', KEYS[7], ARGV[7])
+    redis.call('INCR', KEYS[9])
+  end
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'incognito', '1') end
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
@@ -171,6 +181,10 @@ def _agent_sessions(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:sessions"
 
 
+def _user_sessions(agent_id: str, user_id: str) -> str:
+    return f"ms:agent:{agent_id}:user:{user_id}:sessions"
+
+
 def _generation(namespace: str) -> str:
     return f"ms:gen:{namespace}"
 
@@ -259,12 +273,14 @@ class StateStore:
 
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
-        speaker: str | None, incognito: bool,
+        speaker: str | None, incognito: bool, agent_id: str,
     ) -> bool:
         """Make a stored message pending for formation; False if it already was (a retry)."""
         k = self._keys(session_id)
         first = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE],
+            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE,
+                  _user_sessions(agent_id, speaker or "-"), _generation(f"session:{session_id}"),
+                  _generation(f"user:{agent_id}:{speaker or '-'}")],
             args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}",
                   "1" if incognito else "0", session_id],
         )
@@ -355,6 +371,19 @@ class StateStore:
     async def agent_sessions(self, agent_id: str) -> list[str]:
         """Every session the agent has recorded in (for migration)."""
         return sorted(await self.redis.smembers(_agent_sessions(agent_id)))
+
+    async def record_embedder(self, name: str, dimension: int) -> tuple[str, int] | None:
+        """Remember which embedder filled the store; the one remembered before, if any."""
+        key = "ms:embedder"
+        if await self.redis.hsetnx(key, "dimension", dimension):
+            await self.redis.hset(key, "name", name)
+            return None
+        stored = await self.redis.hgetall(key)
+        return stored.get("name", "?"), int(stored["dimension"])
+
+    async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
+        """The sessions of ``agent_id`` in which ``user_id`` spoke (as role user)."""
+        return sorted(await self.redis.smembers(_user_sessions(agent_id, user_id)))
 
     async def session_users(self, session_id: str) -> list[str]:
         return sorted(await self.redis.smembers(self._keys(session_id)["users"]))

@@ -49,7 +49,7 @@ async def test_directives_are_consolidated_after_five_and_the_block_shows_the_me
             if await service.state.consolidation_version(str(ns)) == 1:
                 break
             await asyncio.sleep(0.05)
-        blob = await latest_consolidated(backend, ns)
+        blob = await latest_consolidated(backend, ns.fields[0], ns)
         assert blob is not None and blob.metadata.sequence == 1 and len(blob.metadata.memory_ids) == 6
         assert all(f"option {i}" in blob.content for i in range(6))
         assert await service.state.consolidation_pending(str(ns)) == []
@@ -86,14 +86,14 @@ async def test_an_item_pushed_while_a_consolidation_runs_is_never_lost(service):
     assert outcome["consolidated"] and outcome["items"] == 4
     pending = await service.state.consolidation_pending(str(ns))
     assert len(pending) == 3 and not set(pending) & set(merged_ids)  # the three pushed mid-run survive
-    blob = await latest_consolidated(backend, ns)
+    blob = await latest_consolidated(backend, ns.fields[0], ns)
     assert blob.metadata.memory_ids == merged_ids
 
     # A retry of the same run (e.g. after a crash before its answer) changes nothing.
     again = await consolidate(version=0, count=4, consolidator=RuleBasedConsolidator(), **kwargs)
     assert not again["consolidated"]
     assert await service.state.consolidation_pending(str(ns)) == pending
-    assert await backend.count(ns, [MemoryKind.CONSOLIDATED]) == 1
+    assert await backend.count(ns.fields[0], ns, [MemoryKind.CONSOLIDATED]) == 1
 
 
 async def test_concurrent_formations_and_consolidations_lose_no_directive(settings):
@@ -110,9 +110,9 @@ async def test_concurrent_formations_and_consolidations_lose_no_directive(settin
             if len(pending) < 2 and not await service.queue.pool.zcard("memory-service:jobs"):
                 break
             await asyncio.sleep(0.05)
-        directives = {d.id for d in await backend.recent(ns, [MemoryKind.DIRECTIVE], 1000)}
+        directives = {d.id for d in await backend.recent(ns.fields[0], ns, [MemoryKind.DIRECTIVE], 1000)}
         assert len(directives) == 24
-        blobs = await backend.recent(ns, [MemoryKind.CONSOLIDATED], 1000)
+        blobs = await backend.recent(ns.fields[0], ns, [MemoryKind.CONSOLIDATED], 1000)
         merged = [mid for b in blobs for mid in b.metadata.memory_ids]
         assert len(merged) == len(set(merged))  # nothing merged twice
         assert set(merged) | set(pending) == directives and not set(merged) & set(pending)
@@ -130,6 +130,6 @@ async def test_facts_per_shard_are_capped_oldest_first(settings):
         await service.form_memories("f1")
         _, backend = await service.backend_for("a1")
         ns = Namespace.shard("a1", "travel")
-        facts = await backend.recent(ns, [MemoryKind.FACT], 100)
-        assert len(facts) == await backend.count(ns, [MemoryKind.FACT]) == 3
+        facts = await backend.recent(ns.fields[0], ns, [MemoryKind.FACT], 100)
+        assert len(facts) == await backend.count(ns.fields[0], ns, [MemoryKind.FACT]) == 3
         assert "train" in facts[-1].content and "number 3" in facts[0].content

@@ -30,7 +30,7 @@ async def test_recording_is_idempotent_by_message_id(service):
     assert first.sequence == again.sequence == 1
     assert (await service.session_gate("s1")).pending_messages == 1
     backend = (await service.backend_for("a1"))[1]
-    assert await backend.count(Namespace.session("s1"), [MemoryKind.MESSAGE]) == 1
+    assert await backend.count("a1", Namespace.session("s1"), [MemoryKind.MESSAGE]) == 1
 
 
 async def test_same_message_id_with_other_content_is_refused_and_changes_nothing(service):
@@ -38,7 +38,7 @@ async def test_same_message_id_with_other_content_is_refused_and_changes_nothing
     with pytest.raises(Conflict, match="other content"):
         await service.record_message("s1", msg("a1", "alice", "tampered", mid="m1"))
     backend = (await service.backend_for("a1"))[1]
-    [stored] = await backend.recent(Namespace.session("s1"), [MemoryKind.MESSAGE], 10)
+    [stored] = await backend.recent("a1", Namespace.session("s1"), [MemoryKind.MESSAGE], 10)
     assert stored.content == "original"
     assert (await service.session_gate("s1")).pending_messages == 1
 
@@ -89,18 +89,18 @@ async def test_forming_writes_provenance_and_forming_again_writes_nothing(servic
     kinds = formed.memories
     assert kinds.get("episode") == 1 and kinds.get("directive", 0) >= 1
     backend = (await service.backend_for("a1"))[1]
-    [episode] = await backend.recent(Namespace.session("s1"), [MemoryKind.EPISODE], 5)
+    [episode] = await backend.recent("a1", Namespace.session("s1"), [MemoryKind.EPISODE], 5)
     assert episode.metadata.agent_id == "a1" and episode.metadata.session_id == "s1"
     assert episode.metadata.message_ids == [f"s1-{i}" for i in range(4)]
     assert episode.metadata.sequence == 4
-    directives = await backend.recent(Namespace.user("a1", "alice"), [MemoryKind.DIRECTIVE], 5)
+    directives = await backend.recent("a1", Namespace.user("a1", "alice"), [MemoryKind.DIRECTIVE], 5)
     assert any("window seat" in d.content for d in directives)
     assert all(d.metadata.user_id == "alice" and set(d.metadata.message_ids) <= {f"s1-{i}" for i in range(4)} for d in directives)
 
-    before = await backend.count(Namespace.user("a1", "alice"))
+    before = await backend.count("a1", Namespace.user("a1", "alice"))
     again = await service.form_memories("s1")
     assert not again.formed and again.written == 0
-    assert await backend.count(Namespace.user("a1", "alice")) == before
+    assert await backend.count("a1", Namespace.user("a1", "alice")) == before
 
 
 async def test_the_same_window_formed_twice_rewrites_nothing(service):
@@ -111,7 +111,7 @@ async def test_the_same_window_formed_twice_rewrites_nothing(service):
     _, backend = await service.backend_for("a1")
     claim = await service.state.claim_window("s1", 100)
     kwargs = dict(claim=claim, agent_id="a1", backend=backend, state=service.state, extractor=service.extractor, shards=[])
-    counts_before = await backend.count(Namespace.session("s1"))
+    counts_before = await backend.count("a1", Namespace.session("s1"))
 
     class CrashBeforeComplete(Exception):
         pass
@@ -125,12 +125,12 @@ async def test_the_same_window_formed_twice_rewrites_nothing(service):
     with pytest.raises(CrashBeforeComplete):
         await form_window(**kwargs)
     service.state.complete_window = original
-    after_crash = await backend.count(Namespace.session("s1"))
+    after_crash = await backend.count("a1", Namespace.session("s1"))
     assert after_crash > counts_before
     assert await service.state.claim_window("s1", 100) == claim  # the same window is claimed again
     retried = await form_window(**kwargs)
     assert retried.formed and retried.written == 0
-    assert await backend.count(Namespace.session("s1")) == after_crash
+    assert await backend.count("a1", Namespace.session("s1")) == after_crash
     assert (await service.session_gate("s1")).pending_messages == 0
     again = await form_window(**kwargs)  # a late duplicate of the job: the compare-and-set refuses it
     assert again.already_formed and not again.formed
@@ -143,7 +143,7 @@ async def test_incognito_sessions_never_form(service):
     assert not result.gate.open and "incognito" in result.gate.reason
     assert not (await service.form_memories("inc")).formed
     backend = (await service.backend_for("a1"))[1]
-    assert await backend.count(Namespace.user("a1", "alice")) == 0
+    assert await backend.count("a1", Namespace.user("a1", "alice")) == 0
 
 
 async def test_two_agents_and_two_users_never_see_each_others_memories(service):
@@ -258,8 +258,8 @@ async def test_a_second_backend_by_agent_setting(service, tmp_path):
         await service.record_message("rs", msg("routed", "alice", "hello", mid="m1"))
         default_backend = await service.registry.get("graph")
         routed_backend = await service.registry.get("graph-b")
-        assert await routed_backend.count(Namespace.session("rs")) == 1
-        assert await default_backend.count(Namespace.session("rs")) == 0
+        assert await routed_backend.count("routed", Namespace.session("rs")) == 1
+        assert await default_backend.count("routed", Namespace.session("rs")) == 0
     finally:
         other.stop()
 

@@ -53,6 +53,8 @@ FAST = {
     "worker_retry_backoff_seconds": 0.1,
     "worker_job_timeout_seconds": 2,
     "consider_cold_after_minutes": 10,
+    "embedder": "hash",
+    "embedding_dimension": 64,
 }
 
 
@@ -122,12 +124,12 @@ async def assert_formed_exactly_once(service, sessions: dict[str, tuple[str, lis
     """
     _, backend = await service.backend_for(agent)
     for session_id, (user, message_ids) in sessions.items():
-        episodes = await backend.recent(Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
+        episodes = await backend.recent(agent, Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
         covered = [mid for episode in episodes for mid in episode.metadata.message_ids]
         assert sorted(covered) == sorted(message_ids), f"{session_id}: windows skipped or repeated messages"
         status = await service.session_status(session_id)
         assert status["formed_windows"] == len(episodes) and status["formed_messages"] == len(message_ids)
-        directives = await backend.recent(Namespace.user(agent, user), [MemoryKind.DIRECTIVE], 10_000)
+        directives = await backend.recent(agent, Namespace.user(agent, user), [MemoryKind.DIRECTIVE], 10_000)
         contents = [d.content for d in directives]
         assert len(contents) == len(set(contents)), f"{session_id}: directives duplicated"
         if one_directive_per_message:

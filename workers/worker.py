@@ -8,7 +8,8 @@ Job model (see the README's "Jobs" section):
   sweep or forced formation.
 - ``consolidate(namespace, version, count)``: merges pending directives or suggestions.
 - cron ``sweep_cold_sessions`` every CLEANUP_COLD_SESSIONS_EVERY_MINUTES, cron
-  ``retention`` daily. arq runs each cron tick on one worker only, however many run.
+  ``backfill_embeddings`` every 2 minutes (memories stored while the embedder was down),
+  cron ``retention`` daily. arq runs each cron tick on one worker only, however many run.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ async def sweep_cold_sessions(ctx: dict) -> list[str]:
     return await _service(ctx).sweep_cold_sessions()
 
 
+async def backfill_embeddings(ctx: dict) -> dict:
+    """Embed memories stored while the embedder was down, a bounded batch per tick."""
+    return await _service(ctx).backfill_embeddings(limit=_service(ctx).settings.embedding_backfill_per_run)
+
+
 async def retention(ctx: dict) -> dict:
     # The retention policy (purging soft-deleted and evicted memories, with counts) comes
     # with the memory tools; until then nothing is ever removed.
@@ -89,6 +95,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         cron_jobs=[
             cron(sweep_cold_sessions, minute=set(range(0, 60, every)), run_at_startup=True),
             cron(retention, hour={3}, minute={17}),
+            cron(backfill_embeddings, minute=set(range(0, 60, 2)), run_at_startup=True),
         ],
         redis_settings=RedisSettings.from_dsn(s.redis_url),
         queue_name=QUEUE_NAME,
