@@ -58,14 +58,14 @@ async def flush(url: str) -> None:
 async def settings(falkordb_url) -> Settings:
     """Settings for the shared store, flushed: each test starts empty."""
     await flush(falkordb_url)
-    return test_settings(falkordb_url)
+    return suite_settings(falkordb_url)
 
 
-def test_settings(falkordb_url: str, **overrides) -> Settings:
+def suite_settings(falkordb_url: str, **overrides) -> Settings:
     """The suite's settings: the shared store and the deterministic hash embedder (the local
     model has tests of its own, tests/test_embedding.py; the LoCoMo benchmark measures it)."""
     return Settings(_env_file=None, falkordb_url=falkordb_url, redis_url=None, mongodb_uri=None,
-                    embedder="hash", embedding_dimension=64, **overrides)
+                    **{"embedder": "hash", "embedding_dimension": 64, **overrides})
 
 
 @pytest.fixture
@@ -84,7 +84,7 @@ async def service(settings):
 
 @pytest.fixture(scope="module")
 async def live_server(falkordb_url):
-    server = LiveServer(create_app(test_settings(falkordb_url), run_worker=True))
+    server = LiveServer(create_app(suite_settings(falkordb_url), run_worker=True))
     await server.start()
     yield server
     await server.stop()

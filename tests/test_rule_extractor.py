@@ -174,6 +174,35 @@ async def test_episode_prefers_users_over_the_assistant():
     assert result.episode == f"alice: {madrid}"
 
 
+async def test_episode_leaves_out_chat_formulas_even_with_words_to_spare():
+    result = await extract(window(
+        ("bob", "user", "Thanks so much, that's really helpful!"),
+        ("bob", "assistant", "You're welcome! Happy to help anytime."),
+        ("bob", "user", "Can you book the 10:41 train from Rossio to Sintra on June 4th?"),
+        ("bob", "assistant", "Booked: 2 tickets, 2.40 euros each, platform 3."),
+        ("bob", "user", "Great, thank you so much! Always a pleasure."),
+        ("bob", "assistant", "Always a pleasure to help, Bob! Take care!"),
+    ))
+    assert result.episode == ("bob: Can you book the 10:41 train from Rossio to Sintra on June 4th? "
+                              "assistant: Booked: 2 tickets, 2.40 euros each, platform 3.")
+
+
+async def test_a_window_of_small_talk_still_has_an_episode():
+    result = await extract(window(("alice", "user", "Thanks, lovely chatting!"), ("alice", "assistant", "Take care!")))
+    assert result.episode and words(result.episode) <= 50
+
+
+async def test_episode_prefers_names_numbers_and_dates_to_repeated_generalities():
+    # Room for one of the two: the one a later question could ask about wins, although the
+    # other repeats the window's most frequent words.
+    generic = ("The trip plan still feels like a good trip plan, and the whole group likes the trip plan, "
+               "the trip route and the trip mood a lot.")
+    concrete = ("The flight to Lisbon leaves Berlin on June 3rd at 9:40 from gate B12, costs 180 euros, "
+                "and the hotel Casa do Rio holds room 214.")
+    result = await extract(window(("alice", "user", generic), ("bob", "user", concrete), ("carol", "user", "Thanks!")))
+    assert result.episode == f"bob: {concrete}"
+
+
 async def test_episode_of_a_long_window_stays_within_the_limit():
     lines = [("alice" if i % 2 else "bob", "user", f"Topic {i}: the server migration step {i} needs review and a rollback plan.")
              for i in range(60)]
@@ -237,6 +266,13 @@ async def test_tool_and_system_messages_are_not_read():
     "From now on, reply in Portuguese.",
     "I'm allergic to peanuts.",
     "I'm vegetarian.",
+    "I love hiking.",
+    "Keep answers short.",
+    "You can call me Liz.",
+    "I have two kids.",
+    "I work night shifts, so don't message before noon.",
+    "Could you always answer in bullet points?",
+    "Whenever you suggest a restaurant, include the price range.",
 ])
 async def test_directive_phrasings_become_directives_of_their_speaker(sentence):
     result = await extract(window(("carol", "user", f"Hello there. {sentence}")))
@@ -262,6 +298,20 @@ async def test_directive_inside_a_longer_sentence_keeps_the_whole_sentence():
     "Never mind.",
     "I'm a bit tired today.",
     "The hotel is booked.",
+    # pleasantries, reactions and encouragement that look like rules or preferences
+    "Always good chatting with you.",
+    "Thanks, I love it!",
+    "I love that photo!",
+    "I'd love to see it!",
+    "Never give up on your dreams!",
+    # questions, one-off tasks, past events, hypotheticals, other people's words
+    "Do you prefer tea?",
+    "Book the 9am train for me.",
+    "I'd prefer to leave at 8 tomorrow.",
+    "I went hiking last weekend.",
+    "If I were rich I'd always fly business class.",
+    "My mom always said, never trust a skinny chef.",
+    "My sister loves horses.",
 ])
 async def test_no_directive_from_questions_or_look_alikes(sentence):
     result = await extract(window(("carol", "user", sentence)))
@@ -293,12 +343,12 @@ async def test_directives_are_attributed_to_each_speaker_and_deduplicated():
 
 
 async def test_long_directive_is_cut_to_25_words():
-    sentence = "Please always " + " ".join(f"word{i}" for i in range(40)) + "."
+    sentence = "Please always answer with " + " ".join(f"word{i}" for i in range(40)) + "."
     result = await extract(window(("alice", "user", sentence)))
     (directive,) = of_kind(result, MemoryKind.DIRECTIVE)
     assert words(directive.content) == 25
-    assert directive.content.startswith("Please always word0 word1")
-    assert directive.content.endswith("word22…")
+    assert directive.content.startswith("Please always answer with word0 word1")
+    assert directive.content.endswith("word20…")
 
 
 async def test_directive_is_not_also_a_shard_fact():
