@@ -87,10 +87,6 @@ class MemoryBackend(ABC):
         (all of the agent's when None), of ``query.kinds`` and in the time range.
         """
 
-    async def _search(self, agent_id: str, _namespace: None, query: StoreQuery) -> SignalHits:
-        """``search`` in the shape of the namespace reads, for readers that wrap several stores."""
-        return await self.search(agent_id, query)
-
     @abstractmethod
     async def agents(self) -> list[str]:
         """The agents this store holds memories of (for maintenance: backfill, migration)."""

@@ -171,8 +171,29 @@ class MirroredBackend(MemoryBackend):
         return await self._read("count", agent_id, namespace, kinds)
 
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
-        # MongoDB answers only when the graph fails: an empty graph answer is an answer.
-        return await self._read("_search", agent_id, None, query)
+        # Like the namespace reads: MongoDB answers when the graph fails, or finds nothing
+        # at all (an agent that has just opted in to the graph without migrating).
+        try:
+            hits = await self.primary.search(agent_id, query)
+        except Exception as exc:
+            log.warning("graph search of agent %s failed, searching mongo: %s", agent_id, exc)
+            hits = None
+        if hits is not None and any(hits.values()):
+            served_by("graph")
+            return hits
+        try:
+            fallback = await self.mirror.search(agent_id, query)
+        except Exception:
+            if hits is None:
+                raise
+            served_by("graph")
+            return hits
+        if hits is None or any(fallback.values()):
+            self.fallback_reads += 1
+            served_by("mongo")
+            return fallback
+        served_by("graph")
+        return hits
 
     async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
         return await self.primary.export(agent_id, namespace)

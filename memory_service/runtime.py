@@ -16,7 +16,7 @@ from .state import StateStore
 log = logging.getLogger(__name__)
 
 
-def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None):
+def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None):
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
     from backends.graph import GraphBackend
 
@@ -29,15 +29,15 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
 
     from .outbox import Outbox
 
-    return MirroredBackend(graph, _mongo_backend(settings), Outbox(state.redis, ["graph", "mongo"]),
+    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), Outbox(state.redis, ["graph", "mongo"]),
                            drain_seconds=settings.outbox_drain_seconds)
 
 
-def _mongo_backend(settings: Settings):
+def _mongo_backend(settings: Settings, embedding_dimension: int | None = None):
     from backends.mongo import MongoBackend
 
     return MongoBackend(settings.mongodb_uri.get_secret_value(), settings.mongodb_database,
-                        facts_per_shard=settings.facts_per_shard)
+                        facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension)
 
 
 def _llm_options(settings: Settings) -> dict:
@@ -131,7 +131,7 @@ async def open_service(
                                 default_consolidator(settings), embedder=embedder)
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
         if settings.mongodb_uri:
-            service.register_backend("mongo", _mongo_backend)
+            service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension))
         service.embedded = embedded
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call

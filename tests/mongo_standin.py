@@ -19,6 +19,21 @@ unique and partial ones) and aggregation are mongomock's. Commands are executed 
 time under a lock, so concurrent clients see serialised, atomic single-document writes,
 as on a real server.
 
+``$text`` (which mongomock lacks) is the stand-in's own, in ``find`` only, in the simplest
+faithful way: a text index (one per collection; equality-prefix fields allowed, e.g.
+``{agent_id: 1, search_text: "text"}``, and then every ``$text`` query must give them by
+equality, as on a real server; ``weights``; ``default_language`` ``english`` or ``none``)
+is required (else code 27). Text is tokenised into words (letters, digits, ``_``; white
+space, punctuation and dashes split), case folded, diacritics removed, MongoDB's English
+stop words dropped; a document matches when it holds ANY of the ``$search`` words, and
+its ``textScore`` is MongoDB's formula (FTSSpec::_scoreStringV2): per matched term, the
+k-th occurrence adds 1/2^(k-1), times (0.5 + 0.5 x occurrences / terms in the field),
+times 1.1 when the term is the whole field, times the field weight; summed over the
+query's distinct terms and the text fields. ``{$meta: "textScore"}`` works in the
+projection (any field name) and in the sort (always best first, combinable with other
+sort keys); asking for it without ``$text`` is code 40218, as on a real server. The
+filter's other conditions are mongomock's; the whole collection is scanned (no index).
+
 What it is not
 --------------
 - Not a replica set: no transactions (commands carrying ``txnNumber``/``startTransaction``
@@ -28,11 +43,20 @@ What it is not
   handshake, so drivers never send OP_COMPRESSED).
 - Operator coverage is mongomock's: e.g. ``arrayFilters``, ``collation`` and ``let`` are
   not implemented there and come back as error code 238 (NotImplemented) instead of being
-  silently ignored; ``$text`` search, geo queries and many aggregation operators are
-  missing or approximate. Cursors are snapshots taken when the ``find``/``aggregate``
+  silently ignored; geo queries and many aggregation operators are missing or approximate.
+- ``$text`` is partial (all of these are code 238 unless said otherwise): NO STEMMING (a
+  real server stems English, so "flights" finds "flight" there and not here; scores then
+  differ too), no phrases (``"..."``), no negated terms (``-word``), no ``$caseSensitive``
+  / ``$diacriticSensitive``, languages ``english`` and ``none`` only, no per-document
+  ``language`` override (the field is ignored), no wildcard (``$**``) text index, no
+  fields after the text fields in a compound text index; ``$text`` only at the top level
+  or in a top-level ``$and`` of a ``find`` (not in ``aggregate``, ``count_documents``,
+  ``$or``). ``listIndexes`` shows a text index by its fields (a real server shows
+  ``{_fts: "text", _ftsx: 1}``), with ``weights`` and ``default_language``. Cursors are snapshots taken when the ``find``/``aggregate``
   runs (a real server reads lazily). Index options other than ``unique``, ``sparse``,
-  ``name``, ``partialFilterExpression`` and ``expireAfterSeconds`` are ignored (logged),
-  and TTL indexes never expire anything.
+  ``name``, ``partialFilterExpression`` and ``expireAfterSeconds`` (and a text index's
+  ``weights`` and ``default_language``) are ignored (logged), and TTL indexes never expire
+  anything.
 - Commands it does not know are answered like a real server answers an unknown command
   (``ok: 0``, code 59 CommandNotFound) and logged, and counted in ``unknown_commands``,
   so a missing command is easy to spot.
@@ -48,9 +72,11 @@ import datetime
 import itertools
 import logging
 import random
+import re
 import socket
 import struct
 import threading
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -108,12 +134,14 @@ CODE_NAMES = {
     43: "CursorNotFound",
     48: "NamespaceExists",
     59: "CommandNotFound",
+    67: "CannotCreateIndex",
     72: "InvalidOptions",
     73: "InvalidNamespace",
     85: "IndexOptionsConflict",
     238: "NotImplemented",
     352: "UnsupportedOpQueryCommand",
     11000: "DuplicateKey",
+    40218: "Location40218",
 }
 
 # Fields of the command envelope that carry no meaning for a standalone stand-in.
@@ -240,6 +268,86 @@ def parse_op_msg(payload: bytes) -> tuple[int, dict]:
     for identifier, docs in sequences.items():
         body[identifier] = docs
     return flags, body
+
+
+# ---------------------------------------------------------------------------- $text
+
+# MongoDB's English stop words (src/mongo/db/fts/stop_words_english.txt).
+ENGLISH_STOP_WORDS = frozenset("""
+a about above after again against all am an and any are aren't as at be because been before being below
+between both but by can't cannot could couldn't did didn't do does doesn't doing don't down during each few
+for from further had hadn't has hasn't have haven't having he he'd he'll he's her here here's hers herself
+him himself his how how's i i'd i'll i'm i've if in into is isn't it it's its itself let's me more most
+mustn't my myself no nor not of off on once only or other ought our ours ourselves out over own same shan't
+she she'd she'll she's should shouldn't so some such than that that's the their theirs them themselves then
+there there's these they they'd they'll they're they've this those through to too under until up very was
+wasn't we we'd we'll we're we've were weren't what what's when when's where where's which while who who's
+whom why why's with won't would wouldn't you you'd you'll you're you've your yours yourself yourselves
+""".split())
+TEXT_LANGUAGES = {"english": ENGLISH_STOP_WORDS, "en": ENGLISH_STOP_WORDS, "none": frozenset()}
+# A word: letters, digits and underscores (MongoDB splits on white space, punctuation,
+# dashes and quotes), with an apostrophe inside it kept (so that "don't" meets the stop word).
+_TEXT_WORD = re.compile(r"\w+(?:['\u2019]\w+)*")
+
+
+def text_tokens(text: str, stop_words: frozenset[str]) -> list[str]:
+    """The terms a text index keeps of ``text``: case folded, diacritics removed, stop words
+    dropped (a version-3 text index). Not stemmed: a real server also stems (see the module
+    docstring)."""
+    folded = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c)).casefold()
+    words = (w.replace("\u2019", "'") for w in _TEXT_WORD.findall(folded))
+    return [w for w in words if w not in stop_words]
+
+
+def text_field_scores(raw: str, stop_words: frozenset[str], weight: float, scores: dict[str, float]) -> None:
+    """Add one field's term scores to ``scores`` as MongoDB does (FTSSpec::_scoreStringV2):
+    the k-th occurrence of a term adds 1/2^(k-1) to its frequency, times
+    (0.5 + 0.5 * occurrences / terms in the field), times 1.1 when the term is the whole field,
+    times the field's weight."""
+    tokens = text_tokens(raw, stop_words)
+    counts: dict[str, int] = collections.Counter(tokens)
+    for term, count in counts.items():
+        freq = sum(1.0 / 2 ** k for k in range(count))
+        coeff = 0.5 * count / len(tokens) + 0.5
+        adjustment = 1.1 if raw.casefold() == term else 1.0
+        scores[term] = scores.get(term, 0.0) + weight * freq * coeff * adjustment
+
+
+@dataclass(frozen=True)
+class _TextIndex:
+    name: str
+    prefix: tuple[str, ...]  # fields before the text fields: each $text query needs them by equality
+    weights: dict[str, float]
+    language: str
+
+
+def _is_text_meta(value: Any) -> bool:
+    return isinstance(value, dict) and value.get("$meta") == "textScore"
+
+
+def _split_text_filter(filt: dict) -> tuple[dict | None, dict]:
+    """(the $text clause, the rest of the filter). $text may stand at the top level or in a
+    top-level $and, as on a real server; anywhere deeper mongomock refuses it (238)."""
+    rest = dict(filt)
+    found = []
+    if "$text" in rest:
+        found.append(rest.pop("$text"))
+    if isinstance(rest.get("$and"), list):
+        clauses = []
+        for clause in rest["$and"]:
+            if isinstance(clause, dict) and "$text" in clause:
+                clause = dict(clause)
+                found.append(clause.pop("$text"))
+            if clause:
+                clauses.append(clause)
+        if clauses:
+            rest["$and"] = clauses
+        else:
+            del rest["$and"]
+    if len(found) > 1:
+        raise CommandError(2, "Too many text expressions")
+    return (found[0] if found else None), rest
+
 
 
 class MongoStandIn:
@@ -806,10 +914,90 @@ class MongoStandIn:
         if limit < 0 or skip < 0:
             raise CommandError(2, "limit and skip must be non-negative")
         sort = list((args.get("sort") or {}).items()) or None
-        docs = list(coll.find(args.get("filter") or {}, projection=args.get("projection") or None,
-                              skip=skip, limit=limit, sort=sort))
+        projection = args.get("projection") or None
+        text, rest = _split_text_filter(args.get("filter") or {})
+        wants_score = any(_is_text_meta(v) for v in (projection or {}).values()) or any(
+            _is_text_meta(v) for _, v in sort or [])
+        if text is not None or wants_score:
+            docs = self._text_find(coll, text, rest, projection, sort, skip, limit)
+        else:
+            docs = list(coll.find(rest, projection=projection, skip=skip, limit=limit, sort=sort))
         batch_size = args.get("batchSize")
         return self._cursor_reply(f"{db_name}.{name}", docs, batch_size, bool(args.get("singleBatch")))
+
+    def _text_find(self, coll: mongomock.Collection, text: Any, rest: dict, projection: dict | None,
+                   sort: list | None, skip: int, limit: int) -> list[dict]:
+        """A find with ``$text`` and/or ``{$meta: "textScore"}``: mongomock filters on the rest
+        of the query, the documents matching any of the terms are scored here."""
+        if text is None:
+            raise CommandError(40218, "query requires text score metadata, but it is not available")
+        index = self._text_index(coll)
+        if not isinstance(text, dict) or not isinstance(text.get("$search"), str):
+            raise CommandError(2, "$text needs a String $search")
+        for option in text.keys() - {"$search", "$language", "$caseSensitive", "$diacriticSensitive"}:
+            raise CommandError(2, f"Unrecognized $text option: {option}")
+        if text.get("$caseSensitive") or text.get("$diacriticSensitive"):
+            raise NotImplementedError("$text with $caseSensitive or $diacriticSensitive")
+        language = text.get("$language", index.language)
+        if language not in TEXT_LANGUAGES:
+            raise NotImplementedError(f"$text $language {language!r} (english and none only)")
+        search = text["$search"]
+        if '"' in search or re.search(r"(^|\s)-", search):
+            raise NotImplementedError("$text phrases and negated terms")
+        conditions = [rest, *(c for c in rest.get("$and", []) if isinstance(c, dict))]
+        for name in index.prefix:
+            values = [c[name] for c in conditions if name in c]
+            equality = any(v is not None and not (isinstance(v, dict) and any(
+                k.startswith("$") and k != "$eq" for k in v)) for v in values)
+            if not equality:
+                raise CommandError(2, "error processing query: planner returned error :: caused by :: failed to use "
+                                      "text index to satisfy $text query (if text index is compound, are equality "
+                                      f"predicates given for all prefix fields?) (missing: {name})")
+        terms = set(text_tokens(search, TEXT_LANGUAGES[language]))
+        stop_words = TEXT_LANGUAGES[index.language]
+        scored: list[tuple[dict, float]] = []
+        for doc in coll.find(rest) if terms else ():
+            scores: dict[str, float] = {}
+            for name, weight in index.weights.items():
+                try:
+                    value = mongomock.helpers.get_value_by_dot(doc, name)
+                except KeyError:
+                    continue
+                for raw in value if isinstance(value, list) else [value]:
+                    if isinstance(raw, str):
+                        text_field_scores(raw, stop_words, weight, scores)
+            score = sum(scores.get(term, 0.0) for term in terms)
+            if score > 0:
+                scored.append((doc, score))
+        for key, direction in reversed(sort or []):
+            if _is_text_meta(direction):  # always best first
+                scored.sort(key=lambda pair: pair[1], reverse=True)
+            elif key == "$natural" or key.startswith("$"):
+                raise NotImplementedError(f"sorting a $text query by {key}")
+            else:
+                scored.sort(key=lambda pair, k=key: mongomock.filtering.resolve_sort_key(k, pair[0]),
+                            reverse=direction < 0)
+        page = scored[skip:skip + limit] if limit else scored[skip:]
+        meta_fields = [k for k, v in (projection or {}).items() if _is_text_meta(v)]
+        plain = {k: v for k, v in (projection or {}).items() if not _is_text_meta(v)}
+        docs = []
+        for doc, score in page:
+            projected = coll._copy_only_fields(doc, dict(plain), dict) if plain else doc
+            for name in meta_fields:
+                projected[name] = score
+            docs.append(projected)
+        return docs
+
+    @staticmethod
+    def _text_index(coll: mongomock.Collection) -> _TextIndex:
+        for info in coll.list_indexes():
+            key = list(info["key"].items())
+            if any(v == "text" for _, v in key):
+                first_text = next(i for i, (_, v) in enumerate(key) if v == "text")
+                return _TextIndex(name=info["name"], prefix=tuple(k for k, _ in key[:first_text]),
+                                  weights={k: float(w) for k, w in info.get("weights", {}).items()},
+                                  language=info.get("default_language", "english"))
+        raise CommandError(27, "text index required for $text query")
 
     def _cmd_aggregate(self, db_name: str, args: dict, conn: Any) -> dict:
         name = args["aggregate"]
@@ -856,6 +1044,9 @@ class MongoStandIn:
         for spec in args.get("indexes", []):
             if not spec.get("key"):
                 raise CommandError(9, "Index spec has no 'key'")
+            if "text" in spec["key"].values():
+                self._create_text_index(coll, spec)
+                continue
             for option in spec.keys() - known:
                 self.ignored_options[f"createIndexes.indexes.{option}"] += 1
                 log.warning("MongoStandIn: index option %r ignored (index %r)", option, spec.get("name"))
@@ -868,6 +1059,41 @@ class MongoStandIn:
         if after == before:
             reply["note"] = "all indexes already exist"
         return reply
+
+    def _create_text_index(self, coll: mongomock.Collection, spec: dict) -> None:
+        """A text index: key fields (equality prefix, then the text fields), weights and
+        default_language (english or none), kept with the index as a real server lists them."""
+        key = list(spec["key"].items())
+        kinds = ["text" if v == "text" else "other" for _, v in key]
+        first = kinds.index("text")
+        last = len(kinds) - 1 - kinds[::-1].index("text")
+        if "other" in kinds[first:last + 1]:
+            raise CommandError(67, "'text' fields in index must all be adjacent")
+        if last != len(kinds) - 1:
+            raise NotImplementedError("text index with fields after the text fields")
+        if any(k == "$**" for k, _ in key) or spec.get("weights") == "$**":
+            raise NotImplementedError("wildcard text index")
+        for option in spec.keys() - {"key", "name", "weights", "default_language", "language_override",
+                                    "textIndexVersion", "background", "v"}:
+            raise NotImplementedError(f"text index option {option!r}")
+        language = spec.get("default_language", "english")
+        if language not in TEXT_LANGUAGES:
+            raise NotImplementedError(f"text index default_language {language!r} (english and none only)")
+        weights = {k: 1 for k, v in key if v == "text"}
+        weights.update({k: int(w) for k, w in (spec.get("weights") or {}).items()})
+        name = spec.get("name") or "_".join(f"{k}_{v}" for k, v in key)
+        options = {"weights": weights, "default_language": language,
+                   "language_override": spec.get("language_override", "language"), "textIndexVersion": 3}
+        for info in coll.list_indexes():
+            if "text" not in info["key"].values():
+                continue
+            if info["name"] == name and list(info["key"].items()) == key and all(
+                    info.get(k) == v for k, v in options.items()):
+                return  # the same index again: a no-op, as on a real server
+            raise CommandError(85, f"An equivalent index already exists with a different name and options: "
+                                   f"only one text index per collection ({info['name']!r} exists)")
+        coll.create_index(key, name=name)
+        coll._store.indexes[name].update(options)
 
     def _cmd_list_indexes(self, db_name: str, args: dict, conn: Any) -> dict:
         name = args["listIndexes"]

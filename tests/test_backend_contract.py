@@ -5,22 +5,38 @@ the pytest header says which)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from math import sqrt
 
 import pytest
 
-from memory_service.models import Memory, MemoryKind, Provenance
+from memory_service.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.namespaces import Namespace
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
+A1, A2 = "a1", "a2"
 SESSION = Namespace.session("s-1")
 USER = Namespace.user("a1", "alice")
 SHARD = Namespace.shard("a1", "travel")
+DIMENSION = 4
+# Hand-made unit vectors: cosine(X, X) = 1, cosine(X, XY) = 1/sqrt(2), cosine(X, Y) = 0.
+X, Y, Z = [1.0, 0.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]
+XY = [1 / sqrt(2), 1 / sqrt(2), 0.0, 0.0]
 
 
-def memory(mid: str, kind: MemoryKind, ns: Namespace, content: str, minute: int, seq: int = 0, **meta) -> Memory:
+def memory(mid: str, kind: MemoryKind, ns: Namespace, content: str, minute: int, seq: int = 0, *,
+           agent: str = A1, embedding: list[float] | None = None, **meta) -> Memory:
     return Memory(id=mid, kind=kind, namespace=str(ns), content=content, valid_at=T0 + timedelta(minutes=minute),
-                  metadata=Provenance(agent_id="a1", user_id="alice", session_id="s-1", message_ids=[f"m{seq}"],
+                  embedding=embedding,
+                  metadata=Provenance(agent_id=agent, user_id="alice", session_id="s-1", message_ids=[f"m{seq}"],
                                       sequence=seq, **meta))
+
+
+def query(terms=(), vector=None, **scope) -> StoreQuery:
+    return StoreQuery(terms=list(terms), vector=vector, **scope)
+
+
+def ids(hits: dict, signal: str) -> list[str]:
+    return [m.id for m, _ in hits.get(signal, [])]
 
 
 @pytest.fixture(params=["graph", "mongo"])
@@ -28,11 +44,11 @@ async def backend(request, settings, mongo_uri, mongo_database):
     if request.param == "graph":
         from backends.graph import GraphBackend
 
-        instance = GraphBackend(settings.falkordb_url, settings)
+        instance = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
     else:
         from backends.mongo import MongoBackend
 
-        instance = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000)
+        instance = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000, embedding_dimension=DIMENSION)
     await instance.start()
     yield instance
     await instance.close()
@@ -43,7 +59,7 @@ async def test_write_is_idempotent_by_id_and_round_trips_everything(backend):
                       user_ids=["alice", "bob"], memory_ids=["x"])
     assert await backend.write([original]) == 1
     assert await backend.write([original.model_copy(update={"content": "changed"})]) == 0
-    [stored] = await backend.get(SESSION, ["e1"])
+    [stored] = await backend.get(A1, SESSION, ["e1"])
     assert stored == original
 
 
@@ -52,16 +68,16 @@ async def test_a_batch_with_known_and_new_ids_writes_only_the_new(backend):
     assert await backend.write([first]) == 1
     second = memory("d2", MemoryKind.DIRECTIVE, USER, "no emojis", 2)
     assert await backend.write([first, second]) == 1
-    assert await backend.count(USER) == 2
+    assert await backend.count(A1, USER) == 2
 
 
 async def test_namespaces_are_isolated(backend):
     await backend.write([memory("f1", MemoryKind.FACT, SHARD, "Alice: flight at 9", 1)])
     other = Namespace.shard("a2", "travel")
-    assert await backend.get(other, ["f1"]) == []
-    assert await backend.count(other) == 0
-    assert await backend.recent(other, [MemoryKind.FACT], 10) == []
-    assert await backend.get(Namespace.shard("a1", "travel"), ["f1", "missing"]) != []
+    assert await backend.get(A1, other, ["f1"]) == []
+    assert await backend.count(A1, other) == 0
+    assert await backend.recent(A1, other, [MemoryKind.FACT], 10) == []
+    assert await backend.get(A1, Namespace.shard("a1", "travel"), ["f1", "missing"]) != []
 
 
 async def test_recent_is_chronological_oldest_first_and_filters_kinds(backend):
@@ -73,27 +89,27 @@ async def test_recent_is_chronological_oldest_first_and_filters_kinds(backend):
         memory("f2", MemoryKind.FACT, SHARD, "second", 5, seq=2),
     ]
     assert await backend.write(items) == 4
-    assert [m.content for m in await backend.recent(SHARD, [MemoryKind.FACT], 10)] == ["first", "second", "third"]
-    assert [m.content for m in await backend.recent(SHARD, [MemoryKind.FACT], 2)] == ["second", "third"]
-    assert [m.id for m in await backend.recent(SHARD, [MemoryKind.FACT, MemoryKind.SUGGESTION], 10)] == [
+    assert [m.content for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 10)] == ["first", "second", "third"]
+    assert [m.content for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 2)] == ["second", "third"]
+    assert [m.id for m in await backend.recent(A1, SHARD, [MemoryKind.FACT, MemoryKind.SUGGESTION], 10)] == [
         "f1", "s1", "f2", "f3"]
-    assert await backend.recent(SHARD, [MemoryKind.FACT], 0) == []
-    assert await backend.count(SHARD, [MemoryKind.FACT]) == 3 and await backend.count(SHARD) == 4
+    assert await backend.recent(A1, SHARD, [MemoryKind.FACT], 0) == []
+    assert await backend.count(A1, SHARD, [MemoryKind.FACT]) == 3 and await backend.count(A1, SHARD) == 4
 
 
 async def test_trim_evicts_the_oldest_and_is_idempotent(backend):
     await backend.write([memory(f"f{i}", MemoryKind.FACT, SHARD, f"fact {i}", i, seq=i) for i in range(5)])
     await backend.write([memory("s1", MemoryKind.SUGGESTION, SHARD, "kept", 0)])
-    assert await backend.trim(SHARD, MemoryKind.FACT, 2) == 3
-    assert await backend.trim(SHARD, MemoryKind.FACT, 2) == 0
-    assert [m.content for m in await backend.recent(SHARD, [MemoryKind.FACT], 10)] == ["fact 3", "fact 4"]
-    assert await backend.count(SHARD, [MemoryKind.FACT]) == 2 and await backend.count(SHARD) == 3
-    exported = await backend.export(SHARD)
+    assert await backend.trim(A1, SHARD, MemoryKind.FACT, 2) == 3
+    assert await backend.trim(A1, SHARD, MemoryKind.FACT, 2) == 0
+    assert [m.content for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 10)] == ["fact 3", "fact 4"]
+    assert await backend.count(A1, SHARD, [MemoryKind.FACT]) == 2 and await backend.count(A1, SHARD) == 3
+    exported = await backend.export(A1, SHARD)
     assert [(m.id, m.evicted) for m in exported if m.kind is MemoryKind.FACT] == [
         ("f0", True), ("f1", True), ("f2", True), ("f3", False), ("f4", False)]
-    assert await backend.trim(SHARD, MemoryKind.FACT, 5) == 0  # a larger cap brings nothing back
-    assert await backend.trim(SHARD, MemoryKind.FACT, 0) == 2
-    assert await backend.count(SHARD, [MemoryKind.FACT]) == 0 and await backend.count(SHARD) == 1
+    assert await backend.trim(A1, SHARD, MemoryKind.FACT, 5) == 0  # a larger cap brings nothing back
+    assert await backend.trim(A1, SHARD, MemoryKind.FACT, 0) == 2
+    assert await backend.count(A1, SHARD, [MemoryKind.FACT]) == 0 and await backend.count(A1, SHARD) == 1
 
 
 async def test_export_returns_everything_and_an_evicted_memory_stays_evicted_when_copied(backend):
@@ -101,10 +117,161 @@ async def test_export_returns_everything_and_an_evicted_memory_stays_evicted_whe
              memory("m1", MemoryKind.MESSAGE, SESSION, "hello", 0, seq=0, role="user"),
              memory("old", MemoryKind.FACT, SHARD, "evicted fact", 0).model_copy(update={"evicted": True})]
     await backend.write(items)
-    assert [m.id for m in await backend.export(SESSION)] == ["m1", "e1"]
-    [copied] = await backend.export(SHARD)
-    assert copied.evicted and await backend.count(SHARD) == 0
+    assert [m.id for m in await backend.export(A1, SESSION)] == ["m1", "e1"]
+    [copied] = await backend.export(A1, SHARD)
+    assert copied.evicted and await backend.count(A1, SHARD) == 0
 
 
 async def test_health_reports_ok(backend):
     assert (await backend.health())["ok"] is True
+
+
+# Search --------------------------------------------------------------------------------
+
+
+async def test_fulltext_ranks_memories_with_the_query_words_first(backend):
+    await backend.write([
+        # The words side by side: FalkorDB's scorer divides by the distance between matched
+        # terms, so there "Hotel by the station" ranks below a memory with "hotel" alone.
+        memory("both", MemoryKind.FACT, SHARD, "Hotel station shuttle", 1),
+        memory("one", MemoryKind.FACT, SHARD, "The hotel breakfast starts early", 2),
+        memory("none", MemoryKind.FACT, SHARD, "The flight leaves on Monday morning", 3),
+    ])
+    # Scores are each store's own (docs/mongo-search.md): only the order is the contract.
+    hits = await backend.search(A1, query(["hotel", "station"]))
+    assert ids(hits, "fulltext") == ["both", "one"]  # "none" has neither word
+    scores = [score for _, score in hits["fulltext"]]
+    assert scores[0] > scores[1] > 0
+    assert "vector" not in hits  # no vector asked for
+    assert ids(await backend.search(A1, query(["hotel"], limit=1)), "fulltext") in (["both"], ["one"])
+    assert ids(await backend.search(A1, query(["submarine"])), "fulltext") == []
+
+
+async def test_vector_search_ranks_by_cosine_similarity(backend):
+    await backend.write([
+        memory("y", MemoryKind.FACT, SHARD, "orthogonal", 1, embedding=Y),
+        memory("x", MemoryKind.FACT, SHARD, "same direction", 2, embedding=X),
+        memory("xy", MemoryKind.FACT, SHARD, "half way", 3, embedding=XY),
+        memory("bare", MemoryKind.FACT, SHARD, "no vector yet", 4),
+    ])
+    for scope in (None, [SHARD]):  # the agent's whole store, and a scope inside it
+        hits = await backend.search(A1, query(vector=X, namespaces=scope))
+        assert ids(hits, "vector") == ["x", "xy", "y"], scope
+        assert [score for _, score in hits["vector"]] == pytest.approx([1.0, 1 / sqrt(2), 0.0], abs=1e-4)
+        assert "fulltext" not in hits  # no terms
+        assert ids(await backend.search(A1, query(vector=X, namespaces=scope, limit=2)), "vector") == ["x", "xy"]
+    hits = await backend.search(A1, query(["orthogonal"], vector=Y))
+    assert ids(hits, "fulltext") == ["y"] and ids(hits, "vector")[0] == "y"
+
+
+async def test_search_stays_inside_its_namespaces(backend):
+    other_session = Namespace.session("s-2")
+    await backend.write([
+        memory("in-session", MemoryKind.EPISODE, SESSION, "We booked the hotel", 1, embedding=X),
+        memory("in-shard", MemoryKind.FACT, SHARD, "The hotel is near the station", 2, embedding=X),
+        memory("other-session", MemoryKind.EPISODE, other_session, "Another hotel", 3, embedding=X),
+    ])
+    hits = await backend.search(A1, query(["hotel"], vector=X, namespaces=[SESSION]))
+    assert ids(hits, "fulltext") == ["in-session"] and ids(hits, "vector") == ["in-session"]
+    hits = await backend.search(A1, query(["hotel"], vector=X, namespaces=[SESSION, SHARD]))
+    assert sorted(ids(hits, "fulltext")) == ["in-session", "in-shard"]
+    assert sorted(ids(hits, "vector")) == ["in-session", "in-shard"]
+    hits = await backend.search(A1, query(["hotel"], vector=X))  # every namespace of the agent
+    assert sorted(ids(hits, "fulltext")) == sorted(ids(hits, "vector")) == ["in-session", "in-shard", "other-session"]
+    hits = await backend.search(A1, query(["hotel"], vector=X, namespaces=[Namespace.shard("a1", "food")]))
+    assert ids(hits, "fulltext") == ids(hits, "vector") == []
+
+
+async def test_two_agents_never_see_each_others_memories(backend):
+    """Same session id, same user id, same words and vectors: each agent reads its own."""
+    a2_user = Namespace.user(A2, "alice")
+    await backend.write([
+        memory("a1-episode", MemoryKind.EPISODE, SESSION, "Alice wants a hotel", 1, embedding=X),
+        memory("a1-directive", MemoryKind.DIRECTIVE, USER, "Always a hotel near the station", 2, embedding=X),
+        memory("a2-episode", MemoryKind.EPISODE, SESSION, "Alice wants a hotel", 1, agent=A2, embedding=X),
+        memory("a2-directive", MemoryKind.DIRECTIVE, a2_user, "Always a hotel near the station", 2, agent=A2,
+               embedding=X),
+    ])
+    for agent, other in ((A1, A2), (A2, A1)):
+        for scope in (None, [SESSION], [SESSION, Namespace.user(agent, "alice"), Namespace.user(other, "alice")]):
+            hits = await backend.search(agent, query(["hotel", "alice"], vector=X, namespaces=scope))
+            found = ids(hits, "fulltext") + ids(hits, "vector")
+            assert found and all(i.startswith(agent) for i in found), (agent, scope, found)
+        assert [m.id for m in await backend.export(agent, SESSION)] == [f"{agent}-episode"]
+        assert [m.id for m in await backend.recent(agent, SESSION, [MemoryKind.EPISODE], 10)] == [f"{agent}-episode"]
+        assert await backend.get(agent, SESSION, [f"{other}-episode"]) == []
+        assert await backend.count(agent, SESSION) == 1
+        assert await backend.count(agent, Namespace.user(other, "alice")) == 0
+    assert await backend.trim(A1, SESSION, MemoryKind.EPISODE, 0) == 1
+    assert await backend.count(A2, SESSION) == 1  # a2's memory of the same session is not trimmed
+
+
+async def test_search_filters_kinds_and_valid_time(backend):
+    await backend.write([
+        memory("episode", MemoryKind.EPISODE, SESSION, "hotel booked", 1, embedding=X),
+        memory("fact", MemoryKind.FACT, SHARD, "hotel near the station", 5, embedding=X),
+        memory("directive", MemoryKind.DIRECTIVE, USER, "hotel rooms on a high floor", 10, embedding=X),
+    ])
+
+    async def found(**scope) -> tuple[list[str], list[str]]:
+        hits = await backend.search(A1, query(["hotel"], vector=X, **scope))
+        return sorted(ids(hits, "fulltext")), sorted(ids(hits, "vector"))
+
+    assert await found(kinds=[MemoryKind.FACT]) == (["fact"], ["fact"])
+    assert await found(kinds=[MemoryKind.FACT, MemoryKind.DIRECTIVE]) == (["directive", "fact"],) * 2
+    assert await found(since=T0 + timedelta(minutes=3), until=T0 + timedelta(minutes=7)) == (["fact"], ["fact"])
+    # Both ends are inclusive.
+    assert await found(since=T0 + timedelta(minutes=5)) == (["directive", "fact"],) * 2
+    assert await found(until=T0 + timedelta(minutes=5)) == (["episode", "fact"],) * 2
+    assert await found(since=T0 + timedelta(minutes=11)) == ([], [])
+    assert await found(kinds=[MemoryKind.SUGGESTION]) == ([], [])
+
+
+async def test_evicted_memories_are_not_searched(backend):
+    await backend.write([memory(f"f{i}", MemoryKind.FACT, SHARD, f"hotel fact {i}", i, seq=i, embedding=X)
+                         for i in range(3)])
+    await backend.write([memory("old", MemoryKind.FACT, SHARD, "hotel fact evicted before", 0, embedding=X)
+                         .model_copy(update={"evicted": True})])
+    assert await backend.trim(A1, SHARD, MemoryKind.FACT, 1) == 2
+    hits = await backend.search(A1, query(["hotel"], vector=X))
+    assert ids(hits, "fulltext") == ["f2"] and ids(hits, "vector") == ["f2"]
+
+
+async def test_unembedded_and_set_embeddings_round_trip(backend):
+    await backend.write([
+        memory("bare", MemoryKind.FACT, SHARD, "stored while the embedder was down", 1),
+        memory("bare-too", MemoryKind.EPISODE, SESSION, "also without a vector", 2),
+        memory("embedded", MemoryKind.FACT, SHARD, "stored with its vector", 3, embedding=Y),
+    ])
+    assert sorted(m.id for m in await backend.unembedded(A1, 10)) == ["bare", "bare-too"]
+    [one] = await backend.unembedded(A1, 1)
+    assert one.id in ("bare", "bare-too") and one.content
+    assert ids(await backend.search(A1, query(vector=X)), "vector") == ["embedded"]
+
+    assert await backend.set_embeddings(A1, {"bare": X, "missing": X}) == 1  # unknown ids are skipped
+    assert [m.id for m in await backend.unembedded(A1, 10)] == ["bare-too"]
+    assert ids(await backend.search(A1, query(vector=X)), "vector") == ["bare", "embedded"]
+    assert await backend.set_embeddings(A1, {"bare-too": Z}) == 1
+    assert await backend.unembedded(A1, 10) == []
+    assert ids(await backend.search(A1, query(vector=Z)), "vector")[0] == "bare-too"
+    assert await backend.set_embeddings(A1, {}) == 0
+
+
+async def test_agents_lists_the_agents_with_memories(backend):
+    assert await backend.agents() == []
+    await backend.write([memory("e1", MemoryKind.EPISODE, SESSION, "one", 1),
+                         memory("e2", MemoryKind.EPISODE, SESSION, "two", 1, agent=A2)])
+    assert await backend.agents() == [A1, A2]
+
+
+async def test_reads_of_an_unknown_agent_are_empty_and_create_nothing(backend):
+    await backend.write([memory("e1", MemoryKind.EPISODE, SESSION, "hotel", 1, embedding=X)])
+    nobody = "nobody"
+    assert await backend.get(nobody, SESSION, ["e1"]) == []
+    assert await backend.recent(nobody, SESSION, [MemoryKind.EPISODE], 10) == []
+    assert await backend.count(nobody, SESSION) == 0
+    assert await backend.export(nobody, SESSION) == []
+    assert await backend.unembedded(nobody, 10) == []
+    hits = await backend.search(nobody, query(["hotel"], vector=X))
+    assert ids(hits, "fulltext") == ids(hits, "vector") == []
+    assert await backend.agents() == [A1]  # the reads created no storage for "nobody"

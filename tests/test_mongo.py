@@ -64,9 +64,9 @@ async def converse(service, session: str, agent: str = "a1", start: int = 0, lin
     return ids
 
 
-async def snapshot(backend, namespaces) -> dict[str, dict[str, str]]:
-    """namespace -> {memory id: content} of everything the backend holds."""
-    return {str(ns): {m.id: m.content for m in await backend.export(ns)} for ns in namespaces}
+async def snapshot(backend, namespaces, agent: str = "a1") -> dict[str, dict[str, str]]:
+    """namespace -> {memory id: content} of everything the backend holds for the agent."""
+    return {str(ns): {m.id: m.content for m in await backend.export(agent, ns)} for ns in namespaces}
 
 
 async def settle(service, agent: str = "a1", timeout: float = 30) -> None:
@@ -131,17 +131,17 @@ async def test_mongo_stopped_mid_run_gets_shard_settings_and_fact_trims_when_it_
         await converse(service, "s1")
         assert (await service.form_memories("s1")).formed
         shard = Namespace.shard("a1", "travel")
-        facts = await backend.primary.export(shard)
+        facts = await backend.primary.export("a1", shard)
         assert len([f for f in facts if f.kind is MemoryKind.FACT]) > 1  # so that the cap of 1 evicted some
-        assert await backend.primary.count(shard, [MemoryKind.FACT]) == 1
+        assert await backend.primary.count("a1", shard, [MemoryKind.FACT]) == 1
         assert (await backend.outbox.depth())["mongo"] > 0
         await mongo_proxy.start()
         await settle(service)
         travel = await backend.mirror.shards.find_one({"_id": "shard:a1:travel"})
         assert (travel["name"], travel["extraction_focus"], travel["active"]) == ("travel", "flights, hotels, dates", True)
-        assert await backend.mirror.count(shard, [MemoryKind.FACT]) == 1
-        [kept_in_graph] = await backend.primary.recent(shard, [MemoryKind.FACT], 10)
-        [kept_in_mongo] = await backend.mirror.recent(shard, [MemoryKind.FACT], 10)
+        assert await backend.mirror.count("a1", shard, [MemoryKind.FACT]) == 1
+        [kept_in_graph] = await backend.primary.recent("a1", shard, [MemoryKind.FACT], 10)
+        [kept_in_mongo] = await backend.mirror.recent("a1", shard, [MemoryKind.FACT], 10)
         assert kept_in_mongo.id == kept_in_graph.id
 
 
@@ -151,12 +151,12 @@ async def test_an_outbox_entry_in_the_format_before_operations_is_still_delivere
         await converse(service, "s1", lines=CHAT[:1])
         await settle(service)
         _, backend = await service.backend_for("a1")
-        [message] = await backend.primary.export(Namespace.session("s1"))
+        [message] = await backend.primary.export("a1", Namespace.session("s1"))
         legacy = message.model_copy(update={"id": "legacy-1", "content": "queued before the upgrade"})
         await service.state.redis.hset("ms:outbox:entries", "old", json.dumps([legacy.model_dump(mode="json")]))
         await service.state.redis.rpush("ms:outbox:mongo", "old")
         await settle(service)
-        [delivered] = await backend.mirror.get(Namespace.session("s1"), ["legacy-1"])
+        [delivered] = await backend.mirror.get("a1", Namespace.session("s1"), ["legacy-1"])
         assert delivered.content == "queued before the upgrade"
 
 
@@ -182,7 +182,7 @@ async def test_graph_stopped_mid_run_keeps_writes_reads_mongo_and_catches_up(mon
         await settle(service)
         in_graph, in_mongo = await both_stores(service)
         assert in_graph == in_mongo
-        episodes = await (await service.backend_for("a1"))[1].primary.recent(Namespace.session("s1"), [MemoryKind.EPISODE], 10)
+        episodes = await (await service.backend_for("a1"))[1].primary.recent("a1", Namespace.session("s1"), [MemoryKind.EPISODE], 10)
         assert [e.metadata.message_ids for e in episodes] == [[f"s1-{i}" for i in range(4)], ["s1-4", "s1-5"]]
 
 
@@ -196,7 +196,9 @@ async def test_an_agent_that_just_opted_in_reads_its_memories_from_mongo(mongo_s
         await service.put_agent("a1", AgentSettings(memory_backend="graph"))  # opted in, nothing migrated
         on_graph = await service.assemble_memory_context("a1", "alice", "s1")
         # Namespaces empty in both stores count as served by the graph.
+        # Search falls back too (the graph found nothing), so the relevant memories match.
         assert "mongo" in on_graph.source.split("+") and on_graph.xml == on_mongo.xml
+        assert "<RelevantMemories>" in on_mongo.xml
 
 
 async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):
@@ -291,3 +293,77 @@ async def test_the_migrate_command(mongo_settings):
     assert code == 0 and "now uses the graph backend" in out, out
     code, out = await run("--agent", "a1", "--to", "graph")
     assert code == 1 and "already uses the 'graph' backend" in out, out
+
+
+# The Mongo backend's own search machinery (the contract suite checks what it answers) ---------
+
+
+@pytest.fixture
+async def mongo(mongo_uri, mongo_database):
+    from backends.mongo import MongoBackend
+
+    backend = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000, embedding_dimension=4)
+    await backend.start()
+    yield backend
+    await backend.close()
+
+
+def _fact(mid: str, content: str, embedding=None, agent: str = "a1"):
+    from memory_service.models import Memory, Provenance
+
+    return Memory(id=mid, kind=MemoryKind.FACT, namespace=str(Namespace.shard(agent, "travel")), content=content,
+                  metadata=Provenance(agent_id=agent), embedding=embedding)
+
+
+async def test_start_creates_the_search_indexes(mongo):
+    indexes = {ix["name"]: ix async for ix in await mongo.memories.list_indexes()}
+    assert {"namespace_kind_recent", "agent_scope", "agent_text", "agent_unembedded"} <= set(indexes)
+    assert list(indexes["agent_scope"]["key"])[:2] == ["agent_id", "namespace"]
+    assert indexes["agent_text"]["default_language"] == "english"
+    assert indexes["agent_unembedded"]["partialFilterExpression"] == {"needs_embedding": True}
+    await mongo.start()  # again: nothing changes, nothing fails
+
+
+async def test_vectors_are_float32_bson_vectors_scored_alike_with_and_without_numpy(mongo, monkeypatch):
+    import backends.mongo as module
+    from bson.binary import VECTOR_SUBTYPE
+    from memory_service.models import StoreQuery
+
+    vectors = {"x": [1.0, 0.0, 0.0, 0.0], "xy": [0.8, 0.6, 0.0, 0.0], "long": [3.0, 0.0, 4.0, 0.0],
+               "zero": [0.0, 0.0, 0.0, 0.0]}
+    await mongo.write([_fact(mid, mid, v) for mid, v in vectors.items()] + [_fact("bare", "no vector")])
+    raw = await mongo.memories.find_one({"_id": "xy"})
+    assert raw["embedding"].subtype == VECTOR_SUBTYPE and "needs_embedding" not in raw
+    assert (await mongo.memories.find_one({"_id": "bare"}))["needs_embedding"] is True
+    query = StoreQuery(terms=[], vector=[2.0, 0.0, 0.0, 0.0])  # not unit length: cosine all the same
+    with_numpy = (await mongo.search("a1", query))["vector"]
+    monkeypatch.setattr(module, "numpy", None)
+    without = (await mongo.search("a1", query))["vector"]
+    assert [m.id for m, _ in with_numpy] == [m.id for m, _ in without] == ["x", "xy", "long", "zero"]
+    assert [s for _, s in with_numpy] == pytest.approx([s for _, s in without], abs=1e-6)
+    assert [s for _, s in without] == pytest.approx([1.0, 0.8, 0.6, 0.0], abs=1e-6)
+    assert (await mongo.search("a1", StoreQuery(terms=[], vector=[0.0] * 4)))["vector"] == []
+    with pytest.raises(ValueError, match="3 dimensions"):
+        await mongo.write([_fact("short", "three numbers", [1.0, 0.0, 0.0])])
+
+
+async def test_memories_stored_before_search_get_their_search_fields_at_start(mongo_uri, mongo_database):
+    """Documents of the first layout (no search_text, no embedding mark) become searchable."""
+    from backends.mongo import MongoBackend, _document
+    from memory_service.models import StoreQuery
+
+    old = _document(_fact("old", "The hotel near the station"))
+    del old["search_text"]
+    first = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000)
+    await first.memories.insert_one(old)
+    await first.memories.create_index([("agent_id", 1), ("namespace", 1)], name="agent_namespace")
+    await first.start()
+    try:
+        assert [m.id for m in await first.unembedded("a1", 10)] == ["old"]
+        hits = await first.search("a1", StoreQuery(terms=["hotel"]))
+        assert [m.id for m, _ in hits["fulltext"]] == ["old"]
+        names = {ix["name"] async for ix in await first.memories.list_indexes()}
+        assert "agent_namespace" not in names  # agent_scope covers it
+        assert (await first.meta.find_one({"_id": "memories_layout"}))["version"] == 2
+    finally:
+        await first.close()

@@ -241,6 +241,74 @@ async def test_bulk_write_with_mixed_operations(db):
     assert excinfo.value.details["writeErrors"][0]["code"] == 11000
 
 
+async def test_text_search_matches_any_word_and_scores_like_mongodb(db):
+    coll = db.notes
+    await coll.insert_many([
+        {"_id": 1, "agent": "a", "body": "hotel near the station"},
+        {"_id": 2, "agent": "a", "body": "Hotel, hotel and HOTEL rooms"},
+        {"_id": 3, "agent": "a", "body": "the flight leaves at nine"},
+        {"_id": 4, "agent": "b", "body": "hotel"},
+        {"_id": 5, "agent": "a", "body": "Café crème at the station"},
+    ])
+    with pytest.raises(OperationFailure) as excinfo:
+        await coll.find_one({"agent": "a", "$text": {"$search": "hotel"}})
+    assert excinfo.value.code == 27  # no text index
+    await coll.create_index([("agent", ASCENDING), ("body", "text")], name="agent_body")
+    await coll.create_index([("agent", ASCENDING), ("body", "text")], name="agent_body")  # again: a no-op
+
+    score = {"score": {"$meta": "textScore"}}
+    cursor = coll.find({"agent": "a", "$text": {"$search": "hotel station"}}, score).sort([("score", score["score"])])
+    found = [(d["_id"], round(d["score"], 4)) for d in await cursor.to_list()]
+    # 2: "hotel" 3 times in 4 terms: (1 + 1/2 + 1/4) x (0.5 + 0.5 x 3/4); 1: two terms of 3,
+    # 2 x (0.5 + 0.5/3); 5: "station" once in 3 terms. Stop words are not terms.
+    assert found == [(2, 1.5312), (1, 1.3333), (5, 0.6667)]
+    # The agent (the index's prefix) keeps "b"'s memory out; a field that is the term alone: x 1.1.
+    assert [(d["_id"], round(d["score"], 4)) async for d in coll.find({"agent": "b", "$text": {"$search": "hotel"}},
+                                                                      score)] == [(4, 1.1)]
+    # Case and diacritics do not matter; stop words alone match nothing.
+    assert [d["_id"] async for d in coll.find({"agent": "a", "$text": {"$search": "CAFE"}})] == [5]
+    assert await coll.find({"agent": "a", "$text": {"$search": "the and at"}}).to_list() == []
+    # Exclusion projection beside the score, other filters, sort on score then a field, limit.
+    rows = await coll.find(
+        {"$and": [{"agent": "a"}, {"_id": {"$ne": 2}}, {"$text": {"$search": "station hotel"}}]},
+        {"body": 0, "s": {"$meta": "textScore"}},
+    ).sort([("s", {"$meta": "textScore"}), ("_id", DESCENDING)]).limit(1).to_list()
+    assert rows == [{"_id": 1, "agent": "a", "s": pytest.approx(4 / 3)}]
+
+
+async def test_text_search_errors_as_on_a_server(db):
+    coll = db.notes
+    await coll.create_index([("agent", ASCENDING), ("body", "text")])
+    await coll.insert_one({"_id": 1, "agent": "a", "body": "hotel"})
+    with pytest.raises(OperationFailure):  # a compound text index needs its prefix by equality
+        await coll.find_one({"$text": {"$search": "hotel"}})
+    with pytest.raises(OperationFailure) as excinfo:  # a score without a text search
+        await coll.find_one({"agent": "a"}, {"score": {"$meta": "textScore"}})
+    assert excinfo.value.code == 40218
+    with pytest.raises(OperationFailure):  # one text index per collection
+        await coll.create_index([("title", "text")])
+
+
+async def test_text_search_limits_of_the_stand_in(standin):
+    client = AsyncMongoClient(standin.uri)
+    try:
+        coll = client.memory.notes
+        await coll.create_index([("body", "text")])
+        await coll.insert_one({"_id": 1, "body": "the flight leaves at nine"})
+        # No stemming here (a real server finds "flight" for "flights").
+        assert await coll.find({"$text": {"$search": "flights"}}).to_list() == []
+        assert [d["_id"] async for d in coll.find({"$text": {"$search": "flight"}})] == [1]
+        for search in ('"leaves at"', "flight -nine"):  # phrases and negations: refused, not misread
+            with pytest.raises(OperationFailure) as excinfo:
+                await coll.find_one({"$text": {"$search": search}})
+            assert excinfo.value.code == 238
+        with pytest.raises(OperationFailure) as excinfo:  # $text in aggregate: mongomock's, missing
+            await coll.count_documents({"$text": {"$search": "flight"}})
+        assert excinfo.value.code == 238
+    finally:
+        await client.close()
+
+
 async def test_aggregate(db):
     coll = db.events
     await coll.insert_many(
