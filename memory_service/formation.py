@@ -75,6 +75,26 @@ class FormationSummary(BaseModel):
     reason: str = ""
 
     @classmethod
+    def combined(cls, summaries: list[FormationSummary]) -> FormationSummary:
+        """Several windows formed by one request, as one answer (the last window's number)."""
+        if len(summaries) == 1:
+            return summaries[0]
+        last = summaries[-1]
+        memories: dict[str, int] = {}
+        usage: dict | None = None
+        for summary in summaries:
+            for kind, n in summary.memories.items():
+                memories[kind] = memories.get(kind, 0) + n
+            if summary.usage:
+                usage = {k: (usage or {}).get(k, 0) + v for k, v in summary.usage.items()}
+        formed = [s for s in summaries if s.formed]
+        return last.model_copy(update={
+            "formed": bool(formed), "message_ids": [m for s in summaries for m in s.message_ids],
+            "memories": memories, "written": sum(s.written for s in summaries), "usage": usage,
+            "reason": f"formed {len(formed)} windows" if formed else last.reason,
+        })
+
+    @classmethod
     def of(cls, result: FormationResult) -> FormationSummary:
         return cls(session_id=result.session_id, window=result.window, formed=result.formed,
                    message_ids=result.message_ids if result.formed else [],

@@ -287,7 +287,9 @@ class MemoryService:
         """Form whatever is pending now, gates or not (never in an incognito session).
 
         Enqueues the window's job (or joins the one already queued) and, with ``wait``,
-        answers once the window is stored. The worker does the forming.
+        answers once every message pending at the call is stored: a window a gate claimed
+        earlier holds only the messages pending then, so the windows after it are formed
+        too, and the answer sums them. The worker does the forming.
         """
         validate_id(session_id, "session_id")
         counters = await self.state.counters(session_id)
@@ -299,9 +301,19 @@ class MemoryService:
             return FormationSummary(session_id=session_id, extractor=self.extractor.name, reason=reason)
         if not wait:
             return FormationSummary(session_id=session_id, extractor=self.extractor.name, job_id=job_id, reason="queued")
+        deadline = time.monotonic() + self.settings.form_wait_seconds
+        summaries: list[FormationSummary] = []
+        formed = 0  # windows are formed oldest first: once this many are, all pending at the call are
+        while job_id is not None:
+            summaries.append(await self._wait_for_window(session_id, job_id, deadline))
+            formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
+            job_id = await self._schedule(session_id) if formed < counters.pending_messages else None
+        return FormationSummary.combined(summaries)
+
+    async def _wait_for_window(self, session_id: str, job_id: str, deadline: float) -> FormationSummary:
         try:
-            summary = FormationSummary.model_validate(await self.queue.wait(job_id, self.settings.form_wait_seconds))
-            return summary.model_copy(update={"job_id": job_id})
+            result = await self.queue.wait(job_id, max(deadline - time.monotonic(), 0.001))
+            return FormationSummary.model_validate(result).model_copy(update={"job_id": job_id})
         except TimeoutError:
             raise FormationPending(
                 f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "

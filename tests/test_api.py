@@ -48,7 +48,8 @@ async def test_force_formation_then_context_has_the_memories(http):
     data = ctx.json()
     root = ET.fromstring(data["xml"])
     assert data["chars"] == len(data["xml"]) <= data["budget"]
-    assert [e.tag for e in root][-2:] == ["UserMemory", "CurrentConversationContext"]
+    # No query: the latest user message is the query, so the block ends with what relates to it.
+    assert [e.tag for e in root][-3:] == ["UserMemory", "CurrentConversationContext", "RelevantMemories"]
     assert "window seats" in data["xml"]
     assert data["sections"]["conversation"] == 1
     again = (await http.post("/v1/sessions/s1/form")).json()
@@ -129,6 +130,6 @@ async def test_openapi_documents_every_route(http):
     assert set(spec["paths"]) == {
         "/v1/sessions/{session_id}/messages", "/v1/sessions/{session_id}/form", "/v1/context",
         "/v1/agents/{agent_id}", "/v1/agents/{agent_id}/shards/{shard_id}", "/v1/agents/{agent_id}/shards", "/health",
-        "/v1/sessions/{session_id}", "/metrics",
+        "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
     }
     assert (await http.get("/docs")).status_code == 200

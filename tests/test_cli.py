@@ -26,7 +26,8 @@ def test_demo_prints_a_memory_block_with_all_three_sections(tmp_path):
     out = result.stdout
     start, end = out.index("<MemoryContext>"), out.index("</MemoryContext>") + len("</MemoryContext>")
     root = ET.fromstring(out[start:end])
-    assert [e.tag for e in root] == ["CollectiveMemory", "UserMemory", "CurrentConversationContext"]
+    assert [e.tag for e in root] == ["CollectiveMemory", "UserMemory", "CurrentConversationContext",
+                                     "RelevantMemories"]
     assert len(list(root.iter("Episode"))) >= 1 and len(list(root.iter("Directive"))) >= 1
     assert len(list(root.iter("Fact"))) + len(list(root.iter("Suggestion"))) >= 1
     assert "What was formed" in out

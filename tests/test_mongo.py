@@ -274,7 +274,8 @@ async def test_the_migrate_command(mongo_settings):
         await service.form_memories("s1")
     env = {**clean_env(), "FALKORDB_URL": mongo_settings.falkordb_url, "REDIS_URL": mongo_settings.redis_url,
            "MONGODB_URI": mongo_settings.mongodb_uri.get_secret_value(), "MONGODB_DATABASE": mongo_settings.mongodb_database,
-           "COLUMNS": "200"}
+           "COLUMNS": "200", "EMBEDDER": mongo_settings.embedder,
+           "EMBEDDING_DIMENSION": str(mongo_settings.embedding_dimension)}
 
     async def run(*args: str) -> tuple[int, str]:
         # Not subprocess.run: the proxy to MongoDB runs on this test's event loop.

@@ -174,8 +174,9 @@ async def test_hostile_content_cannot_break_the_memory_xml(service):
     xml = (await service.assemble_memory_context("a1", "alice", "h1")).xml
     root = ET.fromstring(xml)
     assert root.tag == "MemoryContext"
-    assert [e.tag for e in root] == ["UserMemory", "CurrentConversationContext"]
+    assert [e.tag for e in root] == ["UserMemory", "CurrentConversationContext", "RelevantMemories"]
     assert len(list(root.iter("MemoryContext"))) == 1
+    assert any(hostile in (m.text or "") for m in root.iter("Memory"))  # the turn itself, found and escaped
     texts = " ".join(e.text or "" for e in root.iter())
     assert "</UserMemory><MemoryContext>" in texts  # kept as text, not as structure
 
