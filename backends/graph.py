@@ -31,6 +31,7 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memory_service import bm25
 from memory_service.config import Settings, redact_url
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
@@ -45,6 +46,7 @@ LABEL = "Episodic"
 # time) apply after it, so that enough survive them.
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
+FULLTEXT_RESCORED = 300  # full-text candidates read and ranked by BM25, the rarest-term matches first
 _READY_CACHE = 10_000  # agent graphs whose indexes this process has checked
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
@@ -95,15 +97,11 @@ def _index_statements(dimension: int | None) -> list[str]:
     return statements
 
 
-def fulltext_query(terms: Sequence[str], group_ids: Sequence[str] | None) -> str | None:
-    """The RediSearch query: any of the terms in ``text``, inside the groups if given."""
+def fulltext_queries(terms: Sequence[str], group_ids: Sequence[str] | None) -> dict[str, str]:
+    """One RediSearch query per term: the term in ``text``, inside the groups if given."""
     words = [t for t in dict.fromkeys(terms) if t.replace("_", "").isalnum()][:MAX_FULLTEXT_TERMS]
-    if not words:
-        return None
-    query = f"@text:({'|'.join(words)})"
-    if group_ids is not None:
-        query = f"@group_key:({'|'.join(group_key(g) for g in group_ids)}) {query}"
-    return query
+    scope = f"@group_key:({'|'.join(group_key(g) for g in group_ids)}) " if group_ids is not None else ""
+    return {word: f"{scope}@text:{word}" for word in words}
 
 
 class GraphBackend(MemoryBackend):
@@ -323,14 +321,8 @@ class GraphBackend(MemoryBackend):
             params["until"] = query.until.timestamp()
         where = " AND ".join(filters)
         hits: SignalHits = {}
-        if (text_query := fulltext_query(query.terms, groups)) is not None:
-            rows = await self._read(
-                agent_id,
-                f"CALL db.idx.fulltext.queryNodes('{LABEL}', $q) YIELD node AS n, score WHERE {where} "
-                f"RETURN {_READ_FIELDS}, score ORDER BY score DESC LIMIT $limit",
-                q=text_query, **params,
-            )
-            hits["fulltext"] = [(_memory(r), float(r["score"])) for r in rows]
+        if queries := fulltext_queries(query.terms, groups):
+            hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
         if query.vector is not None and self.embedding_dimension:
             vector = self._checked(query.vector)
             if groups is None:
@@ -350,6 +342,44 @@ class GraphBackend(MemoryBackend):
             # Cosine distance (0 = same direction) as a similarity in [-1, 1].
             hits["vector"] = [(_memory(r), 1.0 - float(r["d"])) for r in rows]
         return hits
+
+
+    async def _fulltext(self, agent_id: str, queries: dict[str, str], groups: list[str] | None, where: str,
+                        params: dict[str, Any]) -> list[tuple[Memory, float]]:
+        """The index finds which memories hold each term (stemmed, inside the scope); BM25
+        ranks them (memory_service/bm25.py says why not the index's own score)."""
+        rows = await self._read(
+            agent_id,
+            f"UNWIND $queries AS q CALL db.idx.fulltext.queryNodes('{LABEL}', q[1]) YIELD node AS n "
+            f"WITH q, n WHERE {where} RETURN q[0] AS term, collect(n.uuid) AS ids",
+            queries=[[term, q] for term, q in queries.items()], **params,
+        )
+        matched = {row["term"]: row["ids"] for row in rows}
+        if not matched:
+            return []
+        scope_size = await self._scope_size(agent_id, groups)
+        df = {term: len(ids) for term, ids in matched.items()}
+        matches: dict[str, set[str]] = {}
+        for term, ids in matched.items():
+            for memory_id in ids:
+                matches.setdefault(memory_id, set()).add(term)
+        # Rank by the terms' rarity first, then read and score only the best of them.
+        weight = {t: bm25.idf(max(scope_size, d), d) for t, d in df.items()}
+        shortlist = sorted(matches, key=lambda i: -sum(weight[t] for t in matches[i]))[: FULLTEXT_RESCORED]
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}, n.text AS text",
+                                ids=shortlist)
+        scored = bm25.scores({r["uuid"]: matches[r["uuid"]] for r in rows}, {r["uuid"]: r["text"] for r in rows},
+                             df, scope_size)
+        ranked = sorted(rows, key=lambda r: (-scored[r["uuid"]], r["uuid"]))[: params["limit"]]
+        return [(_memory(r), round(scored[r["uuid"]], 6)) for r in ranked]
+
+    async def _scope_size(self, agent_id: str, groups: list[str] | None) -> int:
+        if groups is None:
+            rows = await self._read(agent_id, f"MATCH (n:{LABEL}) RETURN count(n) AS c")
+        else:
+            rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
+                                    groups=groups)
+        return int(rows[0]["c"]) if rows else 0
 
 
 def _memory(row: dict) -> Memory:

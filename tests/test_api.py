@@ -133,3 +133,45 @@ async def test_openapi_documents_every_route(http):
         "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
     }
     assert (await http.get("/docs")).status_code == 200
+
+
+async def test_search_over_http_with_explanations_and_bad_input(http):
+    await post_chat(http)
+    found = await http.get("/v1/search", params={"agent_id": AGENT, "query": "when does the Lisbon flight leave",
+                                                 "scope": "user", "user_id": "alice", "top_k": 2})
+    assert found.status_code == 200, found.text
+    body = found.json()
+    best = body["results"][0]
+    assert best["source_message_ids"] == ["m2"] and best["kind"] == "message" and best["activated"] is True
+    assert set(best["explanation"]["signals"]) == {"fulltext", "vector"} and best["age"]
+    assert body["scope"] == "user" and body["namespaces"] == 2 and len(body["results"]) == 2
+    posted = await http.post(f"/v1/agents/{AGENT}/search", json={"query": "window seats", "kinds": ["message"],
+                                                                 "scope": "session", "session_id": "s1"})
+    assert posted.status_code == 200 and posted.json()["results"][0]["source_message_ids"] == ["m0"]
+    for params, status, detail in [
+        ({"query": ""}, 422, "query must not be empty"),
+        ({"query": "x" * 2001}, 422, "limit is 2000"),
+        ({"query": "x", "top_k": 0}, 422, "top_k"),
+        ({"query": "x", "top_k": 1000}, 422, "limit is 100"),
+        ({"query": "x", "kinds": "nonsense"}, 422, "kinds"),
+        ({"query": "x", "scope": "galaxy"}, 422, "scope"),
+        ({"query": "x", "scope": "session", "session_id": "not-there"}, 404, "has no messages recorded by agent"),
+        ({"query": "x", "scope": "namespaces", "namespaces": "user:other-agent:alice"}, 404, "is not one of agent"),
+    ]:
+        answer = await http.get("/v1/search", params={"agent_id": AGENT, **params})
+        assert answer.status_code == status and detail in answer.json()["detail"], (params, answer.text)
+
+
+async def test_context_with_query_and_budget_over_http(http):
+    await post_chat(http)
+    ctx = await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1",
+                                                "query": "what seat does alice like?", "budget": 700})
+    assert ctx.status_code == 200, ctx.text
+    data = ctx.json()
+    assert data["budget"] == 700 and data["chars"] <= 700 and data["sections"]["relevant"] >= 1
+    first = ET.fromstring(data["xml"]).find("RelevantMemories/Memory")
+    assert first.text == "alice: I prefer window seats on flights." and first.get("date") == "2026-05-01 09:00"
+    for params, detail in [({"budget": 10}, "budget must be at least 64"), ({"query": "q" * 5000}, "characters long"),
+                           ({"budget": "lots"}, "budget")]:
+        bad = await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1", **params})
+        assert bad.status_code == 422 and detail in bad.json()["detail"], bad.text

@@ -1,0 +1,51 @@
+"""BM25 over candidates a full-text index found: the scoring the index's own lacks.
+
+FalkorDB's full-text index (RediSearch inside FalkorDB) scores an OR query by TF-IDF
+divided by the distance between the matched terms, so a memory that holds two query
+words far apart ranks below one that holds one of them (measured: "seat alice" put
+"alice: ... flight ..." at 2.0 above "alice: I prefer window seats" at 0.75). The backend
+therefore asks the index which memories hold each term (the index does the matching,
+stemming and scoping), and ranks them here by Okapi BM25 with the index's own counts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+
+from .rule_extractor import stem
+
+K1 = 1.2
+B = 0.75
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def idf(n_docs: int, df: int) -> float:
+    return math.log(1.0 + (n_docs - df + 0.5) / (df + 0.5))
+
+
+def stems(text: str) -> list[str]:
+    return [stem(w) for w in _WORD.findall(text.lower())]
+
+
+def scores(matches: Mapping[str, set[str]], texts: Mapping[str, str], df: Mapping[str, int],
+           n_docs: int) -> dict[str, float]:
+    """BM25 of each text for the terms the index matched in it (``matches``).
+
+    ``df`` counts the memories of the whole scope holding each term, ``n_docs`` the scope's
+    size. A term the index matched counts at least once (its stemmer may differ from ours).
+    """
+    weights = {t: idf(max(n_docs, d), d) for t, d in df.items()}
+    tokenised = {key: stems(text) for key, text in texts.items()}
+    average = sum(map(len, tokenised.values())) / max(len(tokenised), 1) or 1.0
+    out = {}
+    for key, tokens in tokenised.items():
+        norm = K1 * (1 - B + B * len(tokens) / average)
+        total = 0.0
+        for term in matches.get(key, ()):
+            term_stem = stem(term)
+            tf = max(1, sum(1 for token in tokens if token == term_stem))
+            total += weights.get(term, 0.0) * tf * (K1 + 1) / (tf + norm)
+        out[key] = total
+    return out
