@@ -338,7 +338,13 @@ class GraphBackend(MemoryBackend):
                 cypher = (f"MATCH (n:{LABEL}) WHERE {where} AND n.embedding IS NOT NULL "
                           "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
                           f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
-            rows = await self._read(agent_id, cypher, v=vector, **params)
+            try:
+                rows = await self._read(agent_id, cypher, v=vector, **params)
+            except Exception as exc:
+                # After a restart FalkorDB rebuilds vector indexes in the background and
+                # refuses queries meanwhile ("Invalid arguments"): full text still answers.
+                log.warning("vector search of agent %s failed, full text only: %s", agent_id, exc)
+                return hits
             # Cosine distance (0 = same direction) as a similarity in [-1, 1].
             hits["vector"] = [(_memory(r), 1.0 - float(r["d"])) for r in rows]
         return hits

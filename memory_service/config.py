@@ -74,6 +74,23 @@ class Settings(BaseSettings):
     consolidator: Literal["rules", "llm"] | None = Field(
         default=None, description="How pending directives and suggestions are merged: rules, or llm (one call per merge); unset: as EXTRACTOR")
 
+    # Embeddings. (memory_service/embedding.py; the choice of the local model: docs/embeddings.md)
+    embedder: Literal["local", "openai", "hash"] = Field(
+        default="local",
+        description="local (all-MiniLM-L6-v2 int8 on onnxruntime, shipped in a wheel, nothing downloaded), "
+                    "openai (any OpenAI-compatible /v1/embeddings endpoint) or hash (deterministic, no model: tests)")
+    embedding_base_url: str | None = Field(
+        default=None, description="EMBEDDER=openai: the endpoint's base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1")
+    embedding_model: str | None = Field(default=None, description="EMBEDDER=openai: the model name, e.g. text-embedding-3-small")
+    embedding_api_key: SecretStr | None = Field(default=None, description="EMBEDDER=openai: API key of the endpoint, if it needs one")
+    embedding_dimension: int | None = Field(
+        default=None, ge=8, le=65536,
+        description="hash: the vector size (default 384); openai: the size the endpoint must return, checked at start "
+                    "(unset: learned from one probe call); local: must be 384 if set")
+    embedding_timeout_seconds: float = Field(default=30, gt=0, description="EMBEDDER=openai: read timeout of one call (connect: at most 5 s)")
+    embedding_batch_size: int = Field(default=32, ge=1, le=2048, description="Texts per model run (local) or per request (openai)")
+    # End of embeddings.
+
     # Memory context.
     context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)
     context_model_budgets: dict[str, int] = Field(
@@ -89,7 +106,10 @@ class Settings(BaseSettings):
     # Search and the query-aware memory block.
     embedding_backfill_per_run: int = Field(
         default=2000, ge=1, description="Memories the worker embeds per run (every 2 minutes) when they were stored without")
-    search_rrf_k: int = Field(default=60, ge=1, description="Reciprocal rank fusion constant: a signal's rank r adds 1/(k + r)")
+    search_rrf_k: int = Field(default=10, ge=1, description="Reciprocal rank fusion constant: a signal's rank r adds 1/(k + r)")
+    search_signal_weights: dict[str, float] = Field(
+        default_factory=lambda: {"fulltext": 1.0, "vector": 1.0},
+        description="JSON: each signal's weight in the fusion (a signal left out weighs 1)")
     search_candidates: int = Field(default=50, ge=1, le=1000, description="Candidates each signal (full-text, vector) gives fusion")
     search_recency_half_life_days: float = Field(default=30, gt=0, description="Age at which the recency factor is halfway to its floor")
     search_recency_weight: float = Field(

@@ -133,11 +133,12 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
             signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
-    best_possible = len(hits) / (k + 1) if hits else 1.0
+    weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
+    best_possible = sum(weights.values()) / (k + 1) if hits else 1.0
     explained = []
     for memory_id, found in signals.items():
         memory = memories[memory_id]
-        fused = sum(1.0 / (k + s.rank) for s in found.values()) / best_possible
+        fused = sum(weights[name] / (k + s.rank) for name, s in found.items()) / best_possible
         age_days = (now - memory.valid_at).total_seconds() / 86_400
         recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
         score = fused * recency
@@ -234,6 +235,8 @@ class Retriever:
             limit=max(self.settings.search_candidates, request.top_k),
         )
         hits = await backend.search(agent_id, store_query)
+        if vector is not None and "vector" not in hits:
+            why_not = "the store's vector index did not answer (rebuilding after a restart?)"
         now = datetime.now(UTC)
         ranked = fuse(hits, self.settings, now, request.min_score)
         results = [hit(m, e, now) for m, e in ranked if e.activated][: request.top_k]
