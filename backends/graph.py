@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -47,7 +46,6 @@ LABEL = "Episodic"
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
 FULLTEXT_RESCORED = 300  # full-text candidates read and ranked by BM25, the rarest-term matches first
-_READY_CACHE = 10_000  # agent graphs whose indexes this process has checked
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
@@ -115,7 +113,6 @@ class GraphBackend(MemoryBackend):
         self.url = url
         self.client = FalkorDB.from_url(url)
         self.embedding_dimension = embedding_dimension
-        self._ready: OrderedDict[str, None] = OrderedDict()
 
     async def start(self) -> None:
         await self.client.connection.ping()
@@ -148,21 +145,21 @@ class GraphBackend(MemoryBackend):
         return [dict(zip(names, row)) for row in result.result_set]
 
     async def _writable(self, agent_id: str):
-        """The agent's graph, with its indexes (created once per graph; safe to repeat)."""
+        """The agent's graph, with its indexes, created with the graph.
+
+        Checked on every write (one EXISTS), not remembered: a graph deleted under a running
+        process (an erased agent, a flushed store) must get its indexes again, or the
+        full-text index would silently find nothing. Creating them twice is harmless.
+        """
         name = graph_name(agent_id)
         graph = self.client.select_graph(name)
-        if name not in self._ready:
+        if not await self.client.connection.exists(name):
             for statement in _index_statements(self.embedding_dimension):
                 try:
                     await graph.query(statement)
                 except Exception as exc:
                     if "already" not in str(exc).lower():
                         raise
-            self._ready[name] = None
-            while len(self._ready) > _READY_CACHE:
-                self._ready.popitem(last=False)
-        else:
-            self._ready.move_to_end(name)
         return graph
 
     # Writes --------------------------------------------------------------------------
