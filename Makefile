@@ -27,6 +27,7 @@ serve: $(STAMP)
 	$(VENV)/bin/memory-service serve
 
 bench: $(STAMP)
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/context_bench.py
 	$(PY) bench/formation_bench.py
 
