@@ -109,6 +109,11 @@ class GraphBackend(MemoryBackend):
         self.settings = settings or Settings()
         _disable_telemetry_unless_asked(self.settings)
         from falkordb.asyncio import FalkorDB
+        # Imported here, after the telemetry switch and at start: importing graphiti-core
+        # takes seconds, which a first formation job must not spend inside its timeout.
+        from graphiti_core.nodes import EpisodeType, EpisodicNode
+
+        self._episode_type, self._episodic_node = EpisodeType, EpisodicNode
 
         self.url = url
         self.client = FalkorDB.from_url(url)
@@ -182,10 +187,9 @@ class GraphBackend(MemoryBackend):
         return written
 
     def _row(self, memory: Memory) -> dict[str, Any]:
-        from graphiti_core.nodes import EpisodeType, EpisodicNode
-
+        EpisodeType = self._episode_type  # noqa: N806 (graphiti-core's classes)
         namespace = Namespace.parse(memory.namespace)
-        node = EpisodicNode(
+        node = self._episodic_node(
             uuid=memory.id,
             name=f"{memory.kind.value}:{memory.id}",
             group_id=namespace.group_id,
