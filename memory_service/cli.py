@@ -238,6 +238,21 @@ async def _demo(data_dir: Path, model: str | None) -> None:
             console.rule(f"GET /v1/context for {show['user_id']} in {show['session_id']}: {ctx['chars']} of {ctx['budget']} chars")
             console.print(Syntax(ctx["xml"], "xml", word_wrap=True))
             console.print(f"sections: {ctx['sections']}  dropped to fit: {ctx['dropped']}")
+            await _show_search(http, script["agent_id"], show["user_id"], script["search"])
+
+
+async def _show_search(http, agent_id: str, user_id: str, query: str) -> None:
+    """One search over the user's memories, each result with its explanation."""
+    found = _ok(await http.get("/v1/search", params={"agent_id": agent_id, "query": query, "scope": "user",
+                                                     "user_id": user_id, "top_k": 3}))
+    console.rule(f"GET /v1/search {query!r}, scope user {user_id}: {found['took_ms']:.0f} ms")
+    for hit in found["results"]:
+        explanation = hit["explanation"]
+        signals = " · ".join(f"{name} {s['score']:.2f} (rank {s['rank']})" for name, s in explanation["signals"].items())
+        console.print(f"[bold]{hit['score']:.2f}[/bold] {hit['kind']}, {hit['age']}: {hit['content']}", markup=True,
+                      highlight=False)
+        console.print(f"      {signals} · recency {explanation['recency']:.2f} · from {hit['source_message_ids']}",
+                      highlight=False)
 
 
 def _ok(response) -> dict:
