@@ -45,7 +45,7 @@ LABEL = "Episodic"
 # time) apply after it, so that enough survive them.
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
-FULLTEXT_RESCORED = 300  # full-text candidates read and ranked by BM25, the rarest-term matches first
+FULLTEXT_RESCORED = 2  # x the candidates asked for: how many are read and ranked by BM25, rarest terms first
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
@@ -372,7 +372,7 @@ class GraphBackend(MemoryBackend):
                 matches.setdefault(memory_id, set()).add(term)
         # Rank by the terms' rarity first, then read and score only the best of them.
         weight = {t: bm25.idf(max(scope_size, d), d) for t, d in df.items()}
-        shortlist = sorted(matches, key=lambda i: -sum(weight[t] for t in matches[i]))[: FULLTEXT_RESCORED]
+        shortlist = sorted(matches, key=lambda i: -sum(weight[t] for t in matches[i]))[: FULLTEXT_RESCORED * params["limit"]]
         rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}, n.text AS text",
                                 ids=shortlist)
         scored = bm25.scores({r["uuid"]: matches[r["uuid"]] for r in rows}, {r["uuid"]: r["text"] for r in rows},

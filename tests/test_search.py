@@ -205,7 +205,7 @@ async def test_one_graph_per_agent_and_reads_create_nothing(service, settings):
         # What may change on a read: the context cache, its last-good copy, metrics, and the
         # worker's own queue keys (arq). Nothing else, and no graph.
         def stored(keys) -> set[str]:
-            return {k for k in keys if not k.startswith(("ms:ctx:", "ms:metrics", "arq:"))}
+            return {k for k in keys if not k.startswith(("ms:ctx:", "ms:metrics", "arq:", "memory-service:"))}
 
         keys_before = stored(await client.connection.keys("*"))
         await service.search("ghost", "anything at all")
