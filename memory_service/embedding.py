@@ -26,7 +26,6 @@ import logging
 import math
 import os
 import re
-import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path

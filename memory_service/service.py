@@ -540,7 +540,7 @@ class MemoryService:
         token = read_sources.set(sources)
         try:
             inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
-                                                                        query, budget)
+                                                                        query)
         finally:
             read_sources.reset(token)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
@@ -563,7 +563,7 @@ class MemoryService:
 
     async def _context_inputs(
         self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
-        query: str | None, budget: int,
+        query: str | None,
     ) -> tuple[ContextInputs, bool, str]:
         """What the block shows, whether every read succeeded, and the backend read."""
         s = self.settings
