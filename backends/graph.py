@@ -45,7 +45,7 @@ LABEL = "Episodic"
 # time) apply after it, so that enough survive them.
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
-FULLTEXT_RESCORED = 2  # x the candidates asked for: how many are read and ranked by BM25, rarest terms first
+FULLTEXT_RESCORED = 2  # x the candidates asked for: each term's best (by the index) that BM25 ranks
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
@@ -353,30 +353,28 @@ class GraphBackend(MemoryBackend):
 
     async def _fulltext(self, agent_id: str, queries: dict[str, str], groups: list[str] | None, where: str,
                         params: dict[str, Any]) -> list[tuple[Memory, float]]:
-        """The index finds which memories hold each term (stemmed, inside the scope); BM25
-        ranks them (memory_service/bm25.py says why not the index's own score)."""
+        """The index counts the memories holding each term (stemmed, inside the scope) and
+        gives its best few for each; BM25 ranks their union (memory_service/bm25.py says
+        why not the index's own OR score). One query for all terms."""
+        per_term = FULLTEXT_RESCORED * params["limit"]
         rows = await self._read(
             agent_id,
-            f"UNWIND $queries AS q CALL db.idx.fulltext.queryNodes('{LABEL}', q[1]) YIELD node AS n "
-            f"WITH q, n WHERE {where} RETURN q[0] AS term, collect(n.uuid) AS ids",
-            queries=[[term, q] for term, q in queries.items()], **params,
+            f"UNWIND $queries AS q CALL db.idx.fulltext.queryNodes('{LABEL}', q[1]) YIELD node AS n, score "
+            f"WITH q, n, score WHERE {where} WITH q, n, score ORDER BY score DESC "
+            "WITH q, collect(n.uuid) AS ids RETURN q[0] AS term, size(ids) AS df, ids[0..$per_term] AS best",
+            queries=[[term, q] for term, q in queries.items()], per_term=per_term, **params,
         )
-        matched = {row["term"]: row["ids"] for row in rows}
-        if not matched:
+        if not rows:
             return []
-        scope_size = await self._scope_size(agent_id, groups)
-        df = {term: len(ids) for term, ids in matched.items()}
+        df = {row["term"]: int(row["df"]) for row in rows}
         matches: dict[str, set[str]] = {}
-        for term, ids in matched.items():
-            for memory_id in ids:
-                matches.setdefault(memory_id, set()).add(term)
-        # Rank by the terms' rarity first, then read and score only the best of them.
-        weight = {t: bm25.idf(max(scope_size, d), d) for t, d in df.items()}
-        shortlist = sorted(matches, key=lambda i: -sum(weight[t] for t in matches[i]))[: FULLTEXT_RESCORED * params["limit"]]
+        for row in rows:
+            for memory_id in row["best"]:
+                matches.setdefault(memory_id, set()).add(row["term"])
+        scope_size = await self._scope_size(agent_id, groups)
         rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}, n.text AS text",
-                                ids=shortlist)
-        scored = bm25.scores({r["uuid"]: matches[r["uuid"]] for r in rows}, {r["uuid"]: r["text"] for r in rows},
-                             df, scope_size)
+                                ids=list(matches))
+        scored = bm25.scores(matches, {r["uuid"]: r["text"] for r in rows}, df, scope_size)
         ranked = sorted(rows, key=lambda r: (-scored[r["uuid"]], r["uuid"]))[: params["limit"]]
         return [(_memory(r), round(scored[r["uuid"]], 6)) for r in ranked]
 

@@ -31,21 +31,24 @@ def stems(text: str) -> list[str]:
 
 def scores(matches: Mapping[str, set[str]], texts: Mapping[str, str], df: Mapping[str, int],
            n_docs: int) -> dict[str, float]:
-    """BM25 of each text for the terms the index matched in it (``matches``).
+    """BM25 of each text for every term in ``df``.
 
     ``df`` counts the memories of the whole scope holding each term, ``n_docs`` the scope's
-    size. A term the index matched counts at least once (its stemmer may differ from ours).
+    size; ``matches`` are the terms the index found in each text, which count at least
+    once even where this module's stemmer does not see them (the index's may differ).
     """
     weights = {t: idf(max(n_docs, d), d) for t, d in df.items()}
+    term_stems = {t: stem(t) for t in df}
     tokenised = {key: stems(text) for key, text in texts.items()}
     average = sum(map(len, tokenised.values())) / max(len(tokenised), 1) or 1.0
     out = {}
     for key, tokens in tokenised.items():
         norm = K1 * (1 - B + B * len(tokens) / average)
+        found = matches.get(key, set())
         total = 0.0
-        for term in matches.get(key, ()):
-            term_stem = stem(term)
-            tf = max(1, sum(1 for token in tokens if token == term_stem))
-            total += weights.get(term, 0.0) * tf * (K1 + 1) / (tf + norm)
+        for term, term_stem in term_stems.items():
+            tf = sum(1 for token in tokens if token == term_stem) or (1 if term in found else 0)
+            if tf:
+                total += weights[term] * tf * (K1 + 1) / (tf + norm)
         out[key] = total
     return out
