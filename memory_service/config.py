@@ -117,9 +117,9 @@ class Settings(BaseSettings):
         description="Most a score loses to age: an old memory still wins with a fused score 1/(1-weight) times a newer one's")
     search_max_query_chars: int = Field(default=2000, ge=1, description="Longest query accepted; longer ones answer 422")
     search_max_top_k: int = Field(default=100, ge=1, description="Largest top_k a search may ask for")
-    context_relevant_items: int = Field(default=40, ge=0, description="Query-relevant memories the block may show, best first")
-    context_relevant_full: int = Field(default=3, ge=0, description="How many of the best relevant memories are shown in full")
-    context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next ones as snippets around the match")
+    context_relevant_items: int = Field(default=40, ge=0, description="Query-relevant memories the block may show per 4,000 characters of budget, best first")
+    context_relevant_full: int = Field(default=3, ge=0, description="How many of the best are shown in full, per 4,000 characters of budget")
+    context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next as snippets around the match, per 4,000 characters")
     context_snippet_chars: int = Field(default=320, ge=40, description="Length of a snippet around the matching text")
     context_reference_chars: int = Field(default=100, ge=20, description="Length of a one-line reference")
 

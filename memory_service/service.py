@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 # every store fails: in Redis for a day, and the most recent ones in this process's memory.
 LAST_GOOD_TTL_SECONDS = 86_400
 LAST_GOOD_IN_PROCESS = 1_000
+# The CONTEXT_RELEVANT_* counts are per this many characters of budget.
+RELEVANT_COUNTS_PER_CHARS = 4_000
 
 BackendFactory = Callable[[Settings], MemoryBackend | Awaitable[MemoryBackend]]
 
@@ -540,7 +542,7 @@ class MemoryService:
         token = read_sources.set(sources)
         try:
             inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
-                                                                        query)
+                                                                        query, budget)
         finally:
             read_sources.reset(token)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
@@ -563,7 +565,7 @@ class MemoryService:
 
     async def _context_inputs(
         self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
-        query: str | None,
+        query: str | None, budget: int,
     ) -> tuple[ContextInputs, bool, str]:
         """What the block shows, whether every read succeeded, and the backend read."""
         s = self.settings
@@ -612,12 +614,16 @@ class MemoryService:
             episodes=episodes,
         )
         relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
-                                                           query)
+                                                           query, budget)
         return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
 
     async def _relevant(self, agent_id: str, user_id: str, session_id: str, shards: list[Shard],
-                        backend: MemoryBackend, shown: ContextInputs, query: str | None) -> tuple[list[RelevantItem], bool]:
+                        backend: MemoryBackend, shown: ContextInputs, query: str | None,
+                        budget: int) -> tuple[list[RelevantItem], bool]:
         """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
+
+        How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
+        so a larger budget shows proportionally more (never fewer than the settings say).
 
         The scope is what this user may see: the session, the user's memory and every
         session they spoke in, the active shards and the agent's own namespace. Memories
@@ -625,7 +631,11 @@ class MemoryService:
         latest user message is the query (and is itself left out).
         """
         s = self.settings
-        if s.context_relevant_items <= 0:
+        scale = max(1.0, budget / RELEVANT_COUNTS_PER_CHARS)
+        wanted = min(round(s.context_relevant_items * scale), s.search_max_top_k)
+        full = round(s.context_relevant_full * scale)
+        snippets = round(s.context_relevant_snippets * scale)
+        if wanted <= 0:
             return [], True
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
@@ -641,21 +651,21 @@ class MemoryService:
             namespaces = [Namespace.session(session_id), Namespace.user(agent_id, user_id),
                           *(Namespace.session(x) for x in sessions if x != session_id),
                           *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]
-            request = SearchRequest(query=query, top_k=min(s.context_relevant_items + len(exclude), s.search_max_top_k))
+            request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
             result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
             log.warning("memory context: searching for %r failed: %s", query[:80] if query else None, exc)
             return [], False
-        hits = [h for h in result.results if h.id not in exclude][: s.context_relevant_items]
+        hits = [h for h in result.results if h.id not in exclude][:wanted]
         terms = query_terms(query)
         items = []
         for rank, h in enumerate(hits):
             text = h.content
-            if rank >= s.context_relevant_full + s.context_relevant_snippets:
+            if rank >= full + snippets:
                 text = snippet(text, terms, s.context_reference_chars)
-            elif rank >= s.context_relevant_full:
+            elif rank >= full:
                 text = snippet(text, terms, s.context_snippet_chars)
             memory = Memory(id=h.id, kind=h.kind, namespace=h.namespace, content=h.content, valid_at=h.valid_at,
                             metadata=Provenance(agent_id=agent_id, user_id=h.user_id, session_id=h.session_id,

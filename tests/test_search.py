@@ -174,18 +174,21 @@ async def test_context_relevant_part_respects_every_budget(service):
     lines = [("alice", "user", f"Fact number {i}: the locker code for gym {i} is {1000 + i}, " + "padding " * 30)
              for i in range(30)]
     await record_all(service, "gym", "a1", lines)
-    previous = -1
+    service.settings.context_relevant_full, service.settings.context_relevant_snippets = 1, 2
+    previous, shown = -1, {}
     for budget in (64, 200, 600, 1500, 4000, 16000):
         rendered = await service.assemble_memory_context("a1", "alice", "gym", query="locker code for gym", budget=budget)
         assert len(rendered.xml) == rendered.chars <= budget
-        ET.fromstring(rendered.xml)
-        assert rendered.sections["relevant"] >= previous
-        previous = rendered.sections["relevant"]
-    root = ET.fromstring(rendered.xml)
-    shown = [m.text for m in root.findall("RelevantMemories/Memory")]
-    assert len(shown) >= 20
-    assert shown[0] in {f"alice: {text}" for _, _, text in lines}  # the best in full ...
-    assert len(shown[-1]) <= 102 and shown[-1].endswith("…")  # ... the last a one-line reference
+        shown[budget] = [m.text for m in ET.fromstring(rendered.xml).findall("RelevantMemories/Memory")]
+        assert len(shown[budget]) >= previous
+        previous = len(shown[budget])
+    every = {f"alice: {text}" for _, _, text in lines}
+    assert shown[4000][0] in every  # the best in full ...
+    assert all(len(t) <= 102 and t.endswith("…") for t in shown[4000][3:])  # ... after 1 + 2, references
+    assert len(shown[4000]) >= 10
+    # Four times the budget: four times as many in full and as snippets (these turns are
+    # shorter than a snippet, so whole), every turn shown.
+    assert sum(t in every for t in shown[16000]) == 4 * (1 + 2) and len(shown[16000]) == 30
 
 
 async def test_context_query_bad_input(service):
