@@ -24,6 +24,7 @@ nothing (read-only queries; a missing graph reads as empty).
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -93,6 +94,18 @@ def _index_statements(dimension: int | None) -> list[str]:
         statements.append(f"CREATE VECTOR INDEX FOR (n:{LABEL}) ON (n.embedding) "
                           f"OPTIONS {{dimension: {int(dimension)}, similarityFunction: 'cosine'}}")
     return statements
+
+
+async def _until_indexes_operational(graph, timeout: float = 10.0) -> None:
+    """FalkorDB builds indexes in the background; until they are operational a full-text
+    query finds nothing and a vector query fails. A new graph's are built in moments."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        result = await graph.ro_query("CALL db.indexes() YIELD status RETURN collect(status)")
+        if all(status == "OPERATIONAL" for status in result.result_set[0][0]):
+            return
+        await asyncio.sleep(0.01)
+    log.warning("indexes of graph %s still building after %.0f s", graph.name, timeout)
 
 
 def fulltext_queries(terms: Sequence[str], group_ids: Sequence[str] | None) -> dict[str, str]:
@@ -165,6 +178,7 @@ class GraphBackend(MemoryBackend):
                 except Exception as exc:
                     if "already" not in str(exc).lower():
                         raise
+            await _until_indexes_operational(graph)
         return graph
 
     # Writes --------------------------------------------------------------------------
