@@ -90,3 +90,39 @@ async def test_two_servers_with_two_data_dirs_share_nothing(tmp_path):
             # uvicorn shuts down cleanly, then re-raises the SIGTERM it caught.
             assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
     assert not list(tmp_path.glob("*/falkordb.pid"))  # each server stopped its embedded store
+
+
+async def test_backfill_embeddings_embeds_what_was_stored_without(settings):
+    """Memories stored while the embedder was down, embedded by the command; with the
+    embedder unreachable it fails with a sentence and changes nothing."""
+    from backends.graph import GraphBackend
+    from memory_service.runtime import open_service
+
+    from .helpers import msg
+
+    async with open_service(settings, run_worker=False) as service:
+        service.embedder, saved = None, service.embedder  # as if the embedder were down
+        for i in range(5):
+            await service.record_message("s1", msg("a1", "alice", f"note {i} about the garden shed", mid=f"m{i}"))
+        service.embedder = saved
+    env = {**clean_env(), "FALKORDB_URL": settings.falkordb_url, "EMBEDDER": "hash", "EMBEDDING_DIMENSION": "64",
+           "COLUMNS": "200"}
+
+    async def backfill(**extra: str) -> tuple[int, str]:
+        proc = await asyncio.create_subprocess_exec(CLI, "backfill-embeddings", "--batch", "2", env={**env, **extra},
+                                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        return proc.returncode if await proc.wait() is not None else -1, (await proc.stdout.read()).decode()
+
+    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=64)
+    try:
+        code, out = await backfill(EMBEDDER="openai", EMBEDDING_BASE_URL=f"http://127.0.0.1:{free_port()}/v1",
+                                   EMBEDDING_MODEL="m")
+        assert code == 1 and "backfill failed" in out, out
+        assert len(await backend.unembedded("a1", 10)) == 5
+        code, out = await backfill()
+        assert code == 0 and "5 memories embedded" in out, out
+        assert await backend.unembedded("a1", 10) == []
+        code, out = await backfill()
+        assert code == 0 and "0 memories embedded" in out, out
+    finally:
+        await backend.close()
