@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from backends.base import MemoryBackend, SignalHits
 
@@ -69,8 +69,13 @@ class SearchRequest(BaseModel):
     top_k: int = Field(10, ge=1, description="results to return (at most SEARCH_MAX_TOP_K)")
     min_score: float | None = Field(None, ge=0, le=1, description="results below it come back as candidates")
     kinds: list[MemoryKind] | None = Field(None, description="only these kinds (default: all)")
-    since: datetime | None = Field(None, description="only memories at or after this time")
-    until: datetime | None = Field(None, description="only memories at or before this time")
+    since: datetime | None = Field(None, description="only memories at or after this time (UTC unless it says)")
+    until: datetime | None = Field(None, description="only memories at or before this time (UTC unless it says)")
+
+    @field_validator("since", "until")
+    @classmethod
+    def _timezone(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
 
 
 class SignalScore(BaseModel):

@@ -224,3 +224,9 @@ async def test_routing_a_search_to_the_agents_backend(service):
     await service.put_agent("a1", AgentSettings(memory_backend="graph"))
     await record_all(service, "trip", "a1", TRIP)
     assert (await service.search("a1", "bees")).results[0].namespace == str(Namespace.session("trip"))
+
+
+async def test_a_time_range_without_a_timezone_is_utc(service):
+    await record_all(service, "trip", "a1", TRIP)
+    naive = (T0 + timedelta(minutes=1)).replace(tzinfo=None)
+    assert sorted(ids_of(await service.search("a1", "Lisbon window seats Carla", until=naive))) == ["trip-0", "trip-1"]
