@@ -46,7 +46,7 @@ LABEL = "Episodic"
 # time) apply after it, so that enough survive them.
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
-FULLTEXT_RESCORED = 2  # x the candidates asked for: each term's best (by the index) that BM25 ranks
+FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
