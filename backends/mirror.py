@@ -17,9 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
-
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
@@ -28,6 +27,7 @@ from memory_service.outbox import DescribeShardOp, EmbeddingsOp, Outbox, TrimOp,
 from .base import MemoryBackend, SignalHits, served_by
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class MirroredBackend(MemoryBackend):
@@ -137,24 +137,27 @@ class MirroredBackend(MemoryBackend):
 
     # Reads: the graph, else MongoDB ---------------------------------------------------------
 
-    async def _read(self, method: str, agent_id: str, namespace: Namespace | None, *args, empty_falls_back: bool = False):
+    async def _read(self, read: Callable[[MemoryBackend], Awaitable[T]], what: str,
+                    empty_falls_back: bool = False, empty: Callable[[T], bool] = lambda result: not result) -> T:
+        """``read`` from the graph; from MongoDB when the graph fails, or (with
+        ``empty_falls_back``) answers ``empty`` and MongoDB has more."""
         primary_failed = None
         try:
-            result = await getattr(self.primary, method)(agent_id, namespace, *args)
-            if result or not empty_falls_back:
+            result = await read(self.primary)
+            if not (empty_falls_back and empty(result)):
                 served_by("graph")
                 return result
         except Exception as exc:
             primary_failed = exc
-            log.warning("graph read of %s failed, reading mongo: %s", namespace or agent_id, exc)
+            log.warning("graph read of %s failed, reading mongo: %s", what, exc)
         try:
-            fallback = await getattr(self.mirror, method)(agent_id, namespace, *args)
+            fallback = await read(self.mirror)
         except Exception:
             if primary_failed:
                 raise
             served_by("graph")
             return result  # the graph's (empty) answer stands
-        if primary_failed or fallback:
+        if primary_failed or not empty(fallback):
             self.fallback_reads += 1
             served_by("mongo")
             return fallback
@@ -162,38 +165,20 @@ class MirroredBackend(MemoryBackend):
         return result
 
     async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
-        return await self._read("get", agent_id, namespace, ids, empty_falls_back=bool(ids))
+        return await self._read(lambda b: b.get(agent_id, namespace, ids), str(namespace), empty_falls_back=bool(ids))
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
-        return await self._read("recent", agent_id, namespace, kinds, limit, empty_falls_back=limit > 0)
+        return await self._read(lambda b: b.recent(agent_id, namespace, kinds, limit), str(namespace),
+                                empty_falls_back=limit > 0)
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        return await self._read("count", agent_id, namespace, kinds)
+        return await self._read(lambda b: b.count(agent_id, namespace, kinds), str(namespace))
 
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
         # Like the namespace reads: MongoDB answers when the graph fails, or finds nothing
         # at all (an agent that has just opted in to the graph without migrating).
-        try:
-            hits = await self.primary.search(agent_id, query)
-        except Exception as exc:
-            log.warning("graph search of agent %s failed, searching mongo: %s", agent_id, exc)
-            hits = None
-        if hits is not None and any(hits.values()):
-            served_by("graph")
-            return hits
-        try:
-            fallback = await self.mirror.search(agent_id, query)
-        except Exception:
-            if hits is None:
-                raise
-            served_by("graph")
-            return hits
-        if hits is None or any(fallback.values()):
-            self.fallback_reads += 1
-            served_by("mongo")
-            return fallback
-        served_by("graph")
-        return hits
+        return await self._read(lambda b: b.search(agent_id, query), f"agent {agent_id}", empty_falls_back=True,
+                                empty=lambda hits: not any(hits.values()))
 
     async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
         return await self.primary.export(agent_id, namespace)

@@ -75,7 +75,7 @@ def make_inputs(shards: int, facts: int, suggestions: int, users: int, directive
                                                 for i in range(directives)])
                for k in range(users)],
         episodes=[_mem("episode", f"episode {i} " * 5, "session:s1") for i in range(episodes)],
-        relevant=[RelevantItem(m, m.content) for m in (_mem("fact", f"relevant {i}", "shard:a:t", timedelta(hours=i)) for i in range(relevant))],
+        relevant=[RelevantItem.whole(m) for m in (_mem("fact", f"relevant {i}", "shard:a:t", timedelta(hours=i)) for i in range(relevant))],
     )
 
 
@@ -150,8 +150,8 @@ def naive_render(inputs: ContextInputs, now: datetime) -> str:
         out.append("  </CurrentConversationContext>\n")
     if inputs.relevant:
         out.append("  <RelevantMemories>\n")
-        out.extend(f"    <Memory kind={_a(r.memory.kind.value)} date={_a(memory_date(r.memory.valid_at))}"
-                   f" age={_a(age(r.memory.valid_at, now))}>{_t(r.text)}</Memory>\n"
+        out.extend(f"    <Memory kind={_a(r.kind.value)} date={_a(memory_date(r.valid_at))}"
+                   f" age={_a(age(r.valid_at, now))}>{_t(r.text)}</Memory>\n"
                    for r in inputs.relevant)
         out.append("  </RelevantMemories>\n")
     if not out:

@@ -59,7 +59,7 @@ from fnmatch import fnmatchcase
 from itertools import count
 from xml.sax.saxutils import escape, quoteattr
 
-from .models import Memory
+from .models import Memory, MemoryKind
 
 MIN_BUDGET_CHARS = 64
 RECENT_ITEMS = 5
@@ -93,8 +93,13 @@ class UserContext:
 class RelevantItem:
     """A query-relevant memory as the block shows it: in full, a snippet, or a reference."""
 
-    memory: Memory
+    kind: MemoryKind
+    valid_at: datetime
     text: str
+
+    @classmethod
+    def whole(cls, memory: Memory) -> RelevantItem:
+        return cls(memory.kind, memory.valid_at, memory.content)
 
 
 @dataclass(frozen=True)
@@ -253,8 +258,8 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         _EPISODES, first_tier=_LATEST_EPISODE)
     add(relevant_node, "Memory", [r.text for r in inputs.relevant], "relevant", _RELEVANT,
         newest_first=True, later_tier=_RELEVANT_MORE,
-        attrs=[f" kind={_attr(r.memory.kind.value)} date={_attr(memory_date(r.memory.valid_at))}"
-               f" age={_attr(age(r.memory.valid_at, now))}" for r in inputs.relevant])
+        attrs=[f" kind={_attr(r.kind.value)} date={_attr(memory_date(r.valid_at))}"
+               f" age={_attr(age(r.valid_at, now))}" for r in inputs.relevant])
 
     for index, user in enumerate(inputs.users):
         node = _Node(user_memory, "User", f" id={_attr(user.user_id)}")

@@ -44,7 +44,7 @@ _FIELDS: dict[NamespaceKind, tuple[str, ...]] = {
 }
 
 
-def validate_id(value: object, what: str = "id") -> str:
+def validate_id(value: object, what: str = "id", colon_allowed: bool = False) -> str:
     """Return ``value`` if it is a usable identifier, else raise InvalidInput.
 
     Any Unicode is allowed except ':' (the namespace separator), control and
@@ -58,7 +58,7 @@ def validate_id(value: object, what: str = "id") -> str:
         raise InvalidInput(f"{what} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}")
     if value != value.strip():
         raise InvalidInput(f"{what} {value!r} must not start or end with white space")
-    if ":" in value:
+    if ":" in value and not colon_allowed:
         raise InvalidInput(f"{what} {value!r} must not contain ':' (it separates namespace fields)")
     bad = next((c for c in value if unicodedata.category(c) in {"Cc", "Cs", "Cn"}), None)
     if bad is not None:
@@ -67,13 +67,8 @@ def validate_id(value: object, what: str = "id") -> str:
 
 
 def validate_message_id(value: object, what: str = "message_id") -> str:
-    """Message ids are never namespace fields, so any printable id up to 256 characters is
-    accepted, ':' included (LoCoMo's ``D3:7``, ``chat:42:7``); no control, unassigned or
-    surrogate characters and no outer white space."""
-    if isinstance(value, str) and ":" in value:
-        validate_id(value.replace(":", "_"), what)
-        return value
-    return validate_id(value, what)
+    """Message ids are never namespace fields, so ':' is allowed in them (LoCoMo's ``D3:7``)."""
+    return validate_id(value, what, colon_allowed=True)
 
 
 def _encode_field(value: str) -> str:

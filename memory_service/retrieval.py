@@ -159,7 +159,7 @@ def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
     meta = memory.metadata
     return SearchHit(
         id=memory.id, kind=memory.kind, namespace=memory.namespace,
-        content=memory.search_text if memory.kind is MemoryKind.MESSAGE else memory.content,
+        content=memory.search_text,
         valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
         activated=explanation.activated, source_message_ids=memory.source_message_ids,
         session_id=meta.session_id, user_id=meta.user_id, role=meta.role, explanation=explanation,
@@ -198,8 +198,7 @@ class Retriever:
             await self._owned_session(agent_id, request.session_id)
             return [Namespace.session(request.session_id)]
         if scope is Scope.USER:
-            sessions = await self.state.user_sessions(agent_id, request.user_id)
-            return [Namespace.user(agent_id, request.user_id), *map(Namespace.session, sessions)]
+            return await self.user_namespaces(agent_id, request.user_id)
         if scope is Scope.SHARD:
             return [Namespace.shard(agent_id, request.shard_id)]
         namespaces = []
@@ -211,6 +210,11 @@ class Retriever:
                 raise NotFound(f"namespace {text!r} is not one of agent {agent_id!r}'s")
             namespaces.append(namespace)
         return list(dict.fromkeys(namespaces))
+
+    async def user_namespaces(self, agent_id: str, user_id: str) -> list[Namespace]:
+        """The "user" scope: the user's own namespace and every session of the agent they spoke in."""
+        sessions = await self.state.user_sessions(agent_id, user_id)
+        return [Namespace.user(agent_id, user_id), *map(Namespace.session, sessions)]
 
     async def _owned_session(self, agent_id: str, session_id: str) -> None:
         # Unknown and foreign sessions get the same answer: nothing reveals another agent's ids.

@@ -647,10 +647,9 @@ class MemoryService:
                 if not latest:
                     return [], True
                 query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
-            sessions = await self.state.user_sessions(agent_id, user_id)
-            namespaces = [Namespace.session(session_id), Namespace.user(agent_id, user_id),
-                          *(Namespace.session(x) for x in sessions if x != session_id),
-                          *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]
+            namespaces = list(dict.fromkeys([
+                Namespace.session(session_id), *await self.retriever.user_namespaces(agent_id, user_id),
+                *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
             request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
             result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
         except MemoryServiceError:
@@ -667,10 +666,7 @@ class MemoryService:
                 text = snippet(text, terms, s.context_reference_chars)
             elif rank >= full:
                 text = snippet(text, terms, s.context_snippet_chars)
-            memory = Memory(id=h.id, kind=h.kind, namespace=h.namespace, content=h.content, valid_at=h.valid_at,
-                            metadata=Provenance(agent_id=agent_id, user_id=h.user_id, session_id=h.session_id,
-                                                message_ids=h.source_message_ids))
-            items.append(RelevantItem(memory=memory, text=text))
+            items.append(RelevantItem(kind=h.kind, valid_at=h.valid_at, text=text))
         return items, True
 
     async def health(self) -> dict:

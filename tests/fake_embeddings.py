@@ -1,13 +1,16 @@
-"""An OpenAI-compatible embeddings endpoint on loopback, for the tests of a failing embedder.
+"""An OpenAI-compatible embeddings endpoint on loopback, for the tests of the OpenAI
+embedder and of a service whose embedder fails.
 
 It answers ``POST /v1/embeddings`` with the deterministic hash embedder's vectors (so the
-service's vector search still ranks sensibly), and can be told to fail: ``down = True``
-answers every call with HTTP 503 until it is set back.
+service's vector search still ranks sensibly), scaled and in reverse order so that the
+client must normalise and sort. Faults are scripted: ``failures`` answers the next calls
+with those statuses, ``down`` answers 503 until it is unset, ``delay`` holds every call.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -17,34 +20,44 @@ from memory_service.loopback import LoopbackServer
 
 
 @dataclass
-class FakeEmbeddings:
-    dimension: int = 64
-    down: bool = False
+class EmbeddingsServer:
+    """POST /v1/embeddings answered with hash vectors (scaled by 3: the client must normalise),
+    returned in reverse order with their indexes (the client must sort)."""
+
+    dimension: int = 48
+    api_key: str | None = "sk-test"
+    failures: list[int] = field(default_factory=list)  # statuses for the next calls
+    delay: float = 0.0
+    batches: list[int] = field(default_factory=list)
     calls: int = 0
-    texts: int = 0
+    down: bool = False  # while set, every call answers 503
 
     def __post_init__(self) -> None:
-        self.embedder = HashEmbedder(self.dimension)
+        self.hash = HashEmbedder(self.dimension)
         self.app = FastAPI()
         self.app.post("/v1/embeddings")(self._embed)
-        self._server = LoopbackServer(self.app)
-        self.base_url = f"{self._server.base_url}/v1"
+        self.server = LoopbackServer(self.app)
+        self.base_url = f"{self.server.base_url}/v1"
 
-    async def start(self) -> FakeEmbeddings:
-        await self._server.start()
-        return self
-
-    async def stop(self) -> None:
-        await self._server.stop()
+    @property
+    def texts(self) -> int:
+        return sum(self.batches)
 
     async def _embed(self, request: Request):
         self.calls += 1
+        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
+            return JSONResponse({"error": {"message": "Incorrect API key provided"}}, status_code=401)
         if self.down:
             return JSONResponse({"error": {"message": "scripted outage"}}, status_code=503)
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.failures:
+            status = self.failures.pop(0)
+            return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
         body = await request.json()
-        inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
-        self.texts += len(inputs)
-        vectors = await self.embedder.embed(inputs)
-        return {"object": "list", "model": body.get("model", "fake"),
-                "data": [{"object": "embedding", "index": i, "embedding": v} for i, v in enumerate(vectors)],
+        inputs = body["input"]
+        self.batches.append(len(inputs))
+        vectors = await self.hash.embed(inputs)
+        data = [{"object": "embedding", "index": i, "embedding": [3 * x for x in v]} for i, v in enumerate(vectors)]
+        return {"object": "list", "model": body["model"], "data": data[::-1],
                 "usage": {"prompt_tokens": 0, "total_tokens": 0}}

@@ -26,7 +26,7 @@ NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 
 
 def shown_as_is(memory: Memory) -> RelevantItem:
-    return RelevantItem(memory, memory.content)
+    return RelevantItem.whole(memory)
 ALLOWED_TAGS = {
     "MemoryContext", "CollectiveMemory", "MemoryShard", "ConsolidatedMemory", "Facts", "Fact",
     "RecentSuggestions", "Suggestion", "UserMemory", "User", "Directives", "Directive",

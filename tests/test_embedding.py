@@ -8,11 +8,8 @@ from __future__ import annotations
 import asyncio
 import math
 import socket
-from dataclasses import dataclass, field
 
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from memory_service.config import Settings
 from memory_service.embedding import (
@@ -23,7 +20,9 @@ from memory_service.embedding import (
     OpenAIEmbedder,
     build_embedder,
 )
-from memory_service.loopback import LoopbackServer, free_port
+from memory_service.loopback import free_port
+
+from .fake_embeddings import EmbeddingsServer
 
 
 def cosine(a, b) -> float:
@@ -161,43 +160,6 @@ async def test_local_embedder_reports_a_missing_model_clearly(tmp_path):
 
 
 # --- openai-compatible, against a real server on loopback ---------------------------------
-
-
-@dataclass
-class EmbeddingsServer:
-    """POST /v1/embeddings answered with hash vectors (scaled by 3: the client must normalise),
-    returned in reverse order with their indexes (the client must sort)."""
-
-    dimension: int = 48
-    api_key: str | None = "sk-test"
-    failures: list[int] = field(default_factory=list)  # statuses for the next calls
-    delay: float = 0.0
-    batches: list[int] = field(default_factory=list)
-    calls: int = 0
-
-    def __post_init__(self) -> None:
-        self.hash = HashEmbedder(self.dimension)
-        self.app = FastAPI()
-        self.app.post("/v1/embeddings")(self._embed)
-        self.server = LoopbackServer(self.app)
-        self.base_url = f"{self.server.base_url}/v1"
-
-    async def _embed(self, request: Request):
-        self.calls += 1
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            return JSONResponse({"error": {"message": "Incorrect API key provided"}}, status_code=401)
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.failures:
-            status = self.failures.pop(0)
-            return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
-        body = await request.json()
-        inputs = body["input"]
-        self.batches.append(len(inputs))
-        vectors = await self.hash.embed(inputs)
-        data = [{"object": "embedding", "index": i, "embedding": [3 * x for x in v]} for i, v in enumerate(vectors)]
-        return {"object": "list", "model": body["model"], "data": data[::-1],
-                "usage": {"prompt_tokens": 0, "total_tokens": 0}}
 
 
 @pytest.fixture

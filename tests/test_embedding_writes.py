@@ -9,15 +9,16 @@ from memory_service.models import MemoryKind
 from memory_service.runtime import open_service
 
 from .conftest import suite_settings
-from .fake_embeddings import FakeEmbeddings
+from .fake_embeddings import EmbeddingsServer
 from .helpers import msg, record_all
 
 
 @pytest.fixture
 async def embeddings():
-    server = await FakeEmbeddings(dimension=64).start()
+    server = EmbeddingsServer(dimension=64, api_key=None)
+    await server.server.start()
     yield server
-    await server.stop()
+    await server.server.stop()
 
 
 @pytest.fixture
