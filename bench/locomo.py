@@ -258,7 +258,6 @@ async def ingest(http: httpx.AsyncClient, samples: list[Sample], concurrency: in
     record_s: list[float] = []
     form_s: list[float] = []
     forms: list[dict] = []
-    extra_forms: dict[str, int] = {}
     gate = asyncio.Semaphore(concurrency)
 
     async def one_sample(sample: Sample) -> None:
@@ -292,19 +291,6 @@ async def ingest(http: httpx.AsyncClient, samples: list[Sample], concurrency: in
                 if r.status_code != 200:
                     raise BenchError(f"POST /v1/sessions/{sid}/form answered {r.status_code}: {detail(r)}")
                 forms.append({"session_id": sid, **{k: r.json().get(k) for k in ("formed", "memories", "written")}})
-                # POST /form joins a window already being formed (one a gate opened), and that
-                # window may not hold the session's last messages: form again until all are.
-                for _ in range(5):
-                    status = await http.get(f"/v1/sessions/{sid}")
-                    if status.status_code != 200 or status.json().get("formed_messages", 0) >= len(session.turns):
-                        break
-                    extra_forms[sid] = extra_forms.get(sid, 0) + 1
-                    start = time.perf_counter()
-                    r = await http.post(f"/v1/sessions/{sid}/form", params={"wait": "true"})
-                    form_s.append(time.perf_counter() - start)
-                    if r.status_code != 200:
-                        raise BenchError(f"POST /v1/sessions/{sid}/form answered {r.status_code}: {detail(r)}")
-                    forms.append({"session_id": sid, **{k: r.json().get(k) for k in ("formed", "memories", "written")}})
 
     start = time.perf_counter()
     tasks = [asyncio.create_task(one_sample(s)) for s in samples]
@@ -319,7 +305,7 @@ async def ingest(http: httpx.AsyncClient, samples: list[Sample], concurrency: in
     for f in forms:
         memories.update(f.get("memories") or {})
     return {"messages": messages, "sessions": sum(len(s.sessions) for s in samples), "seconds": wall,
-            "form_calls": len(form_s), "sessions_formed_again": extra_forms, "messages_per_s": messages / wall,
+            "form_calls": len(form_s), "messages_per_s": messages / wall,
             "record": summarize_ms(record_s), "form": summarize_ms(form_s), "memories_formed_by_post_form": dict(memories),
             "concurrency": concurrency}
 
@@ -482,10 +468,6 @@ async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Se
         console.print(f"  ingest: {ing['messages']} messages, {ing['sessions']} sessions formed in "
                       f"{ing['seconds']:.1f} s ({ing['messages_per_s']:.1f} msgs/s); memories formed by POST /form: "
                       f"{ing['memories_formed_by_post_form']} (windows a gate opened not counted)")
-        if ing["sessions_formed_again"]:
-            console.print(f"  [yellow]note[/yellow]: in {len(ing['sessions_formed_again'])} of {ing['sessions']} sessions "
-                          "POST /form answered with messages still pending (it joined the window a gate had "
-                          "opened, without the session's last messages); the bench called it again")
         errors += await check_formed(http, samples)
         if not shape.has_search:
             raise BenchError("GET /v1/search does not exist in this service yet (not in /openapi.json): "

@@ -261,7 +261,7 @@ class Retriever:
 async def embed_memories(embedder, memories: Sequence[Memory]) -> int:
     """Give memories their embedding before they are written; how many got one.
 
-    A failing embedder is logged and leaves them without: they are stored anyway and the
+    A failing embedder is logged and leaves them without (0): they are stored anyway and the
     backfill (the worker's cron job, ``memory-service backfill-embeddings``) embeds them later.
     """
     todo = [m for m in memories if m.embedding is None]
@@ -270,7 +270,7 @@ async def embed_memories(embedder, memories: Sequence[Memory]) -> int:
     try:
         vectors = await embedder.embed([m.search_text for m in todo])
     except Exception as exc:
-        log.warning("storing %d memories without embeddings (backfilled later): %s", len(todo), exc)
+        log.warning("could not embed %d memories; they stay stored without, for the backfill: %s", len(todo), exc)
         return 0
     for memory, vector in zip(todo, vectors):
         memory.embedding = list(vector)

@@ -467,13 +467,10 @@ class MemoryService:
                     memories = await backend.unembedded(agent_id, size)
                     if not memories:
                         break
-                    try:
-                        vectors = await self.embedder.embed([m.search_text for m in memories])
-                    except Exception as exc:
-                        log.warning("embedding backfill paused, the embedder failed: %s", exc)
+                    if not await embed_memories(self.embedder, memories):  # it logged why
                         report["failed_batches"] += 1
                         return report
-                    done = await backend.set_embeddings(agent_id, {m.id: v for m, v in zip(memories, vectors)})
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories})
                     report["embedded"] += done
                     if on_progress:
                         on_progress(agent_id, done)
