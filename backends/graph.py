@@ -36,7 +36,7 @@ from memory_service.config import Settings, redact_url
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 
-from .base import MemoryBackend, SignalHits
+from memory_service.backend import MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 from memory_service.outbox import DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
 
-from .base import MemoryBackend, SignalHits, served_by
+from memory_service.backend import MemoryBackend, SignalHits, served_by
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -46,7 +46,7 @@ from memory_service.config import redact_url
 from memory_service.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.namespaces import Namespace, NamespaceKind
 
-from .base import MemoryBackend, SignalHits
+from memory_service.backend import MemoryBackend, SignalHits
 
 try:  # numpy scores a batch of vectors at once; plain Python does the same, slower
     import numpy

@@ -394,7 +394,7 @@ async def job_records(service: MemoryService, session_ids: list[str], first_seen
 async def check_formed(service: MemoryService, agent: str, sessions: dict[str, list[dict]]) -> list[str]:
     """Every message in exactly one formed window: the episodes' message ids, counted."""
     errors = []
-    _, backend = await service.backend_for(agent)
+    _, backend = await service.agents.backend_for(agent)
     for session_id, bodies in sessions.items():
         expected = sorted(b["message_id"] for b in bodies)
         episodes = await backend.recent(agent, Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
@@ -414,7 +414,7 @@ async def check_formed(service: MemoryService, agent: str, sessions: dict[str, l
 async def check_recorded_only(service: MemoryService, agent: str, sessions: dict[str, list[dict]]) -> list[str]:
     """The baseline stored every message and formed nothing."""
     errors = []
-    _, backend = await service.backend_for(agent)
+    _, backend = await service.agents.backend_for(agent)
     for session_id, bodies in sessions.items():
         stored = await backend.recent(agent, Namespace.session(session_id), [MemoryKind.MESSAGE], 10_000)
         status = await service.session_status(session_id)
@@ -603,7 +603,7 @@ async def llm_flow(url: str, echo: EchoLLM, sizes: Sizes, shards: int, style: st
                               llm_model="echo", consolidator="rules")
     async with open_service(settings, run_worker=True) as service:
         if style == "reference":
-            service.extractor = ReferenceStyleExtractor(service.extractor)
+            service.pipeline.extractor = ReferenceStyleExtractor(service.pipeline.extractor)
         for shard_id in LLM_SHARD_IDS[:shards]:
             await service.put_shard(agent, shard_id, ShardIn(name=shard_id, extraction_focus=f"anything about {shard_id}s"))
         # The same seed and users for both styles and every shard count: the windows, and so

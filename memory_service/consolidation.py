@@ -19,7 +19,7 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
-from backends.base import MemoryBackend
+from .backend import MemoryBackend
 
 from .extraction import ExtractionUsage
 from .models import Memory, MemoryKind, Provenance, utcnow

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from pydantic import BaseModel, Field
 
-from backends.base import MemoryBackend
+from .backend import MemoryBackend
 
 from .extraction import ExtractionUsage, Extractor, Window, WindowMessage
 from .models import Memory, MemoryKind, Provenance, Shard

@@ -91,7 +91,7 @@ async def migrate_agent(
     if stored is None and not await service.state.agent_sessions(agent_id):
         raise NotFound(f"agent {agent_id!r} has no settings and no sessions: nothing to migrate")
     settings = stored or AgentSettings()
-    source_name, source = await service.backend_for(agent_id, settings)
+    source_name, source = await service.agents.backend_for(agent_id, settings)
     if source_name == to:
         raise InvalidInput(f"agent {agent_id!r} already uses the {to!r} backend; nothing to migrate")
     target = await service.registry.get(to)

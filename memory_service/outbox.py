@@ -26,7 +26,7 @@ from .models import Memory, MemoryKind
 from .namespaces import Namespace
 
 if TYPE_CHECKING:
-    from backends.base import MemoryBackend
+    from .backend import MemoryBackend
 
 ENTRIES = "ms:outbox:entries"
 

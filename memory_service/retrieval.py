@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from pydantic import BaseModel, Field, field_validator
 
-from backends.base import MemoryBackend, SignalHits
+from .backend import MemoryBackend, SignalHits
 
 from .config import Settings
 from .context import age

@@ -101,10 +101,10 @@ async def test_backfill_embeddings_embeds_what_was_stored_without(settings):
     from .helpers import msg
 
     async with open_service(settings, run_worker=False) as service:
-        service.embedder, saved = None, service.embedder  # as if the embedder were down
+        service.sessions.embedder, saved = None, service.sessions.embedder  # as if the embedder were down
         for i in range(5):
             await service.record_message("s1", msg("a1", "alice", f"note {i} about the garden shed", mid=f"m{i}"))
-        service.embedder = saved
+        service.sessions.embedder = saved
     env = {**clean_env(), "FALKORDB_URL": settings.falkordb_url, "EMBEDDER": "hash", "EMBEDDING_DIMENSION": "64",
            "COLUMNS": "200"}
 

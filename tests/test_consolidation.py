@@ -44,7 +44,7 @@ async def test_directives_are_consolidated_after_five_and_the_block_shows_the_me
         await record(service, "c1", "alice", PREFS[:6])
         await service.form_memories("c1")
         ns = Namespace.user("a1", "alice")
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         for _ in range(200):
             if await service.state.consolidation_version(str(ns)) == 1:
                 break
@@ -65,7 +65,7 @@ async def test_directives_are_consolidated_after_five_and_the_block_shows_the_me
 async def test_an_item_pushed_while_a_consolidation_runs_is_never_lost(service):
     """The merge step itself forms another window, whose directives are pushed mid-run."""
     ns = Namespace.user("a1", "alice")
-    _, backend = await service.backend_for("a1")
+    _, backend = await service.agents.backend_for("a1")
     await record(service, "p1", "alice", PREFS[:4])
     first = await service.state.claim_window("p1", 100)
     await form_window(claim=first, agent_id="a1", backend=backend, state=service.state,
@@ -104,7 +104,7 @@ async def test_concurrent_formations_and_consolidations_lose_no_directive(settin
             await record(service, session, "alice", [f"I prefer hotel {i} {j} near the beach." for j in range(4)])
         await asyncio.gather(*(service.form_memories(s) for s in sessions))
         ns = Namespace.user("a1", "alice")
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         for _ in range(400):  # let the consolidation jobs the formations enqueued settle
             pending = await service.state.consolidation_pending(str(ns))
             if len(pending) < 2 and not await service.queue.pool.zcard("memory-service:jobs"):
@@ -128,7 +128,7 @@ async def test_facts_per_shard_are_capped_oldest_first(settings):
         await service.form_memories("f1")
         await record(service, "f1", "alice", texts[3:] + ["The train leaves at dawn tomorrow."], start=3)
         await service.form_memories("f1")
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         ns = Namespace.shard("a1", "travel")
         facts = await backend.recent(ns.fields[0], ns, [MemoryKind.FACT], 100)
         assert len(facts) == await backend.count(ns.fields[0], ns, [MemoryKind.FACT]) == 3

@@ -30,7 +30,7 @@ async def remote_service(settings, embeddings):
 
 
 async def unembedded(service, agent_id: str) -> list[str]:
-    _, backend = await service.backend_for(agent_id)
+    _, backend = await service.agents.backend_for(agent_id)
     return sorted(m.metadata.message_ids[0] for m in await backend.unembedded(agent_id, 1000))
 
 
@@ -47,7 +47,7 @@ async def test_a_down_embedder_loses_no_write_and_the_backfill_embeds_later(remo
 
     summary = await service.form_memories("s1")  # formation too stores without vectors
     assert summary.formed and summary.memories["episode"] == 1
-    _, backend = await service.backend_for("a1")
+    _, backend = await service.agents.backend_for("a1")
     kinds = {m.kind for m in await backend.unembedded("a1", 1000)}
     assert kinds == {MemoryKind.MESSAGE, MemoryKind.EPISODE}
 

@@ -102,7 +102,7 @@ async def test_the_worker_consolidates_directives_with_one_llm_call(settings, ec
         await service.form_memories("c1")
         ns = Namespace.user("a1", "alice")
         await wait_for(lambda: _version_is(service, ns, 1))
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         blob = await latest_consolidated(backend, ns.fields[0], ns)
         assert blob.content.splitlines() == [f"- {p}" for p in reversed(PREFS[:6])]
         assert echo.schemas == ["memory_consolidation"]  # rules extracted; the LLM merged, once
@@ -131,7 +131,7 @@ async def test_a_failing_llm_leaves_the_items_pending_and_shown_until_a_retry_su
         await record(service, "c1", "alice", PREFS[6:7], start=6)
         await service.form_memories("c1")
         await wait_for(lambda: _version_is(service, ns, 1))
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         blob = await latest_consolidated(backend, ns.fields[0], ns)
         assert len(blob.metadata.memory_ids) == 7 and all(p in blob.content for p in PREFS[:7])
         assert await service.state.consolidation_pending(str(ns)) == []

@@ -71,7 +71,7 @@ async def snapshot(backend, namespaces, agent: str = "a1") -> dict[str, dict[str
 
 async def settle(service, agent: str = "a1", timeout: float = 30) -> None:
     """Until the outbox has delivered everything to both stores."""
-    _, backend = await service.backend_for(agent)
+    _, backend = await service.agents.backend_for(agent)
     for _ in range(int(timeout / 0.05)):
         if not any((await backend.outbox.depth()).values()):
             return
@@ -80,7 +80,7 @@ async def settle(service, agent: str = "a1", timeout: float = 30) -> None:
 
 
 async def both_stores(service, agent: str = "a1"):
-    _, mirrored = await service.backend_for(agent)
+    _, mirrored = await service.agents.backend_for(agent)
     namespaces = await agent_namespaces(service, agent)
     return await snapshot(mirrored.primary, namespaces), await snapshot(mirrored.mirror, namespaces)
 
@@ -93,7 +93,7 @@ async def test_every_graph_write_reaches_mongo_once(mongo_settings):
         await settle(service)
         in_graph, in_mongo = await both_stores(service)
         assert in_graph == in_mongo and sum(map(len, in_graph.values())) > len(CHAT)
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         travel = await backend.mirror.shards.find_one({"_id": "shard:a1:travel"})
         assert (travel["name"], travel["extraction_focus"], travel["active"]) == ("travel", "flights, hotels", True)
         alice = await backend.mirror.user_memory.find_one({"_id": "user:a1:alice"})
@@ -108,7 +108,7 @@ async def test_mongo_stopped_mid_run_gets_every_write_when_it_returns(mongo_sett
         await mongo_proxy.stop()
         await converse(service, "s1", start=3, lines=CHAT[3:])
         assert (await service.form_memories("s1")).formed  # the graph carries on alone
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         await asyncio.sleep(0.3)
         health = await backend.health()
         assert health["outbox"]["mongo"] > 0 and health["outbox"]["graph"] == 0 and "mongo" in health["undelivered"]
@@ -125,7 +125,7 @@ async def test_mongo_stopped_mid_run_gets_every_write_when_it_returns(mongo_sett
 async def test_mongo_stopped_mid_run_gets_shard_settings_and_fact_trims_when_it_returns(mongo_settings, mongo_proxy):
     settings = mongo_settings.model_copy(update={"facts_per_shard": 1})
     async with open_service(settings, run_worker=True) as service:
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         await mongo_proxy.stop()
         await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights, hotels, dates"))
         await converse(service, "s1")
@@ -150,7 +150,7 @@ async def test_an_outbox_entry_in_the_format_before_operations_is_still_delivere
     async with open_service(mongo_settings, run_worker=False) as service:
         await converse(service, "s1", lines=CHAT[:1])
         await settle(service)
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         [message] = await backend.primary.export("a1", Namespace.session("s1"))
         legacy = message.model_copy(update={"id": "legacy-1", "content": "queued before the upgrade"})
         await service.state.redis.hset("ms:outbox:entries", "old", json.dumps([legacy.model_dump(mode="json")]))
@@ -182,7 +182,7 @@ async def test_graph_stopped_mid_run_keeps_writes_reads_mongo_and_catches_up(mon
         await settle(service)
         in_graph, in_mongo = await both_stores(service)
         assert in_graph == in_mongo
-        episodes = await (await service.backend_for("a1"))[1].primary.recent("a1", Namespace.session("s1"), [MemoryKind.EPISODE], 10)
+        episodes = await (await service.agents.backend_for("a1"))[1].primary.recent("a1", Namespace.session("s1"), [MemoryKind.EPISODE], 10)
         assert [e.metadata.message_ids for e in episodes] == [[f"s1-{i}" for i in range(4)], ["s1-4", "s1-5"]]
 
 
@@ -247,7 +247,7 @@ async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_sett
         assert report.switched and report.missing == 0 and 0 < report.copied < report.total
         agent = await service.get_agent("a1")
         assert (agent.memory_backend, agent.effective_backend, agent.agent_extras) == ("graph", "graph", {"tone": "warm"})
-        graph_backend = (await service.backend_for("a1"))[1]
+        graph_backend = (await service.agents.backend_for("a1"))[1]
         assert await snapshot(graph_backend.primary, namespaces) == before
 
         # On the graph, the conversation goes on; then back to mongo with nothing lost.

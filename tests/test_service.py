@@ -29,7 +29,7 @@ async def test_recording_is_idempotent_by_message_id(service):
     assert (first.duplicate, again.duplicate) == (False, True)
     assert first.sequence == again.sequence == 1
     assert (await service.session_gate("s1")).pending_messages == 1
-    backend = (await service.backend_for("a1"))[1]
+    backend = (await service.agents.backend_for("a1"))[1]
     assert await backend.count("a1", Namespace.session("s1"), [MemoryKind.MESSAGE]) == 1
 
 
@@ -37,7 +37,7 @@ async def test_same_message_id_with_other_content_is_refused_and_changes_nothing
     await service.record_message("s1", msg("a1", "alice", "original", mid="m1"))
     with pytest.raises(Conflict, match="other content"):
         await service.record_message("s1", msg("a1", "alice", "tampered", mid="m1"))
-    backend = (await service.backend_for("a1"))[1]
+    backend = (await service.agents.backend_for("a1"))[1]
     [stored] = await backend.recent("a1", Namespace.session("s1"), [MemoryKind.MESSAGE], 10)
     assert stored.content == "original"
     assert (await service.session_gate("s1")).pending_messages == 1
@@ -88,7 +88,7 @@ async def test_forming_writes_provenance_and_forming_again_writes_nothing(servic
     assert formed.formed and formed.written == sum(formed.memories.values()) > 0
     kinds = formed.memories
     assert kinds.get("episode") == 1 and kinds.get("directive", 0) >= 1
-    backend = (await service.backend_for("a1"))[1]
+    backend = (await service.agents.backend_for("a1"))[1]
     [episode] = await backend.recent("a1", Namespace.session("s1"), [MemoryKind.EPISODE], 5)
     assert episode.metadata.agent_id == "a1" and episode.metadata.session_id == "s1"
     assert episode.metadata.message_ids == [f"s1-{i}" for i in range(4)]
@@ -108,7 +108,7 @@ async def test_the_same_window_formed_twice_rewrites_nothing(service):
     from memory_service.formation import form_window
 
     await record_all(service, "s1", "a1", CHAT)
-    _, backend = await service.backend_for("a1")
+    _, backend = await service.agents.backend_for("a1")
     claim = await service.state.claim_window("s1", 100)
     kwargs = dict(claim=claim, agent_id="a1", backend=backend, state=service.state, extractor=service.extractor, shards=[])
     counts_before = await backend.count("a1", Namespace.session("s1"))
@@ -142,7 +142,7 @@ async def test_incognito_sessions_never_form(service):
         result = await service.record_message("inc", msg("a1", user, content, role=role, mid=f"m{i}", incognito=True))
     assert not result.gate.open and "incognito" in result.gate.reason
     assert not (await service.form_memories("inc")).formed
-    backend = (await service.backend_for("a1"))[1]
+    backend = (await service.agents.backend_for("a1"))[1]
     assert await backend.count("a1", Namespace.user("a1", "alice")) == 0
 
 

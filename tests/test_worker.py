@@ -122,7 +122,7 @@ async def assert_formed_exactly_once(service, sessions: dict[str, tuple[str, lis
     The rule extractor makes one directive of each stated preference; the LLM extractor
     caps directives per window, so there only duplicates are checked.
     """
-    _, backend = await service.backend_for(agent)
+    _, backend = await service.agents.backend_for(agent)
     for session_id, (user, message_ids) in sessions.items():
         episodes = await backend.recent(agent, Namespace.session(session_id), [MemoryKind.EPISODE], 10_000)
         covered = [mid for episode in episodes for mid in episode.metadata.message_ids]
@@ -177,10 +177,10 @@ async def test_a_gate_read_before_a_window_completed_claims_no_undersized_window
             await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
         first = await service.state.current_claim("r")
         assert first.message_ids == [f"m{i}" for i in range(4)]
-        _, backend = await service.backend_for("a1")
+        _, backend = await service.agents.backend_for("a1")
         await form_window(claim=first, agent_id="a1", backend=backend, state=service.state,
                           extractor=service.extractor, shards=[])
-        assert await service._schedule("r", gated=True) is None  # 3 left: below the gate
+        assert await service.sessions.schedule("r", gated=True) is None  # 3 left: below the gate
         assert await service.state.current_claim("r") is None
         summary = await service.form_memories("r", wait=False)  # forced: any size
         assert summary.job_id == formation_job_id("r", 2)

@@ -1,0 +1,58 @@
+"""Agents and shards: their settings (in the state store) and the backend each agent uses."""
+
+from __future__ import annotations
+
+import logging
+
+from .backend import MemoryBackend
+from .config import Settings
+from .errors import InvalidInput, NotFound
+from .models import Agent, AgentSettings, Shard, ShardIn
+from .namespaces import validate_id
+from .routing import BackendRegistry
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class AgentDirectory:
+    def __init__(self, settings: Settings, state: StateStore, registry: BackendRegistry):
+        self.settings, self.state, self.registry = settings, state, registry
+
+    async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
+        validate_id(agent_id, "agent_id")
+        requested = settings.requested_backend()
+        if requested and requested not in self.registry.factories:
+            known = ", ".join(sorted(self.registry.factories))
+            raise InvalidInput(f"unknown memory backend {requested!r}; registered backends: {known}")
+        await self.state.put_agent(agent_id, settings)
+        return await self.get_agent(agent_id)
+
+    async def get_agent(self, agent_id: str) -> Agent:
+        validate_id(agent_id, "agent_id")
+        settings = await self.state.get_agent(agent_id)
+        if settings is None:
+            raise NotFound(f"agent {agent_id!r} has no settings; PUT /v1/agents/{agent_id} creates them")
+        name, _ = await self.backend_for(agent_id, settings)
+        return Agent(agent_id=agent_id, effective_backend=name, **settings.model_dump())
+
+    async def backend_for(self, agent_id: str, settings: AgentSettings | None = None) -> tuple[str, MemoryBackend]:
+        """The name and backend serving ``agent_id``: the one its settings ask for, or the default."""
+        if settings is None:
+            settings = await self.state.get_agent(agent_id) or AgentSettings()
+        return await self.registry.resolve(settings.requested_backend(), self.settings.default_memory_backend, agent_id)
+
+    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
+        validate_id(agent_id, "agent_id")
+        validate_id(shard_id, "shard_id")
+        created = await self.state.put_shard(agent_id, shard_id, shard)
+        try:  # a copy for the store's own readers (MongoDB dashboards); Redis holds the truth
+            _, backend = await self.backend_for(agent_id)
+            await backend.describe_shard(agent_id, shard_id, shard.name, shard.extraction_focus, shard.active)
+        except Exception as exc:
+            log.warning("shard %s/%s saved; its copy in the memory store failed: %s", agent_id, shard_id, exc)
+        return Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump()), created
+
+    async def list_shards(self, agent_id: str) -> list[Shard]:
+        validate_id(agent_id, "agent_id")
+        return [Shard(agent_id=agent_id, shard_id=sid, **s.model_dump()) for sid, s in (await self.state.shards(agent_id)).items()]

@@ -1,0 +1,240 @@
+"""The memory block for one model call: what it shows, cached, and never failing the prompt.
+
+The block is read from the session's episodes, each user's directives, the active shards'
+facts and suggestions, and (with a query, or the latest user message) the most relevant
+memories in the user's scope. Blocks are cached under the generations of everything they
+read, so any write to those namespaces invalidates them. A store that fails shrinks the
+block or serves the last good one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from contextlib import suppress
+from dataclasses import replace
+
+from .agents import AgentDirectory
+from .backend import MemoryBackend, read_sources
+from .config import Settings
+from .context import (
+    MIN_BUDGET_CHARS,
+    ContextInputs,
+    RelevantItem,
+    RenderedContext,
+    ShardContext,
+    UserContext,
+    budget_for_model,
+    render_context,
+)
+from .errors import BackendUnavailable, Conflict, InvalidInput, MemoryServiceError
+from .models import Memory, MemoryKind, Shard
+from .namespaces import Namespace, validate_id
+from .retrieval import Retriever, SearchRequest, query_terms, snippet
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+# The last complete memory block per (agent, user, session, budget) is kept to serve when
+# every store fails: in Redis for a day, and the most recent ones in this process's memory.
+LAST_GOOD_TTL_SECONDS = 86_400
+LAST_GOOD_IN_PROCESS = 1_000
+# The CONTEXT_RELEVANT_* counts are per this many characters of budget.
+RELEVANT_COUNTS_PER_CHARS = 4_000
+
+
+class ContextAssembler:
+    def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, retriever: Retriever):
+        self.settings, self.state, self.agents, self.retriever = settings, state, agents, retriever
+        self._last_good: OrderedDict[str, RenderedContext] = OrderedDict()
+
+    async def assemble(
+        self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
+        query: str | None = None, budget: int | None = None,
+    ) -> RenderedContext:
+        """The XML memory block for one model call; it fits the budget.
+
+        ``budget`` (characters) overrides the model's. With a ``query`` the block gains the
+        memories most relevant to it; without one, the session's latest user message is the
+        query. A store that fails to answer shrinks the block; it never fails the prompt.
+        """
+        for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
+            validate_id(value, what)
+        if query is not None and len(query) > self.settings.search_max_query_chars:
+            raise InvalidInput(f"query is {len(query)} characters long; the limit is {self.settings.search_max_query_chars}")
+        if budget is not None and budget < MIN_BUDGET_CHARS:
+            raise InvalidInput(f"budget must be at least {MIN_BUDGET_CHARS} characters, got {budget}")
+        if budget is None:
+            budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        query = query.strip() if query else None
+        last_good_key = json.dumps([agent_id, user_id, session_id, budget])
+        try:
+            rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query)
+        except MemoryServiceError:
+            raise  # the caller's mistake (e.g. another agent's session), not an outage
+        except Exception as exc:
+            # The state store is down too: the last good block this process served, if any.
+            rendered = self._last_good.get(last_good_key)
+            log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id, user_id, session_id,
+                        "this process's last good block" if rendered else "nothing", exc)
+            rendered = replace(rendered, source="last-good") if rendered else replace(
+                render_context(ContextInputs(), budget), source="none")
+        with suppress(Exception):
+            await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
+        return rendered
+
+    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
+                        query: str | None) -> RenderedContext:
+        counters = await self.state.counters(session_id)
+        if counters.agent_id not in (None, agent_id):
+            raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
+        shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
+        users = [user_id] + [u for u in await self.state.session_users(session_id) if u != user_id]
+        namespaces = [
+            Namespace.session(session_id),
+            *(Namespace.user(agent_id, u) for u in users),
+            *(Namespace.shard(agent_id, s.shard_id) for s in shards),
+        ]
+        dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
+        generations = await self.state.generations(dependencies)
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, dependencies, generations]).encode()).hexdigest()
+        if cached := await self.state.cache_get(key):
+            return RenderedContext(**{**cached, "source": "cache"})
+
+        sources: set[str] = set()
+        token = read_sources.set(sources)
+        try:
+            inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
+                                                                        query, budget)
+        finally:
+            read_sources.reset(token)
+        rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
+        if complete:  # never cache a block shrunk by an outage
+            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
+            await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS)
+            self._remember_last_good(last_good_key, rendered)
+        elif last := await self.state.cache_get(f"last:{last_good_key}"):
+            # Every store that could answer failed: the last complete block beats a smaller one.
+            log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
+                        agent_id, user_id, session_id)
+            return RenderedContext(**{**last, "source": "last-good"})
+        return rendered
+
+    def _remember_last_good(self, key: str, rendered: RenderedContext) -> None:
+        self._last_good[key] = rendered
+        self._last_good.move_to_end(key)
+        while len(self._last_good) > LAST_GOOD_IN_PROCESS:
+            self._last_good.popitem(last=False)
+
+    async def _context_inputs(
+        self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
+        query: str | None, budget: int,
+    ) -> tuple[ContextInputs, bool, str]:
+        """What the block shows, whether every read succeeded, and the backend read."""
+        s = self.settings
+        try:
+            backend_name, backend = await self.agents.backend_for(agent_id)
+        except BackendUnavailable as exc:
+            log.warning("memory context for agent %s without memories: %s", agent_id, exc)
+            return ContextInputs(), False, "none"
+
+        async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
+            try:
+                return await backend.recent(agent_id, namespace, kinds, limit)
+            except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+                log.warning("memory context: reading %s failed: %s", namespace, exc)
+                return None
+
+        async def read_merged(namespace: Namespace, kind: MemoryKind, limit: int) -> tuple[str | None, list[Memory]] | None:
+            """The consolidated memory and the items not merged into it yet."""
+            items, latest = await asyncio.gather(read(namespace, [kind], limit), read(namespace, [MemoryKind.CONSOLIDATED], 1))
+            if items is None or latest is None:
+                return None
+            if not latest:
+                return None, items
+            pending = set(await self.state.consolidation_pending(str(namespace)))
+            return latest[-1].content, [m for m in items if m.id in pending]
+
+        reads = [read(Namespace.session(session_id), [MemoryKind.EPISODE], s.context_recent_episodes)]
+        reads += [read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user) for u in users]
+        for shard in shards:
+            ns = Namespace.shard(agent_id, shard.shard_id)
+            reads.append(read(ns, [MemoryKind.FACT], s.context_facts_per_shard))
+            reads.append(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard))
+        results = await asyncio.gather(*reads)
+        complete = all(r is not None for r in results)
+        episodes = results[0] or []
+        user_reads = [r or (None, []) for r in results[1 : 1 + len(users)]]
+        shard_reads = results[1 + len(users) :]
+        shard_contexts = []
+        for i, shard in enumerate(shards):
+            consolidated, suggestions = shard_reads[2 * i + 1] or (None, [])
+            shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=shard_reads[2 * i] or [],
+                                               suggestions=suggestions, consolidated=consolidated))
+        inputs = ContextInputs(
+            shards=shard_contexts,
+            users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
+            episodes=episodes,
+        )
+        relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
+                                                           query, budget)
+        return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
+
+    async def _relevant(self, agent_id: str, user_id: str, session_id: str, shards: list[Shard],
+                        backend: MemoryBackend, shown: ContextInputs, query: str | None,
+                        budget: int) -> tuple[list[RelevantItem], bool]:
+        """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
+
+        How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
+        so a larger budget shows proportionally more (never fewer than the settings say).
+
+        The scope is what this user may see: the session, the user's memory and every
+        session they spoke in, the active shards and the agent's own namespace. Memories
+        the block already shows elsewhere are left out. Without a query, the session's
+        latest user message is the query (and is itself left out).
+        """
+        s = self.settings
+        scale = max(1.0, budget / RELEVANT_COUNTS_PER_CHARS)
+        wanted = min(round(s.context_relevant_items * scale), s.search_max_top_k)
+        full = round(s.context_relevant_full * scale)
+        snippets = round(s.context_relevant_snippets * scale)
+        if wanted <= 0:
+            return [], True
+        exclude: set[str] = {m.id for m in shown.episodes}
+        exclude |= {m.id for u in shown.users for m in u.directives}
+        exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
+        try:
+            if query is None:
+                latest = [m for m in await backend.recent(agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
+                          if m.metadata.role in (None, "user")]
+                if not latest:
+                    return [], True
+                query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+            namespaces = list(dict.fromkeys([
+                Namespace.session(session_id), *await self.retriever.user_namespaces(agent_id, user_id),
+                *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
+            request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
+            result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
+        except MemoryServiceError:
+            raise
+        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+            log.warning("memory context: searching for %r failed: %s", query[:80] if query else None, exc)
+            return [], False
+        hits = [h for h in result.results if h.id not in exclude][:wanted]
+        terms = query_terms(query)
+        items = []
+        for rank, h in enumerate(hits):
+            text = h.content
+            if rank >= full + snippets:
+                text = snippet(text, terms, s.context_reference_chars)
+            elif rank >= full:
+                text = snippet(text, terms, s.context_snippet_chars)
+            items.append(RelevantItem(kind=h.kind, valid_at=h.valid_at, text=text))
+        return items, True
+
+
+def _asdict(rendered: RenderedContext) -> dict:
+    return {f: getattr(rendered, f) for f in rendered.__dataclass_fields__}

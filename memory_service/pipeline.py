@@ -1,0 +1,146 @@
+"""The work the worker does: forming windows, consolidating, sweeping cold sessions, embedding.
+
+Each entry point is a job body (workers/worker.py runs them) and is safe to retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from .agents import AgentDirectory
+from .backend import MemoryBackend
+from .config import Settings
+from .consolidation import Consolidator, consolidate
+from .extraction import Extractor
+from .formation import FormationResult, FormationSummary, form_window
+from .jobs import JobQueue
+from .models import MemoryKind
+from .namespaces import Namespace, NamespaceKind
+from .retrieval import embed_memories
+from .routing import BackendRegistry
+from .sessions import SessionLedger
+from .state import StateStore
+
+log = logging.getLogger(__name__)
+
+
+class FormationPipeline:
+    def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
+                 agents: AgentDirectory, sessions: SessionLedger, extractor: Extractor, consolidator: Consolidator,
+                 embedder):
+        self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
+        self.agents, self.sessions = agents, sessions
+        self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
+
+    async def run_formation(self, session_id: str, window: int) -> FormationSummary:
+        """Form the claimed window ``window`` of the session, exactly once across retries."""
+        claim = await self.state.current_claim(session_id)
+        if claim is None or claim.window != window:
+            return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
+                                    reason="window already formed")
+        counters = await self.state.counters(session_id)
+        agent_id = counters.agent_id
+        _, backend = await self.agents.backend_for(agent_id)
+        started = time.perf_counter()
+        result = await form_window(claim=claim, agent_id=agent_id, backend=backend, state=self.state,
+                                   extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
+                                   embedder=self.embedder)
+        if not result.already_formed:
+            await self._after_formation(agent_id, backend, result, time.perf_counter() - started)
+        if (await self.sessions.session_gate(session_id)).open:  # messages that arrived meanwhile
+            await self.sessions.schedule(session_id, gated=True)
+        return FormationSummary.of(result)
+
+    async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult, seconds: float) -> None:
+        usage = result.usage
+        await self.state.add_metrics(
+            formations=1, formed_messages=len(result.message_ids), formed_memories=result.written,
+            formation_seconds=seconds,
+            **({"llm_calls": usage.calls, "llm_attempts": usage.attempts, "llm_prompt_tokens": usage.prompt_tokens,
+                "llm_completion_tokens": usage.completion_tokens, "llm_seconds": usage.latency_seconds} if usage else {}),
+        )
+        touched = {m.namespace for m in result.memories}
+        for namespace in sorted(touched):
+            ns = Namespace.parse(namespace)
+            if ns.kind is NamespaceKind.SHARD:
+                await backend.trim(agent_id, ns, MemoryKind.FACT, self.settings.facts_per_shard)
+            if ns.kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                await self._maybe_consolidate(namespace)
+
+    def _consolidation_threshold(self, namespace: Namespace) -> int:
+        if namespace.kind is NamespaceKind.USER:
+            return self.settings.consolidate_directives_after
+        return self.settings.consolidate_suggestions_after
+
+    async def _maybe_consolidate(self, namespace: str) -> str | None:
+        backlog = await self.state.consolidation_backlog(namespace)
+        if backlog < self._consolidation_threshold(Namespace.parse(namespace)):
+            return None
+        version = await self.state.consolidation_version(namespace)
+        return await self.queue.enqueue_consolidation(namespace, version, backlog)
+
+    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict:
+        """Merge the ``count`` oldest pending items of ``namespace`` into consolidated version+1."""
+        ns = Namespace.parse(namespace)
+        agent_id = ns.fields[0]
+        _, backend = await self.agents.backend_for(agent_id)
+        words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
+        outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
+                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id,
+                                    embedder=self.embedder)
+        counters = {"consolidations": 1, "consolidated_items": outcome["items"]} if outcome["consolidated"] else {}
+        if usage := outcome.get("usage"):
+            counters.update(
+                consolidation_llm_calls=usage["calls"], consolidation_llm_attempts=usage["attempts"],
+                consolidation_llm_prompt_tokens=usage["prompt_tokens"],
+                consolidation_llm_completion_tokens=usage["completion_tokens"], consolidation_llm_seconds=usage["latency_seconds"])
+        if counters:
+            await self.state.add_metrics(**counters)
+        if outcome["consolidated"]:
+            await self._maybe_consolidate(namespace)
+        return outcome
+
+    async def sweep_cold_sessions(self) -> list[str]:
+        """Enqueue the window of every session idle long enough with the minimum of messages."""
+        idle_before = time.time() - self.settings.consider_cold_after_minutes * 60
+        min_messages = self.settings.never_form_memories_less_than_n_messages
+        enqueued = []
+        for session_id in await self.state.idle_sessions(idle_before):
+            # The claim itself refuses incognito sessions and those below the minimum.
+            if job_id := await self.sessions.schedule(session_id, min_messages=min_messages):
+                enqueued.append(job_id)
+        if enqueued:
+            log.info("cold-session sweep enqueued %d window(s)", len(enqueued))
+        return enqueued
+
+    async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
+                                  on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+        """Embed the memories stored without an embedding (the embedder was down); counts.
+
+        Resumable by construction: what is embedded is no longer ``unembedded``. Stops at
+        ``limit`` memories, or when the embedder fails (what is left waits for the next run).
+        """
+        report = {"embedded": 0, "failed_batches": 0}
+        if self.embedder is None:
+            return report
+        for backend in await self.registry.live():
+            for agent_id in await backend.agents():
+                while limit is None or report["embedded"] < limit:
+                    size = batch if limit is None else min(batch, limit - report["embedded"])
+                    memories = await backend.unembedded(agent_id, size)
+                    if not memories:
+                        break
+                    if not await embed_memories(self.embedder, memories):  # it logged why
+                        report["failed_batches"] += 1
+                        return report
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories})
+                    report["embedded"] += done
+                    if on_progress:
+                        on_progress(agent_id, done)
+                    if done < len(memories):  # removed meanwhile: do not loop on them
+                        break
+        if report["embedded"]:
+            await self.state.add_metrics(embeddings_backfilled=report["embedded"])
+        return report

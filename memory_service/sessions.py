@@ -1,0 +1,179 @@
+"""The session ledger: recording messages, the formation gates, and scheduling windows.
+
+A message is stored (and indexed) first, then committed to its session's pending window;
+a gate that opens claims the window and enqueues its formation job. ``form_memories``
+forms what is pending on request and waits for it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from . import gates
+from .agents import AgentDirectory
+from .config import Settings
+from .errors import BackendUnavailable, Conflict, FormationPending, NotFound
+from .formation import FormationSummary, message_memory_id
+from .jobs import JobQueue, formation_job_id
+from .models import Memory, MemoryKind, MessageIn, Provenance
+from .namespaces import Namespace, validate_id
+from .retrieval import embed_memories
+from .state import StateStore
+
+
+@dataclass(slots=True)
+class RecordResult:
+    session_id: str
+    message_id: str
+    sequence: int
+    duplicate: bool
+    gate: gates.GateStatus
+    formation_job: str | None = None  # the job forming the session's window, if a gate opened
+
+
+class SessionLedger:
+    def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, agents: AgentDirectory,
+                 embedder, extractor_name: str):
+        self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
+        self.embedder, self.extractor_name = embedder, extractor_name
+
+    async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
+        """Store one message (idempotent by message_id) and evaluate the gates."""
+        validate_id(session_id, "session_id")
+        message_id = message.message_id or uuid.uuid4().hex
+        digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
+        reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
+        if reservation.digest != digest:
+            raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
+        _, backend = await self.agents.backend_for(message.agent_id)
+        memory = Memory(
+            id=message_memory_id(session_id, message_id),
+            kind=MemoryKind.MESSAGE,
+            namespace=str(Namespace.session(session_id)),
+            content=message.content,
+            metadata=Provenance(
+                agent_id=message.agent_id,
+                user_id=message.user_id,
+                user_ids=[message.user_id],
+                session_id=session_id,
+                message_ids=[message_id],
+                sequence=reservation.sequence,
+                role=message.role,
+            ),
+            valid_at=message.created_at or datetime.now(UTC),
+        )
+        # Store first, then make it pending: a failed write leaves nothing pending that
+        # formation could not read, and the client's retry completes the same message.
+        # A failing embedder does not fail it: the message is stored and embedded later.
+        await embed_memories(self.embedder, [memory])
+        try:
+            await backend.write([memory])
+        except Exception as exc:
+            raise BackendUnavailable(
+                f"could not store message {message_id!r} of session {session_id!r}: {type(exc).__name__}: {exc}; "
+                "nothing is pending for it: send it again with the same message_id"
+            ) from exc
+        first = await self.state.commit_message(
+            session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
+            message.user_id if message.role == "user" else None, message.incognito, message.agent_id,
+        )
+        gate = gates.evaluate(await self.state.counters(session_id), self.settings)
+        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
+        if gate.open:
+            result.formation_job = await self.schedule(session_id, gated=True)
+        return result
+
+    async def session_gate(self, session_id: str) -> gates.GateStatus:
+        validate_id(session_id, "session_id")
+        return gates.evaluate(await self.state.counters(session_id), self.settings)
+
+    async def schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1) -> str | None:
+        """Claim the session's window (or find the claimed one) and enqueue its job.
+
+        ``gated``: only if the gates are open on what is pending at the claim itself.
+        """
+        s = self.settings
+        if gated:
+            min_messages = s.never_form_memories_less_than_n_messages
+        claim = await self.state.claim_window(
+            session_id, s.max_window_messages, min_messages,
+            s.memory_formation_msg_interval if gated else 0, s.memory_formation_token_interval if gated else 0,
+        )
+        if claim is None:
+            return None
+        return await self.queue.enqueue_formation(session_id, claim.window)
+
+    async def maybe_form_memories(self, session_id: str) -> str | None:
+        """Enqueue the pending window's formation if a gate is open; the job id, or None."""
+        if not (await self.session_gate(session_id)).open:
+            return None
+        return await self.schedule(session_id, gated=True)
+
+    async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
+        """Form whatever is pending now, gates or not (never in an incognito session).
+
+        Enqueues the window's job (or joins the one already queued) and, with ``wait``,
+        answers once every message pending at the call is stored: a window a gate claimed
+        earlier holds only the messages pending then, so the windows after it are formed
+        too, and the answer sums them. The worker does the forming.
+        """
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        job_id = await self.schedule(session_id)
+        if job_id is None:
+            reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
+            return FormationSummary(session_id=session_id, extractor=self.extractor_name, reason=reason)
+        if not wait:
+            return FormationSummary(session_id=session_id, extractor=self.extractor_name, job_id=job_id, reason="queued")
+        deadline = time.monotonic() + self.settings.form_wait_seconds
+        summaries: list[FormationSummary] = []
+        formed = 0  # windows are formed oldest first: once this many are, all pending at the call are
+        while job_id is not None:
+            summaries.append(await self._wait_for_window(session_id, job_id, deadline))
+            formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
+            job_id = await self.schedule(session_id) if formed < counters.pending_messages else None
+        return FormationSummary.combined(summaries)
+
+    async def _wait_for_window(self, session_id: str, job_id: str, deadline: float) -> FormationSummary:
+        try:
+            result = await self.queue.wait(job_id, max(deadline - time.monotonic(), 0.001))
+            return FormationSummary.model_validate(result).model_copy(update={"job_id": job_id})
+        except TimeoutError:
+            raise FormationPending(
+                f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "
+                f"job {job_id} is still queued or running (GET /v1/sessions/{session_id} shows it)"
+            ) from None
+        except Exception as exc:
+            raise FormationPending(
+                f"forming session {session_id!r} failed: {type(exc).__name__}: {exc}; its window stays pending "
+                "and is retried by the next gate, sweep or POST /form"
+            ) from exc
+
+    async def session_status(self, session_id: str) -> dict:
+        """The session's gate, formation cursor and the job of its claimed window."""
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        claim = await self.state.current_claim(session_id)
+        job = None
+        if claim is not None:
+            job = {"window": claim.window, "messages": len(claim.messages),
+                   **await self.queue.status(formation_job_id(session_id, claim.window))}
+        return {
+            "session_id": session_id,
+            "agent_id": counters.agent_id,
+            "gate": gates.evaluate(counters, self.settings).model_dump(),
+            "cursor": counters.cursor,
+            "formed_windows": counters.formed_windows,
+            "formed_messages": counters.formed_messages,
+            "incognito": counters.incognito,
+            "last_activity": counters.last_activity,
+            "pending_job": job,
+        }
