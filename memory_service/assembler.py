@@ -71,23 +71,31 @@ class ContextAssembler:
             budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
         query = query.strip() if query else None
         last_good_key = json.dumps([agent_id, user_id, session_id, budget])
+        # Memory reads stop at the deadline and the block is rendered from what arrived; the
+        # whole assembly (state reads, caching) stops at twice it: a hung store never holds
+        # the prompt longer than that.
+        allowed = self.settings.context_deadline_seconds
+        deadline = asyncio.get_running_loop().time() + allowed
         try:
-            rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query)
+            async with asyncio.timeout_at(deadline + allowed):
+                rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query, deadline)
         except MemoryServiceError:
             raise  # the caller's mistake (e.g. another agent's session), not an outage
         except Exception as exc:
             # The state store is down too: the last good block this process served, if any.
             rendered = self._last_good.get(last_good_key)
             log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id, user_id, session_id,
-                        "this process's last good block" if rendered else "nothing", exc)
+                        "this process's last good block" if rendered else "nothing",
+                        f"no answer within {2 * allowed:g}s" if isinstance(exc, TimeoutError) else exc)
             rendered = replace(rendered, source="last-good") if rendered else replace(
                 render_context(ContextInputs(), budget), source="none")
         with suppress(Exception):
-            await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
+            async with asyncio.timeout(allowed):
+                await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
         return rendered
 
     async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
-                        query: str | None) -> RenderedContext:
+                        query: str | None, deadline: float) -> RenderedContext:
         counters = await self.state.counters(session_id)
         if counters.agent_id not in (None, agent_id):
             raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
@@ -108,7 +116,7 @@ class ContextAssembler:
         token = read_sources.set(sources)
         try:
             inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
-                                                                        query, budget)
+                                                                        query, budget, deadline)
         finally:
             read_sources.reset(token)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
@@ -131,7 +139,7 @@ class ContextAssembler:
 
     async def _context_inputs(
         self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
-        query: str | None, budget: int,
+        query: str | None, budget: int, deadline: float,
     ) -> tuple[ContextInputs, bool, str]:
         """What the block shows, whether every read succeeded, and the backend read."""
         s = self.settings
@@ -143,9 +151,11 @@ class ContextAssembler:
 
         async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
             try:
-                return await backend.recent(agent_id, namespace, kinds, limit)
-            except Exception as exc:  # an outage shrinks the block instead of failing the prompt
-                log.warning("memory context: reading %s failed: %s", namespace, exc)
+                async with asyncio.timeout_at(deadline):
+                    return await backend.recent(agent_id, namespace, kinds, limit)
+            except Exception as exc:  # an outage or the deadline shrinks the block instead of failing the prompt
+                log.warning("memory context: reading %s failed: %s", namespace,
+                            "past the deadline" if isinstance(exc, TimeoutError) else exc)
                 return None
 
         async def read_merged(namespace: Namespace, kind: MemoryKind, limit: int) -> tuple[str | None, list[Memory]] | None:
@@ -180,12 +190,12 @@ class ContextAssembler:
             episodes=episodes,
         )
         relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
-                                                           query, budget)
+                                                           query, budget, deadline)
         return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
 
     async def _relevant(self, agent_id: str, user_id: str, session_id: str, shards: list[Shard],
                         backend: MemoryBackend, shown: ContextInputs, query: str | None,
-                        budget: int) -> tuple[list[RelevantItem], bool]:
+                        budget: int, deadline: float) -> tuple[list[RelevantItem], bool]:
         """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
 
         How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
@@ -207,21 +217,23 @@ class ContextAssembler:
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
         try:
-            if query is None:
-                latest = [m for m in await backend.recent(agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
-                          if m.metadata.role in (None, "user")]
-                if not latest:
-                    return [], True
-                query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
-            namespaces = list(dict.fromkeys([
-                Namespace.session(session_id), *await self.retriever.user_namespaces(agent_id, user_id),
-                *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
-            request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
-            result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
+            async with asyncio.timeout_at(deadline):
+                if query is None:
+                    latest = [m for m in await backend.recent(agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
+                              if m.metadata.role in (None, "user")]
+                    if not latest:
+                        return [], True
+                    query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+                namespaces = list(dict.fromkeys([
+                    Namespace.session(session_id), *await self.retriever.user_namespaces(agent_id, user_id),
+                    *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
+                request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
+                result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
-            log.warning("memory context: searching for %r failed: %s", query[:80] if query else None, exc)
+            log.warning("memory context: searching for %r failed: %s", query[:80] if query else None,
+                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
             return [], False
         hits = [h for h in result.results if h.id not in exclude][:wanted]
         terms = query_terms(query)

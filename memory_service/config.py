@@ -122,6 +122,10 @@ class Settings(BaseSettings):
     context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next as snippets around the match, per 4,000 characters")
     context_snippet_chars: int = Field(default=320, ge=40, description="Length of a snippet around the matching text")
     context_reference_chars: int = Field(default=100, ge=20, description="Length of a one-line reference")
+    context_deadline_seconds: float = Field(
+        default=1.0, gt=0, le=60,
+        description="Memory reads of one memory block stop after this long and the block is built from what arrived "
+                    "(not cached); the whole assembly stops at twice it and serves the last good block")
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

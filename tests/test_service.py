@@ -1,6 +1,9 @@
 """MemoryService through its Python API, on a real FalkorDB."""
 
+import asyncio
 import logging
+import os
+import signal
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -305,3 +308,32 @@ async def test_a_total_outage_still_answers_with_an_empty_block(settings, tmp_pa
             assert health["ok"] is False and health["state"]["ok"] is False
     finally:
         store.stop()
+
+
+async def test_a_hung_graph_store_costs_the_context_its_deadline_not_the_prompt(settings, tmp_path):
+    """A store that accepts connections and never answers (a stopped process, as under a
+    stalled disk or a stuck VM) shrinks the block at the deadline; nothing hangs."""
+    graph = EmbeddedFalkorDB(tmp_path / "hung-graph")
+    url = graph.start()
+    try:
+        settings = settings.model_copy(update={"falkordb_url": url, "redis_url": settings.falkordb_url,
+                                               "context_deadline_seconds": 0.5})
+        async with open_service(settings, run_worker=True) as service:
+            await record_all(service, "h1", "a1", CHAT)
+            await service.form_memories("h1")
+            assert "<Episode>" in (await service.assemble_memory_context("a1", "alice", "h1")).xml
+            os.kill(graph._process.pid, signal.SIGSTOP)
+            try:
+                # Not cached (another budget): every graph read waits until the deadline.
+                degraded = await asyncio.wait_for(
+                    service.assemble_memory_context("a1", "alice", "h1", budget=3000, query="garden"), timeout=5)
+                assert "<Episode>" not in degraded.xml and degraded.chars <= degraded.budget
+                ET.fromstring(degraded.xml)
+                # A block cut short by the deadline is never cached: once the store answers
+                # again, the full block comes back.
+            finally:
+                os.kill(graph._process.pid, signal.SIGCONT)
+            again = await service.assemble_memory_context("a1", "alice", "h1", budget=3000, query="garden")
+            assert "<Episode>" in again.xml and again.source != "cache"
+    finally:
+        graph.stop()
