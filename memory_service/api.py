@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
 
 from . import __version__
-from .config import Settings
+from .config import Settings, redact_addresses
 from .errors import MemoryServiceError
 from .formation import FormationSummary
 from .gates import GateStatus
@@ -65,7 +65,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError):
-        return JSONResponse(status_code=exc.status_code, content={"detail": str(exc)})
+        detail = str(exc) if exc.status_code < 500 else redact_addresses(str(exc))  # a store's failure names its address
+        return JSONResponse(status_code=exc.status_code, content={"detail": detail})
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -178,11 +179,20 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     @app.get("/health", tags=["ops"])
     async def health(request: Request) -> JSONResponse:
-        """Each dependency's state; 503 when one is down."""
+        """Each dependency's state; 503 when one is down. Where the stores listen is not shown."""
         report = await svc(request).health()
-        return JSONResponse(status_code=200 if report["ok"] else 503, content=report)
+        return JSONResponse(status_code=200 if report["ok"] else 503, content=_without_addresses(report))
 
     return app
+
+
+def _without_addresses(value: Any) -> Any:
+    """A report without URLs or host:port pairs: anyone who can reach /health may read it."""
+    if isinstance(value, dict):
+        return {k: _without_addresses(v) for k, v in value.items() if k not in ("url", "uri")}
+    if isinstance(value, list):
+        return [_without_addresses(v) for v in value]
+    return redact_addresses(value) if isinstance(value, str) else value
 
 
 def _jsonable(errors: list[dict]) -> list[dict]:

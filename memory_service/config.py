@@ -6,6 +6,7 @@ The formation gate names are those of the system this reimplements.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +22,15 @@ def redact_url(url: str) -> str:
 
     password = urlsplit(url).password
     return url.replace(f":{password}@", ":***@") if password else url
+
+
+# A URL, or a host:port / [v6]:port pair, as store errors quote them ("connecting to 127.0.0.1:6379").
+_ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+|(?:\[[0-9a-f:.]+\]|\b[a-z0-9][a-z0-9.-]*):\d{1,5}\b", re.IGNORECASE)
+
+
+def redact_addresses(text: str) -> str:
+    """``text`` with every URL and host:port replaced by ``<address>`` (for unauthenticated callers)."""
+    return _ADDRESS.sub("<address>", text)
 
 
 class Settings(BaseSettings):
