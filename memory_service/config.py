@@ -24,12 +24,19 @@ def redact_url(url: str) -> str:
     return url.replace(f":{password}@", ":***@") if password else url
 
 
-# A URL, or a host:port / [v6]:port pair, as store errors quote them ("connecting to 127.0.0.1:6379").
-_ADDRESS = re.compile(r"\b[a-z][a-z0-9+.-]*://\S+|(?:\[[0-9a-f:.]+\]|\b[a-z0-9][a-z0-9.-]*):\d{1,5}\b", re.IGNORECASE)
+# What store errors quote of an address: a URL, host:port or [v6]:port ("connecting to
+# 127.0.0.1:6379"), a socket address tuple ("('127.0.0.1', 6379)"), a bare IPv4 address.
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://\S+"
+    r"|(?:\[[0-9a-f:.]+\]|\b[a-z0-9][a-z0-9.-]*):\d{1,5}\b"
+    r"|\(\s*'[^']*',\s*\d+[^)]*\)"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b",
+    re.IGNORECASE,
+)
 
 
 def redact_addresses(text: str) -> str:
-    """``text`` with every URL and host:port replaced by ``<address>`` (for unauthenticated callers)."""
+    """``text`` with every address in it replaced by ``<address>`` (for unauthenticated callers)."""
     return _ADDRESS.sub("<address>", text)
 
 
