@@ -211,14 +211,17 @@ def test_the_store_needs_its_password(store):
     assert store.password.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes()
 
 
-def test_each_start_has_a_new_password_that_the_log_never_shows(tmp_path, caplog):
-    server = EmbeddedFalkorDB(tmp_path / "data")
-    passwords = []
+def test_each_owner_has_a_new_password_that_the_log_never_shows(tmp_path, caplog):
+    passwords, urls = [], []
     with caplog.at_level(logging.DEBUG, logger="memory_service"):
         for _ in range(2):
-            server.start()
+            server = EmbeddedFalkorDB(tmp_path / "data")
+            for _ in range(2):  # started again, an owner keeps its URL: its clients reconnect as they were
+                urls.append(server.start())
+                assert redis.Redis.from_url(urls[0 if len(urls) <= 2 else 2]).ping()
+                server.stop()
             passwords.append(server.password)
-            server.stop()
+    assert urls[0] == urls[1] and urls[2] == urls[3]
     assert passwords[0] != passwords[1] and all(len(p) >= 32 for p in passwords)
     assert "embedded FalkorDB on redis://:***@127.0.0.1:" in caplog.text
     assert not any(p in caplog.text for p in passwords)
