@@ -295,7 +295,7 @@ async def test_health_and_errors_do_not_say_where_the_stores_listen(settings, tm
     graph_url = graph.start()
     state_port = str(redis.Redis.from_url(settings.falkordb_url).connection_pool.connection_kwargs["port"])
     addresses = ("redis://", "127.0.0.1", f":{graph.port}", f":{state_port}", graph.password)
-    body = {"agent_id": "a1", "user_id": "u1", "role": "user", "content": "hello", "message_id": "m1"}
+    body = {"agent_id": "a1", "user_id": "u1", "role": "user", "content": "hello", "message_id": "chat:12"}
     try:  # memories on their own store, to be cut; state on the shared one
         app = create_app(settings.model_copy(update={"falkordb_url": graph_url, "redis_url": settings.falkordb_url}),
                          run_worker=False)
@@ -309,6 +309,9 @@ async def test_health_and_errors_do_not_say_where_the_stores_listen(settings, tm
             assert "connecting to <address>" in again.json()["backends"]["graph"]["error"]
             refused = await http.post("/v1/sessions/s1/messages", json=body)
             assert refused.status_code == 503 and "send it again" in refused.json()["detail"]
+            # The store's words are redacted, not the ids around them (which may look like host:port).
+            assert "could not store message 'chat:12'" in refused.json()["detail"]
+            assert "<address>" in refused.json()["detail"]
             for answer in (healthy, down, again, refused):
                 assert [a for a in addresses if a in answer.text] == [], answer.text
     finally:
@@ -331,3 +334,23 @@ def test_addresses_in_errors_are_redacted(error, kept):
     assert not any(leak in redacted for leak in ("41234", "27017", "6379", "secret", "db.internal", "10.1.2.3"))
     assert redact_addresses("memory backend 'graph' failed to start: Timeout") == \
         "memory backend 'graph' failed to start: Timeout"
+
+
+def test_error_details_lose_the_stores_addresses_and_keep_the_ids():
+    from memory_service.api import _public_detail
+    from memory_service.errors import FormationPending, InvalidInput
+
+    store_error = ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    try:
+        try:
+            raise store_error
+        except ConnectionError as exc:
+            raise BackendUnavailable(f"could not store message 'chat:12' of session 's1': {exc}; send it again") from exc
+    except BackendUnavailable as exc:
+        assert _public_detail(exc) == ("could not store message 'chat:12' of session 's1': Error 111 connecting to "
+                                       "<address>. Connection refused.; send it again")
+    cached = BackendUnavailable("memory backend 'mongo' failed to start: ServerSelectionTimeoutError: db:27017: refused")
+    assert _public_detail(cached) == "memory backend 'mongo' failed to start: ServerSelectionTimeoutError: <address>: refused"
+    waited = FormationPending("the window of session 's1' is not formed after 120s; job form:s1:3 is still queued")
+    assert _public_detail(waited) == str(waited)
+    assert _public_detail(InvalidInput("message_id 'host:80' is bad")) == "message_id 'host:80' is bad"
