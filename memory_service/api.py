@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
 
 from . import __version__
-from .config import Settings
-from .errors import MemoryServiceError
+from .config import Settings, redact_addresses
+from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
 from .gates import GateStatus
 from .models import Agent, AgentId, AgentSettings, MemoryKind, MessageIn, SessionId, Shard, ShardIn, UserId
@@ -65,7 +65,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError):
-        return JSONResponse(status_code=exc.status_code, content={"detail": str(exc)})
+        return JSONResponse(status_code=exc.status_code, content={"detail": _public_detail(exc)})
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -178,11 +178,42 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     @app.get("/health", tags=["ops"])
     async def health(request: Request) -> JSONResponse:
-        """Each dependency's state; 503 when one is down."""
+        """Each dependency's state; 503 when one is down. Where the stores listen is not shown."""
         report = await svc(request).health()
-        return JSONResponse(status_code=200 if report["ok"] else 503, content=report)
+        return JSONResponse(status_code=200 if report["ok"] else 503, content=_without_addresses(report))
 
     return app
+
+
+def _public_detail(exc: MemoryServiceError) -> str:
+    """The error's sentence, without the addresses a store's failure quotes.
+
+    Only the store's words are redacted: the sentence around them names sessions, messages
+    and jobs, whose ids may look like host:port ("form:s1:3"). A 503 with no cause to
+    quote describes a backend as a whole, so all of it is.
+    """
+    detail = str(exc)
+    if exc.status_code < 500:
+        return detail  # about the caller's input
+    causes, cause = [], exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    while cause is not None and len(causes) < 5:
+        causes.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    if not causes:
+        return redact_addresses(detail) if isinstance(exc, BackendUnavailable) else detail
+    for text in causes:
+        if text:
+            detail = detail.replace(text, redact_addresses(text))
+    return detail
+
+
+def _without_addresses(value: Any) -> Any:
+    """A report without URLs or host:port pairs: anyone who can reach /health may read it."""
+    if isinstance(value, dict):
+        return {k: _without_addresses(v) for k, v in value.items() if k not in ("url", "uri")}
+    if isinstance(value, list):
+        return [_without_addresses(v) for v in value]
+    return redact_addresses(value) if isinstance(value, str) else value
 
 
 def _jsonable(errors: list[dict]) -> list[dict]:

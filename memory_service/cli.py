@@ -73,7 +73,11 @@ def _attached_settings(data_dir: Path | None) -> Settings:
     settings = _settings()
     if not settings.falkordb_url:
         data_dir = data_dir or settings.memory_data_dir
-        url = EmbeddedFalkorDB.running_url(data_dir)
+        try:
+            url = EmbeddedFalkorDB.running_url(data_dir)
+        except MemoryServiceError as exc:
+            console.print(f"[red]cannot attach:[/red] {exc}")
+            raise typer.Exit(2) from None
         if url is None:
             console.print(f"[red]no store to work on:[/red] FALKORDB_URL is not set and no `memory-service serve` "
                           f"runs on {Path(data_dir).resolve()}; start one (with --no-worker to scale workers "

@@ -6,6 +6,7 @@ The formation gate names are those of the system this reimplements.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
 
@@ -21,6 +22,22 @@ def redact_url(url: str) -> str:
 
     password = urlsplit(url).password
     return url.replace(f":{password}@", ":***@") if password else url
+
+
+# What store errors quote of an address: a URL, host:port or [v6]:port ("connecting to
+# 127.0.0.1:6379"), a socket address tuple ("('127.0.0.1', 6379)"), a bare IPv4 address.
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://\S+"
+    r"|(?:\[[0-9a-f:.]+\]|\b[a-z0-9][a-z0-9.-]*):\d{1,5}\b"
+    r"|\(\s*'[^']*',\s*\d+[^)]*\)"
+    r"|\b\d{1,3}(?:\.\d{1,3}){3}\b",
+    re.IGNORECASE,
+)
+
+
+def redact_addresses(text: str) -> str:
+    """``text`` with every address in it replaced by ``<address>`` (for unauthenticated callers)."""
+    return _ADDRESS.sub("<address>", text)
 
 
 class Settings(BaseSettings):
