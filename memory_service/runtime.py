@@ -37,7 +37,14 @@ def _mongo_backend(settings: Settings, embedding_dimension: int | None = None):
     from backends.mongo import MongoBackend
 
     return MongoBackend(settings.mongodb_uri.get_secret_value(), settings.mongodb_database,
+                        server_selection_timeout_ms=_ms(settings.mongo_server_selection_timeout_seconds),
+                        connect_timeout_ms=_ms(settings.mongo_connect_timeout_seconds),
+                        socket_timeout_ms=_ms(settings.mongo_socket_timeout_seconds),
                         facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _llm_options(settings: Settings) -> dict:
@@ -46,6 +53,7 @@ def _llm_options(settings: Settings) -> dict:
         "model": settings.llm_model,
         "api_key": settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
         "timeout_seconds": settings.llm_timeout_seconds,
+        "connect_timeout_seconds": settings.http_connect_timeout_seconds,
         "max_attempts": settings.llm_max_attempts,
     }
 
@@ -119,8 +127,8 @@ async def open_service(
     settings.redis_url = settings.redis_url or settings.falkordb_url
     worker = None
     try:
-        queue = await JobQueue.connect(settings.redis_url)
-        state = StateStore.from_url(settings.redis_url)
+        queue = await JobQueue.connect(settings.redis_url, settings)
+        state = StateStore.from_url(settings.redis_url, settings)
         try:
             embedder = await start_embedder(settings, state)
         except BaseException:

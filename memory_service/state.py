@@ -35,8 +35,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from .config import Settings
 from .errors import Conflict
 from .models import AgentSettings, ShardIn
+from .redis_pools import redis_client
 
 # Reserve a sequence number for a message id, or return the one it already has.
 _RESERVE = """
@@ -225,8 +227,9 @@ class StateStore:
         self._consolidated = redis.register_script(_CONSOLIDATED)
 
     @classmethod
-    def from_url(cls, url: str) -> StateStore:
-        return cls(Redis.from_url(url, decode_responses=True))
+    def from_url(cls, url: str, settings: Settings | None = None) -> StateStore:
+        """On a bounded pool with the settings' timeouts (memory_service/redis_pools.py)."""
+        return cls(redis_client(url, settings or Settings()))
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -303,7 +303,7 @@ async def test_the_migrate_command(mongo_settings):
 async def mongo(mongo_uri, mongo_database):
     from backends.mongo import MongoBackend
 
-    backend = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000, embedding_dimension=4)
+    backend = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=4)
     await backend.start()
     yield backend
     await backend.close()
@@ -355,7 +355,7 @@ async def test_memories_stored_before_search_get_their_search_fields_at_start(mo
 
     old = _document(_fact("old", "The hotel near the station"))
     del old["search_text"]
-    first = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000)
+    first = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
     await first.memories.insert_one(old)
     await first.memories.create_index([("agent_id", 1), ("namespace", 1)], name="agent_namespace")
     await first.start()
