@@ -27,10 +27,17 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
         return graph
     from backends.mirror import MirroredBackend
 
+    from .breaker import CircuitBreaker
     from .outbox import Outbox
 
-    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), Outbox(state.redis, ["graph", "mongo"]),
-                           drain_seconds=settings.outbox_drain_seconds)
+    outbox = Outbox(state.redis, ["graph", "mongo"], max_attempts=settings.outbox_max_attempts,
+                    alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
+    breaker = CircuitBreaker("mongo", failures=settings.mongo_breaker_failures,
+                             window=settings.mongo_breaker_window_seconds, cooloff=settings.mongo_breaker_cooloff_seconds)
+    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), outbox,
+                           drain_seconds=settings.outbox_drain_seconds, breaker=breaker,
+                           fallback_timeout=settings.mongo_fallback_timeout_seconds,
+                           mongo_only=lambda agent_id: state.named_backend(agent_id, "mongo"))
 
 
 def _mongo_backend(settings: Settings, embedding_dimension: int | None = None):
