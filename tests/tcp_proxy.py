@@ -61,15 +61,19 @@ class TcpProxy:
     async def _serve(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         self._writers.add(client_writer)
-        await self._flowing.wait()
         try:
+            await self._flowing.wait()
             server_reader, server_writer = await asyncio.open_connection(*self.target)
         except OSError:
             client_writer.transport.abort()
             self._writers.discard(client_writer)
             return
+        except asyncio.CancelledError:  # the test's loop is shutting down: nothing to forward
+            client_writer.transport.abort()
+            return
         self._writers.add(server_writer)
-        await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
         self._writers -= {client_writer, server_writer}
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
