@@ -72,8 +72,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors())
         return JSONResponse(status_code=422, content={"detail": problems, "errors": _jsonable(exc.errors())})
 
-    # Store outages and overload: 503 with Retry-After, never a 500 (memory_service/overload.py).
-    overload.install(app, (service.settings if service else settings or Settings()).overload_retry_after_seconds)
+    # Overload and store outages: admission control, 503 with Retry-After, never a 500
+    # (memory_service/overload.py).
+    limits = service.settings if service else settings or Settings()
+    overload.install(app, limits.overload_retry_after_seconds, limits.api_max_concurrent_requests,
+                     limits.api_queue_timeout_seconds)
 
     def svc(request: Request) -> MemoryService:
         return request.app.state.service

@@ -148,6 +148,10 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="How long an open breaker skips MongoDB before one trial call")
     http_connect_timeout_seconds: float = Field(
         default=5.0, gt=0, description="Connect timeout of the LLM and embeddings endpoints")
+    api_max_concurrent_requests: int = Field(
+        default=32, ge=0, description="Requests one API process runs at once; more wait for a slot (0: no limit)")
+    api_queue_timeout_seconds: float = Field(
+        default=1.0, ge=0, description="How long a request waits for a slot before it answers 503 with Retry-After")
     overload_retry_after_seconds: int = Field(
         default=1, ge=1, description="Retry-After of a 503 answered because a store is overloaded, stalled or unreachable")
     outbox_max_attempts: int = Field(

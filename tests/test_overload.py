@@ -226,3 +226,44 @@ def test_the_breaker_ignores_failures_spread_wider_than_its_window_and_reopens_o
     assert breaker.allow()
     with pytest.raises(ValueError):
         CircuitBreaker("x", failures=0, window=1, cooloff=1)
+
+
+async def test_past_the_admission_limit_requests_wait_then_answer_503_and_metrics_are_never_queued(
+        settings, own_graph):
+    """One request at a time: a message whose graph write stalls holds the slot; the next
+    request waits its queue timeout and is refused; /metrics still answers; once the graph
+    answers, both go through."""
+    settings = settings.model_copy(update={
+        "falkordb_url": own_graph.url, "redis_url": settings.falkordb_url, "store_read_timeout_seconds": 60,
+        "api_max_concurrent_requests": 1, "api_queue_timeout_seconds": 0.1, "overload_retry_after_seconds": 2})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
+        own_graph.stall()
+        holding = asyncio.create_task(http.post("/v1/sessions/s1/messages", json=message(2)))
+        while not await service.state.redis.hexists("ms:s:s1:ids", "m2"):  # reserved: now at its graph write
+            await asyncio.sleep(0.02)
+        refused = await guard(http.post("/v1/sessions/s2/messages", json=message(3)))
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
+        assert refused.json()["detail"] == "the service is at capacity (1 requests in progress); try again shortly"
+        assert (await guard(http.get("/metrics"))).status_code == 200
+        own_graph.resume()
+        assert (await guard(holding)).status_code == 200
+        assert (await http.post("/v1/sessions/s2/messages", json=message(3))).status_code == 200
+
+
+async def test_a_form_request_waiting_for_its_window_takes_no_admission_slot(settings):
+    settings = settings.model_copy(update={"api_max_concurrent_requests": 1, "api_queue_timeout_seconds": 0.1,
+                                           "form_wait_seconds": 2, "overload_retry_after_seconds": 2})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
+        forming = asyncio.create_task(http.post("/v1/sessions/s1/form"))
+        while await service.state.current_claim("s1") is None:  # it waits for a worker that never comes
+            await asyncio.sleep(0.02)
+        assert (await guard(http.post("/v1/sessions/s2/messages", json=message(2)))).status_code == 200
+        late = await guard(forming)  # not stored in time: 503, the window stays pending
+        assert late.status_code == 503 and late.headers["retry-after"] == "2"
+        assert "is not formed after 2s" in late.json()["detail"]
