@@ -44,6 +44,8 @@ from .base import MemoryBackend, SignalHits, served_by
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The outbox's targets: the stores every write of the mirrored backend goes to.
+TARGETS = ("graph", "mongo")
 # How long one process may hold a target's delivery lease; it stops taking new entries
 # at half of it, so a slow delivery does not overlap the next holder's.
 LEASE_SECONDS = 60.0
@@ -68,7 +70,7 @@ class MirroredBackend(MemoryBackend):
         self.fallback_reads = 0  # reads MongoDB served
         self.mongo_reads = 0  # reads sent to MongoDB (served, failed or timed out)
         self.skipped_reads = 0  # reads the open breaker kept from MongoDB
-        self._stores = {"graph": primary, "mongo": mirror}
+        self._stores = dict(zip(TARGETS, (primary, mirror)))
         self._down: dict[str, str] = {}  # store -> last error, while its deliveries fail
         self._alarmed: set[str] = set()
         self._mirror_started = False

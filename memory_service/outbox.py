@@ -275,6 +275,8 @@ class Outbox:
         targets = self.targets if targets is None else list(targets)
         if unknown := set(targets) - set(self.targets):
             raise ValueError(f"unknown outbox target(s): {sorted(unknown)}")
+        if not targets:
+            raise ValueError("an outbox entry needs at least one target")
         entry_id = uuid.uuid4().hex
         full = await self._append(keys=[ENTRIES, REFS, SEQ, *map(_queue, targets)],
                                   args=[entry_id, op.model_dump_json(), self.max_pending])

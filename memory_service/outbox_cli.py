@@ -17,10 +17,11 @@ from typing import Annotated, TypeVar
 import typer
 from rich.table import Table
 
+from backends.mirror import TARGETS
+
 from .outbox import Outbox
 
 T = TypeVar("T")
-TARGETS = ["graph", "mongo"]  # the mirrored backend's (memory_service/runtime.py)
 
 outbox_app = typer.Typer(help="Inspect, replay or drop the outbox's dead letters.", no_args_is_help=True)
 

@@ -25,12 +25,12 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
     graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
-    from backends.mirror import MirroredBackend
+    from backends.mirror import TARGETS, MirroredBackend
 
     from .breaker import CircuitBreaker
     from .outbox import Outbox
 
-    outbox = Outbox(state.redis, ["graph", "mongo"], max_attempts=settings.outbox_max_attempts,
+    outbox = Outbox(state.redis, TARGETS, max_attempts=settings.outbox_max_attempts,
                     alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
     breaker = CircuitBreaker("mongo", failures=settings.mongo_breaker_failures,
                              window=settings.mongo_breaker_window_seconds, cooloff=settings.mongo_breaker_cooloff_seconds)

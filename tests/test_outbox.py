@@ -59,6 +59,8 @@ async def test_each_target_is_delivered_in_order_and_an_entry_is_forgotten_once_
     assert await outbox.depth() == {"graph": 1, "mongo": 2}
     with pytest.raises(ValueError, match="unknown outbox target"):
         await outbox.append(write(3), ["cassandra"])
+    with pytest.raises(ValueError, match="at least one target"):
+        await outbox.append(write(3), [])
 
 
 async def test_a_failing_entry_is_dead_lettered_after_its_attempts_and_can_be_replayed_or_dropped(redis):
