@@ -128,8 +128,13 @@ class GraphBackend(MemoryBackend):
 
         self._episode_type, self._episodic_node = EpisodeType, EpisodicNode
 
+        from memory_service.redis_pools import blocking_pool
+
         self.url = url
-        self.client = FalkorDB.from_url(url)
+        # A bounded pool with the store timeouts (memory_service/redis_pools.py). falkordb
+        # probes the server (INFO, synchronously) while constructing the client: bounded by
+        # the same connect and read timeouts, which the probe takes from the pool.
+        self.client = FalkorDB(connection_pool=blocking_pool(url, self.settings, decode_responses=True))
         self.embedding_dimension = embedding_dimension
 
     async def start(self) -> None:
@@ -140,6 +145,8 @@ class GraphBackend(MemoryBackend):
 
     async def close(self) -> None:
         await self.client.aclose()
+        if (pool := getattr(self.client.connection, "connection_pool", None)) is not None:
+            await pool.disconnect()  # the client does not own the pool it was given
 
     async def health(self) -> dict:
         try:

@@ -4,13 +4,26 @@ reads falling back to MongoDB.
 Writes: the memories go into the outbox (memory_service.outbox) first, then to the graph
 at once; MongoDB gets them from the drain loop, so a slow or absent MongoDB never slows a
 request. The graph's FIFO trims and the shards' settings reach MongoDB the same way. A
-store that is down keeps its queue until it returns; the other is not held back. (The
-proof of concept wrote to the graph, then to Mongo: a graph failure lost the Mongo copy.)
+store that is down keeps its queue until it returns; the other is not held back. An entry
+a store keeps refusing is dead-lettered after OUTBOX_MAX_ATTEMPTS, so the entries behind
+it are delivered. (The proof of concept wrote to the graph, then to Mongo: a graph
+failure lost the Mongo copy.)
 
-Reads come from the graph. When the graph fails, or holds nothing for a namespace (an
-agent that has just opted in), they come from MongoDB. Which store served each read is
-recorded in ``read_sources`` (a context variable), so the memory context can say where it
-came from.
+Reads come from the graph, and from MongoDB only:
+* when the graph read fails (raises);
+* when the graph answers empty and the agent's memories may live in MongoDB only: its
+  settings named the mongo backend and it was not migrated since (``mongo_only``, e.g. an
+  agent that opted in to the graph without ``memory-service migrate``);
+* for ``get`` by ids the graph does not hold: the callers know those ids were stored (a
+  claimed window's messages, pending consolidation items), so the graph's delivery of
+  them is still queued, and MongoDB may have them.
+An empty answer is otherwise the answer: MongoDB mirrors the graph, it has nothing more.
+(Falling back on every empty answer made a context wait out MongoDB's server-selection
+timeout whenever MongoDB was down.) Every MongoDB read is bounded by ``fallback_timeout``
+and goes through a circuit breaker: after repeated failures MongoDB is skipped for a
+cool-off, and the outbox's deliveries to it pause with it. Which store served each read
+is recorded in ``read_sources`` (a context variable), so the memory context can say
+where it came from.
 """
 
 from __future__ import annotations
@@ -20,27 +33,46 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
+from memory_service.breaker import OPEN, CircuitBreaker
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 from memory_service.outbox import DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
+from memory_service.overload import is_unavailable
 
 from memory_service.backend import MemoryBackend, SignalHits, served_by
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+# The outbox's targets: the stores every write of the mirrored backend goes to.
+TARGETS = ("graph", "mongo")
+# How long one process may hold a target's delivery lease; it stops taking new entries
+# at half of it, so a slow delivery does not overlap the next holder's.
+LEASE_SECONDS = 60.0
+
+
+async def _never(agent_id: str) -> bool:
+    return False
+
 
 class MirroredBackend(MemoryBackend):
     name = "graph"
 
     def __init__(self, primary: MemoryBackend, mirror: MemoryBackend, outbox: Outbox, drain_seconds: float = 1.0,
-                 batch: int = 100):
+                 batch: int = 100, *, breaker: CircuitBreaker | None = None, fallback_timeout: float = 1.0,
+                 mongo_only: Callable[[str], Awaitable[bool]] = _never):
         self.primary, self.mirror, self.outbox = primary, mirror, outbox
         self.drain_seconds = drain_seconds
         self.batch = batch
-        self.fallback_reads = 0
-        self._stores = {"graph": primary, "mongo": mirror}
+        self.breaker = breaker or CircuitBreaker("mongo", failures=3, window=30, cooloff=30)
+        self.fallback_timeout = fallback_timeout
+        self.mongo_only = mongo_only
+        self.fallback_reads = 0  # reads MongoDB served
+        self.mongo_reads = 0  # reads sent to MongoDB (served, failed or timed out)
+        self.skipped_reads = 0  # reads the open breaker kept from MongoDB
+        self._stores = dict(zip(TARGETS, (primary, mirror)))
         self._down: dict[str, str] = {}  # store -> last error, while its deliveries fail
+        self._alarmed: set[str] = set()
         self._mirror_started = False
         self._drainer: asyncio.Task | None = None
 
@@ -50,12 +82,13 @@ class MirroredBackend(MemoryBackend):
         self._drainer = asyncio.create_task(self._drain_forever(), name="outbox-drain")
 
     async def _start_mirror(self) -> bool:
-        if not self._mirror_started:
+        if not self._mirror_started and self.breaker.state != OPEN:
             try:
                 await self.mirror.start()
                 self._mirror_started = True
             except Exception as exc:  # MongoDB down at start: writes wait in the outbox
                 self._mark_down("mongo", exc)
+                self.breaker.failure(exc)
         return self._mirror_started
 
     async def close(self) -> None:
@@ -66,13 +99,36 @@ class MirroredBackend(MemoryBackend):
         await self.mirror.close()
 
     async def health(self) -> dict:
-        graph, mongo = await asyncio.gather(self.primary.health(), self.mirror.health())
+        graph, mongo = await asyncio.gather(self.primary.health(), self._mongo_health())
         try:
-            depth = await self.outbox.depth()
+            depth, dead = await asyncio.gather(self.outbox.depth(), self.outbox.dead_letter_counts())
+            alarms = self.outbox.alarms(depth, dead)
         except Exception as exc:
-            depth = {"error": str(exc)}
-        return {"ok": bool(graph.get("ok")), "graph": graph, "mongo": mongo, "outbox": depth,
-                "undelivered": dict(self._down), "fallback_reads": self.fallback_reads}
+            depth, dead, alarms = {"error": str(exc)}, {}, [f"the outbox cannot be read: {exc}"]
+        return {"ok": bool(graph.get("ok")), "graph": graph, "mongo": mongo, "outbox": depth, "dead_letters": dead,
+                "alarms": alarms, "undelivered": dict(self._down), "fallback_reads": self.fallback_reads,
+                "mongo_reads": self.mongo_reads, "skipped_reads": self.skipped_reads,
+                "mongo_breaker": self.breaker.snapshot()}
+
+    async def _mongo_health(self) -> dict:
+        if self.breaker.state == OPEN:  # no ping while it cools off: it would wait out the timeouts
+            return {"ok": False, "error": f"circuit breaker open: {self.breaker.last_error}"}
+        try:
+            async with asyncio.timeout(self.fallback_timeout):
+                return await self.mirror.health()
+        except TimeoutError:
+            return {"ok": False, "error": f"no answer within {self.fallback_timeout:g} s"}
+
+    async def gauges(self) -> dict[str, float]:
+        depth, dead = await asyncio.gather(self.outbox.depth(), self.outbox.dead_letter_counts())
+        out: dict[str, float] = {}
+        for target in self.outbox.targets:
+            label = f'{{target="{target}"}}'
+            out[f"outbox_pending{label}"] = depth[target]
+            out[f"outbox_dead_letters{label}"] = dead[target]
+            out[f"outbox_alarm{label}"] = float(depth[target] >= self.outbox.alarm_pending or dead[target] > 0)
+        out['circuit_breaker_open{store="mongo"}'] = float(self.breaker.state == OPEN)
+        return out
 
     # Writes ----------------------------------------------------------------------------
 
@@ -89,31 +145,72 @@ class MirroredBackend(MemoryBackend):
         return written
 
     async def drain(self) -> dict[str, int]:
-        """Deliver what the outbox holds for each store; how many entries each got."""
-        delivered = {}
-        for target, store in self._stores.items():
-            delivered[target] = 0
-            if target == "mongo" and not await self._start_mirror():
-                continue
-            for entry, op in await self.outbox.pending(target, self.batch):
+        """Deliver what the outbox holds for each store, the stores side by side; how many
+        entries each got."""
+        counts = await asyncio.gather(*(self._drain_target(t, s) for t, s in self._stores.items()))
+        return dict(zip(self._stores, counts))
+
+    async def _drain_target(self, target: str, store: MemoryBackend) -> int:
+        if target == "mongo" and not await self._start_mirror():
+            return 0
+        if target == "mongo" and self.breaker.state == OPEN:
+            return 0
+        token = await self.outbox.lease(target, LEASE_SECONDS)
+        if token is None:
+            return 0  # another process delivers this target now
+        loop = asyncio.get_running_loop()
+        stop_at = loop.time() + LEASE_SECONDS / 2
+        delivered = 0
+        try:
+            for entry in await self.outbox.pending(target, self.batch):
+                if entry.op is None:
+                    await self.outbox.failed(target, entry.entry_id, entry.problem, hopeless=True)
+                    continue
                 try:
-                    await op.apply(store)
+                    await entry.op.apply(store)
                 except Exception as exc:
-                    self._mark_down(target, exc)
+                    if is_unavailable(exc):  # the store is down: the entry waits, uncounted
+                        self._mark_down(target, exc)
+                        if target == "mongo":
+                            self.breaker.failure(exc)
+                        break
+                    attempts, dead = await self.outbox.failed(target, entry.entry_id, f"{type(exc).__name__}: {exc}")
+                    if dead:
+                        continue  # the entries behind it go on
+                    log.warning("outbox: delivering %s to %s failed (attempt %d of %d): %s", entry.entry_id, target,
+                                attempts, self.outbox.max_attempts, exc)
+                    break  # in order: it is tried again first
+                await self.outbox.delivered(target, entry.entry_id)
+                delivered += 1
+                if loop.time() > stop_at:
                     break
-                await self.outbox.delivered(target, entry)
-                delivered[target] += 1
-            if delivered[target] and self._down.pop(target, None):
-                log.warning("outbox: %s is back; delivered %d held write(s)", target, delivered[target])
+        finally:
+            await self.outbox.release(target, token)
+        # Deliveries open the breaker when MongoDB is down; only reads close it: a read must
+        # also answer within the (shorter) fallback timeout.
+        if delivered and self._down.pop(target, None):
+            log.warning("outbox: %s is back; delivered %d held write(s)", target, delivered)
         return delivered
 
     async def _drain_forever(self) -> None:
         while True:
             try:
                 await self.drain()
+                await self._check_alarms()
             except Exception as exc:  # Redis itself unreachable: try again later
                 log.warning("outbox drain failed: %s", exc)
             await asyncio.sleep(self.drain_seconds)
+
+    async def _check_alarms(self) -> None:
+        """Log once when a target's queue reaches the alarm, and once when it is back under."""
+        for target, depth in (await self.outbox.depth()).items():
+            if depth >= self.outbox.alarm_pending and target not in self._alarmed:
+                self._alarmed.add(target)
+                log.error("outbox alarm: %d writes wait undelivered for %s (OUTBOX_ALARM_PENDING %d; at %d new writes "
+                          "are refused)", depth, target, self.outbox.alarm_pending, self.outbox.max_pending)
+            elif depth < self.outbox.alarm_pending and target in self._alarmed:
+                self._alarmed.discard(target)
+                log.warning("outbox: %s is under the alarm again (%d undelivered)", target, depth)
 
     def _mark_down(self, target: str, exc: Exception) -> None:
         if target not in self._down:
@@ -137,48 +234,77 @@ class MirroredBackend(MemoryBackend):
 
     # Reads: the graph, else MongoDB ---------------------------------------------------------
 
-    async def _read(self, read: Callable[[MemoryBackend], Awaitable[T]], what: str,
-                    empty_falls_back: bool = False, empty: Callable[[T], bool] = lambda result: not result) -> T:
-        """``read`` from the graph; from MongoDB when the graph fails, or (with
-        ``empty_falls_back``) answers ``empty`` and MongoDB has more."""
-        primary_failed = None
+    async def _read(self, agent_id: str, read: Callable[[MemoryBackend], Awaitable[T]], what: str,
+                    empty: Callable[[T], bool] | None = None) -> tuple[T, str]:
+        """``read`` from the graph, and which store answered. From MongoDB when the graph
+        fails, or (given ``empty``) answers empty for an agent whose memories may live in
+        MongoDB only."""
         try:
             result = await read(self.primary)
-            if not (empty_falls_back and empty(result)):
-                served_by("graph")
-                return result
         except Exception as exc:
-            primary_failed = exc
             log.warning("graph read of %s failed, reading mongo: %s", what, exc)
-        try:
-            fallback = await read(self.mirror)
-        except Exception:
-            if primary_failed:
-                raise
-            served_by("graph")
-            return result  # the graph's (empty) answer stands
-        if primary_failed or not empty(fallback):
-            self.fallback_reads += 1
+            served, fallback = await self._from_mongo(read, what)
+            if not served:
+                raise exc
             served_by("mongo")
-            return fallback
+            return fallback, "mongo"
+        if empty is not None and empty(result) and await self._mongo_only(agent_id):
+            served, fallback = await self._from_mongo(read, what)
+            if served and not empty(fallback):
+                served_by("mongo")
+                return fallback, "mongo"
         served_by("graph")
-        return result
+        return result, "graph"
+
+    async def _from_mongo(self, read: Callable[[MemoryBackend], Awaitable[T]], what: str) -> tuple[bool, T | None]:
+        """(True, MongoDB's answer), or (False, None) when it failed, took longer than the
+        fallback timeout, or the breaker is open."""
+        if not self.breaker.allow():
+            self.skipped_reads += 1
+            return False, None
+        self.mongo_reads += 1
+        try:
+            async with asyncio.timeout(self.fallback_timeout):
+                result = await read(self.mirror)
+        except Exception as exc:
+            self.breaker.failure(exc)
+            log.warning("mongo read of %s failed: %s: %s", what, type(exc).__name__, exc)
+            return False, None
+        self.breaker.success()
+        self.fallback_reads += 1
+        return True, result
+
+    async def _mongo_only(self, agent_id: str) -> bool:
+        try:
+            return await self.mongo_only(agent_id)
+        except Exception as exc:  # the state store is failing: read the graph alone
+            log.warning("could not tell whether agent %s has memories in mongo only: %s", agent_id, exc)
+            return False
 
     async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
-        return await self._read(lambda b: b.get(agent_id, namespace, ids), str(namespace), empty_falls_back=bool(ids))
+        found, source = await self._read(agent_id, lambda b: b.get(agent_id, namespace, ids), str(namespace))
+        held = {m.id for m in found}
+        missing = [i for i in dict.fromkeys(ids) if i not in held]
+        if source == "graph" and missing:
+            served, more = await self._from_mongo(lambda b: b.get(agent_id, namespace, missing), str(namespace))
+            if served and more:
+                served_by("mongo")
+                found = [*found, *more]
+        return found
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
-        return await self._read(lambda b: b.recent(agent_id, namespace, kinds, limit), str(namespace),
-                                empty_falls_back=limit > 0)
+        found, _ = await self._read(agent_id, lambda b: b.recent(agent_id, namespace, kinds, limit), str(namespace),
+                                    empty=lambda result: limit > 0 and not result)
+        return found
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        return await self._read(lambda b: b.count(agent_id, namespace, kinds), str(namespace))
+        found, _ = await self._read(agent_id, lambda b: b.count(agent_id, namespace, kinds), str(namespace))
+        return found
 
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
-        # Like the namespace reads: MongoDB answers when the graph fails, or finds nothing
-        # at all (an agent that has just opted in to the graph without migrating).
-        return await self._read(lambda b: b.search(agent_id, query), f"agent {agent_id}", empty_falls_back=True,
-                                empty=lambda hits: not any(hits.values()))
+        found, _ = await self._read(agent_id, lambda b: b.search(agent_id, query), f"agent {agent_id}",
+                                    empty=lambda hits: not any(hits.values()))
+        return found
 
     async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
         return await self.primary.export(agent_id, namespace)

@@ -74,11 +74,15 @@ _TERM = re.compile(r"\w+")
 class MongoBackend(MemoryBackend):
     name = "mongo"
 
-    def __init__(self, uri: str, database: str = "memory_service", *, timeout_ms: int = 5000,
+    def __init__(self, uri: str, database: str = "memory_service", *, server_selection_timeout_ms: int = 2000,
+                 connect_timeout_ms: int = 2000, socket_timeout_ms: int = 10000,
                  facts_per_shard: int = SUMMARY_ITEMS, embedding_dimension: int | None = None):
         self.uri = uri
+        # Every call is bounded: waiting for a reachable server (and for a pooled connection),
+        # connecting, and each reply. PyMongo waits for a free connection forever by default.
         self.client: AsyncMongoClient = AsyncMongoClient(
-            uri, serverSelectionTimeoutMS=timeout_ms, connectTimeoutMS=timeout_ms, tz_aware=True
+            uri, serverSelectionTimeoutMS=server_selection_timeout_ms, connectTimeoutMS=connect_timeout_ms,
+            socketTimeoutMS=socket_timeout_ms, waitQueueTimeoutMS=server_selection_timeout_ms, tz_aware=True,
         )
         self.db = self.client[database]
         self.memories = self.db["memories"]

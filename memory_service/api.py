@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field
 
-from . import __version__
+from . import __version__, overload
 from .config import Settings, redact_addresses
 from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
@@ -71,6 +71,12 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     async def _validation_error(request: Request, exc: RequestValidationError):
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors())
         return JSONResponse(status_code=422, content={"detail": problems, "errors": _jsonable(exc.errors())})
+
+    # Overload and store outages: admission control, 503 with Retry-After, never a 500
+    # (memory_service/overload.py).
+    limits = service.settings if service else settings or Settings()
+    overload.install(app, limits.overload_retry_after_seconds, limits.api_max_concurrent_requests,
+                     limits.api_queue_timeout_seconds, describe=_public_detail)
 
     def svc(request: Request) -> MemoryService:
         return request.app.state.service
@@ -171,10 +177,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     async def metrics(request: Request) -> str:
         """Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations."""
         counters = await svc(request).state.metrics()
-        return "".join(
+        text = "".join(
             f"# TYPE memory_service_{name}_total counter\nmemory_service_{name}_total {value:g}\n"
             for name, value in sorted(counters.items())
         )
+        return text + await _gauges(svc(request))
 
     @app.get("/health", tags=["ops"])
     async def health(request: Request) -> JSONResponse:
@@ -218,3 +225,25 @@ def _without_addresses(value: Any) -> Any:
 
 def _jsonable(errors: list[dict]) -> list[dict]:
     return [{k: (v if isinstance(v, (str, int, float, list, type(None))) else str(v)) for k, v in e.items() if k != "ctx"} for e in errors]
+
+
+async def _gauges(service: MemoryService) -> str:
+    """The live backends' current values (outbox depth and dead letters, breakers) as gauges."""
+    values: dict[str, float] = {}
+    try:
+        backends = await service.registry.live()
+    except Exception:  # the default backend cannot start: /health says why
+        backends = []
+    for backend in backends:
+        try:
+            values.update(await backend.gauges())
+        except Exception:  # its store is down: /health says so; the counters still answer
+            continue
+    lines, typed = [], set()
+    for sample, value in sorted(values.items()):
+        name = "memory_service_" + sample.partition("{")[0]
+        if name not in typed:
+            typed.add(name)
+            lines.append(f"# TYPE {name} gauge\n")
+        lines.append(f"memory_service_{sample} {value:g}\n")
+    return "".join(lines)

@@ -46,6 +46,10 @@ class MemoryBackend(ABC):
     async def health(self) -> dict:
         """``{"ok": bool, ...}`` with whatever helps an operator."""
 
+    async def gauges(self) -> dict[str, float]:
+        """Current values for /metrics, by Prometheus name with labels (none by default)."""
+        return {}
+
     @abstractmethod
     async def write(self, memories: Sequence[Memory]) -> int:
         """Store memories whose id is not stored yet; return how many were new.

@@ -306,3 +306,9 @@ def _counts(counts: dict[str, int]) -> str:
 
 if __name__ == "__main__":
     app()
+
+
+# `memory-service outbox dead|replay|drop`: the outbox's dead letters (memory_service/outbox_cli.py).
+from .outbox_cli import outbox_app  # noqa: E402
+
+app.add_typer(outbox_app, name="outbox")

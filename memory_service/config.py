@@ -86,7 +86,7 @@ class Settings(BaseSettings):
     llm_base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")
     llm_api_key: SecretStr | None = Field(default=None, description="API key of the endpoint, if it needs one")
     llm_model: str | None = Field(default=None, description="Model name; it must support JSON-schema structured output")
-    llm_timeout_seconds: float = Field(default=60, gt=0, description="Timeout of one LLM call")
+    llm_timeout_seconds: float = Field(default=60, gt=0, description="Read timeout of one LLM call (connect: HTTP_CONNECT_TIMEOUT_SECONDS)")
     llm_max_attempts: int = Field(default=3, ge=1, description="Calls per window on malformed output or a transient error, before the job retries")
     consolidator: Literal["rules", "llm"] | None = Field(
         default=None, description="How pending directives and suggestions are merged: rules, or llm (one call per merge); unset: as EXTRACTOR")
@@ -104,7 +104,7 @@ class Settings(BaseSettings):
         default=None, ge=8, le=65536,
         description="hash: the vector size (default 384); openai: the size the endpoint must return, checked at start "
                     "(unset: learned from one probe call); local: must be 384 if set")
-    embedding_timeout_seconds: float = Field(default=30, gt=0, description="EMBEDDER=openai: read timeout of one call (connect: at most 5 s)")
+    embedding_timeout_seconds: float = Field(default=30, gt=0, description="EMBEDDER=openai: read timeout of one call (connect: HTTP_CONNECT_TIMEOUT_SECONDS)")
     embedding_batch_size: int = Field(default=32, ge=1, le=2048, description="Texts per model run (local) or per request (openai)")
     # End of embeddings.
 
@@ -144,6 +144,45 @@ class Settings(BaseSettings):
         description="Memory reads of one memory block stop after this long and the block is built from what arrived "
                     "(not cached); the whole assembly stops at twice it and serves the last good block")
 
+    # Timeouts, overload, the MongoDB fallback and the outbox (docs/operations.md). Every
+    # call to a store or an endpoint has a connect and a read timeout; a store that stalls
+    # fails the call, a full pool answers 503 with Retry-After. LLM_TIMEOUT_SECONDS and
+    # EMBEDDING_TIMEOUT_SECONDS (above) are the read timeouts of the two HTTP endpoints.
+    store_connect_timeout_seconds: float = Field(
+        default=2.0, gt=0, description="Connect timeout of every Redis and FalkorDB connection (state, job queue, graph)")
+    store_read_timeout_seconds: float = Field(
+        default=10.0, gt=0, description="Longest wait for one Redis or FalkorDB reply; a store that stalls fails the call then")
+    redis_max_connections: int = Field(
+        default=64, ge=1, description="Connections of each Redis/FalkorDB pool (state, job queue, graph: one pool each, per process)")
+    redis_pool_timeout_seconds: float = Field(
+        default=2.0, ge=0, description="How long a call waits for a free pooled connection before it fails (the API answers 503)")
+    mongo_server_selection_timeout_seconds: float = Field(
+        default=2.0, gt=0, description="How long a MongoDB call waits for a reachable server")
+    mongo_connect_timeout_seconds: float = Field(default=2.0, gt=0, description="Connect timeout of a MongoDB connection")
+    mongo_socket_timeout_seconds: float = Field(default=10.0, gt=0, description="Longest wait for one MongoDB reply")
+    mongo_fallback_timeout_seconds: float = Field(
+        default=1.0, gt=0, description="Longest a read falling back from the graph to MongoDB may take")
+    mongo_breaker_failures: int = Field(
+        default=3, ge=1, description="MongoDB failures within MONGO_BREAKER_WINDOW_SECONDS that open its circuit breaker")
+    mongo_breaker_window_seconds: float = Field(default=30.0, gt=0, description="The window the breaker counts failures in")
+    mongo_breaker_cooloff_seconds: float = Field(
+        default=30.0, gt=0, description="How long an open breaker skips MongoDB before one trial call")
+    http_connect_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="Connect timeout of the LLM and embeddings endpoints")
+    api_max_concurrent_requests: int = Field(
+        default=32, ge=0, description="Requests one API process runs at once; more wait for a slot (0: no limit)")
+    api_queue_timeout_seconds: float = Field(
+        default=1.0, ge=0, description="How long a request waits for a slot before it answers 503 with Retry-After")
+    overload_retry_after_seconds: int = Field(
+        default=1, ge=1, description="Retry-After of a 503 answered because a store is overloaded, stalled or unreachable")
+    outbox_max_attempts: int = Field(
+        default=5, ge=1, description="Failed deliveries of one outbox entry (outages of its store not counted) before it is dead-lettered")
+    outbox_alarm_pending: int = Field(
+        default=10_000, ge=1, description="Undelivered entries of one target at which the outbox alarms (log, /health, /metrics)")
+    outbox_max_pending: int = Field(
+        default=100_000, ge=1, description="Undelivered entries of one target at which writes are refused (503) until it drains")
+    # End of timeouts, overload and the outbox.
+
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:
         if self.extractor == "llm" and not (self.llm_base_url and self.llm_model):
@@ -163,3 +202,10 @@ class Settings(BaseSettings):
         if small:
             raise ValueError(f"context budgets must be >= {MIN_CONTEXT_BUDGET} characters: {small}")
         return value
+
+    @model_validator(mode="after")
+    def _outbox_bounds(self) -> Settings:
+        if self.outbox_alarm_pending > self.outbox_max_pending:
+            raise ValueError(f"OUTBOX_ALARM_PENDING ({self.outbox_alarm_pending}) must not exceed "
+                             f"OUTBOX_MAX_PENDING ({self.outbox_max_pending})")
+        return self

@@ -272,13 +272,14 @@ class OpenAIEmbedder:
 
     ``start()`` sends one probe text: it checks that the endpoint answers, that the key and
     model are accepted, and learns the dimension (or checks it against ``dimension``, the
-    expected one). Every call has a connect timeout (at most 5 s) and a read timeout; timeouts,
+    expected one). Every call has a connect timeout (HTTP_CONNECT_TIMEOUT_SECONDS) and a read timeout; timeouts,
     connection errors, 408/409/425/429 and 5xx are retried ``max_attempts`` times in all with
     exponential backoff (a Retry-After up to 10 s is honoured); other errors fail at once.
     """
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None, dimension: int | None = None,
-                 timeout: float = 30.0, batch_size: int = 64, max_attempts: int = 3, backoff: float = 0.25):
+                 timeout: float = 30.0, batch_size: int = 64, max_attempts: int = 3, backoff: float = 0.25,
+                 connect_timeout: float = 5.0):
         if not base_url or not model:
             raise EmbedderUnavailable("EMBEDDER=openai needs EMBEDDING_BASE_URL and EMBEDDING_MODEL")
         self.base_url = base_url.rstrip("/")
@@ -289,7 +290,7 @@ class OpenAIEmbedder:
         self.batch_size = batch_size
         self.max_attempts = max(1, max_attempts)
         self.backoff = backoff
-        self._timeout = httpx.Timeout(timeout, connect=min(5.0, timeout))
+        self._timeout = httpx.Timeout(timeout, connect=min(connect_timeout, timeout))
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client: httpx.AsyncClient | None = None
 
@@ -406,7 +407,8 @@ def build_embedder(settings: Settings) -> Embedder:
         key = settings.embedding_api_key.get_secret_value() if settings.embedding_api_key else None
         return OpenAIEmbedder(settings.embedding_base_url, settings.embedding_model, key,
                               dimension=settings.embedding_dimension, timeout=settings.embedding_timeout_seconds,
-                              batch_size=settings.embedding_batch_size)
+                              batch_size=settings.embedding_batch_size,
+                              connect_timeout=settings.http_connect_timeout_seconds)
     if settings.embedding_dimension not in (None, LocalEmbedder.DIMENSION):
         raise EmbedderUnavailable(f"the local embedder gives {LocalEmbedder.DIMENSION}-dimensional vectors, but "
                                   f"EMBEDDING_DIMENSION is {settings.embedding_dimension}: unset it, or choose "

@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.connections import ArqRedis
 from arq.constants import result_key_prefix, retry_key_prefix
 from arq.jobs import Job, JobStatus
 
+from .config import Settings
 from .namespaces import Namespace
+from .redis_pools import arq_client
 
 log = logging.getLogger(__name__)
 
@@ -36,10 +38,16 @@ class JobQueue:
         self.pool = pool
 
     @classmethod
-    async def connect(cls, redis_url: str) -> JobQueue:
-        settings = RedisSettings.from_dsn(redis_url)
-        settings.conn_retries = 0  # the service degrades on its own; don't stall start-up
-        return cls(await create_pool(settings, default_queue_name=QUEUE_NAME))
+    async def connect(cls, redis_url: str, settings: Settings | None = None) -> JobQueue:
+        """On a bounded pool with the settings' timeouts; fails at once if Redis is unreachable
+        (the service degrades on its own: start-up must not stall)."""
+        pool = arq_client(redis_url, settings or Settings(), QUEUE_NAME)
+        try:
+            await pool.ping()
+        except BaseException:
+            await pool.aclose()
+            raise
+        return cls(pool)
 
     async def close(self) -> None:
         await self.pool.aclose()

@@ -16,6 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import httpx
 import openai
 
 from .extraction import ExtractionUsage
@@ -66,6 +67,7 @@ class StructuredChat:
         model: str | None,
         api_key: str | None = None,
         timeout_seconds: float = 60.0,
+        connect_timeout_seconds: float = 5.0,
         max_attempts: int = 3,
         temperature: float = 0.0,
         backoff_seconds: float = 0.5,
@@ -86,9 +88,10 @@ class StructuredChat:
         # usage and the tests; the loop in complete() is the only one. Local servers (vLLM,
         # Ollama, llama.cpp) need no key, but the SDK refuses to start without one and would
         # otherwise read OPENAI_API_KEY from the environment: pass a placeholder.
-        self._client = openai.AsyncOpenAI(
-            base_url=base_url, api_key=api_key or "unused", timeout=timeout_seconds, max_retries=0
-        )
+        # A connect timeout of its own: an unreachable endpoint fails fast, a slow model may
+        # take the whole read timeout.
+        timeout = httpx.Timeout(timeout_seconds, connect=min(connect_timeout_seconds, timeout_seconds))
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=0)
 
     async def aclose(self) -> None:
         await self._client.close()

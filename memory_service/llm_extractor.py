@@ -107,13 +107,15 @@ class LLMExtractor:
         model: str,
         api_key: str | None = None,
         timeout_seconds: float = 60.0,
+        connect_timeout_seconds: float = 5.0,
         max_attempts: int = 3,
         temperature: float = 0.0,
         backoff_seconds: float = 0.5,
         max_prompt_chars: int = 60_000,
     ) -> None:
         self._chat = StructuredChat(base_url=base_url, model=model, api_key=api_key, timeout_seconds=timeout_seconds,
-                                    max_attempts=max_attempts, temperature=temperature, backoff_seconds=backoff_seconds)
+                                    connect_timeout_seconds=connect_timeout_seconds, max_attempts=max_attempts,
+                                    temperature=temperature, backoff_seconds=backoff_seconds)
         self.model = model
         self.max_attempts = max_attempts
         self.max_prompt_chars = max_prompt_chars

@@ -131,6 +131,7 @@ async def migrate_agent(
         )
     updated = settings.model_copy(update={"memory_backend": to})
     await service.put_agent(agent_id, updated)
+    await service.state.migrated(agent_id, to)  # the graph no longer reads MongoDB for it
     report.switched = True
     log.info("agent %s migrated from %s to %s: %d memories, %d copied", agent_id, source_name, to,
              report.total, report.copied)

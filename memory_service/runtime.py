@@ -25,19 +25,33 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
     graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
-    from backends.mirror import MirroredBackend
+    from backends.mirror import TARGETS, MirroredBackend
 
+    from .breaker import CircuitBreaker
     from .outbox import Outbox
 
-    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), Outbox(state.redis, ["graph", "mongo"]),
-                           drain_seconds=settings.outbox_drain_seconds)
+    outbox = Outbox(state.redis, TARGETS, max_attempts=settings.outbox_max_attempts,
+                    alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
+    breaker = CircuitBreaker("mongo", failures=settings.mongo_breaker_failures,
+                             window=settings.mongo_breaker_window_seconds, cooloff=settings.mongo_breaker_cooloff_seconds)
+    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), outbox,
+                           drain_seconds=settings.outbox_drain_seconds, breaker=breaker,
+                           fallback_timeout=settings.mongo_fallback_timeout_seconds,
+                           mongo_only=lambda agent_id: state.named_backend(agent_id, "mongo"))
 
 
 def _mongo_backend(settings: Settings, embedding_dimension: int | None = None):
     from backends.mongo import MongoBackend
 
     return MongoBackend(settings.mongodb_uri.get_secret_value(), settings.mongodb_database,
+                        server_selection_timeout_ms=_ms(settings.mongo_server_selection_timeout_seconds),
+                        connect_timeout_ms=_ms(settings.mongo_connect_timeout_seconds),
+                        socket_timeout_ms=_ms(settings.mongo_socket_timeout_seconds),
                         facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension)
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
 
 
 def _llm_options(settings: Settings) -> dict:
@@ -46,6 +60,7 @@ def _llm_options(settings: Settings) -> dict:
         "model": settings.llm_model,
         "api_key": settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
         "timeout_seconds": settings.llm_timeout_seconds,
+        "connect_timeout_seconds": settings.http_connect_timeout_seconds,
         "max_attempts": settings.llm_max_attempts,
     }
 
@@ -119,8 +134,8 @@ async def open_service(
     settings.redis_url = settings.redis_url or settings.falkordb_url
     worker = None
     try:
-        queue = await JobQueue.connect(settings.redis_url)
-        state = StateStore.from_url(settings.redis_url)
+        queue = await JobQueue.connect(settings.redis_url, settings)
+        state = StateStore.from_url(settings.redis_url, settings)
         try:
             embedder = await start_embedder(settings, state)
         except BaseException:

@@ -7,6 +7,8 @@ it back. Memories themselves live in a backend, not here.
 Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:agent:<agent>               JSON AgentSettings
   ms:agent:<agent>:sessions      set of the agent's session ids
+  ms:agent:<agent>:backends      set of the backends its settings named since its last migration
+                                 (the graph reads MongoDB for an agent that named mongo)
   ms:shards:<agent>              hash shard_id -> JSON ShardIn
   ms:s:<session>:meta            hash: agent_id, next_seq, pending_tokens, cursor,
                                  formed_windows, formed_messages, incognito, last_activity
@@ -35,8 +37,10 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from .config import Settings
 from .errors import Conflict
 from .models import AgentSettings, ShardIn
+from .redis_pools import redis_client
 
 # Reserve a sequence number for a message id, or return the one it already has.
 _RESERVE = """
@@ -181,6 +185,10 @@ def _agent_sessions(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:sessions"
 
 
+def _agent_backends(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:backends"
+
+
 def _user_sessions(agent_id: str, user_id: str) -> str:
     return f"ms:agent:{agent_id}:user:{user_id}:sessions"
 
@@ -225,8 +233,9 @@ class StateStore:
         self._consolidated = redis.register_script(_CONSOLIDATED)
 
     @classmethod
-    def from_url(cls, url: str) -> StateStore:
-        return cls(Redis.from_url(url, decode_responses=True))
+    def from_url(cls, url: str, settings: Settings | None = None) -> StateStore:
+        """On a bounded pool with the settings' timeouts (memory_service/redis_pools.py)."""
+        return cls(redis_client(url, settings or Settings()))
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -237,8 +246,30 @@ class StateStore:
     # Agents and shards -------------------------------------------------------------
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> None:
-        await self.redis.set(f"ms:agent:{agent_id}", settings.model_dump_json())
+        previous = await self.redis.set(f"ms:agent:{agent_id}", settings.model_dump_json(), get=True)
+        # Every backend the agent's settings named (the replaced ones too: settings stored
+        # before this set existed) may hold memories the others lack, until a migration.
+        named = {settings.requested_backend()}
+        if previous:
+            try:
+                named.add(AgentSettings.model_validate_json(previous).requested_backend())
+            except ValueError:
+                pass
+        named.discard(None)
+        if named:
+            await self.redis.sadd(_agent_backends(agent_id), *sorted(named))
         await self.bump(f"agent:{agent_id}")
+
+    async def named_backend(self, agent_id: str, backend: str) -> bool:
+        """Whether the agent's settings named ``backend`` since its last migration."""
+        return bool(await self.redis.sismember(_agent_backends(agent_id), backend))
+
+    async def migrated(self, agent_id: str, backend: str) -> None:
+        """Every memory of the agent is in ``backend`` now: forget the other backends it named."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(_agent_backends(agent_id))
+            pipe.sadd(_agent_backends(agent_id), backend)
+            await pipe.execute()
 
     async def get_agent(self, agent_id: str) -> AgentSettings | None:
         raw = await self.redis.get(f"ms:agent:{agent_id}")

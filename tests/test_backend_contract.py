@@ -48,7 +48,7 @@ async def backend(request, settings, mongo_uri, mongo_database):
     else:
         from backends.mongo import MongoBackend
 
-        instance = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000, embedding_dimension=DIMENSION)
+        instance = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=DIMENSION)
     await instance.start()
     yield instance
     await instance.close()

@@ -13,10 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import SecretStr
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+from memory_service.api import create_app
+from memory_service.breaker import CLOSED, HALF_OPEN, OPEN
 from memory_service.embedded import EmbeddedFalkorDB
+from memory_service.loopback import LoopbackServer
 from memory_service.migration import agent_namespaces, migrate_agent
 from memory_service.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.namespaces import Namespace
@@ -24,6 +29,7 @@ from memory_service.runtime import open_service
 
 from .conftest import clean_env
 from .helpers import msg
+from .test_overload import guard
 
 CLI = str(Path(sys.executable).parent / "memory-service")
 CHAT = [
@@ -118,6 +124,7 @@ async def test_mongo_stopped_mid_run_gets_every_write_when_it_returns(mongo_sett
         await settle(service)
         in_graph, in_mongo = await both_stores(service)
         assert in_graph == in_mongo
+        assert (await backend.health())["dead_letters"] == {"graph": 0, "mongo": 0}
         count = await backend.mirror.memories.count_documents({})
         assert count == sum(map(len, in_mongo.values()))  # nothing written twice
 
@@ -199,6 +206,184 @@ async def test_an_agent_that_just_opted_in_reads_its_memories_from_mongo(mongo_s
         # Search falls back too (the graph found nothing), so the relevant memories match.
         assert "mongo" in on_graph.source.split("+") and on_graph.xml == on_mongo.xml
         assert "<RelevantMemories>" in on_mongo.xml
+
+
+async def test_an_empty_graph_answer_never_waits_for_a_stalled_mongo(mongo_settings, mongo_proxy):
+    async with open_service(mongo_settings, run_worker=False) as service:
+        await converse(service, "s1", lines=CHAT[:2])
+        await settle(service)
+        _, backend = await service.agents.backend_for("a1")
+        await mongo_proxy.stall()  # MongoDB accepts and never answers
+        # s9 holds nothing and alice has no directives: every namespace read of the block is
+        # empty in the graph; the search over what alice may see finds her turn in s1.
+        block = await guard(service.assemble_memory_context("a1", "alice", "s9", query="window seats"))
+        assert block.source == "graph" and "window seats" in block.xml and "<Episode>" not in block.xml
+        assert backend.mongo_reads == 0 and backend.breaker.state == CLOSED
+        await mongo_proxy.resume()
+
+
+async def test_only_an_agent_that_named_mongo_reads_it_on_an_empty_graph_answer_until_it_is_migrated(
+        mongo_settings, mongo_proxy):
+    async with open_service(mongo_settings, run_worker=True) as service:
+        _, backend = await service.agents.backend_for("a1")
+        await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
+        await converse(service, "s1")
+        await service.form_memories("s1")
+        await service.put_agent("a1", AgentSettings(memory_backend="graph"))  # opted in, nothing migrated
+        block = await service.assemble_memory_context("a1", "alice", "s1")
+        assert "mongo" in block.source.split("+") and "window seats" in block.xml and backend.mongo_reads > 0
+        # Settings an older version stored (before the named-backends set) count too.
+        await service.state.redis.set("ms:agent:a2", AgentSettings(memory_backend="mongo").model_dump_json())
+        await service.put_agent("a2", AgentSettings(memory_backend="graph"))
+        assert await service.state.named_backend("a2", "mongo")
+        # Back on mongo, then migrated: the graph holds everything, its empty answers stand.
+        await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
+        report = await migrate_agent(service, "a1", "graph")
+        assert report.switched and not await service.state.named_backend("a1", "mongo")
+        reads = backend.mongo_reads
+        await mongo_proxy.stall()
+        block = await guard(service.assemble_memory_context("a1", "carol", "s9", query="window seats"))
+        assert block.source == "graph" and backend.mongo_reads == reads
+        await mongo_proxy.resume()
+
+
+async def test_the_mongo_breaker_opens_while_mongo_is_down_and_closes_once_it_answers(mongo_settings, mongo_proxy, graph):
+    settings = mongo_settings.model_copy(update={
+        "mongo_fallback_timeout_seconds": 0.5, "mongo_breaker_failures": 2, "mongo_breaker_window_seconds": 600,
+        "mongo_breaker_cooloff_seconds": 0.3})
+    async with open_service(settings, run_worker=False) as service:
+        await converse(service, "s1")
+        await settle(service)
+        _, backend = await service.agents.backend_for("a1")
+        session = Namespace.session("s1")
+
+        async def read():
+            return await guard(backend.recent("a1", session, [MemoryKind.MESSAGE], 10))
+
+        graph.stop()  # every graph read fails: reads fall back to MongoDB
+        assert len(await read()) == len(CHAT) and backend.fallback_reads == 1
+        await mongo_proxy.stop()
+        for _ in range(2):  # MongoDB fails too: the graph's error is the answer
+            with pytest.raises(RedisConnectionError):
+                await read()
+        assert backend.breaker.state == OPEN
+        reads = backend.mongo_reads
+        with pytest.raises(RedisConnectionError):
+            await read()
+        assert backend.mongo_reads == reads and backend.skipped_reads >= 1  # not even tried
+        health = await guard(service.health())
+        assert health["backends"]["graph"]["mongo_breaker"]["state"] == OPEN
+        assert health["backends"]["graph"]["mongo"]["ok"] is False
+        await mongo_proxy.start()
+        # After each cool-off one trial read goes to MongoDB (while the driver finds the
+        # server again a trial may still fail, and the breaker opens for another cool-off).
+        served = None
+        for _ in range(600):
+            if backend.breaker.state == HALF_OPEN:
+                try:
+                    served = await read()
+                    break
+                except RedisConnectionError:
+                    pass
+            await asyncio.sleep(0.05)
+        assert served is not None and len(served) == len(CHAT)
+        assert backend.breaker.state == CLOSED and backend.breaker.opened >= 1
+        graph.start()
+
+
+async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it_are_delivered(mongo_settings):
+    settings = mongo_settings.model_copy(update={"outbox_max_attempts": 3})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        _, backend = await service.agents.backend_for("a1")
+        await converse(service, "s1", lines=CHAT[:2])
+        await settle(service)
+        first = (await backend.primary.export("a1", Namespace.session("s1")))[0]
+        # Vectors of another dimension from the backfill: the graph refuses them at once, and
+        # the copy queued for MongoDB can never be delivered.
+        with pytest.raises(ValueError, match="3 dimensions"):
+            await backend.set_embeddings("a1", {first.id: [1.0, 0.0, 0.0]})
+        await converse(service, "s1", start=2, lines=CHAT[2:])
+        await settle(service)  # the refused entry is out of the way, the later writes delivered
+        in_graph, in_mongo = await both_stores(service)
+        assert in_graph == in_mongo and len(in_mongo[str(Namespace.session("s1"))]) == len(CHAT)
+        [dead] = await backend.outbox.dead_letters("mongo")
+        assert dead.attempts == 3 and "3 dimensions" in dead.error and json.loads(dead.op)["op"] == "embeddings"
+
+        health = (await http.get("/health")).json()["backends"]["graph"]
+        assert health["dead_letters"] == {"graph": 0, "mongo": 1}
+        assert any("1 dead letter(s) for mongo" in alarm for alarm in health["alarms"])
+        metrics = (await http.get("/metrics")).text
+        assert 'memory_service_outbox_dead_letters{target="mongo"} 1\n' in metrics
+        assert 'memory_service_outbox_alarm{target="mongo"} 1\n' in metrics
+        assert "memory_service_outbox_dead_lettered_mongo_total 1\n" in metrics
+
+        # Replayed: queued again at the end, refused again, dead again.
+        assert await backend.outbox.replay("mongo", [dead.entry_id, "no-such-entry"]) == 1
+        assert (await backend.outbox.depth())["mongo"] == 1
+        await settle(service)
+        [again] = await backend.outbox.dead_letters("mongo")
+        assert again.entry_id == dead.entry_id and again.attempts == 3
+        # Dropped: gone, with its operation.
+        assert await backend.outbox.drop("mongo", [dead.entry_id]) == 1
+        assert await service.state.redis.hget("ms:outbox:entries", dead.entry_id) is None
+        assert await backend.outbox.dead_letter_counts() == {"graph": 0, "mongo": 0}
+        assert 'memory_service_outbox_alarm{target="mongo"} 0\n' in (await http.get("/metrics")).text
+
+
+async def test_an_outage_of_mongo_never_counts_as_a_failed_delivery(mongo_settings, mongo_proxy):
+    settings = mongo_settings.model_copy(update={"outbox_max_attempts": 1})  # one counted failure would dead-letter
+    async with open_service(settings, run_worker=False) as service:
+        _, backend = await service.agents.backend_for("a1")
+        await mongo_proxy.stop()
+        await converse(service, "s1", lines=CHAT[:2])
+        for _ in range(600):
+            if "mongo" in backend._down:  # a delivery found MongoDB down
+                break
+            await asyncio.sleep(0.05)
+        assert "mongo" in (await backend.health())["undelivered"]
+        assert await backend.outbox.dead_letter_counts() == {"graph": 0, "mongo": 0}
+        assert await service.state.redis.hlen("ms:outbox:attempts:mongo") == 0
+        await mongo_proxy.start()
+        await settle(service)
+        in_graph, in_mongo = await both_stores(service)
+        assert in_graph == in_mongo
+
+
+async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_mongo_is_back(
+        mongo_settings, mongo_proxy, caplog):
+    settings = mongo_settings.model_copy(update={"outbox_alarm_pending": 2, "outbox_max_pending": 3})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+        await mongo_proxy.stop()
+
+        def post(i: int):
+            return http.post("/v1/sessions/s1/messages", json={
+                "agent_id": "a1", "user_id": "alice", "role": "user", "content": f"note {i}", "message_id": f"m{i}"})
+
+        for i in range(3):
+            assert (await post(i)).status_code == 200
+        refused = await post(3)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert "3 writes wait undelivered for the mongo store" in refused.json()["detail"]
+        assert (await service.session_gate("s1")).pending_messages == 3  # the refused one changed nothing
+        health = (await http.get("/health")).json()["backends"]["graph"]
+        assert health["outbox"] == {"graph": 0, "mongo": 3}
+        assert any("refuses new writes" in alarm for alarm in health["alarms"])
+        metrics = (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 1\n' in metrics
+        assert 'memory_service_outbox_pending{target="mongo"} 3\n' in metrics
+        for _ in range(600):
+            if any("outbox alarm" in r.getMessage() for r in caplog.records):
+                break
+            await asyncio.sleep(0.05)
+        assert any("outbox alarm: 3 writes wait undelivered for mongo" in r.getMessage() for r in caplog.records)
+        await mongo_proxy.start()
+        await settle(service)
+        assert (await post(3)).status_code == 200
+        assert 'memory_service_outbox_alarm{target="mongo"} 0\n' in (await http.get("/metrics")).text
 
 
 async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):
@@ -303,7 +488,7 @@ async def test_the_migrate_command(mongo_settings):
 async def mongo(mongo_uri, mongo_database):
     from backends.mongo import MongoBackend
 
-    backend = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000, embedding_dimension=4)
+    backend = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=4)
     await backend.start()
     yield backend
     await backend.close()
@@ -355,7 +540,7 @@ async def test_memories_stored_before_search_get_their_search_fields_at_start(mo
 
     old = _document(_fact("old", "The hotel near the station"))
     del old["search_text"]
-    first = MongoBackend(mongo_uri, mongo_database, timeout_ms=2000)
+    first = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
     await first.memories.insert_one(old)
     await first.memories.create_index([("agent_id", 1), ("namespace", 1)], name="agent_namespace")
     await first.start()

@@ -19,12 +19,12 @@ import logging
 from typing import Any
 
 from arq import Retry
-from arq.connections import RedisSettings
 from arq.cron import cron
 from arq.worker import Worker, func
 
 from memory_service.config import Settings
 from memory_service.jobs import CONSOLIDATE_JOB, FORM_JOB, QUEUE_NAME
+from memory_service.redis_pools import arq_client
 from memory_service.service import MemoryService
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,8 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
             cron(retention, hour={3}, minute={17}),
             cron(backfill_embeddings, minute=set(range(0, 60, 2)), run_at_startup=True),
         ],
-        redis_settings=RedisSettings.from_dsn(s.redis_url),
+        # Its own bounded pool with the store timeouts (arq's RedisSettings has no read timeout).
+        redis_pool=arq_client(s.redis_url, s, QUEUE_NAME),
         queue_name=QUEUE_NAME,
         ctx={"service": service},
         handle_signals=handle_signals,

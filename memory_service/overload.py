@@ -1,0 +1,133 @@
+"""Overload and outages at the API: admission control, and which failures mean "a store
+is overloaded, stalled or unreachable: try again later", answered with 503, Retry-After
+and a short JSON error, never a 500.
+
+Admission: at most API_MAX_CONCURRENT_REQUESTS requests run at once in a process; the
+next ones wait (first come, first served) up to API_QUEUE_TIMEOUT_SECONDS for a slot,
+then answer 503. Without it, 200 concurrent clients on two cores saw every request take
+seconds (the event loop shared by all), pools run dry, and 500s; with it, the admitted
+requests run at the speed of a loaded process and the rest are told when to come back.
+/health and /metrics are never queued, nor is ``POST /v1/sessions/{id}/form``: with
+``wait`` it sleeps until the worker stored the window (up to FORM_WAIT_SECONDS, tens of
+seconds with an LLM), and a few sessions ending at once must not take every slot.
+
+``is_unavailable`` is also what the outbox uses to tell an outage of a store (the entry
+waits, its attempts are not counted) from an entry the store refuses (counted, and
+dead-lettered after OUTBOX_MAX_ATTEMPTS).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+from pymongo.errors import ConnectionFailure, ExecutionTimeout, WTimeoutError
+from redis.exceptions import BusyLoadingError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import BackendUnavailable, FormationPending
+
+log = logging.getLogger(__name__)
+
+# Outages and overload, as each client library raises them: OSError covers refused and
+# reset connections; TimeoutError (asyncio's too) a stalled store; redis-py's
+# ConnectionError covers a full pool ("No connection available.", MaxConnectionsError);
+# PyMongo's ConnectionFailure covers AutoReconnect, NetworkTimeout,
+# ServerSelectionTimeoutError and WaitQueueTimeoutError.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    OSError, TimeoutError, RedisConnectionError, RedisTimeoutError, BusyLoadingError,
+    ConnectionFailure, ExecutionTimeout, WTimeoutError, BackendUnavailable,
+)
+# Ours, whose sentence is meant for the caller.
+TRY_LATER: tuple[type[BaseException], ...] = (BackendUnavailable, FormationPending)
+
+
+def is_unavailable(exc: BaseException) -> bool:
+    """True when ``exc``, or an error it was raised from, is an outage or overload of a store."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, UNAVAILABLE):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def unavailable(detail: str, retry_after_seconds: int) -> JSONResponse:
+    return JSONResponse(status_code=503, headers={"Retry-After": str(retry_after_seconds)},
+                        content={"detail": detail, "retry_after": retry_after_seconds})
+
+
+class AdmissionLimit:
+    """ASGI middleware: at most ``limit`` requests at once; the others wait up to ``wait``
+    seconds for a slot, then answer 503 with Retry-After."""
+
+    NEVER_QUEUED = frozenset({"/health", "/metrics"})
+    LONG_POLL_SUFFIX = "/form"  # POST /v1/sessions/{id}/form
+
+    def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1):
+        self.app, self.limit, self.wait, self.retry_after = app, limit, wait, retry_after_seconds
+        self._slots = asyncio.Semaphore(limit)
+        self.refused = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.NEVER_QUEUED or (
+                scope["method"] == "POST" and scope["path"].endswith(self.LONG_POLL_SUFFIX)):
+            await self.app(scope, receive, send)
+            return
+        try:
+            async with asyncio.timeout(self.wait):
+                await self._slots.acquire()
+        except TimeoutError:
+            self.refused += 1
+            response = unavailable(f"the service is at capacity ({self.limit} requests in progress); try again shortly",
+                                   self.retry_after)
+            await response(scope, receive, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self._slots.release()
+
+
+def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
+            queue_seconds: float = 1.0, describe: Callable[[Exception], str] = str) -> None:
+    """Answer store outages and overload with 503 + Retry-After on ``app``; with
+    ``max_concurrent``, admit at most that many requests at once (the others wait up to
+    ``queue_seconds``). ``describe`` words our own errors for the caller (it redacts what
+    a store's error text says about where it listens)."""
+    if max_concurrent:
+        app.add_middleware(AdmissionLimit, limit=max_concurrent, wait=queue_seconds,
+                           retry_after_seconds=retry_after_seconds)
+
+    def unavailable_response(detail: str) -> JSONResponse:
+        return unavailable(detail, retry_after_seconds)
+
+    async def try_later(request: Request, exc: Exception) -> JSONResponse:
+        return unavailable_response(describe(exc))
+
+    async def store_failed(request: Request, exc: Exception) -> JSONResponse:
+        # The library's text may name hosts and ports: logged, not sent.
+        log.warning("%s %s: a store is unavailable or overloaded: %s: %s", request.method, request.url.path,
+                    type(exc).__name__, exc)
+        return unavailable_response("a store is overloaded or unreachable; try again shortly")
+
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Anything else that got this far: an outage wrapped in another error is still a
+        # 503; a bug stays a 500 (Starlette logs it after this handler).
+        if is_unavailable(exc):
+            return await store_failed(request, exc)
+        return JSONResponse(status_code=500, content={"detail": "internal error"})
+
+    for kind in TRY_LATER:
+        app.add_exception_handler(kind, try_later)
+    for kind in UNAVAILABLE:
+        if not issubclass(kind, TRY_LATER):
+            app.add_exception_handler(kind, store_failed)
+    app.add_exception_handler(Exception, unexpected)
