@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from backends.base import MemoryBackend, read_sources
 
-from . import gates
+from . import gates, limits
 from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator, consolidate
 from .context import (
@@ -33,7 +33,7 @@ from .context import (
     budget_for_model,
     render_context,
 )
-from .errors import BackendUnavailable, Conflict, FormationPending, InvalidInput, MemoryServiceError, NotFound
+from .errors import BackendUnavailable, Conflict, FormationPending, InvalidInput, MemoryServiceError, NotFound, preview
 from .extraction import Extractor
 from .formation import FormationResult, FormationSummary, form_window, message_memory_id
 from .jobs import JobQueue, formation_job_id
@@ -176,10 +176,11 @@ class MemoryService:
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
         validate_id(agent_id, "agent_id")
+        limits.check_extras_bytes(settings.agent_extras, self.settings.max_extras_bytes)
         requested = settings.requested_backend()
         if requested and requested not in self.registry.factories:
             known = ", ".join(sorted(self.registry.factories))
-            raise InvalidInput(f"unknown memory backend {requested!r}; registered backends: {known}")
+            raise InvalidInput(f"unknown memory backend {preview(requested)}; registered backends: {known}")
         await self.state.put_agent(agent_id, settings)
         return await self.get_agent(agent_id)
 
@@ -216,6 +217,7 @@ class MemoryService:
     async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates."""
         validate_id(session_id, "session_id")
+        limits.check_message_chars(message.content, self.settings.max_message_chars)
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
