@@ -33,7 +33,7 @@ async def seeded(http, falkordb_url):
 
 
 async def state(url):
-    return await asyncio.to_thread(snapshot, url, with_job_queue=False)
+    return await asyncio.to_thread(snapshot, url, worker_running=True)
 
 
 async def refused(http, url, method, path, *, status=422, **request):
