@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -27,7 +28,9 @@ from hypothesis import strategies as st
 
 from memory_service.api import create_app
 from memory_service.config import Settings
+from memory_service.errors import InvalidInput
 from memory_service.jobs import QUEUE_NAME
+from memory_service.namespaces import validate_id
 
 from .conftest import suite_settings
 from .store_state import snapshot
@@ -194,3 +197,39 @@ def test_hostile_json_in_any_field(fuzz_server, falkordb_url, route, data, must_
     if must_refuse:
         assert response.status_code in (413, 422), response.text[:2000]
         assert len(response.content) < 8_000
+
+
+# --- every id the rule accepts works as a path segment ----------------------------------------
+
+def _accepted(text: str) -> bool:
+    try:
+        validate_id(text, "id")
+    except InvalidInput:
+        return False
+    return True
+
+
+# Any text the id rule accepts, drawn mostly from characters that mean something in a URL,
+# so that a rule letting one through that breaks a path fails here.
+path_ids = st.text(st.one_of(st.sampled_from(list("./\\%?#&=+;, ~:@!$'()*[]")), st.characters(codec="utf-8")),
+                   min_size=1, max_size=12).filter(_accepted)
+
+
+@given(agent=path_ids, shard=path_ids, session=path_ids)
+@FUZZ
+def test_every_id_the_rule_accepts_works_as_a_path_segment(fuzz_server, agent, shard, session):
+    a, sh, se = (quote(part, safe="") for part in (agent, shard, session))
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as http:
+        put = http.put(f"/v1/agents/{a}", json={"agent_extras": {}})
+        assert put.status_code == 200 and put.json()["agent_id"] == agent, put.text
+        assert http.get(f"/v1/agents/{a}").json()["agent_id"] == agent
+        shard_put = http.put(f"/v1/agents/{a}/shards/{sh}", json={"name": "topic"})
+        assert shard_put.status_code in (200, 201) and shard_put.json()["shard_id"] == shard, shard_put.text
+        assert shard in [s["shard_id"] for s in http.get(f"/v1/agents/{a}/shards").json()]
+        recorded = http.post(f"/v1/sessions/{se}/messages", json={**MESSAGE, "agent_id": agent})
+        if recorded.status_code == 409:  # a session an earlier example's agent holds: its path worked
+            assert "belongs to agent" in recorded.json()["detail"]
+        else:
+            assert recorded.status_code == 200 and recorded.json()["session_id"] == session, recorded.text
+        status = http.get(f"/v1/sessions/{se}")
+        assert status.status_code == 200 and status.json()["session_id"] == session, status.text
