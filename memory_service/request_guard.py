@@ -56,8 +56,7 @@ class BodyLimit:
             return
         declared = Headers(scope=scope).get("content-length", "")
         if declared.isdigit() and (len(declared) > 18 or int(declared) > self.max_bytes):
-            answer = JSONResponse({"detail": BodyTooLarge(self.max_bytes).detail}, status_code=413,
-                                  headers={"connection": "close"})
+            answer = JSONResponse({"detail": BodyTooLarge(self.max_bytes).detail}, status_code=413)
             await answer(scope, receive, send)
             return
         received = 0

@@ -68,6 +68,8 @@ async def test_a_body_over_the_limit_answers_413_whatever_the_route(seeded, falk
         # A route without a body never runs: the window stays pending, not formed.
         ("POST", "/v1/sessions/s1/form", b"x" * (2 * LIMIT)),
         ("GET", f"/v1/agents/{AGENT}", b"x" * (LIMIT + 1)),
+        # Far more than socket buffers hold: the client, still sending, reads the 413 all the same.
+        ("POST", "/v1/sessions/s1/messages", b"x" * (64 * LIMIT)),
     ]:
         body = await refused(seeded, falkordb_url, method, path, status=413, content=content, headers=JSON)
         assert body["detail"] == f"the request body is larger than {LIMIT} bytes (MAX_REQUEST_BYTES)"
