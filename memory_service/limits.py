@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from datetime import UTC, datetime
 from typing import Any
 
 from .errors import InvalidInput, preview
@@ -21,6 +22,11 @@ MAX_SEARCH_NAMESPACES = 100  # namespaces one search may list
 MAX_NAMESPACE_CHARS = len("shard") + 2 + 2 * 256  # kind, two separators, two ids
 MAX_TOP_K_CEILING = 10_000  # SEARCH_MAX_TOP_K may not be set higher
 CONTEXT_BUDGET_CEILING = 10_000_000  # characters; a memory block's budget may not be larger
+
+# A time a caller gives must survive conversion to UTC and a day's arithmetic either way:
+# 0001-01-01T00:00+14:00 is stored fine but breaks every later read of its session.
+EARLIEST_TIME = datetime(1, 1, 2, tzinfo=UTC)
+LATEST_TIME = datetime(9999, 12, 30, tzinfo=UTC)
 
 Location = tuple[str | int, ...]
 
@@ -74,6 +80,17 @@ def check_json(value: Any, what: str) -> Any:
         loc, reason = problem
         inside = "".join(f"[{preview(part)}]" for part in loc)
         raise InvalidInput(f"{what}{inside} {reason}")
+    return value
+
+
+def check_time(value: datetime) -> datetime:
+    """``value`` (timezone-aware) if it lies between EARLIEST_TIME and LATEST_TIME, else ValueError."""
+    try:
+        inside = EARLIEST_TIME <= value.astimezone(UTC) <= LATEST_TIME
+    except OverflowError:
+        inside = False
+    if not inside:
+        raise ValueError(f"must lie between {EARLIEST_TIME.date()} and {LATEST_TIME.date()} (UTC)")
     return value
 
 

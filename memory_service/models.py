@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .limits import MESSAGE_CHARS_CEILING, check_json, text_problem
+from .limits import MESSAGE_CHARS_CEILING, check_json, check_time, text_problem
 from .namespaces import Namespace, validate_id, validate_message_id
 
 
@@ -94,7 +94,7 @@ class MessageIn(BaseModel):
     @field_validator("created_at")
     @classmethod
     def _timezone(cls, value: datetime | None) -> datetime | None:
-        return _aware(value) if value else value
+        return check_time(_aware(value)) if value else value
 
 
 class Provenance(BaseModel):

@@ -31,7 +31,7 @@ from backends.base import MemoryBackend, SignalHits
 from .config import Settings
 from .context import age
 from .errors import InvalidInput, NotFound, preview
-from .limits import MAX_NAMESPACE_CHARS, MAX_SEARCH_NAMESPACES, MAX_TOP_K_CEILING
+from .limits import MAX_NAMESPACE_CHARS, MAX_SEARCH_NAMESPACES, MAX_TOP_K_CEILING, check_time
 from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, Text, UserId
 from .namespaces import Namespace, NamespaceKind
 from .state import StateStore
@@ -79,7 +79,9 @@ class SearchRequest(BaseModel):
     @field_validator("since", "until")
     @classmethod
     def _timezone(cls, value: datetime | None) -> datetime | None:
-        return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
+        if value is None:
+            return value
+        return check_time(value.replace(tzinfo=UTC) if value.tzinfo is None else value)
 
 
 class SignalScore(BaseModel):

@@ -288,3 +288,26 @@ async def test_dot_segments_sent_encoded_are_refused_with_the_rule(seeded, falko
     method = "PUT" if "/shards/" in path else "GET"
     answer = await refused(seeded, falkordb_url, method, path, json={"name": "x"} if method == "PUT" else None)
     assert "not '.' or '..'" in answer["detail"]
+
+
+# --- times ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+14:00", "0001-01-01T23:59:59Z", "9999-12-31T23:59:59-14:00",
+                                  "9999-12-30T00:00:01Z"])
+async def test_times_that_break_utc_arithmetic_are_refused(seeded, falkordb_url, when):
+    # 0001-01-01T00:00+14:00 was stored, and then every memory block of its session came out empty.
+    body = await refused(seeded, falkordb_url, "POST", "/v1/sessions/s1/messages",
+                         json={**MESSAGE, "message_id": "m2", "created_at": when})
+    assert body["detail"] == "created_at: Value error, must lie between 0001-01-02 and 9999-12-30 (UTC)"
+    for bound in ("since", "until"):
+        body = await refused(seeded, falkordb_url, "GET", "/v1/search", params={"agent_id": AGENT, "query": "x", bound: when})
+        assert body["detail"].startswith(f"{bound}: Value error, must lie between")
+
+
+async def test_times_at_the_bounds_are_stored_and_read(seeded):
+    for i, when in enumerate(["0001-01-02T00:00:00Z", "9999-12-29T10:00:00-14:00"]):
+        answer = await seeded.post("/v1/sessions/s1/messages", json={**MESSAGE, "message_id": f"t{i}", "created_at": when})
+        assert answer.status_code == 200, answer.text
+    block = (await seeded.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1",
+                                                     "query": "aisle seats"})).json()
+    assert block["source"] == "graph" and "aisle seats" in block["xml"]
