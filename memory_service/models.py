@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .limits import MESSAGE_CHARS_CEILING, check_json, check_time, text_problem
+from .limits import MESSAGE_CHARS_CEILING, check_time
 from .namespaces import Namespace, validate_id, validate_message_id
 
 
@@ -24,16 +24,6 @@ UserId = Annotated[str, _checked_id("user_id")]
 SessionId = Annotated[str, _checked_id("session_id")]
 ShardId = Annotated[str, _checked_id("shard_id")]
 MessageId = Annotated[str, AfterValidator(validate_message_id)]
-
-
-def _unicode(value: str) -> str:
-    if reason := text_problem(value):
-        raise ValueError(reason)
-    return value
-
-
-# Text a caller gives (HTTP bodies are checked before parsing; this holds for the Python API).
-Text = Annotated[str, AfterValidator(_unicode)]
 
 
 def utcnow() -> datetime:
@@ -79,7 +69,7 @@ class MessageIn(BaseModel):
     user_id: UserId
     role: Role
     # The service holds content to MAX_MESSAGE_CHARS (a setting); nothing beyond the ceiling is read.
-    content: Text = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING)
+    content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING)
     message_id: MessageId | None = None
     created_at: datetime | None = None
     incognito: bool = False
@@ -192,10 +182,10 @@ class AgentSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    memory_backend: Text | None = Field(default=None, min_length=1, max_length=64)
-    # Plain JSON only; its size is held to MAX_EXTRAS_BYTES by the service.
-    agent_extras: Annotated[dict[str, Any], AfterValidator(lambda v: check_json(v, "agent_extras"))] = Field(
-        default_factory=dict)
+    memory_backend: str | None = Field(default=None, min_length=1, max_length=64)
+    # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
+    # so that settings stored before the check was made still read.
+    agent_extras: dict[str, Any] = Field(default_factory=dict)
 
     def requested_backend(self) -> str | None:
         legacy = self.agent_extras.get("experimental_memory_backend")
@@ -212,8 +202,8 @@ class ShardIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: Text = Field(min_length=1, max_length=120)
-    extraction_focus: Text = Field(default="", max_length=2_000)
+    name: str = Field(min_length=1, max_length=120)
+    extraction_focus: str = Field(default="", max_length=2_000)
     active: bool = True
 
 

@@ -55,7 +55,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isdigit() and (len(declared) > 18 or int(declared) > self.max_bytes):
+        if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > self.max_bytes):
             answer = JSONResponse({"detail": BodyTooLarge(self.max_bytes).detail}, status_code=413)
             await answer(scope, receive, send)
             return

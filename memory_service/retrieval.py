@@ -32,7 +32,7 @@ from .config import Settings
 from .context import age
 from .errors import InvalidInput, NotFound, preview
 from .limits import MAX_NAMESPACE_CHARS, MAX_SEARCH_NAMESPACES, MAX_TOP_K_CEILING, check_time
-from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, Text, UserId
+from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, UserId
 from .namespaces import Namespace, NamespaceKind
 from .state import StateStore
 
@@ -62,7 +62,7 @@ class Scope(StrEnum):
 class SearchRequest(BaseModel):
     """A search, as the API and ``MemoryService.search`` take it."""
 
-    query: Text = Field(description="what to look for, in plain words (at most SEARCH_MAX_QUERY_CHARS characters)")
+    query: str = Field(description="what to look for, in plain words (at most SEARCH_MAX_QUERY_CHARS characters)")
     scope: Scope = Scope.AGENT
     user_id: UserId | None = Field(None, description="scope=user: whose memories")
     session_id: SessionId | None = Field(None, description="scope=session: which session")

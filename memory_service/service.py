@@ -176,7 +176,7 @@ class MemoryService:
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
         validate_id(agent_id, "agent_id")
-        limits.check_extras_bytes(settings.agent_extras, self.settings.max_extras_bytes)
+        limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
         requested = settings.requested_backend()
         if requested and requested not in self.registry.factories:
             known = ", ".join(sorted(self.registry.factories))

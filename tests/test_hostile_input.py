@@ -311,3 +311,40 @@ async def test_times_at_the_bounds_are_stored_and_read(seeded):
     block = (await seeded.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1",
                                                      "query": "aisle seats"})).json()
     assert block["source"] == "graph" and "aisle seats" in block["xml"]
+
+
+# --- the Python API ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("extras, words", [
+    ({"w": [1.0, float("nan")]}, "agent_extras['w'][1] nan is not a JSON number"),
+    ({"t": "a\ud800"}, "agent_extras['t'] contains a lone surrogate U+D800"),
+    ({"deep": json.loads("[" * 40 + "]" * 40)}, "nested deeper than 32 levels"),
+    ({"s": {1, 2}}, "a set is not a JSON value"),
+    ({"blob": "x" * 20_000}, "agent_extras is 20011 bytes of JSON; the limit is 16384 (MAX_EXTRAS_BYTES)"),
+])
+async def test_the_python_api_holds_agent_extras_to_the_same_rules(service, falkordb_url, extras, words):
+    from memory_service.errors import InvalidInput
+    from memory_service.models import AgentSettings
+
+    before = await state(falkordb_url)
+    with pytest.raises(InvalidInput) as raised:
+        await service.put_agent(AGENT, AgentSettings(agent_extras=extras))
+    assert words in str(raised.value)
+    assert await state(falkordb_url) == before
+
+
+async def test_the_python_api_refuses_lone_surrogates_and_long_content(service, falkordb_url):
+    from pydantic import ValidationError
+
+    from memory_service.errors import InvalidInput
+    from memory_service.models import MessageIn, ShardIn
+
+    # pydantic itself refuses lone surrogates in text fields (string_unicode).
+    with pytest.raises(ValidationError, match="unable to parse raw data as a unicode string"):
+        MessageIn(**{**MESSAGE, "content": "hi \udc00"})
+    with pytest.raises(ValidationError, match="unable to parse raw data as a unicode string"):
+        ShardIn(name="\ud800")
+    before = await state(falkordb_url)
+    with pytest.raises(InvalidInput, match="the limit is 32000 \\(MAX_MESSAGE_CHARS\\)"):
+        await service.record_message("s1", MessageIn(**{**MESSAGE, "content": "x" * 32_001}))
+    assert await state(falkordb_url) == before
