@@ -15,11 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .errors import InvalidInput, preview
+from .namespaces import MAX_ID_LENGTH
 
 MAX_JSON_DEPTH = 32  # arrays and objects inside one another, in a body or in agent_extras
 MESSAGE_CHARS_CEILING = 1_000_000  # MAX_MESSAGE_CHARS may not be set higher
 MAX_SEARCH_NAMESPACES = 100  # namespaces one search may list
-MAX_NAMESPACE_CHARS = len("shard") + 2 + 2 * 256  # kind, two separators, two ids
+MAX_NAMESPACE_CHARS = len("shard") + 2 + 2 * MAX_ID_LENGTH  # kind, two separators, two ids
 MAX_TOP_K_CEILING = 10_000  # SEARCH_MAX_TOP_K may not be set higher
 CONTEXT_BUDGET_CEILING = 10_000_000  # characters; a memory block's budget may not be larger
 

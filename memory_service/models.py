@@ -68,7 +68,7 @@ class MessageIn(BaseModel):
     agent_id: AgentId
     user_id: UserId
     role: Role
-    # The service holds content to MAX_MESSAGE_CHARS (a setting); nothing beyond the ceiling is read.
+    # The service holds content to MAX_MESSAGE_CHARS (a setting, up to this ceiling).
     content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING)
     message_id: MessageId | None = None
     created_at: datetime | None = None
