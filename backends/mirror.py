@@ -36,7 +36,7 @@ from typing import TypeVar
 from memory_service.breaker import OPEN, CircuitBreaker
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
-from memory_service.outbox import DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
+from memory_service.outbox import TARGETS, DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
 from memory_service.overload import is_unavailable
 
 from memory_service.backend import MemoryBackend, SignalHits, served_by
@@ -44,8 +44,6 @@ from memory_service.backend import MemoryBackend, SignalHits, served_by
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# The outbox's targets: the stores every write of the mirrored backend goes to.
-TARGETS = ("graph", "mongo")
 # How long one process may hold a target's delivery lease; it stops taking new entries
 # at half of it, so a slow delivery does not overlap the next holder's.
 LEASE_SECONDS = 60.0

@@ -6,7 +6,8 @@ import logging
 
 from .backend import MemoryBackend
 from .config import Settings
-from .errors import InvalidInput, NotFound
+from . import limits
+from .errors import InvalidInput, NotFound, preview
 from .models import Agent, AgentSettings, Shard, ShardIn
 from .namespaces import validate_id
 from .routing import BackendRegistry
@@ -21,10 +22,11 @@ class AgentDirectory:
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
         validate_id(agent_id, "agent_id")
+        limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
         requested = settings.requested_backend()
         if requested and requested not in self.registry.factories:
             known = ", ".join(sorted(self.registry.factories))
-            raise InvalidInput(f"unknown memory backend {requested!r}; registered backends: {known}")
+            raise InvalidInput(f"unknown memory backend {preview(requested)}; registered backends: {known}")
         await self.state.put_agent(agent_id, settings)
         return await self.get_agent(agent_id)
 

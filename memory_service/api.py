@@ -10,14 +10,15 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__, overload
+from . import __version__, overload, request_guard
 from .config import Settings, redact_addresses
 from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
 from .gates import GateStatus
-from .models import Agent, AgentId, AgentSettings, MemoryKind, MessageIn, SessionId, Shard, ShardIn, UserId
+from .limits import CONTEXT_BUDGET_CEILING, MAX_TOP_K_CEILING
+from .models import Agent, AgentId, AgentSettings, MemoryKind, MessageIn, SessionId, Shard, ShardId, ShardIn, UserId
 from .retrieval import Scope, SearchRequest, SearchResult
 from .runtime import open_service
 from .service import MemoryService
@@ -62,6 +63,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         description="Long-term memory for LLM agents: record messages, form memories, get a budgeted XML memory block.",
         lifespan=lifespan,
     )
+    # Before the routes: they take its strict JSON route class.
+    request_guard.install(app, (settings or (service.settings if service else None) or Settings()).max_request_bytes)
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError):
@@ -69,8 +72,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'] if p != 'body')}: {e['msg']}" for e in exc.errors())
-        return JSONResponse(status_code=422, content={"detail": problems, "errors": _jsonable(exc.errors())})
+        return request_guard.invalid_input_answer(exc.errors())
 
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
     # (memory_service/overload.py).
@@ -118,7 +120,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         model: str | None = Query(None, max_length=200, description="target model name; selects the budget"),
         query: str | None = Query(None, description="what the model is asked now; default: the session's latest "
                                                    "user message. Adds <RelevantMemories>"),
-        budget: int | None = Query(None, description="character budget; overrides the model's"),
+        budget: int | None = Query(None, le=CONTEXT_BUDGET_CEILING, description="character budget; overrides the model's"),
     ) -> ContextOut:
         """The memory block for one model call, within its character budget, with the memories
         most relevant to the query (or to the session's latest user message)."""
@@ -137,17 +139,21 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         session_id: SessionId | None = Query(None, description="scope=session"),
         shard_id: str | None = Query(None, max_length=256, description="scope=shard"),
         namespaces: list[str] | None = Query(None, description="scope=namespaces: repeat for each namespace"),
-        top_k: int = Query(10, ge=1),
-        min_score: float | None = Query(None, ge=0, le=1),
+        top_k: int = Query(10, ge=1, le=MAX_TOP_K_CEILING),
+        min_score: float | None = Query(None, ge=0, le=1, allow_inf_nan=False),
         kinds: list[MemoryKind] | None = Query(None, description="repeat for each kind; default: every kind"),
         since: datetime | None = Query(None),
         until: datetime | None = Query(None),
     ) -> SearchResult:
         """Search an agent's memories: full-text and vector signals fused by reciprocal rank,
         with recency; every result explained."""
-        return await svc(request).search(agent_id, SearchRequest(
-            query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
-            namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since, until=until))
+        try:
+            body = SearchRequest(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
+                                 namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since,
+                                 until=until)
+        except ValidationError as exc:  # e.g. too many namespaces: the caller's mistake, answered as such
+            raise RequestValidationError(exc.errors()) from None
+        return await svc(request).search(agent_id, body)
 
     @app.post("/v1/agents/{agent_id}/search", response_model=SearchResult, tags=["search"])
     async def search_body(agent_id: AgentId, body: SearchRequest, request: Request) -> SearchResult:
@@ -164,7 +170,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).get_agent(agent_id)
 
     @app.put("/v1/agents/{agent_id}/shards/{shard_id}", response_model=Shard, tags=["agents"])
-    async def put_shard(agent_id: AgentId, shard_id: str, body: ShardIn, request: Request) -> Any:
+    async def put_shard(agent_id: AgentId, shard_id: ShardId, body: ShardIn, request: Request) -> Any:
         """Create or replace a shard: a topic the agent keeps facts and suggestions on."""
         shard, created = await svc(request).put_shard(agent_id, shard_id, body)
         return JSONResponse(status_code=201 if created else 200, content=shard.model_dump(mode="json"))
@@ -221,10 +227,6 @@ def _without_addresses(value: Any) -> Any:
     if isinstance(value, list):
         return [_without_addresses(v) for v in value]
     return redact_addresses(value) if isinstance(value, str) else value
-
-
-def _jsonable(errors: list[dict]) -> list[dict]:
-    return [{k: (v if isinstance(v, (str, int, float, list, type(None))) else str(v)) for k, v in e.items() if k != "ctx"} for e in errors]
 
 
 async def _gauges(service: MemoryService) -> str:

@@ -100,7 +100,10 @@ class ContextAssembler:
         if counters.agent_id not in (None, agent_id):
             raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
         shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
-        users = [user_id] + [u for u in await self.state.session_users(session_id) if u != user_id]
+        spoken = await self.state.session_users(session_id)
+        users = [user_id] + [u for u in spoken if u != user_id]
+        # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.
+        cacheable = counters.agent_id == agent_id and user_id in spoken
         namespaces = [
             Namespace.session(session_id),
             *(Namespace.user(agent_id, u) for u in users),
@@ -120,7 +123,7 @@ class ContextAssembler:
         finally:
             read_sources.reset(token)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
-        if complete:  # never cache a block shrunk by an outage
+        if complete and cacheable:  # never cache a block shrunk by an outage
             await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
             await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS)
             self._remember_last_good(last_good_key, rendered)

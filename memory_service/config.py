@@ -13,6 +13,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from .limits import MAX_TOP_K_CEILING, MESSAGE_CHARS_CEILING
+
 MIN_CONTEXT_BUDGET = 64
 
 
@@ -133,7 +135,7 @@ class Settings(BaseSettings):
         default=0.3, ge=0, le=1,
         description="Most a score loses to age: an old memory still wins with a fused score 1/(1-weight) times a newer one's")
     search_max_query_chars: int = Field(default=2000, ge=1, description="Longest query accepted; longer ones answer 422")
-    search_max_top_k: int = Field(default=100, ge=1, description="Largest top_k a search may ask for")
+    search_max_top_k: int = Field(default=100, ge=1, le=MAX_TOP_K_CEILING, description="Largest top_k a search may ask for")
     context_relevant_items: int = Field(default=40, ge=0, description="Query-relevant memories the block may show per 4,000 characters of budget, best first")
     context_relevant_full: int = Field(default=3, ge=0, description="How many of the best are shown in full, per 4,000 characters of budget")
     context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next as snippets around the match, per 4,000 characters")
@@ -182,6 +184,15 @@ class Settings(BaseSettings):
     outbox_max_pending: int = Field(
         default=100_000, ge=1, description="Undelivered entries of one target at which writes are refused (503) until it drains")
     # End of timeouts, overload and the outbox.
+
+    # Input limits (docs/limits.md): what one request may carry; beyond it the answer is 413 or 422.
+    max_request_bytes: int = Field(
+        default=1_048_576, ge=1024,
+        description="Largest request body, in bytes; a larger one answers 413 before it is read further or parsed")
+    max_message_chars: int = Field(
+        default=32_000, ge=1, le=MESSAGE_CHARS_CEILING, description="Longest message content, in characters")
+    max_extras_bytes: int = Field(
+        default=16_384, ge=2, description="Largest agent_extras, in bytes of its compact UTF-8 JSON")
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

@@ -1,5 +1,7 @@
 """Errors the public API turns into clear 4xx answers."""
 
+import reprlib
+
 
 class MemoryServiceError(Exception):
     """Base class: every error here carries a sentence meant for the caller."""
@@ -31,3 +33,22 @@ class FormationPending(MemoryServiceError):
     """A formation did not finish in time or failed; the window stays pending."""
 
     status_code = 503
+
+
+PREVIEW_CHARS = 100  # the most of a caller's bad input an error message quotes
+
+_SHORT = reprlib.Repr(maxlevel=3, maxdict=8, maxlist=8, maxtuple=8, maxset=8, maxstring=PREVIEW_CHARS,
+                      maxother=PREVIEW_CHARS)
+
+
+def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
+    """``repr(value)`` cut to ``limit`` characters: enough to recognise a bad input, never an
+    echo of a large one. Bounded work whatever the size of ``value``, and always valid
+    Unicode (repr escapes lone surrogates), so an answer quoting it can always be encoded."""
+    if isinstance(value, str):
+        text = repr(value[: limit + 1])
+    elif isinstance(value, int) and value.bit_length() > 4 * limit:
+        text = f"<an integer of {value.bit_length()} bits>"  # repr of a huge int is slow, or refused
+    else:
+        text = _SHORT.repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"

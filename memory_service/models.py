@@ -11,9 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from .limits import MESSAGE_CHARS_CEILING, check_time
 from .namespaces import Namespace, validate_id, validate_message_id
-
-MAX_MESSAGE_CHARS = 32_000
 
 
 def _checked_id(what: str):
@@ -69,7 +68,8 @@ class MessageIn(BaseModel):
     agent_id: AgentId
     user_id: UserId
     role: Role
-    content: str = Field(min_length=1, max_length=MAX_MESSAGE_CHARS)
+    # The service holds content to MAX_MESSAGE_CHARS (a setting, up to this ceiling).
+    content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING)
     message_id: MessageId | None = None
     created_at: datetime | None = None
     incognito: bool = False
@@ -84,7 +84,7 @@ class MessageIn(BaseModel):
     @field_validator("created_at")
     @classmethod
     def _timezone(cls, value: datetime | None) -> datetime | None:
-        return _aware(value) if value else value
+        return check_time(_aware(value)) if value else value
 
 
 class Provenance(BaseModel):
@@ -183,6 +183,8 @@ class AgentSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     memory_backend: str | None = Field(default=None, min_length=1, max_length=64)
+    # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
+    # so that settings stored before the check was made still read.
     agent_extras: dict[str, Any] = Field(default_factory=dict)
 
     def requested_backend(self) -> str | None:

@@ -22,7 +22,7 @@ import unicodedata
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .errors import InvalidInput
+from .errors import InvalidInput, preview
 
 MAX_ID_LENGTH = 256
 _ALNUM = re.compile(r"[A-Za-z0-9]")
@@ -44,26 +44,54 @@ _FIELDS: dict[NamespaceKind, tuple[str, ...]] = {
 }
 
 
+# '/' and '\\' would split a path segment (clients turn '\\' into '/'), and clients drop the
+# dot segments '.' and '..' from a URL (RFC 3986, 5.2.4): agent, session and shard ids are
+# path segments, and one rule holds for every id.
+_PATH_BREAKING = ("/", "\\")
+_DOT_SEGMENTS = (".", "..")
+
+
+def id_rule(colon_allowed: bool = False) -> str:
+    """The id rule in a sentence, for error messages."""
+    banned = "'/' and '\\'" if colon_allowed else "':', '/' and '\\'"
+    return (f"an id is 1 to {MAX_ID_LENGTH} characters: any Unicode letters, digits, punctuation, symbols and "
+            f"inner spaces, except {banned} and control, surrogate or unassigned characters; not '.' or '..'; "
+            "no white space at either end")
+
+
 def validate_id(value: object, what: str = "id", colon_allowed: bool = False) -> str:
     """Return ``value`` if it is a usable identifier, else raise InvalidInput.
 
-    Any Unicode is allowed except ':' (the namespace separator), control and
-    unassigned characters, and leading or trailing white space.
+    Any Unicode is allowed except ':' (the namespace separator), '/' and '\\', control,
+    surrogate and unassigned characters, leading or trailing white space, and the ids
+    '.' and '..'; so every id works as a (percent-encoded) URL path segment.
     """
     if not isinstance(value, str):
-        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}")
+        raise InvalidInput(f"{what} must be a string, got {type(value).__name__}; {id_rule(colon_allowed)}")
+    problem = _id_problem(value, colon_allowed)
+    if problem:
+        raise InvalidInput(f"{what} {problem}; {id_rule(colon_allowed)}")
+    return value
+
+
+def _id_problem(value: str, colon_allowed: bool) -> str | None:
     if not value:
-        raise InvalidInput(f"{what} must not be empty")
+        return "must not be empty"
     if len(value) > MAX_ID_LENGTH:
-        raise InvalidInput(f"{what} is {len(value)} characters long; the limit is {MAX_ID_LENGTH}")
+        return f"is {len(value)} characters long; the limit is {MAX_ID_LENGTH}"
+    shown = preview(value)
     if value != value.strip():
-        raise InvalidInput(f"{what} {value!r} must not start or end with white space")
+        return f"{shown} must not start or end with white space"
     if ":" in value and not colon_allowed:
-        raise InvalidInput(f"{what} {value!r} must not contain ':' (it separates namespace fields)")
+        return f"{shown} must not contain ':' (it separates namespace fields)"
+    if slash := next((c for c in _PATH_BREAKING if c in value), None):
+        return f"{shown} must not contain '{slash}' (ids are URL path segments)"
+    if value in _DOT_SEGMENTS:
+        return f"must not be {value!r} (URLs drop it as a dot segment)"
     bad = next((c for c in value if unicodedata.category(c) in {"Cc", "Cs", "Cn"}), None)
     if bad is not None:
-        raise InvalidInput(f"{what} {value!r} contains the control or unassigned character U+{ord(bad):04X}")
-    return value
+        return f"{shown} contains the control, surrogate or unassigned character U+{ord(bad):04X}"
+    return None
 
 
 def validate_message_id(value: object, what: str = "message_id") -> str:
@@ -137,12 +165,12 @@ class Namespace:
             raise InvalidInput(f"a namespace must be a string, got {type(text).__name__}")
         kind_text, sep, rest = text.partition(":")
         if not sep:
-            raise InvalidInput(f"namespace {text!r} has no ':'; expected e.g. 'session:<session_id>'")
+            raise InvalidInput(f"namespace {preview(text)} has no ':'; expected e.g. 'session:<session_id>'")
         try:
             kind = NamespaceKind(kind_text)
         except ValueError:
             kinds = ", ".join(k.value for k in NamespaceKind)
-            raise InvalidInput(f"namespace {text!r} has unknown kind {kind_text!r}; expected one of {kinds}") from None
+            raise InvalidInput(f"namespace {preview(text)} has unknown kind {preview(kind_text)}; expected one of {kinds}") from None
         return cls(kind, tuple(rest.split(":")))
 
     def __str__(self) -> str:

@@ -53,6 +53,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The outbox's targets: the stores every write of the mirrored backend goes to.
+TARGETS = ("graph", "mongo")
+
 ENTRIES = "ms:outbox:entries"
 REFS = "ms:outbox:refs"
 SEQ = "ms:outbox:seq"

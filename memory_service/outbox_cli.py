@@ -17,9 +17,8 @@ from typing import Annotated, TypeVar
 import typer
 from rich.table import Table
 
-from backends.mirror import TARGETS
 
-from .outbox import Outbox
+from .outbox import TARGETS, Outbox
 
 T = TypeVar("T")
 

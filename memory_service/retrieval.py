@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
+from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -29,8 +30,9 @@ from .backend import MemoryBackend, SignalHits
 
 from .config import Settings
 from .context import age
-from .errors import InvalidInput, NotFound
-from .models import Memory, MemoryKind, StoreQuery
+from .errors import InvalidInput, NotFound, preview
+from .limits import MAX_NAMESPACE_CHARS, MAX_SEARCH_NAMESPACES, MAX_TOP_K_CEILING, check_time
+from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, UserId
 from .namespaces import Namespace, NamespaceKind
 from .state import StateStore
 
@@ -60,22 +62,26 @@ class Scope(StrEnum):
 class SearchRequest(BaseModel):
     """A search, as the API and ``MemoryService.search`` take it."""
 
-    query: str = Field(description="what to look for, in plain words")
+    query: str = Field(description="what to look for, in plain words (at most SEARCH_MAX_QUERY_CHARS characters)")
     scope: Scope = Scope.AGENT
-    user_id: str | None = Field(None, description="scope=user: whose memories")
-    session_id: str | None = Field(None, description="scope=session: which session")
-    shard_id: str | None = Field(None, description="scope=shard: which shard")
-    namespaces: list[str] | None = Field(None, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
-    top_k: int = Field(10, ge=1, description="results to return (at most SEARCH_MAX_TOP_K)")
-    min_score: float | None = Field(None, ge=0, le=1, description="results below it come back as candidates")
-    kinds: list[MemoryKind] | None = Field(None, description="only these kinds (default: all)")
+    user_id: UserId | None = Field(None, description="scope=user: whose memories")
+    session_id: SessionId | None = Field(None, description="scope=session: which session")
+    shard_id: ShardId | None = Field(None, description="scope=shard: which shard")
+    namespaces: list[Annotated[str, Field(max_length=MAX_NAMESPACE_CHARS)]] | None = Field(
+        None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
+    top_k: int = Field(10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
+    min_score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+                                    description="results below it come back as candidates")
+    kinds: list[MemoryKind] | None = Field(None, max_length=len(MemoryKind), description="only these kinds (default: all)")
     since: datetime | None = Field(None, description="only memories at or after this time (UTC unless it says)")
     until: datetime | None = Field(None, description="only memories at or before this time (UTC unless it says)")
 
     @field_validator("since", "until")
     @classmethod
     def _timezone(cls, value: datetime | None) -> datetime | None:
-        return value.replace(tzinfo=UTC) if value and value.tzinfo is None else value
+        if value is None:
+            return value
+        return check_time(value.replace(tzinfo=UTC) if value.tzinfo is None else value)
 
 
 class SignalScore(BaseModel):
@@ -207,7 +213,7 @@ class Retriever:
             if namespace.kind is NamespaceKind.SESSION:
                 await self._owned_session(agent_id, namespace.fields[0])
             elif namespace.fields[0] != agent_id:
-                raise NotFound(f"namespace {text!r} is not one of agent {agent_id!r}'s")
+                raise NotFound(f"namespace {preview(text)} is not one of agent {agent_id!r}'s")
             namespaces.append(namespace)
         return list(dict.fromkeys(namespaces))
 

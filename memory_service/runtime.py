@@ -25,10 +25,10 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
     graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
-    from backends.mirror import TARGETS, MirroredBackend
+    from backends.mirror import MirroredBackend
 
     from .breaker import CircuitBreaker
-    from .outbox import Outbox
+    from .outbox import TARGETS, Outbox
 
     outbox = Outbox(state.redis, TARGETS, max_attempts=settings.outbox_max_attempts,
                     alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)

@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from . import gates
+from . import gates, limits
 from .agents import AgentDirectory
 from .config import Settings
 from .errors import BackendUnavailable, Conflict, FormationPending, NotFound
@@ -44,6 +44,7 @@ class SessionLedger:
     async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates."""
         validate_id(session_id, "session_id")
+        limits.check_message_chars(message.content, self.settings.max_message_chars)
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)

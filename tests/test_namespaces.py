@@ -6,12 +6,13 @@ from hypothesis import given, settings, strategies as st
 from memory_service.errors import InvalidInput
 from memory_service.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind, validate_id
 
-# Any Unicode the id rules accept: no ':', no control/surrogate/unassigned, no outer spaces.
+# Any Unicode the id rules accept: no ':', '/' or '\\', no control/surrogate/unassigned, no
+# outer spaces, not '.' or '..'.
 ids = st.text(
-    alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Cn"), blacklist_characters=":"),
+    alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Cn"), blacklist_characters=":/\\"),
     min_size=1,
     max_size=40,
-).filter(lambda s: s == s.strip())
+).filter(lambda s: s == s.strip() and s not in (".", ".."))
 
 namespaces = st.one_of(
     ids.map(Namespace.session),
@@ -63,6 +64,11 @@ def test_the_design_collision_example_stays_apart():
         ("agent: a", "white space"),
         ("session:a\x00b", "control"),
         ("session:" + "x" * (MAX_ID_LENGTH + 1), "limit"),
+        ("session:a/b", "must not contain '/'"),
+        ("session:a\\b", r"must not contain '\\'"),
+        ("session:.", "must not be '.'"),
+        ("session:..", "must not be '..'"),
+        ("session:\ud800", "surrogate"),
     ],
 )
 def test_bad_namespaces_get_a_clear_error(text, message):

@@ -1,0 +1,72 @@
+"""What the store holds, compared before and after a request: every key and graph, by content."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import redis
+
+from memory_service.jobs import QUEUE_NAME
+
+# Keys whose content is not compared (a read may change it): the service's counters (of
+# reads served too), and FalkorDB's log of the queries run on a graph (telemetry{<graph>}).
+METRICS_KEY = b"ms:metrics"
+QUERY_LOG_PREFIX = b"telemetry{"
+# The job queue's keys (arq:* and the queue itself), which a worker's cron jobs write on
+# their own schedule.
+JOB_QUEUE_KEYS = (b"arq:", QUEUE_NAME.encode())
+
+
+@dataclass(frozen=True)
+class StoreState:
+    keys: int  # DBSIZE; with a worker running, the compared keys
+    graphs: tuple[str, ...]  # GRAPH.LIST
+    bytes: int  # MEMORY USAGE of the compared keys (a graph reports its header only)
+    contents: tuple[tuple[str, str], ...]  # each compared key, with a digest of its content
+
+    def changes(self, after: StoreState) -> dict[str, list[str]]:
+        """The keys ``after`` added, removed and changed, for an assertion's message."""
+        mine, theirs = dict(self.contents), dict(after.contents)
+        return {"added": sorted(theirs.keys() - mine.keys()), "removed": sorted(mine.keys() - theirs.keys()),
+                "changed": sorted(k for k in mine.keys() & theirs.keys() if mine[k] != theirs[k]),
+                "keys": (self.keys, after.keys), "graphs": (self.graphs, after.graphs), "bytes": (self.bytes, after.bytes)}
+
+
+def _graph_content(client: redis.Redis, key: bytes) -> bytes:
+    # DUMP of a graph differs from call to call; its nodes, edges and indexes do not.
+    queries = ("MATCH (n) RETURN id(n), labels(n), properties(n) ORDER BY id(n)",
+               "MATCH ()-[e]->() RETURN id(e), type(e), properties(e) ORDER BY id(e)",
+               "CALL db.indexes() YIELD label, properties, types RETURN label, properties, types ORDER BY label")
+    return repr([client.execute_command("GRAPH.RO_QUERY", key, q)[1] for q in queries]).encode()
+
+
+def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
+    """The store's state. With a worker running, ``keys`` counts only the compared keys: its
+    cron jobs write the job queue's keys, and their graph reads FalkorDB's query logs, at any
+    time."""
+    client = redis.Redis.from_url(url)
+    try:
+        keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(JOB_QUEUE_KEYS)))
+        counted_only = [k for k in keys if k == METRICS_KEY or k.startswith(QUERY_LOG_PREFIX)]
+        keys = [k for k in keys if k not in counted_only]
+        with client.pipeline(transaction=False) as pipe:  # one round trip per step, however many keys
+            for key in keys:
+                pipe.type(key)
+            kinds = pipe.execute()
+            for key, kind in zip(keys, kinds):
+                if kind != b"graphdata":
+                    pipe.dump(key)
+                pipe.memory_usage(key, samples=0)  # every element: the default samples five
+            replies = iter(pipe.execute())
+        contents = []
+        size = 0
+        for key, kind in zip(keys, kinds):
+            content = _graph_content(client, key) if kind == b"graphdata" else next(replies) or b""
+            size += next(replies) or 0
+            contents.append((key.decode(errors="backslashreplace"), hashlib.sha256(content).hexdigest()))
+        graphs = tuple(sorted(g.decode() for g in client.execute_command("GRAPH.LIST")))
+        count = len(keys) if worker_running else client.dbsize()
+        return StoreState(keys=count, graphs=graphs, bytes=size, contents=tuple(contents))
+    finally:
+        client.close()

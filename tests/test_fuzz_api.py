@@ -1,0 +1,235 @@
+"""Fuzzing every route of the OpenAPI schema against a real server on loopback, backed by the
+real store and a worker: no answer is a 5xx, and a refused request (4xx) changes nothing
+stored (every key and graph but the job queue's and the metrics', by content).
+
+* ``test_schema_fuzz``: schemathesis generates requests from the schema, both valid ones and
+  ones that break it (wrong types, missing fields, values out of range, extra fields).
+* ``test_hostile_json_in_any_field``: hypothesis plants what schemathesis does not make (NaN,
+  Infinity, lone surrogates escaped or as raw bytes, bytes that are not UTF-8, deep nesting,
+  huge strings and numbers) in any field of a valid body of each route that takes one.
+
+FUZZ_EXAMPLES sets the examples per route (default 20, a run of well under a minute);
+``FUZZ_EXAMPLES=1000 pytest tests/test_fuzz_api.py`` fuzzes for longer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from urllib.parse import quote
+
+import httpx
+import pytest
+import redis
+import schemathesis
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from memory_service.api import create_app
+from memory_service.config import Settings
+from memory_service.errors import InvalidInput
+from memory_service.jobs import QUEUE_NAME
+from memory_service.namespaces import validate_id
+
+from .conftest import suite_settings
+from .store_state import snapshot
+from .threaded_server import ThreadedServer
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "20"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=not os.environ.get("FUZZ_EXAMPLES"),
+                suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+
+AGENT = "fuzz-agent"
+MESSAGE = {"agent_id": AGENT, "user_id": "alice", "role": "user", "content": "I prefer aisle seats.",
+           "message_id": "m1", "created_at": "2026-05-01T09:00:00Z", "incognito": False}
+
+# The schema the app publishes; building the app starts nothing.
+schema = schemathesis.openapi.from_dict(create_app(Settings(_env_file=None)).openapi())
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(falkordb_url):
+    """The API on a flushed store, with an agent, a shard and a session to find. Gates never
+    open by themselves (only POST /form forms, and waits for it), so no formation runs in
+    the background while a later request is checked."""
+    client = redis.Redis.from_url(falkordb_url)
+    client.flushall()
+    client.close()
+    app = create_app(suite_settings(falkordb_url, never_form_memories_less_than_n_messages=1_000_000,
+                                    memory_formation_msg_interval=1_000_000,
+                                    memory_formation_token_interval=1_000_000_000, form_wait_seconds=60),
+                     run_worker=True)
+    with ThreadedServer(app) as server, httpx.Client(base_url=server.base_url, timeout=60) as http:
+        assert http.put(f"/v1/agents/{AGENT}", json={"agent_extras": {"tone": "warm"}}).status_code == 200
+        assert http.put(f"/v1/agents/{AGENT}/shards/travel", json={"name": "travel"}).status_code == 201
+        for i in range(3):
+            assert http.post("/v1/sessions/s1/messages", json={**MESSAGE, "message_id": f"m{i}"}).status_code == 200
+        yield server
+
+
+def worker_idle(url: str, timeout: float = 60) -> None:
+    """Wait until no job is queued or running: a job an earlier request queued (POST /form
+    with wait=false, a consolidation) must not write while a later request is checked."""
+    client = redis.Redis.from_url(url)
+    try:
+        deadline = time.monotonic() + timeout
+        # Jobs due now (a retry waits in the queue with a later score) or running.
+        while client.zcount(QUEUE_NAME, "-inf", time.time() * 1000) or _running(client):
+            assert time.monotonic() < deadline, (
+                f"the worker did not finish its jobs: queued {client.zrangebyscore(QUEUE_NAME, '-inf', time.time() * 1000)}, "
+                f"running {_running(client)}")
+            time.sleep(0.05)
+    finally:
+        client.close()
+
+
+def _running(client: redis.Redis) -> list[bytes]:
+    # A cron job's in-progress key outlives the job by a minute (arq's keep_cronjob_progress);
+    # the cron jobs (sweep, backfill) write nothing when there is nothing to do.
+    return [k for k in client.scan_iter("arq:in-progress:*", count=1000) if not k.startswith(b"arq:in-progress:cron:")]
+
+
+def checked(url: str, send) -> httpx.Response | object:
+    """Send one request: never a 5xx, and a refusal changes nothing stored."""
+    worker_idle(url)
+    before = snapshot(url, worker_running=True)
+    response = send()
+    assert response.status_code < 500, f"{response.status_code}: {response.text[:2000]}"
+    if response.status_code >= 400:
+        after = snapshot(url, worker_running=True)
+        assert after == before, f"a {response.status_code} changed the store: {before.changes(after)}"
+    return response
+
+
+@schema.parametrize()
+@FUZZ
+def test_schema_fuzz(case, fuzz_server, falkordb_url):
+    checked(falkordb_url, lambda: case.call(base_url=fuzz_server.base_url, timeout=60))
+
+
+# --- hostile JSON planted in valid bodies ----------------------------------------------------
+
+BODIES = {
+    ("POST", "/v1/sessions/s1/messages"): {**MESSAGE, "message_id": "m-new"},
+    ("PUT", f"/v1/agents/{AGENT}"): {"memory_backend": "graph", "agent_extras": {"tone": "warm", "limits": [1, 2.5]}},
+    ("PUT", f"/v1/agents/{AGENT}/shards/travel"): {"name": "travel", "extraction_focus": "flights", "active": True},
+    ("POST", f"/v1/agents/{AGENT}/search"): {"query": "aisle seats", "scope": "namespaces", "namespaces": ["session:s1"],
+                                             "top_k": 3, "min_score": 0.1, "kinds": ["message"],
+                                             "since": "2026-01-01T00:00:00Z"},
+}
+
+
+def _paths(value, where=()):
+    """Every place in a JSON value: object members and array items, nested ones included."""
+    yield where
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _paths(child, (*where, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _paths(child, (*where, i))
+
+
+def _planted(body, where, value):
+    if not where:
+        return value
+    copy = json.loads(json.dumps(body))
+    parent = copy
+    for part in where[:-1]:
+        parent = parent[part]
+    parent[where[-1]] = value
+    return copy
+
+
+class Raw:
+    """Bytes that json.dumps cannot write: planted as a placeholder, then swapped in."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+
+surrogate = st.integers(0xD800, 0xDFFF).map(chr)
+# Values the service must refuse, wherever they are (422, or 413 when too large).
+refused_values = st.one_of(
+    st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+    st.tuples(st.text(max_size=5), surrogate, st.text(max_size=5)).map("".join),
+    st.integers(33, 3_000).map(lambda depth: Raw(b"[" * depth + b"]" * depth)),
+    st.sampled_from([b"\xff", b"\xed\xa0\x80", b"\xc3", b"\x80abc", b"\xf4\x90\x80\x80"]).map(
+        lambda bad: Raw(b'"' + bad + b'"')),
+    st.just(Raw(b"1e999")),
+    st.just(Raw(b"9" * 5_000)),
+)
+# Values that may or may not fit: any answer but a 5xx, and a refusal changes nothing.
+other_values = st.one_of(
+    st.none(), st.booleans(), st.integers(), st.integers(-(10**300), 10**300), st.floats(allow_nan=False,
+                                                                                          allow_infinity=False),
+    st.text(max_size=50), st.sampled_from(["x" * 40_000, ".", "..", "a/b", "a:b", " x", "\x00", "\U000e0001"]),
+    st.lists(st.text(max_size=5), max_size=5), st.dictionaries(st.text(max_size=5), st.integers(), max_size=5),
+)
+
+
+def _encode(value) -> bytes:
+    raws: list[Raw] = []
+
+    def placeholder(item):
+        raws.append(item)
+        return f"@@raw{len(raws) - 1}@@"
+
+    text = json.dumps(value, allow_nan=True, default=placeholder)  # lone surrogates escaped as \udXXX
+    data = text.encode()
+    for i, item in enumerate(raws):
+        data = data.replace(f'"@@raw{i}@@"'.encode(), item.data)
+    return data
+
+
+@given(route=st.sampled_from(sorted(BODIES)), data=st.data(), must_refuse=st.booleans())
+@FUZZ
+def test_hostile_json_in_any_field(fuzz_server, falkordb_url, route, data, must_refuse):
+    method, path = route
+    body = BODIES[route]
+    where = data.draw(st.sampled_from(list(_paths(body))), label="where")
+    value = data.draw(refused_values if must_refuse else other_values, label="value")
+    content = _encode(_planted(body, where, value))
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as http:
+        response = checked(falkordb_url, lambda: http.request(method, path, content=content,
+                                                               headers={"content-type": "application/json"}))
+    if must_refuse:
+        assert response.status_code in (413, 422), response.text[:2000]
+        assert len(response.content) < 8_000
+
+
+# --- every id the rule accepts works as a path segment ----------------------------------------
+
+def _accepted(text: str) -> bool:
+    try:
+        validate_id(text, "id")
+    except InvalidInput:
+        return False
+    return True
+
+
+# Any text the id rule accepts, drawn mostly from characters that mean something in a URL,
+# so that a rule letting one through that breaks a path fails here.
+path_ids = st.text(st.one_of(st.sampled_from(list("./\\%?#&=+;, ~:@!$'()*[]")), st.characters(codec="utf-8")),
+                   min_size=1, max_size=12).filter(_accepted)
+
+
+@given(agent=path_ids, shard=path_ids, session=path_ids)
+@FUZZ
+def test_every_id_the_rule_accepts_works_as_a_path_segment(fuzz_server, agent, shard, session):
+    a, sh, se = (quote(part, safe="") for part in (agent, shard, session))
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as http:
+        put = http.put(f"/v1/agents/{a}", json={"agent_extras": {}})
+        assert put.status_code == 200 and put.json()["agent_id"] == agent, put.text
+        assert http.get(f"/v1/agents/{a}").json()["agent_id"] == agent
+        shard_put = http.put(f"/v1/agents/{a}/shards/{sh}", json={"name": "topic"})
+        assert shard_put.status_code in (200, 201) and shard_put.json()["shard_id"] == shard, shard_put.text
+        assert shard in [s["shard_id"] for s in http.get(f"/v1/agents/{a}/shards").json()]
+        recorded = http.post(f"/v1/sessions/{se}/messages", json={**MESSAGE, "agent_id": agent})
+        if recorded.status_code == 409:  # a session an earlier example's agent holds: its path worked
+            assert "belongs to agent" in recorded.json()["detail"]
+        else:
+            assert recorded.status_code == 200 and recorded.json()["session_id"] == session, recorded.text
+        status = http.get(f"/v1/sessions/{se}")
+        assert status.status_code == 200 and status.json()["session_id"] == session, status.text
