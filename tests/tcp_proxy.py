@@ -1,11 +1,13 @@
 """A TCP proxy on loopback that a test can cut and restore: an outage of whatever server
 is behind it (the MongoDB stand-in or a real MongoDB at MONGODB_URI) as the client sees
-one — connections reset, new ones refused — without owning that server."""
+one — connections reset, new ones refused — without owning that server. A ``tap`` sees
+every chunk before it is forwarded, and can stop it (and its connection) there."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from memory_service.loopback import free_port
 
@@ -16,6 +18,8 @@ class TcpProxy:
         self.port = free_port()
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        # tap(connection, "up" (client to server) or "down", chunk) -> forward it?
+        self.tap: Callable[[int, str, bytes], bool] | None = None
 
     async def start(self) -> TcpProxy:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
@@ -37,13 +41,19 @@ class TcpProxy:
             client_writer.transport.abort()
             return
         self._writers |= {client_writer, server_writer}
-        await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+        connection = id(client_writer)
+        await asyncio.gather(self._pipe(connection, "up", client_reader, server_writer, client_writer),
+                             self._pipe(connection, "down", server_reader, client_writer, server_writer))
         self._writers -= {client_writer, server_writer}
 
-    @staticmethod
-    async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, connection: int, direction: str, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, other: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
+                if self.tap is not None and not self.tap(connection, direction, data):
+                    writer.transport.abort()
+                    other.transport.abort()
+                    return
                 writer.write(data)
                 await writer.drain()
         writer.close()
