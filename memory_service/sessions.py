@@ -23,7 +23,7 @@ from .models import Memory, MemoryKind, MessageIn, Provenance
 from .namespaces import Namespace, validate_id
 from .retrieval import embed_memories
 from .state import SessionCounters, StateStore
-from .window import StaleGate, WindowStore
+from .window import StaleGate, WindowState, WindowStore
 
 # How often a gated claim re-reads the counters when windows keep completing under it.
 CLAIM_ATTEMPTS = 3
@@ -137,6 +137,9 @@ class SessionLedger:
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")
+        # A completed window whose post-processing is left holds none of the pending messages.
+        held = await self.windows.load(session_id)
+        completed = held.claim.window if held is not None and held.state is WindowState.COMPLETED else None
         job_id = await self.schedule(session_id)
         if job_id is None:
             reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
@@ -148,7 +151,8 @@ class SessionLedger:
         formed = 0  # windows are formed oldest first: once this many are, all pending at the call are
         while job_id is not None:
             summaries.append(await self._wait_for_window(session_id, job_id, deadline))
-            formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
+            if summaries[-1].window != completed:
+                formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
             job_id = await self.schedule(session_id) if formed < counters.pending_messages else None
         return FormationSummary.combined(summaries)
 

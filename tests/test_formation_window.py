@@ -332,3 +332,91 @@ async def test_the_sweep_takes_stuck_sessions_in_turn(url):
         assert [len(r) for r in runs] == [2, 2, 2]
         assert runs[0] + runs[1] + runs[2][:1] == [formation_job_id(s, 1) for s in sessions]
         assert runs[2][1] == formation_job_id("s0", 1)  # then the first again
+
+
+# Races and resumption, in-process ---------------------------------------------------------
+
+
+async def test_two_runs_racing_on_one_window_store_one_extraction(url, llm):
+    """Two runs of one window (a late duplicate of a job beside its retry) both ask the LLM,
+    which answers each differently; one extraction is stored first and both write that one."""
+    from memory_service.formation import form_window
+
+    settings = make_settings(url, **llm_settings(llm, memory_formation_msg_interval=8))
+    async with open_service(settings, run_worker=False) as service:
+        await converse(service, sessions=1, messages=8)
+        windows = service.sessions.windows
+        claim = await windows.current_claim("s0")
+        _, backend = await service.agents.backend_for("a1")
+        llm.drift, llm.hold = True, asyncio.Event()
+        runs = [asyncio.create_task(form_window(claim=claim, agent_id="a1", backend=backend, windows=windows,
+                                                extractor=service.extractor, shards=[])) for _ in range(2)]
+        async def both_asking() -> bool:
+            return llm.held == 2
+
+        await until(both_asking, what="both runs asking the LLM")
+        llm.hold.set()
+        first, second = await asyncio.gather(*runs)
+        assert llm.extractions == 2
+        assert [m.id for m in first.memories] == [m.id for m in second.memories]
+        directives = await backend.recent("a1", Namespace.user("a1", "user0"), [MemoryKind.DIRECTIVE], 100)
+        stored = {m.id for m in first.memories if m.kind is MemoryKind.DIRECTIVE}
+        assert {d.id for d in directives} == stored  # one answer's directives (1 or 2), not both answers'
+        assert len({d.content.rpartition("(answer ")[2] for d in directives}) == 1
+        assert await windows.load("s0") is None
+        metrics = await service.state.metrics()
+        assert metrics["formations"] == 1 and (await service.session_status("s0"))["formed_windows"] == 1
+
+
+async def test_a_claim_left_by_the_first_layout_is_adopted_not_lost(url):
+    """A data directory from before the window hash holds its claim at ms:s:<session>:claim."""
+    async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
+        for i in range(5):
+            await service.record_message("old", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
+        redis = service.state.redis
+        await redis.hset("ms:s:old:meta", "claimed_windows", 1)
+        await redis.hset("ms:s:old:claim", mapping={"window": "1", "ids": '[["m0", 1], ["m1", 2], ["m2", 3]]'})
+        summary = await service.form_memories("old", wait=False)
+        assert summary.job_id == formation_job_id("old", 1)
+        window = await service.sessions.windows.load("old")
+        assert window.state is WindowState.CLAIMED and window.claim.message_ids == ["m0", "m1", "m2"]
+        assert not await redis.exists("ms:s:old:claim")
+
+
+async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(url):
+    """A window completed but not post-processed (its post-processing failed) does not hold
+    the messages pending now: POST /form runs its post-processing AND forms those."""
+    from memory_service.formation import form_window
+
+    from arq.constants import job_key_prefix
+
+    settings = make_settings(url, consolidate_directives_after=4)
+    async with open_service(settings, run_worker=False) as service:
+        windows = service.sessions.windows
+        for i in range(4):
+            await service.record_message("p", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"m{i}"))
+        job_id = formation_job_id("p", 1)  # gone, as a job is once its failure's result expired
+        await service.queue.pool.zrem(QUEUE_NAME, job_id)
+        await service.queue.pool.delete(job_key_prefix + job_id)
+        _, backend = await service.agents.backend_for("a1")
+
+        async def unreachable(result) -> None:
+            raise ConnectionError("the job queue is unreachable")
+
+        with pytest.raises(ConnectionError):
+            await form_window(claim=await windows.current_claim("p"), agent_id="a1", backend=backend,
+                              windows=windows, extractor=service.extractor, shards=[], post_process=unreachable)
+        assert (await windows.load("p")).state is WindowState.COMPLETED
+        for i in range(4, 7):
+            await service.record_message("p", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"m{i}"))
+    async with open_service(settings, run_worker=True) as service:
+        summary = await service.form_memories("p")
+        assert summary.formed and summary.message_ids[-3:] == ["m4", "m5", "m6"]
+        status = await service.session_status("p")
+        assert status["formed_windows"] == 2 and status["gate"]["pending_messages"] == 0
+        user_ns = str(Namespace.user("a1", "alice"))
+
+        async def consolidated() -> bool:  # the first window's trigger ran at last
+            return await service.state.consolidation_version(user_ns) >= 1
+
+        await until(consolidated, what="the directives consolidated")
