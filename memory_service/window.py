@@ -5,7 +5,9 @@
     claim ─▶ claimed ─extract─▶ extracted ─write─▶ written ─complete─▶ completed ─post-process─▶ (gone)
 
 One hash per session holds the window being formed (``ms:s:{<session>}:window``; the
-session id is the hash tag, so every script on it names one slot):
+session id is its hash tag, so the transitions that touch only the window name one slot;
+the claim and the completing step also touch the session's counters, see
+docs/formation.md, "Limits"):
 
 - ``claimed``: a snapshot of the session's pending messages (``ids``). Formation reads
   exactly those, however often it is retried; messages recorded later belong to the
