@@ -194,6 +194,14 @@ class Settings(BaseSettings):
     max_extras_bytes: int = Field(
         default=16_384, ge=2, description="Largest agent_extras, in bytes of its compact UTF-8 JSON")
 
+    # Formation windows and the cold-session sweep (docs/formation.md).
+    cold_sweep_batch: int = Field(
+        default=200, ge=1, le=10_000, description="Idle sessions the cold-session sweep reads from Redis at a time")
+    cold_sweep_max_sessions: int = Field(
+        default=10_000, ge=1,
+        description="Most sessions one sweep run looks at (it also stops at half WORKER_JOB_TIMEOUT_SECONDS); "
+                    "the rest are first in line at the next run")
+
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:
         if self.extractor == "llm" and not (self.llm_base_url and self.llm_model):

@@ -1,29 +1,38 @@
-"""Forming memories from exactly one claimed window — the one function the worker calls.
+"""Forming memories from exactly one claimed window — the steps of the window's life.
 
-A claim (memory_service.state) is a snapshot of the session's pending messages, kept in
-Redis until the window is complete. Formation reads exactly those messages, makes one
-extractor call, writes the memories with ids derived from the window, and only then
-completes the claim with a compare-and-set. A crash or an extractor failure before that
-leaves the claim in place; running it again rewrites nothing, because the same window
-yields the same ids, and the compare-and-set lets only one run complete it.
+A window (memory_service.window) moves claimed → extracted → written → completed → gone,
+each step a compare-and-set in Redis. ``form_window`` runs whatever steps are left, so a
+retry after any failure resumes where the last try stopped:
+
+- claimed: read exactly the claimed messages, make ONE extractor call, and store the
+  extraction (the memories with their ids) in the window before writing anything;
+- extracted: write the stored memories (one idempotent statement per agent graph);
+- written: complete the window (pending set, cursor, consolidation queue, metrics);
+- completed: the post-completion work (trims, consolidation triggers), then forget it.
+
+Ids are derived from the window and from the stored extraction's content, and every try
+after the first reads the stored extraction, so memories from two extractions of one
+window can never both be stored.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
+import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 
 from pydantic import BaseModel, Field
 
 from .backend import MemoryBackend
-
 from .extraction import ExtractionUsage, Extractor, Window, WindowMessage
 from .models import Memory, MemoryKind, Provenance, Shard
 from .namespaces import Namespace
 from .retrieval import embed_memories
-from .state import Claim, StateStore
+from .window import Claim, StoredExtraction, WindowState, WindowStore
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +56,7 @@ class FormationResult:
     written: int = 0
     extractor: str = ""
     usage: ExtractionUsage | None = None
-    already_formed: bool = False  # another run completed this window first
+    already_formed: bool = False  # the window was finished before (by an earlier or a racing run)
 
     @property
     def formed(self) -> bool:
@@ -112,21 +121,76 @@ async def form_window(
     claim: Claim,
     agent_id: str,
     backend: MemoryBackend,
-    state: StateStore,
+    windows: WindowStore,
     extractor: Extractor,
     shards: list[Shard],
     embedder=None,
+    post_process: Callable[[FormationResult], Awaitable[None]] | None = None,
 ) -> FormationResult:
-    """Form exactly the claimed window. Safe to run again: the same claim writes the same ids."""
+    """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
+
+    ``post_process`` is the post-completion work; it runs on every run that finds the
+    window completed, so it must be idempotent.
+    """
+    started = time.perf_counter()
     session_id = claim.session_id
     result = FormationResult(session_id=session_id, window=claim.window, extractor=extractor.name)
+    record = await windows.load(session_id)
+    if record is None or record.claim.window != claim.window:
+        result.already_formed = True
+        return result
+    claim = record.claim  # as stored: the snapshot every try reads
+
+    if record.state is WindowState.CLAIMED:
+        extraction = await _extract(claim, agent_id, backend, extractor, shards)
+        record = await windows.store_extraction(record, extraction)
+        if record is None:
+            result.already_formed = True
+            return result
+    stored = record.extraction
+    result.memories = list(stored.memories)
+    result.usage = stored.usage
+    result.message_ids = claim.message_ids
+
+    if record.state is WindowState.EXTRACTED:
+        await embed_memories(embedder, result.memories)
+        record = await windows.mark_written(record, await backend.write(result.memories))
+        if record is None:
+            result.already_formed = True
+            return result
+    result.written = record.written
+
+    if record.state is WindowState.WRITTEN:
+        consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]
+        metrics = {"formations": 1, "formed_messages": len(claim.messages), "formed_memories": result.written,
+                   "formation_seconds": time.perf_counter() - started}
+        if usage := stored.usage:
+            metrics.update(llm_calls=usage.calls, llm_attempts=usage.attempts, llm_prompt_tokens=usage.prompt_tokens,
+                           llm_completion_tokens=usage.completion_tokens, llm_seconds=usage.latency_seconds)
+        if await windows.complete(record, consolidate, [m.namespace for m in result.memories], metrics) >= 0:
+            log.info("formed session %s window %d (%d messages): %s (%d new)",
+                     session_id, claim.window, len(claim.messages), result.counts(), result.written)
+        record = await windows.load(session_id)  # completed, by this run or a racing one
+        if record is None or record.claim.window != claim.window:
+            result.already_formed = True
+            return result
+
+    if post_process is not None:
+        await post_process(result)
+    await windows.finish(record)
+    return result
+
+
+async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
+                   shards: list[Shard]) -> StoredExtraction:
+    """The memories ONE extractor call makes of exactly the claimed messages."""
+    session_id = claim.session_id
     session_ns = Namespace.session(session_id)
     ids_by_uuid = {message_memory_id(session_id, mid): mid for mid in claim.message_ids}
     stored = {ids_by_uuid[m.id]: m for m in await backend.get(agent_id, session_ns, list(ids_by_uuid))}
     missing = [mid for mid in claim.message_ids if mid not in stored]
     if missing:
         raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: {missing[:5]}")
-
     messages = tuple(
         WindowMessage(
             message_id=mid,
@@ -140,22 +204,14 @@ async def form_window(
     )
     window = Window(agent_id=agent_id, session_id=session_id, messages=messages, shards=tuple(s for s in shards if s.active))
     extraction = await extractor.extract(window)
-    result.usage = extraction.usage
-
-    digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
-    window_key = f"{session_id}\x1f{claim.window}\x1f{digest}"
-    result.memories = _memories(window, window_key, extraction)
-    await embed_memories(embedder, result.memories)
-    result.written = await backend.write(result.memories)
-    result.message_ids = claim.message_ids
-    consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]
-    if await state.complete_window(claim, consolidate, written=[m.namespace for m in result.memories]) < 0:
-        result.already_formed = True
-        log.info("session %s window %d was already formed; wrote %d new", session_id, claim.window, result.written)
-        return result
-    log.info("formed session %s window %d (%d messages): %s (%d new)",
-             session_id, claim.window, len(messages), result.counts(), result.written)
-    return result
+    # The ids name the window AND this extraction: two extractions of one window (an LLM
+    # answers differently each time) never share an id, whatever positions their items hold.
+    window_digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
+    content_digest = hashlib.sha256(
+        json.dumps([extraction.episode, [asdict(item) for item in extraction.items]], default=str).encode()
+    ).hexdigest()[:16]
+    window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
+    return StoredExtraction(tuple(_memories(window, window_key, extraction)), extraction.usage)
 
 
 def _memories(window: Window, window_key: str, extraction) -> list[Memory]:

@@ -1,4 +1,11 @@
-"""Formation gates: when a session has enough new conversation to form memories."""
+"""Formation gates: when a session has enough new conversation to form memories.
+
+``evaluate`` is the gates' only definition. The claim (memory_service.window) does not
+evaluate them again on its own: it receives the verdict with the ``formed_windows``
+counter it was reached on and refuses a new claim if a window completed since (the only
+change that can close an open gate), so the gate a caller sees and the claim it makes
+cannot disagree.
+"""
 
 from __future__ import annotations
 
@@ -28,7 +35,9 @@ class GateStatus(BaseModel):
 
 
 def evaluate(counters: SessionCounters, settings: Settings) -> GateStatus:
-    pending, tokens = counters.pending_messages, round(counters.pending_tokens, 1)
+    # The exact counter decides; rounding it first (as once done here) opened gates that
+    # the claim, comparing the exact value, then refused.
+    pending, tokens = counters.pending_messages, counters.pending_tokens
     if counters.incognito:
         is_open, reason = False, "incognito session: memories are never formed"
     elif pending < settings.never_form_memories_less_than_n_messages:
@@ -43,7 +52,7 @@ def evaluate(counters: SessionCounters, settings: Settings) -> GateStatus:
         open=is_open,
         reason=reason,
         pending_messages=pending,
-        pending_tokens=tokens,
+        pending_tokens=round(tokens, 3),
         min_messages=settings.never_form_memories_less_than_n_messages,
         message_interval=settings.memory_formation_msg_interval,
         token_interval=settings.memory_formation_token_interval,

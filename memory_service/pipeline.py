@@ -35,34 +35,25 @@ class FormationPipeline:
         self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
 
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
-        """Form the claimed window ``window`` of the session, exactly once across retries."""
-        claim = await self.state.current_claim(session_id)
-        if claim is None or claim.window != window:
+        """Form window ``window`` of the session, resuming at the step its state names."""
+        windows = self.sessions.windows
+        record = await windows.load(session_id)
+        if record is None or record.claim.window != window:
             return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
                                     reason="window already formed")
-        counters = await self.state.counters(session_id)
-        agent_id = counters.agent_id
+        agent_id = (await self.state.counters(session_id)).agent_id
         _, backend = await self.agents.backend_for(agent_id)
-        started = time.perf_counter()
-        result = await form_window(claim=claim, agent_id=agent_id, backend=backend, state=self.state,
+        result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
                                    extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
-                                   embedder=self.embedder)
-        if not result.already_formed:
-            await self._after_formation(agent_id, backend, result, time.perf_counter() - started)
-        if (await self.sessions.session_gate(session_id)).open:  # messages that arrived meanwhile
+                                   embedder=self.embedder,
+                                   post_process=lambda formed: self._after_formation(agent_id, backend, formed))
+        if not result.already_formed:  # messages that arrived meanwhile may have opened a gate
             await self.sessions.schedule(session_id, gated=True)
         return FormationSummary.of(result)
 
-    async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult, seconds: float) -> None:
-        usage = result.usage
-        await self.state.add_metrics(
-            formations=1, formed_messages=len(result.message_ids), formed_memories=result.written,
-            formation_seconds=seconds,
-            **({"llm_calls": usage.calls, "llm_attempts": usage.attempts, "llm_prompt_tokens": usage.prompt_tokens,
-                "llm_completion_tokens": usage.completion_tokens, "llm_seconds": usage.latency_seconds} if usage else {}),
-        )
-        touched = {m.namespace for m in result.memories}
-        for namespace in sorted(touched):
+    async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult) -> None:
+        """The post-completion work: idempotent, as it runs again if a try dies during it."""
+        for namespace in sorted({m.namespace for m in result.memories}):
             ns = Namespace.parse(namespace)
             if ns.kind is NamespaceKind.SHARD:
                 await backend.trim(agent_id, ns, MemoryKind.FACT, self.settings.facts_per_shard)
@@ -103,16 +94,38 @@ class FormationPipeline:
         return outcome
 
     async def sweep_cold_sessions(self) -> list[str]:
-        """Enqueue the window of every session idle long enough with the minimum of messages."""
-        idle_before = time.time() - self.settings.consider_cold_after_minutes * 60
-        min_messages = self.settings.never_form_memories_less_than_n_messages
-        enqueued = []
-        for session_id in await self.state.idle_sessions(idle_before):
-            # The claim itself refuses incognito sessions and those below the minimum.
-            if job_id := await self.sessions.schedule(session_id, min_messages=min_messages):
-                enqueued.append(job_id)
-        if enqueued:
-            log.info("cold-session sweep enqueued %d window(s)", len(enqueued))
+        """Enqueue the window of sessions idle long enough with the minimum of messages.
+
+        Bounded: at most COLD_SWEEP_MAX_SESSIONS sessions, read COLD_SWEEP_BATCH at a time,
+        for at most half the job timeout. Fair: a session it enqueued goes to the back of
+        the active set (due again after another idle period, if it still has messages
+        pending then), and a session that cannot form (incognito, fewer messages than the
+        minimum) leaves the set until its next message; so every run starts with the
+        sessions waiting longest, and no set of sessions can keep the others from a turn.
+        """
+        s = self.settings
+        deadline = time.monotonic() + s.worker_job_timeout_seconds / 2
+        idle_before = time.time() - s.consider_cold_after_minutes * 60
+        min_messages = s.never_form_memories_less_than_n_messages
+        enqueued: list[str] = []
+        seen: set[str] = set()
+        while len(seen) < s.cold_sweep_max_sessions and time.monotonic() < deadline:
+            limit = min(s.cold_sweep_batch, s.cold_sweep_max_sessions - len(seen))
+            batch = [(sid, score) for sid, score in await self.state.idle_sessions(idle_before, limit) if sid not in seen]
+            if not batch:
+                break
+            visited, unformable = [], []
+            for session_id, score in batch:
+                seen.add(session_id)
+                # The claim itself refuses incognito sessions and those below the minimum.
+                if job_id := await self.sessions.schedule(session_id, min_messages=min_messages):
+                    enqueued.append(job_id)
+                    visited.append((session_id, score))
+                else:
+                    unformable.append((session_id, score))
+            await self.state.settle_swept(visited, unformable, time.time())
+        if seen:
+            log.info("cold-session sweep looked at %d session(s), enqueued %d window(s)", len(seen), len(enqueued))
         return enqueued
 
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,

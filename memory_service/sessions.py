@@ -22,7 +22,11 @@ from .jobs import JobQueue, formation_job_id
 from .models import Memory, MemoryKind, MessageIn, Provenance
 from .namespaces import Namespace, validate_id
 from .retrieval import embed_memories
-from .state import StateStore
+from .state import SessionCounters, StateStore
+from .window import StaleGate, WindowState, WindowStore
+
+# How often a gated claim re-reads the counters when windows keep completing under it.
+CLAIM_ATTEMPTS = 3
 
 
 @dataclass(slots=True)
@@ -40,6 +44,7 @@ class SessionLedger:
                  embedder, extractor_name: str):
         self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
         self.embedder, self.extractor_name = embedder, extractor_name
+        self.windows = WindowStore(state)
 
     async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates."""
@@ -92,26 +97,33 @@ class SessionLedger:
         validate_id(session_id, "session_id")
         return gates.evaluate(await self.state.counters(session_id), self.settings)
 
-    async def schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1) -> str | None:
-        """Claim the session's window (or find the claimed one) and enqueue its job.
+    async def schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1,
+                       counters: SessionCounters | None = None) -> str | None:
+        """Claim the session's window (or find the one it holds) and enqueue its job.
 
-        ``gated``: only if the gates are open on what is pending at the claim itself.
+        ``gated``: a new window only if the gates are open; they are evaluated here (on
+        ``counters`` if the caller just read them) and the claim refuses the verdict if a
+        window completed since, in which case they are evaluated again.
         """
         s = self.settings
-        if gated:
-            min_messages = s.never_form_memories_less_than_n_messages
-        claim = await self.state.claim_window(
-            session_id, s.max_window_messages, min_messages,
-            s.memory_formation_msg_interval if gated else 0, s.memory_formation_token_interval if gated else 0,
-        )
-        if claim is None:
-            return None
-        return await self.queue.enqueue_formation(session_id, claim.window)
+        for _ in range(CLAIM_ATTEMPTS):
+            formed_windows = None
+            if gated:
+                counters = counters or await self.state.counters(session_id)
+                if not gates.evaluate(counters, s).open:
+                    return None
+                formed_windows, min_messages = counters.formed_windows, 1
+            try:
+                claim = await self.windows.claim(session_id, s.max_window_messages, min_messages, formed_windows)
+            except StaleGate:
+                counters = None
+                continue
+            return await self.queue.enqueue_formation(session_id, claim.window) if claim else None
+        return None  # windows kept completing: the next message, sweep or POST /form claims it
 
     async def maybe_form_memories(self, session_id: str) -> str | None:
         """Enqueue the pending window's formation if a gate is open; the job id, or None."""
-        if not (await self.session_gate(session_id)).open:
-            return None
+        validate_id(session_id, "session_id")
         return await self.schedule(session_id, gated=True)
 
     async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
@@ -126,6 +138,9 @@ class SessionLedger:
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")
+        # A completed window whose post-processing is left holds none of the pending messages.
+        held = await self.windows.load(session_id)
+        completed = held.claim.window if held is not None and held.state is WindowState.COMPLETED else None
         job_id = await self.schedule(session_id)
         if job_id is None:
             reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
@@ -137,7 +152,8 @@ class SessionLedger:
         formed = 0  # windows are formed oldest first: once this many are, all pending at the call are
         while job_id is not None:
             summaries.append(await self._wait_for_window(session_id, job_id, deadline))
-            formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
+            if summaries[-1].window != completed:
+                formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
             job_id = await self.schedule(session_id) if formed < counters.pending_messages else None
         return FormationSummary.combined(summaries)
 
@@ -162,11 +178,11 @@ class SessionLedger:
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")
-        claim = await self.state.current_claim(session_id)
+        window = await self.windows.load(session_id)
         job = None
-        if claim is not None:
-            job = {"window": claim.window, "messages": len(claim.messages),
-                   **await self.queue.status(formation_job_id(session_id, claim.window))}
+        if window is not None:
+            job = {"window": window.claim.window, "messages": len(window.claim.messages), "state": window.state.value,
+                   **await self.queue.status(formation_job_id(session_id, window.claim.window))}
         return {
             "session_id": session_id,
             "agent_id": counters.agent_id,

@@ -18,8 +18,10 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:s:<session>:users           set of user ids who spoke in the session
   ms:agent:<agent>:user:<user>:sessions
                                  set of the sessions the user spoke in (the "user" search scope)
-  ms:s:<session>:claim           hash: the window being formed (window, ids)
-  ms:active                      zset session_id -> last activity, while messages are pending
+  ms:s:{<session>}:window        hash: the window being formed, its state and extraction
+                                 (memory_service.window owns it)
+  ms:active                      zset session_id -> last activity (or the cold sweep's last
+                                 visit), while messages are pending that could form
   ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
   ms:cons:<namespace>:version    version of the namespace's consolidated memory
   ms:embedder                    hash: name and dimension of the embedder whose vectors are stored
@@ -80,64 +82,23 @@ redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
 return first and 1 or 0
 """
 
-# Claim the session's window: the one already claimed, or a snapshot of (up to ARGV[1])
-# pending messages. The snapshot is what formation reads, however often it is retried;
-# messages recorded later belong to the next window. A new claim needs at least ARGV[2]
-# pending messages and, when ARGV[3] > 0, the message (ARGV[3]) or weighted token
-# (ARGV[4]) interval: checked here, on what is pending now, because a window completed
-# since the caller read the counters has taken its messages away.
-_CLAIM = """
-if redis.call('HGET', KEYS[1], 'incognito') == '1' then return false end
-local window = redis.call('HGET', KEYS[3], 'window')
-if not window then
-  local pending = redis.call('ZCARD', KEYS[2])
-  if pending < tonumber(ARGV[2]) then return false end
-  if tonumber(ARGV[3]) > 0 and pending < tonumber(ARGV[3])
-     and tonumber(redis.call('HGET', KEYS[1], 'pending_tokens') or '0') < tonumber(ARGV[4]) then
-    return false
-  end
-  local rows = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
-  if #rows == 0 then return false end
-  local ids = {}
-  for i = 1, #rows, 2 do ids[#ids + 1] = {rows[i], tonumber(rows[i + 1])} end
-  window = tostring(redis.call('HINCRBY', KEYS[1], 'claimed_windows', 1))
-  redis.call('HSET', KEYS[3], 'window', window, 'ids', cjson.encode(ids))
-end
-return {window, redis.call('HGET', KEYS[3], 'ids')}
-"""
-
-# Finish a window, exactly once: compare-and-set on the claimed window number, then take
-# its messages off the pending set, advance the cursor, queue the formed directives and
-# suggestions for consolidation (ARGV "key index|memory id" pushes onto KEYS[index]), and
-# bump the write generation of every namespace written (ARGV "+key index").
-_COMPLETE = """
-if redis.call('HGET', KEYS[4], 'window') ~= ARGV[1] then return -1 end
-local ids = cjson.decode(redis.call('HGET', KEYS[4], 'ids'))
-local removed, tokens, last = 0, 0, 0
-for _, row in ipairs(ids) do
-  if redis.call('ZREM', KEYS[2], row[1]) == 1 then
-    removed = removed + 1
-    tokens = tokens + tonumber(redis.call('HGET', KEYS[3], row[1]) or '0')
-    redis.call('HDEL', KEYS[3], row[1])
-  end
-  if row[2] > last then last = row[2] end
-end
-redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', -tokens)
-redis.call('HINCRBY', KEYS[1], 'formed_windows', 1)
-redis.call('HINCRBY', KEYS[1], 'formed_messages', removed)
-local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
-if last > cursor then redis.call('HSET', KEYS[1], 'cursor', last) end
-redis.call('DEL', KEYS[4])
-if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[5], ARGV[#ARGV]) end
-for i = 2, #ARGV - 1 do
-  if string.sub(ARGV[i], 1, 1) == '+' then
-    redis.call('INCR', KEYS[tonumber(string.sub(ARGV[i], 2))])
-  else
-    local sep = string.find(ARGV[i], '|', 1, true)
-    redis.call('RPUSH', KEYS[tonumber(string.sub(ARGV[i], 1, sep - 1))], string.sub(ARGV[i], sep + 1))
+# After a cold sweep looked at sessions: ARGV[1] is now, ARGV[2] how many of the (session,
+# score) pairs that follow it enqueued; those go to the back of the active set (due again
+# after another idle period), the rest (that cannot form) leave it. Each only if its score
+# is still the one the sweep read: a message recorded meanwhile moved it (and keeps it).
+_SETTLE_SWEPT = """
+local visited = tonumber(ARGV[2])
+for i = 3, #ARGV, 2 do
+  local score = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if score and tonumber(score) == tonumber(ARGV[i + 1]) then
+    if (i - 3) / 2 < visited then
+      redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i])
+    else
+      redis.call('ZREM', KEYS[1], ARGV[i])
+    end
   end
 end
-return removed
+return 0
 """
 
 # Finish a consolidation: compare-and-set on the version, then drop exactly the items it
@@ -149,24 +110,6 @@ redis.call('LTRIM', KEYS[1], tonumber(ARGV[2]), -1)
 redis.call('INCR', KEYS[3])
 return redis.call('INCR', KEYS[2])
 """
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """The window a formation job forms: exactly these messages, in sequence order."""
-
-    session_id: str
-    window: int
-    messages: tuple[tuple[str, int], ...]  # (message_id, sequence)
-
-    @classmethod
-    def of(cls, session_id: str, window: str, ids_json: str) -> Claim:
-        """A claim as the claim hash stores it: the window number and ``[[id, seq], ...]``."""
-        return cls(session_id, int(window), tuple((mid, int(seq)) for mid, seq in json.loads(ids_json)))
-
-    @property
-    def message_ids(self) -> list[str]:
-        return [mid for mid, _ in self.messages]
 
 
 ACTIVE = "ms:active"
@@ -197,7 +140,16 @@ def _generation(namespace: str) -> str:
     return f"ms:gen:{namespace}"
 
 
-def _key_index(keys: list[str], key: str) -> int:
+# The names memory_service.window builds its scripts' keys from.
+def cons_list_key(namespace: str) -> str:
+    return _cons_list(namespace)
+
+
+def generation_key(namespace: str) -> str:
+    return _generation(namespace)
+
+
+def key_index(keys: list[str], key: str) -> int:
     """``key``'s 1-based index in ``keys`` (a Lua script's KEYS), appending it if new."""
     if key not in keys:
         keys.append(key)
@@ -228,8 +180,7 @@ class StateStore:
         self.redis = redis
         self._reserve = redis.register_script(_RESERVE)
         self._commit = redis.register_script(_COMMIT)
-        self._complete = redis.register_script(_COMPLETE)
-        self._claim = redis.register_script(_CLAIM)
+        self._settle_swept = redis.register_script(_SETTLE_SWEPT)
         self._consolidated = redis.register_script(_CONSOLIDATED)
 
     @classmethod
@@ -290,7 +241,9 @@ class StateStore:
     @staticmethod
     def _keys(session_id: str) -> dict[str, str]:
         base = f"ms:s:{session_id}"
-        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed", "claim")}
+        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed")}
+
+    session_keys = _keys
 
     async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str) -> Reservation:
         """Give a message id its sequence number in the session (the same one on a retry)."""
@@ -334,42 +287,22 @@ class StateStore:
             last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
         )
 
-    async def claim_window(
-        self, session_id: str, limit: int, min_messages: int = 1, message_interval: int = 0, token_interval: float = 0
-    ) -> Claim | None:
-        """The session's claimed window, or a new claim if none is and enough is pending.
+    async def idle_sessions(self, idle_before: float, limit: int) -> list[tuple[str, float]]:
+        """The ``limit`` active sessions due longest, if due before ``idle_before``: (id, score).
 
-        A new claim needs ``min_messages`` pending and, with a ``message_interval``, that
-        many messages or ``token_interval`` weighted tokens. None if no window qualifies.
+        A session's score is its last activity, or the cold sweep's last visit if later.
         """
-        k = self._keys(session_id)
-        row = await self._claim(keys=[k["meta"], k["pending"], k["claim"]],
-                                args=[limit, min_messages, message_interval, token_interval])
-        return Claim.of(session_id, *row) if row else None
+        return [(sid, float(score)) for sid, score in
+                await self.redis.zrangebyscore(ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)]
 
-    async def current_claim(self, session_id: str) -> Claim | None:
-        raw = await self.redis.hgetall(self._keys(session_id)["claim"])
-        return Claim.of(session_id, raw["window"], raw["ids"]) if raw else None
-
-    async def complete_window(
-        self, claim: Claim, consolidate: Sequence[tuple[str, str]] = (), written: Sequence[str] = ()
-    ) -> int:
-        """Finish ``claim`` if it is still the session's claim; -1 if it was finished before.
-
-        In the same atomic step, ``consolidate`` (namespace, memory id) pairs are queued for
-        consolidation, so that a retried window never queues an item twice, and the cached
-        memory contexts reading the ``written`` namespaces are invalidated.
-        """
-        k = self._keys(claim.session_id)
-        keys = [k["meta"], k["pending"], k["tokens"], k["claim"], ACTIVE]
-        lists = {ns: _key_index(keys, _cons_list(ns)) for ns, _ in consolidate}
-        args = [f"{lists[ns]}|{mid}" for ns, mid in consolidate]
-        args += [f"+{_key_index(keys, _generation(ns))}" for ns in sorted(set(written))]
-        return int(await self._complete(keys=keys, args=[claim.window, *args, claim.session_id]))
-
-    async def idle_sessions(self, idle_before: float, limit: int = 1000) -> list[str]:
-        """Sessions with pending messages whose last activity is older than ``idle_before``."""
-        return list(await self.redis.zrangebyscore(ACTIVE, "-inf", idle_before, start=0, num=limit))
+    async def settle_swept(self, visited: Sequence[tuple[str, float]], unformable: Sequence[tuple[str, float]],
+                           now: float) -> None:
+        """After a sweep looked at sessions (as ``idle_sessions`` gave them): those it
+        enqueued go to the back of the active set, those that cannot form leave it, each
+        only if no message arrived meanwhile (a message re-adds its session)."""
+        if visited or unformable:
+            args = [repr(now), len(visited)] + [v for sid, score in (*visited, *unformable) for v in (sid, repr(score))]
+            await self._settle_swept(keys=[ACTIVE], args=args)
 
     # Consolidation -----------------------------------------------------------------
 

@@ -33,6 +33,10 @@ class EchoLLM:
     hold: asyncio.Event | None = None  # while set to an unset Event, calls wait on it
     held: int = 0  # calls waiting on ``hold`` now
     schemas: list[str] = field(default_factory=list)  # the schema name of every call answered
+    # Answer each extraction differently, as a real model does: the k-th answer marks its
+    # directives "(answer k)" and holds k of them (up to the schema's cap).
+    drift: bool = False
+    extractions: int = 0  # extraction calls answered
 
     def __post_init__(self) -> None:
         self.app = FastAPI()
@@ -64,7 +68,11 @@ class EchoLLM:
         prompt = body["messages"][-1]["content"]
         schema = body["response_format"]["json_schema"]
         self.schemas.append(schema["name"])
-        reply = consolidate(prompt) if schema["name"] == "memory_consolidation" else answer(prompt, schema["schema"])
+        if schema["name"] == "memory_consolidation":
+            reply = consolidate(prompt)
+        else:
+            self.extractions += 1
+            reply = answer(prompt, schema["schema"], take=self.extractions if self.drift else None)
         content = json.dumps(reply)
         prompt_tokens, completion_tokens = len(json.dumps(body)) // 4, len(content) // 4
         self.prompt_tokens += prompt_tokens
@@ -77,8 +85,9 @@ class EchoLLM:
         }
 
 
-def answer(prompt: str, schema: dict) -> dict:
-    """A reply in ``schema`` built from the prompt's numbered message lines."""
+def answer(prompt: str, schema: dict, take: int | None = None) -> dict:
+    """A reply in ``schema`` built from the prompt's numbered message lines (``take``: see
+    ``EchoLLM.drift``)."""
     messages = []
     for line in prompt.splitlines():
         if match := _LINE.match(line):
@@ -86,8 +95,10 @@ def answer(prompt: str, schema: dict) -> dict:
     episode = " ".join(text.split(".")[0] + "." for _, _, text in messages)
     directives = [{"user_id": user, "content": text, "messages": [n]}
                   for n, user, text in messages if user and "prefer" in text.lower()]
-    reply: dict = {"episode": " ".join(episode.split()[:50]),
-                   "directives": directives[: schema["properties"]["directives"]["maxItems"]]}
+    directives = directives[: schema["properties"]["directives"]["maxItems"]]
+    if take is not None:
+        directives = [{**d, "content": f"{d['content']} (answer {take})"} for d in directives[:take]]
+    reply: dict = {"episode": " ".join(episode.split()[:50]), "directives": directives}
     if "shards" in schema["properties"]:
         shard_ids = schema["properties"]["shards"]["items"]["properties"]["shard_id"]["enum"]
         reply["shards"] = [

@@ -6,6 +6,8 @@ FalkorDB) as the client sees one, without owning that server.
 * ``stall()`` hangs: connections are accepted (new ones too) and nothing more is
   forwarded either way, as with a server that stopped answering; ``resume()`` forwards
   what was held back.
+* ``tap`` sees every chunk before it is forwarded, and can stop it (and its connection)
+  there: a cut at an exact point of a protocol exchange.
 
 ``ThreadedTcpProxy`` runs one on an event loop of its own, for clients that block the
 test's loop (falkordb probes its server synchronously while it constructs a client).
@@ -16,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Callable
 
 from memory_service.loopback import free_port
 
@@ -29,6 +32,8 @@ class TcpProxy:
         self._server: asyncio.base_events.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._flowing: asyncio.Event | None = None
+        # tap(connection, "up" (client to server) or "down", chunk) -> forward it?
+        self.tap: Callable[[int, str, bytes], bool] | None = None
 
     @property
     def url(self) -> str:
@@ -75,15 +80,22 @@ class TcpProxy:
             return
         self._writers.add(server_writer)
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(self._pipe(client_reader, server_writer), self._pipe(server_reader, client_writer))
+            connection = id(client_writer)
+            await asyncio.gather(self._pipe(connection, "up", client_reader, server_writer, client_writer),
+                                 self._pipe(connection, "down", server_reader, client_writer, server_writer))
         self._writers -= {client_writer, server_writer}
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pipe(self, connection: int, direction: str, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, other: asyncio.StreamWriter) -> None:
         with contextlib.suppress(OSError, asyncio.IncompleteReadError):
             while data := await reader.read(65536):
                 await self._flowing.wait()
                 if writer.transport.is_closing():
                     break
+                if self.tap is not None and not self.tap(connection, direction, data):
+                    writer.transport.abort()
+                    other.transport.abort()
+                    return
                 writer.write(data)
                 await writer.drain()
         writer.close()

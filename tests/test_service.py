@@ -109,30 +109,34 @@ async def test_forming_writes_provenance_and_forming_again_writes_nothing(servic
 async def test_the_same_window_formed_twice_rewrites_nothing(service):
     """A retry after a crash between writing and completing sees the same window again."""
     from memory_service.formation import form_window
+    from memory_service.window import WindowState
 
     await record_all(service, "s1", "a1", CHAT)
     _, backend = await service.agents.backend_for("a1")
-    claim = await service.state.claim_window("s1", 100)
-    kwargs = dict(claim=claim, agent_id="a1", backend=backend, state=service.state, extractor=service.extractor, shards=[])
+    claim = await service.sessions.windows.claim("s1", 100)
+    kwargs = dict(claim=claim, agent_id="a1", backend=backend, windows=service.sessions.windows, extractor=service.extractor, shards=[])
     counts_before = await backend.count("a1", Namespace.session("s1"))
 
     class CrashBeforeComplete(Exception):
         pass
 
-    original = service.state.complete_window
+    windows = service.sessions.windows
+    original = windows.complete
 
     async def crash(*args, **kw):
         raise CrashBeforeComplete
 
-    service.state.complete_window = crash
+    windows.complete = crash
     with pytest.raises(CrashBeforeComplete):
         await form_window(**kwargs)
-    service.state.complete_window = original
+    windows.complete = original
     after_crash = await backend.count("a1", Namespace.session("s1"))
     assert after_crash > counts_before
-    assert await service.state.claim_window("s1", 100) == claim  # the same window is claimed again
+    assert (await windows.load("s1")).state is WindowState.WRITTEN
+    assert await windows.claim("s1", 100) == claim  # the same window is claimed again
     retried = await form_window(**kwargs)
-    assert retried.formed and retried.written == 0
+    # The retry resumes at "written": it reports what the first try wrote, and writes nothing.
+    assert retried.formed and retried.written == len(retried.memories) > 0
     assert await backend.count("a1", Namespace.session("s1")) == after_crash
     assert (await service.session_gate("s1")).pending_messages == 0
     again = await form_window(**kwargs)  # a late duplicate of the job: the compare-and-set refuses it

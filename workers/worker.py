@@ -5,8 +5,12 @@ Job model (see the README's "Jobs" section):
   sweep, or by ``POST /form``; its id names the window, so all three collapse into one job.
   A failure is retried with exponential backoff up to WORKER_MAX_TRIES; then the job fails
   visibly and the window stays claimed and pending, to be enqueued again by the next gate,
-  sweep or forced formation.
+  sweep or forced formation. A try resumes at the step the window's state names
+  (memory_service.window).
 - ``consolidate(namespace, version, count)``: merges pending directives or suggestions.
+- Both stop at WORKER_JOB_TIMEOUT_SECONDS themselves, count it (``formation_timeouts``,
+  ``consolidation_timeouts``) and retry like any failure: arq's own timeout (a little
+  later, as a backstop) fails a job for good, without a retry.
 - cron ``sweep_cold_sessions`` every CLEANUP_COLD_SESSIONS_EVERY_MINUTES, cron
   ``backfill_embeddings`` every 2 minutes (memories stored while the embedder was down),
   cron ``retention`` daily. arq runs each cron tick on one worker only, however many run.
@@ -16,7 +20,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn
 
 from arq import Retry
 from arq.cron import cron
@@ -31,13 +36,21 @@ log = logging.getLogger(__name__)
 
 # How long a stopping worker lets its running jobs finish before cancelling them.
 SHUTDOWN_WAIT_SECONDS = 5
+# How much later than a job's own timeout arq cancels it: time for the job to count its
+# timeout and ask for a retry. (arq gives a dead worker's job to another worker after
+# its timeout + 10 s.)
+ARQ_TIMEOUT_GRACE_SECONDS = 2
+
+
+class JobTimedOut(Exception):
+    """A job ran past WORKER_JOB_TIMEOUT_SECONDS and was stopped; it is retried."""
 
 
 def _service(ctx: dict) -> MemoryService:
     return ctx["service"]
 
 
-def _retry_or_raise(ctx: dict, what: str, exc: Exception) -> None:
+def _retry_or_raise(ctx: dict, what: str, exc: Exception) -> NoReturn:
     service = _service(ctx)
     tries, max_tries = ctx["job_try"], service.settings.worker_max_tries
     if tries >= max_tries:
@@ -48,23 +61,34 @@ def _retry_or_raise(ctx: dict, what: str, exc: Exception) -> None:
     raise Retry(defer=delay) from exc
 
 
-async def form_window(ctx: dict, session_id: str, window: int) -> dict:
+async def _run(ctx: dict, what: str, metric: str, job: Callable[[], Awaitable[Any]]) -> Any:
+    """Run ``job`` under the job timeout; count a failed try (``<metric>_failures``, and
+    ``<metric>_timeouts`` when it timed out) and retry it with backoff, or fail for good."""
     service = _service(ctx)
+    timeout = service.settings.worker_job_timeout_seconds
+    limit = asyncio.timeout(timeout)
     try:
-        summary = await service.run_formation(session_id, window)
+        async with limit:
+            return await job()
     except Exception as exc:
-        await service.state.add_metrics(formation_failures=1)
-        _retry_or_raise(ctx, f"forming window {window} of session {session_id!r}", exc)
+        error = exc
+        counters = {f"{metric}_failures": 1}
+        if limit.expired():
+            error = JobTimedOut(f"{what} took longer than WORKER_JOB_TIMEOUT_SECONDS={timeout:g}")
+            counters[f"{metric}_timeouts"] = 1
+        await service.state.add_metrics(**counters)
+        _retry_or_raise(ctx, what, error)
+
+
+async def form_window(ctx: dict, session_id: str, window: int) -> dict:
+    summary = await _run(ctx, f"forming window {window} of session {session_id!r}", "formation",
+                         lambda: _service(ctx).run_formation(session_id, window))
     return summary.model_dump(mode="json")
 
 
 async def consolidate(ctx: dict, namespace: str, version: int, count: int) -> dict:
-    service = _service(ctx)
-    try:
-        return await service.run_consolidation(namespace, version, count)
-    except Exception as exc:
-        await service.state.add_metrics(consolidation_failures=1)
-        _retry_or_raise(ctx, f"consolidating {namespace} version {version}", exc)
+    return await _run(ctx, f"consolidating {namespace} version {version}", "consolidation",
+                      lambda: _service(ctx).run_consolidation(namespace, version, count))
 
 
 async def sweep_cold_sessions(ctx: dict) -> list[str]:
@@ -103,7 +127,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         ctx={"service": service},
         handle_signals=handle_signals,
         burst=burst,
-        job_timeout=s.worker_job_timeout_seconds,
+        job_timeout=s.worker_job_timeout_seconds + ARQ_TIMEOUT_GRACE_SECONDS,
         keep_result=s.worker_keep_result_seconds,
         max_jobs=s.worker_max_jobs,
         max_tries=s.worker_max_tries,
