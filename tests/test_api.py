@@ -123,6 +123,8 @@ async def test_health_reports_each_dependency(http):
     assert health.status_code == 200
     body = health.json()
     assert body["ok"] and body["state"]["ok"] and body["backends"]["graph"]["ok"]
+    live = await http.get("/health/live")  # liveness: answers without touching a dependency
+    assert live.status_code == 200 and live.json() == {"ok": True}
 
 
 async def test_openapi_documents_every_route(http):
@@ -130,7 +132,7 @@ async def test_openapi_documents_every_route(http):
     assert set(spec["paths"]) == {
         "/v1/sessions/{session_id}/messages", "/v1/sessions/{session_id}/form", "/v1/context",
         "/v1/agents/{agent_id}", "/v1/agents/{agent_id}/shards/{shard_id}", "/v1/agents/{agent_id}/shards", "/health",
-        "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
+        "/health/live", "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
     }
     assert (await http.get("/docs")).status_code == 200
 
