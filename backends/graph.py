@@ -163,23 +163,26 @@ class GraphBackend(MemoryBackend):
         return [dict(zip(names, row)) for row in result.result_set]
 
     async def _writable(self, agent_id: str):
-        """The agent's graph, with its indexes, created with the graph.
+        """The agent's graph, with its indexes, created with the graph (for updates; ``write``
+        checks inside its own statement).
 
-        Checked on every write (one EXISTS), not remembered: a graph deleted under a running
+        Checked on every call (one EXISTS), not remembered: a graph deleted under a running
         process (an erased agent, a flushed store) must get its indexes again, or the
         full-text index would silently find nothing. Creating them twice is harmless.
         """
-        name = graph_name(agent_id)
-        graph = self.client.select_graph(name)
-        if not await self.client.connection.exists(name):
-            for statement in _index_statements(self.embedding_dimension):
-                try:
-                    await graph.query(statement)
-                except Exception as exc:
-                    if "already" not in str(exc).lower():
-                        raise
-            await _until_indexes_operational(graph)
+        graph = self.client.select_graph(graph_name(agent_id))
+        if not await self.client.connection.exists(graph.name):
+            await self._create_indexes(graph)
         return graph
+
+    async def _create_indexes(self, graph) -> None:
+        for statement in _index_statements(self.embedding_dimension):
+            try:
+                await graph.query(statement)
+            except Exception as exc:
+                if "already" not in str(exc).lower():
+                    raise
+        await _until_indexes_operational(graph)
 
     # Writes --------------------------------------------------------------------------
 
@@ -189,14 +192,20 @@ class GraphBackend(MemoryBackend):
             by_agent.setdefault(memory.metadata.agent_id, []).append(memory)
         written = 0
         for agent_id, group in by_agent.items():
-            graph = await self._writable(agent_id)
+            graph = self.client.select_graph(graph_name(agent_id))
             # One idempotent statement per agent: MERGE on uuid, properties only on create.
+            # It also counts the graph's indexes, so a write that created the graph (new,
+            # or deleted under this process) is seen without a round trip of its own; the
+            # indexes are then made, and index what was just written.
             result = await graph.query(
                 f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
                 "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
-                "ELSE vecf32(row.embedding) END",
-                {"rows": [self._row(m) for m in group]},
+                "ELSE vecf32(row.embedding) END "
+                "WITH count(n) AS rows CALL db.indexes() YIELD label RETURN count(label)",
+                {"rows": [self._row(m) for m in _first_of_each(group)]},
             )
+            if not (result.result_set and result.result_set[0][0]):  # no index at all: the graph is new
+                await self._create_indexes(graph)
             written += int(result.nodes_created)
         return written
 
@@ -399,6 +408,15 @@ class GraphBackend(MemoryBackend):
             rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
                                     groups=groups)
         return int(rows[0]["c"]) if rows else 0
+
+
+def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
+    """One memory per id, the first: a statement whose rows repeat an id would apply the
+    later row's ON CREATE properties too (FalkorDB 4), and the first write must win."""
+    first: dict[str, Memory] = {}
+    for memory in memories:
+        first.setdefault(memory.id, memory)
+    return list(first.values())
 
 
 def _memory(row: dict) -> Memory:

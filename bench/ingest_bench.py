@@ -357,16 +357,26 @@ async def drain(client: httpx.AsyncClient, server: Server, sessions: list[Sessio
         if body["pending_job"] is None and not body["gate"]["open"]:
             unsettled.discard(session_id)
 
-    while time.perf_counter() < deadline and (rep.formation_lag_s is None or rep.embedding_lag_s is None):
-        if rep.formation_lag_s is None:
+    async def formed() -> None:
+        while time.perf_counter() < deadline:
             await asyncio.gather(*(poll(sid) for sid in list(unsettled)))
             if not unsettled:
                 rep.formation_lag_s = time.perf_counter() - last_ack
-        if rep.embedding_lag_s is None and await unembedded_messages(server.store_url, agents) == 0:
-            rep.embedding_lag_s = time.perf_counter() - last_ack
-        await asyncio.sleep(0.2)
+                return
+            await asyncio.sleep(0.1)
+
+    async def embedded() -> None:
+        while time.perf_counter() < deadline:
+            if await unembedded_messages(server.store_url, agents) == 0:
+                rep.embedding_lag_s = time.perf_counter() - last_ack
+                return
+            await asyncio.sleep(0.1)
+
+    await asyncio.gather(formed(), embedded())
     if rep.formation_lag_s is None:
         rep.problems.append(f"{len(unsettled)} session(s) still forming {timeout:.0f} s after the last record")
+    if rep.embedding_lag_s is None:
+        rep.problems.append(f"messages still waiting for their embedding {timeout:.0f} s after the last record")
     await asyncio.gather(*(poll(s.session_id) for s in sessions))
     for s in sessions:
         body = status[s.session_id]

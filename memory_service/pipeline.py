@@ -15,7 +15,7 @@ from .config import Settings
 from .consolidation import Consolidator, consolidate
 from .extraction import Extractor
 from .formation import FormationResult, FormationSummary, form_window
-from .jobs import JobQueue
+from .jobs import EMBED_LOCK_MS, JobQueue
 from .models import MemoryKind
 from .namespaces import Namespace, NamespaceKind
 from .retrieval import embed_memories
@@ -24,6 +24,9 @@ from .sessions import SessionLedger
 from .state import StateStore
 
 log = logging.getLogger(__name__)
+
+EMBED_BATCH = 256  # memories read, embedded and stored per step of an embedding job
+EMBED_JOB_SECONDS = 10.0  # then the job enqueues its sequel: formation jobs get their turn
 
 
 class FormationPipeline:
@@ -114,6 +117,41 @@ class FormationPipeline:
         if enqueued:
             log.info("cold-session sweep enqueued %d window(s)", len(enqueued))
         return enqueued
+
+    async def embed_pending(self, agent_id: str, batch: int = EMBED_BATCH,
+                            seconds: float = EMBED_JOB_SECONDS) -> dict[str, int]:
+        """Embed the agent's memories stored without an embedding: the job a record enqueues.
+
+        The caller holds the agent's embedding lock (``StateStore.commit_message`` gave it).
+        A pass clears the agent's "due" mark, then embeds until nothing is left; the lock is
+        let go only if nothing was marked due meanwhile, else another pass runs. After
+        ``seconds`` the job enqueues its sequel, keeping the lock. A failing embedder ends
+        the job and keeps the lock until it expires: records do not call the embedder again
+        before then (the backfill cron also retries). Counts: ``embedded``, ``passes``.
+        """
+        report = {"embedded": 0, "passes": 0}
+        _, backend = await self.agents.backend_for(agent_id)
+        deadline = time.monotonic() + seconds
+        try:
+            while True:
+                report["passes"] += 1
+                await self.state.start_embedding(agent_id)
+                while memories := await backend.unembedded(agent_id, batch):
+                    if self.embedder is None or not await embed_memories(self.embedder, memories):  # it logged why
+                        return report
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories})
+                    report["embedded"] += done
+                    await self.state.renew_embedding_lock(agent_id, EMBED_LOCK_MS)
+                    if time.monotonic() > deadline:
+                        await self.queue.enqueue_embedding(agent_id)
+                        return report
+                    if done < len(memories):  # removed meanwhile: do not loop on them
+                        break
+                if not await self.state.finish_embedding(agent_id, EMBED_LOCK_MS):
+                    return report
+        finally:
+            if report["embedded"]:
+                await self.state.add_metrics(embedded_after_record=report["embedded"])
 
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:

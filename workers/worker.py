@@ -7,6 +7,9 @@ Job model (see the README's "Jobs" section):
   visibly and the window stays claimed and pending, to be enqueued again by the next gate,
   sweep or forced formation.
 - ``consolidate(namespace, version, count)``: merges pending directives or suggestions.
+- ``embed_pending(agent_id)``: embeds the agent's messages recorded without an embedding;
+  enqueued by the record that takes the agent's embedding lock (one job per agent at a
+  time), never retried (the lock expires and the next record enqueues again).
 - cron ``sweep_cold_sessions`` every CLEANUP_COLD_SESSIONS_EVERY_MINUTES, cron
   ``backfill_embeddings`` every 2 minutes (memories stored while the embedder was down),
   cron ``retention`` daily. arq runs each cron tick on one worker only, however many run.
@@ -24,7 +27,7 @@ from arq.cron import cron
 from arq.worker import Worker, func
 
 from memory_service.config import Settings
-from memory_service.jobs import CONSOLIDATE_JOB, FORM_JOB, QUEUE_NAME
+from memory_service.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME
 from memory_service.service import MemoryService
 
 log = logging.getLogger(__name__)
@@ -67,6 +70,10 @@ async def consolidate(ctx: dict, namespace: str, version: int, count: int) -> di
         _retry_or_raise(ctx, f"consolidating {namespace} version {version}", exc)
 
 
+async def embed_pending(ctx: dict, agent_id: str) -> dict:
+    return await _service(ctx).embed_pending(agent_id)
+
+
 async def sweep_cold_sessions(ctx: dict) -> list[str]:
     return await _service(ctx).sweep_cold_sessions()
 
@@ -91,6 +98,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         functions=[
             func(form_window, name=FORM_JOB, max_tries=s.worker_max_tries),
             func(consolidate, name=CONSOLIDATE_JOB, max_tries=s.worker_max_tries),
+            func(embed_pending, name=EMBED_JOB, max_tries=1, keep_result=0),
         ],
         cron_jobs=[
             cron(sweep_cold_sessions, minute=set(range(0, 60, every)), run_at_startup=True),
