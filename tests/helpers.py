@@ -18,3 +18,17 @@ async def record_all(service, session_id: str, agent: str, lines: list[tuple[str
         await service.record_message(session_id, msg(agent, user, content, role=role, mid=f"{session_id}-{i}", minute=i))
         for i, (user, role, content) in enumerate(lines)
     ]
+
+
+async def wait_embedded(service, agent_id: str, timeout: float = 60) -> None:
+    """Until the worker has embedded every memory of the agent: a record is acknowledged
+    before its embedding, which its agent's embedding job adds (docs/ingest.md). A bound,
+    not a speed check."""
+    import asyncio
+
+    _, backend = await service.agents.backend_for(agent_id)
+    for _ in range(int(timeout / 0.05)):
+        if not await backend.unembedded(agent_id, 1):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"memories of agent {agent_id!r} still unembedded after {timeout}s")

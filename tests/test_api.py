@@ -4,6 +4,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from .helpers import wait_embedded
+
 AGENT = "trip-planner"
 
 
@@ -137,8 +139,9 @@ async def test_openapi_documents_every_route(http):
     assert (await http.get("/docs")).status_code == 200
 
 
-async def test_search_over_http_with_explanations_and_bad_input(http):
+async def test_search_over_http_with_explanations_and_bad_input(http, live_server):
     await post_chat(http)
+    await wait_embedded(live_server.server.config.app.state.service, AGENT)  # for the vector signal
     found = await http.get("/v1/search", params={"agent_id": AGENT, "query": "when does the Lisbon flight leave",
                                                  "scope": "user", "user_id": "alice", "top_k": 2})
     assert found.status_code == 200, found.text

@@ -23,21 +23,12 @@ from memory_service.runtime import open_service
 from memory_service.state import _embed_due, _embed_lock
 
 from .fake_embeddings import EmbeddingsServer
-from .helpers import T0, msg
+from .helpers import T0, msg, wait_embedded
 
 
 async def unembedded(service, agent_id: str) -> list[str]:
     _, backend = await service.agents.backend_for(agent_id)
     return sorted(m.id for m in await backend.unembedded(agent_id, 1000))
-
-
-async def wait_embedded(service, agent_id: str, timeout: float = 60) -> None:
-    """Until the worker has embedded every memory of the agent (a bound, not a speed check)."""
-    for _ in range(int(timeout / 0.05)):
-        if not await unembedded(service, agent_id):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"still unembedded after {timeout}s: {await unembedded(service, agent_id)}")
 
 
 @pytest.fixture
