@@ -81,6 +81,20 @@ def _group_kind(group_id: str, kind: MemoryKind | str) -> str:
     return f"{group_id}|{kind}"
 
 
+class _FloatList:
+    """A vector as the query's parameter header writes it, formatted in one C-level join:
+    the client's own formatting (falkordb's ``stringify_param_value``) recurses per element
+    and took about as long as the whole rest of a message's record."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, values: Sequence[float]):
+        self.text = "[" + ",".join(map(repr, map(float, values))) + "]"
+
+    def __str__(self) -> str:  # what the client writes for a value that is not a str, list or dict
+        return self.text
+
+
 def _is_missing_graph(exc: Exception) -> bool:
     return "empty key" in str(exc)
 
@@ -241,7 +255,7 @@ class GraphBackend(MemoryBackend):
             "text": memory.search_text,
             "needs_embedding": None if embedding else True,
         }
-        return {"uuid": memory.id, "props": props, "embedding": embedding}
+        return {"uuid": memory.id, "props": props, "embedding": _FloatList(embedding) if embedding else None}
 
     def _checked(self, vector: Sequence[float] | None) -> list[float] | None:
         if vector is None or not self.embedding_dimension:
@@ -265,7 +279,7 @@ class GraphBackend(MemoryBackend):
         if not vectors:
             return 0
         graph = await self._writable(agent_id)
-        rows = [{"id": i, "v": self._checked(v)} for i, v in vectors.items()]
+        rows = [{"id": i, "v": _FloatList(checked) if (checked := self._checked(v)) else None} for i, v in vectors.items()]
         result = await graph.query(
             f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
             "SET n.embedding = vecf32(row.v), n.needs_embedding = NULL RETURN count(n) AS c",
@@ -363,7 +377,7 @@ class GraphBackend(MemoryBackend):
                           "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
                           f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
             try:
-                rows = await self._read(agent_id, cypher, v=vector, **params)
+                rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
             except Exception as exc:
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.

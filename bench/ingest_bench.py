@@ -30,6 +30,11 @@ what it was sent. Speed never changes the exit status.
     .venv/bin/python bench/ingest_bench.py                          # local and hash, 3 repetitions
     .venv/bin/python bench/ingest_bench.py --embedders hash --repeat 1 --messages 2000 --sessions 64
     .venv/bin/python bench/ingest_bench.py --quick                  # smoke run
+    .venv/bin/python bench/ingest_bench.py --code before=/tmp/old-checkout --code after=.   # two versions
+
+With ``--code NAME=DIR`` (repeatable) each named checkout's server runs (the same venv,
+``DIR`` first on the import path), all started at once and measured in turn within each
+repetition, which one goes first alternating: drift on a shared machine hits all of them.
 """
 
 from __future__ import annotations
@@ -134,14 +139,19 @@ def conversations(tag: str, sessions: int, messages: int, agents: int, seed: int
 class Server:
     """``memory-service serve`` in a child process, on a loopback port and a temporary data dir."""
 
-    def __init__(self, embedder: str, data_dir: Path, extra_env: dict[str, str]):
+    def __init__(self, embedder: str, data_dir: Path, code: Path | None = None):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
+        data_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in STORE_ENV}
-        env.update({"EMBEDDER": embedder, **extra_env})
+        env["EMBEDDER"] = embedder
+        command = [str(CLI)]
+        if code is not None:  # another checkout, ahead of the installed one on the import path
+            env["PYTHONPATH"] = str(code.resolve())
+            command = [sys.executable, "-c", "from memory_service.cli import app; app(prog_name='memory-service')"]
         self.log = open(data_dir / "server.log", "w")
-        self.proc = subprocess.Popen([str(CLI), "serve", "--port", str(self.port), "--data-dir", str(data_dir / "store"),
+        self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), "--data-dir", str(data_dir / "store"),
                                       "--log-level", "warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     async def ready(self, timeout: float = 180) -> None:
@@ -391,38 +401,67 @@ async def drain(client: httpx.AsyncClient, server: Server, sessions: list[Sessio
         rep.problems.append(f"the store holds {stored} of the {sent} messages sent")
 
 
-async def run_embedder(embedder: str, args: argparse.Namespace, console: Console) -> list[Repetition]:
+class Variant:
+    """One checkout's server, its clients and its repetitions."""
+
+    def __init__(self, name: str, code: Path | None, embedder: str, tmp: Path, args: argparse.Namespace):
+        self.name, self.embedder, self.args = name, embedder, args
+        self.server = Server(embedder, tmp / name, code)
+        self.reps: list[Repetition] = []
+
+    async def start(self, console: Console) -> None:
+        started = time.perf_counter()
+        await self.server.ready()
+        console.print(f"[{self.label}] server up in {time.perf_counter() - started:.1f} s (pid {self.server.proc.pid})")
+        self.clients = client_pool(self.server, self.args.clients)
+        self.client = httpx.AsyncClient(base_url=self.server.base_url, timeout=60)
+        # Warm-up, not timed: the agents' graphs and indexes exist, connections are open.
+        a = self.args
+        warm = conversations("warm", a.agents * 4, a.agents * 16, a.agents, seed=1)
+        await ingest(self.clients[:len(warm)], self.server, warm, [])
+        await baseline(self.clients, self.server, min(a.baseline_requests, 500))
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}, {self.embedder}"
+
+    async def repetition(self, r: int, console: Console) -> None:
+        a = self.args
+        base = await baseline(self.clients, self.server, a.baseline_requests)
+        sessions = conversations(f"r{r}", a.sessions, a.messages, a.agents, seed=100 + r)
+        problems: list[str] = []
+        figures_, last_ack = await ingest(self.clients, self.server, sessions, problems)
+        rep = Repetition(base, figures_, problems=problems)
+        await drain(self.client, self.server, sessions, last_ack, a.drain_timeout, rep)
+        self.reps.append(rep)
+        console.print(f"[{self.label}] repetition {r + 1}: ingest {figures_.rate:.0f} msg/s "
+                      f"(p95 {figures_.p95_ms:.0f} ms), baseline {base.rate:.0f} req/s, "
+                      f"formation lag {fmt_lag(rep.formation_lag_s)}, embedding lag "
+                      f"{fmt_lag(rep.embedding_lag_s)}, cpu api {figures_.cpu['api']:.2f} "
+                      f"store {figures_.cpu['store']:.2f} client {figures_.cpu['client']:.2f}"
+                      + (f", [red]{len(rep.problems)} problem(s)[/red]" if rep.problems else ""))
+
+    async def stop(self) -> None:
+        if hasattr(self, "clients"):
+            await close_all(self.clients)
+            await self.client.aclose()
+        self.server.stop()
+
+
+async def run_embedder(embedder: str, codes: dict[str, Path | None], args: argparse.Namespace,
+                       console: Console) -> dict[str, list[Repetition]]:
     with tempfile.TemporaryDirectory(prefix="ingest-bench-") as tmp:
-        server = Server(embedder, Path(tmp), {})
+        variants = [Variant(name, code, embedder, Path(tmp), args) for name, code in codes.items()]
         try:
-            started = time.perf_counter()
-            await server.ready()
-            console.print(f"[{embedder}] server up in {time.perf_counter() - started:.1f} s (pid {server.proc.pid})")
-            clients = client_pool(server, args.clients)
-            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as client:
-                # Warm-up, not timed: the agents' graphs and indexes exist, connections are open.
-                warm = conversations("warm", args.agents * 4, args.agents * 16, args.agents, seed=1)
-                await ingest(clients[:len(warm)], server, warm, [])
-                await baseline(clients, server, min(args.baseline_requests, 500))
-                reps = []
-                for r in range(args.repeat):
-                    base = await baseline(clients, server, args.baseline_requests)
-                    sessions = conversations(f"r{r}", args.sessions, args.messages, args.agents, seed=100 + r)
-                    problems: list[str] = []
-                    figures_, last_ack = await ingest(clients, server, sessions, problems)
-                    rep = Repetition(base, figures_, problems=problems)
-                    await drain(client, server, sessions, last_ack, args.drain_timeout, rep)
-                    reps.append(rep)
-                    console.print(f"[{embedder}] repetition {r + 1}: ingest {figures_.rate:.0f} msg/s "
-                                  f"(p95 {figures_.p95_ms:.0f} ms), baseline {base.rate:.0f} req/s, "
-                                  f"formation lag {fmt_lag(rep.formation_lag_s)}, embedding lag "
-                                  f"{fmt_lag(rep.embedding_lag_s)}, cpu api {figures_.cpu['api']:.2f} "
-                                  f"store {figures_.cpu['store']:.2f} client {figures_.cpu['client']:.2f}"
-                                  + (f", [red]{len(rep.problems)} problem(s)[/red]" if rep.problems else ""))
-            await close_all(clients)
-            return reps
+            for v in variants:
+                await v.start(console)
+            for r in range(args.repeat):
+                for v in (variants if r % 2 == 0 else variants[::-1]):
+                    await v.repetition(r, console)
+            return {v.name: v.reps for v in variants}
         finally:
-            server.stop()
+            for v in variants:
+                await v.stop()
 
 
 def fmt_lag(value: float | None) -> str:
@@ -434,21 +473,21 @@ def median(values: list[float | None]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def table(results: dict[str, list[Repetition]], args: argparse.Namespace) -> Table:
+def table(results: dict[str, dict[str, list[Repetition]]], args: argparse.Namespace) -> Table:
     t = Table(title=f"{args.clients} clients, {args.messages} messages over {args.sessions} sessions of "
                     f"{args.agents} agents; medians over {args.repeat} repetition(s)")
-    for column in ("embedder", "ingest msg/s", "p50 ms", "p95 ms", "p99 ms", "errors", "baseline req/s",
+    for column in ("embedder", "code", "ingest msg/s", "p50 ms", "p95 ms", "p99 ms", "errors", "baseline req/s",
                    "baseline p95 ms", "ratio", "cpu api", "cpu store", "cpu client", "formation lag s",
                    "embedding lag s", "windows"):
-        t.add_column(column, justify="left" if column == "embedder" else "right")
-    for embedder, reps in results.items():
+        t.add_column(column, justify="left" if column in ("embedder", "code") else "right")
+    for embedder, code, reps in ((e, c, reps) for e, by_code in results.items() for c, reps in by_code.items()):
         def m(get) -> float | None:
             return median([get(r) for r in reps])
         errors = Counter()
         for r in reps:
             errors.update(r.ingest.errors)
         lag = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        t.add_row(embedder, f"{m(lambda r: r.ingest.rate):.0f}", f"{m(lambda r: r.ingest.p50_ms):.1f}",
+        t.add_row(embedder, code, f"{m(lambda r: r.ingest.rate):.0f}", f"{m(lambda r: r.ingest.p50_ms):.1f}",
                   f"{m(lambda r: r.ingest.p95_ms):.1f}", f"{m(lambda r: r.ingest.p99_ms):.1f}",
                   ", ".join(f"{s}: {n}" for s, n in sorted(errors.items())) or "0",
                   f"{m(lambda r: r.baseline.rate):.0f}", f"{m(lambda r: r.baseline.p95_ms):.1f}",
@@ -471,20 +510,28 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=600, help="seconds to wait for formation and embedding")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 1,280 messages, hash only")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON")
+    parser.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
+                        help="measure this checkout too (repeatable); default: the installed one, as 'this'")
     args = parser.parse_args()
+    codes: dict[str, Path | None] = {}
+    for item in args.code:
+        name, _, directory = item.partition("=")
+        codes[name] = Path(directory) if directory else None
+    codes = codes or {"this": None}
     if args.quick:
         args.messages, args.sessions, args.repeat, args.embedders, args.baseline_requests = 1280, 64, 1, "hash", 1000
     console = Console(width=200)
     header = print_machine(console, "ingest_bench")
     started = time.perf_counter()
-    results = {e: asyncio.run(run_embedder(e, args, console)) for e in args.embedders.split(",")}
+    results = {e: asyncio.run(run_embedder(e, codes, args, console)) for e in args.embedders.split(",")}
     console.print(table(results, args))
     console.print(f"load average at end: {list(os.getloadavg())}; took {time.perf_counter() - started:.0f} s")
-    problems = [f"{e} repetition {i + 1}: {p}" for e, reps in results.items() for i, r in enumerate(reps)
-                for p in r.problems]
+    problems = [f"{e}/{c} repetition {i + 1}: {p}" for e, by_code in results.items() for c, reps in by_code.items()
+                for i, r in enumerate(reps) for p in r.problems]
     if args.json:
         args.json.write_text(json.dumps({"machine": header, "args": {k: str(v) for k, v in vars(args).items()},
-                                         "results": {e: [asdict(r) for r in reps] for e, reps in results.items()}},
+                                         "results": {e: {c: [asdict(r) for r in reps] for c, reps in by_code.items()}
+                                                     for e, by_code in results.items()}},
                                         indent=2))
         console.print(f"results written to {args.json}")
     if problems:

@@ -5,6 +5,7 @@ Each entry point is a job body (workers/worker.py runs them) and is safe to retr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -27,6 +28,10 @@ log = logging.getLogger(__name__)
 
 EMBED_BATCH = 256  # memories read, embedded and stored per step of an embedding job
 EMBED_JOB_SECONDS = 10.0  # then the job enqueues its sequel: formation jobs get their turn
+# While records keep coming, a pass waits this long before the next one, so that it finds a
+# batch worth its round trips (and the graph's write lock), not the two messages of the
+# last few milliseconds. A lone record is embedded at once.
+EMBED_LINGER_SECONDS = 0.25
 
 
 class FormationPipeline:
@@ -125,7 +130,8 @@ class FormationPipeline:
         The caller holds the agent's embedding lock (``StateStore.commit_message`` gave it).
         A pass clears the agent's "due" mark, then embeds until nothing is left; the lock is
         let go only if nothing was marked due meanwhile, else another pass runs. After
-        ``seconds`` the job enqueues its sequel, keeping the lock. A failing embedder ends
+        ``seconds`` the job enqueues its sequel, keeping the lock; while records keep coming,
+        passes are ``EMBED_LINGER_SECONDS`` apart. A failing embedder ends
         the job and keeps the lock until it expires: records do not call the embedder again
         before then (the backfill cron also retries). Counts: ``embedded``, ``passes``.
         """
@@ -145,10 +151,14 @@ class FormationPipeline:
                     if time.monotonic() > deadline:
                         await self.queue.enqueue_embedding(agent_id)
                         return report
-                    if done < len(memories):  # removed meanwhile: do not loop on them
+                    if len(memories) < batch or done < len(memories):  # all there was (or removed meanwhile)
                         break
                 if not await self.state.finish_embedding(agent_id, EMBED_LOCK_MS):
                     return report
+                if time.monotonic() > deadline:
+                    await self.queue.enqueue_embedding(agent_id)
+                    return report
+                await asyncio.sleep(EMBED_LINGER_SECONDS)
         finally:
             if report["embedded"]:
                 await self.state.add_metrics(embedded_after_record=report["embedded"])

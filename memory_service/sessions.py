@@ -22,7 +22,7 @@ from .errors import BackendUnavailable, Conflict, FormationPending, NotFound
 from .formation import FormationSummary, message_memory_id
 from .group_commit import GroupCommit
 from .jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
-from .models import Memory, MemoryKind, MessageIn, Provenance
+from .models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance
 from .namespaces import Namespace, validate_id
 from .state import StateStore
 
@@ -59,7 +59,7 @@ class SessionLedger:
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
         if reservation.digest != digest:
             raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
-        _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings)
+        _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
         memory = Memory(
             id=message_memory_id(session_id, message_id),
             kind=MemoryKind.MESSAGE,
