@@ -60,6 +60,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import httpx  # noqa: E402
 import psutil  # noqa: E402
 from rich.console import Console  # noqa: E402
+from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from context_bench import print_machine  # noqa: E402
@@ -139,7 +140,7 @@ def conversations(tag: str, sessions: int, messages: int, agents: int, seed: int
 class Server:
     """``memory-service serve`` in a child process, on a loopback port and a temporary data dir."""
 
-    def __init__(self, embedder: str, data_dir: Path, code: Path | None = None):
+    def __init__(self, embedder: str, data_dir: Path, code: Path | None = None, worker_process: bool = False):
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
@@ -152,7 +153,12 @@ class Server:
             command = [sys.executable, "-c", "from memory_service.cli import app; app(prog_name='memory-service')"]
         self.log = open(data_dir / "server.log", "w")
         self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), "--data-dir", str(data_dir / "store"),
-                                      "--log-level", "warning"], env=env, stdout=self.log, stderr=subprocess.STDOUT)
+                                      "--log-level", "warning", *(["--no-worker"] if worker_process else [])],
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+        self.worker_proc: subprocess.Popen | None = None
+        if worker_process:  # started once the store is up (it attaches to the serve's store)
+            self._worker_command = [*command, "worker", "--data-dir", str(data_dir / "store"), "--log-level", "warning"]
+            self._env = env
 
     async def ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -162,6 +168,9 @@ class Server:
                     raise RuntimeError(f"the server exited with {self.proc.returncode}: {self.tail()}")
                 try:
                     if (await client.get("/health")).status_code == 200:
+                        if hasattr(self, "_worker_command") and self.worker_proc is None:
+                            self.worker_proc = subprocess.Popen(self._worker_command, env=self._env, stdout=self.log,
+                                                                stderr=subprocess.STDOUT)
                         return
                 except httpx.TransportError:
                     pass
@@ -177,6 +186,10 @@ class Server:
         return psutil.Process(self.proc.pid)
 
     @property
+    def worker(self) -> psutil.Process | None:
+        return psutil.Process(self.worker_proc.pid) if self.worker_proc else None
+
+    @property
     def store(self) -> psutil.Process:
         return psutil.Process(int((self.data_dir / "store" / "falkordb.pid").read_text()))
 
@@ -185,6 +198,12 @@ class Server:
         return (self.data_dir / "store" / "falkordb.url").read_text().strip()
 
     def stop(self) -> None:
+        if self.worker_proc is not None and self.worker_proc.poll() is None:
+            self.worker_proc.send_signal(signal.SIGINT)
+            try:
+                self.worker_proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.worker_proc.kill()
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -205,6 +224,8 @@ class CpuMeter:
 
     def __init__(self, server: Server):
         self.processes = {"api": server.api, "store": server.store, "client": psutil.Process()}
+        if server.worker is not None:
+            self.processes["worker"] = server.worker
 
     def __enter__(self) -> CpuMeter:
         self.start = {name: cpu_seconds(p) for name, p in self.processes.items()}
@@ -406,13 +427,13 @@ class Variant:
 
     def __init__(self, name: str, code: Path | None, embedder: str, tmp: Path, args: argparse.Namespace):
         self.name, self.embedder, self.args = name, embedder, args
-        self.server = Server(embedder, tmp / name, code)
+        self.server = Server(embedder, tmp / name, code, worker_process=args.worker_process)
         self.reps: list[Repetition] = []
 
     async def start(self, console: Console) -> None:
         started = time.perf_counter()
         await self.server.ready()
-        console.print(f"[{self.label}] server up in {time.perf_counter() - started:.1f} s (pid {self.server.proc.pid})")
+        console.print(f"{self.label} server up in {time.perf_counter() - started:.1f} s (pid {self.server.proc.pid})")
         self.clients = client_pool(self.server, self.args.clients)
         self.client = httpx.AsyncClient(base_url=self.server.base_url, timeout=60)
         # Warm-up, not timed: the agents' graphs and indexes exist, connections are open.
@@ -423,7 +444,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        return f"{self.name}, {self.embedder}"
+        return escape(f"[{self.name}, {self.embedder}]")
 
     async def repetition(self, r: int, console: Console) -> None:
         a = self.args
@@ -434,7 +455,7 @@ class Variant:
         rep = Repetition(base, figures_, problems=problems)
         await drain(self.client, self.server, sessions, last_ack, a.drain_timeout, rep)
         self.reps.append(rep)
-        console.print(f"[{self.label}] repetition {r + 1}: ingest {figures_.rate:.0f} msg/s "
+        console.print(f"{self.label} repetition {r + 1}: ingest {figures_.rate:.0f} msg/s "
                       f"(p95 {figures_.p95_ms:.0f} ms), baseline {base.rate:.0f} req/s, "
                       f"formation lag {fmt_lag(rep.formation_lag_s)}, embedding lag "
                       f"{fmt_lag(rep.embedding_lag_s)}, cpu api {figures_.cpu['api']:.2f} "
@@ -475,26 +496,35 @@ def median(values: list[float | None]) -> float | None:
 
 def table(results: dict[str, dict[str, list[Repetition]]], args: argparse.Namespace) -> Table:
     t = Table(title=f"{args.clients} clients, {args.messages} messages over {args.sessions} sessions of "
-                    f"{args.agents} agents; medians over {args.repeat} repetition(s)")
+                    f"{args.agents} agents; medians over {args.repeat} repetition(s); CPU ms = CPU time per "
+                    "message (per request for the baseline)")
     for column in ("embedder", "code", "ingest msg/s", "p50 ms", "p95 ms", "p99 ms", "errors", "baseline req/s",
-                   "baseline p95 ms", "ratio", "cpu api", "cpu store", "cpu client", "formation lag s",
-                   "embedding lag s", "windows"):
+                   "ratio", "api cores", "api CPU ms", "worker CPU ms", "store CPU ms", "client CPU ms",
+                   "baseline api CPU ms", "formation lag s", "embedding lag s", "windows"):
         t.add_column(column, justify="left" if column in ("embedder", "code") else "right")
     for embedder, code, reps in ((e, c, reps) for e, by_code in results.items() for c, reps in by_code.items()):
         def m(get) -> float | None:
             return median([get(r) for r in reps])
+
+        def f(value: float | None, digits: int = 1) -> str:
+            return "-" if value is None else f"{value:,.{digits}f}"
+
+        def per(r: Repetition, name: str, figures: str = "ingest") -> float | None:
+            fig = getattr(r, figures)
+            return fig.cpu[name] / fig.rate * 1000 if name in fig.cpu else None
+
         errors = Counter()
         for r in reps:
             errors.update(r.ingest.errors)
-        lag = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
-        t.add_row(embedder, code, f"{m(lambda r: r.ingest.rate):.0f}", f"{m(lambda r: r.ingest.p50_ms):.1f}",
-                  f"{m(lambda r: r.ingest.p95_ms):.1f}", f"{m(lambda r: r.ingest.p99_ms):.1f}",
+        t.add_row(embedder, code, f(m(lambda r: r.ingest.rate), 0), f(m(lambda r: r.ingest.p50_ms)),
+                  f(m(lambda r: r.ingest.p95_ms)), f(m(lambda r: r.ingest.p99_ms)),
                   ", ".join(f"{s}: {n}" for s, n in sorted(errors.items())) or "0",
-                  f"{m(lambda r: r.baseline.rate):.0f}", f"{m(lambda r: r.baseline.p95_ms):.1f}",
-                  f"{m(lambda r: r.ingest.rate / r.baseline.rate):.2f}",
-                  f"{m(lambda r: r.ingest.cpu['api']):.2f}", f"{m(lambda r: r.ingest.cpu['store']):.2f}",
-                  f"{m(lambda r: r.ingest.cpu['client']):.2f}", lag(m(lambda r: r.formation_lag_s)),
-                  lag(m(lambda r: r.embedding_lag_s)), f"{m(lambda r: r.windows_formed):.0f}")
+                  f(m(lambda r: r.baseline.rate), 0), f(m(lambda r: r.ingest.rate / r.baseline.rate), 2),
+                  f(m(lambda r: r.ingest.cpu["api"]), 2), f(m(lambda r: per(r, "api")), 2),
+                  f(m(lambda r: per(r, "worker")), 2), f(m(lambda r: per(r, "store")), 2),
+                  f(m(lambda r: per(r, "client")), 2), f(m(lambda r: per(r, "api", "baseline")), 2),
+                  f(m(lambda r: r.formation_lag_s)), f(m(lambda r: r.embedding_lag_s)),
+                  f(m(lambda r: r.windows_formed), 0))
     return t
 
 
@@ -510,6 +540,8 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=600, help="seconds to wait for formation and embedding")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 1,280 messages, hash only")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON")
+    parser.add_argument("--worker-process", action="store_true",
+                        help="serve --no-worker and a `memory-service worker` process beside it (default: in-process)")
     parser.add_argument("--code", action="append", default=[], metavar="NAME=DIR",
                         help="measure this checkout too (repeatable); default: the installed one, as 'this'")
     args = parser.parse_args()
@@ -520,7 +552,7 @@ def main() -> int:
     codes = codes or {"this": None}
     if args.quick:
         args.messages, args.sessions, args.repeat, args.embedders, args.baseline_requests = 1280, 64, 1, "hash", 1000
-    console = Console(width=200)
+    console = Console(width=240)
     header = print_machine(console, "ingest_bench")
     started = time.perf_counter()
     results = {e: asyncio.run(run_embedder(e, codes, args, console)) for e in args.embedders.split(",")}
