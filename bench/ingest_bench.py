@@ -147,18 +147,20 @@ class Server:
         data_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in STORE_ENV}
         env["EMBEDDER"] = embedder
-        command = [str(CLI)]
-        if code is not None:  # another checkout, ahead of the installed one on the import path
-            env["PYTHONPATH"] = str(code.resolve())
-            command = [sys.executable, "-c", "from memory_service.cli import app; app(prog_name='memory-service')"]
+        command, cwd = [str(CLI)], None
+        if code is not None:  # another checkout, ahead of the installed one on the import path (and as the
+            # working directory: `python -c` puts it first), checked in the log
+            env["PYTHONPATH"] = cwd = str(code.resolve())
+            command = [sys.executable, "-c", "import memory_service as m; print('code:', m.__file__, flush=True); "
+                                             "from memory_service.cli import app; app(prog_name='memory-service')"]
         self.log = open(data_dir / "server.log", "w")
         self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), "--data-dir", str(data_dir / "store"),
                                       "--log-level", "warning", *(["--no-worker"] if worker_process else [])],
-                                     env=env, stdout=self.log, stderr=subprocess.STDOUT)
+                                     env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
         self.worker_proc: subprocess.Popen | None = None
         if worker_process:  # started once the store is up (it attaches to the serve's store)
             self._worker_command = [*command, "worker", "--data-dir", str(data_dir / "store"), "--log-level", "warning"]
-            self._env = env
+            self._env, self._cwd = env, cwd
 
     async def ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -170,7 +172,7 @@ class Server:
                     if (await client.get("/health")).status_code == 200:
                         if hasattr(self, "_worker_command") and self.worker_proc is None:
                             self.worker_proc = subprocess.Popen(self._worker_command, env=self._env, stdout=self.log,
-                                                                stderr=subprocess.STDOUT)
+                                                                stderr=subprocess.STDOUT, cwd=self._cwd)
                         return
                 except httpx.TransportError:
                     pass
@@ -433,7 +435,9 @@ class Variant:
     async def start(self, console: Console) -> None:
         started = time.perf_counter()
         await self.server.ready()
-        console.print(f"{self.label} server up in {time.perf_counter() - started:.1f} s (pid {self.server.proc.pid})")
+        code = [line for line in self.server.tail().splitlines() if line.startswith("code:")]
+        console.print(f"{self.label} server up in {time.perf_counter() - started:.1f} s (pid {self.server.proc.pid})"
+                      + (f", {code[0]}" if code else ""))
         self.clients = client_pool(self.server, self.args.clients)
         self.client = httpx.AsyncClient(base_url=self.server.base_url, timeout=60)
         # Warm-up, not timed: the agents' graphs and indexes exist, connections are open.
