@@ -143,10 +143,11 @@ class FormationPipeline:
                 report["passes"] += 1
                 await self.state.start_embedding(agent_id)
                 while memories := await backend.unembedded(agent_id, batch):
-                    if self.embedder is None or not await embed_memories(self.embedder, memories):  # it logged why
-                        return report
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories})
+                    embedded = await self._embed_in_turns(memories)
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded})
                     report["embedded"] += done
+                    if len(embedded) < len(memories):  # the embedder failed (it logged why)
+                        return report
                     await self.state.renew_embedding_lock(agent_id, EMBED_LOCK_MS)
                     if time.monotonic() > deadline:
                         await self.queue.enqueue_embedding(agent_id)
@@ -162,6 +163,16 @@ class FormationPipeline:
         finally:
             if report["embedded"]:
                 await self.state.add_metrics(embedded_after_record=report["embedded"])
+
+    async def _embed_in_turns(self, memories: list) -> list:
+        """Embed ``memories`` in calls of the embedder's own batch size (the local model runs
+        one call at a time: a formation job's embedding waits behind one of these, not behind
+        the whole read); those embedded, up to the first call that failed."""
+        step = self.settings.embedding_batch_size
+        for start in range(0, len(memories), step):
+            if self.embedder is None or not await embed_memories(self.embedder, memories[start:start + step]):
+                return memories[:start]
+        return memories
 
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:

@@ -27,7 +27,7 @@ class EmbeddingsServer:
 
     dimension: int = 48
     api_key: str | None = "sk-test"
-    failures: list[int] = field(default_factory=list)  # statuses for the next calls
+    failures: list[int | None] = field(default_factory=list)  # statuses for the next calls (None: answer)
     delay: float = 0.0
     batches: list[int] = field(default_factory=list)
     calls: int = 0
@@ -55,8 +55,7 @@ class EmbeddingsServer:
             await asyncio.sleep(self.delay)
         if self.hold is not None:
             await self.hold.wait()
-        if self.failures:
-            status = self.failures.pop(0)
+        if self.failures and (status := self.failures.pop(0)) is not None:
             return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
         body = await request.json()
         inputs = body["input"]

@@ -167,6 +167,25 @@ async def test_an_embedding_job_out_of_time_enqueues_its_sequel_and_keeps_the_lo
         assert (await service.state.metrics())["embedded_after_record"] == 5
 
 
+async def test_the_job_embeds_in_calls_of_the_batch_size_and_keeps_what_was_embedded_before_a_failure(
+        settings, embeddings):
+    config = settings.model_copy(update={"embedder": "openai", "embedding_base_url": embeddings.base_url,
+                                         "embedding_model": "fake-embedding", "embedding_dimension": 64,
+                                         "embedding_batch_size": 2})
+    async with open_service(config, run_worker=False) as service:
+        for i in range(5):
+            await service.record_message("s1", msg("a1", "alice", f"note {i} on the ferry times", mid=f"m{i}"))
+        embeddings.batches.clear()
+        embeddings.failures = [None, 400]  # the second call is refused (not retried: a 400 is not transient)
+        report = await service.embed_pending("a1")
+        assert embeddings.batches == [2] and report["embedded"] == 2  # a formation job waits behind one call
+        assert len(await unembedded(service, "a1")) == 3  # the first call's vectors were kept
+        await service.state.redis.delete(_embed_lock("a1"))  # (as when it expires)
+        report = await service.embed_pending("a1")
+        assert embeddings.batches == [2, 2, 1] and report["embedded"] == 3
+        assert await unembedded(service, "a1") == []
+
+
 async def test_many_records_of_many_sessions_are_all_embedded_by_the_worker(service):
     await asyncio.gather(*(
         service.record_message(f"s{s}", msg("a1", f"u{s}", f"session {s} turn {i}: the museum opens at {i} am",
