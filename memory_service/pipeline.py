@@ -129,11 +129,11 @@ class FormationPipeline:
 
         The caller holds the agent's embedding lock (``StateStore.commit_message`` gave it).
         A pass clears the agent's "due" mark, then embeds until nothing is left; the lock is
-        let go only if nothing was marked due meanwhile, else another pass runs. After
-        ``seconds`` the job enqueues its sequel, keeping the lock; while records keep coming,
-        passes are ``EMBED_LINGER_SECONDS`` apart. A failing embedder ends
-        the job and keeps the lock until it expires: records do not call the embedder again
-        before then (the backfill cron also retries). Counts: ``embedded``, ``passes``.
+        let go only if nothing was marked due meanwhile, else another pass runs, and passes
+        are ``EMBED_LINGER_SECONDS`` apart. After ``seconds`` the job enqueues its sequel,
+        keeping the lock. A failing embedder ends the job and keeps the lock until it
+        expires: records do not call the embedder again before then (the backfill cron also
+        retries). docs/ingest.md tells the whole protocol. Counts: ``embedded``, ``passes``.
         """
         report = {"embedded": 0, "passes": 0}
         _, backend = await self.agents.backend_for(agent_id)

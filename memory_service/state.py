@@ -203,6 +203,10 @@ def _cons_version(namespace: str) -> str:
     return f"ms:cons:{namespace}:version"
 
 
+def _agent_settings(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}"
+
+
 def _agent_sessions(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:sessions"
 
@@ -294,11 +298,11 @@ class StateStore:
     # Agents and shards -------------------------------------------------------------
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> None:
-        await self.redis.set(f"ms:agent:{agent_id}", settings.model_dump_json())
+        await self.redis.set(_agent_settings(agent_id), settings.model_dump_json())
         await self.bump(f"agent:{agent_id}")
 
     async def get_agent(self, agent_id: str) -> AgentSettings | None:
-        raw = await self.redis.get(f"ms:agent:{agent_id}")
+        raw = await self.redis.get(_agent_settings(agent_id))
         return AgentSettings.model_validate_json(raw) if raw else None
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> bool:
@@ -323,7 +327,7 @@ class StateStore:
         and read the agent's settings in the same step."""
         k = self._keys(session_id)
         status, value, *rest = await self._reserve(
-            keys=[k["meta"], k["ids"], _agent_sessions(agent_id), f"ms:agent:{agent_id}"],
+            keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id)],
             args=[message_id, agent_id, digest, session_id])
         if status == "conflict":
             raise Conflict(f"session {session_id!r} belongs to agent {value!r}, not {agent_id!r}")
