@@ -81,6 +81,21 @@ def _group_kind(group_id: str, kind: MemoryKind | str) -> str:
     return f"{group_id}|{kind}"
 
 
+class _FloatList:
+    """A vector as the query's parameter header writes it, in one formatting operation and
+    with the 9 significant digits that carry a float32 exactly (``vecf32`` stores float32):
+    the client's own formatting (falkordb's ``stringify_param_value``, a call and a 17-digit
+    repr per element) took about as long as the rest of a message's record."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, values: Sequence[float]):
+        self.text = "[" + ",".join(["%.9g"] * len(values)) % tuple(values) + "]"
+
+    def __str__(self) -> str:  # what the client writes for a value that is not a str, list or dict
+        return self.text
+
+
 def _is_missing_graph(exc: Exception) -> bool:
     return "empty key" in str(exc)
 
@@ -170,23 +185,26 @@ class GraphBackend(MemoryBackend):
         return [dict(zip(names, row)) for row in result.result_set]
 
     async def _writable(self, agent_id: str):
-        """The agent's graph, with its indexes, created with the graph.
+        """The agent's graph, with its indexes, created with the graph (for updates; ``write``
+        checks inside its own statement).
 
-        Checked on every write (one EXISTS), not remembered: a graph deleted under a running
+        Checked on every call (one EXISTS), not remembered: a graph deleted under a running
         process (an erased agent, a flushed store) must get its indexes again, or the
         full-text index would silently find nothing. Creating them twice is harmless.
         """
-        name = graph_name(agent_id)
-        graph = self.client.select_graph(name)
-        if not await self.client.connection.exists(name):
-            for statement in _index_statements(self.embedding_dimension):
-                try:
-                    await graph.query(statement)
-                except Exception as exc:
-                    if "already" not in str(exc).lower():
-                        raise
-            await _until_indexes_operational(graph)
+        graph = self.client.select_graph(graph_name(agent_id))
+        if not await self.client.connection.exists(graph.name):
+            await self._create_indexes(graph)
         return graph
+
+    async def _create_indexes(self, graph) -> None:
+        for statement in _index_statements(self.embedding_dimension):
+            try:
+                await graph.query(statement)
+            except Exception as exc:
+                if "already" not in str(exc).lower():
+                    raise
+        await _until_indexes_operational(graph)
 
     # Writes --------------------------------------------------------------------------
 
@@ -196,14 +214,20 @@ class GraphBackend(MemoryBackend):
             by_agent.setdefault(memory.metadata.agent_id, []).append(memory)
         written = 0
         for agent_id, group in by_agent.items():
-            graph = await self._writable(agent_id)
+            graph = self.client.select_graph(graph_name(agent_id))
             # One idempotent statement per agent: MERGE on uuid, properties only on create.
+            # It also counts the graph's indexes, so a write that created the graph (new,
+            # or deleted under this process) is seen without a round trip of its own; the
+            # indexes are then made, and index what was just written.
             result = await graph.query(
                 f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
                 "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
-                "ELSE vecf32(row.embedding) END",
-                {"rows": [self._row(m) for m in group]},
+                "ELSE vecf32(row.embedding) END "
+                "WITH count(n) AS rows CALL db.indexes() YIELD label RETURN count(label)",
+                {"rows": [self._row(m) for m in _first_of_each(group)]},
             )
+            if not (result.result_set and result.result_set[0][0]):  # no index at all: the graph is new
+                await self._create_indexes(graph)
             written += int(result.nodes_created)
         return written
 
@@ -239,7 +263,7 @@ class GraphBackend(MemoryBackend):
             "text": memory.search_text,
             "needs_embedding": None if embedding else True,
         }
-        return {"uuid": memory.id, "props": props, "embedding": embedding}
+        return {"uuid": memory.id, "props": props, "embedding": _FloatList(embedding) if embedding else None}
 
     def _checked(self, vector: Sequence[float] | None) -> list[float] | None:
         if vector is None or not self.embedding_dimension:
@@ -263,7 +287,7 @@ class GraphBackend(MemoryBackend):
         if not vectors:
             return 0
         graph = await self._writable(agent_id)
-        rows = [{"id": i, "v": self._checked(v)} for i, v in vectors.items()]
+        rows = [{"id": i, "v": _FloatList(checked) if (checked := self._checked(v)) else None} for i, v in vectors.items()]
         result = await graph.query(
             f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
             "SET n.embedding = vecf32(row.v), n.needs_embedding = NULL RETURN count(n) AS c",
@@ -361,7 +385,7 @@ class GraphBackend(MemoryBackend):
                           "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
                           f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
             try:
-                rows = await self._read(agent_id, cypher, v=vector, **params)
+                rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
             except Exception as exc:
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.
@@ -406,6 +430,15 @@ class GraphBackend(MemoryBackend):
             rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
                                     groups=groups)
         return int(rows[0]["c"]) if rows else 0
+
+
+def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
+    """One memory per id, the first: a statement whose rows repeat an id would apply the
+    later row's ON CREATE properties too (FalkorDB 4), and the first write must win."""
+    first: dict[str, Memory] = {}
+    for memory in memories:
+        first.setdefault(memory.id, memory)
+    return list(first.values())
 
 
 def _memory(row: dict) -> Memory:

@@ -189,6 +189,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         )
         return text + await _gauges(svc(request))
 
+    @app.get("/health/live", tags=["ops"])
+    async def live() -> dict:
+        """Liveness: the process answers HTTP. Checks no dependency (GET /health does)."""
+        return {"ok": True}
+
     @app.get("/health", tags=["ops"])
     async def health(request: Request) -> JSONResponse:
         """Each dependency's state; 503 when one is down. Where the stores listen is not shown."""

@@ -2,12 +2,15 @@
 
 Jobs run in the arq worker (``workers/``). Every job id is derived from what the job
 forms, so that a gate, the cold-session sweep and a forced formation asking for the same
-window enqueue ONE job: arq refuses a second job with an id it already holds.
+window enqueue ONE job: arq refuses a second job with an id it already holds. Embedding
+jobs are kept to one per agent by the agent's embedding lock instead (state.py), since a
+job that runs out of time enqueues its own sequel while it still runs.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from arq.connections import ArqRedis
@@ -23,6 +26,11 @@ log = logging.getLogger(__name__)
 QUEUE_NAME = "memory-service:jobs"
 FORM_JOB = "form_window"
 CONSOLIDATE_JOB = "consolidate"
+EMBED_JOB = "embed_pending"
+# The agent's embedding lock lives this long past its job's last sign of life: how soon a
+# job lost with its worker is replaced (by the next record), and how long a failing
+# embedder is left alone before a record tries it again.
+EMBED_LOCK_MS = 30_000
 
 
 def formation_job_id(session_id: str, window: int) -> str:
@@ -67,6 +75,12 @@ class JobQueue:
 
     async def enqueue_formation(self, session_id: str, window: int) -> str:
         return await self._enqueue(formation_job_id(session_id, window), FORM_JOB, session_id, window)
+
+    async def enqueue_embedding(self, agent_id: str) -> str:
+        """Enqueue a job embedding the agent's memories stored without (the caller holds the
+        agent's embedding lock, so at most one is queued or running)."""
+        job_id = f"embed:{Namespace.agent(agent_id).group_id}:{time.time_ns()}"
+        return await self._enqueue(job_id, EMBED_JOB, agent_id)
 
     async def enqueue_consolidation(self, namespace: str, version: int, count: int) -> str:
         return await self._enqueue(consolidation_job_id(namespace, version), CONSOLIDATE_JOB, namespace, version, count)

@@ -5,6 +5,7 @@ Each entry point is a job body (workers/worker.py runs them) and is safe to retr
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from .config import Settings
 from .consolidation import Consolidator, consolidate
 from .extraction import Extractor
 from .formation import FormationResult, FormationSummary, form_window
-from .jobs import JobQueue
+from .jobs import EMBED_LOCK_MS, JobQueue
 from .models import MemoryKind
 from .namespaces import Namespace, NamespaceKind
 from .retrieval import embed_memories
@@ -24,6 +25,13 @@ from .sessions import SessionLedger
 from .state import StateStore
 
 log = logging.getLogger(__name__)
+
+EMBED_BATCH = 256  # memories read, embedded and stored per step of an embedding job
+EMBED_JOB_SECONDS = 10.0  # then the job enqueues its sequel: formation jobs get their turn
+# While records keep coming, a pass waits this long before the next one, so that it finds a
+# batch worth its round trips (and the graph's write lock), not the two messages of the
+# last few milliseconds. A lone record is embedded at once.
+EMBED_LINGER_SECONDS = 0.25
 
 
 class FormationPipeline:
@@ -127,6 +135,57 @@ class FormationPipeline:
         if seen:
             log.info("cold-session sweep looked at %d session(s), enqueued %d window(s)", len(seen), len(enqueued))
         return enqueued
+
+    async def embed_pending(self, agent_id: str, batch: int = EMBED_BATCH,
+                            seconds: float = EMBED_JOB_SECONDS) -> dict[str, int]:
+        """Embed the agent's memories stored without an embedding: the job a record enqueues.
+
+        The caller holds the agent's embedding lock (``StateStore.commit_message`` gave it).
+        A pass clears the agent's "due" mark, then embeds until nothing is left; the lock is
+        let go only if nothing was marked due meanwhile, else another pass runs, and passes
+        are ``EMBED_LINGER_SECONDS`` apart. After ``seconds`` the job enqueues its sequel,
+        keeping the lock. A failing embedder ends the job and keeps the lock until it
+        expires: records do not call the embedder again before then (the backfill cron also
+        retries). docs/ingest.md tells the whole protocol. Counts: ``embedded``, ``passes``.
+        """
+        report = {"embedded": 0, "passes": 0}
+        _, backend = await self.agents.backend_for(agent_id)
+        deadline = time.monotonic() + seconds
+        try:
+            while True:
+                report["passes"] += 1
+                await self.state.start_embedding(agent_id)
+                while memories := await backend.unembedded(agent_id, batch):
+                    embedded = await self._embed_in_turns(memories)
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded})
+                    report["embedded"] += done
+                    if len(embedded) < len(memories):  # the embedder failed (it logged why)
+                        return report
+                    await self.state.renew_embedding_lock(agent_id, EMBED_LOCK_MS)
+                    if time.monotonic() > deadline:
+                        await self.queue.enqueue_embedding(agent_id)
+                        return report
+                    if len(memories) < batch or done < len(memories):  # all there was (or removed meanwhile)
+                        break
+                if not await self.state.finish_embedding(agent_id, EMBED_LOCK_MS):
+                    return report
+                if time.monotonic() > deadline:
+                    await self.queue.enqueue_embedding(agent_id)
+                    return report
+                await asyncio.sleep(EMBED_LINGER_SECONDS)
+        finally:
+            if report["embedded"]:
+                await self.state.add_metrics(embedded_after_record=report["embedded"])
+
+    async def _embed_in_turns(self, memories: list) -> list:
+        """Embed ``memories`` in calls of the embedder's own batch size (the local model runs
+        one call at a time: a formation job's embedding waits behind one of these, not behind
+        the whole read); those embedded, up to the first call that failed."""
+        step = self.settings.embedding_batch_size
+        for start in range(0, len(memories), step):
+            if self.embedder is None or not await embed_memories(self.embedder, memories[start:start + step]):
+                return memories[:start]
+        return memories
 
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:

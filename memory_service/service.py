@@ -101,6 +101,9 @@ class MemoryService:
     async def sweep_cold_sessions(self) -> list[str]:
         return await self.pipeline.sweep_cold_sessions()
 
+    async def embed_pending(self, agent_id: str) -> dict[str, int]:
+        return await self.pipeline.embed_pending(agent_id)
+
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
         return await self.pipeline.backfill_embeddings(batch, limit, on_progress)

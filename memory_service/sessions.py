@@ -1,13 +1,15 @@
 """The session ledger: recording messages, the formation gates, and scheduling windows.
 
-A message is stored (and indexed) first, then committed to its session's pending window;
-a gate that opens claims the window and enqueues its formation job. ``form_memories``
-forms what is pending on request and waits for it.
+A message is stored (and indexed for full-text search) first, then committed to its
+session's pending window; a gate that opens claims the window and enqueues its formation
+job. Its embedding comes after: the worker's embedding job (docs/ingest.md).
+``form_memories`` forms what is pending on request and waits for it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -18,15 +20,17 @@ from .agents import AgentDirectory
 from .config import Settings
 from .errors import BackendUnavailable, Conflict, FormationPending, NotFound
 from .formation import FormationSummary, message_memory_id
-from .jobs import JobQueue, formation_job_id
-from .models import Memory, MemoryKind, MessageIn, Provenance
+from .group_commit import GroupCommit
+from .jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
+from .models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance
 from .namespaces import Namespace, validate_id
-from .retrieval import embed_memories
 from .state import SessionCounters, StateStore
 from .window import StaleGate, WindowState, WindowStore
 
 # How often a gated claim re-reads the counters when windows keep completing under it.
 CLAIM_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -45,9 +49,15 @@ class SessionLedger:
         self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
         self.embedder, self.extractor_name = embedder, extractor_name
         self.windows = WindowStore(state)
+        self.writes = GroupCommit()
 
     async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
-        """Store one message (idempotent by message_id) and evaluate the gates."""
+        """Store one message (idempotent by message_id) and evaluate the gates.
+
+        Three round trips in the common case: reserve (with the agent's settings), the
+        store's write (shared with the agent's concurrent records), commit (with the
+        counters). The message is stored without its embedding; the worker adds it.
+        """
         validate_id(session_id, "session_id")
         limits.check_message_chars(message.content, self.settings.max_message_chars)
         message_id = message.message_id or uuid.uuid4().hex
@@ -55,7 +65,7 @@ class SessionLedger:
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
         if reservation.digest != digest:
             raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
-        _, backend = await self.agents.backend_for(message.agent_id)
+        _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
         memory = Memory(
             id=message_memory_id(session_id, message_id),
             kind=MemoryKind.MESSAGE,
@@ -74,24 +84,35 @@ class SessionLedger:
         )
         # Store first, then make it pending: a failed write leaves nothing pending that
         # formation could not read, and the client's retry completes the same message.
-        # A failing embedder does not fail it: the message is stored and embedded later.
-        await embed_memories(self.embedder, [memory])
+        # Stored without its embedding (marked for it): the embedding job adds it.
         try:
-            await backend.write([memory])
+            await self.writes.write(backend, message.agent_id, memory)
         except Exception as exc:
             raise BackendUnavailable(
                 f"could not store message {message_id!r} of session {session_id!r}: {type(exc).__name__}: {exc}; "
                 "nothing is pending for it: send it again with the same message_id"
             ) from exc
-        first = await self.state.commit_message(
+        commit = await self.state.commit_message(
             session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
             message.user_id if message.role == "user" else None, message.incognito, message.agent_id,
+            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0,
         )
-        gate = gates.evaluate(await self.state.counters(session_id), self.settings)
-        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not first, gate=gate)
+        if commit.enqueue_embedding:
+            await self._enqueue_embedding(message.agent_id)
+        gate = gates.evaluate(commit.counters, self.settings)
+        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate)
         if gate.open:
-            result.formation_job = await self.schedule(session_id, gated=True)
+            result.formation_job = await self.schedule(session_id, gated=True, counters=commit.counters)
         return result
+
+    async def _enqueue_embedding(self, agent_id: str) -> None:
+        # The message is stored and pending: a queue that fails here must not fail the record.
+        # The agent's lock expires, and the next record (or the backfill cron) enqueues again.
+        try:
+            await self.queue.enqueue_embedding(agent_id)
+        except Exception as exc:
+            log.warning("could not enqueue the embedding of agent %s's messages (retried within %d s): %s",
+                        agent_id, EMBED_LOCK_MS // 1000, exc)
 
     async def session_gate(self, session_id: str) -> gates.GateStatus:
         validate_id(session_id, "session_id")

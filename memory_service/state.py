@@ -25,6 +25,9 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
   ms:cons:<namespace>:version    version of the namespace's consolidated memory
   ms:embedder                    hash: name and dimension of the embedder whose vectors are stored
+  ms:embed:<agent>:due           set when a message of the agent was stored to be embedded later
+  ms:embed:<agent>:job           the agent's embedding lock, with a lifetime: an embedding job is
+                                 queued or running for the agent (or the embedder failed lately)
   ms:metrics                     hash of counters (formations, LLM calls, tokens, ...)
   ms:gen:<namespace>             write generation, for context cache invalidation
   ms:ctx:<digest>                cached memory context
@@ -44,12 +47,14 @@ from .errors import Conflict
 from .models import AgentSettings, ShardIn
 from .redis_pools import redis_client
 
-# Reserve a sequence number for a message id, or return the one it already has.
+# Reserve a sequence number for a message id, or return the one it already has; with it,
+# the agent's settings (KEYS[4]), which say which backend stores the message: one round trip.
 _RESERVE = """
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
+local settings = redis.call('GET', KEYS[4])
 local known = redis.call('HGET', KEYS[2], ARGV[1])
-if known then return {'known', known} end
+if known then return {'known', known, settings} end
 if not owner then
   redis.call('HSET', KEYS[1], 'agent_id', ARGV[2])
   redis.call('SADD', KEYS[3], ARGV[4])
@@ -57,12 +62,17 @@ end
 local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1)
 local value = seq .. ' ' .. ARGV[3]
 redis.call('HSET', KEYS[2], ARGV[1], value)
-return {'new', value}
+return {'new', value, settings}
 """
 
 # Mark a stored message pending (once) and return whether this call did it. A new message
 # is searchable at once, so it bumps the write generation of its session and of its
 # speaker's user namespace: cached memory blocks that could show it are stale.
+# A new message also waits for its embedding (ARGV[8] > 0: the lock's lifetime in ms): the
+# agent's embedding is marked due (KEYS[10]) and, if no embedding job holds the agent's lock
+# (KEYS[11]), this call takes it and answers 1: the caller enqueues the job. A job that
+# holds it sees the mark before it lets go (_EMBED_RELEASE), so no message is left behind.
+# The answer also carries the session's counters, read as ``counters`` reads them.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
 if first then
@@ -79,7 +89,23 @@ if first then
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
-return first and 1 or 0
+local embed = 0
+if first and tonumber(ARGV[8]) > 0 then
+  redis.call('SET', KEYS[10], '1')
+  if redis.call('SET', KEYS[11], '1', 'NX', 'PX', ARGV[8]) then embed = 1 end
+end
+return {first and 1 or 0, embed, redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
+"""
+
+# An embedding job about to stop: if messages were marked due since it cleared the mark,
+# it keeps the agent's lock (renewed for ARGV[1] ms) and answers 1: go on. Else it lets go.
+_EMBED_RELEASE = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+  return 1
+end
+redis.call('DEL', KEYS[2])
+return 0
 """
 
 # After a cold sweep looked at sessions: ARGV[1] is now, ARGV[2] how many of the (session,
@@ -124,6 +150,10 @@ def _cons_version(namespace: str) -> str:
     return f"ms:cons:{namespace}:version"
 
 
+def _agent_settings(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}"
+
+
 def _agent_sessions(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:sessions"
 
@@ -156,11 +186,20 @@ def key_index(keys: list[str], key: str) -> int:
     return keys.index(key) + 1
 
 
+def _embed_due(agent_id: str) -> str:
+    return f"ms:embed:{agent_id}:due"
+
+
+def _embed_lock(agent_id: str) -> str:
+    return f"ms:embed:{agent_id}:job"
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     sequence: int
     digest: str
     is_new: bool
+    agent_settings: AgentSettings | None = None  # the agent's settings, read in the same step
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +213,27 @@ class SessionCounters:
     incognito: bool
     last_activity: float | None
 
+    @classmethod
+    def of(cls, meta: dict[str, str], pending: int) -> SessionCounters:
+        """The counters from the session's meta hash and the size of its pending set."""
+        return cls(
+            agent_id=meta.get("agent_id"),
+            pending_messages=int(pending),
+            pending_tokens=max(0.0, float(meta.get("pending_tokens", 0))),
+            cursor=int(meta.get("cursor", 0)),
+            formed_windows=int(meta.get("formed_windows", 0)),
+            formed_messages=int(meta.get("formed_messages", 0)),
+            incognito=meta.get("incognito") == "1",
+            last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    first: bool  # False: the message was committed before (a retry)
+    counters: SessionCounters  # the session's counters right after
+    enqueue_embedding: bool  # this call took the agent's embedding lock: enqueue the job
+
 
 class StateStore:
     def __init__(self, redis: Redis):
@@ -182,6 +242,7 @@ class StateStore:
         self._commit = redis.register_script(_COMMIT)
         self._settle_swept = redis.register_script(_SETTLE_SWEPT)
         self._consolidated = redis.register_script(_CONSOLIDATED)
+        self._embed_release = redis.register_script(_EMBED_RELEASE)
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None) -> StateStore:
@@ -197,7 +258,7 @@ class StateStore:
     # Agents and shards -------------------------------------------------------------
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> None:
-        previous = await self.redis.set(f"ms:agent:{agent_id}", settings.model_dump_json(), get=True)
+        previous = await self.redis.set(_agent_settings(agent_id), settings.model_dump_json(), get=True)
         # Every backend the agent's settings named (the replaced ones too: settings stored
         # before this set existed) may hold memories the others lack, until a migration.
         named = {settings.requested_backend()}
@@ -223,7 +284,7 @@ class StateStore:
             await pipe.execute()
 
     async def get_agent(self, agent_id: str) -> AgentSettings | None:
-        raw = await self.redis.get(f"ms:agent:{agent_id}")
+        raw = await self.redis.get(_agent_settings(agent_id))
         return AgentSettings.model_validate_json(raw) if raw else None
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> bool:
@@ -246,46 +307,62 @@ class StateStore:
     session_keys = _keys
 
     async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str) -> Reservation:
-        """Give a message id its sequence number in the session (the same one on a retry)."""
+        """Give a message id its sequence number in the session (the same one on a retry),
+        and read the agent's settings in the same step."""
         k = self._keys(session_id)
-        status, value = await self._reserve(keys=[k["meta"], k["ids"], _agent_sessions(agent_id)],
-                                            args=[message_id, agent_id, digest, session_id])
+        status, value, *rest = await self._reserve(
+            keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id)],
+            args=[message_id, agent_id, digest, session_id])
         if status == "conflict":
             raise Conflict(f"session {session_id!r} belongs to agent {value!r}, not {agent_id!r}")
         seq_text, _, known_digest = value.partition(" ")
-        return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new")
+        settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
+        return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
 
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
-        speaker: str | None, incognito: bool, agent_id: str,
-    ) -> bool:
-        """Make a stored message pending for formation; False if it already was (a retry)."""
+        speaker: str | None, incognito: bool, agent_id: str, embed_lock_ms: int = 0,
+    ) -> Commit:
+        """Make a stored message pending for formation, once; the session's counters after.
+
+        With ``embed_lock_ms`` > 0 the message waits for its embedding: see ``_COMMIT``.
+        """
         k = self._keys(session_id)
-        first = await self._commit(
+        first, embed, pending, meta = await self._commit(
             keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE,
                   _user_sessions(agent_id, speaker or "-"), _generation(f"session:{session_id}"),
-                  _generation(f"user:{agent_id}:{speaker or '-'}")],
+                  _generation(f"user:{agent_id}:{speaker or '-'}"), _embed_due(agent_id), _embed_lock(agent_id)],
             args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}",
-                  "1" if incognito else "0", session_id],
+                  "1" if incognito else "0", session_id, int(embed_lock_ms)],
         )
-        return bool(first)
+        counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
+        return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
 
     async def counters(self, session_id: str) -> SessionCounters:
+        # commit_message answers with the same reads (its script's last line): keep them in step.
         k = self._keys(session_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k["meta"])
             pipe.zcard(k["pending"])
             meta, pending = await pipe.execute()
-        return SessionCounters(
-            agent_id=meta.get("agent_id"),
-            pending_messages=int(pending),
-            pending_tokens=max(0.0, float(meta.get("pending_tokens", 0))),
-            cursor=int(meta.get("cursor", 0)),
-            formed_windows=int(meta.get("formed_windows", 0)),
-            formed_messages=int(meta.get("formed_messages", 0)),
-            incognito=meta.get("incognito") == "1",
-            last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
-        )
+        return SessionCounters.of(meta, pending)
+
+    # Embedding messages after they are recorded ------------------------------------
+
+    async def start_embedding(self, agent_id: str) -> None:
+        """An embedding job begins a pass: what is marked due from now on, it sees later."""
+        await self.redis.delete(_embed_due(agent_id))
+
+    async def renew_embedding_lock(self, agent_id: str, lock_ms: int) -> None:
+        """Hold the agent's lock ``lock_ms`` more: a job still at work, or a failed embedder
+        that the next record must not call again before then."""
+        await self.redis.pexpire(_embed_lock(agent_id), lock_ms)
+
+    async def finish_embedding(self, agent_id: str, lock_ms: int) -> bool:
+        """Let go of the agent's embedding lock, unless messages were marked due meanwhile:
+        then keep it (renewed) and answer True, and the job makes another pass."""
+        return bool(await self._embed_release(keys=[_embed_due(agent_id), _embed_lock(agent_id)], args=[lock_ms]))
+
 
     async def idle_sessions(self, idle_before: float, limit: int) -> list[tuple[str, float]]:
         """The ``limit`` active sessions due longest, if due before ``idle_before``: (id, score).

@@ -4,7 +4,8 @@ embedder and of a service whose embedder fails.
 It answers ``POST /v1/embeddings`` with the deterministic hash embedder's vectors (so the
 service's vector search still ranks sensibly), scaled and in reverse order so that the
 client must normalise and sort. Faults are scripted: ``failures`` answers the next calls
-with those statuses, ``down`` answers 503 until it is unset, ``delay`` holds every call.
+with those statuses, ``down`` answers 503 until it is unset, ``delay`` holds every call, and
+``hold`` (an event) holds every call until it is set.
 """
 
 from __future__ import annotations
@@ -26,11 +27,12 @@ class EmbeddingsServer:
 
     dimension: int = 48
     api_key: str | None = "sk-test"
-    failures: list[int] = field(default_factory=list)  # statuses for the next calls
+    failures: list[int | None] = field(default_factory=list)  # statuses for the next calls (None: answer)
     delay: float = 0.0
     batches: list[int] = field(default_factory=list)
     calls: int = 0
     down: bool = False  # while set, every call answers 503
+    hold: asyncio.Event | None = None  # while not set, every call waits
 
     def __post_init__(self) -> None:
         self.hash = HashEmbedder(self.dimension)
@@ -51,8 +53,9 @@ class EmbeddingsServer:
             return JSONResponse({"error": {"message": "scripted outage"}}, status_code=503)
         if self.delay:
             await asyncio.sleep(self.delay)
-        if self.failures:
-            status = self.failures.pop(0)
+        if self.hold is not None:
+            await self.hold.wait()
+        if self.failures and (status := self.failures.pop(0)) is not None:
             return JSONResponse({"error": {"message": f"scripted {status}"}}, status_code=status)
         body = await request.json()
         inputs = body["input"]

@@ -18,3 +18,35 @@ async def record_all(service, session_id: str, agent: str, lines: list[tuple[str
         await service.record_message(session_id, msg(agent, user, content, role=role, mid=f"{session_id}-{i}", minute=i))
         for i, (user, role, content) in enumerate(lines)
     ]
+
+
+async def wait_embedded(service, agent_id: str, timeout: float = 60) -> None:
+    """Until the worker has embedded every memory of the agent: a record is acknowledged
+    before its embedding, which its agent's embedding job adds (docs/ingest.md). A bound,
+    not a speed check."""
+    import asyncio
+
+    _, backend = await service.agents.backend_for(agent_id)
+    for _ in range(int(timeout / 0.05)):
+        if not await backend.unembedded(agent_id, 1):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"memories of agent {agent_id!r} still unembedded after {timeout}s")
+
+
+async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> None:
+    """Until the agent's embedding job has finished and let go of its lock: a test that
+    compares the store before and after a request must not see that job's writes."""
+    import asyncio
+
+    from redis.asyncio import Redis
+
+    redis = Redis.from_url(url)
+    try:
+        for _ in range(int(timeout / 0.05)):
+            if not await redis.exists(f"ms:embed:{agent_id}:due", f"ms:embed:{agent_id}:job"):
+                return
+            await asyncio.sleep(0.05)
+    finally:
+        await redis.aclose()
+    raise AssertionError(f"the embedding job of agent {agent_id!r} still runs after {timeout}s")

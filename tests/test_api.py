@@ -4,6 +4,8 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
+from .helpers import wait_embedded
+
 AGENT = "trip-planner"
 
 
@@ -123,6 +125,8 @@ async def test_health_reports_each_dependency(http):
     assert health.status_code == 200
     body = health.json()
     assert body["ok"] and body["state"]["ok"] and body["backends"]["graph"]["ok"]
+    live = await http.get("/health/live")  # liveness: answers without touching a dependency
+    assert live.status_code == 200 and live.json() == {"ok": True}
 
 
 async def test_openapi_documents_every_route(http):
@@ -130,13 +134,14 @@ async def test_openapi_documents_every_route(http):
     assert set(spec["paths"]) == {
         "/v1/sessions/{session_id}/messages", "/v1/sessions/{session_id}/form", "/v1/context",
         "/v1/agents/{agent_id}", "/v1/agents/{agent_id}/shards/{shard_id}", "/v1/agents/{agent_id}/shards", "/health",
-        "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
+        "/health/live", "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
     }
     assert (await http.get("/docs")).status_code == 200
 
 
-async def test_search_over_http_with_explanations_and_bad_input(http):
+async def test_search_over_http_with_explanations_and_bad_input(http, live_server):
     await post_chat(http)
+    await wait_embedded(live_server.server.config.app.state.service, AGENT)  # for the vector signal
     found = await http.get("/v1/search", params={"agent_id": AGENT, "query": "when does the Lisbon flight leave",
                                                  "scope": "user", "user_id": "alice", "top_k": 2})
     assert found.status_code == 200, found.text

@@ -14,6 +14,7 @@ from memory_service.limits import MAX_JSON_DEPTH
 from memory_service.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
+from .helpers import wait_embedding_idle
 from .store_state import snapshot
 
 AGENT = "guarded"
@@ -29,6 +30,7 @@ async def seeded(http, falkordb_url):
     assert (await http.put(f"/v1/agents/{AGENT}", json={"memory_backend": "graph", "agent_extras": {"tone": "warm"}})).status_code == 200
     assert (await http.put(f"/v1/agents/{AGENT}/shards/travel", json={"name": "travel"})).status_code == 201
     assert (await http.post("/v1/sessions/s1/messages", json=MESSAGE)).status_code == 200
+    await wait_embedding_idle(falkordb_url, AGENT)  # its writes are not the request's
     return http
 
 

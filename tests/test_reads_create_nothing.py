@@ -5,8 +5,10 @@ import asyncio
 
 import httpx
 import pytest
+from redis.asyncio import Redis
 
 from memory_service.api import create_app
+from memory_service.jobs import QUEUE_NAME
 from memory_service.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
@@ -28,10 +30,25 @@ async def http_without_worker(falkordb_url):
                 answer = await http.post("/v1/sessions/s1/messages", json={
                     "agent_id": AGENT, "user_id": "alice", "role": role, "content": text, "message_id": f"m{i}"})
                 assert answer.status_code == 200, answer.text
+            # The recorded messages queued their agent's embedding job; a worker of another
+            # test's server on this store could run it during the reads. Dequeued: the
+            # messages stay unembedded (search reads them by full text), and nothing else writes.
+            await drop_embedding_jobs(falkordb_url, AGENT)
             # The metrics hash exists before the reads (they count themselves in it).
             assert (await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice",
                                                           "session_id": "s1"})).status_code == 200
             yield http
+
+
+async def drop_embedding_jobs(url: str, agent_id: str) -> None:
+    redis = Redis.from_url(url)
+    try:
+        for job in [j for j in await redis.zrange(QUEUE_NAME, 0, -1) if j.startswith(b"embed:")]:
+            await redis.zrem(QUEUE_NAME, job)
+            await redis.delete(b"arq:job:" + job)
+        await redis.delete(f"ms:embed:{agent_id}:due", f"ms:embed:{agent_id}:job")
+    finally:
+        await redis.aclose()
 
 
 def context(agent, user, session, **extra):

@@ -13,7 +13,7 @@ from memory_service.errors import InvalidInput, NotFound
 from memory_service.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.namespaces import Namespace
 
-from .helpers import T0, msg, record_all
+from .helpers import T0, msg, record_all, wait_embedded
 
 TRIP = [
     ("alice", "user", "We should fly to Lisbon on June 3rd, the flight leaves at 9am."),
@@ -41,6 +41,7 @@ def sessions_of(result) -> set[str]:
 
 async def test_every_recorded_message_is_findable_as_itself(service):
     await record_all(service, "trip", "a1", TRIP)
+    await wait_embedded(service, "a1")  # full text finds a message at once, the vector index once embedded
     result = await service.search("a1", "where does Carla live with her bees?", top_k=3)
     best = result.results[0]
     assert best.kind is MemoryKind.MESSAGE and best.source_message_ids == ["trip-3"]
@@ -145,6 +146,7 @@ async def test_recency_never_hides_a_clearly_better_old_match(service):
     await service.record_message("s", msg("a1", "alice", "The vintage Leica camera is in the attic box.", mid="old",
                                           minute=-400 * 24 * 60))
     await service.record_message("s", msg("a1", "alice", "I bought groceries today.", mid="new", minute=5))
+    await wait_embedded(service, "a1")  # "groceries" is found by its vector only
     result = await service.search("a1", "where is the vintage Leica camera", top_k=2)
     assert result.results[0].source_message_ids == ["old"]
     assert result.results[0].explanation.age_days > 400

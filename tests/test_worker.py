@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from memory_service.config import Settings
 from memory_service.embedded import EmbeddedFalkorDB
 from memory_service.formation import FormationSummary
-from memory_service.jobs import QUEUE_NAME, formation_job_id
+from memory_service.jobs import FORM_JOB, QUEUE_NAME, formation_job_id
 from memory_service.models import MemoryKind, ShardIn
 from memory_service.namespaces import Namespace
 from memory_service.runtime import open_service
@@ -96,6 +96,11 @@ class WorkerProcess:
         return self.proc.wait(timeout=30)
 
 
+async def queued_formations(service) -> int:
+    """Formation jobs in the queue (records also enqueue their agent's embedding job)."""
+    return len([j for j in await service.queue.pool.queued_jobs() if j.function == FORM_JOB])
+
+
 async def wait_until_formed(service, sessions, timeout: float = 90) -> None:
     """Until no session has a claimed window or a pending one (a gate left open)."""
     for _ in range(int(timeout / 0.1)):
@@ -160,7 +165,7 @@ async def test_a_gate_enqueues_one_job_per_window_and_duplicates_collapse(url):
         assert jobs == {formation_job_id("g", 1)}  # messages 5 and 6 joined the open window's job
         assert await service.maybe_form_memories("g") == formation_job_id("g", 1)
         assert await service.sweep_cold_sessions() == []  # not cold yet
-        assert await service.queue.pool.zcard(QUEUE_NAME) == 1
+        assert await queued_formations(service) == 1
         claim = await service.sessions.windows.current_claim("g")
         assert claim.message_ids == [f"m{i}" for i in range(4)]  # the window is what was pending at the gate
         status = await service.session_status("g")
@@ -259,7 +264,7 @@ async def test_cold_sessions_are_swept_once_even_alongside_a_forced_formation(ur
         assert first == second == [formation_job_id("cold", 1)]
         forced = await service.form_memories("cold", wait=False)
         assert forced.job_id == first[0]
-        assert await service.queue.pool.zcard(QUEUE_NAME) == 1
+        assert await queued_formations(service) == 1
     async with open_service(settings, run_worker=True) as service:
         await wait_until_formed(service, ["cold"])
         assert await service.sweep_cold_sessions() == []  # formed: nothing left to sweep

@@ -11,6 +11,9 @@ Job model (see the README's "Jobs" section):
 - Both stop at WORKER_JOB_TIMEOUT_SECONDS themselves, count it (``formation_timeouts``,
   ``consolidation_timeouts``) and retry like any failure: arq's own timeout (a little
   later, as a backstop) fails a job for good, without a retry.
+- ``embed_pending(agent_id)``: embeds the agent's messages recorded without an embedding;
+  enqueued by the record that takes the agent's embedding lock (one job per agent at a
+  time), never retried (the lock expires and the next record enqueues again).
 - cron ``sweep_cold_sessions`` every CLEANUP_COLD_SESSIONS_EVERY_MINUTES, cron
   ``backfill_embeddings`` every 2 minutes (memories stored while the embedder was down),
   cron ``retention`` daily. arq runs each cron tick on one worker only, however many run.
@@ -28,7 +31,7 @@ from arq.cron import cron
 from arq.worker import Worker, func
 
 from memory_service.config import Settings
-from memory_service.jobs import CONSOLIDATE_JOB, FORM_JOB, QUEUE_NAME
+from memory_service.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME
 from memory_service.redis_pools import arq_client
 from memory_service.service import MemoryService
 
@@ -91,6 +94,10 @@ async def consolidate(ctx: dict, namespace: str, version: int, count: int) -> di
                       lambda: _service(ctx).run_consolidation(namespace, version, count))
 
 
+async def embed_pending(ctx: dict, agent_id: str) -> dict:
+    return await _service(ctx).embed_pending(agent_id)
+
+
 async def sweep_cold_sessions(ctx: dict) -> list[str]:
     return await _service(ctx).sweep_cold_sessions()
 
@@ -115,6 +122,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         functions=[
             func(form_window, name=FORM_JOB, max_tries=s.worker_max_tries),
             func(consolidate, name=CONSOLIDATE_JOB, max_tries=s.worker_max_tries),
+            func(embed_pending, name=EMBED_JOB, max_tries=1, keep_result=0),
         ],
         cron_jobs=[
             cron(sweep_cold_sessions, minute=set(range(0, 60, every)), run_at_startup=True),
