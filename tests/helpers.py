@@ -50,3 +50,10 @@ async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> N
     finally:
         await redis.aclose()
     raise AssertionError(f"the embedding job of agent {agent_id!r} still runs after {timeout}s")
+
+
+async def queued_formations(service) -> int:
+    """Formation jobs in the queue (records also enqueue their agent's embedding job)."""
+    from memory_service.jobs import FORM_JOB
+
+    return len([j for j in await service.queue.pool.queued_jobs() if j.function == FORM_JOB])

@@ -22,7 +22,7 @@ from memory_service.runtime import open_service
 from memory_service.state import ACTIVE
 from memory_service.window import _COMPLETE, StaleGate, WindowState
 
-from .helpers import msg
+from .helpers import msg, queued_formations
 from .tcp_proxy import TcpProxy
 from .test_worker import (  # noqa: F401 (fixtures)
     WorkerProcess,
@@ -309,7 +309,7 @@ async def test_the_sweep_gets_past_a_thousand_sessions_that_cannot_form(url):
                 break
         assert runs[-1] == [formation_job_id("formable", 1)] and len(runs) == 4
         assert await redis.zrange(ACTIVE, 0, -1) == ["formable"]  # the rest left the set
-        assert await service.queue.pool.zcard(QUEUE_NAME) == 1
+        assert await queued_formations(service) == 1
 
         # A message brings a session back; with the minimum it is swept.
         for i in range(1, 4):

@@ -26,7 +26,7 @@ from memory_service.runtime import open_service
 
 from .conftest import clean_env
 from .fake_llm import EchoLLM
-from .helpers import msg
+from .helpers import msg, queued_formations
 
 CLI = str(Path(sys.executable).parent / "memory-service")
 
@@ -94,11 +94,6 @@ class WorkerProcess:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         return self.proc.wait(timeout=30)
-
-
-async def queued_formations(service) -> int:
-    """Formation jobs in the queue (records also enqueue their agent's embedding job)."""
-    return len([j for j in await service.queue.pool.queued_jobs() if j.function == FORM_JOB])
 
 
 async def wait_until_formed(service, sessions, timeout: float = 90) -> None:
