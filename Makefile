@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test serve bench clean
+.PHONY: install demo test lint serve bench clean
 
 install: $(STAMP)
 
@@ -20,8 +20,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/memory-service demo
 
-test: $(STAMP)
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# ruff over the whole project; mypy --strict over the modules listed in pyproject.toml.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 serve: $(STAMP)
 	$(VENV)/bin/memory-service serve

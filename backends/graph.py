@@ -32,11 +32,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from memory_service import bm25
+from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.config import Settings, redact_url
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
-
-from memory_service.backend import MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +136,7 @@ class GraphBackend(MemoryBackend):
         self.settings = settings or Settings()
         _disable_telemetry_unless_asked(self.settings)
         from falkordb.asyncio import FalkorDB
+
         # Imported here, after the telemetry switch and at start: importing graphiti-core
         # takes seconds, which a first formation job must not spend inside its timeout.
         from graphiti_core.nodes import EpisodeType, EpisodicNode

@@ -33,13 +33,12 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
+from memory_service.backend import MemoryBackend, SignalHits, served_by
 from memory_service.breaker import OPEN, CircuitBreaker
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 from memory_service.outbox import TARGETS, DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
 from memory_service.overload import is_unavailable
-
-from memory_service.backend import MemoryBackend, SignalHits, served_by
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

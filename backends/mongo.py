@@ -42,11 +42,10 @@ from bson.binary import VECTOR_SUBTYPE, Binary, BinaryVectorDtype
 from pymongo import ASCENDING, DESCENDING, TEXT, AsyncMongoClient, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
+from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.config import redact_url
 from memory_service.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.namespaces import Namespace, NamespaceKind
-
-from memory_service.backend import MemoryBackend, SignalHits
 
 try:  # numpy scores a batch of vectors at once; plain Python does the same, slower
     import numpy

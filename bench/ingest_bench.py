@@ -59,11 +59,10 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
 import psutil  # noqa: E402
+from context_bench import print_machine  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
-
-from context_bench import print_machine  # noqa: E402
 
 from backends.graph import graph_name  # noqa: E402
 from memory_service.loopback import free_port  # noqa: E402

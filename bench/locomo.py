@@ -48,15 +48,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
 from baselines import (  # noqa: E402
     BM25Index,
-    close_embedder,
     DenseIndex,
     Question,
     Sample,
+    close_embedder,
     evidence_in_xml,
     load_embedder,
     load_locomo,
@@ -69,6 +66,8 @@ from baselines import (  # noqa: E402
     turn_times,
 )
 from context_bench import print_machine  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
 
 TOP_K = 20
 KS = (5, 10, 20)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 
+from . import limits
 from .backend import MemoryBackend
 from .config import Settings
-from . import limits
 from .errors import InvalidInput, NotFound, preview
 from .models import Agent, AgentSettings, Shard, ShardIn
 from .namespaces import validate_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextvars
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
@@ -43,7 +44,7 @@ class MemoryBackend(ABC):
         """Record a shard's settings where this store keeps them (by default it does not)."""
 
     @abstractmethod
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         """``{"ok": bool, ...}`` with whatever helps an operator."""
 
     async def gauges(self) -> dict[str, float]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half-open"
 
@@ -69,6 +70,6 @@ class CircuitBreaker:
             self._opened_at, self._trial_at = now, None
             self.opened += 1
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> dict[str, Any]:
         """For /health and /metrics."""
         return {"state": self.state, "opened": self.opened, "last_error": self.last_error}

@@ -20,7 +20,6 @@ from dataclasses import asdict, dataclass
 from typing import Protocol
 
 from .backend import MemoryBackend
-
 from .extraction import ExtractionUsage
 from .models import Memory, MemoryKind, Provenance, utcnow
 from .namespaces import Namespace, NamespaceKind

@@ -92,7 +92,7 @@ class JobQueue:
         """The job's result; raises the job's own error if it failed, TimeoutError if late."""
         return await self.job(job_id).result(timeout=timeout, poll_delay=0.05)
 
-    async def status(self, job_id: str) -> dict:
+    async def status(self, job_id: str) -> dict[str, Any]:
         job = self.job(job_id)
         status = await job.status()
         out: dict[str, Any] = {"job_id": job_id, "status": status.value}

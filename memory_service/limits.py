@@ -105,7 +105,7 @@ def check_message_chars(content: str, limit: int) -> None:
         raise InvalidInput(f"content is {len(content)} characters long; the limit is {limit} (MAX_MESSAGE_CHARS)")
 
 
-def check_extras(extras: dict, limit: int) -> None:
+def check_extras(extras: dict[str, Any], limit: int) -> None:
     """``agent_extras`` must be plain JSON of at most ``limit`` bytes."""
     check_json(extras, "agent_extras")
     size = json_bytes(extras)

@@ -15,7 +15,7 @@ from .limits import MESSAGE_CHARS_CEILING, check_time
 from .namespaces import Namespace, validate_id, validate_message_id
 
 
-def _checked_id(what: str):
+def _checked_id(what: str) -> AfterValidator:
     return AfterValidator(lambda v: validate_id(v, what))
 
 

@@ -17,7 +17,6 @@ from typing import Annotated, TypeVar
 import typer
 from rich.table import Table
 
-
 from .outbox import TARGETS, Outbox
 
 T = TypeVar("T")

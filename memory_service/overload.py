@@ -19,16 +19,16 @@ dead-lettered after OUTBOX_MAX_ATTEMPTS).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 import logging
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Receive, Scope, Send
 from pymongo.errors import ConnectionFailure, ExecutionTimeout, WTimeoutError
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .errors import BackendUnavailable, FormationPending
 

@@ -16,9 +16,14 @@ store restarted) is still replaced before use: the pool checks each one it hands
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from redis.asyncio import BlockingConnectionPool, Redis
 
 from .config import Settings
+
+if TYPE_CHECKING:
+    from arq.connections import ArqRedis
 
 
 def blocking_pool(url: str, settings: Settings, *, decode_responses: bool) -> BlockingConnectionPool:
@@ -38,7 +43,7 @@ def redis_client(url: str, settings: Settings, *, decode_responses: bool = True)
     return Redis.from_pool(blocking_pool(url, settings, decode_responses=decode_responses))
 
 
-def arq_client(url: str, settings: Settings, queue_name: str):
+def arq_client(url: str, settings: Settings, queue_name: str) -> ArqRedis:
     """arq's Redis client on a bounded pool: arq's own ``create_pool`` takes no read timeout
     and no pool class."""
     from arq.connections import ArqRedis

@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
@@ -104,7 +104,7 @@ class StrictJSONRoute(APIRoute):
     """A route whose JSON body goes through parse_json (FastAPI's documented way to
     customise the request: https://fastapi.tiangolo.com/how-to/custom-request-and-route/)."""
 
-    def get_route_handler(self):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def strict(request: Request) -> Response:

@@ -27,7 +27,6 @@ from typing import Annotated
 from pydantic import BaseModel, Field, field_validator
 
 from .backend import MemoryBackend, SignalHits
-
 from .config import Settings
 from .context import age
 from .errors import InvalidInput, NotFound, preview

@@ -14,6 +14,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from . import gates, limits
 from .agents import AgentDirectory
@@ -193,7 +194,7 @@ class SessionLedger:
                 "and is retried by the next gate, sweep or POST /form"
             ) from exc
 
-    async def session_status(self, session_id: str) -> dict:
+    async def session_status(self, session_id: str) -> dict[str, Any]:
         """The session's gate, formation cursor and the job of its claimed window."""
         validate_id(session_id, "session_id")
         counters = await self.state.counters(session_id)

@@ -8,10 +8,9 @@ import asyncio
 from datetime import timedelta
 
 import pytest
-
-from backends.graph import GraphBackend, graph_name
 from arq.constants import in_progress_key_prefix
 
+from backends.graph import GraphBackend, graph_name
 from memory_service.embedded import EmbeddedFalkorDB
 from memory_service.errors import BackendUnavailable, Conflict
 from memory_service.formation import message_memory_id

@@ -511,8 +511,9 @@ async def test_start_creates_the_search_indexes(mongo):
 
 
 async def test_vectors_are_float32_bson_vectors_scored_alike_with_and_without_numpy(mongo, monkeypatch):
-    import backends.mongo as module
     from bson.binary import VECTOR_SUBTYPE
+
+    import backends.mongo as module
     from memory_service.models import StoreQuery
 
     vectors = {"x": [1.0, 0.0, 0.0, 0.0], "xy": [0.8, 0.6, 0.0, 0.0], "long": [3.0, 0.0, 4.0, 0.0],

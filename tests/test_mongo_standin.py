@@ -17,7 +17,6 @@ import uuid
 import zlib
 
 import bson
-
 import pymongo
 import pytest
 from pymongo import (

@@ -1,7 +1,8 @@
 import re
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from memory_service.errors import InvalidInput
 from memory_service.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind, validate_id

@@ -157,7 +157,7 @@ async def test_two_agents_and_two_users_never_see_each_others_memories(service):
     for agent in ("a1", "a2"):
         await service.put_shard(agent, "travel", ShardIn(name="travel", extraction_focus="flights"))
     await record_all(service, "a1-alice", "a1", [("alice", "user", "I prefer aisle seats on flights."), *CHAT[1:]])
-    await record_all(service, "a1-bob", "a1", [("bob", "user", "I prefer trains over flights, always."), *[(("bob",) + l[1:]) for l in CHAT[1:]]])
+    await record_all(service, "a1-bob", "a1", [("bob", "user", "I prefer trains over flights, always."), *[(("bob",) + line[1:]) for line in CHAT[1:]]])
     await record_all(service, "a2-alice", "a2", [("alice", "user", "I prefer night flights for work trips."), *CHAT[1:]])
     for sid in ("a1-alice", "a1-bob", "a2-alice"):
         await service.form_memories(sid)

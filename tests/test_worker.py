@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from memory_service.config import Settings
 from memory_service.embedded import EmbeddedFalkorDB
 from memory_service.formation import FormationSummary
-from memory_service.jobs import FORM_JOB, QUEUE_NAME, formation_job_id
+from memory_service.jobs import formation_job_id
 from memory_service.models import MemoryKind, ShardIn
 from memory_service.namespaces import Namespace
 from memory_service.runtime import open_service
