@@ -156,3 +156,23 @@ async def mongo_database(mongo_server_uri):
     client = AsyncMongoClient(mongo_server_uri)
     await client.drop_database(name)
     await client.close()
+
+
+@pytest.fixture
+async def embeddings():
+    """A fake OpenAI-compatible embeddings endpoint on loopback (tests/fake_embeddings.py)."""
+    from .fake_embeddings import EmbeddingsServer
+
+    server = EmbeddingsServer(dimension=64, api_key=None)
+    await server.server.start()
+    yield server
+    await server.server.stop()
+
+
+@pytest.fixture
+async def remote_service(settings, embeddings):
+    """A service embedding through ``embeddings``, with a worker in-process."""
+    config = settings.model_copy(update={"embedder": "openai", "embedding_base_url": embeddings.base_url,
+                                         "embedding_model": "fake-embedding", "embedding_dimension": 64})
+    async with open_service(config, run_worker=True) as opened:
+        yield opened

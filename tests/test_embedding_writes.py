@@ -9,24 +9,7 @@ from memory_service.models import MemoryKind
 from memory_service.runtime import open_service
 
 from .conftest import suite_settings
-from .fake_embeddings import EmbeddingsServer
 from .helpers import msg, record_all, wait_embedded
-
-
-@pytest.fixture
-async def embeddings():
-    server = EmbeddingsServer(dimension=64, api_key=None)
-    await server.server.start()
-    yield server
-    await server.server.stop()
-
-
-@pytest.fixture
-async def remote_service(settings, embeddings):
-    config = settings.model_copy(update={"embedder": "openai", "embedding_base_url": embeddings.base_url,
-                                         "embedding_model": "fake-embedding", "embedding_dimension": 64})
-    async with open_service(config, run_worker=True) as opened:
-        yield opened
 
 
 async def unembedded(service, agent_id: str) -> list[str]:

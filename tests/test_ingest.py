@@ -21,29 +21,12 @@ from memory_service.namespaces import Namespace
 from memory_service.runtime import open_service
 from memory_service.state import _embed_due, _embed_lock
 
-from .fake_embeddings import EmbeddingsServer
 from .helpers import T0, msg, wait_embedded
 
 
 async def unembedded(service, agent_id: str) -> list[str]:
     _, backend = await service.agents.backend_for(agent_id)
     return sorted(m.id for m in await backend.unembedded(agent_id, 1000))
-
-
-@pytest.fixture
-async def embeddings():
-    server = EmbeddingsServer(dimension=64, api_key=None)
-    await server.server.start()
-    yield server
-    await server.server.stop()
-
-
-@pytest.fixture
-async def remote_service(settings, embeddings):
-    config = settings.model_copy(update={"embedder": "openai", "embedding_base_url": embeddings.base_url,
-                                         "embedding_model": "fake-embedding", "embedding_dimension": 64})
-    async with open_service(config, run_worker=True) as opened:
-        yield opened
 
 
 # --- embedding after the acknowledgement ------------------------------------------------------
