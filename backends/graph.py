@@ -447,4 +447,5 @@ def _memory(row: dict) -> Memory:
         valid_at=row["valid_at"],
     )
     memory.evicted = bool(row.get("evicted"))
+    memory.served_by = "graph"
     return memory

@@ -21,9 +21,9 @@ An empty answer is otherwise the answer: MongoDB mirrors the graph, it has nothi
 (Falling back on every empty answer made a context wait out MongoDB's server-selection
 timeout whenever MongoDB was down.) Every MongoDB read is bounded by ``fallback_timeout``
 and goes through a circuit breaker: after repeated failures MongoDB is skipped for a
-cool-off, and the outbox's deliveries to it pause with it. Which store served each read
-is recorded in ``read_sources`` (a context variable), so the memory context can say
-where it came from.
+cool-off, and the outbox's deliveries to it pause with it. Which store served each
+read is in the answer itself: every memory's ``served_by`` names the store it came from,
+so the memory context can say where it came from.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TypeVar
 
-from memory_service.backend import MemoryBackend, SignalHits, served_by
+from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.breaker import OPEN, CircuitBreaker
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
@@ -243,14 +243,11 @@ class MirroredBackend(MemoryBackend):
             served, fallback = await self._from_mongo(read, what)
             if not served:
                 raise exc
-            served_by("mongo")
             return fallback, "mongo"
         if empty is not None and empty(result) and await self._mongo_only(agent_id):
             served, fallback = await self._from_mongo(read, what)
             if served and not empty(fallback):
-                served_by("mongo")
                 return fallback, "mongo"
-        served_by("graph")
         return result, "graph"
 
     async def _from_mongo(self, read: Callable[[MemoryBackend], Awaitable[T]], what: str) -> tuple[bool, T | None]:
@@ -285,7 +282,6 @@ class MirroredBackend(MemoryBackend):
         if source == "graph" and missing:
             served, more = await self._from_mongo(lambda b: b.get(agent_id, namespace, missing), str(namespace))
             if served and more:
-                served_by("mongo")
                 found = [*found, *more]
         return found
 

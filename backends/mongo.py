@@ -449,4 +449,5 @@ def _memory(doc: dict[str, Any]) -> Memory:
         metadata=Provenance.model_validate(doc["metadata"]),
         valid_at=doc["valid_at"],
         evicted=doc.get("evicted", False),
+        served_by="mongo",
     )

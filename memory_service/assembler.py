@@ -18,7 +18,7 @@ from contextlib import suppress
 from dataclasses import replace
 
 from .agents import AgentDirectory
-from .backend import MemoryBackend, read_sources
+from .backend import MemoryBackend
 from .config import Settings
 from .context import (
     MIN_BUDGET_CHARS,
@@ -115,13 +115,9 @@ class ContextAssembler:
         if cached := await self.state.cache_get(key):
             return RenderedContext(**{**cached, "source": "cache"})
 
-        sources: set[str] = set()
-        token = read_sources.set(sources)
-        try:
-            inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
-                                                                        query, budget, deadline)
-        finally:
-            read_sources.reset(token)
+        sources: set[str] = set()  # the stores that served the reads (each memory says which)
+        inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
+                                                                    query, budget, deadline, sources)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
         if complete and cacheable:  # never cache a block shrunk by an outage
             await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
@@ -142,7 +138,7 @@ class ContextAssembler:
 
     async def _context_inputs(
         self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
-        query: str | None, budget: int, deadline: float,
+        query: str | None, budget: int, deadline: float, sources: set[str],
     ) -> tuple[ContextInputs, bool, str]:
         """What the block shows, whether every read succeeded, and the backend read."""
         s = self.settings
@@ -155,7 +151,9 @@ class ContextAssembler:
         async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
             try:
                 async with asyncio.timeout_at(deadline):
-                    return await backend.recent(agent_id, namespace, kinds, limit)
+                    memories = await backend.recent(agent_id, namespace, kinds, limit)
+                sources.update(m.served_by for m in memories if m.served_by)
+                return memories
             except Exception as exc:  # an outage or the deadline shrinks the block instead of failing the prompt
                 log.warning("memory context: reading %s failed: %s", namespace,
                             "past the deadline" if isinstance(exc, TimeoutError) else exc)
@@ -193,12 +191,12 @@ class ContextAssembler:
             episodes=episodes,
         )
         relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
-                                                           query, budget, deadline)
+                                                           query, budget, deadline, sources)
         return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
 
     async def _relevant(self, agent_id: str, user_id: str, session_id: str, shards: list[Shard],
                         backend: MemoryBackend, shown: ContextInputs, query: str | None,
-                        budget: int, deadline: float) -> tuple[list[RelevantItem], bool]:
+                        budget: int, deadline: float, sources: set[str]) -> tuple[list[RelevantItem], bool]:
         """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
 
         How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
@@ -239,6 +237,7 @@ class ContextAssembler:
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
             return [], False
         hits = [h for h in result.results if h.id not in exclude][:wanted]
+        sources.update(h.served_by for h in hits if h.served_by)
         terms = query_terms(query)
         items = []
         for rank, h in enumerate(hits):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextvars
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -10,18 +9,9 @@ from typing import Any
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 
-# The stores that served the reads of the current task, for backends that read from more
-# than one ("graph", "mongo"): the memory context reports where it came from.
-read_sources: contextvars.ContextVar[set[str] | None] = contextvars.ContextVar("read_sources", default=None)
-
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
 # with that signal's raw score (higher is better).
 SignalHits = dict[str, list[tuple[Memory, float]]]
-
-
-def served_by(source: str) -> None:
-    if (sources := read_sources.get()) is not None:
-        sources.add(source)
 
 
 class MemoryBackend(ABC):

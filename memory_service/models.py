@@ -113,6 +113,9 @@ class Memory(BaseModel):
     # Of ``search_text``, unit length; None until embedded (a failing embedder never
     # blocks a write: the memory is stored and embedded later).
     embedding: list[float] | None = Field(default=None, repr=False)
+    # Which store answered the read that returned it ("graph", "mongo"): set by the backend
+    # that built it, never stored (a mirrored backend may answer from either store).
+    served_by: str | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def search_text(self) -> str:

@@ -110,6 +110,7 @@ class SearchHit(BaseModel):
     session_id: str | None = None
     user_id: str | None = None
     role: str | None = None
+    served_by: str | None = Field(None, description='the store that answered: "graph", or "mongo" when the graph could not')
     explanation: Explanation
 
 
@@ -167,7 +168,8 @@ def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
         content=memory.search_text,
         valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
         activated=explanation.activated, source_message_ids=memory.source_message_ids,
-        session_id=meta.session_id, user_id=meta.user_id, role=meta.role, explanation=explanation,
+        session_id=meta.session_id, user_id=meta.user_id, role=meta.role, served_by=memory.served_by,
+        explanation=explanation,
     )
 
 
