@@ -185,15 +185,16 @@ for i = 4, #KEYS do redis.call('ZADD', KEYS[i], seq, ARGV[1]) end
 return 0
 """
 
-# Take an entry off one target's queue (if it is still there) and forget it once no
-# target holds it. KEYS: entries, refs, queue, attempts, errors; ARGV: id.
-_DELIVERED = """
-if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then return 0 end
-redis.call('HDEL', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-if redis.call('HINCRBY', KEYS[2], ARGV[1], -1) <= 0 then
-  redis.call('HDEL', KEYS[2], ARGV[1])
-  redis.call('HDEL', KEYS[1], ARGV[1])
+# Take an entry off one of a target's sets (its queue once delivered, its dead letters
+# once dropped), if it is still there, and forget the operation once no target holds it.
+# KEYS: the set, attempts, errors, refs, entries; ARGV: id.
+_FORGET = """
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+if redis.call('HINCRBY', KEYS[4], ARGV[1], -1) <= 0 then
+  redis.call('HDEL', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[5], ARGV[1])
 end
 return 1
 """
@@ -224,18 +225,6 @@ redis.call('ZADD', KEYS[2], redis.call('INCR', KEYS[4]), ARGV[1])
 return 1
 """
 
-# Give a dead letter up for one target. KEYS: dead, attempts, errors, refs, entries; ARGV: id.
-_DROP = """
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then return 0 end
-redis.call('HDEL', KEYS[2], ARGV[1])
-redis.call('HDEL', KEYS[3], ARGV[1])
-if redis.call('HINCRBY', KEYS[4], ARGV[1], -1) <= 0 then
-  redis.call('HDEL', KEYS[4], ARGV[1])
-  redis.call('HDEL', KEYS[5], ARGV[1])
-end
-return 1
-"""
-
 # Move up to ARGV[1] ids of a first-outbox queue (a list) into the target's queue, ahead
 # of every new entry, in their order. KEYS: legacy list, queue, refs, legacy seq.
 _ADOPT = """
@@ -263,10 +252,9 @@ class Outbox:
         self.alarm_pending = alarm_pending
         self.max_pending = max_pending
         self._append = redis.register_script(_APPEND)
-        self._delivered = redis.register_script(_DELIVERED)
+        self._forget = redis.register_script(_FORGET)
         self._failed = redis.register_script(_FAILED)
         self._replay = redis.register_script(_REPLAY)
-        self._drop = redis.register_script(_DROP)
         self._adopt = redis.register_script(_ADOPT)
         self._release = redis.register_script(_RELEASE)
 
@@ -314,7 +302,7 @@ class Outbox:
             pass
 
     async def delivered(self, target: str, entry_id: str) -> None:
-        await self._delivered(keys=[ENTRIES, REFS, _queue(target), _attempts(target), _errors(target)], args=[entry_id])
+        await self._forget(keys=[_queue(target), _attempts(target), _errors(target), REFS, ENTRIES], args=[entry_id])
 
     async def failed(self, target: str, entry_id: str, error: str, *, hopeless: bool = False) -> tuple[int, bool]:
         """Count a failed delivery of ``entry_id`` to ``target``; (attempts, dead-lettered).
@@ -394,7 +382,7 @@ class Outbox:
         """Give dead letters up for ``target`` (the operation is deleted once no target holds it)."""
         self._check(target)
         keys = [_dead(target), _attempts(target), _errors(target), REFS, ENTRIES]
-        return sum([int(await self._drop(keys=keys, args=[i])) for i in entry_ids])
+        return sum([int(await self._forget(keys=keys, args=[i])) for i in entry_ids])
 
     def _check(self, target: str) -> None:
         if target not in self.targets:
