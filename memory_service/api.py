@@ -2,26 +2,32 @@
 
 from __future__ import annotations
 
+import logging
+import math
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__, overload, request_guard
+from . import __version__, admin_api, overload, request_guard
+from .access import authorize, caller, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
 from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
-from .gates import GateStatus
+from .gates import CHARS_PER_TOKEN, GateStatus
+from .keys import Principal, Role
 from .limits import CONTEXT_BUDGET_CEILING, MAX_TOP_K_CEILING
 from .models import Agent, AgentId, AgentSettings, MemoryKind, MessageIn, SessionId, Shard, ShardId, ShardIn, UserId
 from .retrieval import Scope, SearchRequest, SearchResult
 from .runtime import open_service
 from .service import MemoryService
+
+log = logging.getLogger(__name__)
 
 
 class RecordOut(BaseModel):
@@ -44,17 +50,26 @@ class ContextOut(BaseModel):
 
 
 def create_app(settings: Settings | None = None, data_dir: Path | None = None, service: MemoryService | None = None,
-               run_worker: bool | None = None) -> FastAPI:
-    """The app; it opens its own MemoryService (and worker, see open_service) unless one is given."""
+               run_worker: bool | None = None, host: str | None = None) -> FastAPI:
+    """The app; it opens its own MemoryService (and worker, see open_service) unless one is given.
+
+    ``host`` is where the server listens: with API_AUTH=auto, a loopback host runs without
+    keys (development) and any other, or an unknown one, requires them (memory_service/access.py).
+    """
+    configured = settings or (service.settings if service else None) or Settings()
+    mode = resolve_mode(configured.api_auth, host)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        app.state.access_mode = mode
         if service is not None:
             app.state.service = service
+            await _announce_access(service, mode, host)
             yield
             return
         async with open_service(settings, data_dir, run_worker=run_worker) as opened:
             app.state.service = opened
+            await _announce_access(opened, mode, host)
             yield
 
     app = FastAPI(
@@ -64,11 +79,16 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         lifespan=lifespan,
     )
     # Before the routes: they take its strict JSON route class.
-    request_guard.install(app, (settings or (service.settings if service else None) or Settings()).max_request_bytes)
+    request_guard.install(app, configured.max_request_bytes)
+    if configured.cors_allow_origins:  # off unless configured: browsers may not call the API from other origins
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=configured.cors_allow_origins,
+                           allow_methods=["GET", "POST", "PUT", "DELETE"], allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError):
-        return JSONResponse(status_code=exc.status_code, content={"detail": _public_detail(exc)})
+        return JSONResponse(status_code=exc.status_code, content={"detail": _public_detail(exc)}, headers=exc.headers())
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError):
@@ -76,16 +96,21 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
     # (memory_service/overload.py).
-    limits = service.settings if service else settings or Settings()
-    overload.install(app, limits.overload_retry_after_seconds, limits.api_max_concurrent_requests,
-                     limits.api_queue_timeout_seconds, describe=_public_detail)
+    overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
+                     configured.api_queue_timeout_seconds, describe=_public_detail)
+    Caller = Depends(caller)
 
     def svc(request: Request) -> MemoryService:
         return request.app.state.service
 
     @app.post("/v1/sessions/{session_id}/messages", response_model=RecordOut, tags=["sessions"])
-    async def record_message(session_id: SessionId, body: MessageIn, request: Request) -> RecordOut:
-        """Record one message. Idempotent by `message_id`; answers with the formation gate's status."""
+    async def record_message(session_id: SessionId, body: MessageIn, request: Request,
+                             principal: Principal = Caller) -> RecordOut:
+        """Record one message. Idempotent by `message_id`; answers with the formation gate's status.
+
+        Needs `write` on the message's agent (and, for a key limited to users, its user)."""
+        authorize(principal, Role.WRITE, body.agent_id, body.user_id)
+        await svc(request).keys.charge_tokens(principal, math.ceil(len(body.content) / CHARS_PER_TOKEN))
         result = await svc(request).record_message(session_id, body)
         return RecordOut(
             session_id=result.session_id, message_id=result.message_id, sequence=result.sequence,
@@ -97,18 +122,22 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         session_id: SessionId,
         request: Request,
         wait: bool = Query(True, description="answer once the window is stored (else as soon as it is queued)"),
+        principal: Principal = Caller,
     ) -> FormationSummary:
         """Enqueue the session's pending window for formation now, whatever the gates say.
 
         With `wait` (the default) the answer comes once the worker stored the window; a
         formation that fails or takes longer than FORM_WAIT_SECONDS answers 503, and the
-        window stays pending.
+        window stays pending. Needs `write` on the session's agent.
         """
+        await session_owner(request, principal, session_id, Role.WRITE)
         return await svc(request).form_memories(session_id, wait=wait)
 
     @app.get("/v1/sessions/{session_id}", tags=["sessions"])
-    async def session(session_id: SessionId, request: Request) -> dict:
-        """The session's gate state, formation cursor and the job of its pending window."""
+    async def session(session_id: SessionId, request: Request, principal: Principal = Caller) -> dict:
+        """The session's gate state, formation cursor and the job of its pending window.
+        Needs `read` on the session's agent."""
+        await session_owner(request, principal, session_id, Role.READ)
         return await svc(request).session_status(session_id)
 
     @app.get("/v1/context", response_model=ContextOut, tags=["context"])
@@ -121,9 +150,12 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         query: str | None = Query(None, description="what the model is asked now; default: the session's latest "
                                                    "user message. Adds <RelevantMemories>"),
         budget: int | None = Query(None, le=CONTEXT_BUDGET_CEILING, description="character budget; overrides the model's"),
+        principal: Principal = Caller,
     ) -> ContextOut:
         """The memory block for one model call, within its character budget, with the memories
-        most relevant to the query (or to the session's latest user message)."""
+        most relevant to the query (or to the session's latest user message). Needs `read` on
+        the agent (and, for a key limited to users, the user)."""
+        authorize(principal, Role.READ, agent_id, user_id)
         rendered = await svc(request).assemble_memory_context(agent_id, user_id, session_id, model, query=query,
                                                               budget=budget)
         return ContextOut(xml=rendered.xml, chars=rendered.chars, budget=rendered.budget,
@@ -144,44 +176,67 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         kinds: list[MemoryKind] | None = Query(None, description="repeat for each kind; default: every kind"),
         since: datetime | None = Query(None),
         until: datetime | None = Query(None),
+        principal: Principal = Caller,
     ) -> SearchResult:
         """Search an agent's memories: full-text and vector signals fused by reciprocal rank,
-        with recency; every result explained."""
+        with recency; every result explained. Needs `read` on the agent; a key limited to
+        users searches only scope=user, for one of them."""
         try:
             body = SearchRequest(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                                  namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since,
                                  until=until)
         except ValidationError as exc:  # e.g. too many namespaces: the caller's mistake, answered as such
             raise RequestValidationError(exc.errors()) from None
+        _authorize_search(principal, agent_id, body)
         return await svc(request).search(agent_id, body)
 
     @app.post("/v1/agents/{agent_id}/search", response_model=SearchResult, tags=["search"])
-    async def search_body(agent_id: AgentId, body: SearchRequest, request: Request) -> SearchResult:
+    async def search_body(agent_id: AgentId, body: SearchRequest, request: Request,
+                          principal: Principal = Caller) -> SearchResult:
         """The same search with the request as a JSON body (for long queries and namespace lists)."""
+        _authorize_search(principal, agent_id, body)
         return await svc(request).search(agent_id, body)
 
     @app.put("/v1/agents/{agent_id}", response_model=Agent, tags=["agents"])
-    async def put_agent(agent_id: AgentId, body: AgentSettings, request: Request) -> Agent:
-        """Create or replace an agent's settings, including its memory backend."""
-        return await svc(request).put_agent(agent_id, body)
+    async def put_agent(agent_id: AgentId, body: AgentSettings, request: Request, principal: Principal = Caller) -> Agent:
+        """Create or replace an agent's settings, including its memory backend. Needs `admin`."""
+        authorize(principal, Role.ADMIN, agent_id)
+        before = await svc(request).state.get_agent(agent_id)
+        agent = await svc(request).put_agent(agent_id, body)
+        await svc(request).audit.append(principal.key_id, "agent.put", agent_id, agent_id,
+                                        before=before.model_dump(mode="json") if before else None,
+                                        after=agent.model_dump(mode="json"))
+        return agent
 
     @app.get("/v1/agents/{agent_id}", response_model=Agent, tags=["agents"])
-    async def get_agent(agent_id: AgentId, request: Request) -> Agent:
+    async def get_agent(agent_id: AgentId, request: Request, principal: Principal = Caller) -> Agent:
+        """The agent's settings. Needs `read` on the agent, for all its users."""
+        authorize(principal, Role.READ, agent_id)
         return await svc(request).get_agent(agent_id)
 
     @app.put("/v1/agents/{agent_id}/shards/{shard_id}", response_model=Shard, tags=["agents"])
-    async def put_shard(agent_id: AgentId, shard_id: ShardId, body: ShardIn, request: Request) -> Any:
-        """Create or replace a shard: a topic the agent keeps facts and suggestions on."""
+    async def put_shard(agent_id: AgentId, shard_id: ShardId, body: ShardIn, request: Request,
+                        principal: Principal = Caller) -> Any:
+        """Create or replace a shard: a topic the agent keeps facts and suggestions on. Needs `admin`."""
+        authorize(principal, Role.ADMIN, agent_id)
+        before = next((s for s in await svc(request).list_shards(agent_id) if s.shard_id == shard_id), None)
         shard, created = await svc(request).put_shard(agent_id, shard_id, body)
+        await svc(request).audit.append(principal.key_id, "shard.put", agent_id, shard_id,
+                                        before=before.model_dump(mode="json") if before else None,
+                                        after=shard.model_dump(mode="json"))
         return JSONResponse(status_code=201 if created else 200, content=shard.model_dump(mode="json"))
 
     @app.get("/v1/agents/{agent_id}/shards", response_model=list[Shard], tags=["agents"])
-    async def list_shards(agent_id: AgentId, request: Request) -> list[Shard]:
+    async def list_shards(agent_id: AgentId, request: Request, principal: Principal = Caller) -> list[Shard]:
+        """The agent's shards. Needs `read` on the agent, for all its users."""
+        authorize(principal, Role.READ, agent_id)
         return await svc(request).list_shards(agent_id)
 
     @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
-    async def metrics(request: Request) -> str:
-        """Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations."""
+    async def metrics(request: Request, principal: Principal = Caller) -> str:
+        """Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations.
+        Needs an operator key (they span every agent)."""
+        require_operator(principal)
         counters = await svc(request).state.metrics()
         text = "".join(
             f"# TYPE memory_service_{name}_total counter\nmemory_service_{name}_total {value:g}\n"
@@ -196,11 +251,41 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     @app.get("/health", tags=["ops"])
     async def health(request: Request) -> JSONResponse:
-        """Each dependency's state; 503 when one is down. Where the stores listen is not shown."""
+        """Readiness: `{"ok": ...}`, 503 when a dependency is down. With an operator key, each
+        dependency's state too (`?detail=true`); where the stores listen is never shown."""
         report = await svc(request).health()
-        return JSONResponse(status_code=200 if report["ok"] else 503, content=_without_addresses(report))
+        status = 200 if report["ok"] else 503
+        if request.query_params.get("detail") not in ("1", "true"):
+            return JSONResponse(status_code=status, content={"ok": report["ok"]})
+        require_operator(await caller(request))
+        return JSONResponse(status_code=status, content=_without_addresses(report))
 
+    app.include_router(admin_api.router)
     return app
+
+
+def _authorize_search(principal: Principal, agent_id: str, body: SearchRequest) -> None:
+    """A key for all of an agent's users searches any scope; a key for some users, only theirs."""
+    if principal.users is None or body.scope is not Scope.USER:
+        authorize(principal, Role.READ, agent_id)
+    else:
+        authorize(principal, Role.READ, agent_id, body.user_id)
+
+
+async def _announce_access(service: MemoryService, mode: str, host: str | None) -> None:
+    """Say at start who may call: open on loopback (development) or keys; refuse to serve
+    with keys required and none to present."""
+    if mode == "open":
+        where = f"on {host}" if host else "anywhere (API_AUTH=off)"
+        log.warning("API keys are not required: listening %s, every caller without a key acts as the operator. "
+                    "Set API_AUTH=keys (or bind a non-loopback address) to require keys.", where)
+        return
+    if not await service.keys.any_key():
+        raise RuntimeError("API keys are required (API_AUTH=%s, host %s) but none exists: create one with "
+                           "`memory-service keys create --name ops --role admin` (an operator key), or set "
+                           "OPERATOR_API_KEY; API_AUTH=off serves without keys (not for a reachable address)"
+                           % (service.settings.api_auth, host or "unknown"))
+    log.info("API keys are required on every route but GET /health/live and GET /health")
 
 
 def _public_detail(exc: MemoryServiceError) -> str:

@@ -98,7 +98,7 @@ class ContextAssembler:
                         query: str | None, deadline: float) -> RenderedContext:
         counters = await self.state.counters(session_id)
         if counters.agent_id not in (None, agent_id):
-            raise Conflict(f"session {session_id!r} belongs to agent {counters.agent_id!r}, not {agent_id!r}")
+            raise Conflict(f"session {session_id!r} belongs to another agent")  # never the owner's name
         shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
         spoken = await self.state.session_users(session_id)
         users = [user_id] + [u for u in spoken if u != user_id]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import secrets
 import tempfile
 from datetime import datetime, timedelta
 from importlib import resources
@@ -46,7 +47,7 @@ def serve(
 
     _setup_logging(log_level)
     settings = _settings()
-    uvicorn.run(create_app(settings, data_dir, run_worker=worker), host=host, port=port, log_level=log_level.lower())
+    uvicorn.run(create_app(settings, data_dir, run_worker=worker, host=host), host=host, port=port, log_level=log_level.lower())
 
 
 @app.command("worker")
@@ -229,10 +230,19 @@ async def _demo(data_dir: Path, model: str | None) -> None:
     script = json.loads(resources.files("memory_service").joinpath("data/demo_conversation.json").read_text())
     # A short gate interval, so that the short sample sessions open it and formation is
     # seen happening in the background while the conversation goes on.
-    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, memory_formation_msg_interval=5)
+    # Keys as in production: an operator key (OPERATOR_API_KEY) makes the agent's own key,
+    # and the demo's calls use that.
+    operator_key = secrets.token_urlsafe(32)
+    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, memory_formation_msg_interval=5,
+                        api_auth="keys", operator_api_key=operator_key)
     async with LoopbackServer(create_app(settings, data_dir, run_worker=True)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
             console.rule(f"memory-service demo — API on {server.base_url}, embedded FalkorDB in {data_dir}")
+            created = _ok(await http.post("/v1/keys", headers={"Authorization": f"Bearer {operator_key}"},
+                                          json={"name": "demo", "role": "admin", "agents": [script["agent_id"]]}))
+            http.headers["Authorization"] = f"Bearer {created['key']}"
+            console.print(f"API key {created['key_id']} ({created['role']} on agent {script['agent_id']}) made with the "
+                          "operator key; every call below sends it as 'Authorization: Bearer msk_…'")
             console.print(f"gates: form after {settings.memory_formation_msg_interval} new messages (or "
                           f"{settings.memory_formation_token_interval} weighted tokens); a worker in this process forms them")
             await _replay(http, script)
@@ -312,3 +322,8 @@ if __name__ == "__main__":
 from .outbox_cli import outbox_app  # noqa: E402
 
 app.add_typer(outbox_app, name="outbox")
+
+# `memory-service keys create|list|revoke`: API keys (memory_service/keys_cli.py).
+from .keys_cli import keys_app  # noqa: E402
+
+app.add_typer(keys_app, name="keys")

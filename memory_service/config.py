@@ -202,6 +202,24 @@ class Settings(BaseSettings):
         description="Most sessions one sweep run looks at (it also stops at half WORKER_JOB_TIMEOUT_SECONDS); "
                     "the rest are first in line at the next run")
 
+    # Access control (README, "Security"): API keys, rate limits per key, CORS.
+    api_auth: Literal["auto", "keys", "off"] = Field(
+        default="auto",
+        description="auto: `serve` bound to loopback needs no key (development), any other address needs keys; "
+                    "keys: always; off: never (every caller is the operator)")
+    operator_api_key: SecretStr | None = Field(
+        default=None, min_length=32,
+        description="A key (32+ characters) with admin rights over every agent, e.g. from a secret store; "
+                    "more keys are made with it or with `memory-service keys create`")
+    rate_limit_requests_per_minute: int = Field(
+        default=3_000, ge=0, description="Requests per minute per key, shared by all API replicas (0: no limit); "
+                                         "a key may carry its own")
+    rate_limit_tokens_per_minute: int = Field(
+        default=500_000, ge=0,
+        description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
+    cors_allow_origins: list[str] = Field(
+        default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
+
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:
         if self.extractor == "llm" and not (self.llm_base_url and self.llm_model):

@@ -8,11 +8,43 @@ class MemoryServiceError(Exception):
 
     status_code = 400
 
+    def headers(self) -> dict[str, str]:
+        """Headers the answer carries besides the JSON error."""
+        return {}
+
 
 class InvalidInput(MemoryServiceError, ValueError):
     """The caller sent something malformed; nothing was stored."""
 
     status_code = 422
+
+
+class Unauthorized(MemoryServiceError):
+    """No key, a malformed one, an unknown one or a revoked one: the same answer for each."""
+
+    status_code = 401
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="memory-service"'}
+
+
+class Forbidden(MemoryServiceError):
+    """A valid key whose agents, users or role do not cover the request."""
+
+    status_code = 403
+
+
+class RateLimited(MemoryServiceError):
+    """A key's requests or recorded tokens per minute are spent."""
+
+    status_code = 429
+
+    def __init__(self, message: str, retry_after_seconds: int):
+        super().__init__(message)
+        self.retry_after_seconds = retry_after_seconds
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_seconds)}
 
 
 class NotFound(MemoryServiceError, LookupError):

@@ -7,7 +7,8 @@ A thin facade over the parts, each readable alone:
 - ``sessions.SessionLedger``: recording messages, the gates, scheduling formation windows;
 - ``pipeline.FormationPipeline``: the worker's jobs (forming, consolidating, sweeping, embedding);
 - ``assembler.ContextAssembler``: the memory block of one model call;
-- ``retrieval.Retriever``: search.
+- ``retrieval.Retriever``: search;
+- ``keys.KeyStore`` and ``audit.AuditLog``: API keys and the log of changes.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from collections.abc import Callable
 from . import gates
 from .agents import AgentDirectory
 from .assembler import ContextAssembler
+from .audit import AuditLog
 from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator
 from .context import RenderedContext
 from .extraction import Extractor
 from .formation import FormationSummary
 from .jobs import JobQueue
+from .keys import KeyStore
 from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from .namespaces import validate_id
 from .pipeline import FormationPipeline
@@ -50,6 +53,10 @@ class MemoryService:
         self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.sessions,
                                           extractor, self.consolidator, embedder)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
+        operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
+        self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
+                             operator_key)
+        self.audit = AuditLog(state.redis)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)

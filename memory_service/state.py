@@ -314,7 +314,8 @@ class StateStore:
             keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id)],
             args=[message_id, agent_id, digest, session_id])
         if status == "conflict":
-            raise Conflict(f"session {session_id!r} belongs to agent {value!r}, not {agent_id!r}")
+            # Never the owner's name: ids of other tenants are not the caller's to learn.
+            raise Conflict(f"session {session_id!r} belongs to another agent; choose another session_id")
         seq_text, _, known_digest = value.partition(" ")
         settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
         return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)

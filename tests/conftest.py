@@ -63,9 +63,10 @@ async def settings(falkordb_url) -> Settings:
 
 def suite_settings(falkordb_url: str, **overrides) -> Settings:
     """The suite's settings: the shared store and the deterministic hash embedder (the local
-    model has tests of its own, tests/test_embedding.py; the LoCoMo benchmark measures it)."""
+    model has tests of its own, tests/test_embedding.py; the LoCoMo benchmark measures it).
+    Without keys (API_AUTH=off) unless a test asks for them: tests/test_access.py checks them."""
     return Settings(_env_file=None, falkordb_url=falkordb_url, redis_url=None, mongodb_uri=None,
-                    **{"embedder": "hash", "embedding_dimension": 64, **overrides})
+                    **{"embedder": "hash", "embedding_dimension": 64, "api_auth": "off", **overrides})
 
 
 @pytest.fixture

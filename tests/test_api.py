@@ -94,14 +94,14 @@ async def test_agents_and_shards(http):
         ("post", "/v1/sessions/s1/messages", {"content": "hi"}, 422, "agent_id"),
         ("post", "/v1/sessions/a:b/messages", CHAT[0], 422, "must not contain ':'"),
         ("post", "/v1/sessions/s1/messages", {**CHAT[0], "content": "tampered"}, 409, "other content"),
-        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "agent_id": "intruder", "message_id": "x"}, 409, "belongs to agent"),
+        ("post", "/v1/sessions/s1/messages", {**CHAT[0], "agent_id": "intruder", "message_id": "x"}, 409, "belongs to another agent"),
         ("post", "/v1/sessions/nobody/form", None, 404, "no recorded messages"),
         ("put", f"/v1/agents/{AGENT}", {"memory_backend": "cassandra"}, 422, "unknown memory backend"),
         ("put", f"/v1/agents/{AGENT}", {"memory_backend": ""}, 422, "memory_backend"),
         ("put", f"/v1/agents/{AGENT}/shards/s", {"name": ""}, 422, "name"),
         ("put", f"/v1/agents/{AGENT}/shards/a:b", {"name": "x"}, 422, "must not contain ':'"),
         ("get", "/v1/context?agent_id=a&user_id=u", None, 422, "session_id"),
-        ("get", "/v1/context?agent_id=intruder&user_id=u&session_id=s1", None, 409, "belongs to agent"),
+        ("get", "/v1/context?agent_id=intruder&user_id=u&session_id=s1", None, 409, "belongs to another agent"),
     ],
 )
 async def test_bad_input_gets_a_clear_4xx_and_changes_nothing(http, method, path, payload, status, words):
@@ -121,10 +121,12 @@ async def test_bad_input_gets_a_clear_4xx_and_changes_nothing(http, method, path
 
 
 async def test_health_reports_each_dependency(http):
-    health = await http.get("/health")
+    health = await http.get("/health?detail=true")
     assert health.status_code == 200
     body = health.json()
     assert body["ok"] and body["state"]["ok"] and body["backends"]["graph"]["ok"]
+    bare = await http.get("/health")  # readiness for probes: whether, not what
+    assert bare.status_code == 200 and bare.json() == {"ok": True}
     live = await http.get("/health/live")  # liveness: answers without touching a dependency
     assert live.status_code == 200 and live.json() == {"ok": True}
 
@@ -135,6 +137,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/sessions/{session_id}/messages", "/v1/sessions/{session_id}/form", "/v1/context",
         "/v1/agents/{agent_id}", "/v1/agents/{agent_id}/shards/{shard_id}", "/v1/agents/{agent_id}/shards", "/health",
         "/health/live", "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
+        "/v1/keys", "/v1/keys/{key_id}", "/v1/audit",
     }
     assert (await http.get("/docs")).status_code == 200
 

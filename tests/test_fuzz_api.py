@@ -228,7 +228,7 @@ def test_every_id_the_rule_accepts_works_as_a_path_segment(fuzz_server, agent, s
         assert shard in [s["shard_id"] for s in http.get(f"/v1/agents/{a}/shards").json()]
         recorded = http.post(f"/v1/sessions/{se}/messages", json={**MESSAGE, "agent_id": agent})
         if recorded.status_code == 409:  # a session an earlier example's agent holds: its path worked
-            assert "belongs to agent" in recorded.json()["detail"]
+            assert "belongs to another agent" in recorded.json()["detail"]
         else:
             assert recorded.status_code == 200 and recorded.json()["session_id"] == session, recorded.text
         status = http.get(f"/v1/sessions/{se}")

@@ -311,7 +311,7 @@ async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it
         [dead] = await backend.outbox.dead_letters("mongo")
         assert dead.attempts == 3 and "3 dimensions" in dead.error and json.loads(dead.op)["op"] == "embeddings"
 
-        health = (await http.get("/health")).json()["backends"]["graph"]
+        health = (await http.get("/health?detail=true")).json()["backends"]["graph"]
         assert health["dead_letters"] == {"graph": 0, "mongo": 1}
         assert any("1 dead letter(s) for mongo" in alarm for alarm in health["alarms"])
         metrics = (await http.get("/metrics")).text
@@ -369,7 +369,7 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert "3 writes wait undelivered for the mongo store" in refused.json()["detail"]
         assert (await service.session_gate("s1")).pending_messages == 3  # the refused one changed nothing
-        health = (await http.get("/health")).json()["backends"]["graph"]
+        health = (await http.get("/health?detail=true")).json()["backends"]["graph"]
         assert health["outbox"] == {"graph": 0, "mongo": 3}
         assert any("refuses new writes" in alarm for alarm in health["alarms"])
         metrics = (await http.get("/metrics")).text

@@ -48,7 +48,7 @@ async def test_same_message_id_with_other_content_is_refused_and_changes_nothing
 
 async def test_a_session_belongs_to_one_agent(service):
     await service.record_message("shared", msg("a1", "alice", "hi", mid="m1"))
-    with pytest.raises(Conflict, match="belongs to agent 'a1'"):
+    with pytest.raises(Conflict, match="belongs to another agent"):
         await service.record_message("shared", msg("a2", "alice", "hi from a2", mid="m2"))
     with pytest.raises(Conflict):
         await service.assemble_memory_context("a2", "alice", "shared")

@@ -1,0 +1,103 @@
+"""Who may call what: the API's authentication and the checks every route makes.
+
+Every route takes the caller (``Depends(caller)``) and states what it needs with
+``authorize`` (a role over an agent, and a user where the route is about one),
+``require_operator``, or ``session_owner`` for the routes named by a session id alone.
+Refusals say what the key lacks, never what another tenant holds: a session of another
+agent is answered exactly as a session nobody recorded.
+
+Modes (API_AUTH): ``keys`` checks every request's key; ``open`` runs a request without a
+key as the local operator (a development server on loopback) and still checks a key that
+is sent, so a client behaves the same in both.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+from typing import Literal
+
+from fastapi import Request
+
+from .errors import Forbidden, NotFound, Unauthorized
+from .keys import LOCAL, KeyStore, Principal, Role
+
+log = logging.getLogger(__name__)
+
+AccessMode = Literal["keys", "open"]
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def resolve_mode(setting: str, host: str | None) -> AccessMode:
+    """API_AUTH=auto means keys unless the server is known to listen on loopback only."""
+    if setting == "off":
+        return "open"
+    if setting == "keys":
+        return "keys"
+    return "open" if host is not None and is_loopback(host) else "keys"
+
+
+async def caller(request: Request) -> Principal:
+    """The request's principal, from ``Authorization: Bearer <key>``; 401 without a valid key."""
+    keys: KeyStore = request.app.state.service.keys
+    header = request.headers.get("authorization")
+    if header is None:
+        if request.app.state.access_mode == "open":
+            return LOCAL
+        raise Unauthorized("this route needs an API key: send 'Authorization: Bearer <key>'")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
+    principal = await keys.authenticate(token.strip())
+    if isinstance(principal, str):
+        raise Unauthorized(principal)
+    request.state.principal = principal
+    return principal
+
+
+def authorize(principal: Principal, role: Role, agent_id: str, user_id: str | None = None) -> None:
+    """403 unless ``principal`` may act as ``role`` on ``agent_id`` (for ``user_id``)."""
+    if principal.allows(role, agent_id, user_id):
+        return
+    if not principal.reaches(agent_id):
+        raise Forbidden(f"this API key does not reach agent {agent_id!r}")
+    if role.rank > principal.role.rank:
+        raise Forbidden(f"this API key's role is {principal.role.value}; this needs {role.value}")
+    if user_id is None:
+        raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}; this needs a key for all of them")
+    raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}, and {user_id!r} is not one of them")
+
+
+def require_operator(principal: Principal) -> None:
+    if not principal.is_operator:
+        raise Forbidden("this needs an operator key (role admin over every agent)")
+
+
+async def session_owner(request: Request, principal: Principal, session_id: str, role: Role) -> None:
+    """Authorize a route named by a session id alone, by the agent that owns the session.
+
+    An unknown session and a session the key does not reach get the same 404, so that a
+    key cannot learn which session ids other tenants use.
+    """
+    if principal.is_operator:
+        return  # the service answers an unknown session itself
+    state = request.app.state.service.state
+    owner = (await state.counters(session_id)).agent_id
+    hidden = NotFound(f"session {session_id!r} has no recorded messages")
+    if owner is None or not principal.reaches(owner):
+        raise hidden
+    user_id = None
+    if principal.users is not None:  # a key for some users reaches the sessions they spoke in
+        spoken = principal.users & set(await state.session_users(session_id))
+        if not spoken:
+            raise hidden
+        user_id = min(spoken)
+    authorize(principal, role, owner, user_id)
