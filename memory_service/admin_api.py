@@ -24,6 +24,7 @@ async def create_key(body: KeyIn, request: Request, principal: Principal = Calle
     Needs an admin key whose scope holds the new key's: an agent's admin makes keys for its
     agent (and its users), an operator key makes keys for any agent and operator keys.
     """
+    _require_admin(principal)
     if not principal.covers(body):
         raise Forbidden("this API key cannot create a key beyond its own agents, users and role")
     service = request.app.state.service
@@ -37,8 +38,7 @@ async def create_key(body: KeyIn, request: Request, principal: Principal = Calle
 @router.get("/v1/keys", response_model=list[ApiKey], tags=["keys"])
 async def list_keys(request: Request, principal: Principal = Caller) -> list[ApiKey]:
     """The keys within this key's scope (never their secrets). Needs `admin`."""
-    if principal.role is not Role.ADMIN:
-        raise Forbidden(f"this API key's role is {principal.role.value}; this needs admin")
+    _require_admin(principal)
     keys: list[ApiKey] = await request.app.state.service.keys.list(principal)
     return keys
 
@@ -47,6 +47,7 @@ async def list_keys(request: Request, principal: Principal = Caller) -> list[Api
 async def revoke_key(request: Request, key_id: str = Path(max_length=64), principal: Principal = Caller) -> ApiKey:
     """Revoke a key at once, on every replica (idempotent). Needs an admin key whose scope
     holds the key's; a key out of reach is answered as an unknown one."""
+    _require_admin(principal)
     service = request.app.state.service
     try:
         key = await service.keys.get(key_id)
@@ -85,3 +86,8 @@ async def read_audit(
     page: AuditPage = await request.app.state.service.audit.read(
         agent_id, action=action, key_id=key_id, since=since, until=until, before=before, limit=limit)
     return page
+
+
+def _require_admin(principal: Principal) -> None:
+    if principal.role is not Role.ADMIN:
+        raise Forbidden(f"this API key's role is {principal.role.value}; this needs admin")

@@ -172,12 +172,16 @@ async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool):
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                       console=console, transient=True) as progress:
             task = progress.add_task("copying", total=None)
-            return await migrate_agent(
+            report = await migrate_agent(
                 service, agent, to, dry_run=dry_run,
                 on_namespace=lambda ns, n: progress.update(task, description=str(ns)[:60],
                                                            total=(progress.tasks[0].total or 0) + n),
                 on_copied=lambda n: progress.advance(task, n),
             )
+        if not dry_run:
+            await service.audit.append("cli", "agent.migrate", agent, agent, before={"backend": report.source},
+                                       after={"backend": report.target, "memories": report.total, "copied": report.copied})
+        return report
 
 
 async def _run_worker(settings: Settings) -> None:

@@ -10,8 +10,10 @@ import redis
 from memory_service.jobs import QUEUE_NAME
 
 # Keys whose content is not compared (a read may change it): the service's counters (of
-# reads served too), and FalkorDB's log of the queries run on a graph (telemetry{<graph>}).
+# reads served too), the keys' request counters, and FalkorDB's log of the queries run on a graph (telemetry{<graph>}).
 METRICS_KEY = b"ms:metrics"
+# Rate-limit counters of API keys count the requests themselves, refused ones too.
+RATE_COUNTER_PREFIX = b"ms:rl:"
 QUERY_LOG_PREFIX = b"telemetry{"
 # The job queue's keys (arq:* and the queue itself), which a worker's cron jobs write on
 # their own schedule.
@@ -48,7 +50,7 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
     client = redis.Redis.from_url(url)
     try:
         keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(JOB_QUEUE_KEYS)))
-        counted_only = [k for k in keys if k == METRICS_KEY or k.startswith(QUERY_LOG_PREFIX)]
+        counted_only = [k for k in keys if k == METRICS_KEY or k.startswith((QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
         keys = [k for k in keys if k not in counted_only]
         with client.pipeline(transaction=False) as pipe:  # one round trip per step, however many keys
             for key in keys:
@@ -66,7 +68,8 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
             size += next(replies) or 0
             contents.append((key.decode(errors="backslashreplace"), hashlib.sha256(content).hexdigest()))
         graphs = tuple(sorted(g.decode() for g in client.execute_command("GRAPH.LIST")))
-        count = len(keys) if worker_running else client.dbsize()
+        rate_counters = sum(1 for k in counted_only if k.startswith(RATE_COUNTER_PREFIX))
+        count = len(keys) if worker_running else client.dbsize() - rate_counters
         return StoreState(keys=count, graphs=graphs, bytes=size, contents=tuple(contents))
     finally:
         client.close()
