@@ -244,7 +244,7 @@ class LiveServer(LoopbackServer):
     """The API under uvicorn on a loopback port, in this process."""
 
     def __init__(self, settings: Settings, run_worker: bool):
-        self.app = create_app(settings, run_worker=run_worker)
+        self.app = create_app(settings, run_worker=run_worker, host="127.0.0.1")  # loopback: no keys
         super().__init__(self.app)
 
     @property

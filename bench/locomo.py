@@ -439,7 +439,7 @@ async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency
                        "min_messages": settings.never_form_memories_less_than_n_messages}
     errors: list[str] = out.setdefault("errors", [])
     with tempfile.TemporaryDirectory(prefix="locomo-bench-") as tmp:
-        server = LoopbackServer(create_app(settings, data_dir=Path(tmp), run_worker=True))
+        server = LoopbackServer(create_app(settings, data_dir=Path(tmp), run_worker=True, host="127.0.0.1"))
         try:
             await server.start()
         except Exception as exc:
