@@ -24,6 +24,8 @@ from typing import Any
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
+from .errors import InvalidInput, preview
+
 AUDIT_SCAN_LIMIT = 10_000  # entries one read looks at, whatever its filters
 MAX_AUDIT_VALUE_CHARS = 20_000  # of a before/after value: an audit entry never carries a whole store
 SYSTEM = "system"
@@ -79,8 +81,10 @@ class AuditLog:
                    since: datetime | None = None, until: datetime | None = None, before: str | None = None,
                    limit: int = 100) -> AuditPage:
         """Entries of ``agent_id`` (None: the system stream), newest first, filtered."""
-        high = f"({before}" if before else (_ms(until) if until else "+")
+        high = _older_than(before) if before else (_ms(until) if until else "+")
         low = _ms(since) if since else "-"
+        if high is None:  # nothing is older than the first possible entry
+            return AuditPage(entries=[], next=None, scanned=0)
         entries: list[AuditEntry] = []
         scanned, cursor, next_id = 0, high, None
         while len(entries) < limit and scanned < AUDIT_SCAN_LIMIT:
@@ -97,11 +101,32 @@ class AuditLog:
                     entries.append(entry)
                     if len(entries) == limit:
                         break
-            cursor = f"({next_id}"
+            cursor = _older_than(next_id)
+            if cursor is None:
+                next_id = None
+                break
             if len(batch) < wanted and len(entries) < limit:  # the range is read to its end
                 next_id = None
                 break
         return AuditPage(entries=entries, next=next_id, scanned=scanned)
+
+
+_MAX_ID_PART = 2**64 - 1
+
+
+def _older_than(entry_id: str) -> str | None:
+    """The newest stream id before ``entry_id`` (None: there is none): Redis refuses an
+    exclusive bound of 0-0, and one past 64 bits."""
+    ms_text, _, seq_text = entry_id.partition("-")
+    try:
+        ms, seq = int(ms_text), int(seq_text or 0)
+    except ValueError:
+        raise InvalidInput(f"before: not an audit entry id: {preview(entry_id)}") from None
+    if not (0 <= ms <= _MAX_ID_PART and 0 <= seq <= _MAX_ID_PART):
+        raise InvalidInput(f"before: not an audit entry id: {preview(entry_id)}")
+    if seq > 0:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{_MAX_ID_PART}" if ms > 0 else None
 
 
 def _ms(moment: datetime) -> str:

@@ -82,4 +82,8 @@ async def test_no_route_rewrites_the_log_and_bad_filters_are_refused(admin):
     for bad in ({"before": "abc"}, {"limit": 0}, {"limit": 10_000}, {"since": "yesterday"}, {"agent_id": "a/b"}):
         answer = await http.get("/v1/audit", headers=auth, params={"agent_id": AGENT, **bad})
         assert answer.status_code == 422, (bad, answer.text)
+    for bad in ("99999999999999999999-0", "1-99999999999999999999"):  # beyond 64 bits: not an entry id
+        answer = await http.get("/v1/audit", headers=auth, params={"agent_id": AGENT, "before": bad})
+        assert answer.status_code == 422 and "before" in answer.text, answer.text
+    assert (await audit(http, auth, before="0-0")) == {"entries": [], "next": None, "scanned": 0}
     assert len((await audit(http, auth))["entries"]) == 1  # the key's creation, nothing else
