@@ -64,17 +64,17 @@ class SearchRequest(BaseModel):
 
     query: str = Field(description="what to look for, in plain words (at most SEARCH_MAX_QUERY_CHARS characters)")
     scope: Scope = Scope.AGENT
-    user_id: UserId | None = Field(None, description="scope=user: whose memories")
-    session_id: SessionId | None = Field(None, description="scope=session: which session")
-    shard_id: ShardId | None = Field(None, description="scope=shard: which shard")
+    user_id: UserId | None = Field(default=None, description="scope=user: whose memories")
+    session_id: SessionId | None = Field(default=None, description="scope=session: which session")
+    shard_id: ShardId | None = Field(default=None, description="scope=shard: which shard")
     namespaces: list[Annotated[str, Field(max_length=MAX_NAMESPACE_CHARS)]] | None = Field(
-        None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
-    top_k: int = Field(10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
-    min_score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+        default=None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
+    top_k: int = Field(default=10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
+    min_score: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,
                                     description="results below it come back as candidates")
-    kinds: list[MemoryKind] | None = Field(None, max_length=len(MemoryKind), description="only these kinds (default: all)")
-    since: datetime | None = Field(None, description="only memories at or after this time (UTC unless it says)")
-    until: datetime | None = Field(None, description="only memories at or before this time (UTC unless it says)")
+    kinds: list[MemoryKind] | None = Field(default=None, max_length=len(MemoryKind), description="only these kinds (default: all)")
+    since: datetime | None = Field(default=None, description="only memories at or after this time (UTC unless it says)")
+    until: datetime | None = Field(default=None, description="only memories at or before this time (UTC unless it says)")
 
     @field_validator("since", "until")
     @classmethod
