@@ -16,6 +16,7 @@ import logging
 from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import replace
+from typing import Any
 
 from .agents import AgentDirectory
 from .backend import MemoryBackend
@@ -83,11 +84,11 @@ class ContextAssembler:
             raise  # the caller's mistake (e.g. another agent's session), not an outage
         except Exception as exc:
             # The state store is down too: the last good block this process served, if any.
-            rendered = self._last_good.get(last_good_key)
+            last_good = self._last_good.get(last_good_key)
             log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id, user_id, session_id,
-                        "this process's last good block" if rendered else "nothing",
+                        "this process's last good block" if last_good else "nothing",
                         f"no answer within {2 * allowed:g}s" if isinstance(exc, TimeoutError) else exc)
-            rendered = replace(rendered, source="last-good") if rendered else replace(
+            rendered = replace(last_good, source="last-good") if last_good else replace(
                 render_context(ContextInputs(), budget), source="none")
         with suppress(Exception):
             async with asyncio.timeout(allowed):
@@ -169,21 +170,24 @@ class ContextAssembler:
             pending = set(await self.state.consolidation_pending(str(namespace)))
             return latest[-1].content, [m for m in items if m.id in pending]
 
-        reads = [read(Namespace.session(session_id), [MemoryKind.EPISODE], s.context_recent_episodes)]
-        reads += [read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user) for u in users]
-        for shard in shards:
-            ns = Namespace.shard(agent_id, shard.shard_id)
-            reads.append(read(ns, [MemoryKind.FACT], s.context_facts_per_shard))
-            reads.append(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard))
-        results = await asyncio.gather(*reads)
-        complete = all(r is not None for r in results)
-        episodes = results[0] or []
-        user_reads = [r or (None, []) for r in results[1 : 1 + len(users)]]
-        shard_reads = results[1 + len(users) :]
+        shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
+        # Every read at once (the inner gathers start theirs when the outer one starts them).
+        episode_read, merged_user_reads, fact_reads, suggestion_reads = await asyncio.gather(
+            read(Namespace.session(session_id), [MemoryKind.EPISODE], s.context_recent_episodes),
+            asyncio.gather(*(read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
+                             for u in users)),
+            asyncio.gather(*(read(ns, [MemoryKind.FACT], s.context_facts_per_shard) for ns in shard_ns)),
+            asyncio.gather(*(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns)),
+        )
+        complete = episode_read is not None and all(
+            r is not None for r in (*merged_user_reads, *fact_reads, *suggestion_reads))
+        episodes = episode_read or []
+        no_merged: tuple[str | None, list[Memory]] = (None, [])
+        user_reads = [r or no_merged for r in merged_user_reads]
         shard_contexts = []
-        for i, shard in enumerate(shards):
-            consolidated, suggestions = shard_reads[2 * i + 1] or (None, [])
-            shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=shard_reads[2 * i] or [],
+        for shard, facts, merged in zip(shards, fact_reads, suggestion_reads, strict=True):
+            consolidated, suggestions = merged or no_merged
+            shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=facts or [],
                                                suggestions=suggestions, consolidated=consolidated))
         inputs = ContextInputs(
             shards=shard_contexts,
@@ -250,5 +254,5 @@ class ContextAssembler:
         return items, True
 
 
-def _asdict(rendered: RenderedContext) -> dict:
+def _asdict(rendered: RenderedContext) -> dict[str, Any]:
     return {f: getattr(rendered, f) for f in rendered.__dataclass_fields__}

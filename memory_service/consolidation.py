@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import asdict, dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .backend import MemoryBackend
+from .embedding import Embedder
 from .extraction import ExtractionUsage
 from .models import Memory, MemoryKind, Provenance, utcnow
 from .namespaces import Namespace, NamespaceKind
@@ -73,7 +74,8 @@ def fit_lines(text: str, word_limit: int) -> str:
     A consolidated memory is one point per line, most important first: a point that does
     not fit is dropped, not cut, unless it is the first (an overlong memory is still one).
     """
-    kept, words = [], 0
+    kept: list[str] = []
+    words = 0
     for line in text.splitlines():
         size = len(line.split())
         if not size:
@@ -108,11 +110,12 @@ async def consolidate(
     consolidator: Consolidator,
     word_limit: int,
     agent_id: str,
-    embedder=None,
-) -> dict:
+    embedder: Embedder | None = None,
+) -> dict[str, Any]:
     """Merge the ``count`` oldest pending items of ``namespace`` into version ``version + 1``."""
     key = str(namespace)
-    outcome = {"namespace": key, "version": version, "consolidated": False, "items": 0}
+    # The job's result, as arq stores it (a JSON-like dict): also "usage" and "reason", when they apply.
+    outcome: dict[str, Any] = {"namespace": key, "version": version, "consolidated": False, "items": 0}
     if await state.consolidation_version(key) != version:
         return {**outcome, "reason": "version already consolidated"}
     ids = await state.consolidation_pending(key, count)

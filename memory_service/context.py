@@ -52,11 +52,12 @@ containers the first time one of their items is kept), so rendering is O(n log n
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from itertools import count
+from typing import TypeGuard
 from xml.sax.saxutils import escape, quoteattr
 
 from .models import Memory, MemoryKind
@@ -130,7 +131,7 @@ def _escape_text(text: str) -> str:
     return escape(text, {"\r": "&#13;"})
 
 
-def _shown(consolidated: str | None) -> bool:
+def _shown(consolidated: str | None) -> TypeGuard[str]:
     return bool(consolidated and clean(consolidated).strip())
 
 
@@ -144,7 +145,7 @@ class _Node:
 
     def __init__(self, parent: _Node | None, tag: str, attrs: str = "") -> None:
         self.parent = parent
-        self.depth = parent.depth + 1 if parent else 0
+        self.depth: int = parent.depth + 1 if parent else 0
         pad = _INDENT * self.depth
         self.open = f"{pad}<{tag}{attrs}>\n"
         # The root's close line ends the document, so it carries no newline.
@@ -155,14 +156,15 @@ class _Node:
             parent.children.append(self)
 
     def unopened_overhead(self) -> int:
-        node, total = self, 0
+        node: _Node | None = self
+        total = 0
         while node and not node.opened:
             total += len(node.open) + len(node.close)
             node = node.parent
         return total
 
     def mark_opened(self) -> None:
-        node = self
+        node: _Node | None = self
         while node and not node.opened:
             node.opened = True
             node = node.parent
@@ -308,7 +310,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
     return RenderedContext(xml=xml, chars=len(xml), budget=budget_chars, sections=sections, dropped=dropped)
 
 
-def _emit(node: _Node):
+def _emit(node: _Node) -> Iterator[str]:
     yield node.open
     for child in node.children:
         if isinstance(child, _Node):

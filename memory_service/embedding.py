@@ -34,6 +34,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import httpx
 
 if TYPE_CHECKING:
+    import numpy
+    import numpy.typing as npt
+    from onnxruntime import InferenceSession  # no type information: Any
+    from tokenizers import Tokenizer
+
     from .config import Settings
 
 log = logging.getLogger(__name__)
@@ -147,8 +152,8 @@ class LocalEmbedder:
         self.threads = threads or max(1, min(os.cpu_count() or 1, 4))
         self._model_path = model_path
         self._tokenizer_path = tokenizer_path
-        self._session = None
-        self._tokenizer = None
+        self._session: InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._start_lock = asyncio.Lock()
 
@@ -164,9 +169,9 @@ class LocalEmbedder:
             self._session, self._tokenizer = session, tokenizer
             log.info("local embedder %s loaded (%d threads)", self.name, self.threads)
 
-    def _load(self):
+    def _load(self) -> tuple[InferenceSession, Tokenizer]:
         try:
-            import numpy as np
+            import numpy  # noqa: F401  (_run uses it: a missing one is reported here)
             import onnxruntime as ort
             from tokenizers import Tokenizer
         except ImportError as exc:
@@ -196,28 +201,31 @@ class LocalEmbedder:
             session = ort.InferenceSession(str(model_path), sess_options=options, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise EmbedderUnavailable(f"the local embedding model {model_path} cannot load: {exc}") from exc
-        self._np = np
         probe = self._run(session, tokenizer, ["probe"])
         if probe.shape != (1, self.DIMENSION):
             raise EmbedderUnavailable(f"the local model gives vectors of shape {probe.shape[1:]}, not ({self.DIMENSION},)")
         return session, tokenizer
 
-    def _run(self, session, tokenizer, texts: list[str]):
-        np = self._np
+    def _run(self, session: InferenceSession, tokenizer: Tokenizer, texts: list[str]) -> npt.NDArray[numpy.float32]:
+        import numpy as np  # imported by _load, which says what to do if it is missing
         encodings = tokenizer.encode_batch(texts)
         ids = np.array([e.ids for e in encodings], dtype=np.int64)
         mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        hidden = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
+        hidden: npt.NDArray[numpy.float32] = session.run(None, {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)})[0]
         weights = mask[..., None].astype(np.float32)
         pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
-        return pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        unit: npt.NDArray[numpy.float32] = pooled / np.clip(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12, None)
+        return unit
 
     def _embed_sync(self, texts: list[str]) -> list[list[float]]:
         order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out: list[list[float]] = [[] for _ in texts]
+        session, tokenizer = self._session, self._tokenizer
+        if session is None or tokenizer is None:  # aclose() ran while this batch waited for the thread
+            raise EmbedderUnavailable("the local embedder was closed")
         for start in range(0, len(order), self.batch_size):
             chunk = order[start:start + self.batch_size]
-            vectors = self._run(self._session, self._tokenizer, [texts[i] for i in chunk])
+            vectors = self._run(session, tokenizer, [texts[i] for i in chunk])
             for i, vector in zip(chunk, vectors.tolist(), strict=True):
                 out[i] = vector
         return out

@@ -22,13 +22,15 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from pydantic import BaseModel, Field
 
 from .backend import MemoryBackend
-from .extraction import ExtractionUsage, Extractor, Window, WindowMessage
+from .embedding import Embedder
+from .extraction import Extraction, ExtractionUsage, Extractor, Window, WindowMessage
 from .models import Memory, MemoryKind, Provenance, Shard
 from .namespaces import Namespace
 from .retrieval import embed_memories
@@ -79,7 +81,7 @@ class FormationSummary(BaseModel):
     memories: dict[str, int] = Field(default_factory=dict, description="memories formed from the window, per kind")
     written: int = Field(default=0, description="how many of them were new (0 when the window was already formed)")
     extractor: str = ""
-    usage: dict | None = Field(default=None, description="LLM calls, attempts, tokens and seconds, when an LLM formed it")
+    usage: dict[str, Any] | None = Field(default=None, description="LLM calls, attempts, tokens and seconds, when an LLM formed it")
     job_id: str | None = None
     reason: str = ""
 
@@ -90,7 +92,7 @@ class FormationSummary(BaseModel):
             return summaries[0]
         last = summaries[-1]
         memories: dict[str, int] = {}
-        usage: dict | None = None
+        usage: dict[str, Any] | None = None
         for summary in summaries:
             for kind, n in summary.memories.items():
                 memories[kind] = memories.get(kind, 0) + n
@@ -124,7 +126,7 @@ async def form_window(
     windows: WindowStore,
     extractor: Extractor,
     shards: list[Shard],
-    embedder=None,
+    embedder: Embedder | None = None,
     post_process: Callable[[FormationResult], Awaitable[None]] | None = None,
 ) -> FormationResult:
     """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
@@ -148,6 +150,9 @@ async def form_window(
             result.already_formed = True
             return result
     stored = record.extraction
+    if stored is None:  # the extracted state is stored with its extraction, in one step
+        raise RuntimeError(f"session {session_id!r}: window {claim.window} is {record.state.value} "
+                           "but holds no extraction")
     result.memories = list(stored.memories)
     result.usage = stored.usage
     result.message_ids = claim.message_ids
@@ -191,11 +196,15 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     missing = [mid for mid in claim.message_ids if mid not in stored]
     if missing:
         raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: {missing[:5]}")
+    roles = {mid: role for mid, m in stored.items() if (role := m.metadata.role) is not None}
+    if roleless := [mid for mid in claim.message_ids if mid not in roles]:  # every recorded message has one
+        raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} stored without a role: "
+                           f"{roleless[:5]}")
     messages = tuple(
         WindowMessage(
             message_id=mid,
             sequence=seq,
-            role=stored[mid].metadata.role,
+            role=roles[mid],
             user_id=stored[mid].metadata.user_id or "",
             content=stored[mid].content,
             created_at=stored[mid].valid_at,
@@ -214,13 +223,13 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     return StoredExtraction(tuple(_memories(window, window_key, extraction)), extraction.usage)
 
 
-def _memories(window: Window, window_key: str, extraction) -> list[Memory]:
+def _memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
     users = sorted({m.user_id for m in window.messages if m.role == "user"})
     all_ids = [m.message_id for m in window.messages]
     by_id = {m.message_id: m for m in window.messages}
     memories: list[Memory] = []
 
-    def add(kind: MemoryKind, namespace: Namespace, content: str, message_ids, user_id: str | None) -> None:
+    def add(kind: MemoryKind, namespace: Namespace, content: str, message_ids: Sequence[str], user_id: str | None) -> None:
         index = sum(1 for m in memories if m.kind is kind and m.namespace == str(namespace))
         # An item is as old as the latest message it was formed from, so that the items of
         # one window keep the conversation's order.

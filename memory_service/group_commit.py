@@ -29,8 +29,8 @@ MAX_BATCH_CHARS = 2_000_000  # of content: a statement's parameters stay a few M
 class _Lane:
     """One (backend, agent): the writes waiting, and the task storing them."""
 
-    waiting: deque[tuple[Memory, asyncio.Future]] = field(default_factory=deque)
-    task: asyncio.Task | None = None
+    waiting: deque[tuple[Memory, asyncio.Future[None]]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
 
 
 class GroupCommit:
@@ -45,14 +45,15 @@ class GroupCommit:
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane()
-        future = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         lane.waiting.append((memory, future))
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain(key, lane, backend), name=f"group-commit:{agent_id}")
         await future
 
-    def _next_batch(self, lane: _Lane) -> list[tuple[Memory, asyncio.Future]]:
-        batch, chars = [], 0
+    def _next_batch(self, lane: _Lane) -> list[tuple[Memory, asyncio.Future[None]]]:
+        batch: list[tuple[Memory, asyncio.Future[None]]] = []
+        chars = 0
         while lane.waiting and len(batch) < self.max_rows:
             memory, future = lane.waiting[0]
             if batch and chars + len(memory.content) > self.max_chars:
@@ -64,7 +65,7 @@ class GroupCommit:
         return batch
 
     async def _drain(self, key: tuple[int, str], lane: _Lane, backend: MemoryBackend) -> None:
-        batch: list[tuple[Memory, asyncio.Future]] = []
+        batch: list[tuple[Memory, asyncio.Future[None]]] = []
         try:
             while lane.waiting:
                 batch = self._next_batch(lane)

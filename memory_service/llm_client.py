@@ -91,7 +91,10 @@ class StructuredChat:
         # A connect timeout of its own: an unreachable endpoint fails fast, a slow model may
         # take the whole read timeout.
         timeout = httpx.Timeout(timeout_seconds, connect=min(connect_timeout_seconds, timeout_seconds))
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout, max_retries=0)
+        # openai (3.x) is built on httpx2 and annotates httpx2.Timeout only, but it converts an
+        # httpx.Timeout itself (openai/_httpx2.py, normalize_httpx_timeout).
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "unused",
+                                          timeout=timeout, max_retries=0)  # type: ignore[arg-type]
 
     async def aclose(self) -> None:
         await self._client.close()

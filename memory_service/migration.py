@@ -117,8 +117,8 @@ async def migrate_agent(
             entry.copied += await target.write(batch)
             if on_copied:
                 on_copied(len(batch))
-        stored = {m.id for m in await target.export(agent_id, namespace)} if memories else set()
-        entry.missing = sum(1 for m in memories if m.id not in stored)
+        landed = {m.id for m in await target.export(agent_id, namespace)} if memories else set()
+        entry.missing = sum(1 for m in memories if m.id not in landed)
 
     if dry_run:
         return report

@@ -9,15 +9,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from .agents import AgentDirectory
 from .backend import MemoryBackend
 from .config import Settings
 from .consolidation import Consolidator, consolidate
+from .embedding import Embedder
 from .extraction import Extractor
 from .formation import FormationResult, FormationSummary, form_window
 from .jobs import EMBED_LOCK_MS, JobQueue
-from .models import MemoryKind
+from .models import Memory, MemoryKind
 from .namespaces import Namespace, NamespaceKind
 from .retrieval import embed_memories
 from .routing import BackendRegistry
@@ -37,7 +39,7 @@ EMBED_LINGER_SECONDS = 0.25
 class FormationPipeline:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
                  agents: AgentDirectory, sessions: SessionLedger, extractor: Extractor, consolidator: Consolidator,
-                 embedder):
+                 embedder: Embedder | None):
         self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
         self.agents, self.sessions = agents, sessions
         self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
@@ -50,6 +52,8 @@ class FormationPipeline:
             return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
                                     reason="window already formed")
         agent_id = (await self.state.counters(session_id)).agent_id
+        if agent_id is None:  # the session's first record names its agent, before it can have a window
+            raise RuntimeError(f"session {session_id!r} holds window {window} but names no agent")
         _, backend = await self.agents.backend_for(agent_id)
         result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
                                    extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
@@ -80,7 +84,7 @@ class FormationPipeline:
         version = await self.state.consolidation_version(namespace)
         return await self.queue.enqueue_consolidation(namespace, version, backlog)
 
-    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict:
+    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict[str, Any]:
         """Merge the ``count`` oldest pending items of ``namespace`` into consolidated version+1."""
         ns = Namespace.parse(namespace)
         agent_id = ns.fields[0]
@@ -157,7 +161,7 @@ class FormationPipeline:
                 await self.state.start_embedding(agent_id)
                 while memories := await backend.unembedded(agent_id, batch):
                     embedded = await self._embed_in_turns(memories)
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded})
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded if m.embedding is not None})
                     report["embedded"] += done
                     if len(embedded) < len(memories):  # the embedder failed (it logged why)
                         return report
@@ -177,7 +181,7 @@ class FormationPipeline:
             if report["embedded"]:
                 await self.state.add_metrics(embedded_after_record=report["embedded"])
 
-    async def _embed_in_turns(self, memories: list) -> list:
+    async def _embed_in_turns(self, memories: list[Memory]) -> list[Memory]:
         """Embed ``memories`` in calls of the embedder's own batch size (the local model runs
         one call at a time: a formation job's embedding waits behind one of these, not behind
         the whole read); those embedded, up to the first call that failed."""
@@ -207,7 +211,7 @@ class FormationPipeline:
                     if not await embed_memories(self.embedder, memories):  # it logged why
                         report["failed_batches"] += 1
                         return report
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories})
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories if m.embedding is not None})
                     report["embedded"] += done
                     if on_progress:
                         on_progress(agent_id, done)

@@ -29,6 +29,7 @@ from pydantic import BaseModel, Field, field_validator
 from .backend import MemoryBackend, SignalHits
 from .config import Settings
 from .context import age
+from .embedding import Embedder
 from .errors import InvalidInput, NotFound, preview
 from .limits import MAX_NAMESPACE_CHARS, MAX_SEARCH_NAMESPACES, MAX_TOP_K_CEILING, check_time
 from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, UserId
@@ -63,17 +64,17 @@ class SearchRequest(BaseModel):
 
     query: str = Field(description="what to look for, in plain words (at most SEARCH_MAX_QUERY_CHARS characters)")
     scope: Scope = Scope.AGENT
-    user_id: UserId | None = Field(None, description="scope=user: whose memories")
-    session_id: SessionId | None = Field(None, description="scope=session: which session")
-    shard_id: ShardId | None = Field(None, description="scope=shard: which shard")
+    user_id: UserId | None = Field(default=None, description="scope=user: whose memories")
+    session_id: SessionId | None = Field(default=None, description="scope=session: which session")
+    shard_id: ShardId | None = Field(default=None, description="scope=shard: which shard")
     namespaces: list[Annotated[str, Field(max_length=MAX_NAMESPACE_CHARS)]] | None = Field(
-        None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
-    top_k: int = Field(10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
-    min_score: float | None = Field(None, ge=0, le=1, allow_inf_nan=False,
+        default=None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
+    top_k: int = Field(default=10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
+    min_score: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,
                                     description="results below it come back as candidates")
-    kinds: list[MemoryKind] | None = Field(None, max_length=len(MemoryKind), description="only these kinds (default: all)")
-    since: datetime | None = Field(None, description="only memories at or after this time (UTC unless it says)")
-    until: datetime | None = Field(None, description="only memories at or before this time (UTC unless it says)")
+    kinds: list[MemoryKind] | None = Field(default=None, max_length=len(MemoryKind), description="only these kinds (default: all)")
+    since: datetime | None = Field(default=None, description="only memories at or after this time (UTC unless it says)")
+    until: datetime | None = Field(default=None, description="only memories at or before this time (UTC unless it says)")
 
     @field_validator("since", "until")
     @classmethod
@@ -132,7 +133,8 @@ def query_terms(text: str) -> list[str]:
 
 
 def recency_factor(age_days: float, half_life_days: float, weight: float) -> float:
-    return 1.0 - weight + weight * 0.5 ** (max(age_days, 0.0) / half_life_days)
+    decay: float = 0.5 ** (max(age_days, 0.0) / half_life_days)  # typeshed: float ** float may be complex
+    return 1.0 - weight + weight * decay
 
 
 def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None) -> list[tuple[Memory, Explanation]]:
@@ -173,10 +175,17 @@ def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
     )
 
 
+def _needed[T](value: T | None, scope: Scope, name: str) -> T:
+    """``value``, the request's field ``name`` that ``scope`` needs; InvalidInput if it is unset or empty."""
+    if not value:
+        raise InvalidInput(f"scope={scope.value} needs {name}")
+    return value
+
+
 class Retriever:
     """Runs searches for the service: scope checks, the query's embedding, fusion."""
 
-    def __init__(self, settings: Settings, state: StateStore, embedder=None):
+    def __init__(self, settings: Settings, state: StateStore, embedder: Embedder | None = None):
         self.settings = settings
         self.state = state
         self.embedder = embedder
@@ -195,21 +204,18 @@ class Retriever:
     async def scope_namespaces(self, agent_id: str, request: SearchRequest) -> list[Namespace] | None:
         """The namespaces a scope spans (None: all of the agent's). Never another agent's."""
         scope = request.scope
-        needed = {Scope.SESSION: "session_id", Scope.USER: "user_id", Scope.SHARD: "shard_id",
-                  Scope.NAMESPACES: "namespaces"}.get(scope)
-        if needed and not getattr(request, needed):
-            raise InvalidInput(f"scope={scope.value} needs {needed}")
         if scope is Scope.AGENT:
             return None
         if scope is Scope.SESSION:
-            await self._owned_session(agent_id, request.session_id)
-            return [Namespace.session(request.session_id)]
+            session_id = _needed(request.session_id, scope, "session_id")
+            await self._owned_session(agent_id, session_id)
+            return [Namespace.session(session_id)]
         if scope is Scope.USER:
-            return await self.user_namespaces(agent_id, request.user_id)
+            return await self.user_namespaces(agent_id, _needed(request.user_id, scope, "user_id"))
         if scope is Scope.SHARD:
-            return [Namespace.shard(agent_id, request.shard_id)]
+            return [Namespace.shard(agent_id, _needed(request.shard_id, scope, "shard_id"))]
         namespaces = []
-        for text in request.namespaces or []:
+        for text in _needed(request.namespaces, scope, "namespaces"):
             namespace = Namespace.parse(text)
             if namespace.kind is NamespaceKind.SESSION:
                 await self._owned_session(agent_id, namespace.fields[0])
@@ -265,7 +271,7 @@ class Retriever:
         )
 
 
-async def embed_memories(embedder, memories: Sequence[Memory]) -> int:
+async def embed_memories(embedder: Embedder | None, memories: Sequence[Memory]) -> int:
     """Give memories their embedding before they are written; how many got one.
 
     A failing embedder is logged and leaves them without (0): they are stored anyway and the

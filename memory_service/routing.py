@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .backend import MemoryBackend
 from .config import Settings
@@ -41,7 +42,7 @@ class BackendRegistry:
     def register(self, name: str, factory: BackendFactory) -> None:
         self.factories[name] = factory
 
-    def _warn_once(self, key: tuple[str, str], message: str, *args) -> None:
+    def _warn_once(self, key: tuple[str, str], message: str, *args: object) -> None:
         if key not in self._warned:
             self._warned.add(key)
             log.warning(message, *args)
@@ -59,9 +60,8 @@ class BackendRegistry:
             if name in self._live:
                 return self._live[name]
             try:
-                backend = self.factories[name](self.settings)
-                if asyncio.iscoroutine(backend):
-                    backend = await backend
+                built = self.factories[name](self.settings)
+                backend = await built if isinstance(built, Awaitable) else built
                 await backend.start()
             except Exception as exc:
                 self._failed[name] = _FailedFactory(f"{type(exc).__name__}: {exc}", time.monotonic())
@@ -94,8 +94,8 @@ class BackendRegistry:
             await backend.close()
         self._live.clear()
 
-    async def health(self) -> dict:
-        report = {name: await b.health() for name, b in self._live.items()}
+    async def health(self) -> dict[str, dict[str, Any]]:
+        report: dict[str, dict[str, Any]] = {name: await b.health() for name, b in self._live.items()}
         for name, failed in self._failed.items():
             report.setdefault(name, {"ok": False, "error": failed.error})
         return report

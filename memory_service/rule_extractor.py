@@ -249,6 +249,12 @@ _FILLER = re.compile(
     re.IGNORECASE,
 )
 
+
+def _filler_end(text: str, pos: int = 0) -> int:
+    """Where the filler words at ``pos`` end (``_FILLER`` matches the empty string too)."""
+    m = _FILLER.match(text, pos)
+    return m.end() if m else pos
+
 # What a preference is about. A particular thing ("it", "that photo", "the blue one",
 # "your dog", "how you said it") makes it a reaction; a kind of thing makes it a preference.
 _REFERS_BACK = frozenset(
@@ -495,7 +501,7 @@ def _standing_instruction(clause: str) -> bool:
 
 def _clause_starts(text: str) -> list[int]:
     starts = [0] + [m.end() for m in _CLAUSE_BREAK.finditer(text)]
-    return sorted({_FILLER.match(text, s).end() for s in starts})
+    return sorted({_filler_end(text, s) for s in starts})
 
 
 def _directive_clause(clause: str) -> bool:
@@ -545,9 +551,9 @@ def is_directive(sentence: str) -> bool:
         return False
     if text.rstrip("\"')] ").endswith("?"):
         # Only a request about every later reply: "Could you always answer in bullet points?"
-        start = _FILLER.match(text).end()
+        start = _filler_end(text)
         m = _REQUEST.match(text, start)
-        return bool(m) and not _hypothetical(text) and _standing_instruction(text[m.end():m.end() + CLAUSE_CHARS])
+        return m is not None and not _hypothetical(text) and _standing_instruction(text[m.end():m.end() + CLAUSE_CHARS])
     if _hypothetical(text) or _ONE_OCCASION.search(text):
         return False
     if _DATE.search(text) and not _RECURRING.search(text):

@@ -14,6 +14,7 @@ A thin facade over the parts, each readable alone:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from . import gates
 from .agents import AgentDirectory
@@ -22,6 +23,7 @@ from .audit import AuditLog
 from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator
 from .context import RenderedContext
+from .embedding import Embedder
 from .extraction import Extractor
 from .formation import FormationSummary
 from .jobs import JobQueue
@@ -39,7 +41,7 @@ __all__ = ["MemoryService", "RecordResult"]
 
 class MemoryService:
     def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
-                 consolidator: Consolidator | None = None, embedder=None):
+                 consolidator: Consolidator | None = None, embedder: Embedder | None = None):
         self.settings = settings
         self.state = state
         self.extractor = extractor
@@ -95,14 +97,14 @@ class MemoryService:
     async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
         return await self.sessions.form_memories(session_id, wait)
 
-    async def session_status(self, session_id: str) -> dict:
+    async def session_status(self, session_id: str) -> dict[str, Any]:
         return await self.sessions.session_status(session_id)
 
     # The worker's jobs
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
         return await self.pipeline.run_formation(session_id, window)
 
-    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict:
+    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict[str, Any]:
         return await self.pipeline.run_consolidation(namespace, version, count)
 
     async def sweep_cold_sessions(self) -> list[str]:
@@ -116,7 +118,7 @@ class MemoryService:
         return await self.pipeline.backfill_embeddings(batch, limit, on_progress)
 
     # Reading memory
-    async def search(self, agent_id: str, query: str | SearchRequest, **options) -> SearchResult:
+    async def search(self, agent_id: str, query: str | SearchRequest, **options: Any) -> SearchResult:
         """Memories of ``agent_id`` relevant to ``query``, best first, each explained.
 
         ``options`` are the fields of ``SearchRequest``: ``scope`` (agent, user, session,
@@ -134,7 +136,9 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget)
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
+        state: dict[str, Any]
+        queue: dict[str, Any]
         try:
             state = {"ok": await self.state.ping()}
         except Exception as exc:

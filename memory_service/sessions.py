@@ -19,6 +19,7 @@ from typing import Any
 from . import gates, limits
 from .agents import AgentDirectory
 from .config import Settings
+from .embedding import Embedder
 from .errors import BackendUnavailable, Conflict, FormationPending, NotFound
 from .formation import FormationSummary, message_memory_id
 from .group_commit import GroupCommit
@@ -46,7 +47,7 @@ class RecordResult:
 
 class SessionLedger:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, agents: AgentDirectory,
-                 embedder, extractor_name: str):
+                 embedder: Embedder | None, extractor_name: str):
         self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
         self.embedder, self.extractor_name = embedder, extractor_name
         self.windows = WindowStore(state)

@@ -39,6 +39,7 @@ import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -46,6 +47,10 @@ from .config import Settings
 from .errors import Conflict
 from .models import AgentSettings, ShardIn
 from .redis_pools import redis_client
+
+# The store's client decodes responses (redis_pools.redis_client, decode_responses=True);
+# redis-py types every reply as ``bytes | str`` whatever the client does, so the replies
+# read below are cast to ``str`` where they come in.
 
 # Reserve a sequence number for a message id, or return the one it already has; with it,
 # the agent's settings (KEYS[4]), which say which backend stores the message: one round trip.
@@ -264,12 +269,12 @@ class StateStore:
         named = {settings.requested_backend()}
         if previous:
             try:
-                named.add(AgentSettings.model_validate_json(previous).requested_backend())
+                named.add(AgentSettings.model_validate_json(cast(str, previous)).requested_backend())
             except ValueError:
                 pass
-        named.discard(None)
-        if named:
-            await self.redis.sadd(_agent_backends(agent_id), *sorted(named))
+        backends = sorted(name for name in named if name is not None)
+        if backends:
+            await self.redis.sadd(_agent_backends(agent_id), *backends)
         await self.bump(f"agent:{agent_id}")
 
     async def named_backend(self, agent_id: str, backend: str) -> bool:
@@ -294,7 +299,7 @@ class StateStore:
         return bool(created)
 
     async def shards(self, agent_id: str) -> dict[str, ShardIn]:
-        raw = await self.redis.hgetall(f"ms:shards:{agent_id}")
+        raw = cast(dict[str, str], await self.redis.hgetall(f"ms:shards:{agent_id}"))
         return {sid: ShardIn.model_validate_json(v) for sid, v in sorted(raw.items())}
 
     # Sessions ----------------------------------------------------------------------
@@ -370,8 +375,8 @@ class StateStore:
 
         A session's score is its last activity, or the cold sweep's last visit if later.
         """
-        return [(sid, float(score)) for sid, score in
-                await self.redis.zrangebyscore(ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)]
+        due = await self.redis.zrangebyscore(ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)
+        return [(sid, float(score)) for sid, score in cast(list[tuple[str, float]], due)]
 
     async def settle_swept(self, visited: Sequence[tuple[str, float]], unformable: Sequence[tuple[str, float]],
                            now: float) -> None:
@@ -379,13 +384,14 @@ class StateStore:
         enqueued go to the back of the active set, those that cannot form leave it, each
         only if no message arrived meanwhile (a message re-adds its session)."""
         if visited or unformable:
-            args = [repr(now), len(visited)] + [v for sid, score in (*visited, *unformable) for v in (sid, repr(score))]
+            args: list[str | int] = [repr(now), len(visited),
+                                     *(v for sid, score in (*visited, *unformable) for v in (sid, repr(score)))]
             await self._settle_swept(keys=[ACTIVE], args=args)
 
     # Consolidation -----------------------------------------------------------------
 
     async def consolidation_pending(self, namespace: str, limit: int = -1) -> list[str]:
-        return list(await self.redis.lrange(_cons_list(namespace), 0, limit - 1 if limit > 0 else -1))
+        return cast(list[str], await self.redis.lrange(_cons_list(namespace), 0, limit - 1 if limit > 0 else -1))
 
     async def consolidation_backlog(self, namespace: str) -> int:
         """How many items of ``namespace`` wait for consolidation."""
@@ -408,11 +414,11 @@ class StateStore:
             await pipe.execute()
 
     async def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in (await self.redis.hgetall(METRICS)).items()}
+        return {k: float(v) for k, v in cast(dict[str, str], await self.redis.hgetall(METRICS)).items()}
 
     async def agent_sessions(self, agent_id: str) -> list[str]:
         """Every session the agent has recorded in (for migration)."""
-        return sorted(await self.redis.smembers(_agent_sessions(agent_id)))
+        return sorted(cast(set[str], await self.redis.smembers(_agent_sessions(agent_id))))
 
     async def record_embedder(self, name: str, dimension: int) -> tuple[str, int] | None:
         """Remember which embedder filled the store; the one remembered before, if any."""
@@ -420,15 +426,15 @@ class StateStore:
         if await self.redis.hsetnx(key, "dimension", dimension):
             await self.redis.hset(key, "name", name)
             return None
-        stored = await self.redis.hgetall(key)
+        stored = cast(dict[str, str], await self.redis.hgetall(key))
         return stored.get("name", "?"), int(stored["dimension"])
 
     async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
         """The sessions of ``agent_id`` in which ``user_id`` spoke (as role user)."""
-        return sorted(await self.redis.smembers(_user_sessions(agent_id, user_id)))
+        return sorted(cast(set[str], await self.redis.smembers(_user_sessions(agent_id, user_id))))
 
     async def session_users(self, session_id: str) -> list[str]:
-        return sorted(await self.redis.smembers(self._keys(session_id)["users"]))
+        return sorted(cast(set[str], await self.redis.smembers(self._keys(session_id)["users"])))
 
     # Context cache -----------------------------------------------------------------
 
@@ -444,10 +450,10 @@ class StateStore:
             return []
         return [int(v or 0) for v in await self.redis.mget([_generation(ns) for ns in namespaces])]
 
-    async def cache_get(self, key: str) -> dict | None:
+    async def cache_get(self, key: str) -> dict[str, Any] | None:
         raw = await self.redis.get(f"ms:ctx:{key}")
-        return json.loads(raw) if raw else None
+        return cast(dict[str, Any], json.loads(raw)) if raw else None
 
-    async def cache_put(self, key: str, value: dict, ttl_seconds: int) -> None:
+    async def cache_put(self, key: str, value: dict[str, Any], ttl_seconds: int) -> None:
         if ttl_seconds > 0:
             await self.redis.set(f"ms:ctx:{key}", json.dumps(value), ex=ttl_seconds)

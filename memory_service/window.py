@@ -36,6 +36,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from typing import cast
 
 from pydantic import TypeAdapter
 
@@ -236,7 +237,8 @@ class WindowStore:
         return Claim.of(session_id, row[1], row[2])
 
     async def load(self, session_id: str) -> WindowRecord | None:
-        raw = await self.state.redis.hgetall(window_key(session_id))
+        # The state store's client decodes responses (see memory_service.state).
+        raw = cast(dict[str, str], await self.state.redis.hgetall(window_key(session_id)))
         return WindowRecord.of(session_id, raw) if raw else None
 
     async def current_claim(self, session_id: str) -> Claim | None:

@@ -159,6 +159,26 @@ async def test_local_embedder_reports_a_missing_model_clearly(tmp_path):
     await embedder.aclose()
 
 
+async def test_local_embedder_closed_while_a_batch_waits_says_so():
+    # A batch queued on the model's thread behind another, when aclose() runs: it finds the
+    # model gone and says the embedder was closed (it used to fail on the missing session).
+    import threading
+
+    embedder = LocalEmbedder()
+    await embedder.start()
+    assert embedder._pool is not None
+    gate = threading.Event()
+    embedder._pool.submit(gate.wait)  # keeps the model's one thread busy
+    waiting = asyncio.create_task(embedder.embed(["queued behind the gate"]))
+    await asyncio.sleep(0)  # the batch is handed to the thread pool and waits there
+    closing = asyncio.create_task(embedder.aclose())
+    await asyncio.sleep(0)  # aclose() dropped the model and waits for the pool to drain
+    gate.set()
+    await closing
+    with pytest.raises(EmbedderUnavailable, match="the local embedder was closed"):
+        await waiting
+
+
 # --- openai-compatible, against a real server on loopback ---------------------------------
 
 

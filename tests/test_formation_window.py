@@ -420,3 +420,63 @@ async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(u
             return await service.state.consolidation_version(user_ns) >= 1
 
         await until(consolidated, what="the directives consolidated")
+
+
+async def test_a_window_marked_extracted_without_its_extraction_fails_clearly_and_stays(url):
+    """The extracted state is stored with its extraction in one step; a hash that lost it
+    (hand-edited, restored in part) fails the run with a sentence, not an AttributeError."""
+    from memory_service.formation import form_window
+    from memory_service.window import window_key
+
+    async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
+        for i in range(3):
+            await service.record_message("x", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
+        windows = service.sessions.windows
+        claim = await windows.claim("x", limit=10)
+        await service.state.redis.hset(window_key("x"), "state", "extracted")
+        _, backend = await service.agents.backend_for("a1")
+        with pytest.raises(RuntimeError, match="window 1 is extracted but holds no extraction"):
+            await form_window(claim=claim, agent_id="a1", backend=backend, windows=windows,
+                              extractor=service.extractor, shards=[])
+        record = await windows.load("x")
+        assert record.state is WindowState.EXTRACTED and record.claim.message_ids == ["m0", "m1", "m2"]
+        assert (await service.session_status("x"))["formed_windows"] == 0
+
+
+async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
+    """Every recorded message has a role; one stored without (a damaged store) stops the
+    window with the message named, rather than extracting it under no speaker."""
+    from memory_service.formation import form_window, message_memory_id
+    from memory_service.models import Memory, Provenance
+    from memory_service.window import window_key
+
+    async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
+        await service.record_message("r", msg("a1", "alice", "I prefer aisle seats.", mid="m0"))
+        _, backend = await service.agents.backend_for("a1")
+        await backend.write([Memory(
+            id=message_memory_id("r", "ghost"), kind=MemoryKind.MESSAGE, namespace=str(Namespace.session("r")),
+            content="I always fly at night.",
+            metadata=Provenance(agent_id="a1", user_id="alice", session_id="r", message_ids=["ghost"], sequence=2),
+        )])
+        redis = service.state.redis
+        await redis.hset(window_key("r"), mapping={"window": "1", "ids": '[["m0", 1], ["ghost", 2]]', "state": "claimed"})
+        windows = service.sessions.windows
+        with pytest.raises(RuntimeError, match=r"stored without a role: \['ghost'\]"):
+            await form_window(claim=await windows.current_claim("r"), agent_id="a1", backend=backend,
+                              windows=windows, extractor=service.extractor, shards=[])
+        assert (await windows.load("r")).state is WindowState.CLAIMED
+        assert await backend.recent("a1", Namespace.user("a1", "alice"), [MemoryKind.DIRECTIVE], 10) == []
+
+
+async def test_a_window_of_a_session_that_names_no_agent_fails_clearly(url):
+    """A session's first record names its agent before any window exists; a window whose
+    session lost its counters fails its job with a sentence (it used to reach the shard
+    listing with agent None)."""
+    from memory_service.window import window_key
+
+    async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
+        await service.state.redis.hset(window_key("orphan"), mapping={"window": "1", "ids": '[["m0", 1]]',
+                                                                      "state": "claimed"})
+        with pytest.raises(RuntimeError, match="session 'orphan' holds window 1 but names no agent"):
+            await service.run_formation("orphan", 1)
+        assert (await service.sessions.windows.load("orphan")).state is WindowState.CLAIMED
