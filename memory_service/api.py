@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -48,7 +49,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     """The app; it opens its own MemoryService (and worker, see open_service) unless one is given."""
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if service is not None:
             app.state.service = service
             yield
@@ -67,11 +68,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     request_guard.install(app, (settings or (service.settings if service else None) or Settings()).max_request_bytes)
 
     @app.exception_handler(MemoryServiceError)
-    async def _service_error(request: Request, exc: MemoryServiceError):
+    async def _service_error(request: Request, exc: MemoryServiceError) -> JSONResponse:
         return JSONResponse(status_code=exc.status_code, content={"detail": _public_detail(exc)})
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return request_guard.invalid_input_answer(exc.errors())
 
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
@@ -81,7 +82,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
                      limits.api_queue_timeout_seconds, describe=_public_detail)
 
     def svc(request: Request) -> MemoryService:
-        return request.app.state.service
+        return cast(MemoryService, request.app.state.service)  # set by the lifespan
 
     @app.post("/v1/sessions/{session_id}/messages", response_model=RecordOut, tags=["sessions"])
     async def record_message(session_id: SessionId, body: MessageIn, request: Request) -> RecordOut:
@@ -107,7 +108,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).form_memories(session_id, wait=wait)
 
     @app.get("/v1/sessions/{session_id}", tags=["sessions"])
-    async def session(session_id: SessionId, request: Request) -> dict:
+    async def session(session_id: SessionId, request: Request) -> dict[str, Any]:
         """The session's gate state, formation cursor and the job of its pending window."""
         return await svc(request).session_status(session_id)
 
@@ -190,7 +191,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return text + await _gauges(svc(request))
 
     @app.get("/health/live", tags=["ops"])
-    async def live() -> dict:
+    async def live() -> dict[str, Any]:
         """Liveness: the process answers HTTP. Checks no dependency (GET /health does)."""
         return {"ok": True}
 
@@ -213,7 +214,8 @@ def _public_detail(exc: MemoryServiceError) -> str:
     detail = str(exc)
     if exc.status_code < 500:
         return detail  # about the caller's input
-    causes, cause = [], exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    causes: list[str] = []
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     while cause is not None and len(causes) < 5:
         causes.append(str(cause))
         cause = cause.__cause__ or cause.__context__
