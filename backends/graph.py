@@ -29,13 +29,19 @@ import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memory_service import bm25
 from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.config import Settings, redact_url
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
+
+if TYPE_CHECKING:
+    from falkordb.asyncio.graph import AsyncGraph  # untyped: Any to mypy, named for the reader
+
+# A row of a read: the query's RETURN names -> FalkorDB values.
+Row = dict[str, Any]
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +116,7 @@ def _index_statements(dimension: int | None) -> list[str]:
     return statements
 
 
-async def _until_indexes_operational(graph, timeout: float = 10.0) -> None:
+async def _until_indexes_operational(graph: AsyncGraph, timeout: float = 10.0) -> None:
     """FalkorDB builds indexes in the background; until they are operational a full-text
     query finds nothing and a vector query fails. A new graph's are built in moments."""
     deadline = asyncio.get_running_loop().time() + timeout
@@ -163,7 +169,7 @@ class GraphBackend(MemoryBackend):
         if (pool := getattr(self.client.connection, "connection_pool", None)) is not None:
             await pool.disconnect()  # the client does not own the pool it was given
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         try:
             await self.client.connection.ping()
             return {"ok": True, "url": redact_url(self.url), "agent_graphs": len(await self.agents())}
@@ -172,7 +178,7 @@ class GraphBackend(MemoryBackend):
 
     # Queries -------------------------------------------------------------------------
 
-    async def _read(self, agent_id: str, cypher: str, **params: Any) -> list[dict]:
+    async def _read(self, agent_id: str, cypher: str, **params: Any) -> list[Row]:
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
@@ -184,7 +190,7 @@ class GraphBackend(MemoryBackend):
         names = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in result.header]
         return [dict(zip(names, row)) for row in result.result_set]
 
-    async def _writable(self, agent_id: str):
+    async def _writable(self, agent_id: str) -> AsyncGraph:
         """The agent's graph, with its indexes, created with the graph (for updates; ``write``
         checks inside its own statement).
 
@@ -197,7 +203,7 @@ class GraphBackend(MemoryBackend):
             await self._create_indexes(graph)
         return graph
 
-    async def _create_indexes(self, graph) -> None:
+    async def _create_indexes(self, graph: AsyncGraph) -> None:
         for statement in _index_statements(self.embedding_dimension):
             try:
                 await graph.query(statement)
@@ -320,6 +326,7 @@ class GraphBackend(MemoryBackend):
         return [_memory(row) for row in reversed(rows)]
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        params: dict[str, Any]
         if kinds:
             where, params = "n.group_kind IN $gks", {"gks": [_group_kind(namespace.group_id, k) for k in kinds]}
         else:
@@ -352,7 +359,8 @@ class GraphBackend(MemoryBackend):
         groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
         if groups == []:
             return {}
-        filters, params = ["n.evicted IS NULL"], {"limit": query.limit}
+        filters = ["n.evicted IS NULL"]
+        params: dict[str, Any] = {"limit": query.limit}
         if groups is not None:
             filters.append("n.group_id IN $groups")
             params["groups"] = groups
@@ -369,8 +377,8 @@ class GraphBackend(MemoryBackend):
         hits: SignalHits = {}
         if queries := fulltext_queries(query.terms, groups):
             hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
-        if query.vector is not None and self.embedding_dimension:
-            vector = self._checked(query.vector)
+        # None without a query vector or without vectors in this store.
+        if (vector := self._checked(query.vector)) is not None:
             if groups is None:
                 # The agent's whole graph: the vector index's nearest neighbours.
                 k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
@@ -441,7 +449,7 @@ def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
     return list(first.values())
 
 
-def _memory(row: dict) -> Memory:
+def _memory(row: Row) -> Memory:
     memory = Memory.from_episode_body(
         id=row["uuid"], namespace=str(Namespace.from_group_id(row["group_id"])), body=row["content"],
         valid_at=row["valid_at"],

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.breaker import OPEN, CircuitBreaker
@@ -71,7 +71,7 @@ class MirroredBackend(MemoryBackend):
         self._down: dict[str, str] = {}  # store -> last error, while its deliveries fail
         self._alarmed: set[str] = set()
         self._mirror_started = False
-        self._drainer: asyncio.Task | None = None
+        self._drainer: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.primary.start()
@@ -95,11 +95,13 @@ class MirroredBackend(MemoryBackend):
         await self.primary.close()
         await self.mirror.close()
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         graph, mongo = await asyncio.gather(self.primary.health(), self._mongo_health())
+        depth: Mapping[str, int | str]  # what waits per target, or why the outbox cannot say
+        dead: Mapping[str, int]
         try:
-            depth, dead = await asyncio.gather(self.outbox.depth(), self.outbox.dead_letter_counts())
-            alarms = self.outbox.alarms(depth, dead)
+            pending, dead_letters = await asyncio.gather(self.outbox.depth(), self.outbox.dead_letter_counts())
+            depth, dead, alarms = pending, dead_letters, self.outbox.alarms(pending, dead_letters)
         except Exception as exc:
             depth, dead, alarms = {"error": str(exc)}, {}, [f"the outbox cannot be read: {exc}"]
         return {"ok": bool(graph.get("ok")), "graph": graph, "mongo": mongo, "outbox": depth, "dead_letters": dead,
@@ -107,7 +109,7 @@ class MirroredBackend(MemoryBackend):
                 "mongo_reads": self.mongo_reads, "skipped_reads": self.skipped_reads,
                 "mongo_breaker": self.breaker.snapshot()}
 
-    async def _mongo_health(self) -> dict:
+    async def _mongo_health(self) -> dict[str, Any]:
         if self.breaker.state == OPEN:  # no ping while it cools off: it would wait out the timeouts
             return {"ok": False, "error": f"circuit breaker open: {self.breaker.last_error}"}
         try:
@@ -185,7 +187,8 @@ class MirroredBackend(MemoryBackend):
             await self.outbox.release(target, token)
         # Deliveries open the breaker when MongoDB is down; only reads close it: a read must
         # also answer within the (shorter) fallback timeout.
-        if delivered and self._down.pop(target, None):
+        if delivered and target in self._down:
+            del self._down[target]
             log.warning("outbox: %s is back; delivered %d held write(s)", target, delivered)
         return delivered
 
@@ -240,22 +243,22 @@ class MirroredBackend(MemoryBackend):
             result = await read(self.primary)
         except Exception as exc:
             log.warning("graph read of %s failed, reading mongo: %s", what, exc)
-            served, fallback = await self._from_mongo(read, what)
-            if not served:
+            fallback = await self._from_mongo(read, what)
+            if fallback is None:
                 raise exc
-            return fallback, "mongo"
+            return fallback[0], "mongo"
         if empty is not None and empty(result) and await self._mongo_only(agent_id):
-            served, fallback = await self._from_mongo(read, what)
-            if served and not empty(fallback):
-                return fallback, "mongo"
+            fallback = await self._from_mongo(read, what)
+            if fallback is not None and not empty(fallback[0]):
+                return fallback[0], "mongo"
         return result, "graph"
 
-    async def _from_mongo(self, read: Callable[[MemoryBackend], Awaitable[T]], what: str) -> tuple[bool, T | None]:
-        """(True, MongoDB's answer), or (False, None) when it failed, took longer than the
-        fallback timeout, or the breaker is open."""
+    async def _from_mongo(self, read: Callable[[MemoryBackend], Awaitable[T]], what: str) -> tuple[T] | None:
+        """(MongoDB's answer,), or None when it failed, took longer than the fallback
+        timeout, or the breaker is open."""
         if not self.breaker.allow():
             self.skipped_reads += 1
-            return False, None
+            return None
         self.mongo_reads += 1
         try:
             async with asyncio.timeout(self.fallback_timeout):
@@ -263,10 +266,10 @@ class MirroredBackend(MemoryBackend):
         except Exception as exc:
             self.breaker.failure(exc)
             log.warning("mongo read of %s failed: %s: %s", what, type(exc).__name__, exc)
-            return False, None
+            return None
         self.breaker.success()
         self.fallback_reads += 1
-        return True, result
+        return (result,)
 
     async def _mongo_only(self, agent_id: str) -> bool:
         try:
@@ -280,9 +283,9 @@ class MirroredBackend(MemoryBackend):
         held = {m.id for m in found}
         missing = [i for i in dict.fromkeys(ids) if i not in held]
         if source == "graph" and missing:
-            served, more = await self._from_mongo(lambda b: b.get(agent_id, namespace, missing), str(namespace))
-            if served and more:
-                found = [*found, *more]
+            more = await self._from_mongo(lambda b: b.get(agent_id, namespace, missing), str(namespace))
+            if more is not None and more[0]:
+                found = [*found, *more[0]]
         return found
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:

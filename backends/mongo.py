@@ -36,7 +36,7 @@ import math
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bson.binary import VECTOR_SUBTYPE, Binary, BinaryVectorDtype
 from pymongo import ASCENDING, DESCENDING, TEXT, AsyncMongoClient, UpdateOne
@@ -47,10 +47,14 @@ from memory_service.config import redact_url
 from memory_service.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.namespaces import Namespace, NamespaceKind
 
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
 try:  # numpy scores a batch of vectors at once; plain Python does the same, slower
     import numpy
 except ImportError:  # pragma: no cover - numpy comes with the service's dependencies
-    numpy = None
+    # mypy types an import as always there; the tests also set it to None, to score without it.
+    numpy = None  # type: ignore[assignment]
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +83,7 @@ class MongoBackend(MemoryBackend):
         self.uri = uri
         # Every call is bounded: waiting for a reachable server (and for a pooled connection),
         # connecting, and each reply. PyMongo waits for a free connection forever by default.
-        self.client: AsyncMongoClient = AsyncMongoClient(
+        self.client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(
             uri, serverSelectionTimeoutMS=server_selection_timeout_ms, connectTimeoutMS=connect_timeout_ms,
             socketTimeoutMS=socket_timeout_ms, waitQueueTimeoutMS=server_selection_timeout_ms, tz_aware=True,
         )
@@ -147,7 +151,7 @@ class MongoBackend(MemoryBackend):
     async def close(self) -> None:
         await self.client.close()
 
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         try:
             await self.client.admin.command("ping")
             return {"ok": True, "uri": redact_url(self.uri)}
@@ -401,7 +405,7 @@ class _CosineTopK:
         return [(i, float(s)) for s, i in sorted(self._best, key=lambda p: (-p[0], p[1]))]
 
 
-def _decode(stored: Any):
+def _decode(stored: Any) -> NDArray[Any] | Sequence[float] | None:
     """A stored vector (BSON float32 vector, or an array of numbers) as numpy or a list."""
     if isinstance(stored, Binary) and stored.subtype == VECTOR_SUBTYPE:
         data = bytes(stored)

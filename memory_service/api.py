@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -60,7 +61,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     mode = resolve_mode(configured.api_auth, host)
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.access_mode = mode
         if service is not None:
             app.state.service = service
@@ -87,11 +88,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
                            allow_methods=["GET", "POST", "PUT", "DELETE"], allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(MemoryServiceError)
-    async def _service_error(request: Request, exc: MemoryServiceError):
+    async def _service_error(request: Request, exc: MemoryServiceError) -> JSONResponse:
         return JSONResponse(status_code=exc.status_code, content={"detail": _public_detail(exc)}, headers=exc.headers())
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError):
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return request_guard.invalid_input_answer(exc.errors())
 
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
@@ -101,7 +102,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     Caller = Depends(caller)
 
     def svc(request: Request) -> MemoryService:
-        return request.app.state.service
+        return cast(MemoryService, request.app.state.service)  # set by the lifespan
 
     @app.post("/v1/sessions/{session_id}/messages", response_model=RecordOut, tags=["sessions"])
     async def record_message(session_id: SessionId, body: MessageIn, request: Request,
@@ -134,7 +135,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).form_memories(session_id, wait=wait)
 
     @app.get("/v1/sessions/{session_id}", tags=["sessions"])
-    async def session(session_id: SessionId, request: Request, principal: Principal = Caller) -> dict:
+    async def session(session_id: SessionId, request: Request, principal: Principal = Caller) -> dict[str, Any]:
         """The session's gate state, formation cursor and the job of its pending window.
         Needs `read` on the session's agent."""
         await session_owner(request, principal, session_id, Role.READ)
@@ -245,7 +246,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return text + await _gauges(svc(request))
 
     @app.get("/health/live", tags=["ops"])
-    async def live() -> dict:
+    async def live() -> dict[str, Any]:
         """Liveness: the process answers HTTP. Checks no dependency (GET /health does)."""
         return {"ok": True}
 
@@ -298,7 +299,8 @@ def _public_detail(exc: MemoryServiceError) -> str:
     detail = str(exc)
     if exc.status_code < 500:
         return detail  # about the caller's input
-    causes, cause = [], exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    causes: list[str] = []
+    cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     while cause is not None and len(causes) < 5:
         causes.append(str(cause))
         cause = cause.__cause__ or cause.__context__

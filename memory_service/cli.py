@@ -10,7 +10,7 @@ import tempfile
 from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -19,6 +19,11 @@ from rich.table import Table
 
 from .config import Settings
 from .errors import MemoryServiceError
+
+if TYPE_CHECKING:
+    import httpx
+
+    from .migration import MigrationReport
 
 app = typer.Typer(help="Long-term memory for LLM agents.", no_args_is_help=True, add_completion=False)
 console = Console()
@@ -142,7 +147,7 @@ def backfill_embeddings(
     console.print(f"{report['embedded']} memories embedded; none is missing an embedding now.")
 
 
-async def _backfill(settings: Settings, batch: int) -> dict:
+async def _backfill(settings: Settings, batch: int) -> dict[str, int]:
     from rich.progress import Progress, SpinnerColumn, TextColumn
 
     from .runtime import open_service
@@ -160,7 +165,7 @@ async def _backfill(settings: Settings, batch: int) -> dict:
             return await service.backfill_embeddings(batch=batch, on_progress=on_progress)
 
 
-async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool):
+async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool) -> MigrationReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from .migration import migrate_agent
@@ -235,10 +240,11 @@ async def _demo(data_dir: Path, model: str | None) -> None:
     # A short gate interval, so that the short sample sessions open it and formation is
     # seen happening in the background while the conversation goes on.
     # Keys as in production: an operator key (OPERATOR_API_KEY) makes the agent's own key,
-    # and the demo's calls use that.
+    # and the demo's calls use that. pydantic's synthesised __init__ lists the fields only,
+    # not BaseSettings' own _env_file.
     operator_key = secrets.token_urlsafe(32)
-    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, memory_formation_msg_interval=5,
-                        api_auth="keys", operator_api_key=operator_key)
+    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None,  # type: ignore[call-arg]
+                        memory_formation_msg_interval=5, api_auth="keys", operator_api_key=operator_key)
     async with LoopbackServer(create_app(settings, data_dir, run_worker=True)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
             console.rule(f"memory-service demo — API on {server.base_url}, embedded FalkorDB in {data_dir}")
@@ -259,7 +265,7 @@ async def _demo(data_dir: Path, model: str | None) -> None:
             await _show_search(http, script["agent_id"], show["user_id"], script["search"])
 
 
-async def _show_search(http, agent_id: str, user_id: str, query: str) -> None:
+async def _show_search(http: httpx.AsyncClient, agent_id: str, user_id: str, query: str) -> None:
     """One search over the user's memories, each result with its explanation."""
     found = _ok(await http.get("/v1/search", params={"agent_id": agent_id, "query": query, "scope": "user",
                                                      "user_id": user_id, "top_k": 3}))
@@ -273,13 +279,14 @@ async def _show_search(http, agent_id: str, user_id: str, query: str) -> None:
                       highlight=False)
 
 
-def _ok(response) -> dict:
+def _ok(response: httpx.Response) -> dict[str, Any]:
     if response.status_code >= 400:
         raise MemoryServiceError(f"{response.request.method} {response.request.url.path} answered {response.status_code}: {response.text}")
-    return response.json()
+    body: dict[str, Any] = response.json()  # every route used here answers an object
+    return body
 
 
-async def _replay(http, script: dict) -> None:
+async def _replay(http: httpx.AsyncClient, script: dict[str, Any]) -> None:
     agent_id = script["agent_id"]
     _ok(await http.put(f"/v1/agents/{agent_id}", json=script["agent"]))
     for shard_id, shard in script["shards"].items():
@@ -305,7 +312,7 @@ async def _replay(http, script: dict) -> None:
     console.print(table)
 
 
-async def _wait_formed(http, session_id: str) -> dict:
+async def _wait_formed(http: httpx.AsyncClient, session_id: str) -> dict[str, Any]:
     for _ in range(600):
         status = _ok(await http.get(f"/v1/sessions/{session_id}"))
         if status["pending_job"] is None:

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class EmbeddedFalkorDB:
         self.data_dir = Path(data_dir).resolve()
         self.port = port
         self.password: str | None = None
-        self._process: subprocess.Popen | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._keeper: threading.Thread | None = None
         self._release_keeper = threading.Event()
         self._lock_fd: int | None = None
@@ -75,7 +76,7 @@ class EmbeddedFalkorDB:
             # Kept, like the port, when this instance starts again: its clients reconnect as they were.
             self.password = self.password or secrets.token_urlsafe(32)
             self.port = self.port or free_port()
-            self._process = self._spawn([
+            process = self._process = self._spawn([
                 server,
                 "-",  # the rest of the configuration comes from stdin: the password stays off the command line
                 "--bind", "127.0.0.1",
@@ -87,9 +88,10 @@ class EmbeddedFalkorDB:
                 "--protected-mode", "yes",
                 "--logfile", str(self.data_dir / LOG_FILE),
             ])
-            self._process.stdin.write(f"requirepass {self.password}\n".encode())
-            self._process.stdin.close()
-            _write_private(self.data_dir / PID_FILE, str(self._process.pid))
+            assert process.stdin is not None  # spawned with stdin=PIPE
+            process.stdin.write(f"requirepass {self.password}\n".encode())
+            process.stdin.close()
+            _write_private(self.data_dir / PID_FILE, str(process.pid))
             self._wait_ready(timeout)
         except BaseException:
             self.stop()
@@ -173,14 +175,14 @@ class EmbeddedFalkorDB:
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         self._lock_fd = fd
 
-    def _spawn(self, argv: list[str]) -> subprocess.Popen:
+    def _spawn(self, argv: list[str]) -> subprocess.Popen[bytes]:
         """Start the server from a thread that lives as long as the store.
 
         The parent-death signal fires when the *thread* that forked the child ends, not the
         process: forked from an event loop's or executor's thread, the server would be
         stopped when that thread is. This thread ends only in stop(), or with the process.
         """
-        started: Future[subprocess.Popen] = Future()
+        started: Future[subprocess.Popen[bytes]] = Future()
 
         def keep() -> None:
             try:
@@ -204,16 +206,18 @@ class EmbeddedFalkorDB:
         return started.result()
 
     def _wait_ready(self, timeout: float) -> None:
-        client = redis.Redis(host="127.0.0.1", port=self.port, password=self.password, socket_timeout=1,
+        process, port = self._process, self.port
+        assert process is not None and port is not None  # set by start() before it waits
+        client = redis.Redis(host="127.0.0.1", port=port, password=self.password, socket_timeout=1,
                              socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:
-                if self._process.poll() is not None:
+                if process.poll() is not None:
                     log_file = self.data_dir / LOG_FILE
                     tail = log_file.read_text()[-2000:] if log_file.exists() else ""
                     raise BackendUnavailable(
-                        f"embedded FalkorDB exited at start (code {self._process.returncode}): {tail}")
+                        f"embedded FalkorDB exited at start (code {process.returncode}): {tail}")
                 try:
                     if client.ping():
                         return
@@ -225,7 +229,7 @@ class EmbeddedFalkorDB:
         raise BackendUnavailable(f"embedded FalkorDB did not answer within {timeout:.0f}s")
 
 
-def _die_with_owner():
+def _die_with_owner() -> Callable[[], None] | None:
     """A preexec_fn that has the kernel send the server SIGTERM when its owner dies (Linux).
 
     SIGTERM, not SIGKILL: redis-server then writes its data out and exits cleanly.

@@ -10,6 +10,7 @@ import asyncio
 import socket
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from .errors import MemoryServiceError
 
@@ -17,15 +18,16 @@ from .errors import MemoryServiceError
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class LoopbackServer:
-    def __init__(self, app, port: int | None = None):
+    def __init__(self, app: ASGIApp, port: int | None = None):
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning"))
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
 
     async def start(self, timeout: float = 30) -> LoopbackServer:
         self.task = asyncio.create_task(self.server.serve())

@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal, cast
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 from redis.asyncio import Redis
@@ -282,11 +282,13 @@ class Outbox:
     async def pending(self, target: str, limit: int) -> list[Pending]:
         """The oldest ``limit`` entries ``target`` has not acknowledged, oldest first."""
         await self._adopt_first_outbox(target)
-        ids = await self.redis.zrange(_queue(target), 0, limit - 1)
+        # The client decodes responses (redis_client's default): ids are str.
+        ids = cast(list[str], await self.redis.zrange(_queue(target), 0, limit - 1))
         if not ids:
             return []
+        payloads = cast(list[str | None], await self.redis.hmget(ENTRIES, ids))
         out = []
-        for entry_id, payload in zip(ids, await self.redis.hmget(ENTRIES, ids)):
+        for entry_id, payload in zip(ids, payloads):
             if payload is None:
                 out.append(Pending(entry_id, None, "the entry's operation is missing"))
                 continue
@@ -360,7 +362,7 @@ class Outbox:
     async def dead_letters(self, target: str, limit: int = 100) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters of ``target``, with their error and operation."""
         self._check(target)
-        rows = await self.redis.zrange(_dead(target), 0, limit - 1, withscores=True)
+        rows = cast(list[tuple[str, float]], await self.redis.zrange(_dead(target), 0, limit - 1, withscores=True))
         if not rows:
             return []
         ids = [entry_id for entry_id, _ in rows]

@@ -37,8 +37,11 @@ def _run(data_dir: Path | None, target: str, work: Callable[[Outbox], Awaitable[
         raise typer.Exit(2)
     settings = _attached_settings(data_dir)
 
+    url = settings.redis_url or settings.falkordb_url
+    assert url is not None  # _attached_settings exits when there is no store
+
     async def main() -> T:
-        redis = redis_client(settings.redis_url or settings.falkordb_url, settings)
+        redis = redis_client(url, settings)
         try:
             return await work(Outbox(redis, TARGETS, max_attempts=settings.outbox_max_attempts,
                                      alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -30,7 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .errors import BackendUnavailable, FormationPending
+from .errors import BackendUnavailable, FormationPending, MemoryServiceError
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +40,12 @@ log = logging.getLogger(__name__)
 # ConnectionError covers a full pool ("No connection available.", MaxConnectionsError);
 # PyMongo's ConnectionFailure covers AutoReconnect, NetworkTimeout,
 # ServerSelectionTimeoutError and WaitQueueTimeoutError.
-UNAVAILABLE: tuple[type[BaseException], ...] = (
+UNAVAILABLE: tuple[type[Exception], ...] = (
     OSError, TimeoutError, RedisConnectionError, RedisTimeoutError, BusyLoadingError,
     ConnectionFailure, ExecutionTimeout, WTimeoutError, BackendUnavailable,
 )
 # Ours, whose sentence is meant for the caller.
-TRY_LATER: tuple[type[BaseException], ...] = (BackendUnavailable, FormationPending)
+TRY_LATER: tuple[type[MemoryServiceError], ...] = (BackendUnavailable, FormationPending)
 
 
 def is_unavailable(exc: BaseException) -> bool:
@@ -97,7 +98,7 @@ class AdmissionLimit:
 
 
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
-            queue_seconds: float = 1.0, describe: Callable[[Exception], str] = str) -> None:
+            queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
     ``max_concurrent``, admit at most that many requests at once (the others wait up to
     ``queue_seconds``). ``describe`` words our own errors for the caller (it redacts what
@@ -110,7 +111,8 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
         return unavailable(detail, retry_after_seconds)
 
     async def try_later(request: Request, exc: Exception) -> JSONResponse:
-        return unavailable_response(describe(exc))
+        # Registered for TRY_LATER only, all of them ours.
+        return unavailable_response(describe(cast(MemoryServiceError, exc)))
 
     async def store_failed(request: Request, exc: Exception) -> JSONResponse:
         # The library's text may name hosts and ports: logged, not sent.
@@ -127,7 +129,7 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
 
     for kind in TRY_LATER:
         app.add_exception_handler(kind, try_later)
-    for kind in UNAVAILABLE:
-        if not issubclass(kind, TRY_LATER):
-            app.add_exception_handler(kind, store_failed)
+    for outage in UNAVAILABLE:
+        if not issubclass(outage, TRY_LATER):
+            app.add_exception_handler(outage, store_failed)
     app.add_exception_handler(Exception, unexpected)

@@ -6,6 +6,7 @@ import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .config import Settings
 from .embedded import EmbeddedFalkorDB
@@ -13,10 +14,18 @@ from .jobs import JobQueue
 from .service import MemoryService
 from .state import StateStore
 
+if TYPE_CHECKING:
+    from backends.mongo import MongoBackend
+
+    from .backend import MemoryBackend
+    from .consolidation import Consolidator
+    from .embedding import Embedder
+    from .extraction import Extractor
+
 log = logging.getLogger(__name__)
 
 
-def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None):
+def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None) -> MemoryBackend:
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
     from backends.graph import GraphBackend
 
@@ -40,9 +49,11 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
                            mongo_only=lambda agent_id: state.named_backend(agent_id, "mongo"))
 
 
-def _mongo_backend(settings: Settings, embedding_dimension: int | None = None):
+def _mongo_backend(settings: Settings, embedding_dimension: int | None = None) -> MongoBackend:
     from backends.mongo import MongoBackend
 
+    if settings.mongodb_uri is None:  # registered only when it is set
+        raise RuntimeError("MONGODB_URI is not set")
     return MongoBackend(settings.mongodb_uri.get_secret_value(), settings.mongodb_database,
                         server_selection_timeout_ms=_ms(settings.mongo_server_selection_timeout_seconds),
                         connect_timeout_ms=_ms(settings.mongo_connect_timeout_seconds),
@@ -54,7 +65,8 @@ def _ms(seconds: float) -> int:
     return max(1, round(seconds * 1000))
 
 
-def _llm_options(settings: Settings) -> dict:
+def _llm_options(settings: Settings) -> dict[str, Any]:
+    # Keyword arguments of LLMExtractor and StructuredChat (which check the URL and model).
     return {
         "base_url": settings.llm_base_url,
         "model": settings.llm_model,
@@ -65,7 +77,7 @@ def _llm_options(settings: Settings) -> dict:
     }
 
 
-def default_extractor(settings: Settings):
+def default_extractor(settings: Settings) -> Extractor:
     """The extractor the operator chose: rule-based (the offline default) or an LLM."""
     if settings.extractor == "llm":
         from .llm_extractor import LLMExtractor
@@ -76,7 +88,7 @@ def default_extractor(settings: Settings):
     return RuleBasedExtractor()
 
 
-def default_consolidator(settings: Settings):
+def default_consolidator(settings: Settings) -> Consolidator:
     """How pending items are merged: by rule, or by the LLM (by default, as the extractor)."""
     if settings.effective_consolidator == "llm":
         from .llm_client import StructuredChat
@@ -88,7 +100,7 @@ def default_consolidator(settings: Settings):
     return RuleBasedConsolidator()
 
 
-async def start_embedder(settings: Settings, state: StateStore):
+async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
     """The configured embedder, started, and checked against the vectors already stored.
 
     Stored vectors of another dimension cannot be searched with this embedder's: refuse to
@@ -147,7 +159,6 @@ async def open_service(
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
         if settings.mongodb_uri:
             service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension))
-        service.embedded = embedded
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
             if run_worker:

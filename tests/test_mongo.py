@@ -554,3 +554,13 @@ async def test_memories_stored_before_search_get_their_search_fields_at_start(mo
         assert (await first.meta.find_one({"_id": "memories_layout"}))["version"] == 2
     finally:
         await first.close()
+
+
+def test_the_mongo_backend_without_a_uri_names_the_missing_setting():
+    """Registered only with MONGODB_URI set; built without one it said
+    "'NoneType' object has no attribute 'get_secret_value'"."""
+    from memory_service.config import Settings
+    from memory_service.runtime import _mongo_backend
+
+    with pytest.raises(RuntimeError, match="MONGODB_URI is not set"):
+        _mongo_backend(Settings(_env_file=None, mongodb_uri=None))

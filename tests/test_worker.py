@@ -427,3 +427,14 @@ async def test_a_worker_killed_during_the_llm_call_forms_the_window_once_after_r
             assert llm.calls == 2
     finally:
         worker.stop()
+
+
+async def test_a_worker_built_without_a_redis_url_says_which_setting_is_missing(url):
+    """open_service always sets REDIS_URL; a service built otherwise without one used to
+    fail deep in redis-py ("Redis URL must specify one of the following schemes")."""
+    from workers.worker import build_worker
+
+    async with open_service(make_settings(url), run_worker=False) as service:
+        service.settings.redis_url = None
+        with pytest.raises(ValueError, match="REDIS_URL"):
+            build_worker(service)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar, cast
 
 from arq import Retry
 from arq.cron import cron
@@ -45,17 +45,23 @@ SHUTDOWN_WAIT_SECONDS = 5
 ARQ_TIMEOUT_GRACE_SECONDS = 2
 
 
+T = TypeVar("T")
+# arq's job context: its own keys (job_try, redis, ...) and the "service" build_worker puts there.
+Ctx = dict[str, Any]
+
+
 class JobTimedOut(Exception):
     """A job ran past WORKER_JOB_TIMEOUT_SECONDS and was stopped; it is retried."""
 
 
-def _service(ctx: dict) -> MemoryService:
-    return ctx["service"]
+def _service(ctx: Ctx) -> MemoryService:
+    return cast(MemoryService, ctx["service"])
 
 
-def _retry_or_raise(ctx: dict, what: str, exc: Exception) -> NoReturn:
+def _retry_or_raise(ctx: Ctx, what: str, exc: Exception) -> NoReturn:
     service = _service(ctx)
-    tries, max_tries = ctx["job_try"], service.settings.worker_max_tries
+    tries: int = ctx["job_try"]
+    max_tries = service.settings.worker_max_tries
     if tries >= max_tries:
         log.error("%s failed on try %d of %d, giving up (it stays pending): %s", what, tries, max_tries, exc)
         raise exc
@@ -64,7 +70,7 @@ def _retry_or_raise(ctx: dict, what: str, exc: Exception) -> NoReturn:
     raise Retry(defer=delay) from exc
 
 
-async def _run(ctx: dict, what: str, metric: str, job: Callable[[], Awaitable[Any]]) -> Any:
+async def _run(ctx: Ctx, what: str, metric: str, job: Callable[[], Awaitable[T]]) -> T:
     """Run ``job`` under the job timeout; count a failed try (``<metric>_failures``, and
     ``<metric>_timeouts`` when it timed out) and retry it with backoff, or fail for good."""
     service = _service(ctx)
@@ -75,7 +81,7 @@ async def _run(ctx: dict, what: str, metric: str, job: Callable[[], Awaitable[An
             return await job()
     except Exception as exc:
         error = exc
-        counters = {f"{metric}_failures": 1}
+        counters: dict[str, float] = {f"{metric}_failures": 1}
         if limit.expired():
             error = JobTimedOut(f"{what} took longer than WORKER_JOB_TIMEOUT_SECONDS={timeout:g}")
             counters[f"{metric}_timeouts"] = 1
@@ -83,31 +89,31 @@ async def _run(ctx: dict, what: str, metric: str, job: Callable[[], Awaitable[An
         _retry_or_raise(ctx, what, error)
 
 
-async def form_window(ctx: dict, session_id: str, window: int) -> dict:
+async def form_window(ctx: Ctx, session_id: str, window: int) -> dict[str, Any]:
     summary = await _run(ctx, f"forming window {window} of session {session_id!r}", "formation",
                          lambda: _service(ctx).run_formation(session_id, window))
     return summary.model_dump(mode="json")
 
 
-async def consolidate(ctx: dict, namespace: str, version: int, count: int) -> dict:
+async def consolidate(ctx: Ctx, namespace: str, version: int, count: int) -> dict[str, Any]:
     return await _run(ctx, f"consolidating {namespace} version {version}", "consolidation",
                       lambda: _service(ctx).run_consolidation(namespace, version, count))
 
 
-async def embed_pending(ctx: dict, agent_id: str) -> dict:
+async def embed_pending(ctx: Ctx, agent_id: str) -> dict[str, int]:
     return await _service(ctx).embed_pending(agent_id)
 
 
-async def sweep_cold_sessions(ctx: dict) -> list[str]:
+async def sweep_cold_sessions(ctx: Ctx) -> list[str]:
     return await _service(ctx).sweep_cold_sessions()
 
 
-async def backfill_embeddings(ctx: dict) -> dict:
+async def backfill_embeddings(ctx: Ctx) -> dict[str, int]:
     """Embed memories stored while the embedder was down, a bounded batch per tick."""
     return await _service(ctx).backfill_embeddings(limit=_service(ctx).settings.embedding_backfill_per_run)
 
 
-async def retention(ctx: dict) -> dict:
+async def retention(ctx: Ctx) -> dict[str, int]:
     # The retention policy (purging soft-deleted and evicted memories, with counts) comes
     # with the memory tools; until then nothing is ever removed.
     log.info("retention: no policy configured yet; nothing purged")
@@ -118,6 +124,8 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
     """A worker on the service's Redis (its own connections), with the service in every job's ctx."""
     s: Settings = service.settings
     every = s.cleanup_cold_sessions_every_minutes
+    if s.redis_url is None:  # open_service sets it (to FALKORDB_URL by default)
+        raise ValueError("the worker needs settings.redis_url (REDIS_URL): the Redis its jobs are queued on")
     return Worker(
         functions=[
             func(form_window, name=FORM_JOB, max_tries=s.worker_max_tries),
