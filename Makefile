@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# ruff over the whole project; mypy --strict over the modules listed in pyproject.toml.
+# ruff over the whole project; mypy --strict over the service's packages (pyproject.toml, [tool.mypy]).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy

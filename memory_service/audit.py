@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
@@ -74,7 +74,8 @@ class AuditLog:
     async def append_each(self, key_id: str, action: str, agents: list[str] | None, target: str | None = None,
                           before: Any = None, after: Any = None) -> None:
         """The same change in the log of each agent it concerns (the system's for None: every agent)."""
-        for agent_id in agents or [None]:
+        concerned: list[str | None] = list(agents) if agents else [None]
+        for agent_id in concerned:
             await self.append(key_id, action, agent_id, target, before, after)
 
     async def read(self, agent_id: str | None, *, action: str | None = None, key_id: str | None = None,
@@ -86,10 +87,11 @@ class AuditLog:
         if high is None:  # nothing is older than the first possible entry
             return AuditPage(entries=[], next=None, scanned=0)
         entries: list[AuditEntry] = []
-        scanned, cursor, next_id = 0, high, None
+        scanned, cursor, next_id = 0, high, cast(str | None, None)
         while len(entries) < limit and scanned < AUDIT_SCAN_LIMIT:
             wanted = min(500, AUDIT_SCAN_LIMIT - scanned)
-            batch = await self.redis.xrevrange(_stream(agent_id), cursor, low, count=wanted)
+            batch = cast(list[tuple[str, dict[str, str]]],
+                         await self.redis.xrevrange(_stream(agent_id), cursor, low, count=wanted))
             if not batch:
                 next_id = None
                 break
@@ -101,10 +103,11 @@ class AuditLog:
                     entries.append(entry)
                     if len(entries) == limit:
                         break
-            cursor = _older_than(next_id)
-            if cursor is None:
+            older = _older_than(next_id) if next_id else None
+            if older is None:
                 next_id = None
                 break
+            cursor = older
             if len(batch) < wanted and len(entries) < limit:  # the range is read to its end
                 next_id = None
                 break

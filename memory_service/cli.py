@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from pydantic import SecretStr
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -244,7 +245,7 @@ async def _demo(data_dir: Path, model: str | None) -> None:
     # not BaseSettings' own _env_file.
     operator_key = secrets.token_urlsafe(32)
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None,  # type: ignore[call-arg]
-                        memory_formation_msg_interval=5, api_auth="keys", operator_api_key=operator_key)
+                        memory_formation_msg_interval=5, api_auth="keys", operator_api_key=SecretStr(operator_key))
     async with LoopbackServer(create_app(settings, data_dir, run_worker=True)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
             console.rule(f"memory-service demo — API on {server.base_url}, embedded FalkorDB in {data_dir}")

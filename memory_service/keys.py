@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from pydantic import BaseModel, Field, model_validator
 from redis.asyncio import Redis
@@ -234,7 +234,7 @@ class KeyStore:
         key_id = secrets.token_hex(KEY_ID_BYTES)
         secret = secrets.token_urlsafe(SECRET_BYTES)
         stored = ApiKey(key_id=key_id, created_at=datetime.now(UTC), created_by=created_by, **spec.model_dump())
-        record = {
+        record: dict[str | bytes, str] = {
             "hash": _digest(secret), "name": stored.name, "role": stored.role.value,
             "agents": json.dumps(stored.agents) if stored.agents is not None else "",
             "users": json.dumps(stored.users) if stored.users is not None else "",
@@ -243,7 +243,7 @@ class KeyStore:
             "created_at": stored.created_at.isoformat(), "created_by": created_by, "revoked_at": "",
         }
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(_record_key(key_id), mapping=record)
+            pipe.hset(_record_key(key_id), mapping=cast(dict[Any, Any], record))  # redis-py's mapping type is invariant
             pipe.sadd(_KEYS_SET, key_id)
             for agent_id in stored.agents or ():
                 pipe.sadd(_agent_keys(agent_id), key_id)
@@ -251,7 +251,7 @@ class KeyStore:
         return NewKey(**stored.model_dump(), key=f"{KEY_PREFIX}{key_id}_{secret}")
 
     async def get(self, key_id: str) -> ApiKey:
-        raw = await self.redis.hgetall(_record_key(key_id)) if _is_key_id(key_id) else {}
+        raw = cast(dict[str, str], await self.redis.hgetall(_record_key(key_id))) if _is_key_id(key_id) else {}
         if not raw:
             raise NotFound(f"no key {key_id!r}")
         return _parse(key_id, raw)
@@ -260,13 +260,13 @@ class KeyStore:
         """The keys whose whole scope lies within ``principal``'s, newest first: every key for
         an operator, else the keys of its agents (read from their index, not from all keys)."""
         if principal.agents is None:
-            ids = set(await self.redis.smembers(_KEYS_SET))
+            ids = cast(set[str], await self.redis.smembers(_KEYS_SET))
         else:
-            ids = set(await self.redis.sunion([_agent_keys(a) for a in sorted(principal.agents)]))
+            ids = cast(set[str], await self.redis.sunion([_agent_keys(a) for a in sorted(principal.agents)]))
         async with self.redis.pipeline(transaction=False) as pipe:
             for key_id in sorted(ids):
                 pipe.hgetall(_record_key(key_id))
-            records = await pipe.execute()
+            records = cast(list[dict[str, str]], await pipe.execute())
         keys = [_parse(key_id, raw)
                 for key_id, raw in zip(sorted(ids), records, strict=True) if raw]
         return sorted((k for k in keys if principal.covers(k)), key=lambda k: k.created_at, reverse=True)
