@@ -46,6 +46,7 @@ LABEL = "Episodic"
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
 FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
+DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
@@ -294,6 +295,31 @@ class GraphBackend(MemoryBackend):
             {"rows": rows},
         )
         return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        # Deleting a node takes it out of every index (uuid, group, full text, vector) too.
+        ids = list(dict.fromkeys(ids))
+        if not ids or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0  # nothing stored: a missing graph is not created to delete from it
+        graph = self.client.select_graph(graph_name(agent_id))
+        deleted = 0
+        for start in range(0, len(ids), DELETE_BATCH):
+            result = await graph.query(f"UNWIND $ids AS id MATCH (n:{LABEL} {{uuid: id}}) DELETE n",
+                                       {"ids": ids[start : start + DELETE_BATCH]})
+            deleted += int(result.nodes_deleted)
+        return deleted
+
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0
+        graph = self.client.select_graph(graph_name(agent_id))
+        rows = [{"id": m.id, "body": m.episode_body()} for m in _first_of_each(memories)]
+        updated = 0
+        for start in range(0, len(rows), DELETE_BATCH):
+            result = await graph.query(f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+                                       "SET n.content = row.body RETURN count(n)", {"rows": rows[start : start + DELETE_BATCH]})
+            updated += int(result.result_set[0][0]) if result.result_set else 0
+        return updated
 
     # Reads ---------------------------------------------------------------------------
 

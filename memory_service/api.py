@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from . import __version__, overload, request_guard
 from .config import Settings, redact_addresses
+from .erasure import ErasureReport, UserExport
 from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
 from .gates import GateStatus
@@ -199,6 +200,18 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         """Each dependency's state; 503 when one is down. Where the stores listen is not shown."""
         report = await svc(request).health()
         return JSONResponse(status_code=200 if report["ok"] else 503, content=_without_addresses(report))
+
+    @app.delete("/v1/agents/{agent_id}/users/{user_id}", response_model=ErasureReport, tags=["users"])
+    async def erase_user(agent_id: AgentId, user_id: UserId, request: Request) -> ErasureReport:
+        """Erase everything of the user with this agent, in every store, index, cache and
+        outbox, and report what was removed (docs/erasure.md). A second call reports zeros;
+        an unknown user gets an empty report."""
+        return await svc(request).erase_user(agent_id, user_id)
+
+    @app.get("/v1/agents/{agent_id}/users/{user_id}/export", response_model=UserExport, tags=["users"])
+    async def export_user(agent_id: AgentId, user_id: UserId, request: Request) -> UserExport:
+        """Everything held on the user with this agent, as JSON: what an erasure would remove."""
+        return await svc(request).export_user(agent_id, user_id)
 
     return app
 

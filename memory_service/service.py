@@ -20,6 +20,7 @@ from .assembler import ContextAssembler
 from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator
 from .context import RenderedContext
+from .erasure import Eraser, ErasureReport, UserExport
 from .extraction import Extractor
 from .formation import FormationSummary
 from .jobs import JobQueue
@@ -50,6 +51,7 @@ class MemoryService:
         self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.sessions,
                                           extractor, self.consolidator, embedder)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -126,6 +128,13 @@ class MemoryService:
                                       query: str | None = None, budget: int | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget)
+
+    # Users: export and erasure (memory_service/erasure.py)
+    async def export_user(self, agent_id: str, user_id: str) -> UserExport:
+        return await self.eraser.export_user(agent_id, user_id)
+
+    async def erase_user(self, agent_id: str, user_id: str) -> ErasureReport:
+        return await self.eraser.erase_user(agent_id, user_id)
 
     async def health(self) -> dict:
         try:
