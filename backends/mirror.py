@@ -263,6 +263,9 @@ class MirroredBackend(MemoryBackend):
         await self.outbox.delivered("graph", entry)
         return done
 
+    async def purge_query_log(self, agent_id: str) -> int:
+        return await self.primary.purge_query_log(agent_id)
+
     async def scrub_pending(self, agent_id: str, judge: Callable[[Memory], Memory | None],
                             removed_ids: Collection[str]) -> int:
         removed = set(removed_ids)

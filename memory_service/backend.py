@@ -116,3 +116,8 @@ class MemoryBackend(ABC):
         ``removed_ids``; how many queued operations changed. Backends that queue nothing
         have nothing to scrub."""
         return 0
+
+    async def purge_query_log(self, agent_id: str) -> int:
+        """Forget the store's own log of the agent's recent queries, which quotes their
+        parameters (the erased data among them); how many entries went. None by default."""
+        return 0

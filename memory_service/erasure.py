@@ -77,6 +77,8 @@ class ErasureReport(BaseModel):
     job_results: int = Field(0, description="kept job results and queued jobs naming the user, deleted")
     cached_blocks: int = Field(0, description="cached memory blocks of the agent deleted (any could show the user)")
     user_keys: int = Field(0, description="the user's own Redis keys deleted (indexes, consolidation, generation)")
+    query_log_entries: int = Field(0, description="entries of the stores' own logs of recent queries trimmed "
+                                                  "(FalkorDB's quote their parameters)")
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -346,6 +348,8 @@ class Eraser:
         report.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
         report.cached_blocks += self.assembler.forget_agent(agent_id)
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
+        for _, backend in backends:  # last: the erasure's own queries name the user
+            report.query_log_entries += await backend.purge_query_log(agent_id)
         log.warning("erased user %s of agent %s: %d memories (%s), %d sessions touched, %d removed, %d shared memories",
                     user_id, agent_id, report.removed, report.memories, len(report.sessions_touched),
                     len(report.sessions_removed), len(report.shared_removed))
