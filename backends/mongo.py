@@ -269,7 +269,7 @@ class MongoBackend(MemoryBackend):
             await collection.update_one({"_id": namespace, "consolidated.id": {"$in": ids}}, {"$unset": {"consolidated": ""}})
             if collection is self.user_memory:  # nothing left on the user: no document naming them either
                 await self.user_memory.delete_one({"_id": namespace, "consolidated": {"$exists": False},
-                                                   "recent_directives": {"$in": [[], None]}})
+                                                   "recent_directives.0": {"$exists": False}})
         result = await self.memories.delete_many({"agent_id": agent_id, "_id": {"$in": ids}})
         return int(result.deleted_count)
 
