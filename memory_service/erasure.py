@@ -34,8 +34,8 @@ from pydantic import BaseModel, Field
 from .agents import AgentDirectory
 from .assembler import ContextAssembler
 from .backend import MemoryBackend
-from .errors import BackendUnavailable
 from .erasure_state import ErasureState
+from .errors import BackendUnavailable
 from .jobs import JobQueue
 from .models import Memory, MemoryKind, utcnow
 from .namespaces import Namespace, NamespaceKind, validate_id
@@ -68,16 +68,16 @@ class ErasureReport(BaseModel):
     shared_removed: list[SharedRemoval] = Field(
         default_factory=list, description="memories formed from the user's and other users' contributions: removed "
                                           "whole, nothing formed again in their place")
-    provenance_rewritten: int = Field(0, description="other users' memories whose provenance listed the user: "
+    provenance_rewritten: int = Field(default=0, description="other users' memories whose provenance listed the user: "
                                                      "the user's id taken out, content kept")
-    ledger_entries: int = Field(0, description="message ids taken out of session ledgers (Redis)")
-    windows_dropped: int = Field(0, description="formation windows holding the user's messages, dropped")
-    consolidation_items: int = Field(0, description="removed memories taken off consolidation queues")
-    outbox_entries: int = Field(0, description="queued or dead-lettered store writes rewritten without the user's data")
-    job_results: int = Field(0, description="kept job results and queued jobs naming the user, deleted")
-    cached_blocks: int = Field(0, description="cached memory blocks of the agent deleted (any could show the user)")
-    user_keys: int = Field(0, description="the user's own Redis keys deleted (indexes, consolidation, generation)")
-    query_log_entries: int = Field(0, description="entries of the stores' own logs of recent queries trimmed "
+    ledger_entries: int = Field(default=0, description="message ids taken out of session ledgers (Redis)")
+    windows_dropped: int = Field(default=0, description="formation windows holding the user's messages, dropped")
+    consolidation_items: int = Field(default=0, description="removed memories taken off consolidation queues")
+    outbox_entries: int = Field(default=0, description="queued or dead-lettered store writes rewritten without the user's data")
+    job_results: int = Field(default=0, description="kept job results and queued jobs naming the user, deleted")
+    cached_blocks: int = Field(default=0, description="cached memory blocks of the agent deleted (any could show the user)")
+    user_keys: int = Field(default=0, description="the user's own Redis keys deleted (indexes, consolidation, generation)")
+    query_log_entries: int = Field(default=0, description="entries of the stores' own logs of recent queries trimmed "
                                                   "(FalkorDB's quote their parameters)")
     notes: list[str] = Field(default_factory=list)
 
@@ -254,8 +254,9 @@ class Eraser:
             for m in memories:
                 if m.kind is MemoryKind.MESSAGE and m.metadata.user_id == user_id:
                     held.message_keys.update((session_id, mid) for mid in m.metadata.message_ids)
-            others = {m.metadata.user_id for m in memories if m.kind is MemoryKind.MESSAGE} - {user_id, None}
-            others |= set(await self.state.session_users(session_id)) - {user_id}
+            others = {m.metadata.user_id for m in memories
+                      if m.kind is MemoryKind.MESSAGE and m.metadata.user_id not in (None, user_id)}
+            others = {u for u in others if u is not None} | (set(await self.state.session_users(session_id)) - {user_id})
             if others:
                 held.shared_sessions.add(session_id)
             co_speakers |= others | {u for m in memories for u in m.metadata.user_ids} - {user_id}

@@ -82,7 +82,8 @@ class ErasureState:
         """Every session of the agent with a message recorded under the user's id: the index
         written by each record, and the "spoke in" index (sessions recorded before the
         first existed)."""
-        return sorted(await self.redis.sunion([user_recorded_key(agent_id, user_id), user_sessions_key(agent_id, user_id)]))
+        members = await self.redis.sunion([user_recorded_key(agent_id, user_id), user_sessions_key(agent_id, user_id)])
+        return sorted(str(m) for m in members)
 
     async def remove_messages(self, session_id: str, user_id: str, message_ids: Sequence[str]) -> SessionCleanup:
         """Take the user's messages out of a session other users spoke in, too."""
@@ -170,11 +171,11 @@ class ErasureState:
         return deleted
 
 
-def _lists_any(raw: bytes, message_ids: Collection[str] | None) -> bool:
+def _lists_any(raw: bytes | str, message_ids: Collection[str] | None) -> bool:
     if message_ids is None:
         return True
     try:
-        result = deserialize_result(raw).result
+        result = deserialize_result(raw if isinstance(raw, bytes) else raw.encode()).result
     except Exception:  # not a result this service wrote: leave it to expire
         return False
     listed = result.get("message_ids", []) if isinstance(result, dict) else []
