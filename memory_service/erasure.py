@@ -221,17 +221,21 @@ class Eraser:
         A store that cannot start fails the erasure, unless the serving backend mirrors to
         it through its outbox: then the erasure reaches it that way."""
         name, serving = await self.agents.backend_for(agent_id)
+        mirrored = getattr(getattr(serving, "mirror", None), "name", None)
         found = [(name, serving)]
         for other in sorted(self.registry.factories):
             if other == name:
                 continue
             try:
-                found.append((other, await self.registry.get(other)))
+                backend = await self.registry.get(other)
+                if other == mirrored and not (await backend.health()).get("ok"):
+                    raise BackendUnavailable(f"{other} does not answer")
             except BackendUnavailable:
-                mirror = getattr(serving, "mirror", None)
-                if mirror is None or getattr(mirror, "name", None) != other:
+                if other != mirrored:
                     raise
                 notes.append(f"{other}: unreachable now; the erasure reaches it through the {name} backend's outbox")
+                continue
+            found.append((other, backend))
         return found
 
     async def holdings(self, agent_id: str, user_id: str, backends: list[tuple[str, MemoryBackend]]) -> Holdings:
