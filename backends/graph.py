@@ -28,6 +28,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +53,8 @@ LABEL = "Episodic"
 VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
 FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
+QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
+DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
 
 _READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
 
@@ -300,6 +303,60 @@ class GraphBackend(MemoryBackend):
             {"rows": rows},
         )
         return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        # Deleting a node takes it out of every index (uuid, group, full text, vector) too.
+        ids = list(dict.fromkeys(ids))
+        if not ids or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0  # nothing stored: a missing graph is not created to delete from it
+        graph = self.client.select_graph(graph_name(agent_id))
+        deleted = 0
+        for start in range(0, len(ids), DELETE_BATCH):
+            result = await graph.query(f"UNWIND $ids AS id MATCH (n:{LABEL} {{uuid: id}}) DELETE n",
+                                       {"ids": ids[start : start + DELETE_BATCH]})
+            deleted += int(result.nodes_deleted)
+        return deleted
+
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0
+        graph = self.client.select_graph(graph_name(agent_id))
+        rows = [{"id": m.id, "body": m.episode_body()} for m in _first_of_each(memories)]
+        updated = 0
+        for start in range(0, len(rows), DELETE_BATCH):
+            result = await graph.query(f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+                                       "SET n.content = row.body RETURN count(n)", {"rows": rows[start : start + DELETE_BATCH]})
+            updated += int(result.result_set[0][0]) if result.result_set else 0
+        return updated
+
+    async def purge_query_log(self, agent_id: str, timeout: float = QUERY_LOG_FLUSH_SECONDS) -> int:
+        """FalkorDB keeps each graph's last queries, parameters included, in the stream
+        ``telemetry{<graph>}`` (CMD_INFO, on by default), written a second or two after the
+        queries ran. A marker query is run, and once the stream shows it, every entry up to
+        it is trimmed: the queries that wrote or read the erased data, and the erasure's own."""
+        name = graph_name(agent_id)
+        stream, connection = f"telemetry{{{name}}}", self.client.connection
+        try:
+            enabled = str((await connection.execute_command("GRAPH.CONFIG", "GET", "CMD_INFO"))[1]).lower()
+        except Exception as exc:  # a managed server may refuse GRAPH.CONFIG
+            log.warning("cannot tell whether FalkorDB logs the queries of %s: %s", name, exc)
+            enabled = "1"
+        if enabled in ("0", "false", "no"):
+            return 0
+        if not await connection.exists(name):
+            return int(await connection.delete(stream))
+        marker = uuid.uuid4().hex
+        await self.client.select_graph(name).ro_query(f"RETURN '{marker}'")
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            for entry_id, fields in await connection.xrevrange(stream, count=100):
+                if marker in str(fields.get("Query", "")):
+                    ms, _, seq = entry_id.partition("-")
+                    return int(await connection.xtrim(stream, minid=f"{ms}-{int(seq) + 1}", approximate=False))
+            await asyncio.sleep(0.05)
+        log.warning("FalkorDB's query log of %s did not show the erasure's marker within %.0f s; it keeps its last "
+                    "queries until newer ones push them out", name, timeout)
+        return 0
 
     # Reads ---------------------------------------------------------------------------
 

@@ -30,14 +30,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any, TypeVar
 
 from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.breaker import OPEN, CircuitBreaker
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
-from memory_service.outbox import TARGETS, DescribeShardOp, EmbeddingsOp, Outbox, TrimOp, WriteOp
+from memory_service.outbox import (
+    TARGETS,
+    DeleteOp,
+    DescribeShardOp,
+    EmbeddingsOp,
+    Outbox,
+    OutboxOp,
+    ProvenanceOp,
+    TrimOp,
+    WriteOp,
+)
 from memory_service.overload import is_unavailable
 
 log = logging.getLogger(__name__)
@@ -231,6 +241,49 @@ class MirroredBackend(MemoryBackend):
         await self.outbox.append(EmbeddingsOp(agent_id=agent_id, vectors={k: list(v) for k, v in vectors.items()}),
                                  ["mongo"])
         return await self.primary.set_embeddings(agent_id, vectors)
+
+    # Erasure: through the outbox to both stores, in order behind the writes it undoes ----------
+
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        if not ids:
+            return 0
+        return await self._to_both(DeleteOp(agent_id=agent_id, ids=list(ids)),
+                                   lambda store: store.delete(agent_id, ids))
+
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories:
+            return 0
+        return await self._to_both(ProvenanceOp(agent_id=agent_id, memories=list(memories)),
+                                   lambda store: store.set_provenance(agent_id, memories))
+
+    async def _to_both(self, op: OutboxOp, apply: Callable[[MemoryBackend], Awaitable[int]]) -> int:
+        """Queued for both stores, applied to the graph at once (as the caller waits for it);
+        MongoDB gets it from the drain, after every write queued before it. Unlike a write,
+        a graph that fails raises: the caller must not report an erasure the graph lacks
+        (the entry stays queued and reaches the graph when it is back, and a retry is a no-op)."""
+        entry = await self.outbox.append(op)
+        done = await apply(self.primary)
+        await self.outbox.delivered("graph", entry)
+        return done
+
+    async def purge_query_log(self, agent_id: str) -> int:
+        return await self.primary.purge_query_log(agent_id)
+
+    async def scrub_pending(self, agent_id: str, judge: Callable[[Memory], Memory | None],
+                            removed_ids: Collection[str]) -> int:
+        removed = set(removed_ids)
+
+        def edit(op: OutboxOp) -> OutboxOp | None:
+            if isinstance(op, WriteOp):
+                kept = [judge(m) if m.metadata.agent_id == agent_id else m for m in op.memories]
+                if kept == op.memories:
+                    return None
+                return WriteOp(memories=[m for m in kept if m is not None])
+            if isinstance(op, EmbeddingsOp) and op.agent_id == agent_id and removed & op.vectors.keys():
+                return EmbeddingsOp(agent_id=agent_id, vectors={k: v for k, v in op.vectors.items() if k not in removed})
+            return None
+
+        return await self.outbox.rewrite(edit)
 
     # Reads: the graph, else MongoDB ---------------------------------------------------------
 

@@ -258,6 +258,32 @@ class MongoBackend(MemoryBackend):
         result = await self.memories.bulk_write(ops, ordered=False)
         return result.matched_count
 
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        """The summaries first, then the memories: a crash between the two leaves memories
+        that a retry finds again, never a summary still quoting a deleted one."""
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return 0
+        held = await self.memories.find({"agent_id": agent_id, "_id": {"$in": ids}}, {"namespace": 1}).to_list()
+        summaries = sorted({d["namespace"] for d in held if d["namespace"].startswith(("user:", "shard:"))})
+        for namespace in summaries:
+            collection = self.user_memory if namespace.startswith("user:") else self.shards
+            await collection.update_one({"_id": namespace}, {"$pull": {field: {"id": {"$in": ids}} for field in
+                                                                       ("recent_directives", "recent_suggestions", "facts")}})
+            await collection.update_one({"_id": namespace, "consolidated.id": {"$in": ids}}, {"$unset": {"consolidated": ""}})
+            if collection is self.user_memory:  # nothing left on the user: no document naming them either
+                await self.user_memory.delete_one({"_id": namespace, "consolidated": {"$exists": False},
+                                                   "recent_directives.0": {"$exists": False}})
+        result = await self.memories.delete_many({"agent_id": agent_id, "_id": {"$in": ids}})
+        return int(result.deleted_count)
+
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories:
+            return 0
+        ops = [UpdateOne({"_id": m.id, "agent_id": agent_id}, {"$set": {"metadata": m.metadata.model_dump(mode="json")}})
+               for m in memories]
+        return int((await self.memories.bulk_write(ops, ordered=False)).matched_count)
+
     # Reads -----------------------------------------------------------------------------
 
     async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:

@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field, ValidationError
 from . import __version__, admin_api, overload, request_guard
 from .access import authorize, caller, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
+from .erasure import ErasureReport, UserExport, erased_user_digest
 from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
 from .gates import CHARS_PER_TOKEN, GateStatus
@@ -260,6 +261,26 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
             return JSONResponse(status_code=status, content={"ok": report["ok"]})
         require_operator(await caller(request))
         return JSONResponse(status_code=status, content=_without_addresses(report))
+
+    @app.delete("/v1/agents/{agent_id}/users/{user_id}", response_model=ErasureReport, tags=["users"])
+    async def erase_user(agent_id: AgentId, user_id: UserId, request: Request,
+                         principal: Principal = Caller) -> ErasureReport:
+        """Erase everything of the user with this agent, in every store, index, cache and
+        outbox, and report what was removed (docs/erasure.md). A second call reports zeros;
+        an unknown user gets an empty report. Needs `admin` on the agent (and the user)."""
+        authorize(principal, Role.ADMIN, agent_id, user_id)
+        report = await svc(request).erase_user(agent_id, user_id)
+        await svc(request).audit.append(principal.key_id, "user.erase", agent_id, erased_user_digest(agent_id, user_id),
+                                        after=report.counts())
+        return report
+
+    @app.get("/v1/agents/{agent_id}/users/{user_id}/export", response_model=UserExport, tags=["users"])
+    async def export_user(agent_id: AgentId, user_id: UserId, request: Request,
+                          principal: Principal = Caller) -> UserExport:
+        """Everything held on the user with this agent, as JSON: what an erasure would remove.
+        Needs `admin` on the agent (and the user)."""
+        authorize(principal, Role.ADMIN, agent_id, user_id)
+        return await svc(request).export_user(agent_id, user_id)
 
     app.include_router(admin_api.router)
     return app

@@ -121,8 +121,8 @@ class ContextAssembler:
                                                                     query, budget, deadline, sources)
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
         if complete and cacheable:  # never cache a block shrunk by an outage
-            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds)
-            await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS)
+            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
+            await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS, agent_id)
             self._remember_last_good(last_good_key, rendered)
         elif last := await self.state.cache_get(f"last:{last_good_key}"):
             # Every store that could answer failed: the last complete block beats a smaller one.
@@ -130,6 +130,13 @@ class ContextAssembler:
                         agent_id, user_id, session_id)
             return RenderedContext(**{**last, "source": "last-good"})
         return rendered
+
+    def forget_agent(self, agent_id: str) -> int:
+        """Drop this process's last good blocks of ``agent_id`` (an erasure); how many."""
+        keys = [k for k in self._last_good if json.loads(k)[0] == agent_id]
+        for k in keys:
+            del self._last_good[k]
+        return len(keys)
 
     def _remember_last_good(self, key: str, rendered: RenderedContext) -> None:
         self._last_good[key] = rendered

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from memory_service.models import Memory, MemoryKind, StoreQuery
@@ -93,3 +93,31 @@ class MemoryBackend(ABC):
     @abstractmethod
     async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
         """Store embeddings by memory id (ids not stored are skipped); return how many were set."""
+
+    # Erasing a user (memory_service/erasure.py, docs/erasure.md) ----------------------
+
+    @abstractmethod
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        """Remove the agent's memories with these ids for good, whatever their namespace:
+        from every index and every summary the store keeps; return how many were stored.
+
+        Ids not stored are skipped, so a repeated call removes nothing more.
+        """
+
+    @abstractmethod
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        """Replace the stored provenance (``metadata``) of these memories, by id, with theirs;
+        nothing else changes. Ids not stored are skipped; return how many were updated."""
+
+    async def scrub_pending(self, agent_id: str, judge: Callable[[Memory], Memory | None],
+                            removed_ids: Collection[str]) -> int:
+        """Apply ``judge`` to every memory of the agent this backend holds queued but not yet
+        stored (None drops it, another Memory replaces it), and drop queued embeddings of
+        ``removed_ids``; how many queued operations changed. Backends that queue nothing
+        have nothing to scrub."""
+        return 0
+
+    async def purge_query_log(self, agent_id: str) -> int:
+        """Forget the store's own log of the agent's recent queries, which quotes their
+        parameters (the erased data among them); how many entries went. None by default."""
+        return 0

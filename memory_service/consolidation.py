@@ -123,6 +123,8 @@ async def consolidate(
     items = [found[i] for i in ids if i in found]  # order of the list: oldest first
     if len(items) < len(ids):
         log.warning("consolidating %s: %d pending item(s) no longer stored", key, len(ids) - len(items))
+    if not items:  # e.g. their user was erased: a version of nothing would only repeat the last
+        return {**outcome, "reason": "nothing left to merge"}
     previous = await latest_consolidated(backend, agent_id, namespace)
     merged = await consolidator.merge(previous.content if previous else None, [m.content for m in items], word_limit,
                                       subject=_subject(namespace))

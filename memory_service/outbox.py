@@ -1,6 +1,7 @@
 """A durable outbox in Redis: every write reaches every target store, at least once.
 
-A write (an ``OutboxOp``: memories to store, a FIFO trim, a shard's settings, embeddings)
+A write (an ``OutboxOp``: memories to store, a FIFO trim, a shard's settings, embeddings,
+an erasure's deletions and provenance changes)
 is recorded once and queued for each of its targets, in one atomic step (a Lua script),
 before any store is touched. Each target's queue is delivered in order (a trim follows
 the writes it trims) and independently: a store that is down keeps its queue, and the
@@ -37,7 +38,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated, Literal, cast
 
@@ -109,7 +110,29 @@ class DescribeShardOp(BaseModel):
         await store.describe_shard(self.agent_id, self.shard_id, self.name, self.extraction_focus, self.active)
 
 
-OutboxOp = WriteOp | TrimOp | DescribeShardOp | EmbeddingsOp
+class DeleteOp(BaseModel):
+    """Memories removed for good (a user's erasure, memory_service/erasure.py)."""
+
+    op: Literal["delete"] = "delete"
+    agent_id: str
+    ids: list[str]
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.delete(self.agent_id, self.ids)
+
+
+class ProvenanceOp(BaseModel):
+    """Stored memories' provenance replaced (an erased user's id taken out of it)."""
+
+    op: Literal["provenance"] = "provenance"
+    agent_id: str
+    memories: list[Memory]
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.set_provenance(self.agent_id, self.memories)
+
+
+OutboxOp = WriteOp | TrimOp | DescribeShardOp | EmbeddingsOp | DeleteOp | ProvenanceOp
 _OPS: TypeAdapter[OutboxOp] = TypeAdapter(Annotated[OutboxOp, Field(discriminator="op")])
 
 
@@ -237,6 +260,16 @@ if #ids > 0 then redis.call('LTRIM', KEYS[1], #ids, -1) end
 return #ids
 """
 
+# Replace an entry's operation, only if it is still the one read (not delivered and
+# forgotten, nor changed, meanwhile). KEYS: entries; ARGV: id, operation read, new one.
+_REWRITE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+
+REWRITE_SCAN = 200  # entries read per step when rewriting held operations
+
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -257,6 +290,7 @@ class Outbox:
         self._replay = redis.register_script(_REPLAY)
         self._adopt = redis.register_script(_ADOPT)
         self._release = redis.register_script(_RELEASE)
+        self._rewrite = redis.register_script(_REWRITE)
 
     async def append(self, op: OutboxOp, targets: Sequence[str] | None = None) -> str:
         """Record ``op`` for ``targets`` (default: every target); its entry id.
@@ -385,6 +419,28 @@ class Outbox:
         self._check(target)
         keys = [_dead(target), _attempts(target), _errors(target), REFS, ENTRIES]
         return sum([int(await self._forget(keys=keys, args=[i])) for i in entry_ids])
+
+    async def rewrite(self, edit: Callable[[OutboxOp], OutboxOp | None]) -> int:
+        """Replace every held operation (queued for a target, or a dead letter) that
+        ``edit`` changes (None: unchanged); how many were replaced.
+
+        For erasure: data held here must not reach a store after it was erased there, nor
+        outlive the erasure in Redis. Reads every held entry, in steps of REWRITE_SCAN: the
+        cost is the outbox's depth, which is near zero while the stores are up and bounded
+        by ``max_pending`` per target. An entry delivered meanwhile is left alone.
+        """
+        changed, cursor = 0, 0
+        while True:
+            cursor, rows = await self.redis.hscan(ENTRIES, cursor, count=REWRITE_SCAN)
+            for entry_id, payload in cast(dict[str, str], rows).items():  # a decoding client: text
+                try:
+                    op = parse_op(payload)
+                except ValueError:
+                    continue  # a dead letter already: it is never delivered
+                if (new := edit(op)) is not None:
+                    changed += int(await self._rewrite(keys=[ENTRIES], args=[entry_id, payload, new.model_dump_json()]))
+            if not cursor:
+                return changed
 
     def _check(self, target: str) -> None:
         if target not in self.targets:

@@ -24,6 +24,7 @@ from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator
 from .context import RenderedContext
 from .embedding import Embedder
+from .erasure import Eraser, ErasureReport, UserExport
 from .extraction import Extractor
 from .formation import FormationSummary
 from .jobs import JobQueue
@@ -59,6 +60,7 @@ class MemoryService:
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
                              operator_key)
         self.audit = AuditLog(state.redis)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -135,6 +137,13 @@ class MemoryService:
                                       query: str | None = None, budget: int | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget)
+
+    # Users: export and erasure (memory_service/erasure.py)
+    async def export_user(self, agent_id: str, user_id: str) -> UserExport:
+        return await self.eraser.export_user(agent_id, user_id)
+
+    async def erase_user(self, agent_id: str, user_id: str) -> ErasureReport:
+        return await self.eraser.erase_user(agent_id, user_id)
 
     async def health(self) -> dict[str, Any]:
         state: dict[str, Any]

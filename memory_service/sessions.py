@@ -97,7 +97,7 @@ class SessionLedger:
         commit = await self.state.commit_message(
             session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
             message.user_id if message.role == "user" else None, message.incognito, message.agent_id,
-            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0,
+            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=message.user_id,
         )
         if commit.enqueue_embedding:
             await self._enqueue_embedding(message.agent_id)

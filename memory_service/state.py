@@ -18,6 +18,9 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:s:<session>:users           set of user ids who spoke in the session
   ms:agent:<agent>:user:<user>:sessions
                                  set of the sessions the user spoke in (the "user" search scope)
+  ms:agent:<agent>:user:<user>:recorded
+                                 set of the sessions holding a message recorded under the user's id,
+                                 any role (what an erasure of the user visits)
   ms:s:{<session>}:window        hash: the window being formed, its state and extraction
                                  (memory_service.window owns it)
   ms:active                      zset session_id -> last activity (or the cold sweep's last
@@ -31,6 +34,8 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:metrics                     hash of counters (formations, LLM calls, tokens, ...)
   ms:gen:<namespace>             write generation, for context cache invalidation
   ms:ctx:<digest>                cached memory context
+  ms:ctxkeys:<agent>             zset cached-context key -> expiry time: the agent's cached
+                                 blocks, so that an erasure can delete them (no keyspace scan)
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ if first then
     redis.call('INCR', KEYS[9])
   end
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'incognito', '1') end
+  if ARGV[9] ~= '' then redis.call('SADD', KEYS[12], ARGV[7]) end
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
@@ -182,6 +188,27 @@ def cons_list_key(namespace: str) -> str:
 
 def generation_key(namespace: str) -> str:
     return _generation(namespace)
+
+
+# The names memory_service.erasure_state builds its keys from.
+def user_sessions_key(agent_id: str, user_id: str) -> str:
+    return _user_sessions(agent_id, user_id)
+
+
+def user_recorded_key(agent_id: str, user_id: str) -> str:
+    return f"ms:agent:{agent_id}:user:{user_id}:recorded"
+
+
+def agent_sessions_key(agent_id: str) -> str:
+    return _agent_sessions(agent_id)
+
+
+def cons_version_key(namespace: str) -> str:
+    return _cons_version(namespace)
+
+
+def cache_index_key(agent_id: str) -> str:
+    return f"ms:ctxkeys:{agent_id}"
 
 
 def key_index(keys: list[str], key: str) -> int:
@@ -327,7 +354,7 @@ class StateStore:
 
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
-        speaker: str | None, incognito: bool, agent_id: str, embed_lock_ms: int = 0,
+        speaker: str | None, incognito: bool, agent_id: str, embed_lock_ms: int = 0, user_id: str | None = None,
     ) -> Commit:
         """Make a stored message pending for formation, once; the session's counters after.
 
@@ -337,9 +364,10 @@ class StateStore:
         first, embed, pending, meta = await self._commit(
             keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE,
                   _user_sessions(agent_id, speaker or "-"), _generation(f"session:{session_id}"),
-                  _generation(f"user:{agent_id}:{speaker or '-'}"), _embed_due(agent_id), _embed_lock(agent_id)],
+                  _generation(f"user:{agent_id}:{speaker or '-'}"), _embed_due(agent_id), _embed_lock(agent_id),
+                  user_recorded_key(agent_id, user_id or "-")],
             args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}",
-                  "1" if incognito else "0", session_id, int(embed_lock_ms)],
+                  "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
         )
         counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
         return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
@@ -454,6 +482,19 @@ class StateStore:
         raw = await self.redis.get(f"ms:ctx:{key}")
         return cast(dict[str, Any], json.loads(raw)) if raw else None
 
-    async def cache_put(self, key: str, value: dict[str, Any], ttl_seconds: int) -> None:
-        if ttl_seconds > 0:
+    async def cache_put(self, key: str, value: dict[str, Any], ttl_seconds: int, agent_id: str | None = None) -> None:
+        """Cache ``value``; with ``agent_id``, listed among the agent's cached blocks (an
+        erasure deletes them), in the same round trip."""
+        if ttl_seconds <= 0:
+            return
+        if agent_id is None:
             await self.redis.set(f"ms:ctx:{key}", json.dumps(value), ex=ttl_seconds)
+            return
+        now, index = time.time(), cache_index_key(agent_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(f"ms:ctx:{key}", json.dumps(value), ex=ttl_seconds)
+            pipe.zadd(index, {f"ms:ctx:{key}": now + ttl_seconds})
+            pipe.zremrangebyscore(index, "-inf", now)  # expired blocks leave the list as others arrive
+            pipe.expire(index, ttl_seconds, gt=True)
+            pipe.expire(index, ttl_seconds, nx=True)
+            await pipe.execute()

@@ -1,5 +1,6 @@
 """Small builders shared by the tests."""
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from memory_service.models import MessageIn
@@ -52,8 +53,19 @@ async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> N
     raise AssertionError(f"the embedding job of agent {agent_id!r} still runs after {timeout}s")
 
 
+async def queued_jobs(service, function: str) -> int:
+    """Jobs of ``function`` in the queue. arq's ``queued_jobs`` raises when a listed job
+    finishes before it is read: the list is read again."""
+    for _ in range(20):
+        try:
+            return len([j for j in await service.queue.pool.queued_jobs() if j.function == function])
+        except RuntimeError:  # 'job ... not found': it completed meanwhile
+            await asyncio.sleep(0.01)
+    raise AssertionError(f"the queue of {function} jobs kept changing under every read")
+
+
 async def queued_formations(service) -> int:
     """Formation jobs in the queue (records also enqueue their agent's embedding job)."""
     from memory_service.jobs import FORM_JOB
 
-    return len([j for j in await service.queue.pool.queued_jobs() if j.function == FORM_JOB])
+    return await queued_jobs(service, FORM_JOB)

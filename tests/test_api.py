@@ -138,6 +138,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}", "/v1/agents/{agent_id}/shards/{shard_id}", "/v1/agents/{agent_id}/shards", "/health",
         "/health/live", "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
         "/v1/keys", "/v1/keys/{key_id}", "/v1/audit",
+        "/v1/agents/{agent_id}/users/{user_id}", "/v1/agents/{agent_id}/users/{user_id}/export",
     }
     assert (await http.get("/docs")).status_code == 200
 

@@ -8,6 +8,8 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
+from memory_service.erasure import erased_user_digest
+
 from .test_access import OPERATOR, bearer, keyed_server, make_key  # noqa: F401 (keyed_server: a fixture)
 
 AGENT = "audited"
@@ -87,3 +89,16 @@ async def test_no_route_rewrites_the_log_and_bad_filters_are_refused(admin):
         assert answer.status_code == 422 and "before" in answer.text, answer.text
     assert (await audit(http, auth, before="0-0")) == {"entries": [], "next": None, "scanned": 0}
     assert len((await audit(http, auth))["entries"]) == 1  # the key's creation, nothing else
+
+
+async def test_an_erasure_is_logged_with_its_report(admin):
+    http, auth, key_id = admin
+    line = {"agent_id": AGENT, "user_id": "dora", "role": "user", "content": "I live in Lyon.", "message_id": "d1"}
+    assert (await http.post("/v1/sessions/dora-s1/messages", headers=auth, json=line)).status_code == 200
+    erased = await http.delete(f"/v1/agents/{AGENT}/users/dora", headers=auth)
+    assert erased.status_code == 200, erased.text
+    entry = (await audit(http, auth, action="user.erase"))["entries"][0]
+    # The log names the user by a digest and keeps the report's counts, never the ids erased.
+    assert (entry["key_id"], entry["target"]) == (key_id, erased_user_digest(AGENT, "dora"))
+    assert entry["after"]["memories"] == erased.json()["memories"] and entry["after"]["sessions_removed"] == 1
+    assert "dora" not in str(entry) and "Lyon" not in str(entry)
