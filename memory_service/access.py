@@ -17,7 +17,8 @@ import ipaddress
 import logging
 from typing import Literal
 
-from fastapi import Request
+from fastapi import Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .errors import Forbidden, NotFound, Unauthorized
 from .keys import LOCAL, KeyStore, Principal, Role
@@ -45,7 +46,14 @@ def resolve_mode(setting: str, host: str | None) -> AccessMode:
     return "open" if host is not None and is_loopback(host) else "keys"
 
 
-async def caller(request: Request) -> Principal:
+# Declares the scheme in the OpenAPI schema (the docs' "Authorize" button); ``caller``
+# reads the header itself, to answer each kind of bad header with its own sentence.
+_BEARER = HTTPBearer(auto_error=False, scheme_name="apiKey",
+                     description="An API key: `msk_<key id>_<secret>` (memory-service keys create)")
+
+
+async def caller(request: Request,
+                 _declared: HTTPAuthorizationCredentials | None = Security(_BEARER)) -> Principal:
     """The request's principal, from ``Authorization: Bearer <key>``; 401 without a valid key."""
     keys: KeyStore = request.app.state.service.keys
     header = request.headers.get("authorization")
