@@ -29,6 +29,7 @@ from .extraction import Extractor
 from .formation import FormationSummary
 from .jobs import JobQueue
 from .keys import KeyStore
+from .legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from .namespaces import validate_id
 from .pipeline import FormationPipeline
@@ -154,6 +155,11 @@ class MemoryService:
     async def startup_block(self, agent_id: str, model: str | None = None, session_id: str | None = None,
                             mode: StartupMode = StartupMode.ALWAYS) -> StartupBlock:
         return await self.startup.block(agent_id, model, session_id, mode)
+
+    async def import_legacy(self, plan: ImportPlan, key_id: str = "cli", on_progress: Progress | None = None) -> ImportReport:
+        """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""
+        _, backend = await self.agents.backend_for(plan.agent_id)
+        return await apply_import(plan, self.startup, backend, self.state, self.embedder, self.audit, key_id, on_progress)
 
     # Users: export and erasure (memory_service/erasure.py)
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:
