@@ -236,7 +236,7 @@ class Settings(BaseSettings):
     startup_session_ttl_seconds: int = Field(
         default=7 * 86_400, ge=60,
         description="How long a session's last-sent startup digest is kept (modes first-run and digest), renewed "
-                    "each time the block is sent; a session idle longer gets the records again")
+                    "by each block request for the session; a session idle longer gets the records again")
     import_max_file_bytes: int = Field(
         default=1_048_576, ge=1024, description="Largest markdown file `memory-service import` reads")
     import_max_files: int = Field(default=1000, ge=1, description="Most markdown files one import reads")
