@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__, admin_api, overload, request_guard
+from . import __version__, admin_api, overload, request_guard, startup_api
 from .access import authorize, caller, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
 from .erasure import ErasureReport, UserExport, erased_user_digest
@@ -283,6 +283,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).export_user(agent_id, user_id)
 
     app.include_router(admin_api.router)
+    app.include_router(startup_api.router)
     return app
 
 

@@ -27,6 +27,7 @@ from .context import (
     RelevantItem,
     RenderedContext,
     ShardContext,
+    StartupItem,
     UserContext,
     budget_for_model,
     render_context,
@@ -35,6 +36,7 @@ from .errors import BackendUnavailable, Conflict, InvalidInput, MemoryServiceErr
 from .models import Memory, MemoryKind, Shard
 from .namespaces import Namespace, validate_id
 from .retrieval import Retriever, SearchRequest, query_terms, snippet
+from .startup import StartupRecords
 from .state import StateStore
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class ContextAssembler:
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, retriever: Retriever):
         self.settings, self.state, self.agents, self.retriever = settings, state, agents, retriever
         self._last_good: OrderedDict[str, RenderedContext] = OrderedDict()
+        self.startup = StartupRecords(settings, state)
 
     async def assemble(
         self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
@@ -119,6 +122,8 @@ class ContextAssembler:
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
         inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
                                                                     query, budget, deadline, sources)
+        inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
+                                          for r in await self.startup.list(agent_id)])
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
         if complete and cacheable:  # never cache a block shrunk by an outage
             await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)

@@ -339,3 +339,8 @@ app.add_typer(outbox_app, name="outbox")
 from .keys_cli import keys_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
+
+# `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/import_cli.py).
+from .import_cli import import_command  # noqa: E402
+
+app.command("import")(import_command)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -219,6 +219,27 @@ class Settings(BaseSettings):
         description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
+
+    # Startup records and `memory-service import` (docs/startup-records.md).
+    startup_budget_chars: int = Field(
+        default=4000, ge=MIN_CONTEXT_BUDGET,
+        description="Characters of startup records (titles and contents) one startup block may carry, for a model "
+                    "no STARTUP_MODEL_BUDGETS pattern matches")
+    startup_model_budgets: dict[str, Annotated[int, Field(ge=MIN_CONTEXT_BUDGET)]] = Field(
+        default_factory=lambda: {"*gpt-4o-mini*": 3000, "*llama*": 1500, "*phi*": 1000, "*gemma*": 1500,
+                                 "*qwen*:*b": 1500},
+        description="JSON: fnmatch pattern of a model name -> startup block budget in characters; first match wins, "
+                    "case-insensitive (the matcher of CONTEXT_MODEL_BUDGETS)")
+    startup_max_records: int = Field(default=64, ge=1, le=1000, description="Most startup records one agent may hold")
+    startup_max_record_chars: int = Field(
+        default=4000, ge=64, le=100_000, description="Longest content of one startup record, in characters")
+    startup_session_ttl_seconds: int = Field(
+        default=7 * 86_400, ge=60,
+        description="How long a session's last-sent startup digest is kept (modes first-run and digest), renewed "
+                    "by each block request for the session; a session idle longer gets the records again")
+    import_max_file_bytes: int = Field(
+        default=1_048_576, ge=1024, description="Largest markdown file `memory-service import` reads")
+    import_max_files: int = Field(default=1000, ge=1, description="Most markdown files one import reads")
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

@@ -4,6 +4,7 @@
 block, in the element order DESIGN.md fixes::
 
     <MemoryContext>
+      <StartupRecords><Record priority="P0" title="...">...</Record></StartupRecords>
       <CollectiveMemory>
         <MemoryShard name="...">
           <ConsolidatedMemory>...</ConsolidatedMemory>
@@ -26,22 +27,27 @@ Budget: ``len(xml) <= budget_chars`` always (newlines and indentation included).
 minimum budget is 64 characters; below that ``render_context`` raises ValueError. Items
 are kept greedily in this priority order, highest first:
 
-1. the most recent episode;
-2. the query-relevant memories (best first; the first ``RECENT_ITEMS`` of them);
-3. the requesting user's consolidated memory;
-4. the requesting user's most recent directives;
-5. the shards' consolidated memories;
-6. the other query-relevant memories, best first;
-7. the most recent facts (round-robin over shards);
-8. the other recent episodes;
-9. the recent suggestions (round-robin over shards);
-10. the other users' consolidated memories and recent directives;
-11. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
+1. the agent's P0 (identity), then P1 (operating rules) startup records;
+2. the most recent episode;
+3. the query-relevant memories (best first; the first ``RECENT_ITEMS`` of them);
+4. the requesting user's consolidated memory;
+5. the requesting user's most recent directives;
+6. the P2 (behaviour) startup records;
+7. the shards' consolidated memories;
+8. the other query-relevant memories, best first;
+9. the most recent facts (round-robin over shards);
+10. the other recent episodes;
+11. the recent suggestions (round-robin over shards);
+12. the other users' consolidated memories and recent directives;
+13. the P3 (reference) startup records;
+14. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
     round-robin over the lists in the order above.
 
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
 items go first: once an item of a list is left out, every older item of it is too. The
-relevant memories are the exception: they come already shaped (the best in full, the next
+relevant memories and the startup records are the exception (a startup record is kept
+whole or not at all, and one that does not fit leaves the room to a shorter one; all of a
+priority rank in its tier, whatever their count): the relevant memories come already shaped (the best in full, the next
 as snippets, the rest as one-line references, see ``RelevantItem``), and a shorter one
 further down still takes the room a longer one left, so unused budget is carried forward.
 Every relevant memory shows its date and age. An item too long for the room left is cut
@@ -104,11 +110,21 @@ class RelevantItem:
 
 
 @dataclass(frozen=True)
+class StartupItem:
+    """A startup record as the block shows it (memory_service/startup.py)."""
+
+    priority: int  # 0 (identity) to 3 (reference)
+    title: str
+    content: str
+
+
+@dataclass(frozen=True)
 class ContextInputs:
     shards: Sequence[ShardContext] = ()
     users: Sequence[UserContext] = ()  # the requesting user first
     episodes: Sequence[Memory] = ()  # the session's recent episodes, oldest first
     relevant: Sequence[RelevantItem] = ()  # query-relevant memories, best first
+    startup: Sequence[StartupItem] = ()  # the agent's startup records, in the order shown
 
 
 @dataclass(frozen=True)
@@ -116,7 +132,7 @@ class RenderedContext:
     xml: str
     chars: int  # len(xml)
     budget: int
-    sections: dict[str, int]  # items kept per section: collective, user, conversation, relevant
+    sections: dict[str, int]  # items kept per section: startup, collective, user, conversation, relevant
     dropped: int  # items left out to fit the budget
     source: str = ""  # where the memories came from: graph, mongo, cache, last-good, none
 
@@ -224,8 +240,12 @@ def memory_date(moment: datetime) -> str:
 
 
 # Tiers, in the priority order the module docstring lists.
-(_LATEST_EPISODE, _RELEVANT, _USER_CONSOLIDATED, _USER_DIRECTIVES, _SHARD_CONSOLIDATED, _RELEVANT_MORE,
- _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS, _OLDER) = range(11)
+(_STARTUP_P0, _STARTUP_P1, _LATEST_EPISODE, _RELEVANT, _USER_CONSOLIDATED, _USER_DIRECTIVES, _STARTUP_P2,
+ _SHARD_CONSOLIDATED, _RELEVANT_MORE, _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS, _STARTUP_P3, _OLDER) = range(15)
+_STARTUP_TIERS = (_STARTUP_P0, _STARTUP_P1, _STARTUP_P2, _STARTUP_P3)
+# Sections whose items are kept each on its own merit: one that does not fit leaves the
+# room to a shorter one after it (in every other list, the older items go with it).
+_SKIPPING = ("relevant", "startup")
 
 
 def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | None = None) -> RenderedContext:
@@ -251,6 +271,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             # older items of every list go in the docstring's order too.
             ranked.append(((item_tier if rank < RECENT_ITEMS else later_tier, rank, tier, group), item))
 
+    startup = _Node(root, "StartupRecords")
     collective = _Node(root, "CollectiveMemory")
     user_memory = _Node(root, "UserMemory")
     conversation = _Node(root, "CurrentConversationContext")
@@ -262,6 +283,11 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         newest_first=True, later_tier=_RELEVANT_MORE,
         attrs=[f" kind={_attr(r.kind.value)} date={_attr(memory_date(r.valid_at))}"
                f" age={_attr(age(r.valid_at, now))}" for r in inputs.relevant])
+
+    for priority, tier in enumerate(_STARTUP_TIERS):
+        records = [r for r in inputs.startup if r.priority == priority]
+        add(startup, "Record", [r.content for r in records], "startup", tier, newest_first=True, later_tier=tier,
+            attrs=[f" priority={_attr(f'P{priority}')} title={_attr(r.title)}" for r in records])
 
     for index, user in enumerate(inputs.users):
         node = _Node(user_memory, "User", f" id={_attr(user.user_id)}")
@@ -283,7 +309,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
     # Keep greedily in priority order, counting the exact size as we go.
     size = dropped = 0
     closed: set[int] = set()  # lists that already lost an item: their older items go too
-    sections = {"collective": 0, "user": 0, "conversation": 0, "relevant": 0}
+    sections = {"startup": 0, "collective": 0, "user": 0, "conversation": 0, "relevant": 0}
     for _, item in sorted(ranked, key=lambda entry: entry[0]):
         if item.group in closed:
             dropped += 1
@@ -291,9 +317,10 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         room = budget_chars - size - item.parent.unopened_overhead()
         line = item.render(_escape_text(item.text))
         if len(line) > room:
-            if item.section != "relevant":  # shaped best first: a shorter one may still fit
+            if item.section not in _SKIPPING:
                 closed.add(item.group)
-            body = _truncate(item.text, room - item.shell())
+            # A startup record is given whole or not at all: half a rule can mislead.
+            body = None if item.section == "startup" else _truncate(item.text, room - item.shell())
             if body is None:
                 dropped += 1
                 continue

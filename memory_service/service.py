@@ -29,12 +29,14 @@ from .extraction import Extractor
 from .formation import FormationSummary
 from .jobs import JobQueue
 from .keys import KeyStore
+from .legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from .namespaces import validate_id
 from .pipeline import FormationPipeline
 from .retrieval import Retriever, SearchRequest, SearchResult
 from .routing import BackendFactory, BackendRegistry
 from .sessions import RecordResult, SessionLedger
+from .startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from .state import StateStore
 
 __all__ = ["MemoryService", "RecordResult"]
@@ -61,6 +63,7 @@ class MemoryService:
                              operator_key)
         self.audit = AuditLog(state.redis)
         self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler)
+        self.startup = self.assembler.startup  # startup records (memory_service/startup.py)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -137,6 +140,26 @@ class MemoryService:
                                       query: str | None = None, budget: int | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget)
+
+    # Startup records (memory_service/startup.py; `memory-service import`: legacy_import.py)
+    async def put_startup_record(self, agent_id: str, record_id: str,
+                                 body: StartupRecordIn) -> tuple[StartupRecord, StartupRecord | None, bool]:
+        return await self.startup.put(agent_id, record_id, body)
+
+    async def list_startup_records(self, agent_id: str) -> list[StartupRecord]:
+        return await self.startup.list(agent_id)
+
+    async def delete_startup_record(self, agent_id: str, record_id: str) -> StartupRecord | None:
+        return await self.startup.delete(agent_id, record_id)
+
+    async def startup_block(self, agent_id: str, model: str | None = None, session_id: str | None = None,
+                            mode: StartupMode = StartupMode.ALWAYS) -> StartupBlock:
+        return await self.startup.block(agent_id, model, session_id, mode)
+
+    async def import_legacy(self, plan: ImportPlan, key_id: str = "cli", on_progress: Progress | None = None) -> ImportReport:
+        """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""
+        _, backend = await self.agents.backend_for(plan.agent_id)
+        return await apply_import(plan, self.startup, backend, self.state, self.embedder, self.audit, key_id, on_progress)
 
     # Users: export and erasure (memory_service/erasure.py)
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:

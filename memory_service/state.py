@@ -16,6 +16,7 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
   ms:s:<session>:pending         zset message_id -> seq, recorded but not yet formed
   ms:s:<session>:tokens          hash message_id -> weighted tokens, while pending
   ms:s:<session>:users           set of user ids who spoke in the session
+  ms:s:<session>:startup         the startup digest last sent to the session (memory_service.startup)
   ms:agent:<agent>:user:<user>:sessions
                                  set of the sessions the user spoke in (the "user" search scope)
   ms:agent:<agent>:user:<user>:recorded
@@ -334,7 +335,7 @@ class StateStore:
     @staticmethod
     def _keys(session_id: str) -> dict[str, str]:
         base = f"ms:s:{session_id}"
-        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed")}
+        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed", "startup")}
 
     session_keys = _keys
 

@@ -73,6 +73,8 @@ async def world(keyed_server, falkordb_url):
         for method, url, body in [
             ("PUT", f"/v1/agents/{AGENT}", {"agent_extras": {"note": "pelican"}}),
             ("PUT", f"/v1/agents/{AGENT}/shards/travel", {"name": "Flights-Secret"}),
+            ("PUT", f"/v1/agents/{AGENT}/startup/rules", {"priority": "P1", "title": "Rules",
+                                                          "content": "Never mention the pelican."}),
             ("POST", "/v1/sessions/alice-s1/messages", {"agent_id": AGENT, "user_id": "alice", "role": "user",
                                                         "content": "I keep a pelican named Bo.", "message_id": "m1"}),
             ("PUT", f"/v1/agents/{OTHER}", {}),
@@ -125,6 +127,15 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("DELETE", "/v1/agents/{agent_id}/users/{user_id}"): Case("DELETE", f"/v1/agents/{AGENT}/users/alice", "admin"),
         ("GET", "/v1/agents/{agent_id}/users/{user_id}/export"): Case("GET", f"/v1/agents/{AGENT}/users/alice/export",
                                                                       "admin"),
+        ("PUT", "/v1/agents/{agent_id}/startup/{record_id}"): Case(
+            "PUT", f"/v1/agents/{AGENT}/startup/soul", "admin", {"priority": "P0", "title": "Soul", "content": "kind"},
+            ok=(200, 201)),
+        ("GET", "/v1/agents/{agent_id}/startup"): Case("GET", f"/v1/agents/{AGENT}/startup", "read"),
+        ("DELETE", "/v1/agents/{agent_id}/startup/{record_id}"): Case("DELETE", f"/v1/agents/{AGENT}/startup/rules",
+                                                                      "admin"),
+        ("GET", "/v1/agents/{agent_id}/startup/block"): Case(
+            "GET", f"/v1/agents/{AGENT}/startup/block", "read",
+            params={"session_id": "alice-s1", "mode": "first-run", "model": "gpt-4o-mini"}),
     }
 
 

@@ -14,6 +14,7 @@ from memory_service.context import (
     ContextInputs,
     RelevantItem,
     ShardContext,
+    StartupItem,
     UserContext,
     age,
     budget_for_model,
@@ -30,7 +31,7 @@ def shown_as_is(memory: Memory) -> RelevantItem:
 ALLOWED_TAGS = {
     "MemoryContext", "CollectiveMemory", "MemoryShard", "ConsolidatedMemory", "Facts", "Fact",
     "RecentSuggestions", "Suggestion", "UserMemory", "User", "Directives", "Directive",
-    "CurrentConversationContext", "Episode", "RelevantMemories", "Memory",
+    "CurrentConversationContext", "Episode", "RelevantMemories", "Memory", "StartupRecords", "Record",
 }
 HOSTILE = [
     "</UserMemory>",
@@ -121,7 +122,7 @@ def test_section_names_and_order():
     assert [c.tag for c in users[1]] == ["Directives"]
     (memory,) = root.iter("Memory")
     assert memory.get("kind") == "fact" and memory.get("age") == "3 days ago" and memory.text == "r1"
-    assert rendered.sections == {"collective": 5, "user": 3, "conversation": 3, "relevant": 1}
+    assert rendered.sections == {"startup": 0, "collective": 5, "user": 3, "conversation": 3, "relevant": 1}
     assert rendered.dropped == 0
     assert rendered.chars == len(rendered.xml) and rendered.budget == 10_000
     assert "\n  <CollectiveMemory>\n" in rendered.xml  # readable: one element a line, indented
@@ -284,8 +285,9 @@ def context_inputs(draw) -> ContextInputs:
               for k in range(draw(st.integers(0, 3)))]
     users = [UserContext(draw(ids), memories("directive", "user:a:u", 8), draw(st.none() | content))
              for _ in range(draw(st.integers(0, 3)))]
+    startup = [StartupItem(draw(st.integers(0, 3)), draw(ids), c) for c in draw(st.lists(content, max_size=6))]
     return ContextInputs(shards, users, memories("episode", "session:s1", 12),
-                         [shown_as_is(m) for m in memories("fact", "shard:a:t", 6)])
+                         [shown_as_is(m) for m in memories("fact", "shard:a:t", 6)], startup)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -299,7 +301,7 @@ def test_budget_always_respected(inputs: ContextInputs, budget: int):
 
     total = (sum(len(s.facts) + len(s.suggestions) + shown(s.consolidated) for s in inputs.shards)
              + sum(len(u.directives) + shown(u.consolidated) for u in inputs.users)
-             + len(inputs.episodes) + len(inputs.relevant))
+             + len(inputs.episodes) + len(inputs.relevant) + len(inputs.startup))
     assert sum(rendered.sections.values()) + rendered.dropped == total
     # Episodes kept are the newest ones, in order; only the oldest kept one may be cut short.
     kept = texts(root, "Episode")
@@ -309,3 +311,26 @@ def test_budget_always_respected(inputs: ContextInputs, budget: int):
             assert original.startswith(text[:-1])
         else:
             assert text == original
+
+
+def test_startup_records_come_first_by_priority_and_each_on_its_own_merit():
+    inputs = ContextInputs(
+        shards=[ShardContext("t", "Topic", facts=[fact("a fact")])],
+        episodes=[episode("older"), episode("latest")],
+        startup=[StartupItem(0, "Soul", "I am Atlas."), StartupItem(0, "Vow", "x" * 300),
+                 StartupItem(1, "Rules", "Confirm dates."), StartupItem(2, "Tone", "Warm."),
+                 StartupItem(3, "Ref", "LIS is Lisbon.")],
+    )
+    full = render_context(inputs, 10_000, NOW)
+    root = parse(full.xml)
+    assert [child.tag for child in root][0] == "StartupRecords"
+    assert [(r.get("priority"), r.get("title")) for r in root.iter("Record")] == [
+        ("P0", "Soul"), ("P0", "Vow"), ("P1", "Rules"), ("P2", "Tone"), ("P3", "Ref")]
+    assert full.sections["startup"] == 5 and full.dropped == 0
+    # Too little room for the long P0: it is left out whole (never cut), and the records
+    # after it still get theirs; P0 and P1 rank above the latest episode, P2 below it.
+    small = render_context(inputs, 300, NOW)
+    root = parse(small.xml)
+    assert [r.get("title") for r in root.iter("Record")] == ["Soul", "Rules"]
+    assert texts(root, "Episode") == ["latest"] and texts(root, "Fact") == []
+    assert small.chars <= 300 and small.dropped == 5

@@ -85,6 +85,10 @@ READS = [
     search_body("nobody"),
     search_body(AGENT, scope="user", user_id="nouser"),
     search_body(AGENT, scope="namespaces", namespaces=["session:nowhere"]),
+    ("GET", "/v1/agents/nobody/startup", None, None),
+    ("GET", "/v1/agents/nobody/startup/block", {"session_id": "nowhere", "mode": "first-run"}, None),
+    ("GET", f"/v1/agents/{AGENT}/startup/block", {"session_id": "nowhere", "mode": "digest", "model": "phi"}, None),
+    ("GET", "/v1/agents/nobody/startup/block", {"session_id": "s1", "mode": "digest"}, None),  # another agent's: 409
 ]
 
 

@@ -1,0 +1,245 @@
+"""`memory-service import`: legacy markdown memory files into startup records and memories.
+
+The mapping by file and heading, deterministic ids (a second import changes nothing), a
+changed file replacing its records, bad input refused before anything is stored, and the
+command itself against a running `serve` and on its own. Real stores throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memory_service.errors import InvalidInput
+from memory_service.legacy_import import plan_import
+from memory_service.models import MemoryKind
+from memory_service.namespaces import Namespace
+from memory_service.runtime import open_service
+from memory_service.startup import Priority
+
+from .conftest import REPO, clean_env, flush, free_port, suite_settings
+from .store_state import snapshot
+from .test_cli import CLI, _wait_healthy
+
+SAMPLE = REPO / "tests/data/legacy"
+AGENT, USER = "atlas", "ada"
+
+
+@pytest.fixture
+def sample(tmp_path) -> Path:
+    """A copy of the sample files, to edit."""
+    return Path(shutil.copytree(SAMPLE, tmp_path / "legacy"))
+
+
+def test_files_and_headings_map_to_priorities_and_memories():
+    plan = plan_import(SAMPLE, AGENT, USER, suite_settings("redis://unused"))
+    assert plan.files == ["IDENTITY.md", "MEMORY.md", "SOUL.md", "notes/airports.md", "notes/packing.md"]
+    assert plan.skipped == ["notes/scan.txt"]
+    records = {(r.body.priority, r.body.title): r for r in plan.records}
+    assert sorted(records) == [
+        (Priority.P0, "Identity"), (Priority.P0, "Soul"),
+        (Priority.P1, "Operating rules"), (Priority.P1, "Payments"),  # a subheading keeps its parent's kind
+        (Priority.P2, "Communication style"),
+        (Priority.P3, "Airports we use"), (Priority.P3, "packing"),  # a note without a heading: its file name
+    ]
+    soul = records[(Priority.P0, "Soul")]
+    assert soul.source == "SOUL.md" and soul.body.content.startswith("I am Atlas") and "# Soul" not in soul.body.content
+    assert records[(Priority.P1, "Operating rules")].body.content == (
+        "- Always confirm travel dates before booking anything.\n- Never share passport numbers in chat.")
+    memories = {m.content: m for m in plan.memories}
+    assert set(memories) == {
+        "Notes carried over from the old assistant.",
+        "Ada Okafor prefers window seats on long flights.",
+        "Tunde is vegetarian and allergic to peanuts.\n  - He carries an EpiPen; mention it when booking meals.",
+        "The family lives in Porto, near the São Bento station.",
+        "The kids' passports expire in March 2027.",
+        "Ada books late at night and answers quickly then.",
+        "Trains beat flights for anything under four hours, in her view.",
+    }
+    assert memories["Ada books late at night and answers quickly then."].kind is MemoryKind.OBSERVATION
+    assert memories["The kids' passports expire in March 2027."].kind is MemoryKind.FACT
+    assert {m.namespace for m in plan.memories} == {str(Namespace.user(AGENT, USER))}
+    assert all(m.metadata.user_id == USER and m.metadata.agent_id == AGENT for m in plan.memories)
+    without_user = plan_import(SAMPLE, AGENT, None, suite_settings("redis://unused"))
+    assert {m.namespace for m in without_user.memories} == {str(Namespace.agent(AGENT))}
+
+
+def test_ids_depend_on_agent_source_and_content_only(sample):
+    settings = suite_settings("redis://unused")
+    first, moved = plan_import(SAMPLE, AGENT, USER, settings), plan_import(sample, AGENT, USER, settings)
+    ids = [r.record_id for r in first.records] + [m.id for m in first.memories]
+    assert ids == [r.record_id for r in moved.records] + [m.id for m in moved.memories]  # the folder moved: same ids
+    other = plan_import(SAMPLE, "hermes", USER, settings)
+    assert not set(ids) & ({r.record_id for r in other.records} | {m.id for m in other.memories})
+    (sample / "SOUL.md").write_text("# Soul\n\nI am Atlas, renamed.\n")
+    edited = plan_import(sample, AGENT, USER, settings)
+    changed = set(ids) ^ ({r.record_id for r in edited.records} | {m.id for m in edited.memories})
+    assert len(changed) == 2  # the old soul record and the new one; nothing else
+    single = plan_import(SAMPLE / "MEMORY.md", AGENT, USER, settings)  # one file: its own name is its source
+    assert {r.source for r in single.records} == {"MEMORY.md"} and single.files == ["MEMORY.md"]
+    assert [m.id for m in single.memories] == [m.id for m in first.memories]
+
+
+def _bad_inputs(tmp: Path) -> list[tuple[Path, str, str | None, dict, str]]:
+    (tmp / "empty-dir").mkdir()
+    (tmp / "only-text").mkdir()
+    (tmp / "only-text/a.txt").write_text("hello")
+    (tmp / "big.md").write_text("x" * 2048)
+    (tmp / "latin1.md").write_bytes("caf\xe9".encode("latin-1"))
+    (tmp / "long-soul").mkdir()
+    (tmp / "long-soul/SOUL.md").write_text("I am " + "very " * 40)
+    (tmp / "two").mkdir()
+    (tmp / "two/a.md").write_text("a")
+    (tmp / "two/b.md").write_text("b")
+    (tmp / "long-line").mkdir()
+    (tmp / "long-line/MEMORY.md").write_text("- " + "word " * 30)
+    return [
+        (tmp / "missing", AGENT, None, {}, "does not exist"),
+        (tmp / "only-text/a.txt", AGENT, None, {}, "not a markdown file"),
+        (tmp / "empty-dir", AGENT, None, {}, "holds no markdown files"),
+        (tmp / "only-text", AGENT, None, {}, "holds no markdown files"),
+        (tmp / "big.md", AGENT, None, {"import_max_file_bytes": 1024}, "IMPORT_MAX_FILE_BYTES"),
+        (tmp / "latin1.md", AGENT, None, {}, "not UTF-8"),
+        (tmp / "long-soul", AGENT, None, {"startup_max_record_chars": 100}, "STARTUP_MAX_RECORD_CHARS"),
+        (tmp / "two", AGENT, None, {"import_max_files": 1}, "IMPORT_MAX_FILES"),
+        (tmp / "long-line", AGENT, None, {"max_message_chars": 100}, "MAX_MESSAGE_CHARS"),
+        (SAMPLE, "a:b", None, {}, "agent_id"),
+        (SAMPLE, AGENT, " ada", {}, "user_id"),
+    ]
+
+
+def test_bad_input_is_refused_naming_what_and_which_limit(tmp_path):
+    for path, agent, user, overrides, detail in _bad_inputs(tmp_path):
+        with pytest.raises(InvalidInput, match=detail):
+            plan_import(path, agent, user, suite_settings("redis://unused", **overrides))
+
+
+@pytest.fixture
+async def quiet_service(falkordb_url):
+    """A service without a worker: nothing writes on its own while the store is compared."""
+    await flush(falkordb_url)
+    async with open_service(suite_settings(falkordb_url), run_worker=False) as service:
+        yield service
+
+
+async def test_importing_twice_stores_each_thing_once(quiet_service, falkordb_url):
+    service = quiet_service
+    plan = plan_import(SAMPLE, AGENT, USER, service.settings)
+    first = await service.import_legacy(plan)
+    assert (first.records_created, first.memories_written) == (7, 7)
+    records = await service.list_startup_records(AGENT)
+    assert [r.priority.value for r in records] == ["P0", "P0", "P1", "P1", "P2", "P3", "P3"]
+    before = await asyncio.to_thread(snapshot, falkordb_url)
+    again = await service.import_legacy(plan_import(SAMPLE, AGENT, USER, service.settings))
+    assert (again.records_created, again.records_updated, again.records_unchanged, again.records_removed) == (0, 0, 7, 0)
+    assert (again.memories_written, again.memories_present) == (0, 7)
+    changes = before.changes(await asyncio.to_thread(snapshot, falkordb_url))
+    # Only the audit log grew (the second import is recorded too); no record or memory changed.
+    assert (changes["added"], changes["removed"], changes["changed"]) == ([], [], [f"ms:audit:agent:{AGENT}"])
+    assert await service.list_startup_records(AGENT) == records
+    audit = await service.audit.read(AGENT, action="startup.import")
+    assert [e.key_id for e in audit.entries] == ["cli", "cli"]
+    assert audit.entries[0].after["memories_present"] == 7 and audit.entries[1].after["records_created"] == 7
+
+    # The memories went through the backend: stored, embedded, searchable in the user's scope.
+    _, backend = await service.agents.backend_for(AGENT)
+    assert await backend.count(AGENT, Namespace.user(AGENT, USER)) == 7
+    assert await backend.unembedded(AGENT, 10) == []
+    found = await service.search(AGENT, "peanut allergy", scope="user", user_id=USER, top_k=3)
+    assert "allergic to peanuts" in found.results[0].content
+
+
+async def test_a_changed_file_replaces_its_records(quiet_service, sample):
+    service = quiet_service
+    await service.import_legacy(plan_import(sample, AGENT, USER, service.settings))
+    (sample / "SOUL.md").write_text("# Soul\n\nI am Atlas, and I now plan trains only.\n")
+    report = await service.import_legacy(plan_import(sample, AGENT, USER, service.settings))
+    assert (report.records_created, report.records_removed, report.records_unchanged) == (1, 1, 6)
+    souls = [r for r in await service.list_startup_records(AGENT) if r.source == "SOUL.md"]
+    assert [r.content for r in souls] == ["I am Atlas, and I now plan trains only."]
+    # A record an admin made stays, whatever is imported.
+    from memory_service.startup import StartupRecordIn
+
+    await service.put_startup_record(AGENT, "house-rule", StartupRecordIn(priority=Priority.P1, title="t", content="c"))
+    await service.import_legacy(plan_import(sample, AGENT, USER, service.settings))
+    assert "house-rule" in {r.id for r in await service.list_startup_records(AGENT)}
+
+
+async def test_an_import_past_the_record_limit_stores_nothing(falkordb_url):
+    await flush(falkordb_url)
+    async with open_service(suite_settings(falkordb_url, startup_max_records=5), run_worker=False) as service:
+        before = await asyncio.to_thread(snapshot, falkordb_url)
+        with pytest.raises(InvalidInput, match="STARTUP_MAX_RECORDS"):
+            await service.import_legacy(plan_import(SAMPLE, AGENT, USER, service.settings))
+        assert await asyncio.to_thread(snapshot, falkordb_url) == before
+
+
+# The command, as an operator runs it -------------------------------------------------
+
+HASH_EMBEDDER = {"EMBEDDER": "hash", "EMBEDDING_DIMENSION": "64"}
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**clean_env(), **HASH_EMBEDDER, "COLUMNS": "200"}
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=180, env=env)
+
+
+def row(output: str, what: str) -> list[str]:
+    """The numbers of a row of the command's summary table."""
+    line = next(line for line in output.splitlines() if what in line and "│" in line)
+    return [cell.strip() for cell in line.strip("│┃ ").split("│")][1:]
+
+
+async def test_the_command_imports_into_a_running_server(tmp_path):
+    data_dir, port = tmp_path / "data", free_port()
+    proc = subprocess.Popen([CLI, "serve", "--port", str(port), "--data-dir", str(data_dir), "--no-worker"],
+                            env={**clean_env(), **HASH_EMBEDDER}, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        await _wait_healthy(base, proc)
+        done = await asyncio.to_thread(cli, "import", str(SAMPLE), "--agent", AGENT, "--user", USER,
+                                       "--data-dir", str(data_dir))
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "7 startup records (2 P0, 2 P1, 1 P2, 2 P3), 7 memories; skipped notes/scan.txt" in done.stdout
+        assert row(done.stdout, "startup records") == ["7", "0", "0", "0"]
+        async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+            listed = (await http.get(f"/v1/agents/{AGENT}/startup")).json()
+            assert len(listed) == 7 and {r["source"] for r in listed} >= {"SOUL.md", "notes/airports.md"}
+            block = (await http.get(f"/v1/agents/{AGENT}/startup/block", params={"model": "phi-3"})).json()
+            assert block["budget"] == 1000 and block["records"][0]["title"] in ("Identity", "Soul")
+            found = (await http.get("/v1/search", params={"agent_id": AGENT, "query": "window seats", "scope": "user",
+                                                          "user_id": USER})).json()
+            assert found["results"][0]["content"] == "Ada Okafor prefers window seats on long flights."
+
+            again = await asyncio.to_thread(cli, "import", str(SAMPLE), "--agent", AGENT, "--user", USER,
+                                            "--data-dir", str(data_dir))
+            assert again.returncode == 0, again.stdout + again.stderr
+            assert row(again.stdout, "startup records") == ["0", "0", "7", "0"]
+            assert row(again.stdout, "memories") == ["0", "-", "7", "-"]
+            assert (await http.get(f"/v1/agents/{AGENT}/startup")).json() == listed
+
+            refused = await asyncio.to_thread(cli, "import", str(tmp_path / "nowhere"), "--agent", AGENT,
+                                              "--data-dir", str(data_dir))
+            assert refused.returncode == 2 and "does not exist" in refused.stdout
+            audit = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "startup.import"})).json()
+            assert [e["key_id"] for e in audit["entries"]] == ["cli", "cli"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+
+
+def test_the_command_starts_the_store_when_no_server_runs(tmp_path):
+    data_dir = tmp_path / "data"
+    first = cli("import", str(SAMPLE / "SOUL.md"), "--agent", AGENT, "--data-dir", str(data_dir))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert row(first.stdout, "startup records") == ["1", "0", "0", "0"]
+    second = cli("import", str(SAMPLE / "SOUL.md"), "--agent", AGENT, "--data-dir", str(data_dir))
+    assert row(second.stdout, "startup records") == ["0", "0", "1", "0"]  # the first one was kept on disk
+    bad = cli("import", str(SAMPLE / "notes/scan.txt"), "--agent", AGENT, "--data-dir", str(data_dir))
+    assert bad.returncode == 2 and "not a markdown file" in bad.stdout
+    assert "Traceback" not in bad.stdout + bad.stderr
