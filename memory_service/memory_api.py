@@ -66,8 +66,7 @@ async def memory_write(agent_id: AgentId, body: MemoryWrite, request: Request,
     Needs `write`, and the operator's MEMORY_WRITE_AGENTS listing the agent."""
     guard = _allow(request, principal, Role.WRITE, agent_id)
     record = await _svc(request).memory_write(agent_id, body, guard)
-    await _svc(request).audit.append(principal.key_id, "memory.write", agent_id, record.id,
-                                     after=record.model_dump(mode="json"))
+    await _svc(request).audit.append(principal.key_id, "memory.write", agent_id, record.id, after=_audited(record))
     return JSONResponse(status_code=201, content=record.model_dump(mode="json"))
 
 
@@ -78,8 +77,10 @@ async def memory_update(agent_id: AgentId, body: MemoryUpdate, request: Request,
     soft-deleted memory. Needs `write` and MEMORY_WRITE_AGENTS."""
     guard = _allow(request, principal, Role.WRITE, agent_id)
     before, after = await _svc(request).tools.update(agent_id, memory_id, body, guard)
+    changed = sorted(f for f in ("content", "title", "tags", "confidence", "kind")
+                     if getattr(before, f) != getattr(after, f))
     await _svc(request).audit.append(principal.key_id, "memory.update", agent_id, memory_id,
-                                     before=before.model_dump(mode="json"), after=after.model_dump(mode="json"))
+                                     before=_audited(before), after={**_audited(after), "changed": changed})
     return after
 
 
@@ -106,5 +107,12 @@ async def memory_undelete(agent_id: AgentId, request: Request, memory_id: str = 
     record, changed = await _svc(request).tools.undelete(agent_id, memory_id, guard)
     if changed:
         await _svc(request).audit.append(principal.key_id, "memory.undelete", agent_id, memory_id,
-                                         after=record.model_dump(mode="json"))
+                                         after=_audited(record))
     return record
+
+
+def _audited(record: MemoryRecord) -> dict[str, object]:
+    """What the audit log keeps of a memory: never its words (content, title, tags), which
+    the log would otherwise keep after the retention job purged them (no route edits it)."""
+    return {"id": record.id, "kind": record.kind.value, "namespace": record.namespace,
+            "content_chars": len(record.content), "deleted_at": record.deleted_at.isoformat() if record.deleted_at else None}
