@@ -139,6 +139,8 @@ async def test_openapi_documents_every_route(http):
         "/health/live", "/v1/sessions/{session_id}", "/metrics", "/v1/search", "/v1/agents/{agent_id}/search",
         "/v1/keys", "/v1/keys/{key_id}", "/v1/audit",
         "/v1/agents/{agent_id}/users/{user_id}", "/v1/agents/{agent_id}/users/{user_id}/export",
+        "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{memory_id}",
+        "/v1/agents/{agent_id}/memories/{memory_id}/undelete",
     }
     assert (await http.get("/docs")).status_code == 200
 
