@@ -121,7 +121,11 @@ class Retention:
             log.info("retention: PURGE_AFTER_DAYS is 0, soft-deleted memories are kept")
             return report
         cutoff = (now or datetime.now(UTC)) - timedelta(days=days)
+        seen: set[tuple[str, str]] = set()
         while due := await self.index.due(cutoff, PURGE_BATCH):
+            if seen.issuperset(due):
+                break  # entries kept on purpose (deleted again later in the store): nothing more is due
+            seen.update(due)
             by_agent: dict[str, list[str]] = {}
             for agent_id, memory_id in due:
                 by_agent.setdefault(agent_id, []).append(memory_id)
