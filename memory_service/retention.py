@@ -55,10 +55,10 @@ class Access:
 class PurgeReport:
     purged: int = 0  # memories removed from the stores
     agents: dict[str, int] = field(default_factory=dict)  # per agent
-    already_gone: int = 0  # due entries whose memory no store held (erased, or undeleted and gone)
+    skipped: int = 0  # due entries not purged: no store holds the memory, it was undeleted, or deleted again later
 
     def counts(self) -> dict[str, int]:
-        return {"purged": self.purged, "agents": len(self.agents), "already_gone": self.already_gone}
+        return {"purged": self.purged, "agents": len(self.agents), "skipped": self.skipped}
 
 
 class RetentionIndex:
@@ -132,13 +132,13 @@ class Retention:
             for agent_id, ids in by_agent.items():
                 purged = await self._purge_agent(agent_id, ids, cutoff)
                 report.purged += purged
-                report.already_gone += len(ids) - purged
+                report.skipped += len(ids) - purged
                 if purged:
                     report.agents[agent_id] = report.agents.get(agent_id, 0) + purged
-        if report.purged or report.already_gone:
+        if report.purged or report.skipped:
             await self.state.add_metrics(purged_memories=report.purged, purge_runs=1)
-        log.warning("retention: purged %d soft-deleted memories of %d agents (deleted before %s); %d already gone",
-                    report.purged, len(report.agents), cutoff.isoformat(), report.already_gone)
+        log.warning("retention: purged %d soft-deleted memories of %d agents (deleted before %s); %d skipped",
+                    report.purged, len(report.agents), cutoff.isoformat(), report.skipped)
         return report
 
     async def _purge_agent(self, agent_id: str, ids: list[str], cutoff: datetime) -> int:

@@ -111,7 +111,7 @@ async def test_the_workers_daily_job_purges_what_is_due(service):
     for memory in (due, fresh):
         await service.memory_delete(AGENT, memory.id)
     await backdate(service, due.id, 31)
-    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "already_gone": 0}
+    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0}
     _, backend = await service.agents.backend_for(AGENT)
     assert [m.id for m in await backend.find(AGENT, [due.id, fresh.id])] == [fresh.id]
 
@@ -125,7 +125,7 @@ async def test_an_undeleted_memory_is_never_purged(service):
     # An index entry whose memory is live (a crash between an undelete's two steps).
     await service.retention_index.mark_deleted(AGENT, raced.id, datetime.now(UTC) - timedelta(days=40))
     report = await service.retention.purge(now=later(1))
-    assert report.purged == 0 and report.already_gone == 1
+    assert report.purged == 0 and report.skipped == 1
     assert {r.id for r in (await service.search(AGENT, "heron")).results} == {undone.id, raced.id}
     assert await service.retention_index.due(later(100), 10) == []  # the stale entry left the index
 
@@ -200,3 +200,13 @@ async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, 
     assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
     assert await mongo.find(AGENT, [doomed.id]) == []
     assert [m.id for m in await mongo.find(AGENT, [kept.id])] == [kept.id]
+
+
+async def test_an_index_entry_older_than_its_stores_deletion_is_kept_and_the_run_ends(service):
+    memory = await write(service, "The puffin returned.")
+    await service.memory_delete(AGENT, memory.id)  # deleted now in the store
+    await service.retention_index.mark_deleted(AGENT, memory.id, datetime.now(UTC) - timedelta(days=40))
+    report = await asyncio.wait_for(service.retention.purge(now=later(1)), 30)  # a bound, not a speed check
+    assert (report.purged, report.skipped) == (0, 1)
+    assert (await service.memory_get(AGENT, memory.id)).deleted_at is not None
+    assert len(await service.retention_index.due(later(1) - timedelta(days=30), 10)) == 1
