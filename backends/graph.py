@@ -8,7 +8,8 @@ graphiti-core's ``EpisodicNode`` model, so Graphiti can later run entity extract
 them. Ours beside them:
 
 * ``kind``, ``ts``/``seq`` (a numeric sort key: ISO strings with and without microseconds
-  do not sort), ``evicted``;
+  do not sort), ``evicted``, ``deleted_at`` (a soft delete's time, as a Unix timestamp)
+  and ``tags`` (a list, for the search filter; the body holds them too);
 * ``group_kind`` = ``<group_id>|<kind>``, indexed, so the context's reads ("the 8 latest
   episodes of this session") are one index lookup, not a scan of the group;
 * ``text``: what search reads (a message under its speaker), in a full-text index with
@@ -30,6 +31,7 @@ import logging
 import os
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from memory_service import bm25
@@ -56,7 +58,10 @@ FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the i
 QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
 DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
 
-_READ_FIELDS = "n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, n.evicted AS evicted"
+_READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
+                "n.evicted AS evicted, n.deleted_at AS deleted_at")
+# What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
+_LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
 
 
 def _disable_telemetry_unless_asked(settings: Settings) -> None:
@@ -267,6 +272,8 @@ class GraphBackend(MemoryBackend):
             "ts": memory.valid_at.timestamp(),
             "seq": memory.metadata.sequence,
             "evicted": True if memory.evicted else None,  # null leaves the property out
+            "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+            "tags": list(memory.tags) or None,
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
             "text": memory.search_text,
@@ -329,6 +336,35 @@ class GraphBackend(MemoryBackend):
             updated += int(result.result_set[0][0]) if result.result_set else 0
         return updated
 
+    async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0
+        graph = await self._writable(agent_id)
+        rows = []
+        for memory in _first_of_each(memories):
+            embedding = self._checked(memory.embedding)
+            rows.append({"id": memory.id, "body": memory.episode_body(), "text": memory.search_text,
+                         "tags": list(memory.tags) or None,
+                         "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+                         "embedding": _FloatList(embedding) if embedding else None,
+                         "needs_embedding": None if embedding else True})
+        updated = 0
+        for start in range(0, len(rows), DELETE_BATCH):
+            # Setting ``text`` and ``embedding`` re-indexes the node (full text, vector). A
+            # row without a vector keeps the stored one while its text is the same (a soft
+            # delete, a new title); a new text without one waits for the backfill.
+            result = await graph.query(
+                f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+                "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep "
+                "SET n.content = row.body, n.text = row.text, n.tags = row.tags, n.deleted_at = row.deleted_at, "
+                "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
+                "ELSE vecf32(row.embedding) END, "
+                "n.needs_embedding = CASE WHEN keep THEN n.needs_embedding ELSE row.needs_embedding END "
+                "RETURN count(n)",
+                {"rows": rows[start : start + DELETE_BATCH]})
+            updated += int(result.result_set[0][0]) if result.result_set else 0
+        return updated
+
     async def purge_query_log(self, agent_id: str, timeout: float = QUERY_LOG_FLUSH_SECONDS) -> int:
         """FalkorDB keeps each graph's last queries, parameters included, in the stream
         ``telemetry{<graph>}`` (CMD_INFO, on by default), written a second or two after the
@@ -365,10 +401,17 @@ class GraphBackend(MemoryBackend):
             return []
         rows = await self._read(
             agent_id,
-            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g RETURN {_READ_FIELDS} "
-            "ORDER BY n.ts, n.seq, n.uuid",
+            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g AND n.deleted_at IS NULL "
+            f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid",
             ids=list(ids), g=namespace.group_id,
         )
+        return [_memory(row) for row in rows]
+
+    async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
+        if not ids:
+            return []
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
+                                          f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid", ids=list(ids))
         return [_memory(row) for row in rows]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
@@ -376,7 +419,7 @@ class GraphBackend(MemoryBackend):
             return []
         rows = await self._read(
             agent_id,
-            f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND n.evicted IS NULL RETURN {_READ_FIELDS} "
+            f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_READ_FIELDS} "
             "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
             gks=[_group_kind(namespace.group_id, k) for k in kinds], limit=limit,
         )
@@ -388,7 +431,7 @@ class GraphBackend(MemoryBackend):
             where, params = "n.group_kind IN $gks", {"gks": [_group_kind(namespace.group_id, k) for k in kinds]}
         else:
             where, params = "n.group_id = $g", {"g": namespace.group_id}
-        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} AND n.evicted IS NULL RETURN count(n) AS c",
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} AND {_LIVE} RETURN count(n) AS c",
                                 **params)
         return int(rows[0]["c"]) if rows else 0
 
@@ -416,7 +459,7 @@ class GraphBackend(MemoryBackend):
         groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
         if groups == []:
             return {}
-        filters = ["n.evicted IS NULL"]
+        filters = [_LIVE]
         params: dict[str, Any] = {"limit": query.limit}
         if groups is not None:
             filters.append("n.group_id IN $groups")
@@ -430,6 +473,9 @@ class GraphBackend(MemoryBackend):
         if query.until:
             filters.append("n.ts <= $until")
             params["until"] = query.until.timestamp()
+        if query.tags:
+            filters.append("all(t IN $tags WHERE t IN n.tags)")
+            params["tags"] = list(query.tags)
         where = " AND ".join(filters)
         hits: SignalHits = {}
         if queries := fulltext_queries(query.terms, groups):
@@ -512,5 +558,7 @@ def _memory(row: Row) -> Memory:
         valid_at=row["valid_at"],
     )
     memory.evicted = bool(row.get("evicted"))
+    if row.get("deleted_at") is not None:
+        memory.deleted_at = datetime.fromtimestamp(float(row["deleted_at"]), UTC)
     memory.served_by = "graph"
     return memory

@@ -45,6 +45,7 @@ from memory_service.outbox import (
     Outbox,
     OutboxOp,
     ProvenanceOp,
+    ReplaceOp,
     TrimOp,
     WriteOp,
 )
@@ -266,6 +267,14 @@ class MirroredBackend(MemoryBackend):
         await self.outbox.delivered("graph", entry)
         return done
 
+    async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        # Like an erasure's: in order behind the write it changes, and a failing graph raises
+        # (the tool must not answer a change the graph lacks; the queued entry still reaches it).
+        if not memories:
+            return 0
+        return await self._to_both(ReplaceOp(agent_id=agent_id, memories=list(memories)),
+                                   lambda store: store.replace(agent_id, memories))
+
     async def purge_query_log(self, agent_id: str) -> int:
         return await self.primary.purge_query_log(agent_id)
 
@@ -279,6 +288,11 @@ class MirroredBackend(MemoryBackend):
                 if kept == op.memories:
                     return None
                 return WriteOp(memories=[m for m in kept if m is not None])
+            if isinstance(op, ReplaceOp) and op.agent_id == agent_id:
+                changed = [judge(m) for m in op.memories]
+                if changed == op.memories:
+                    return None
+                return ReplaceOp(agent_id=agent_id, memories=[m for m in changed if m is not None])
             if isinstance(op, EmbeddingsOp) and op.agent_id == agent_id and removed & op.vectors.keys():
                 return EmbeddingsOp(agent_id=agent_id, vectors={k: v for k, v in op.vectors.items() if k not in removed})
             return None
@@ -353,6 +367,17 @@ class MirroredBackend(MemoryBackend):
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
         found, _ = await self._read(agent_id, lambda b: b.search(agent_id, query), f"agent {agent_id}",
                                     empty=lambda hits: not any(hits.values()))
+        return found
+
+    async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
+        # Like ``get``: ids the graph lacks may still wait in its queue, and MongoDB has them.
+        found, source = await self._read(agent_id, lambda b: b.find(agent_id, ids), f"agent {agent_id}")
+        held = {m.id for m in found}
+        missing = [i for i in dict.fromkeys(ids) if i not in held]
+        if source == "graph" and missing:
+            more = await self._from_mongo(lambda b: b.find(agent_id, missing), f"agent {agent_id}")
+            if more is not None and more[0]:
+                found = [*found, *more[0]]
         return found
 
     async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:

@@ -7,7 +7,9 @@ Collections (in MONGODB_DATABASE):
                 every read. Beside them, for search: ``search_text`` (what full-text
                 search reads, in a text index), ``embedding`` (a BSON float32 vector) or,
                 until it has one, ``needs_embedding: true`` (a partial index finds those
-                for the backfill).
+                for the backfill). Tool-written memories add ``title``, ``tags``,
+                ``confidence``, ``updated_at``; a soft-deleted one has ``deleted_at`` (a
+                Unix timestamp), and every read but find/export/unembedded filters it out.
   user_memory   one document per (agent, user): the latest consolidated memory and the
                 most recent directives, for dashboards and the legacy readers.
   shards        one document per (agent, shard): the latest consolidated memory, the
@@ -36,6 +38,7 @@ import math
 import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from bson.binary import VECTOR_SUBTYPE, Binary, BinaryVectorDtype
@@ -277,6 +280,34 @@ class MongoBackend(MemoryBackend):
         result = await self.memories.delete_many({"agent_id": agent_id, "_id": {"$in": ids}})
         return int(result.deleted_count)
 
+    async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories:
+            return 0
+        # A memory without a vector keeps the stored one while its text is the same (a soft
+        # delete, a new title); a new text without one waits for the backfill.
+        stored = {d["_id"]: d.get("search_text") for d in await self.memories.find(
+            {"agent_id": agent_id, "_id": {"$in": [m.id for m in memories]}}, {"search_text": 1}).to_list()}
+        ops = []
+        for memory in memories:
+            doc = self._document(memory)
+            changed = {k: doc[k] for k in ("content", "search_text", "title", "tags", "confidence", "updated_at",
+                                            "deleted_at")}
+            update: dict[str, Any]
+            if "embedding" in doc:
+                update = {"$set": {**changed, "embedding": doc["embedding"]}, "$unset": {"needs_embedding": ""}}
+            elif stored.get(memory.id) == memory.search_text:
+                update = {"$set": changed}
+            else:
+                update = {"$set": {**changed, "needs_embedding": True}, "$unset": {"embedding": ""}}
+            ops.append(UpdateOne({"_id": memory.id, "agent_id": agent_id}, update))
+        return int((await self.memories.bulk_write(ops, ordered=False)).matched_count)
+
+    async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
+        if not ids:
+            return []
+        cursor = self.memories.find({"agent_id": agent_id, "_id": {"$in": list(ids)}}, _NO_VECTOR)
+        return [_memory(d) for d in await cursor.sort(_OLDEST_FIRST).to_list()]
+
     async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
         if not memories:
             return 0
@@ -289,8 +320,8 @@ class MongoBackend(MemoryBackend):
     async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
         if not ids:
             return []
-        cursor = self.memories.find({"agent_id": agent_id, "namespace": str(namespace), "_id": {"$in": list(ids)}},
-                                    _NO_VECTOR)
+        cursor = self.memories.find({"agent_id": agent_id, "namespace": str(namespace), "_id": {"$in": list(ids)},
+                                     "deleted_at": None}, _NO_VECTOR)
         return [_memory(d) for d in await cursor.sort(_OLDEST_FIRST).to_list()]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
@@ -298,13 +329,13 @@ class MongoBackend(MemoryBackend):
             return []
         cursor = self.memories.find(
             {"agent_id": agent_id, "namespace": str(namespace), "kind": {"$in": [k.value for k in kinds]},
-             "evicted": False},
+             "evicted": False, "deleted_at": None},
             _NO_VECTOR,
         ).sort(_NEWEST_FIRST).limit(limit)
         return [_memory(d) for d in reversed(await cursor.to_list())]
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        query: dict[str, Any] = {"agent_id": agent_id, "namespace": str(namespace), "evicted": False}
+        query: dict[str, Any] = {"agent_id": agent_id, "namespace": str(namespace), "evicted": False, "deleted_at": None}
         if kinds:
             query["kind"] = {"$in": [k.value for k in kinds]}
         return await self.memories.count_documents(query)
@@ -381,6 +412,9 @@ def _scope(agent_id: str, query: StoreQuery) -> dict[str, Any]:
     if query.kinds:
         scope["kind"] = {"$in": [MemoryKind(k).value for k in query.kinds]}
     scope["evicted"] = False
+    scope["deleted_at"] = None  # missing or null: not soft-deleted
+    if query.tags:
+        scope["tags"] = {"$all": list(query.tags)}
     if query.since or query.until:
         scope["ts"] = {}
         if query.since:
@@ -467,6 +501,11 @@ def _document(memory: Memory) -> dict[str, Any]:
         "seq": memory.metadata.sequence,
         "evicted": memory.evicted,
         "search_text": memory.search_text,
+        "title": memory.title,
+        "tags": list(memory.tags),
+        "confidence": memory.confidence,
+        "updated_at": memory.updated_at.isoformat() if memory.updated_at else None,
+        "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
     }
 
 
@@ -479,5 +518,10 @@ def _memory(doc: dict[str, Any]) -> Memory:
         metadata=Provenance.model_validate(doc["metadata"]),
         valid_at=doc["valid_at"],
         evicted=doc.get("evicted", False),
+        title=doc.get("title"),
+        tags=doc.get("tags") or [],
+        confidence=doc.get("confidence"),
+        updated_at=doc.get("updated_at"),
+        deleted_at=datetime.fromtimestamp(float(doc["deleted_at"]), UTC) if doc.get("deleted_at") is not None else None,
         served_by="mongo",
     )

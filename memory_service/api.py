@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__, admin_api, overload, request_guard, startup_api
+from . import __version__, admin_api, memory_api, overload, request_guard, startup_api
 from .access import authorize, caller, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
 from .erasure import ErasureReport, UserExport, erased_user_digest
@@ -86,7 +86,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=configured.cors_allow_origins,
-                           allow_methods=["GET", "POST", "PUT", "DELETE"], allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"], allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError) -> JSONResponse:
@@ -178,6 +178,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         kinds: list[MemoryKind] | None = Query(None, description="repeat for each kind; default: every kind"),
         since: datetime | None = Query(None),
         until: datetime | None = Query(None),
+        tags: list[str] | None = Query(None, description="repeat for each tag: only memories carrying all of them"),
         principal: Principal = Caller,
     ) -> SearchResult:
         """Search an agent's memories: full-text and vector signals fused by reciprocal rank,
@@ -186,7 +187,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         try:
             body = SearchRequest(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                                  namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since,
-                                 until=until)
+                                 until=until, tags=tags)
         except ValidationError as exc:  # e.g. too many namespaces: the caller's mistake, answered as such
             raise RequestValidationError(exc.errors()) from None
         _authorize_search(principal, agent_id, body)
@@ -284,6 +285,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
     app.include_router(admin_api.router)
     app.include_router(startup_api.router)
+    app.include_router(memory_api.router)
     return app
 
 

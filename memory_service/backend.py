@@ -94,6 +94,22 @@ class MemoryBackend(ABC):
     async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
         """Store embeddings by memory id (ids not stored are skipped); return how many were set."""
 
+    # The memory tools (memory_service/curation.py, docs/memory-tools.md) ----------------
+
+    @abstractmethod
+    async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
+        """The agent's memories with these ids, whatever their namespace, soft-deleted and
+        evicted ones included (``deleted_at``, ``evicted`` say so); missing ids are skipped."""
+
+    @abstractmethod
+    async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        """Overwrite what may change of these stored memories, by id: content, title, tags,
+        confidence, ``updated_at``, ``deleted_at``, and what search reads (the text and the
+        embedding; without one the memory waits for the backfill). Namespace, kind, time and
+        provenance stay. Ids not stored are skipped; return how many were updated.
+
+        Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``."""
+
     # Erasing a user (memory_service/erasure.py, docs/erasure.md) ----------------------
 
     @abstractmethod

@@ -240,6 +240,16 @@ class Settings(BaseSettings):
     import_max_file_bytes: int = Field(
         default=1_048_576, ge=1024, description="Largest markdown file `memory-service import` reads")
     import_max_files: int = Field(default=1000, ge=1, description="Most markdown files one import reads")
+    # Memory tools and retention (docs/memory-tools.md): agents curating their own memory.
+    memory_write_agents: list[str] = Field(
+        default_factory=list,
+        description='Agents whose memory tools may write, update, delete and undelete (JSON list of agent ids, or ["*"] '
+                    "for every agent); empty: writes are off for every agent")
+    max_memory_tags: int = Field(default=20, ge=0, le=1_000, description="Most tags one memory may carry")
+    max_tag_chars: int = Field(default=64, ge=1, le=1_000, description="Longest tag, in characters")
+    purge_after_days: int = Field(
+        default=30, ge=0, description="Days a soft-deleted memory is kept (undelete brings it back) before the daily "
+                                      "retention job purges it from every store; 0: never purged")
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

@@ -23,6 +23,8 @@ MAX_SEARCH_NAMESPACES = 100  # namespaces one search may list
 MAX_NAMESPACE_CHARS = len("shard") + 2 + 2 * MAX_ID_LENGTH  # kind, two separators, two ids
 MAX_TOP_K_CEILING = 10_000  # SEARCH_MAX_TOP_K may not be set higher
 CONTEXT_BUDGET_CEILING = 10_000_000  # characters; a memory block's budget may not be larger
+TAGS_CEILING = 1_000  # MAX_MEMORY_TAGS may not be set higher
+TAG_CHARS_CEILING = 1_000  # nor MAX_TAG_CHARS
 
 # A time a caller gives must survive conversion to UTC and a day's arithmetic either way:
 # 0001-01-01T00:00+14:00 is stored fine but breaks every later read of its session.
@@ -112,3 +114,24 @@ def check_extras(extras: dict[str, Any], limit: int) -> None:
     if size > limit:
         raise InvalidInput(f"agent_extras is {size} bytes of JSON; the limit is {limit} (MAX_EXTRAS_BYTES)")
 
+
+
+def check_tags(tags: list[str], max_tags: int, max_chars: int, what: str = "tags") -> list[str]:
+    """A memory's tags: at most ``max_tags`` (MAX_MEMORY_TAGS) distinct strings of 1 to
+    ``max_chars`` (MAX_TAG_CHARS) characters, no white space at either end, no control
+    characters. Returned without repeats, in their order."""
+    if len(tags) > max_tags:
+        raise InvalidInput(f"{what}: {len(tags)} tags; the limit is {max_tags} (MAX_MEMORY_TAGS)")
+    for i, tag in enumerate(tags):
+        where = f"{what}[{i}]"
+        if not isinstance(tag, str):
+            raise InvalidInput(f"{where} must be a string, got {type(tag).__name__}")
+        if not tag.strip():
+            raise InvalidInput(f"{where} must not be empty or blank")
+        if len(tag) > max_chars:
+            raise InvalidInput(f"{where} is {len(tag)} characters long; the limit is {max_chars} (MAX_TAG_CHARS)")
+        if tag != tag.strip():
+            raise InvalidInput(f"{where} {preview(tag)} must not start or end with white space")
+        if any(ord(c) < 32 or 0x7F <= ord(c) < 0xA0 for c in tag) or text_problem(tag):
+            raise InvalidInput(f"{where} {preview(tag)} must not contain control characters or lone surrogates")
+    return list(dict.fromkeys(tags))

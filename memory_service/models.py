@@ -113,6 +113,14 @@ class Memory(BaseModel):
     # Of ``search_text``, unit length; None until embedded (a failing embedder never
     # blocks a write: the memory is stored and embedded later).
     embedding: list[float] | None = Field(default=None, repr=False)
+    # Written by the memory tools (memory_service/curation.py); formed memories have none.
+    title: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    confidence: float | None = None
+    updated_at: datetime | None = None
+    # Soft delete: set, the memory is read by id only (memory_get, undelete, erasure,
+    # migration) until the retention policy purges it; every other read skips it.
+    deleted_at: datetime | None = None
     # Which store answered the read that returned it ("graph", "mongo"): set by the backend
     # that built it, never stored (a mirrored backend may answer from either store).
     served_by: str | None = Field(default=None, exclude=True, repr=False)
@@ -140,13 +148,26 @@ class Memory(BaseModel):
     def _timezone(cls, value: datetime) -> datetime:
         return _aware(value)
 
+    @field_validator("updated_at", "deleted_at")
+    @classmethod
+    def _optional_timezone(cls, value: datetime | None) -> datetime | None:
+        return _aware(value) if value else value
+
+    def curated_fields(self) -> dict[str, Any]:
+        """The tool-written fields that are set, as JSON (the body carries them beside DESIGN.md's)."""
+        fields = {"title": self.title, "tags": self.tags or None, "confidence": self.confidence,
+                  "updated_at": self.updated_at.isoformat() if self.updated_at else None}
+        return {k: v for k, v in fields.items() if v is not None}
+
     def episode_body(self) -> str:
-        """The JSON body written to Graphiti, in the shape DESIGN.md fixes."""
+        """The JSON body written to Graphiti, in the shape DESIGN.md fixes (plus the
+        tool-written fields, only when set: formed memories' bodies are unchanged)."""
         return json.dumps(
             {
                 "memory_type": self.kind.value,
                 "content": self.content,
                 "metadata": self.metadata.model_dump(mode="json"),
+                **self.curated_fields(),
             },
             ensure_ascii=False,
         )
@@ -161,6 +182,10 @@ class Memory(BaseModel):
             content=data["content"],
             metadata=Provenance.model_validate(data["metadata"]),
             valid_at=valid_at,
+            title=data.get("title"),
+            tags=data.get("tags") or [],
+            confidence=data.get("confidence"),
+            updated_at=data.get("updated_at"),
         )
 
 
@@ -175,6 +200,7 @@ class StoreQuery:
     since: datetime | None = None
     until: datetime | None = None
     limit: int = 50  # candidates per signal
+    tags: Sequence[str] = ()  # only memories carrying every one of these tags
 
 
 class AgentSettings(BaseModel):

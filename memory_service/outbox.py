@@ -1,7 +1,7 @@
 """A durable outbox in Redis: every write reaches every target store, at least once.
 
 A write (an ``OutboxOp``: memories to store, a FIFO trim, a shard's settings, embeddings,
-an erasure's deletions and provenance changes)
+an erasure's or a purge's deletions and provenance changes, the memory tools' changes)
 is recorded once and queued for each of its targets, in one atomic step (a Lua script),
 before any store is touched. Each target's queue is delivered in order (a trim follows
 the writes it trims) and independently: a store that is down keeps its queue, and the
@@ -132,7 +132,18 @@ class ProvenanceOp(BaseModel):
         await store.set_provenance(self.agent_id, self.memories)
 
 
-OutboxOp = WriteOp | TrimOp | DescribeShardOp | EmbeddingsOp | DeleteOp | ProvenanceOp
+class ReplaceOp(BaseModel):
+    """Stored memories changed by the memory tools: an update, a soft delete or undelete."""
+
+    op: Literal["replace"] = "replace"
+    agent_id: str
+    memories: list[Memory]
+
+    async def apply(self, store: MemoryBackend) -> None:
+        await store.replace(self.agent_id, self.memories)
+
+
+OutboxOp = WriteOp | TrimOp | DescribeShardOp | EmbeddingsOp | DeleteOp | ProvenanceOp | ReplaceOp
 _OPS: TypeAdapter[OutboxOp] = TypeAdapter(Annotated[OutboxOp, Field(discriminator="op")])
 
 

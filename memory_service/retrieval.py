@@ -31,7 +31,15 @@ from .config import Settings
 from .context import age
 from .embedding import Embedder
 from .errors import InvalidInput, NotFound, preview
-from .limits import MAX_NAMESPACE_CHARS, MAX_SEARCH_NAMESPACES, MAX_TOP_K_CEILING, check_time
+from .limits import (
+    MAX_NAMESPACE_CHARS,
+    MAX_SEARCH_NAMESPACES,
+    MAX_TOP_K_CEILING,
+    TAG_CHARS_CEILING,
+    TAGS_CEILING,
+    check_tags,
+    check_time,
+)
 from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, UserId
 from .namespaces import Namespace, NamespaceKind
 from .state import StateStore
@@ -75,6 +83,9 @@ class SearchRequest(BaseModel):
     kinds: list[MemoryKind] | None = Field(default=None, max_length=len(MemoryKind), description="only these kinds (default: all)")
     since: datetime | None = Field(default=None, description="only memories at or after this time (UTC unless it says)")
     until: datetime | None = Field(default=None, description="only memories at or before this time (UTC unless it says)")
+    tags: list[Annotated[str, Field(min_length=1, max_length=TAG_CHARS_CEILING)]] | None = Field(
+        default=None, max_length=TAGS_CEILING,
+        description="only memories carrying every one of these tags (at most MAX_MEMORY_TAGS, each MAX_TAG_CHARS)")
 
     @field_validator("since", "until")
     @classmethod
@@ -112,6 +123,8 @@ class SearchHit(BaseModel):
     user_id: str | None = None
     role: str | None = None
     served_by: str | None = Field(None, description='the store that answered: "graph", or "mongo" when the graph could not')
+    title: str | None = Field(None, description="the title a memory tool gave it")
+    tags: list[str] = Field(default_factory=list, description="the tags a memory tool gave it")
     explanation: Explanation
 
 
@@ -171,7 +184,7 @@ def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
         valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
         activated=explanation.activated, source_message_ids=memory.source_message_ids,
         session_id=meta.session_id, user_id=meta.user_id, role=meta.role, served_by=memory.served_by,
-        explanation=explanation,
+        title=memory.title, tags=list(memory.tags), explanation=explanation,
     )
 
 
@@ -200,6 +213,8 @@ class Retriever:
             raise InvalidInput(f"top_k is {request.top_k}; the limit is {s.search_max_top_k}")
         if request.since and request.until and request.since > request.until:
             raise InvalidInput("since must not be after until")
+        if request.tags:
+            check_tags(request.tags, s.max_memory_tags, s.max_tag_chars)
 
     async def scope_namespaces(self, agent_id: str, request: SearchRequest) -> list[Namespace] | None:
         """The namespaces a scope spans (None: all of the agent's). Never another agent's."""
@@ -254,7 +269,7 @@ class Retriever:
         store_query = StoreQuery(
             terms=query_terms(request.query), vector=vector, namespaces=namespaces, kinds=request.kinds,
             since=request.since, until=request.until,
-            limit=max(self.settings.search_candidates, request.top_k),
+            limit=max(self.settings.search_candidates, request.top_k), tags=tuple(dict.fromkeys(request.tags or ())),
         )
         hits = await backend.search(agent_id, store_query)
         if vector is not None and "vector" not in hits:

@@ -8,7 +8,8 @@ A thin facade over the parts, each readable alone:
 - ``pipeline.FormationPipeline``: the worker's jobs (forming, consolidating, sweeping, embedding);
 - ``assembler.ContextAssembler``: the memory block of one model call;
 - ``retrieval.Retriever``: search;
-- ``keys.KeyStore`` and ``audit.AuditLog``: API keys and the log of changes.
+- ``keys.KeyStore`` and ``audit.AuditLog``: API keys and the log of changes;
+- ``curation.MemoryTools`` and ``retention.Retention``: the agent's memory tools, the daily purge.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from .audit import AuditLog
 from .config import Settings
 from .consolidation import Consolidator, RuleBasedConsolidator
 from .context import RenderedContext
+from .curation import DeletedOut, MemoryRecord, MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
 from .embedding import Embedder
 from .erasure import Eraser, ErasureReport, UserExport
 from .extraction import Extractor
@@ -33,6 +35,7 @@ from .legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from .namespaces import validate_id
 from .pipeline import FormationPipeline
+from .retention import PurgeReport, Retention, RetentionIndex
 from .retrieval import Retriever, SearchRequest, SearchResult
 from .routing import BackendFactory, BackendRegistry
 from .sessions import RecordResult, SessionLedger
@@ -64,6 +67,10 @@ class MemoryService:
         self.audit = AuditLog(state.redis)
         self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler)
         self.startup = self.assembler.startup  # startup records (memory_service/startup.py)
+        self.retention_index = RetentionIndex(state)
+        self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
+        self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
+                                   self.assembler, self.audit)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -160,6 +167,25 @@ class MemoryService:
         """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""
         _, backend = await self.agents.backend_for(plan.agent_id)
         return await apply_import(plan, self.startup, backend, self.state, self.embedder, self.audit, key_id, on_progress)
+    # The memory tools (memory_service/curation.py; search is ``search`` with ``tags``) and retention
+    async def memory_get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
+        return await self.tools.get(agent_id, memory_id, guard)
+
+    async def memory_write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> MemoryRecord:
+        return await self.tools.write(agent_id, body, guard)
+
+    async def memory_update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
+                            guard: NamespaceGuard = None) -> MemoryRecord:
+        return (await self.tools.update(agent_id, memory_id, body, guard))[1]
+
+    async def memory_delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> DeletedOut:
+        return (await self.tools.delete(agent_id, memory_id, guard))[0]
+
+    async def memory_undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
+        return (await self.tools.undelete(agent_id, memory_id, guard))[0]
+
+    async def purge_expired(self) -> PurgeReport:
+        return await self.retention.purge()
 
     # Users: export and erasure (memory_service/erasure.py)
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:

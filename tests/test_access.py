@@ -35,7 +35,8 @@ OPERATOR = bearer(OPERATOR_KEY)
 @pytest.fixture(scope="module")
 async def keyed_server(falkordb_url):
     """A server that requires keys (no worker: nothing writes on its own during a comparison)."""
-    settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY)
+    settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY,
+                              memory_write_agents=[AGENT, OTHER])
     async with LoopbackServer(create_app(settings, run_worker=False)) as server:
         yield server
 
@@ -84,6 +85,10 @@ async def world(keyed_server, falkordb_url):
             auth = bearer(keys.other_admin) if OTHER in url or body.get("agent_id") == OTHER else admin
             answer = await http.request(method, url, json=body, headers=auth)
             assert answer.status_code in (200, 201), answer.text
+        memory = await http.post(f"/v1/agents/{AGENT}/memories", headers=admin, json={
+            "namespace": f"user:{AGENT}:alice", "kind": "observation", "content": "Bo the pelican sleeps at noon."})
+        assert memory.status_code == 201, memory.text
+        keys.ids["memory"] = memory.json()["id"]
         yield http, keys
 
 
@@ -102,7 +107,15 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
     """The decision for each route of the OpenAPI schema, on AGENT's data."""
     message = {"agent_id": AGENT, "user_id": "alice", "role": "user", "content": "Another line.", "message_id": "m9"}
     search = {"agent_id": AGENT, "query": "pelican"}
+    memory = f"/v1/agents/{AGENT}/memories/{keys.ids.get('memory', 'none')}"
+    written = {"namespace": f"user:{AGENT}:alice", "kind": "fact", "content": "Pelicans eat fish."}
     return {
+        ("GET", "/v1/agents/{agent_id}/memories/{memory_id}"): Case("GET", memory, "read"),
+        ("POST", "/v1/agents/{agent_id}/memories"): Case("POST", f"/v1/agents/{AGENT}/memories", "write", written,
+                                                          ok=(201,)),
+        ("PATCH", "/v1/agents/{agent_id}/memories/{memory_id}"): Case("PATCH", memory, "write", {"title": "Bo"}),
+        ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): Case("DELETE", memory, "write"),
+        ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): Case("POST", f"{memory}/undelete", "write"),
         ("POST", "/v1/sessions/{session_id}/messages"): Case("POST", "/v1/sessions/alice-s1/messages", "write", message),
         ("POST", "/v1/sessions/{session_id}/form"): Case("POST", "/v1/sessions/alice-s1/form", "write",
                                                          params={"wait": "false"}, out_of_reach=404),

@@ -141,6 +141,8 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/users/{user_id}", "/v1/agents/{agent_id}/users/{user_id}/export",
         "/v1/agents/{agent_id}/startup/{record_id}", "/v1/agents/{agent_id}/startup",
         "/v1/agents/{agent_id}/startup/block",
+        "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{memory_id}",
+        "/v1/agents/{agent_id}/memories/{memory_id}/undelete",
     }
     assert (await http.get("/docs")).status_code == 200
 

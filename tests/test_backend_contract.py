@@ -276,3 +276,49 @@ async def test_reads_of_an_unknown_agent_are_empty_and_create_nothing(backend):
     hits = await backend.search(nobody, query(["hotel"], vector=X))
     assert ids(hits, "fulltext") == ids(hits, "vector") == []
     assert await backend.agents() == [A1]  # the reads created no storage for "nobody"
+
+
+async def test_a_soft_deleted_memory_is_read_by_find_and_export_only(backend):
+    live = memory("t1", MemoryKind.FACT, SHARD, "the ferry leaves at nine", 1, embedding=X).model_copy(
+        update={"tags": ["ferry", "times"]})
+    gone = memory("t2", MemoryKind.FACT, SHARD, "the ferry leaves at ten", 2, embedding=X).model_copy(
+        update={"tags": ["ferry"]})
+    await backend.write([live, gone])
+    deleted_at = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+    assert await backend.replace(A1, [gone.model_copy(update={"deleted_at": deleted_at, "embedding": None})]) == 1
+    assert await backend.replace(A2, [gone.model_copy(update={"deleted_at": None})]) == 0  # another agent's: skipped
+    [found] = await backend.find(A1, ["t2"])
+    assert found.deleted_at == deleted_at and found.tags == ["ferry"]
+    assert await backend.find(A2, ["t2"]) == []
+    assert [m.id for m in await backend.export(A1, SHARD)] == ["t1", "t2"]
+    assert [m.id for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 10)] == ["t1"]
+    assert [m.id for m in await backend.get(A1, SHARD, ["t1", "t2"])] == ["t1"]
+    assert await backend.count(A1, SHARD) == 1
+    hits = await backend.search(A1, query(["ferry"], X, namespaces=[SHARD]))
+    assert ids(hits, "fulltext") == ["t1"] and ids(hits, "vector") == ["t1"]
+    hits = await backend.search(A1, query(["ferry"], X))  # agent-wide: the vector index too
+    assert ids(hits, "fulltext") == ["t1"] and ids(hits, "vector") == ["t1"]
+    # Undeleted with the same text and no vector given: the stored vector is kept.
+    assert await backend.replace(A1, [found.model_copy(update={"deleted_at": None})]) == 1
+    assert await backend.unembedded(A1, 10) == []
+    hits = await backend.search(A1, query(["ferry"], X, namespaces=[SHARD]))
+    assert sorted(ids(hits, "fulltext")) == ["t1", "t2"] and sorted(ids(hits, "vector")) == ["t1", "t2"]
+
+
+async def test_replace_re_indexes_a_new_text_and_tags_filter_inside_the_query(backend):
+    await backend.write([memory("r1", MemoryKind.OBSERVATION, SHARD, "a heron by the bridge", 1, embedding=X
+                                ).model_copy(update={"tags": ["birds"]}),
+                         memory("r2", MemoryKind.OBSERVATION, SHARD, "a heron in the reeds", 2, embedding=Y)])
+    [stored] = await backend.find(A1, ["r1"])
+    changed = stored.model_copy(update={"content": "a kingfisher by the bridge", "title": "river", "tags": ["birds", "river"],
+                                        "confidence": 0.5, "updated_at": T0})
+    assert await backend.replace(A1, [changed]) == 1
+    [after] = await backend.find(A1, ["r1"])
+    assert (after.content, after.title, after.tags, after.confidence, after.updated_at) == (
+        "a kingfisher by the bridge", "river", ["birds", "river"], 0.5, T0)
+    assert ids(await backend.search(A1, query(["kingfisher"])), "fulltext") == ["r1"]
+    assert ids(await backend.search(A1, query(["heron"])), "fulltext") == ["r2"]
+    assert [m.id for m in await backend.unembedded(A1, 10)] == ["r1"]  # a new text without a vector: backfilled
+    assert ids(await backend.search(A1, query(["bridge", "heron"], tags=["river"])), "fulltext") == ["r1"]
+    assert ids(await backend.search(A1, query(["bridge", "heron"], tags=["river", "lake"])), "fulltext") == []
+    assert ids(await backend.search(A1, query(["heron"], Y, tags=["birds"])), "vector") == []  # r2 has no tags

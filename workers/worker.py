@@ -114,10 +114,9 @@ async def backfill_embeddings(ctx: Ctx) -> dict[str, int]:
 
 
 async def retention(ctx: Ctx) -> dict[str, int]:
-    # The retention policy (purging soft-deleted and evicted memories, with counts) comes
-    # with the memory tools; until then nothing is ever removed.
-    log.info("retention: no policy configured yet; nothing purged")
-    return {"purged": 0}
+    """Purge memories soft-deleted more than PURGE_AFTER_DAYS ago (memory_service/retention.py):
+    it logs its counts and records them in /metrics and the audit log."""
+    return (await _service(ctx).purge_expired()).counts()
 
 
 def build_worker(service: MemoryService, *, handle_signals: bool = False, burst: bool = False) -> Worker:

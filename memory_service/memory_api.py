@@ -1,0 +1,118 @@
+"""The memory tools over HTTP (docs/memory-tools.md). Mounted by api.create_app behind ``caller``.
+
+Search is ``POST /v1/agents/{agent_id}/search`` (with ``tags``). Reading needs `read` on
+the agent, changing needs `write` and the operator's MEMORY_WRITE_AGENTS; a key limited
+to some users reaches only their namespaces (their user namespace, the sessions they
+spoke in). Every change is audited (``memory.write``, ``.update``, ``.delete``, ``.undelete``).
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Path, Request
+from fastapi.responses import JSONResponse
+
+from .access import authorize, caller
+from .curation import MEMORY_ID_CHARS, DeletedOut, MemoryRecord, MemoryUpdate, MemoryWrite, NamespaceGuard
+from .errors import Forbidden
+from .keys import Principal, Role
+from .models import AgentId
+from .namespaces import Namespace, NamespaceKind
+from .service import MemoryService
+
+router = APIRouter(tags=["memory tools"])
+Caller = Depends(caller)
+MemoryId = Path(min_length=1, max_length=MEMORY_ID_CHARS, description="the memory's id")
+
+
+def _svc(request: Request) -> MemoryService:
+    service: MemoryService = request.app.state.service
+    return service
+
+
+def _allow(request: Request, principal: Principal, role: Role, agent_id: str) -> NamespaceGuard:
+    """Authorize the role on the agent; for a key limited to some users, the guard that keeps
+    it to their namespaces (checked before anything is read out or changed)."""
+    if principal.users is None:
+        authorize(principal, role, agent_id)
+        return None
+    users = principal.users
+    authorize(principal, role, agent_id, min(users) if users else None)
+    state = _svc(request).state
+
+    async def guard(namespace: Namespace) -> None:
+        if namespace.kind is NamespaceKind.USER and namespace.fields[1] in users:
+            return
+        if namespace.kind is NamespaceKind.SESSION and users & set(await state.session_users(namespace.fields[0])):
+            return
+        raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}: it reaches only their "
+                        "user namespaces and the sessions they spoke in")
+
+    return guard
+
+
+@router.get("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)
+async def memory_get(agent_id: AgentId, request: Request, memory_id: str = MemoryId,
+                     principal: Principal = Caller) -> MemoryRecord:
+    """memory_get: the full memory with its provenance (a soft-deleted one too, with its
+    `deleted_at` and `purge_at`). Counts the access. Needs `read`."""
+    guard = _allow(request, principal, Role.READ, agent_id)
+    return await _svc(request).memory_get(agent_id, memory_id, guard)
+
+
+@router.post("/v1/agents/{agent_id}/memories", response_model=MemoryRecord, status_code=201)
+async def memory_write(agent_id: AgentId, body: MemoryWrite, request: Request,
+                       principal: Principal = Caller) -> JSONResponse:
+    """memory_write: store a memory the agent writes itself, in one of its namespaces.
+    Needs `write`, and the operator's MEMORY_WRITE_AGENTS listing the agent."""
+    guard = _allow(request, principal, Role.WRITE, agent_id)
+    record = await _svc(request).memory_write(agent_id, body, guard)
+    await _svc(request).audit.append(principal.key_id, "memory.write", agent_id, record.id, after=_audited(record))
+    return JSONResponse(status_code=201, content=record.model_dump(mode="json"))
+
+
+@router.patch("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)
+async def memory_update(agent_id: AgentId, body: MemoryUpdate, request: Request, memory_id: str = MemoryId,
+                        principal: Principal = Caller) -> MemoryRecord:
+    """memory_update: change the fields given (a new content is re-indexed); 409 on a
+    soft-deleted memory. Needs `write` and MEMORY_WRITE_AGENTS."""
+    guard = _allow(request, principal, Role.WRITE, agent_id)
+    before, after = await _svc(request).tools.update(agent_id, memory_id, body, guard)
+    changed = sorted(f for f in ("content", "title", "tags", "confidence", "kind")
+                     if getattr(before, f) != getattr(after, f))
+    await _svc(request).audit.append(principal.key_id, "memory.update", agent_id, memory_id,
+                                     before=_audited(before), after={**_audited(after), "changed": changed})
+    return after
+
+
+@router.delete("/v1/agents/{agent_id}/memories/{memory_id}", response_model=DeletedOut)
+async def memory_delete(agent_id: AgentId, request: Request, memory_id: str = MemoryId,
+                        principal: Principal = Caller) -> DeletedOut:
+    """memory_delete: soft delete. Search and the memory block skip it at once; the
+    retention job purges it after PURGE_AFTER_DAYS. Idempotent: a second call answers the
+    same dates. Needs `write` and MEMORY_WRITE_AGENTS."""
+    guard = _allow(request, principal, Role.WRITE, agent_id)
+    deleted, changed = await _svc(request).tools.delete(agent_id, memory_id, guard)
+    if changed:
+        await _svc(request).audit.append(principal.key_id, "memory.delete", agent_id, memory_id,
+                                         after=deleted.model_dump(mode="json"))
+    return deleted
+
+
+@router.post("/v1/agents/{agent_id}/memories/{memory_id}/undelete", response_model=MemoryRecord)
+async def memory_undelete(agent_id: AgentId, request: Request, memory_id: str = MemoryId,
+                          principal: Principal = Caller) -> MemoryRecord:
+    """memory_undelete: a soft-deleted memory is live again (a live one is answered as it is).
+    Needs `write` and MEMORY_WRITE_AGENTS."""
+    guard = _allow(request, principal, Role.WRITE, agent_id)
+    record, changed = await _svc(request).tools.undelete(agent_id, memory_id, guard)
+    if changed:
+        await _svc(request).audit.append(principal.key_id, "memory.undelete", agent_id, memory_id,
+                                         after=_audited(record))
+    return record
+
+
+def _audited(record: MemoryRecord) -> dict[str, object]:
+    """What the audit log keeps of a memory: never its words (content, title, tags), which
+    the log would otherwise keep after the retention job purged them (no route edits it)."""
+    return {"id": record.id, "kind": record.kind.value, "namespace": record.namespace,
+            "content_chars": len(record.content), "deleted_at": record.deleted_at.isoformat() if record.deleted_at else None}

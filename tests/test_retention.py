@@ -1,0 +1,212 @@
+"""Retention (memory_service/retention.py): soft-deleted memories are purged after
+PURGE_AFTER_DAYS from every store, index, embedding, cache and outbox, on the graph and
+with MongoDB beside it; the counts reach /metrics and the audit log.
+
+Each purged memory is then looked for everywhere: through every read path, and in the
+stores directly (every graph node and its full-text index, every Redis key with FalkorDB's
+query log, every MongoDB collection), with the helpers of the erasure tests."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from memory_service.api import create_app
+from memory_service.curation import MemoryWrite
+from memory_service.errors import NotFound
+from memory_service.loopback import LoopbackServer
+from memory_service.models import MemoryKind
+from memory_service.namespaces import Namespace
+from memory_service.runtime import open_service
+from workers.worker import retention
+
+from .helpers import msg
+from .test_erasure import graph_findings, mongo_findings, redis_findings
+
+AGENT = "keeper"
+WRITES = {"memory_write_agents": ["*"], "purge_after_days": 30}
+
+
+def later(days: float) -> datetime:
+    return datetime.now(UTC) + timedelta(days=days)
+
+
+@pytest.fixture
+async def service(settings):
+    async with open_service(settings.model_copy(update=WRITES), run_worker=True) as opened:
+        yield opened
+
+
+async def write(service, content: str, namespace: str = f"user:{AGENT}:alice", kind: str = "observation", **extra):
+    return await service.memory_write(AGENT, MemoryWrite(namespace=namespace, kind=kind, content=content, **extra))
+
+
+async def reads(service, word: str, memory_id: str, namespace: str = f"user:{AGENT}:alice") -> dict[str, bool]:
+    """Whether each read path still shows the memory (by its word or its id)."""
+    _, backend = await service.agents.backend_for(AGENT)
+    ns = Namespace.parse(namespace)
+    context = await service.assemble_memory_context(AGENT, "alice", "s1", query=f"{word} please")
+    try:
+        await service.memory_get(AGENT, memory_id)
+        got = True
+    except NotFound:
+        got = False
+    return {
+        "memory_get": got,
+        "search": any(r.id == memory_id for r in (await service.search(AGENT, word)).results),
+        "context": word in context.xml.lower(),
+        "recent": any(m.id == memory_id for m in await backend.recent(AGENT, ns, list(MemoryKind), 100)),
+        "export": any(m.id == memory_id for m in await backend.export(AGENT, ns)),
+        "find": bool(await backend.find(AGENT, [memory_id])),
+    }
+
+
+async def test_a_purge_leaves_no_trace_anywhere_and_is_counted(service):
+    await service.record_message("s1", msg(AGENT, "alice", "Hello, planning my week.", mid="m1"))
+    doomed = await write(service, "The narwhal password is under the mat.", title="narwhal note", tags=["narwhal"])
+    kept = await write(service, "The otter stays in the pond.")
+    await service.memory_get(AGENT, doomed.id)  # an access to forget too
+    assert (await reads(service, "narwhal", doomed.id))["context"]  # and a cached block showing it
+    await service.memory_delete(AGENT, doomed.id)
+    assert await reads(service, "narwhal", doomed.id) == {
+        "memory_get": True, "search": False, "context": False, "recent": False, "export": True, "find": True}
+
+    early = await service.retention.purge(now=later(29))
+    assert early.purged == 0 and (await service.memory_get(AGENT, doomed.id)).deleted_at is not None
+
+    report = await service.retention.purge(now=later(31))
+    assert (report.purged, report.agents) == (1, {AGENT: 1})
+    assert not any((await reads(service, "narwhal", doomed.id)).values())
+    needles = ("narwhal", doomed.id)
+    assert await graph_findings(service.settings.falkordb_url, needles) == []
+    assert await redis_findings(service.settings.redis_url, needles) == []  # indexes, caches, query log, audit
+    assert kept.id in [r.id for r in (await service.search(AGENT, "otter")).results]  # the rest stays
+    assert (await service.retention.purge(now=later(31))).purged == 0  # nothing more to do
+
+    async with LoopbackServer(create_app(service=service)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+            metrics = (await http.get("/metrics")).text
+            assert "memory_service_purged_memories_total 1\n" in metrics
+            entries = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.purge"})).json()["entries"]
+    assert [(e["key_id"], e["after"]["purged"], e["after"]["kinds"]) for e in entries] == [
+        ("retention", 1, {"observation": 1})]
+
+
+async def backdate(service, memory_id: str, days: int) -> None:
+    """A soft delete ``days`` ago, as if made then (in the store and the deletion index)."""
+    _, backend = await service.agents.backend_for(AGENT)
+    [memory] = await backend.find(AGENT, [memory_id])
+    when = datetime.now(UTC).replace(microsecond=0) - timedelta(days=days)
+    await backend.replace(AGENT, [memory.model_copy(update={"deleted_at": when})])
+    await service.retention_index.mark_deleted(AGENT, memory_id, when)
+
+
+async def test_the_workers_daily_job_purges_what_is_due(service):
+    due = await write(service, "A walrus sighting last spring.")
+    fresh = await write(service, "A walrus sighting this morning.")
+    for memory in (due, fresh):
+        await service.memory_delete(AGENT, memory.id)
+    await backdate(service, due.id, 31)
+    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0}
+    _, backend = await service.agents.backend_for(AGENT)
+    assert [m.id for m in await backend.find(AGENT, [due.id, fresh.id])] == [fresh.id]
+
+
+async def test_an_undeleted_memory_is_never_purged(service):
+    undone = await write(service, "The heron nests by the bridge.")
+    await service.memory_delete(AGENT, undone.id)
+    await backdate(service, undone.id, 40)
+    await service.memory_undelete(AGENT, undone.id)
+    raced = await write(service, "The heron flies at dawn.")
+    # An index entry whose memory is live (a crash between an undelete's two steps).
+    await service.retention_index.mark_deleted(AGENT, raced.id, datetime.now(UTC) - timedelta(days=40))
+    report = await service.retention.purge(now=later(1))
+    assert report.purged == 0 and report.skipped == 1
+    assert {r.id for r in (await service.search(AGENT, "heron")).results} == {undone.id, raced.id}
+    assert await service.retention_index.due(later(100), 10) == []  # the stale entry left the index
+
+
+async def test_purge_after_zero_days_keeps_deleted_memories(settings):
+    config = settings.model_copy(update={**WRITES, "purge_after_days": 0})
+    async with open_service(config, run_worker=False) as service:
+        kept = await write(service, "The lynx prefers snow.")
+        deleted = await service.memory_delete(AGENT, kept.id)
+        assert deleted.purge_at is None
+        await backdate(service, kept.id, 400)
+        assert (await service.retention.purge(now=later(1000))).purged == 0
+        assert (await service.memory_undelete(AGENT, kept.id)).content == "The lynx prefers snow."
+
+
+# MongoDB beside the graph: every change and the purge reach it through the outbox.
+
+
+@pytest.fixture
+async def mongo_service(settings, mongo_uri, mongo_database, tmp_path):
+    from memory_service.embedded import EmbeddedFalkorDB
+
+    graph = EmbeddedFalkorDB(tmp_path / "graph")
+    graph.start()
+    config = settings.model_copy(update={
+        **WRITES, "falkordb_url": graph.url, "redis_url": settings.falkordb_url, "mongodb_uri": SecretStr(mongo_uri),
+        "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1})
+    try:
+        async with open_service(config, run_worker=True) as service:
+            yield service
+    finally:
+        graph.stop()
+
+
+async def settle(backend, timeout: float = 30) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if not any((await backend.outbox.depth()).values()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"outbox not drained: {await backend.outbox.depth()}")
+
+
+async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, mongo_proxy):
+    service = mongo_service
+    _, backend = await service.agents.backend_for(AGENT)
+    mongo, ns = backend.mirror, Namespace.user(AGENT, "alice")
+    doomed = await write(service, "Alice always orders the quokka special.", kind="directive", tags=["quokka"])
+    kept = await write(service, "Alice always orders tea.", kind="directive")
+    await service.memory_get(AGENT, doomed.id)
+    await service.memory_delete(AGENT, doomed.id)
+    await settle(backend)
+    # MongoDB's every read path skips it while it is soft-deleted; find shows it, deleted.
+    [stored] = await mongo.find(AGENT, [doomed.id])
+    assert stored.deleted_at is not None and stored.tags == ["quokka"]
+    assert [m.id for m in await mongo.recent(AGENT, ns, [MemoryKind.DIRECTIVE], 10)] == [kept.id]
+    assert await mongo.get(AGENT, ns, [doomed.id]) == [] and await mongo.count(AGENT, ns) == 1
+    from memory_service.models import StoreQuery
+    hits = await mongo.search(AGENT, StoreQuery(terms=["quokka"], namespaces=[ns]))
+    assert hits == {"fulltext": []}
+    tagged = await mongo.search(AGENT, StoreQuery(terms=["orders"], tags=["quokka"]))
+    assert tagged == {"fulltext": []}
+
+    # Cut MongoDB: the purge reaches it through the outbox when it is back.
+    await mongo_proxy.stop()
+    report = await service.retention.purge(now=later(31))
+    assert report.purged == 1
+    needles = ("quokka", doomed.id)
+    assert await graph_findings(service.settings.falkordb_url, needles) == []
+    await mongo_proxy.start()
+    await settle(backend)
+    assert await mongo_findings(mongo.db, needles) == []  # memories, summaries (user_memory), every collection
+    assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
+    assert await mongo.find(AGENT, [doomed.id]) == []
+    assert [m.id for m in await mongo.find(AGENT, [kept.id])] == [kept.id]
+
+
+async def test_an_index_entry_older_than_its_stores_deletion_is_kept_and_the_run_ends(service):
+    memory = await write(service, "The puffin returned.")
+    await service.memory_delete(AGENT, memory.id)  # deleted now in the store
+    await service.retention_index.mark_deleted(AGENT, memory.id, datetime.now(UTC) - timedelta(days=40))
+    report = await asyncio.wait_for(service.retention.purge(now=later(1)), 30)  # a bound, not a speed check
+    assert (report.purged, report.skipped) == (0, 1)
+    assert (await service.memory_get(AGENT, memory.id)).deleted_at is not None
+    assert len(await service.retention_index.due(later(1) - timedelta(days=30), 10)) == 1
