@@ -153,26 +153,43 @@ class MemoryTools:
     # Writes -----------------------------------------------------------------------------
 
     async def write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> MemoryRecord:
+        return (await self.write_many(agent_id, [body], guard))[0]
+
+    async def write_many(self, agent_id: str, bodies: list[MemoryWrite], guard: NamespaceGuard = None,
+                         session_id: str | None = None, message_id: str | None = None) -> list[MemoryRecord]:
+        """Store ``bodies`` all or none: every one is checked before any is written, and they
+        are written in one batch. ``session_id``/``message_id``: where they were said (a
+        session of the agent), kept in their provenance."""
         validate_id(agent_id, "agent_id")
         self.require_writes(agent_id)
+        if session_id is not None and (await self.state.counters(session_id)).agent_id != agent_id:
+            raise NotFound(f"session_id: session {session_id!r} has no messages recorded by agent {agent_id!r}")
+        memories = [await self._prepare(agent_id, body, guard, session_id, message_id) for body in bodies]
+        if not memories:
+            return []
+        _, backend = await self.agents.backend_for(agent_id)
+        await embed_memories(self.embedder, memories)
+        await backend.write(memories)
+        for namespace in {m.namespace for m in memories}:
+            await self.state.bump(namespace, f"agent:{agent_id}")
+        return [self.record(memory) for memory in memories]
+
+    async def _prepare(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard, session_id: str | None,
+                       message_id: str | None) -> Memory:
         namespace = await self._writable_namespace(agent_id, body.namespace)
         if guard is not None:
             await guard(namespace)
         self._check_kind(body.kind)
         check_message_chars(body.content, self.settings.max_message_chars)
         tags = self._tags(body.tags)
-        provenance = Provenance(agent_id=agent_id)
+        provenance = Provenance(agent_id=agent_id, session_id=session_id,
+                                message_ids=[message_id] if message_id else [])
         if namespace.kind is NamespaceKind.USER:
             provenance.user_id = namespace.fields[1]
         elif namespace.kind is NamespaceKind.SESSION:
             provenance.session_id = namespace.fields[0]
-        memory = Memory(id=uuid.uuid4().hex, kind=body.kind, namespace=str(namespace), content=body.content,
-                        metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
-        _, backend = await self.agents.backend_for(agent_id)
-        await embed_memories(self.embedder, [memory])
-        await backend.write([memory])
-        await self._changed(agent_id, memory)
-        return self.record(memory)
+        return Memory(id=uuid.uuid4().hex, kind=body.kind, namespace=str(namespace), content=body.content,
+                      metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
 
     async def update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
                      guard: NamespaceGuard = None) -> tuple[MemoryRecord, MemoryRecord]:

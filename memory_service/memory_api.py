@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 
 from .access import authorize, caller
 from .curation import MEMORY_ID_CHARS, DeletedOut, MemoryRecord, MemoryUpdate, MemoryWrite, NamespaceGuard
 from .errors import Forbidden
 from .keys import Principal, Role
-from .models import AgentId
+from .limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
+from .models import AgentId, MessageId, SessionId
 from .namespaces import Namespace, NamespaceKind
 from .service import MemoryService
 
@@ -109,6 +111,39 @@ async def memory_undelete(agent_id: AgentId, request: Request, memory_id: str = 
         await _svc(request).audit.append(principal.key_id, "memory.undelete", agent_id, memory_id,
                                          after=_audited(record))
     return record
+
+
+class WriteBlocksIn(BaseModel):
+    """Model output that may carry <memory_write> (or <shadow_write>) blocks."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING,
+                      description="the model's output, at most MAX_MESSAGE_CHARS characters; text outside blocks is ignored")
+    namespace: str = Field(min_length=1, max_length=MAX_NAMESPACE_CHARS,
+                           description="where the blocks' memories live, as for memory_write (e.g. 'user:<agent>:<user>')")
+    session_id: SessionId | None = Field(default=None, description="the session the output was said in (provenance)")
+    message_id: MessageId | None = Field(default=None, description="the message that carried it (provenance)")
+
+
+class WriteBlocksOut(BaseModel):
+    blocks: int = Field(description="write blocks found")
+    written: list[MemoryRecord] = Field(description="the memories stored: observations, then entities, then edges")
+
+
+@router.post("/v1/agents/{agent_id}/writes/parse", response_model=WriteBlocksOut)
+async def parse_writes(agent_id: AgentId, body: WriteBlocksIn, request: Request,
+                       principal: Principal = Caller) -> WriteBlocksOut:
+    """Store the <memory_write> / <shadow_write> blocks of a model's output. All or nothing:
+    a malformed block fails the call with 422 saying which block, where (line, column) and
+    which field, and nothing is stored. Needs `write` and MEMORY_WRITE_AGENTS."""
+    guard = _allow(request, principal, Role.WRITE, agent_id)
+    blocks, records = await _svc(request).parse_writes(agent_id, body.text, body.namespace, body.session_id,
+                                                       body.message_id, guard)
+    if records:
+        await _svc(request).audit.append(principal.key_id, "memory.write_blocks", agent_id, body.message_id,
+                                         after={"blocks": blocks, "memories": [_audited(r) for r in records]})
+    return WriteBlocksOut(blocks=blocks, written=records)
 
 
 def _audited(record: MemoryRecord) -> dict[str, object]:

@@ -41,6 +41,7 @@ from .routing import BackendFactory, BackendRegistry
 from .sessions import RecordResult, SessionLedger
 from .startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from .state import StateStore
+from .write_blocks import store_write_blocks
 
 __all__ = ["MemoryService", "RecordResult"]
 
@@ -183,6 +184,11 @@ class MemoryService:
 
     async def memory_undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
         return (await self.tools.undelete(agent_id, memory_id, guard))[0]
+
+    async def parse_writes(self, agent_id: str, text: str, namespace: str, session_id: str | None = None,
+                           message_id: str | None = None, guard: NamespaceGuard = None) -> tuple[int, list[MemoryRecord]]:
+        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/write_blocks.py)."""
+        return await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()

@@ -23,8 +23,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
+from .curation import TITLE_CHARS, MemoryRecord, MemoryTools, MemoryWrite, NamespaceGuard
 from .errors import InvalidInput, preview
-from .limits import json_problem
+from .limits import check_message_chars, json_problem
+from .models import MemoryKind
 
 TAGS = ("memory_write", "shadow_write")
 MAX_BLOCKS = 20
@@ -169,3 +171,30 @@ def _path(loc: tuple[int | str, ...]) -> str:
     for part in loc:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path
+
+
+def memory_writes(block: WriteBlock, namespace: str) -> list[MemoryWrite]:
+    """What a block stores, as the memory tools write it: an observation each; an entity as
+    a fact titled with its name and tagged ``entity``; an edge as a fact ``source rel target``
+    tagged ``relation`` (the graph signal that would link them is not built)."""
+    writes = [MemoryWrite(content=o.text, namespace=namespace, kind=MemoryKind.OBSERVATION, tags=o.tags,
+                          confidence=o.confidence) for o in block.observations]
+    for entity in block.entities:
+        described = f"{entity.name} ({entity.type})" if entity.type else entity.name
+        writes.append(MemoryWrite(content=f"{described}: {entity.description}" if entity.description else described,
+                                  namespace=namespace, kind=MemoryKind.FACT, title=entity.name[:TITLE_CHARS],
+                                  tags=["entity"]))
+    for edge in block.edges:
+        writes.append(MemoryWrite(content=f"{edge.source} {edge.rel_type} {edge.target}", namespace=namespace,
+                                  kind=MemoryKind.FACT, title=edge.rel_type[:TITLE_CHARS], tags=["relation"]))
+    return writes
+
+
+async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, namespace: str,
+                             session_id: str | None = None, message_id: str | None = None,
+                             guard: NamespaceGuard = None) -> tuple[int, list[MemoryRecord]]:
+    """Parse ``text`` and store its blocks' memories, all or none: (blocks found, memories stored)."""
+    check_message_chars(text, tools.settings.max_message_chars)
+    parsed = parse_write_blocks(text)
+    writes = [write for located in parsed for write in memory_writes(located.block, namespace)]
+    return len(parsed), await tools.write_many(agent_id, writes, guard, session_id, message_id)

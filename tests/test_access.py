@@ -136,6 +136,9 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
                                    ok=(201,)),
         ("GET", "/v1/keys"): Case("GET", "/v1/keys", "admin", out_of_reach=200),  # lists the caller's own keys
         ("DELETE", "/v1/keys/{key_id}"): Case("DELETE", f"/v1/keys/{keys.ids['read']}", "admin", out_of_reach=404),
+        ("POST", "/v1/agents/{agent_id}/writes/parse"): Case(
+            "POST", f"/v1/agents/{AGENT}/writes/parse", "write",
+            {"text": '<memory_write>{"observations": [{"text": "a"}]}</memory_write>', "namespace": f"user:{AGENT}:alice"}),
         ("GET", "/v1/audit"): Case("GET", "/v1/audit", "admin", params={"agent_id": AGENT}),
         ("DELETE", "/v1/agents/{agent_id}/users/{user_id}"): Case("DELETE", f"/v1/agents/{AGENT}/users/alice", "admin"),
         ("GET", "/v1/agents/{agent_id}/users/{user_id}/export"): Case("GET", f"/v1/agents/{AGENT}/users/alice/export",

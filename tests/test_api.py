@@ -142,7 +142,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/startup/{record_id}", "/v1/agents/{agent_id}/startup",
         "/v1/agents/{agent_id}/startup/block",
         "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{memory_id}",
-        "/v1/agents/{agent_id}/memories/{memory_id}/undelete",
+        "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
     }
     assert (await http.get("/docs")).status_code == 200
 

@@ -112,3 +112,4 @@ def test_limits_and_shorthands():
     many = json.dumps({"observations": [{"text": "a"}] * 101})
     with pytest.raises(WriteBlockError, match="observations"):
         parse_write_blocks(f"<memory_write>{many}</memory_write>")
+
