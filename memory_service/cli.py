@@ -339,3 +339,8 @@ app.add_typer(outbox_app, name="outbox")
 from .keys_cli import keys_app  # noqa: E402
 
 app.add_typer(keys_app, name="keys")
+
+# `memory-service mcp`: the memory tools over MCP (memory_service/mcp_cli.py, mcp_server.py).
+from .mcp_cli import mcp_command  # noqa: E402
+
+app.command("mcp")(mcp_command)
