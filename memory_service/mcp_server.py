@@ -55,7 +55,8 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
     ``pass_through_keys``: a request's own ``Authorization: Bearer`` key (HTTP) replaces the
     client's for that call.
     """
-    server: MCPServer = MCPServer("memory-service", version=__version__, instructions=INSTRUCTIONS.format(agent=agent_id))
+    server: MCPServer = MCPServer("memory-service", version=__version__, instructions=INSTRUCTIONS.format(agent=agent_id),
+                                  log_level="WARNING")  # stderr: each API request at INFO is noise to a host
 
     def api(ctx: Context) -> AsyncMemoryClient:
         if not pass_through_keys:
