@@ -15,7 +15,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
@@ -127,8 +127,10 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
         kind: Annotated[str | None, Field(min_length=1, description="new kind")] = None,
     ) -> MemoryRecord:
         """Change the fields given of one memory; the others stay. A deleted memory cannot be changed."""
-        return await call(lambda: api(ctx).memory_update(agent_id, memory_id, content=content, title=title, tags=tags,
-                                                         confidence=confidence, kind=kind))
+        # Omitted or null: unchanged (a tool's caller cannot tell the two apart reliably).
+        given: dict[str, Any] = {name: value for name, value in (("content", content), ("title", title), ("tags", tags),
+                                 ("confidence", confidence), ("kind", kind)) if value is not None}
+        return await call(lambda: api(ctx).memory_update(agent_id, memory_id, **given))
 
     @server.tool()
     async def memory_delete(ctx: Context, memory_id: MemoryId) -> DeletedMemory:

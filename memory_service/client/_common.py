@@ -4,6 +4,7 @@ into the service's own models. Nothing here does I/O."""
 from __future__ import annotations
 
 import email.utils
+import enum
 import time
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -36,9 +37,23 @@ def seg(value: str) -> str:
     return quote(value, safe="")
 
 
+class Unset(enum.Enum):
+    """A field not given: left out of a partial update (where None clears it)."""
+
+    UNSET = "UNSET"
+
+
+UNSET = Unset.UNSET
+
+
 def body(**fields: Any) -> dict[str, Any]:
     """A JSON body of the fields given (None: left out, the service's default applies)."""
     return {name: value for name, value in fields.items() if value is not None}
+
+
+def patch(**fields: Any) -> dict[str, Any]:
+    """A partial update's body: every field but the UNSET ones, None included (it clears)."""
+    return {name: value for name, value in fields.items() if value is not UNSET}
 
 
 def query_params(**fields: Any) -> dict[str, Any]:

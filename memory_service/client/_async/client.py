@@ -26,9 +26,12 @@ from .._common import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
     DEFAULT_TIMEOUT,
+    UNSET,
+    Unset,
     body,
     failure,
     parse,
+    patch,
     query_params,
     retry_delay,
     retryable,
@@ -155,11 +158,11 @@ class AsyncMemoryClient:
         result: MemoryRecord = parse(MemoryRecord, answer)
         return result
 
-    async def memory_update(self, agent_id: str, memory_id: str, *, content: str | None = None,
-                            title: str | None = None, tags: list[str] | None = None, confidence: float | None = None,
-                            kind: str | None = None) -> MemoryRecord:
-        """Change the fields given (the others stay)."""
-        request = body(content=content, title=title, tags=tags, confidence=confidence, kind=kind)
+    async def memory_update(self, agent_id: str, memory_id: str, *, content: str | Unset = UNSET,
+                            title: str | None | Unset = UNSET, tags: list[str] | Unset = UNSET,
+                            confidence: float | None | Unset = UNSET, kind: str | Unset = UNSET) -> MemoryRecord:
+        """Change the fields given; the others stay. ``title=None`` or ``confidence=None`` clears it."""
+        request = patch(content=content, title=title, tags=tags, confidence=confidence, kind=kind)
         answer = await self._send("PATCH", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}", json=request)
         result: MemoryRecord = parse(MemoryRecord, answer)
         return result
