@@ -344,3 +344,8 @@ app.add_typer(keys_app, name="keys")
 from .import_cli import import_command  # noqa: E402
 
 app.command("import")(import_command)
+
+# `memory-service mcp`: the memory tools over MCP (memory_service/mcp_cli.py, mcp_server.py).
+from .mcp_cli import mcp_command  # noqa: E402
+
+app.command("mcp")(mcp_command)

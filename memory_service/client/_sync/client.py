@@ -1,0 +1,257 @@
+# Generated from ../_async/client.py by scripts/unasync-client: edit that file, not this one.
+"""The client of the memory-service HTTP API.
+
+The source of both clients: memory_service/client/_sync/client.py is generated from this
+file by scripts/unasync-client (run it after editing; tests/test_client.py checks the two
+agree), so docstrings here speak of neither "async" nor "sync".
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+import httpx
+
+from ... import __version__
+from ...api import ContextOut, RecordOut
+from ...audit import AuditPage
+from ...erasure import ErasureReport, UserExport
+from ...formation import FormationSummary
+from ...keys import ApiKey, NewKey
+from ...models import Agent, Shard
+from ...retrieval import SearchResult
+from .._common import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT,
+    DEFAULT_TIMEOUT,
+    UNSET,
+    Unset,
+    body,
+    failure,
+    parse,
+    patch,
+    query_params,
+    retry_delay,
+    retryable,
+    seg,
+)
+from ..tool_models import DeletedMemory, MemoryRecord
+
+
+class MemoryClient:
+    """A client of one memory-service API.
+
+    ``api_key`` is sent as ``Authorization: Bearer <key>`` (None: no key, for a keyless
+    loopback server). Answers of 429 and 503 are retried up to ``max_retries`` times,
+    waiting what their Retry-After asks (at most ``max_retry_wait`` seconds a time): a 429
+    on every call (a rate limit refuses a request before it runs), a 503 on every call that
+    is safe to repeat, which is all of them but ``create_key`` and ``memory_write``. Other
+    errors raise at once (memory_service.client.errors). ``http_client`` shares a
+    connection pool (the caller closes it); else the client opens its own.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = DEFAULT_TIMEOUT,
+                 max_retries: int = DEFAULT_MAX_RETRIES, max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+                 http_client: httpx.Client | None = None):
+        if max_retries < 0 or max_retry_wait < 0:
+            raise ValueError("max_retries and max_retry_wait must be at least 0")
+        self.base_url = base_url.rstrip("/")
+        self.max_retries = max_retries
+        self.max_retry_wait = max_retry_wait
+        self._owns_http = http_client is None
+        self._http = http_client or httpx.Client(timeout=timeout)
+        self._timeout = timeout
+        self._headers = {"User-Agent": f"memory-service-client/{__version__}"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+
+    def with_api_key(self, api_key: str | None) -> MemoryClient:
+        """The same API and connection pool, calling with another key (closing it closes nothing)."""
+        return MemoryClient(self.base_url, api_key, timeout=self._timeout, max_retries=self.max_retries,
+                                 max_retry_wait=self.max_retry_wait, http_client=self._http)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self._http.close()
+
+    def __enter__(self) -> MemoryClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _send(self, method: str, path: str, *, params: dict[str, Any] | None = None,
+                    json: Any = None, idempotent: bool = True) -> httpx.Response:
+        attempt = 0
+        while True:
+            response = self._http.request(method, self.base_url + path, params=params, json=json,
+                                                headers=self._headers)
+            if response.status_code < 400:
+                return response
+            if attempt >= self.max_retries or not retryable(response, idempotent):
+                raise failure(response)
+            time.sleep(retry_delay(response, attempt, self.max_retry_wait))
+            attempt += 1
+
+    # The session loop.
+
+    def record(self, session_id: str, *, agent_id: str, user_id: str, role: str, content: str,
+                     message_id: str | None = None, created_at: datetime | None = None,
+                     incognito: bool = False) -> RecordOut:
+        """Record one message. Without ``message_id`` the client makes one, so that a retried
+        request is recognised as the same message (the answer carries it)."""
+        message = body(agent_id=agent_id, user_id=user_id, role=role, content=content,
+                       message_id=message_id or uuid.uuid4().hex,
+                       created_at=created_at.isoformat() if created_at else None, incognito=incognito or None)
+        answer = self._send("POST", f"/v1/sessions/{seg(session_id)}/messages", json=message)
+        result: RecordOut = parse(RecordOut, answer)
+        return result
+
+    def form(self, session_id: str, *, wait: bool = True) -> FormationSummary:
+        """Form the session's pending window now; with ``wait``, answer once it is stored."""
+        answer = self._send("POST", f"/v1/sessions/{seg(session_id)}/form", params=query_params(wait=wait))
+        result: FormationSummary = parse(FormationSummary, answer)
+        return result
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        """The session's gate, formation cursor and pending job."""
+        result: dict[str, Any] = (self._send("GET", f"/v1/sessions/{seg(session_id)}")).json()
+        return result
+
+    def context(self, *, agent_id: str, user_id: str, session_id: str, model: str | None = None,
+                      query: str | None = None, budget: int | None = None) -> ContextOut:
+        """The memory block for one model call (``query``: what the model is asked now)."""
+        params = query_params(agent_id=agent_id, user_id=user_id, session_id=session_id, model=model, query=query,
+                       budget=budget)
+        result: ContextOut = parse(ContextOut, self._send("GET", "/v1/context", params=params))
+        return result
+
+    def search(self, agent_id: str, query: str, *, scope: str = "agent", user_id: str | None = None,
+                     session_id: str | None = None, shard_id: str | None = None, namespaces: list[str] | None = None,
+                     top_k: int | None = None, min_score: float | None = None, kinds: list[str] | None = None,
+                     since: datetime | None = None, until: datetime | None = None,
+                     tags: list[str] | None = None) -> SearchResult:
+        """Search the agent's memories (memory_search): every result explained."""
+        request = body(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
+                       namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds,
+                       since=since.isoformat() if since else None, until=until.isoformat() if until else None,
+                       tags=tags)
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/search", json=request)
+        result: SearchResult = parse(SearchResult, answer)
+        return result
+
+    # The memory tools (issue 10): an agent reads and curates its own memories.
+
+    def memory_get(self, agent_id: str, memory_id: str) -> MemoryRecord:
+        """One memory (counts an access)."""
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}")
+        result: MemoryRecord = parse(MemoryRecord, answer)
+        return result
+
+    def memory_write(self, agent_id: str, *, content: str, namespace: str, kind: str, title: str | None = None,
+                           tags: list[str] | None = None, confidence: float | None = None) -> MemoryRecord:
+        """Write a new memory. Not retried after a 503: it might have been stored."""
+        request = body(content=content, namespace=namespace, kind=kind, title=title, tags=tags, confidence=confidence)
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories", json=request, idempotent=False)
+        result: MemoryRecord = parse(MemoryRecord, answer)
+        return result
+
+    def memory_update(self, agent_id: str, memory_id: str, *, content: str | Unset = UNSET,
+                            title: str | None | Unset = UNSET, tags: list[str] | Unset = UNSET,
+                            confidence: float | None | Unset = UNSET, kind: str | Unset = UNSET) -> MemoryRecord:
+        """Change the fields given; the others stay. ``title=None`` or ``confidence=None`` clears it."""
+        request = patch(content=content, title=title, tags=tags, confidence=confidence, kind=kind)
+        answer = self._send("PATCH", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}", json=request)
+        result: MemoryRecord = parse(MemoryRecord, answer)
+        return result
+
+    def memory_delete(self, agent_id: str, memory_id: str) -> DeletedMemory:
+        """Soft-delete a memory until its purge date (a second delete answers the same dates)."""
+        answer = self._send("DELETE", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}")
+        result: DeletedMemory = parse(DeletedMemory, answer)
+        return result
+
+    def memory_undelete(self, agent_id: str, memory_id: str) -> MemoryRecord:
+        """Bring back a soft-deleted memory before its purge date."""
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/undelete")
+        result: MemoryRecord = parse(MemoryRecord, answer)
+        return result
+
+    # Agents and shards.
+
+    def put_agent(self, agent_id: str, *, memory_backend: str | None = None,
+                        agent_extras: dict[str, Any] | None = None) -> Agent:
+        """Create or replace the agent's settings."""
+        request = body(memory_backend=memory_backend, agent_extras=agent_extras)
+        result: Agent = parse(Agent, self._send("PUT", f"/v1/agents/{seg(agent_id)}", json=request))
+        return result
+
+    def get_agent(self, agent_id: str) -> Agent:
+        result: Agent = parse(Agent, self._send("GET", f"/v1/agents/{seg(agent_id)}"))
+        return result
+
+    def put_shard(self, agent_id: str, shard_id: str, *, name: str, extraction_focus: str | None = None,
+                        active: bool | None = None) -> Shard:
+        """Create or replace a shard (a topic the agent keeps facts and suggestions on)."""
+        request = body(name=name, extraction_focus=extraction_focus, active=active)
+        answer = self._send("PUT", f"/v1/agents/{seg(agent_id)}/shards/{seg(shard_id)}", json=request)
+        result: Shard = parse(Shard, answer)
+        return result
+
+    def list_shards(self, agent_id: str) -> list[Shard]:
+        result: list[Shard] = parse(list[Shard], self._send("GET", f"/v1/agents/{seg(agent_id)}/shards"))
+        return result
+
+    # Keys, audit, users.
+
+    def create_key(self, *, name: str, role: Literal["read", "write", "admin"], agents: list[str] | None = None,
+                         users: list[str] | None = None, requests_per_minute: int | None = None,
+                         tokens_per_minute: int | None = None) -> NewKey:
+        """Make a key (the answer holds it, this once). Not retried after a 503: it might have been made."""
+        request = body(name=name, role=role, agents=agents, users=users, requests_per_minute=requests_per_minute,
+                       tokens_per_minute=tokens_per_minute)
+        result: NewKey = parse(NewKey, self._send("POST", "/v1/keys", json=request, idempotent=False))
+        return result
+
+    def list_keys(self) -> list[ApiKey]:
+        result: list[ApiKey] = parse(list[ApiKey], self._send("GET", "/v1/keys"))
+        return result
+
+    def revoke_key(self, key_id: str) -> ApiKey:
+        result: ApiKey = parse(ApiKey, self._send("DELETE", f"/v1/keys/{seg(key_id)}"))
+        return result
+
+    def audit(self, *, agent_id: str | None = None, action: str | None = None, key_id: str | None = None,
+                    since: datetime | None = None, until: datetime | None = None, before: str | None = None,
+                    limit: int | None = None) -> AuditPage:
+        """A page of the audit log, newest first; pass the page's ``next`` as ``before`` for older ones."""
+        params = query_params(agent_id=agent_id, action=action, key_id=key_id, since=since, until=until, before=before,
+                       limit=limit)
+        result: AuditPage = parse(AuditPage, self._send("GET", "/v1/audit", params=params))
+        return result
+
+    def erase_user(self, agent_id: str, user_id: str) -> ErasureReport:
+        """Erase everything of the user with the agent (a second call reports zeros)."""
+        answer = self._send("DELETE", f"/v1/agents/{seg(agent_id)}/users/{seg(user_id)}")
+        result: ErasureReport = parse(ErasureReport, answer)
+        return result
+
+    def export_user(self, agent_id: str, user_id: str) -> UserExport:
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/users/{seg(user_id)}/export")
+        result: UserExport = parse(UserExport, answer)
+        return result
+
+    # Operations.
+
+    def health(self, *, detail: bool = False) -> dict[str, Any]:
+        """Readiness (``detail``: each dependency, an operator key). A 503 raises ServiceUnavailable."""
+        answer = self._send("GET", "/health", params=query_params(detail=detail or None))
+        result: dict[str, Any] = answer.json()
+        return result
+
+    def metrics(self) -> str:
+        """The Prometheus counters (an operator key)."""
+        return (self._send("GET", "/metrics")).text

@@ -1,0 +1,97 @@
+"""The client's memory-tool methods against the real routes. Writes are on for AGENT only
+(MEMORY_WRITE_AGENTS)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from memory_service.api import create_app
+from memory_service.client import (
+    AsyncMemoryClient,
+    ConflictError,
+    DeletedMemory,
+    InvalidRequest,
+    MemoryClient,
+    MemoryRecord,
+    NotFoundError,
+    PermissionDenied,
+)
+from memory_service.loopback import LoopbackServer
+
+from .conftest import flush, suite_settings
+from .store_state import snapshot
+
+AGENT, READ_ONLY = "curator", "bystander"
+
+
+@pytest.fixture(scope="module")
+async def tools_server(falkordb_url):
+    settings = suite_settings(falkordb_url, memory_write_agents=[AGENT])
+    async with LoopbackServer(create_app(settings, run_worker=True)) as server:
+        yield server
+
+
+@pytest.fixture
+async def client(tools_server, falkordb_url):
+    await flush(falkordb_url)
+    async with AsyncMemoryClient(tools_server.base_url) as opened:
+        yield opened
+
+
+async def test_write_get_update_delete_undelete(client):
+    written = await client.memory_write(AGENT, content="The office moves to Lyon in June.", namespace=f"agent:{AGENT}",
+                                        kind="fact", title="Office move", tags=["office", "plans"], confidence=0.8)
+    assert isinstance(written, MemoryRecord) and written.tags == ["office", "plans"] and written.deleted_at is None
+    got = await client.memory_get(AGENT, written.id)
+    assert (got.content, got.title, got.confidence) == ("The office moves to Lyon in June.", "Office move", 0.8)
+    assert got.access_count >= 1
+
+    updated = await client.memory_update(AGENT, written.id, title="Office move (confirmed)", confidence=0.95)
+    assert (updated.title, updated.confidence, updated.content) == ("Office move (confirmed)", 0.95, got.content)
+    cleared = await client.memory_update(AGENT, written.id, title=None)  # None clears; unnamed fields stay
+    assert (cleared.title, cleared.confidence, cleared.tags) == (None, 0.95, ["office", "plans"])
+
+    found = await client.search(AGENT, "office Lyon", tags=["office"])
+    assert [hit.id for hit in found.results] == [written.id]
+    assert (await client.search(AGENT, "office Lyon", tags=["office", "nope"])).results == []
+
+    deleted = await client.memory_delete(AGENT, written.id)
+    assert isinstance(deleted, DeletedMemory) and deleted.id == written.id
+    assert await client.memory_delete(AGENT, written.id) == deleted  # idempotent: the same dates
+    assert (await client.search(AGENT, "office Lyon")).results == []
+    with pytest.raises(ConflictError):
+        await client.memory_update(AGENT, written.id, title="too late")
+
+    restored = await client.memory_undelete(AGENT, written.id)
+    assert restored.deleted_at is None
+    assert [hit.id for hit in (await client.search(AGENT, "office Lyon")).results] == [written.id]
+
+
+async def test_tool_errors_raise_their_classes_and_change_nothing(client, falkordb_url):
+    written = await client.memory_write(AGENT, content="Quarterly review on Friday.", namespace=f"agent:{AGENT}",
+                                        kind="fact")
+    before = snapshot(falkordb_url, worker_running=True)
+    with pytest.raises(NotFoundError):
+        await client.memory_get(AGENT, "no-such-memory")
+    with pytest.raises(NotFoundError):  # another agent's memory: the same answer as none
+        await client.memory_get(READ_ONLY, written.id)
+    with pytest.raises(InvalidRequest) as bad:
+        await client.memory_update(AGENT, written.id, confidence=7)
+    assert "confidence" in bad.value.detail
+    with pytest.raises(PermissionDenied) as off:
+        await client.memory_write(READ_ONLY, content="x", namespace=f"agent:{READ_ONLY}", kind="fact")
+    assert "MEMORY_WRITE_AGENTS" in off.value.detail
+    assert snapshot(falkordb_url, worker_running=True) == before
+
+
+async def test_the_sync_client_reaches_the_tools_too(tools_server, client):
+    def curate() -> tuple[MemoryRecord, MemoryRecord]:
+        with MemoryClient(tools_server.base_url) as sync:
+            written = sync.memory_write(AGENT, content="Parking is behind the building.", namespace=f"agent:{AGENT}",
+                                        kind="fact")
+            return written, sync.memory_get(AGENT, written.id)
+
+    written, got = await asyncio.to_thread(curate)
+    assert got.id == written.id and got.content == written.content

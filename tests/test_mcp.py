@@ -1,0 +1,189 @@
+"""`memory-service mcp` through the official MCP SDK's own client: over stdio (the CLI as a
+subprocess) and over streamable HTTP (the CLI serving on a port), against a real API that
+requires keys. A key of another agent gets an error result naming the API's refusal, and
+nothing stored changes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.streamable_http import streamable_http_client
+
+from memory_service.api import create_app
+from memory_service.client import AsyncMemoryClient
+from memory_service.loopback import LoopbackServer, free_port
+
+from .conftest import clean_env, flush, suite_settings
+from .store_state import snapshot
+
+CLI = str(Path(sys.executable).parent / "memory-service")
+OPERATOR_KEY = secrets.token_urlsafe(32)
+AGENT, OTHER = "acme", "rival"
+TOOLS = {"memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete"}
+
+
+@pytest.fixture(scope="module")
+async def api(falkordb_url):
+    settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY,
+                              memory_write_agents=[AGENT])
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server:
+        yield server
+
+
+@pytest.fixture
+async def keys(api, falkordb_url) -> dict[str, str]:
+    """An admin key of AGENT, one of OTHER, and AGENT's data: a message about a pelican."""
+    await flush(falkordb_url)
+    async with AsyncMemoryClient(api.base_url, OPERATOR_KEY) as operator:
+        made = {name: (await operator.create_key(name=name, role="admin", agents=[agent])).key
+                for name, agent in (("agent", AGENT), ("other", OTHER))}
+        await operator.record("s1", agent_id=AGENT, user_id="alice", role="user",
+                              content="I keep a pelican named Bo.", message_id="m1")
+    return made
+
+
+def stdio(api_url: str, key: str | None) -> Client:
+    env = {k: v for k, v in clean_env().items() if k != "MEMORY_SERVICE_API_KEY"}
+    if key:
+        env["MEMORY_SERVICE_API_KEY"] = key
+    return Client(StdioServerParameters(command=CLI, args=["mcp", "--transport", "stdio", "--api", api_url,
+                                                           "--agent", AGENT], env=env))
+
+
+@asynccontextmanager
+async def http_mcp(api_url: str, *extra: str) -> AsyncIterator[str]:
+    """`memory-service mcp --transport http` on a free port; yields its endpoint."""
+    port = free_port()
+    proc = subprocess.Popen([CLI, "mcp", "--transport", "http", "--port", str(port), "--api", api_url,
+                             "--agent", AGENT, *extra], env=clean_env(), stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(600):  # a bound on start-up, not a speed check
+            if proc.poll() is not None:
+                raise AssertionError(f"mcp exited: {proc.stderr.read() if proc.stderr else ''}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+                break
+            except OSError:
+                await asyncio.sleep(0.05)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def over_http(url: str, key: str | None = None, authorization: str | None = None) -> Client:
+    headers = {"Authorization": authorization or f"Bearer {key}"} if (key or authorization) else {}
+    return Client(streamable_http_client(url, http_client=httpx2.AsyncClient(headers=headers, timeout=30)))
+
+
+def text(result: Any) -> str:
+    return " ".join(block.text for block in result.content if getattr(block, "text", None))
+
+
+async def test_stdio_lists_the_tools_with_schemas_and_searches(api, keys):
+    async with stdio(api.base_url, keys["agent"]) as client:
+        listed = {tool.name: tool for tool in (await client.list_tools()).tools}
+        assert set(listed) == TOOLS
+        search = listed["memory_search"].input_schema
+        assert search["required"] == ["query"] and {"scope", "tags", "kinds", "top_k"} <= set(search["properties"])
+        assert set(listed["memory_write"].input_schema["required"]) == {"content", "namespace", "kind"}
+        assert listed["memory_get"].input_schema["required"] == ["memory_id"]
+
+        found = await client.call_tool("memory_search", {"query": "pelican"})
+        assert not found.is_error, text(found)
+        assert "pelican" in found.structured_content["results"][0]["content"]
+
+        refused = await client.call_tool("memory_search", {"query": "pelican", "scope": "user"})
+        assert refused.is_error and "422" in text(refused) and "user_id" in text(refused)
+
+
+async def test_stdio_with_a_key_of_another_agent_names_the_refusal_and_changes_nothing(api, keys, falkordb_url):
+    before = snapshot(falkordb_url, worker_running=True)
+    async with stdio(api.base_url, keys["other"]) as client:
+        refused = await client.call_tool("memory_search", {"query": "pelican"})
+    assert refused.is_error and "403" in text(refused) and "pelican" not in text(refused)
+    assert AGENT in text(refused)  # the API's sentence: which agent the key does not reach
+    assert snapshot(falkordb_url, worker_running=True) == before
+
+
+async def test_http_passes_each_callers_key_through(api, keys, falkordb_url):
+    async with http_mcp(api.base_url) as url:
+        async with over_http(url, keys["agent"]) as client:
+            assert {tool.name for tool in (await client.list_tools()).tools} == TOOLS
+            found = await client.call_tool("memory_search", {"query": "pelican", "top_k": 1})
+            assert not found.is_error, text(found)
+            assert len(found.structured_content["results"]) == 1
+
+        before = snapshot(falkordb_url, worker_running=True)
+        async with over_http(url, keys["other"]) as client:
+            refused = await client.call_tool("memory_search", {"query": "pelican"})
+            assert refused.is_error and "403" in text(refused) and "pelican" not in text(refused)
+        async with over_http(url) as client:  # no key of its own, and the server has none to lend
+            anonymous = await client.call_tool("memory_search", {"query": "pelican"})
+            assert anonymous.is_error and "401" in text(anonymous)
+        async with over_http(url, authorization=f"Basic {keys['agent']}") as client:
+            malformed = await client.call_tool("memory_search", {"query": "pelican"})
+            assert malformed.is_error and "Bearer" in text(malformed)
+        assert snapshot(falkordb_url, worker_running=True) == before
+
+
+async def test_http_falls_back_to_the_key_given_at_start_only_for_requests_without_one(api, keys):
+    async with http_mcp(api.base_url, "--key", keys["other"]) as url:
+        async with over_http(url) as client:  # the fallback: OTHER's key, refused on AGENT
+            assert "403" in text(await client.call_tool("memory_search", {"query": "pelican"}))
+        async with over_http(url, keys["agent"]) as client:  # the caller's own key wins
+            found = await client.call_tool("memory_search", {"query": "pelican"})
+            assert not found.is_error, text(found)
+
+
+def test_a_fixed_key_on_a_reachable_address_is_refused():
+    answer = subprocess.run([CLI, "mcp", "--transport", "http", "--host", "0.0.0.0", "--agent", AGENT, "--key", "k"],
+                            capture_output=True, text=True, env=clean_env(), timeout=60)
+    assert answer.returncode == 2 and "fixed API key" in answer.stderr
+    for args, named in ((["--agent", "a:b"], "agent_id"), (["--agent", AGENT, "--transport", "sse"], "--transport"),
+                        (["--agent", AGENT, "--api", "ftp://x"], "--api")):
+        answer = subprocess.run([CLI, "mcp", *args], capture_output=True, text=True, env=clean_env(), timeout=60)
+        assert answer.returncode == 2 and named in answer.stderr, answer.stderr
+
+
+# The write tools: run once the memory routes are merged (tests/memory_tools.py).
+
+
+async def test_stdio_curates_a_memory_through_the_write_tools(api, keys, falkordb_url):
+    async with stdio(api.base_url, keys["agent"]) as client:
+        written = await client.call_tool("memory_write", {"content": "Bo the pelican eats sardines.",
+                                                          "namespace": f"agent:{AGENT}", "kind": "fact",
+                                                          "title": "Bo's diet", "tags": ["pets"]})
+        assert not written.is_error, text(written)
+        memory_id = written.structured_content["id"]
+        got = await client.call_tool("memory_get", {"memory_id": memory_id})
+        assert got.structured_content["tags"] == ["pets"]
+        updated = await client.call_tool("memory_update", {"memory_id": memory_id, "confidence": 0.5})
+        assert updated.structured_content["confidence"] == 0.5
+        deleted = await client.call_tool("memory_delete", {"memory_id": memory_id})
+        assert deleted.structured_content["deleted_at"]
+        gone = await client.call_tool("memory_search", {"query": "sardines", "tags": ["pets"]})
+        assert memory_id not in json.dumps(gone.structured_content["results"])
+        back = await client.call_tool("memory_undelete", {"memory_id": memory_id})
+        assert back.structured_content["deleted_at"] is None
+
+
+async def test_write_tools_with_a_key_of_another_agent_change_nothing(api, keys, falkordb_url):
+    before = snapshot(falkordb_url, worker_running=True)
+    async with stdio(api.base_url, keys["other"]) as client:
+        refused = await client.call_tool("memory_write", {"content": "Forged.", "namespace": f"agent:{AGENT}",
+                                                          "kind": "fact"})
+    assert refused.is_error and "403" in text(refused)
+    assert snapshot(falkordb_url, worker_running=True) == before
