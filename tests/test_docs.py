@@ -22,3 +22,21 @@ def test_the_deploy_files_require_keys_and_keep_the_stores_private():
     env = {e["name"]: e for e in api["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["OPERATOR_API_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "memory-service"
     assert env["API_AUTH"]["value"] == "keys"
+
+
+def readme_block(after_heading: str, language: str = "python") -> str:
+    readme = (REPO / "README.md").read_text()
+    start = readme.index(f"```{language}\n", readme.index(after_heading)) + len(f"```{language}\n")
+    return readme[start:readme.index("```", start)]
+
+
+async def test_the_readme_client_example_runs(http, live_server, capsys):
+    import asyncio
+
+    code = readme_block("### The session loop with the client library")
+    placeholder = 'API, KEY = "http://127.0.0.1:8080", None'
+    assert placeholder in code
+    code = code.replace(placeholder, f'API, KEY = "{live_server.base_url}", None')
+    await asyncio.to_thread(exec, compile(code, "README.md", "exec"), {"__name__": "readme"})
+    out = capsys.readouterr().out
+    assert "<MemoryContext>" in out and "window seats" in out
