@@ -12,7 +12,6 @@ See docs/mcp.md.
 
 from __future__ import annotations
 
-import ipaddress
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
@@ -23,6 +22,7 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from . import __version__
+from .access import is_loopback
 from .client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord
 from .models import MemoryKind
 from .retrieval import Scope, SearchResult
@@ -38,15 +38,6 @@ INSTRUCTIONS = (
 
 MemoryId = Annotated[str, Field(min_length=1, max_length=512, description="the memory's id, as search or write answered it")]
 Tags = Annotated[list[str] | None, Field(description="labels; a search with tags finds memories carrying all of them")]
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys: bool) -> MCPServer:
