@@ -111,7 +111,7 @@ async def test_the_workers_daily_job_purges_what_is_due(service):
     for memory in (due, fresh):
         await service.memory_delete(AGENT, memory.id)
     await backdate(service, due.id, 31)
-    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0}
+    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0, "stale": 0}
     _, backend = await service.agents.backend_for(AGENT)
     assert [m.id for m in await backend.find(AGENT, [due.id, fresh.id])] == [fresh.id]
 
