@@ -194,12 +194,14 @@ class Retention:
             return
         cutoff = now - timedelta(days=days)
         agents = 0
+        listed: dict[str, None] = {}  # each agent once, whichever stores list it
         for backend in await self.agents.registry.live():
-            for agent_id in await backend.agents():
-                purged = await self._purge_stale_agent(agent_id, cutoff)
-                report.stale += purged
-                report.add(agent_id, purged)
-                agents += bool(purged)
+            listed.update(dict.fromkeys(await backend.agents()))
+        for agent_id in listed:
+            purged = await self._purge_stale_agent(agent_id, cutoff)
+            report.stale += purged
+            report.add(agent_id, purged)
+            agents += bool(purged)
         await self.state.add_metrics(stale_purged_memories=report.stale, stale_purge_runs=1)
         log.warning("retention: purged %d stale memories of %d agents (not written, updated or read since %s)",
                     report.stale, agents, cutoff.isoformat())
