@@ -15,6 +15,8 @@ them. Ours beside them:
 * ``text``: what search reads (a message under its speaker), in a full-text index with
   ``group_key``, a case-proof token of the group_id (RediSearch folds case, group_ids do
   not), so a scoped full-text query is filtered inside the index;
+* ``ts`` in a range index, so the stale purge reads "memories written before T" without
+  scanning the graph (``written_before``);
 * ``embedding`` (vecf32) in a native vector index; ``needs_embedding`` (indexed) marks
   memories stored while the embedder was down, for the backfill.
 
@@ -466,8 +468,9 @@ class GraphBackend(MemoryBackend):
             params = {"from": after[0], "id": after[1]}
         rows = await self._read(
             agent_id,
+            # Sorted and cut before the fields are read: only the page's rows are projected.
             f"MATCH (n:{LABEL}) WHERE {where} AND n.kind IS NOT NULL "
-            f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.uuid LIMIT $limit",
+            f"WITH n ORDER BY n.ts, n.uuid LIMIT $limit RETURN {_READ_FIELDS}",
             before=before.timestamp(), limit=limit, **params,
         )
         return [_memory(row) for row in rows]
