@@ -15,6 +15,8 @@ them. Ours beside them:
 * ``text``: what search reads (a message under its speaker), in a full-text index with
   ``group_key``, a case-proof token of the group_id (RediSearch folds case, group_ids do
   not), so a scoped full-text query is filtered inside the index;
+* ``ts`` in a range index, so the stale purge reads "memories written before T" without
+  scanning the graph (``written_before``);
 * ``embedding`` (vecf32) in a native vector index; ``needs_embedding`` (indexed) marks
   memories stored while the embedder was down, for the backfill.
 
@@ -113,10 +115,15 @@ def _is_missing_graph(exc: Exception) -> bool:
     return "empty key" in str(exc)
 
 
+# Its own statement: graphs made before the stale purge get it from ``written_before``.
+_TS_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.ts)"
+
+
 def _index_statements(dimension: int | None) -> list[str]:
     statements = [
         f"CREATE INDEX FOR (n:{LABEL}) ON (n.uuid, n.group_id, n.group_kind, n.needs_embedding)",
         f"CALL db.idx.fulltext.createNodeIndex({{label: '{LABEL}', language: 'english'}}, 'text', 'group_key')",
+        _TS_INDEX,
     ]
     if dimension:
         statements.append(f"CREATE VECTOR INDEX FOR (n:{LABEL}) ON (n.embedding) "
@@ -165,6 +172,7 @@ class GraphBackend(MemoryBackend):
         # the same connect and read timeouts, which the probe takes from the pool.
         self.client = FalkorDB(connection_pool=blocking_pool(url, self.settings, decode_responses=True))
         self.embedding_dimension = embedding_dimension
+        self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
 
     async def start(self) -> None:
         await self.client.connection.ping()
@@ -213,11 +221,7 @@ class GraphBackend(MemoryBackend):
 
     async def _create_indexes(self, graph: AsyncGraph) -> None:
         for statement in _index_statements(self.embedding_dimension):
-            try:
-                await graph.query(statement)
-            except Exception as exc:
-                if "already" not in str(exc).lower():
-                    raise
+            await _create_index(graph, statement)
         await _until_indexes_operational(graph)
 
     # Writes --------------------------------------------------------------------------
@@ -444,6 +448,33 @@ class GraphBackend(MemoryBackend):
         )
         return [_memory(row) for row in rows]
 
+    async def written_before(self, agent_id: str, before: datetime, limit: int,
+                             after: tuple[float, str] | None = None) -> list[Memory]:
+        if limit <= 0:
+            return []
+        name = graph_name(agent_id)
+        if name not in self._ts_indexed:
+            # Graphs made before this index existed get it here, once per process; a missing
+            # graph is not created for it (its first write makes every index).
+            if await self.client.connection.exists(name):
+                await _create_index(self.client.select_graph(name), _TS_INDEX)
+                self._ts_indexed.add(name)
+        # The range on ``ts`` is what the index answers; the id breaks ties at the cursor.
+        params: dict[str, Any] = {}
+        if after is None:
+            where = "n.ts < $before"
+        else:
+            where = "n.ts >= $from AND n.ts < $before AND (n.ts > $from OR n.uuid > $id)"
+            params = {"from": after[0], "id": after[1]}
+        rows = await self._read(
+            agent_id,
+            # Sorted and cut before the fields are read: only the page's rows are projected.
+            f"MATCH (n:{LABEL}) WHERE {where} AND n.kind IS NOT NULL "
+            f"WITH n ORDER BY n.ts, n.uuid LIMIT $limit RETURN {_READ_FIELDS}",
+            before=before.timestamp(), limit=limit, **params,
+        )
+        return [_memory(row) for row in rows]
+
     async def agents(self) -> list[str]:
         names = await self.client.list_graphs()
         return sorted(a for a in map(agent_of_graph, names) if a is not None)
@@ -541,6 +572,14 @@ class GraphBackend(MemoryBackend):
             rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
                                     groups=groups)
         return int(rows[0]["c"]) if rows else 0
+
+
+async def _create_index(graph: AsyncGraph, statement: str) -> None:
+    try:
+        await graph.query(statement)
+    except Exception as exc:
+        if "already" not in str(exc).lower():
+            raise
 
 
 def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.backend import MemoryBackend, SignalHits
@@ -382,6 +383,11 @@ class MirroredBackend(MemoryBackend):
 
     async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
         return await self.primary.export(agent_id, namespace)
+
+    async def written_before(self, agent_id: str, before: datetime, limit: int,
+                             after: tuple[float, str] | None = None) -> list[Memory]:
+        # The graph's, as ``export``: MongoDB mirrors it, and what is purged leaves both.
+        return await self.primary.written_before(agent_id, before, limit, after)
 
     async def agents(self) -> list[str]:
         return await self.primary.agents()

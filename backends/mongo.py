@@ -117,6 +117,9 @@ class MongoBackend(MemoryBackend):
         # the agent, so it reads only that agent's entries), ...
         await self.memories.create_index([("agent_id", ASCENDING), ("search_text", TEXT)], name="agent_text",
                                          default_language="english")
+        # ... an agent's memories by time, for the stale purge (``written_before``), ...
+        await self.memories.create_index([("agent_id", ASCENDING), ("ts", ASCENDING), ("_id", ASCENDING)],
+                                         name="agent_written")
         # ... and the memories waiting for an embedding (only those are in the index).
         await self.memories.create_index([("agent_id", ASCENDING), ("needs_embedding", ASCENDING)],
                                          name="agent_unembedded", partialFilterExpression={"needs_embedding": True})
@@ -344,6 +347,18 @@ class MongoBackend(MemoryBackend):
         docs = await self.memories.find({"agent_id": agent_id, "namespace": str(namespace)}, _NO_VECTOR).sort(
             _OLDEST_FIRST).to_list()
         return [_memory(d) for d in docs]
+
+    async def written_before(self, agent_id: str, before: datetime, limit: int,
+                             after: tuple[float, str] | None = None) -> list[Memory]:
+        if limit <= 0:
+            return []
+        query: dict[str, Any] = {"agent_id": agent_id, "ts": {"$lt": before.timestamp()}}
+        if after is not None:
+            # The range on ``ts`` bounds the agent_written index scan; the id breaks ties at the cursor.
+            query["ts"]["$gte"] = after[0]
+            query["$or"] = [{"ts": {"$gt": after[0]}}, {"_id": {"$gt": after[1]}}]
+        cursor = self.memories.find(query, _NO_VECTOR).sort([("ts", ASCENDING), ("_id", ASCENDING)]).limit(limit)
+        return [_memory(d) for d in await cursor.to_list()]
 
     async def agents(self) -> list[str]:
         return sorted(a for a in await self.memories.distinct("agent_id") if isinstance(a, str))

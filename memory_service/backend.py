@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from memory_service.models import Memory, MemoryKind, StoreQuery
@@ -109,6 +110,17 @@ class MemoryBackend(ABC):
         provenance stay. Ids not stored are skipped; return how many were updated.
 
         Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``."""
+
+    # Retention (memory_service/retention.py, docs/memory-tools.md) ----------------------
+
+    @abstractmethod
+    async def written_before(self, agent_id: str, before: datetime, limit: int,
+                             after: tuple[float, str] | None = None) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories whose ``valid_at`` is before ``before``,
+        whatever their namespace, soft-deleted and evicted ones included, ordered by
+        (``valid_at``, id) and following ``after`` (the previous batch's last memory:
+        ``(valid_at.timestamp(), id)``). Read through an index on the time, so a batch costs
+        the memories in the range, not the agent's."""
 
     # Erasing a user (memory_service/erasure.py, docs/erasure.md) ----------------------
 

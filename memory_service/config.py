@@ -250,6 +250,12 @@ class Settings(BaseSettings):
     purge_after_days: int = Field(
         default=30, ge=0, description="Days a soft-deleted memory is kept (undelete brings it back) before the daily "
                                       "retention job purges it from every store; 0: never purged")
+    # Stale purge (docs/memory-tools.md, "Retention"): memories nobody read or changed for long.
+    stale_purge_days: int = Field(
+        default=0, ge=0, le=36_500,
+        description="Days after which a memory neither read by memory_get, updated nor written is purged by the "
+                    "daily retention job (messages pending formation, consolidation items not yet merged and a "
+                    "namespace's latest consolidated memory are kept); 0: off")
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

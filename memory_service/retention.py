@@ -12,6 +12,13 @@ one the erasure uses: every index, the vector, MongoDB through the outbox behind
 writes queued before it), out of queued outbox entries, consolidation queues, cached
 memory blocks and FalkorDB's log of recent queries, then out of both indexes. It counts
 what went in the metrics (``memory_service_purged_memories_total``) and the audit log.
+
+With STALE_PURGE_DAYS set, the same run then purges, the same way, memories nobody wrote,
+updated or read by memory_get for that long: each agent's memories written before the
+cutoff are read in batches through the stores' index on the time
+(``MemoryBackend.written_before``), and memory_service/staleness.py says which of them go
+(``memory_service_stale_purged_memories_total``; audit ``memory.purge`` with reason
+``stale``).
 """
 
 from __future__ import annotations
@@ -24,11 +31,13 @@ from typing import TYPE_CHECKING, cast
 
 from .models import Memory
 from .namespaces import Namespace, NamespaceKind
+from .staleness import StaleFilter
 
 if TYPE_CHECKING:
     from .agents import AgentDirectory
     from .assembler import ContextAssembler
     from .audit import AuditLog
+    from .backend import MemoryBackend
     from .config import Settings
     from .erasure_state import ErasureState
     from .state import StateStore
@@ -38,6 +47,7 @@ log = logging.getLogger(__name__)
 DELETED = "ms:retention:deleted"
 SEP = "\x00"  # ids never hold control characters
 PURGE_BATCH = 500  # due entries read per round trip
+STALE_BATCH = 500  # memories written before the stale cutoff read per round trip
 PURGE_ACTOR = "retention"  # the audit log's key id for the daily job
 
 
@@ -56,9 +66,14 @@ class PurgeReport:
     purged: int = 0  # memories removed from the stores
     agents: dict[str, int] = field(default_factory=dict)  # per agent
     skipped: int = 0  # due entries not purged: no store holds the memory, it was undeleted, or deleted again later
+    stale: int = 0  # memories purged as stale (STALE_PURGE_DAYS), counted apart from ``purged``
 
     def counts(self) -> dict[str, int]:
-        return {"purged": self.purged, "agents": len(self.agents), "skipped": self.skipped}
+        return {"purged": self.purged, "agents": len(self.agents), "skipped": self.skipped, "stale": self.stale}
+
+    def add(self, agent_id: str, purged: int) -> None:
+        if purged:
+            self.agents[agent_id] = self.agents.get(agent_id, 0) + purged
 
 
 class RetentionIndex:
@@ -94,6 +109,13 @@ class RetentionIndex:
             count, _ = await pipe.execute()
         return Access(int(count), at)
 
+    async def last_access(self, agent_id: str, memory_ids: Sequence[str]) -> dict[str, datetime]:
+        """The last memory_get of each of these memories that was ever read (one round trip)."""
+        if not memory_ids:
+            return {}
+        times = await self.redis.hmget(_access_key(agent_id), [f"t:{i}" for i in memory_ids])
+        return {i: datetime.fromtimestamp(float(t), UTC) for i, t in zip(memory_ids, times) if t}
+
     async def access(self, agent_id: str, memory_id: str) -> Access:
         count, last = await self.redis.hmget(_access_key(agent_id), [f"n:{memory_id}", f"t:{memory_id}"])
         return Access(int(count or 0), datetime.fromtimestamp(float(last), UTC) if last else None)
@@ -115,12 +137,19 @@ class Retention:
         self.erasure_state, self.assembler, self.audit = erasure_state, assembler, audit
 
     async def purge(self, now: datetime | None = None) -> PurgeReport:
+        """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""
+        now = now or datetime.now(UTC)
         report = PurgeReport()
+        await self._purge_deleted(now, report)
+        await self._purge_stale(now, report)
+        return report
+
+    async def _purge_deleted(self, now: datetime, report: PurgeReport) -> None:
         days = self.settings.purge_after_days
         if days <= 0:
             log.info("retention: PURGE_AFTER_DAYS is 0, soft-deleted memories are kept")
-            return report
-        cutoff = (now or datetime.now(UTC)) - timedelta(days=days)
+            return
+        cutoff = now - timedelta(days=days)
         seen: set[tuple[str, str]] = set()
         while due := await self.index.due(cutoff, PURGE_BATCH):
             if seen.issuperset(due):
@@ -133,13 +162,11 @@ class Retention:
                 purged = await self._purge_agent(agent_id, ids, cutoff)
                 report.purged += purged
                 report.skipped += len(ids) - purged
-                if purged:
-                    report.agents[agent_id] = report.agents.get(agent_id, 0) + purged
+                report.add(agent_id, purged)
         if report.purged or report.skipped:
             await self.state.add_metrics(purged_memories=report.purged, purge_runs=1)
         log.warning("retention: purged %d soft-deleted memories of %d agents (deleted before %s); %d skipped",
                     report.purged, len(report.agents), cutoff.isoformat(), report.skipped)
-        return report
 
     async def _purge_agent(self, agent_id: str, ids: list[str], cutoff: datetime) -> int:
         _, backend = await self.agents.backend_for(agent_id)
@@ -147,18 +174,13 @@ class Retention:
         # index read keeps its memory.
         held = [m for m in await backend.find(agent_id, ids) if m.deleted_at is not None and m.deleted_at <= cutoff]
         doomed = {m.id for m in held}
+        purged = 0
         if doomed:
-            def judge(memory: Memory) -> Memory | None:
-                return None if memory.id in doomed else memory
-
-            await backend.scrub_pending(agent_id, judge, sorted(doomed))  # queued writes quoting them
-            purged = await backend.delete(agent_id, sorted(doomed))
-            await self._forget_elsewhere(agent_id, held)
+            purged = await self._remove(agent_id, backend, held)
+            await backend.purge_query_log(agent_id)
             await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
-                                    after={"purged": len(doomed), "deleted_before": cutoff.isoformat(),
-                                           "kinds": _kinds(held)})
-        else:
-            purged = 0
+                                    after={"purged": len(doomed), "reason": "deleted",
+                                           "deleted_before": cutoff.isoformat(), "kinds": _kinds(held)})
         # Entries whose memory is gone or undeleted leave the index too (an undelete removes
         # its own; this covers a crash between the two).
         still_deleted_later = {m.id for m in await backend.find(agent_id, [i for i in ids if i not in doomed])
@@ -166,8 +188,63 @@ class Retention:
         await self.index.forget(agent_id, [i for i in ids if i not in still_deleted_later])
         return purged
 
+    async def _purge_stale(self, now: datetime, report: PurgeReport) -> None:
+        days = self.settings.stale_purge_days
+        if days <= 0:
+            return
+        cutoff = now - timedelta(days=days)
+        agents = 0
+        listed: dict[str, None] = {}  # each agent once, whichever stores list it
+        for backend in await self.agents.registry.live():
+            listed.update(dict.fromkeys(await backend.agents()))
+        for agent_id in listed:
+            purged = await self._purge_stale_agent(agent_id, cutoff)
+            report.stale += purged
+            report.add(agent_id, purged)
+            agents += bool(purged)
+        await self.state.add_metrics(stale_purged_memories=report.stale, stale_purge_runs=1)
+        log.warning("retention: purged %d stale memories of %d agents (not written, updated or read since %s)",
+                    report.stale, agents, cutoff.isoformat())
+
+    async def _purge_stale_agent(self, agent_id: str, cutoff: datetime) -> int:
+        _, backend = await self.agents.backend_for(agent_id)
+        judge = StaleFilter(agent_id, backend, self.state, self.index, cutoff)
+        purged, kinds = 0, dict[str, int]()
+        after: tuple[float, str] | None = None
+        while batch := await backend.written_before(agent_id, cutoff, STALE_BATCH, after):
+            cursor = (batch[-1].valid_at.timestamp(), batch[-1].id)
+            if cursor == after:
+                break  # the store answered the same page again: nothing more to read
+            after = cursor
+            if doomed := await judge.stale(batch):
+                purged += await self._remove(agent_id, backend, doomed)
+                for kind, n in _kinds(doomed).items():
+                    kinds[kind] = kinds.get(kind, 0) + n
+            if len(batch) < STALE_BATCH:
+                break
+        if kinds:
+            await backend.purge_query_log(agent_id)
+            await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
+                                    after={"purged": sum(kinds.values()), "reason": "stale",
+                                           "not_accessed_since": cutoff.isoformat(), "kinds": kinds})
+        return purged
+
+    async def _remove(self, agent_id: str, backend: MemoryBackend, held: list[Memory]) -> int:
+        """Purge these memories: queued writes quoting them, every store, Redis (but the query log)."""
+        doomed_set = {m.id for m in held}
+        doomed = sorted(doomed_set)
+
+        def judge(memory: Memory) -> Memory | None:
+            return None if memory.id in doomed_set else memory
+
+        await backend.scrub_pending(agent_id, judge, doomed)  # queued writes quoting them
+        purged = await backend.delete(agent_id, doomed)
+        await self._forget_elsewhere(agent_id, held)
+        await self.index.forget(agent_id, doomed)
+        return purged
+
     async def _forget_elsewhere(self, agent_id: str, memories: list[Memory]) -> None:
-        """Consolidation queues, cached memory blocks and the store's query log."""
+        """Consolidation queues and cached memory blocks (the caller then trims the store's query log)."""
         queued: dict[str, list[str]] = {}
         for memory in memories:
             if Namespace.parse(memory.namespace).kind in (NamespaceKind.USER, NamespaceKind.SHARD):
@@ -177,8 +254,6 @@ class Retention:
         await self.state.bump(*sorted({m.namespace for m in memories}))
         await self.erasure_state.purge_cached_blocks(agent_id)
         self.assembler.forget_agent(agent_id)
-        _, backend = await self.agents.backend_for(agent_id)
-        await backend.purge_query_log(agent_id)
 
 
 def _kinds(memories: list[Memory]) -> dict[str, int]:

@@ -322,3 +322,55 @@ async def test_replace_re_indexes_a_new_text_and_tags_filter_inside_the_query(ba
     assert ids(await backend.search(A1, query(["bridge", "heron"], tags=["river"])), "fulltext") == ["r1"]
     assert ids(await backend.search(A1, query(["bridge", "heron"], tags=["river", "lake"])), "fulltext") == []
     assert ids(await backend.search(A1, query(["heron"], Y, tags=["birds"])), "vector") == []  # r2 has no tags
+
+
+async def test_written_before_pages_an_agents_memories_by_time_through_its_index(backend):
+    tied = [memory(f"w{i}", MemoryKind.FACT, SHARD, f"fact {i}", 5) for i in (3, 1, 2)]  # one time: ids break the tie
+    await backend.write([
+        memory("w0", MemoryKind.MESSAGE, SESSION, "a message", 0),
+        *tied,
+        memory("w4", MemoryKind.FACT, SHARD, "evicted", 6).model_copy(update={"evicted": True}),
+        memory("w5", MemoryKind.DIRECTIVE, USER, "deleted", 7).model_copy(update={"deleted_at": T0}),
+        memory("w6", MemoryKind.EPISODE, SESSION, "at the cutoff", 10),
+        memory("w7", MemoryKind.EPISODE, SESSION, "later", 11),
+        memory("x1", MemoryKind.FACT, Namespace.shard(A2, "travel"), "another agent's", 1, agent=A2),
+    ])
+    cutoff = T0 + timedelta(minutes=10)
+    pages, after = [], None
+    while page := await backend.written_before(A1, cutoff, 2, after):
+        pages.append([m.id for m in page])
+        after = (page[-1].valid_at.timestamp(), page[-1].id)
+    # Every namespace, evicted and soft-deleted ones too (they say so); nothing at or after the cutoff.
+    assert pages == [["w0", "w1"], ["w2", "w3"], ["w4", "w5"]]
+    [evicted, deleted] = await backend.written_before(A1, cutoff, 2, (tied[0].valid_at.timestamp(), "w3"))
+    assert evicted.evicted and deleted.deleted_at is not None and deleted.kind is MemoryKind.DIRECTIVE
+    assert [m.id for m in await backend.written_before(A2, cutoff, 10)] == ["x1"]
+    assert await backend.written_before("nobody", cutoff, 10) == []  # an unknown agent reads as empty
+    assert await backend.written_before(A1, T0, 10) == []  # strictly before
+    assert await backend.written_before(A1, cutoff, 0) == []
+
+
+async def test_a_graph_made_before_the_time_index_gets_it_when_first_paged_by_time(settings):
+    from backends.graph import GraphBackend, graph_name
+
+    first = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
+    await first.start()
+    await first.write([memory("o1", MemoryKind.FACT, SHARD, "an old fact", 1)])
+    graph = first.client.select_graph(graph_name(A1))
+    await graph.query("DROP INDEX FOR (n:Episodic) ON (n.ts)")  # as the graphs of earlier releases are
+    await first.close()
+
+    async def indexed() -> list[str]:
+        rows = (await graph.ro_query("CALL db.indexes() YIELD label, properties RETURN properties")).result_set
+        return [p for row in rows for p in row[0]]
+
+    later = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
+    await later.start()
+    graph = later.client.select_graph(graph_name(A1))
+    try:
+        assert "ts" not in await indexed()
+        assert [m.id for m in await later.written_before(A1, T0 + timedelta(days=1), 10)] == ["o1"]
+        assert "ts" in await indexed()
+        assert await later.written_before("nobody", T0, 10) == [] and graph_name("nobody") not in await later.client.list_graphs()
+    finally:
+        await later.close()

@@ -16,7 +16,7 @@ import pytest
 from pydantic import SecretStr
 
 from memory_service.api import create_app
-from memory_service.curation import MemoryWrite
+from memory_service.curation import MemoryUpdate, MemoryWrite
 from memory_service.errors import NotFound
 from memory_service.loopback import LoopbackServer
 from memory_service.models import MemoryKind
@@ -111,7 +111,7 @@ async def test_the_workers_daily_job_purges_what_is_due(service):
     for memory in (due, fresh):
         await service.memory_delete(AGENT, memory.id)
     await backdate(service, due.id, 31)
-    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0}
+    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0, "stale": 0}
     _, backend = await service.agents.backend_for(AGENT)
     assert [m.id for m in await backend.find(AGENT, [due.id, fresh.id])] == [fresh.id]
 
@@ -210,3 +210,149 @@ async def test_an_index_entry_older_than_its_stores_deletion_is_kept_and_the_run
     assert (report.purged, report.skipped) == (0, 1)
     assert (await service.memory_get(AGENT, memory.id)).deleted_at is not None
     assert len(await service.retention_index.due(later(1) - timedelta(days=30), 10)) == 1
+
+
+# STALE_PURGE_DAYS: memories nobody wrote, updated or read (memory_get) for that long. A
+# conversation recorded with its own past dates (created_at, 2026-05-01) forms memories that
+# old, so the purge runs at the real time, and reads and updates made now count as recent.
+
+STALE = {**WRITES, "stale_purge_days": 30, "consolidate_directives_after": 1}
+WINDOWS = [  # one formed window each: a directive (consolidated at once) and a remark
+    ["Please always answer me in French.", "The narwhal migrates north in spring."],
+    ["From now on never use emojis.", "The otter sleeps by the river."],
+    ["Please always keep answers short.", "The heron fishes at dawn."],
+]
+
+
+async def old_conversation(service) -> dict[str, str]:
+    """Three formed windows of session s-old and one message pending after them; memory ids
+    by a name: m<i> (messages), e<window>, d<window> (directives), v<version> (consolidated)."""
+    user = Namespace.user(AGENT, "alice")
+    i = 0
+    for lines in WINDOWS:
+        for line in lines:
+            await service.record_message("s-old", msg(AGENT, "alice", line, mid=f"m{i}", minute=i))
+            i += 1
+        assert (await service.form_memories("s-old", wait=True)).formed
+        for _ in range(600):  # the worker consolidates each window's directive
+            if not await service.state.consolidation_pending(str(user)):
+                break
+            await asyncio.sleep(0.05)
+    await service.record_message("s-old", msg(AGENT, "alice", "The walrus waits on the ice.", mid="m6", minute=6))
+    _, backend = await service.agents.backend_for(AGENT)
+    named: dict[str, str] = {}
+    for memory in await backend.export(AGENT, Namespace.session("s-old")):
+        if memory.kind is MemoryKind.MESSAGE:
+            named[memory.metadata.message_ids[0]] = memory.id
+        else:
+            named[f"e{len([n for n in named if n.startswith('e')])}"] = memory.id
+    for memory in await backend.export(AGENT, user):
+        prefix = "v" if memory.kind is MemoryKind.CONSOLIDATED else "d"
+        key = f"v{memory.metadata.sequence}" if prefix == "v" else f"d{len([n for n in named if n.startswith('d')])}"
+        named[key] = memory.id
+    assert sorted(named) == ["d0", "d1", "d2", "e0", "e1", "e2", *(f"m{i}" for i in range(7)), "v1", "v2", "v3"]
+    return named
+
+
+@pytest.fixture
+async def stale_service(settings):
+    async with open_service(settings.model_copy(update=STALE), run_worker=True) as opened:
+        yield opened
+
+
+async def test_a_stale_memory_is_purged_everywhere_and_what_was_read_updated_or_is_still_needed_stays(stale_service):
+    service = stale_service
+    named = await old_conversation(service)
+    _, backend = await service.agents.backend_for(AGENT)
+    await service.memory_get(AGENT, named["m3"])  # read now: kept
+    await service.memory_get(AGENT, named["d1"])  # read now: kept, and so is v2, which merged it
+    await service.memory_update(AGENT, named["e1"], MemoryUpdate(tags=["river"]))  # updated now: kept
+    await service.memory_delete(AGENT, named["e2"])  # soft-deleted: PURGE_AFTER_DAYS decides, not staleness
+    fresh = await write(service, "The lynx hunts in winter.")  # written now: kept
+    # Shown before (search and the memory block are not accesses: memory_get would be).
+    assert named["m1"] in [r.id for r in (await service.search(AGENT, "narwhal")).results]
+    assert "narwhal" in (await service.assemble_memory_context(AGENT, "alice", "s1", query="narwhal please")).xml.lower()
+
+    report = await service.retention.purge()
+    purged = {"m0", "m1", "m2", "m4", "m5", "e0", "d0", "d2", "v1"}
+    assert (report.stale, report.purged, report.agents) == (len(purged), 0, {AGENT: len(purged)})
+    assert {n for n, i in named.items() if not await backend.find(AGENT, [i])} == purged
+    # Kept: read (m3, d1), updated (e1), deleted (e2), pending formation (m6), the latest
+    # consolidated memory (v3) and one that merged a live memory (v2: d1), the fresh write.
+    assert {m.id for m in await backend.find(AGENT, [*named.values(), fresh.id])} == {
+        named[n] for n in ("m3", "m6", "d1", "e1", "e2", "v2", "v3")} | {fresh.id}
+    # The pending message still forms; formed, it is as old as its date says, and the next
+    # run takes it with its episode (docs/memory-tools.md: a backdated conversation).
+    assert (await service.form_memories("s-old", wait=True)).message_ids == ["m6"]
+    assert (await service.retention.purge()).stale == 2
+
+    # The narwhal (its message and the episode quoting it) through every read path, and in every store.
+    assert not any((await reads(service, "narwhal", named["m1"], "session:s-old")).values())
+    assert not any((await reads(service, "narwhal", named["e0"], "session:s-old")).values())
+    needles = ("narwhal", named["m1"], named["e0"], named["m0"], named["v1"])
+    assert await graph_findings(service.settings.falkordb_url, needles) == []
+    assert await redis_findings(service.settings.redis_url, needles) == []  # access, caches, query log, audit
+    assert (await service.memory_get(AGENT, named["m3"])).content == "The otter sleeps by the river."
+
+    async with LoopbackServer(create_app(service=service)) as server:
+        async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
+            metrics = (await http.get("/metrics")).text
+            entries = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.purge"})).json()["entries"]
+    assert f"memory_service_stale_purged_memories_total {len(purged) + 2}\n" in metrics
+    assert "memory_service_purged_memories_total" not in metrics
+    assert [(e["key_id"], e["after"]["reason"], e["after"]["purged"], e["after"]["kinds"]) for e in entries] == [
+        ("retention", "stale", 2, {"message": 1, "episode": 1}),  # newest first
+        ("retention", "stale", len(purged), {"message": 5, "episode": 1, "directive": 2, "consolidated": 1})]
+
+
+async def test_stale_purge_days_zero_purges_nothing(settings):
+    async with open_service(settings.model_copy(update={**STALE, "stale_purge_days": 0}), run_worker=True) as service:
+        named = await old_conversation(service)
+        _, backend = await service.agents.backend_for(AGENT)
+        report = await service.retention.purge(now=later(1000))
+        assert report.counts() == {"purged": 0, "agents": 0, "skipped": 0, "stale": 0}
+        assert len(await backend.find(AGENT, list(named.values()))) == len(named)
+
+
+@pytest.mark.parametrize("value", ["-1", "36501", "soon", "1.5"])
+def test_bad_stale_purge_days_are_refused(monkeypatch, value):
+    from pydantic import ValidationError
+
+    from memory_service.config import Settings
+
+    monkeypatch.setenv("STALE_PURGE_DAYS", value)
+    with pytest.raises(ValidationError, match="stale_purge_days"):
+        Settings(_env_file=None)
+    monkeypatch.setenv("STALE_PURGE_DAYS", "90")
+    assert Settings(_env_file=None).stale_purge_days == 90
+
+
+async def test_a_stale_purge_reaches_mongodb_and_leaves_no_trace_there(settings, mongo_uri, mongo_database, tmp_path):
+    from memory_service.embedded import EmbeddedFalkorDB
+
+    graph = EmbeddedFalkorDB(tmp_path / "graph")
+    graph.start()
+    config = settings.model_copy(update={
+        **STALE, "falkordb_url": graph.url, "redis_url": settings.falkordb_url, "mongodb_uri": SecretStr(mongo_uri),
+        "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1})
+    try:
+        async with open_service(config, run_worker=True) as service:
+            named = await old_conversation(service)
+            _, backend = await service.agents.backend_for(AGENT)
+            mongo = backend.mirror
+            await service.memory_get(AGENT, named["m3"])
+            await settle(backend)
+            assert len(await mongo.find(AGENT, list(named.values()))) == len(named)
+            # The worker's daily job, as cron runs it: all but the three kept below.
+            assert await retention({"service": service}) == {"purged": 0, "agents": 1, "skipped": 0, "stale": 13}
+            await settle(backend)
+            needles = ("narwhal", named["m1"], named["e0"], named["d0"])
+            assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection
+            assert await graph_findings(graph.url, needles) == []
+            assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
+            kept = {"m3", "m6", "v3"}  # read, pending formation, the latest consolidated memory
+            assert {m.id for m in await mongo.find(AGENT, list(named.values()))} == {named[n] for n in kept}
+            ns = Namespace.session("s-old")
+            assert named["m1"] not in [m.id for m in await mongo.recent(AGENT, ns, [MemoryKind.MESSAGE], 10)]
+    finally:
+        graph.stop()
