@@ -69,3 +69,12 @@ async def queued_formations(service) -> int:
     from memory_service.jobs import FORM_JOB
 
     return await queued_jobs(service, FORM_JOB)
+
+
+async def outbox_drained(backend, timeout: float = 30) -> None:
+    """Until a mirrored backend's outbox holds nothing (a bound, not a speed check)."""
+    for _ in range(int(timeout / 0.05)):
+        if not any((await backend.outbox.depth()).values()):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"outbox not drained: {await backend.outbox.depth()}")

@@ -25,7 +25,7 @@ from memory_service.namespaces import Namespace
 from memory_service.outbox import WriteOp
 from memory_service.runtime import open_service
 
-from .helpers import msg, queued_jobs, wait_embedded
+from .helpers import msg, outbox_drained, queued_jobs, wait_embedded
 from .store_state import snapshot
 
 AGENT, ALICE, BOB = "trips", "ursula", "victor"
@@ -340,20 +340,12 @@ async def mongo_service(settings, mongo_uri, mongo_database, tmp_path):
         graph.stop()
 
 
-async def settle(backend, timeout: float = 30) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if not any((await backend.outbox.depth()).values()):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"outbox not drained: {await backend.outbox.depth()}")
-
-
 async def test_an_erasure_while_mongo_is_cut_completes_when_it_returns_and_the_outbox_resurrects_nothing(
         mongo_service, mongo_proxy):
     service = mongo_service
     _, backend = await service.agents.backend_for(AGENT)
     await converse(service)
-    await settle(backend)
+    await outbox_drained(backend)
     database = backend.mirror.db
     assert await mongo_findings(database)  # she is in MongoDB before
     bob_in_mongo = await database.memories.count_documents({"metadata.user_id": BOB, "kind": "message"})
@@ -379,7 +371,7 @@ async def test_an_erasure_while_mongo_is_cut_completes_when_it_returns_and_the_o
     assert await backend.outbox.replay("mongo", [entry]) == 1  # an operator replays the dead letter
 
     await mongo_proxy.start()
-    await settle(backend)
+    await outbox_drained(backend)
     assert await mongo_findings(database) == []
     assert await database.memories.count_documents({"metadata.user_id": BOB, "kind": "message"}) == bob_in_mongo + 1
     assert await database.user_memory.find_one({"_id": f"user:{AGENT}:{ALICE}"}) is None

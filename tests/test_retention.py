@@ -24,7 +24,7 @@ from memory_service.namespaces import Namespace
 from memory_service.runtime import open_service
 from workers.worker import retention
 
-from .helpers import msg
+from .helpers import msg, outbox_drained
 from .test_erasure import graph_findings, mongo_findings, redis_findings
 
 AGENT = "keeper"
@@ -160,14 +160,6 @@ async def mongo_service(settings, mongo_uri, mongo_database, tmp_path):
         graph.stop()
 
 
-async def settle(backend, timeout: float = 30) -> None:
-    for _ in range(int(timeout / 0.05)):
-        if not any((await backend.outbox.depth()).values()):
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"outbox not drained: {await backend.outbox.depth()}")
-
-
 async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, mongo_proxy):
     service = mongo_service
     _, backend = await service.agents.backend_for(AGENT)
@@ -176,7 +168,7 @@ async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, 
     kept = await write(service, "Alice always orders tea.", kind="directive")
     await service.memory_get(AGENT, doomed.id)
     await service.memory_delete(AGENT, doomed.id)
-    await settle(backend)
+    await outbox_drained(backend)
     # MongoDB's every read path skips it while it is soft-deleted; find shows it, deleted.
     [stored] = await mongo.find(AGENT, [doomed.id])
     assert stored.deleted_at is not None and stored.tags == ["quokka"]
@@ -195,7 +187,7 @@ async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, 
     needles = ("quokka", doomed.id)
     assert await graph_findings(service.settings.falkordb_url, needles) == []
     await mongo_proxy.start()
-    await settle(backend)
+    await outbox_drained(backend)
     assert await mongo_findings(mongo.db, needles) == []  # memories, summaries (user_memory), every collection
     assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
     assert await mongo.find(AGENT, [doomed.id]) == []
@@ -341,11 +333,11 @@ async def test_a_stale_purge_reaches_mongodb_and_leaves_no_trace_there(settings,
             _, backend = await service.agents.backend_for(AGENT)
             mongo = backend.mirror
             await service.memory_get(AGENT, named["m3"])
-            await settle(backend)
+            await outbox_drained(backend)
             assert len(await mongo.find(AGENT, list(named.values()))) == len(named)
             # The worker's daily job, as cron runs it: all but the three kept below.
             assert await retention({"service": service}) == {"purged": 0, "agents": 1, "skipped": 0, "stale": 13}
-            await settle(backend)
+            await outbox_drained(backend)
             needles = ("narwhal", named["m1"], named["e0"], named["d0"])
             assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection
             assert await graph_findings(graph.url, needles) == []
