@@ -37,6 +37,7 @@ INSTRUCTIONS = (
 )
 
 MemoryId = Annotated[str, Field(min_length=1, max_length=512, description="the memory's id, as search or write answered it")]
+Clearable = Literal["title", "confidence", "tags"]  # the fields a memory may lack (content and kind it may not)
 Tags = Annotated[list[str] | None, Field(description="labels; a search with tags finds memories carrying all of them")]
 
 
@@ -116,11 +117,21 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
         tags: Tags = None,
         confidence: Annotated[float | None, Field(ge=0, le=1, description="new confidence, 0 to 1")] = None,
         kind: Annotated[str | None, Field(min_length=1, description="new kind")] = None,
+        clear: Annotated[list[Clearable] | None, Field(
+            description="fields to remove from the memory: title, confidence, tags (a field given a new value "
+                        "cannot be cleared too)")] = None,
     ) -> MemoryRecord:
-        """Change the fields given of one memory; the others stay. A deleted memory cannot be changed."""
-        # Omitted or null: unchanged (a tool's caller cannot tell the two apart reliably).
+        """Change the fields given of one memory; the others stay (null or omitted: unchanged). To remove a
+        title, confidence or tags, name them in `clear`. A deleted memory cannot be changed."""
+        # Null means unchanged (a model often sends null for an option it does not use), so
+        # clearing is said explicitly, by name.
         given: dict[str, Any] = {name: value for name, value in (("content", content), ("title", title), ("tags", tags),
                                  ("confidence", confidence), ("kind", kind)) if value is not None}
+        both = sorted(set(given) & set(clear or ()))
+        if both:
+            raise ToolError(f"clear: {', '.join(both)} {'is' if len(both) == 1 else 'are'} both given a new value "
+                            "and cleared; do one or the other")
+        given.update(dict.fromkeys(clear or (), None))
         return await call(lambda: api(ctx).memory_update(agent_id, memory_id, **given))
 
     @server.tool()

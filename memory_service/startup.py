@@ -98,6 +98,13 @@ class StartupRecord(StartupRecordIn):
             other.priority, other.title, other.content, other.source)
 
 
+class DeletedStartupRecord(BaseModel):
+    """The answer of a delete: idempotent, so a second delete answers ``deleted: false``."""
+
+    id: str
+    deleted: bool = Field(description="whether there was a record to delete")
+
+
 class DroppedRecord(BaseModel):
     id: str
     priority: Priority

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from .access import authorize, caller
 from .keys import Principal, Role
 from .models import AgentId, SessionId
-from .startup import RecordId, StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from .startup import DeletedStartupRecord, RecordId, StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 
 router = APIRouter(tags=["startup"])
 Caller = Depends(caller)
@@ -43,9 +43,9 @@ async def list_startup_records(agent_id: AgentId, request: Request, principal: P
     return records
 
 
-@router.delete("/v1/agents/{agent_id}/startup/{record_id}")
+@router.delete("/v1/agents/{agent_id}/startup/{record_id}", response_model=DeletedStartupRecord)
 async def delete_startup_record(agent_id: AgentId, record_id: RecordId, request: Request,
-                                principal: Principal = Caller) -> dict[str, Any]:
+                                principal: Principal = Caller) -> DeletedStartupRecord:
     """Delete a startup record (idempotent: `deleted` says whether there was one). Needs `admin`."""
     authorize(principal, Role.ADMIN, agent_id)
     service = request.app.state.service
@@ -53,7 +53,7 @@ async def delete_startup_record(agent_id: AgentId, record_id: RecordId, request:
     if before is not None:
         await service.audit.append(principal.key_id, "startup.delete", agent_id, record_id,
                                    before=before.model_dump(mode="json"))
-    return {"id": record_id, "deleted": before is not None}
+    return DeletedStartupRecord(id=record_id, deleted=before is not None)
 
 
 @router.get("/v1/agents/{agent_id}/startup/block", response_model=StartupBlock)

@@ -23,6 +23,7 @@ from ...formation import FormationSummary
 from ...keys import ApiKey, NewKey
 from ...models import Agent, Shard
 from ...retrieval import SearchResult
+from ...startup import DeletedStartupRecord, StartupBlock, StartupRecord
 from .._common import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
@@ -48,7 +49,8 @@ class MemoryClient:
     loopback server). Answers of 429 and 503 are retried up to ``max_retries`` times,
     waiting what their Retry-After asks (at most ``max_retry_wait`` seconds a time): a 429
     on every call (a rate limit refuses a request before it runs), a 503 on every call that
-    is safe to repeat, which is all of them but ``create_key`` and ``memory_write``. Other
+    is safe to repeat, which is all of them but ``create_key``, ``memory_write`` and a
+    ``startup_block`` in mode first-run or digest. Other
     errors raise at once (memory_service.client.errors). ``http_client`` shares a
     connection pool (the caller closes it); else the client opens its own.
     """
@@ -160,9 +162,9 @@ class MemoryClient:
         return result
 
     def memory_update(self, agent_id: str, memory_id: str, *, content: str | Unset = UNSET,
-                            title: str | None | Unset = UNSET, tags: list[str] | Unset = UNSET,
+                            title: str | None | Unset = UNSET, tags: list[str] | None | Unset = UNSET,
                             confidence: float | None | Unset = UNSET, kind: str | Unset = UNSET) -> MemoryRecord:
-        """Change the fields given; the others stay. ``title=None`` or ``confidence=None`` clears it."""
+        """Change the fields given; the others stay. ``title``, ``confidence`` or ``tags`` None clears it."""
         request = patch(content=content, title=title, tags=tags, confidence=confidence, kind=kind)
         answer = self._send("PATCH", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}", json=request)
         result: MemoryRecord = parse(MemoryRecord, answer)
@@ -203,6 +205,41 @@ class MemoryClient:
 
     def list_shards(self, agent_id: str) -> list[Shard]:
         result: list[Shard] = parse(list[Shard], self._send("GET", f"/v1/agents/{seg(agent_id)}/shards"))
+        return result
+
+    # Startup records (docs/startup-records.md).
+
+    def put_startup_record(self, agent_id: str, record_id: str, *, priority: str, title: str,
+                                 content: str) -> StartupRecord:
+        """Create or replace a startup record (``priority`` P0 identity, P1 operating rules, P2
+        behaviour, P3 reference). The same record again changes nothing, so it is retried."""
+        request = body(priority=priority, title=title, content=content)
+        answer = self._send("PUT", f"/v1/agents/{seg(agent_id)}/startup/{seg(record_id)}", json=request)
+        result: StartupRecord = parse(StartupRecord, answer)
+        return result
+
+    def list_startup_records(self, agent_id: str) -> list[StartupRecord]:
+        """The agent's startup records, by priority then id."""
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/startup")
+        result: list[StartupRecord] = parse(list[StartupRecord], answer)
+        return result
+
+    def delete_startup_record(self, agent_id: str, record_id: str) -> DeletedStartupRecord:
+        """Delete a startup record; ``deleted`` says whether there was one (a second delete: False)."""
+        answer = self._send("DELETE", f"/v1/agents/{seg(agent_id)}/startup/{seg(record_id)}")
+        result: DeletedStartupRecord = parse(DeletedStartupRecord, answer)
+        return result
+
+    def startup_block(self, agent_id: str, *, model: str | None = None, session_id: str | None = None,
+                            mode: str | None = None) -> StartupBlock:
+        """The startup records for one model call, within ``model``'s budget. ``mode``: always (the
+        default), first-run or digest (both need ``session_id``; ``sent`` says whether the session
+        gets the records now). In those two modes the call remembers what it sent, so it is not
+        retried after a 503: a repeat could answer ``sent: false`` for records the model never got."""
+        params = query_params(model=model, session_id=session_id, mode=mode)
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/startup/block", params=params,
+                                  idempotent=mode in (None, "always"))
+        result: StartupBlock = parse(StartupBlock, answer)
         return result
 
     # Keys, audit, users.
