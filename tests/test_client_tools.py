@@ -52,6 +52,9 @@ async def test_write_get_update_delete_undelete(client):
     assert (updated.title, updated.confidence, updated.content) == ("Office move (confirmed)", 0.95, got.content)
     cleared = await client.memory_update(AGENT, written.id, title=None)  # None clears; unnamed fields stay
     assert (cleared.title, cleared.confidence, cleared.tags) == (None, 0.95, ["office", "plans"])
+    untagged = await client.memory_update(AGENT, written.id, tags=None)
+    assert (untagged.tags, untagged.confidence) == ([], 0.95)
+    await client.memory_update(AGENT, written.id, tags=["office", "plans"])
 
     found = await client.search(AGENT, "office Lyon", tags=["office"])
     assert [hit.id for hit in found.results] == [written.id]

@@ -187,3 +187,43 @@ async def test_write_tools_with_a_key_of_another_agent_change_nothing(api, keys,
                                                           "kind": "fact"})
     assert refused.is_error and "403" in text(refused)
     assert snapshot(falkordb_url, worker_running=True) == before
+
+
+async def test_stdio_update_clears_the_fields_named_in_clear(api, keys, falkordb_url):
+    async with stdio(api.base_url, keys["agent"]) as client:
+        schema = {tool.name: tool for tool in (await client.list_tools()).tools}["memory_update"].input_schema
+        assert "clear" in schema["properties"] and "clear" not in schema.get("required", [])
+        arrays = [shape for shape in schema["properties"]["clear"]["anyOf"] if shape["type"] == "array"]
+        assert [shape["items"]["enum"] for shape in arrays] == [["title", "confidence", "tags"]]
+        written = await client.call_tool("memory_write", {"content": "Bo the pelican sleeps on the pier.",
+                                                          "namespace": f"agent:{AGENT}", "kind": "fact",
+                                                          "title": "Bo's bed", "tags": ["pets", "pier"],
+                                                          "confidence": 0.7})
+        assert not written.is_error, text(written)
+        memory_id = written.structured_content["id"]
+
+        nulls = await client.call_tool("memory_update", {"memory_id": memory_id, "title": None, "confidence": None,
+                                                         "tags": None, "clear": None})
+        assert not nulls.is_error, text(nulls)  # null is "unchanged", never a clear
+        assert (nulls.structured_content["title"], nulls.structured_content["confidence"],
+                nulls.structured_content["tags"]) == ("Bo's bed", 0.7, ["pets", "pier"])
+
+        cleared = await client.call_tool("memory_update", {"memory_id": memory_id, "clear": ["title", "confidence"]})
+        assert not cleared.is_error, text(cleared)
+        got = (await client.call_tool("memory_get", {"memory_id": memory_id})).structured_content
+        assert (got["title"], got["confidence"], got["tags"], got["content"]) == (
+            None, None, ["pets", "pier"], "Bo the pelican sleeps on the pier.")
+
+        untagged = await client.call_tool("memory_update", {"memory_id": memory_id, "title": "Bo's bed, again",
+                                                            "clear": ["tags"]})
+        assert not untagged.is_error, text(untagged)
+        assert (untagged.structured_content["tags"], untagged.structured_content["title"]) == ([], "Bo's bed, again")
+
+        before = snapshot(falkordb_url, worker_running=True)
+        both = await client.call_tool("memory_update", {"memory_id": memory_id, "title": "New", "confidence": 0.2,
+                                                        "clear": ["title", "confidence", "tags"]})
+        assert both.is_error and "confidence, title" in text(both) and "both" in text(both), text(both)
+        for unclearable in ("content", "kind", "everything"):
+            refused = await client.call_tool("memory_update", {"memory_id": memory_id, "clear": [unclearable]})
+            assert refused.is_error and "clear" in text(refused) and "'title', 'confidence' or 'tags'" in text(refused)
+        assert snapshot(falkordb_url, worker_running=True) == before
