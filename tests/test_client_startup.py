@@ -14,13 +14,15 @@ from memory_service.api import create_app
 from memory_service.client import (
     AsyncMemoryClient,
     ConflictError,
+    DeletedStartupRecord,
     InvalidRequest,
     MemoryClient,
     PermissionDenied,
     ServiceUnavailable,
+    StartupBlock,
+    StartupRecord,
 )
 from memory_service.loopback import LoopbackServer
-from memory_service.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot
