@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from .helpers import wait_embedding_idle
 from .store_state import snapshot
 from .test_memory_tools import AGENT, LOCKED, OTHER, WRITES_OFF, audit, http, record, search, tools_server  # noqa: F401
 
@@ -46,6 +47,7 @@ async def test_blocks_are_stored_with_their_provenance(http):
 ])
 async def test_one_malformed_block_stores_nothing(http, falkordb_url, text, where):
     await record(http, "s1", "hello", mid="m1")
+    await wait_embedding_idle(falkordb_url, AGENT)
     before = snapshot(falkordb_url, worker_running=True)
     answer = await parse(http, text, session_id="s1")
     assert answer.status_code == 422 and where in answer.json()["detail"], answer.text
@@ -55,6 +57,8 @@ async def test_one_malformed_block_stores_nothing(http, falkordb_url, text, wher
 async def test_writes_off_another_agents_namespace_or_session_store_nothing(http, falkordb_url):
     await record(http, "s1", "hello", mid="m1")
     await record(http, "other-s", "hello", agent=OTHER, mid="o1")
+    for agent in (AGENT, OTHER):  # the records' embedding jobs write on their own: let them finish first
+        await wait_embedding_idle(falkordb_url, agent)
     before = snapshot(falkordb_url, worker_running=True)
     off = await parse(http, BLOCKS, agent=LOCKED)
     assert off.status_code == 403 and off.json()["detail"] == WRITES_OFF
