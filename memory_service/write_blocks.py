@@ -176,7 +176,12 @@ def _path(loc: tuple[int | str, ...]) -> str:
 def memory_writes(block: WriteBlock, namespace: str) -> list[MemoryWrite]:
     """What a block stores, as the memory tools write it: an observation each; an entity as
     a fact titled with its name and tagged ``entity``; an edge as a fact ``source rel target``
-    tagged ``relation`` (the graph signal that would link them is not built)."""
+    tagged ``relation`` (the graph signal that would link them is not built).
+
+    A parsed block always makes valid MemoryWrites: the block's bounds are within theirs
+    (non-blank stripped texts, confidence in [0, 1], names within TITLE_CHARS). The
+    service's own settings (MAX_TAG_CHARS, MAX_MESSAGE_CHARS) are checked when they are
+    written, with the field named."""
     writes = [MemoryWrite(content=o.text, namespace=namespace, kind=MemoryKind.OBSERVATION, tags=o.tags,
                           confidence=o.confidence) for o in block.observations]
     for entity in block.entities:
