@@ -10,6 +10,7 @@ from memory_service.api import create_app
 from memory_service.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
+from .helpers import wait_embedding_idle
 from .store_state import snapshot
 
 AGENT, LOCKED, OTHER = "curator", "locked", "other"
@@ -177,6 +178,8 @@ async def test_formed_memories_and_messages_can_be_deleted_too(http):
 ])
 async def test_bad_input_names_the_field_and_stores_nothing(http, falkordb_url, body, status, field):
     await record(http, "s-other", "Someone else's session.", agent=OTHER)
+    for agent in (AGENT, OTHER):  # the records' embedding jobs write on their own: let them finish first
+        await wait_embedding_idle(falkordb_url, agent)
     before = snapshot(falkordb_url, worker_running=True)
     payload = {"namespace": f"user:{AGENT}:alice", "kind": "observation", "content": "A note.", **body}
     answer = await http.post(f"/v1/agents/{AGENT}/memories", json=payload)
@@ -210,6 +213,7 @@ async def test_writes_are_off_unless_the_operator_lists_the_agent(http, falkordb
     [message] = await search(http, "vault code", agent=LOCKED)
     url = f"/v1/agents/{LOCKED}/memories"
     assert (await http.get(f"{url}/{message['id']}")).status_code == 200  # reading is not writing
+    await wait_embedding_idle(falkordb_url, LOCKED)  # the record's embedding job writes on its own
     before = snapshot(falkordb_url, worker_running=True)
     attempts = [
         ("POST", url, {"namespace": f"user:{LOCKED}:alice", "kind": "observation", "content": "x"}),
