@@ -67,7 +67,6 @@ async def caller(request: Request,
     principal = await keys.authenticate(token.strip())
     if isinstance(principal, str):
         raise Unauthorized(principal)
-    request.state.principal = principal
     return principal
 
 

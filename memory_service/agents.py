@@ -21,14 +21,18 @@ class AgentDirectory:
         self.settings, self.state, self.registry = settings, state, registry
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
+        return (await self.replace_agent(agent_id, settings))[1]
+
+    async def replace_agent(self, agent_id: str, settings: AgentSettings) -> tuple[AgentSettings | None, Agent]:
+        """Create or replace the agent's settings: (the settings replaced, the agent now)."""
         validate_id(agent_id, "agent_id")
         limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
         requested = settings.requested_backend()
         if requested and requested not in self.registry.factories:
             known = ", ".join(sorted(self.registry.factories))
             raise InvalidInput(f"unknown memory backend {preview(requested)}; registered backends: {known}")
-        await self.state.put_agent(agent_id, settings)
-        return await self.get_agent(agent_id)
+        previous = await self.state.put_agent(agent_id, settings)
+        return previous, await self.get_agent(agent_id)
 
     async def get_agent(self, agent_id: str) -> Agent:
         validate_id(agent_id, "agent_id")
@@ -45,15 +49,21 @@ class AgentDirectory:
         return await self.registry.resolve(settings.requested_backend(), self.settings.default_memory_backend, agent_id)
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
+        previous, stored = await self.replace_shard(agent_id, shard_id, shard)
+        return stored, previous is None
+
+    async def replace_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard | None, Shard]:
+        """Create or replace a shard: (the shard replaced, None when created; the shard now)."""
         validate_id(agent_id, "agent_id")
         validate_id(shard_id, "shard_id")
-        created = await self.state.put_shard(agent_id, shard_id, shard)
+        previous = await self.state.put_shard(agent_id, shard_id, shard)
         try:  # a copy for the store's own readers (MongoDB dashboards); Redis holds the truth
             _, backend = await self.backend_for(agent_id)
             await backend.describe_shard(agent_id, shard_id, shard.name, shard.extraction_focus, shard.active)
         except Exception as exc:
             log.warning("shard %s/%s saved; its copy in the memory store failed: %s", agent_id, shard_id, exc)
-        return Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump()), created
+        replaced = Shard(agent_id=agent_id, shard_id=shard_id, **previous.model_dump()) if previous else None
+        return replaced, Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump())
 
     async def list_shards(self, agent_id: str) -> list[Shard]:
         validate_id(agent_id, "agent_id")

@@ -204,8 +204,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     async def put_agent(agent_id: AgentId, body: AgentSettings, request: Request, principal: Principal = Caller) -> Agent:
         """Create or replace an agent's settings, including its memory backend. Needs `admin`."""
         authorize(principal, Role.ADMIN, agent_id)
-        before = await svc(request).state.get_agent(agent_id)
-        agent = await svc(request).put_agent(agent_id, body)
+        before, agent = await svc(request).agents.replace_agent(agent_id, body)
         await svc(request).audit.append(principal.key_id, "agent.put", agent_id, agent_id,
                                         before=before.model_dump(mode="json") if before else None,
                                         after=agent.model_dump(mode="json"))
@@ -222,12 +221,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
                         principal: Principal = Caller) -> Any:
         """Create or replace a shard: a topic the agent keeps facts and suggestions on. Needs `admin`."""
         authorize(principal, Role.ADMIN, agent_id)
-        before = next((s for s in await svc(request).list_shards(agent_id) if s.shard_id == shard_id), None)
-        shard, created = await svc(request).put_shard(agent_id, shard_id, body)
+        before, shard = await svc(request).agents.replace_shard(agent_id, shard_id, body)
         await svc(request).audit.append(principal.key_id, "shard.put", agent_id, shard_id,
                                         before=before.model_dump(mode="json") if before else None,
                                         after=shard.model_dump(mode="json"))
-        return JSONResponse(status_code=201 if created else 200, content=shard.model_dump(mode="json"))
+        return JSONResponse(status_code=201 if before is None else 200, content=shard.model_dump(mode="json"))
 
     @app.get("/v1/agents/{agent_id}/shards", response_model=list[Shard], tags=["agents"])
     async def list_shards(agent_id: AgentId, request: Request, principal: Principal = Caller) -> list[Shard]:

@@ -73,6 +73,18 @@ def worker_command(
         pass
 
 
+def with_running_store(settings: Settings, data_dir: Path | None) -> Settings:
+    """The configured stores, or the embedded store a running `serve` owns on the data
+    directory; unchanged (no store) when neither is there."""
+    from .embedded import EmbeddedFalkorDB
+
+    if settings.falkordb_url is None:
+        url = EmbeddedFalkorDB.running_url(data_dir or settings.memory_data_dir)
+        if url is not None:
+            settings = settings.model_copy(update={"falkordb_url": url})
+    return settings
+
+
 def _attached_settings(data_dir: Path | None) -> Settings:
     """Settings whose stores are the configured ones or the embedded store a `serve` runs."""
     from .embedded import EmbeddedFalkorDB

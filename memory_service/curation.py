@@ -170,8 +170,7 @@ class MemoryTools:
         _, backend = await self.agents.backend_for(agent_id)
         await embed_memories(self.embedder, memories)
         await backend.write(memories)
-        for namespace in {m.namespace for m in memories}:
-            await self.state.bump(namespace, f"agent:{agent_id}")
+        await self._changed(agent_id, *memories)
         return [self.record(memory) for memory in memories]
 
     async def _prepare(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard, session_id: str | None,
@@ -296,7 +295,7 @@ class MemoryTools:
     def _tags(self, tags: list[str]) -> list[str]:
         return check_tags(tags, self.settings.max_memory_tags, self.settings.max_tag_chars)
 
-    async def _changed(self, agent_id: str, memory: Memory) -> None:
+    async def _changed(self, agent_id: str, *memories: Memory) -> None:
         # The agent's generation too: a block's relevant memories come from sessions it does
         # not list as dependencies (every session the user spoke in).
-        await self.state.bump(memory.namespace, f"agent:{agent_id}")
+        await self.state.bump(*sorted({m.namespace for m in memories}), f"agent:{agent_id}")

@@ -33,7 +33,7 @@ def import_command(
     """Import legacy markdown memory files: SOUL.md and IDENTITY.md become P0 startup records,
     MEMORY.md's rule and behaviour sections P1 and P2 records and its other items memories,
     other notes P3 records (docs/startup-records.md). Importing the same files again changes nothing."""
-    from .cli import _settings, console
+    from .cli import _settings, console, with_running_store
 
     settings = _settings()
     try:
@@ -45,7 +45,7 @@ def import_command(
     console.print(f"{len(plan.files)} files: {len(plan.records)} startup records ({priorities}), "
                   f"{len(plan.memories)} memories" + (f"; skipped {', '.join(plan.skipped)}" if plan.skipped else ""))
     try:
-        report = asyncio.run(_import(_store_settings(settings, data_dir), data_dir, plan))
+        report = asyncio.run(_import(with_running_store(settings, data_dir), data_dir, plan))
     except MemoryServiceError as exc:
         console.print(f"[red]import failed:[/red] {exc}")
         raise typer.Exit(1) from None
@@ -54,17 +54,6 @@ def import_command(
                   str(report.records_unchanged), str(report.records_removed))
     table.add_row("memories", str(report.memories_written), "-", str(report.memories_present), "-")
     console.print(table)
-
-
-def _store_settings(settings: Settings, data_dir: Path | None) -> Settings:
-    """The configured stores, or the embedded store a running `serve` owns on the data directory."""
-    from .embedded import EmbeddedFalkorDB
-
-    if settings.falkordb_url is None:
-        url = EmbeddedFalkorDB.running_url(data_dir or settings.memory_data_dir)
-        if url is not None:
-            settings = settings.model_copy(update={"falkordb_url": url})
-    return settings
 
 
 async def _import(settings: Settings, data_dir: Path | None, plan: ImportPlan) -> ImportReport:

@@ -34,16 +34,15 @@ DataDir = Annotated[Path | None, typer.Option(help="The embedded store's data di
 
 @asynccontextmanager
 async def _redis(settings: Settings, data_dir: Path | None) -> AsyncIterator[Redis]:
+    from .cli import with_running_store
     from .embedded import EmbeddedFalkorDB
     from .redis_pools import redis_client
 
+    settings = with_running_store(settings, data_dir)
     embedded, url = None, settings.redis_url or settings.falkordb_url
-    if url is None:
-        directory = data_dir or settings.memory_data_dir
-        url = EmbeddedFalkorDB.running_url(directory)
-        if url is None:  # no `serve` owns it: run the store for this command
-            embedded = EmbeddedFalkorDB(directory)
-            url = embedded.start()
+    if url is None:  # no `serve` owns the data directory: run the store for this command
+        embedded = EmbeddedFalkorDB(data_dir or settings.memory_data_dir)
+        url = embedded.start()
     redis = redis_client(url, settings)
     try:
         yield redis

@@ -290,20 +290,23 @@ class StateStore:
 
     # Agents and shards -------------------------------------------------------------
 
-    async def put_agent(self, agent_id: str, settings: AgentSettings) -> None:
-        previous = await self.redis.set(_agent_settings(agent_id), settings.model_dump_json(), get=True)
-        # Every backend the agent's settings named (the replaced ones too: settings stored
-        # before this set existed) may hold memories the others lack, until a migration.
-        named = {settings.requested_backend()}
-        if previous:
+    async def put_agent(self, agent_id: str, settings: AgentSettings) -> AgentSettings | None:
+        """Store the agent's settings; the ones they replaced (None: none, or unreadable)."""
+        stored = await self.redis.set(_agent_settings(agent_id), settings.model_dump_json(), get=True)
+        previous = None
+        if stored:
             try:
-                named.add(AgentSettings.model_validate_json(cast(str, previous)).requested_backend())
+                previous = AgentSettings.model_validate_json(cast(str, stored))
             except ValueError:
                 pass
+        # Every backend the agent's settings named (the replaced ones too: settings stored
+        # before this set existed) may hold memories the others lack, until a migration.
+        named = {settings.requested_backend(), previous.requested_backend() if previous else None}
         backends = sorted(name for name in named if name is not None)
         if backends:
             await self.redis.sadd(_agent_backends(agent_id), *backends)
         await self.bump(f"agent:{agent_id}")
+        return previous
 
     async def named_backend(self, agent_id: str, backend: str) -> bool:
         """Whether the agent's settings named ``backend`` since its last migration."""
@@ -320,11 +323,14 @@ class StateStore:
         raw = await self.redis.get(_agent_settings(agent_id))
         return AgentSettings.model_validate_json(raw) if raw else None
 
-    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> bool:
-        """Create or replace a shard's settings; True when it was created."""
-        created = await self.redis.hset(f"ms:shards:{agent_id}", shard_id, shard.model_dump_json())
+    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> ShardIn | None:
+        """Create or replace a shard's settings; the ones they replaced (None: it was created)."""
+        async with self.redis.pipeline(transaction=True) as pipe:  # the read and the write at once
+            pipe.hget(f"ms:shards:{agent_id}", shard_id)
+            pipe.hset(f"ms:shards:{agent_id}", shard_id, shard.model_dump_json())
+            stored, _ = await pipe.execute()
         await self.bump(f"agent:{agent_id}")
-        return bool(created)
+        return ShardIn.model_validate_json(cast(str, stored)) if stored else None
 
     async def shards(self, agent_id: str) -> dict[str, ShardIn]:
         raw = cast(dict[str, str], await self.redis.hgetall(f"ms:shards:{agent_id}"))

@@ -1,6 +1,7 @@
 """Small builders shared by the tests."""
 
 import asyncio
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 from memory_service.models import MessageIn
@@ -78,3 +79,24 @@ async def outbox_drained(backend, timeout: float = 30) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"outbox not drained: {await backend.outbox.depth()}")
+
+
+@asynccontextmanager
+async def mirrored_service(settings, mongo_uri: str, mongo_database: str, directory, **overrides):
+    """A service with a worker whose graph, an embedded store of its own in ``directory``, is
+    mirrored to MongoDB (state stays on the suite's store): yields (service, the graph's URL)."""
+    from pydantic import SecretStr
+
+    from memory_service.embedded import EmbeddedFalkorDB
+    from memory_service.runtime import open_service
+
+    graph = EmbeddedFalkorDB(directory)
+    graph.start()
+    config = settings.model_copy(update={
+        "falkordb_url": graph.url, "redis_url": settings.falkordb_url, "mongodb_uri": SecretStr(mongo_uri),
+        "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1, **overrides})
+    try:
+        async with open_service(config, run_worker=True) as service:
+            yield service, graph.url
+    finally:
+        graph.stop()

@@ -14,7 +14,6 @@ import json
 import httpx
 import pytest
 import redis.asyncio as aioredis
-from pydantic import SecretStr
 
 from backends.graph import GraphBackend
 from memory_service.api import create_app
@@ -25,7 +24,7 @@ from memory_service.namespaces import Namespace
 from memory_service.outbox import WriteOp
 from memory_service.runtime import open_service
 
-from .helpers import msg, outbox_drained, queued_jobs, wait_embedded
+from .helpers import mirrored_service, msg, outbox_drained, queued_jobs, wait_embedded
 from .store_state import snapshot
 
 AGENT, ALICE, BOB = "trips", "ursula", "victor"
@@ -325,19 +324,9 @@ async def test_an_erasure_that_crashed_midway_is_finished_by_a_retry(erase_servi
 
 @pytest.fixture
 async def mongo_service(settings, mongo_uri, mongo_database, tmp_path):
-    from memory_service.embedded import EmbeddedFalkorDB
-
-    graph = EmbeddedFalkorDB(tmp_path / "graph")
-    graph.start()
-    config = settings.model_copy(update={
-        **OVERRIDES, "falkordb_url": graph.url, "redis_url": settings.falkordb_url,
-        "mongodb_uri": SecretStr(mongo_uri), "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1,
-        "worker_retry_backoff_seconds": 0.1})
-    try:
-        async with open_service(config, run_worker=True) as service:
-            yield service
-    finally:
-        graph.stop()
+    async with mirrored_service(settings, mongo_uri, mongo_database, tmp_path / "graph", **OVERRIDES,
+                                worker_retry_backoff_seconds=0.1) as (service, _):
+        yield service
 
 
 async def test_an_erasure_while_mongo_is_cut_completes_when_it_returns_and_the_outbox_resurrects_nothing(

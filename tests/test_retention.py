@@ -13,7 +13,6 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
-from pydantic import SecretStr
 
 from memory_service.api import create_app
 from memory_service.curation import MemoryUpdate, MemoryWrite
@@ -24,7 +23,7 @@ from memory_service.namespaces import Namespace
 from memory_service.runtime import open_service
 from workers.worker import retention
 
-from .helpers import msg, outbox_drained
+from .helpers import mirrored_service, msg, outbox_drained
 from .test_erasure import graph_findings, mongo_findings, redis_findings
 
 AGENT = "keeper"
@@ -146,18 +145,8 @@ async def test_purge_after_zero_days_keeps_deleted_memories(settings):
 
 @pytest.fixture
 async def mongo_service(settings, mongo_uri, mongo_database, tmp_path):
-    from memory_service.embedded import EmbeddedFalkorDB
-
-    graph = EmbeddedFalkorDB(tmp_path / "graph")
-    graph.start()
-    config = settings.model_copy(update={
-        **WRITES, "falkordb_url": graph.url, "redis_url": settings.falkordb_url, "mongodb_uri": SecretStr(mongo_uri),
-        "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1})
-    try:
-        async with open_service(config, run_worker=True) as service:
-            yield service
-    finally:
-        graph.stop()
+    async with mirrored_service(settings, mongo_uri, mongo_database, tmp_path / "graph", **WRITES) as (service, _):
+        yield service
 
 
 async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, mongo_proxy):
@@ -320,31 +309,21 @@ def test_bad_stale_purge_days_are_refused(monkeypatch, value):
 
 
 async def test_a_stale_purge_reaches_mongodb_and_leaves_no_trace_there(settings, mongo_uri, mongo_database, tmp_path):
-    from memory_service.embedded import EmbeddedFalkorDB
-
-    graph = EmbeddedFalkorDB(tmp_path / "graph")
-    graph.start()
-    config = settings.model_copy(update={
-        **STALE, "falkordb_url": graph.url, "redis_url": settings.falkordb_url, "mongodb_uri": SecretStr(mongo_uri),
-        "mongodb_database": mongo_database, "outbox_drain_seconds": 0.1})
-    try:
-        async with open_service(config, run_worker=True) as service:
-            named = await old_conversation(service)
-            _, backend = await service.agents.backend_for(AGENT)
-            mongo = backend.mirror
-            await service.memory_get(AGENT, named["m3"])
-            await outbox_drained(backend)
-            assert len(await mongo.find(AGENT, list(named.values()))) == len(named)
-            # The worker's daily job, as cron runs it: all but the three kept below.
-            assert await retention({"service": service}) == {"purged": 0, "agents": 1, "skipped": 0, "stale": 13}
-            await outbox_drained(backend)
-            needles = ("narwhal", named["m1"], named["e0"], named["d0"])
-            assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection
-            assert await graph_findings(graph.url, needles) == []
-            assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
-            kept = {"m3", "m6", "v3"}  # read, pending formation, the latest consolidated memory
-            assert {m.id for m in await mongo.find(AGENT, list(named.values()))} == {named[n] for n in kept}
-            ns = Namespace.session("s-old")
-            assert named["m1"] not in [m.id for m in await mongo.recent(AGENT, ns, [MemoryKind.MESSAGE], 10)]
-    finally:
-        graph.stop()
+    async with mirrored_service(settings, mongo_uri, mongo_database, tmp_path / "graph", **STALE) as (service, graph_url):
+        named = await old_conversation(service)
+        _, backend = await service.agents.backend_for(AGENT)
+        mongo = backend.mirror
+        await service.memory_get(AGENT, named["m3"])
+        await outbox_drained(backend)
+        assert len(await mongo.find(AGENT, list(named.values()))) == len(named)
+        # The worker's daily job, as cron runs it: all but the three kept below.
+        assert await retention({"service": service}) == {"purged": 0, "agents": 1, "skipped": 0, "stale": 13}
+        await outbox_drained(backend)
+        needles = ("narwhal", named["m1"], named["e0"], named["d0"])
+        assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection
+        assert await graph_findings(graph_url, needles) == []
+        assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
+        kept = {"m3", "m6", "v3"}  # read, pending formation, the latest consolidated memory
+        assert {m.id for m in await mongo.find(AGENT, list(named.values()))} == {named[n] for n in kept}
+        ns = Namespace.session("s-old")
+        assert named["m1"] not in [m.id for m in await mongo.recent(AGENT, ns, [MemoryKind.MESSAGE], 10)]
