@@ -9,8 +9,9 @@ import redis
 
 from memory_service.jobs import QUEUE_NAME
 
-# Keys whose content is not compared (a read may change it): the service's counters (of
-# reads served too), the keys' request counters, and FalkorDB's log of the queries run on a graph (telemetry{<graph>}).
+# Keys neither compared nor counted (a read may write them): the service's counters (of
+# reads served too), the API keys' request counters, and FalkorDB's log of the queries run
+# on a graph (telemetry{<graph>}, created in the background after a graph's first queries).
 METRICS_KEY = b"ms:metrics"
 # Rate-limit counters of API keys count the requests themselves, refused ones too.
 RATE_COUNTER_PREFIX = b"ms:rl:"
@@ -22,7 +23,7 @@ JOB_QUEUE_KEYS = (b"arq:", QUEUE_NAME.encode())
 
 @dataclass(frozen=True)
 class StoreState:
-    keys: int  # DBSIZE; with a worker running, the compared keys
+    keys: int  # the compared keys (the job queue's too, without a worker)
     graphs: tuple[str, ...]  # GRAPH.LIST
     bytes: int  # MEMORY USAGE of the compared keys (a graph reports its header only)
     contents: tuple[tuple[str, str], ...]  # each compared key, with a digest of its content
@@ -44,14 +45,14 @@ def _graph_content(client: redis.Redis, key: bytes) -> bytes:
 
 
 def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
-    """The store's state. With a worker running, ``keys`` counts only the compared keys: its
-    cron jobs write the job queue's keys, and their graph reads FalkorDB's query logs, at any
-    time."""
+    """The store's state. Counters and FalkorDB's query logs (telemetry{<graph>}, written in
+    the background a moment after a graph's queries) are neither compared nor counted; with
+    a worker running, neither are the job queue's keys, which its cron jobs write at any time."""
     client = redis.Redis.from_url(url)
     try:
         keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(JOB_QUEUE_KEYS)))
-        counted_only = [k for k in keys if k == METRICS_KEY or k.startswith((QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
-        keys = [k for k in keys if k not in counted_only]
+        bookkeeping = [k for k in keys if k == METRICS_KEY or k.startswith((QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
+        keys = [k for k in keys if k not in bookkeeping]
         with client.pipeline(transaction=False) as pipe:  # one round trip per step, however many keys
             for key in keys:
                 pipe.type(key)
@@ -68,8 +69,7 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
             size += next(replies) or 0
             contents.append((key.decode(errors="backslashreplace"), hashlib.sha256(content).hexdigest()))
         graphs = tuple(sorted(g.decode() for g in client.execute_command("GRAPH.LIST")))
-        rate_counters = sum(1 for k in counted_only if k.startswith(RATE_COUNTER_PREFIX))
-        count = len(keys) if worker_running else client.dbsize() - rate_counters
+        count = len(keys)
         return StoreState(keys=count, graphs=graphs, bytes=size, contents=tuple(contents))
     finally:
         client.close()
