@@ -82,8 +82,7 @@ class ContextAssembler:
         if budget is None:
             budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
         query = query.strip() if query else None
-        view = sorted(reach.users) if reach.users is not None else None
-        last_good_key = json.dumps([agent_id, user_id, session_id, budget, view])
+        last_good_key = json.dumps([agent_id, user_id, session_id, budget, reach.view])
         # Memory reads stop at the deadline and the block is rendered from what arrived; the
         # whole assembly (state reads, caching) stops at twice it: a hung store never holds
         # the prompt longer than that.
@@ -125,8 +124,8 @@ class ContextAssembler:
         ]
         dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
         generations = await self.state.generations(dependencies)
-        view = json.loads(last_good_key)[-1]  # the caller's users (None: all): blocks are kept per reach
-        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, view, dependencies,
+        # Kept per reach too: a block made for a wider key is never served to a narrower one.
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, reach.view, dependencies,
                                          generations]).encode()).hexdigest()
         if cached := await self.state.cache_get(key):
             return RenderedContext(**{**cached, "source": "cache"})

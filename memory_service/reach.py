@@ -40,6 +40,11 @@ class Reach:
         """Whether this caller is limited to some users."""
         return self.users is not None
 
+    @property
+    def view(self) -> list[str] | None:
+        """What a block or answer cached for this caller is kept under: its users (None: all)."""
+        return None if self.users is None else sorted(self.users)
+
     def sees_user(self, user_id: str) -> bool:
         return self.users is None or user_id in self.users
 
