@@ -2,7 +2,9 @@
 
 Every route takes the caller (``Depends(caller)``) and states what it needs with
 ``authorize`` (a role over an agent, and a user where the route is about one),
-``require_operator``, or ``session_owner`` for the routes named by a session id alone.
+``require_operator``, or ``session_owner`` for the routes named by a session id alone;
+``reach`` then says what of the agent the key may see (memory_service/reach.py: a key
+limited to some users sees their sessions and namespaces and the shared knowledge only).
 Refusals say what the key lacks, never what another tenant holds: a session of another
 agent is answered exactly as a session nobody recorded.
 
@@ -22,6 +24,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from .errors import Forbidden, NotFound, Unauthorized
 from .keys import LOCAL, KeyStore, Principal, Role
+from .reach import Reach
 
 log = logging.getLogger(__name__)
 
@@ -88,23 +91,23 @@ def require_operator(principal: Principal) -> None:
         raise Forbidden("this needs an operator key (role admin over every agent)")
 
 
+def reach(request: Request, principal: Principal, agent_id: str) -> Reach:
+    """What ``principal`` may see of ``agent_id``'s memory (memory_service/reach.py): the rule
+    every route applies once ``authorize`` let the key reach the agent."""
+    return Reach.of(request.app.state.service.state, agent_id, principal.users)
+
+
 async def session_owner(request: Request, principal: Principal, session_id: str, role: Role) -> None:
     """Authorize a route named by a session id alone, by the agent that owns the session.
 
-    An unknown session and a session the key does not reach get the same 404, so that a
-    key cannot learn which session ids other tenants use.
+    An unknown session, a session the key does not reach and (for a key limited to some
+    users) a session none of its users took part in get the same 404, so that a key cannot
+    learn which session ids others use.
     """
     if principal.is_operator:
         return  # the service answers an unknown session itself
     state = request.app.state.service.state
     owner = (await state.counters(session_id)).agent_id
-    hidden = NotFound(f"session {session_id!r} has no recorded messages")
-    if owner is None or not principal.reaches(owner):
-        raise hidden
-    user_id = None
-    if principal.users is not None:  # a key for some users reaches the sessions they spoke in
-        spoken = principal.users & set(await state.session_users(session_id))
-        if not spoken:
-            raise hidden
-        user_id = min(spoken)
-    authorize(principal, role, owner, user_id)
+    if owner is None or not principal.reaches(owner) or not await reach(request, principal, owner).sees_session(session_id):
+        raise NotFound(f"session {session_id!r} has no recorded messages")
+    authorize(principal, role, owner, min(principal.users) if principal.users else None)

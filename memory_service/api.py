@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
 from . import __version__, admin_api, memory_api, overload, request_guard, startup_api
-from .access import authorize, caller, require_operator, resolve_mode, session_owner
+from .access import authorize, caller, reach, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
 from .erasure import ErasureReport, UserExport, erased_user_digest
 from .errors import BackendUnavailable, MemoryServiceError
@@ -110,10 +110,12 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
                              principal: Principal = Caller) -> RecordOut:
         """Record one message. Idempotent by `message_id`; answers with the formation gate's status.
 
-        Needs `write` on the message's agent (and, for a key limited to users, its user)."""
+        Needs `write` on the message's agent (and, for a key limited to users, its user). A
+        key limited to users records into a session other users started only if the agent's
+        `users_join_sessions` is on; else it is answered as a session of another agent (409)."""
         authorize(principal, Role.WRITE, body.agent_id, body.user_id)
         await svc(request).keys.charge_tokens(principal, math.ceil(len(body.content) / CHARS_PER_TOKEN))
-        result = await svc(request).record_message(session_id, body)
+        result = await svc(request).record_message(session_id, body, reach(request, principal, body.agent_id))
         return RecordOut(
             session_id=result.session_id, message_id=result.message_id, sequence=result.sequence,
             duplicate=result.duplicate, gate=result.gate, formation_job=result.formation_job,
@@ -156,10 +158,12 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     ) -> ContextOut:
         """The memory block for one model call, within its character budget, with the memories
         most relevant to the query (or to the session's latest user message). Needs `read` on
-        the agent (and, for a key limited to users, the user)."""
+        the agent (and, for a key limited to users, the user). A session of another agent, and
+        for a key limited to users a session none of them took part in, gets the block of an
+        unknown session; such a key's block shows only its users' memory."""
         authorize(principal, Role.READ, agent_id, user_id)
         rendered = await svc(request).assemble_memory_context(agent_id, user_id, session_id, model, query=query,
-                                                              budget=budget)
+                                                              budget=budget, reach=reach(request, principal, agent_id))
         return ContextOut(xml=rendered.xml, chars=rendered.chars, budget=rendered.budget,
                           sections=rendered.sections, dropped=rendered.dropped, source=rendered.source)
 
@@ -183,7 +187,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     ) -> SearchResult:
         """Search an agent's memories: full-text and vector signals fused by reciprocal rank,
         with recency; every result explained. Needs `read` on the agent; a key limited to
-        users searches only scope=user, for one of them."""
+        users searches what they may see: scope user (one of them), session (one they took
+        part in), shard, or namespaces of those; not scope agent."""
         try:
             body = SearchRequest(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                                  namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since,
@@ -191,14 +196,14 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         except ValidationError as exc:  # e.g. too many namespaces: the caller's mistake, answered as such
             raise RequestValidationError(exc.errors()) from None
         _authorize_search(principal, agent_id, body)
-        return await svc(request).search(agent_id, body)
+        return await svc(request).search(agent_id, body, reach=reach(request, principal, agent_id))
 
     @app.post("/v1/agents/{agent_id}/search", response_model=SearchResult, tags=["search"])
     async def search_body(agent_id: AgentId, body: SearchRequest, request: Request,
                           principal: Principal = Caller) -> SearchResult:
         """The same search with the request as a JSON body (for long queries and namespace lists)."""
         _authorize_search(principal, agent_id, body)
-        return await svc(request).search(agent_id, body)
+        return await svc(request).search(agent_id, body, reach=reach(request, principal, agent_id))
 
     @app.put("/v1/agents/{agent_id}", response_model=Agent, tags=["agents"])
     async def put_agent(agent_id: AgentId, body: AgentSettings, request: Request, principal: Principal = Caller) -> Agent:
@@ -288,11 +293,17 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
 
 
 def _authorize_search(principal: Principal, agent_id: str, body: SearchRequest) -> None:
-    """A key for all of an agent's users searches any scope; a key for some users, only theirs."""
-    if principal.users is None or body.scope is not Scope.USER:
+    """A key for all of an agent's users searches any scope; a key for some users, what they
+    may see (the search itself keeps each scope to the key's reach): never scope agent, and
+    scope user for one of them only."""
+    if principal.users is None:
         authorize(principal, Role.READ, agent_id)
-    else:
+    elif body.scope is Scope.USER:
         authorize(principal, Role.READ, agent_id, body.user_id)
+    elif body.scope is Scope.AGENT:
+        authorize(principal, Role.READ, agent_id)  # refused: scope agent spans every user
+    else:
+        authorize(principal, Role.READ, agent_id, min(principal.users))
 
 
 async def _announce_access(service: MemoryService, mode: str, host: str | None) -> None:

@@ -32,9 +32,10 @@ from .context import (
     budget_for_model,
     render_context,
 )
-from .errors import BackendUnavailable, Conflict, InvalidInput, MemoryServiceError
+from .errors import BackendUnavailable, InvalidInput, MemoryServiceError
 from .models import Memory, MemoryKind, Shard
 from .namespaces import Namespace, validate_id
+from .reach import Reach
 from .retrieval import Retriever, SearchRequest, query_terms, snippet
 from .startup import StartupRecords
 from .state import StateStore
@@ -57,14 +58,21 @@ class ContextAssembler:
 
     async def assemble(
         self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
-        query: str | None = None, budget: int | None = None,
+        query: str | None = None, budget: int | None = None, reach: Reach | None = None,
     ) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget.
 
         ``budget`` (characters) overrides the model's. With a ``query`` the block gains the
         memories most relevant to it; without one, the session's latest user message is the
         query. A store that fails to answer shrinks the block; it never fails the prompt.
+
+        ``reach`` is the caller's (memory_service/reach.py; default: all of the agent). A
+        session it does not see (another agent's, or one none of a key's users took part
+        in) gets exactly the block of an unknown session, and <UserMemory> shows only the
+        users it sees. Cached and last-good blocks are kept per reach: a block made for a
+        wider key is never served to a narrower one.
         """
+        reach = reach or Reach(self.state, agent_id)
         for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
             validate_id(value, what)
         if query is not None and len(query) > self.settings.search_max_query_chars:
@@ -74,7 +82,7 @@ class ContextAssembler:
         if budget is None:
             budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
         query = query.strip() if query else None
-        last_good_key = json.dumps([agent_id, user_id, session_id, budget])
+        last_good_key = json.dumps([agent_id, user_id, session_id, budget, reach.view])
         # Memory reads stop at the deadline and the block is rendered from what arrived; the
         # whole assembly (state reads, caching) stops at twice it: a hung store never holds
         # the prompt longer than that.
@@ -82,9 +90,10 @@ class ContextAssembler:
         deadline = asyncio.get_running_loop().time() + allowed
         try:
             async with asyncio.timeout_at(deadline + allowed):
-                rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query, deadline)
+                rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query, deadline,
+                                                reach)
         except MemoryServiceError:
-            raise  # the caller's mistake (e.g. another agent's session), not an outage
+            raise  # the caller's mistake (e.g. a bad id), not an outage
         except Exception as exc:
             # The state store is down too: the last good block this process served, if any.
             last_good = self._last_good.get(last_good_key)
@@ -99,29 +108,31 @@ class ContextAssembler:
         return rendered
 
     async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
-                        query: str | None, deadline: float) -> RenderedContext:
-        counters = await self.state.counters(session_id)
-        if counters.agent_id not in (None, agent_id):
-            raise Conflict(f"session {session_id!r} belongs to another agent")  # never the owner's name
+                        query: str | None, deadline: float, reach: Reach) -> RenderedContext:
+        # A session the caller does not see is shown as one nobody recorded in: no session
+        # content, no other user's memory (nothing tells it from an unknown session).
+        seen = await reach.sees_session(session_id)
         shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
-        spoken = await self.state.session_users(session_id)
-        users = [user_id] + [u for u in spoken if u != user_id]
+        spoken = await self.state.session_users(session_id) if seen else []
+        users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
         # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.
-        cacheable = counters.agent_id == agent_id and user_id in spoken
+        cacheable = seen and user_id in spoken
         namespaces = [
-            Namespace.session(session_id),
+            *([Namespace.session(session_id)] if seen else []),
             *(Namespace.user(agent_id, u) for u in users),
             *(Namespace.shard(agent_id, s.shard_id) for s in shards),
         ]
         dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
         generations = await self.state.generations(dependencies)
-        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, dependencies, generations]).encode()).hexdigest()
+        # Kept per reach too: a block made for a wider key is never served to a narrower one.
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, reach.view, dependencies,
+                                         generations]).encode()).hexdigest()
         if cached := await self.state.cache_get(key):
             return RenderedContext(**{**cached, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
-        inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id, users, shards,
-                                                                    query, budget, deadline, sources)
+        inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id if seen else None,
+                                                                    users, shards, query, budget, deadline, sources)
         inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
                                           for r in await self.startup.list(agent_id)])
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
@@ -129,7 +140,7 @@ class ContextAssembler:
             await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
             await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS, agent_id)
             self._remember_last_good(last_good_key, rendered)
-        elif last := await self.state.cache_get(f"last:{last_good_key}"):
+        elif not complete and (last := await self.state.cache_get(f"last:{last_good_key}")):
             # Every store that could answer failed: the last complete block beats a smaller one.
             log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
                         agent_id, user_id, session_id)
@@ -150,10 +161,11 @@ class ContextAssembler:
             self._last_good.popitem(last=False)
 
     async def _context_inputs(
-        self, agent_id: str, user_id: str, session_id: str, users: list[str], shards: list[Shard],
+        self, agent_id: str, user_id: str, session_id: str | None, users: list[str], shards: list[Shard],
         query: str | None, budget: int, deadline: float, sources: set[str],
     ) -> tuple[ContextInputs, bool, str]:
-        """What the block shows, whether every read succeeded, and the backend read."""
+        """What the block shows, whether every read succeeded, and the backend read.
+        ``session_id`` None: a session the caller does not see, nothing of it is read."""
         s = self.settings
         try:
             backend_name, backend = await self.agents.backend_for(agent_id)
@@ -161,7 +173,9 @@ class ContextAssembler:
             log.warning("memory context for agent %s without memories: %s", agent_id, exc)
             return ContextInputs(), False, "none"
 
-        async def read(namespace: Namespace, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
+        async def read(namespace: Namespace | None, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
+            if namespace is None:
+                return []
             try:
                 async with asyncio.timeout_at(deadline):
                     memories = await backend.recent(agent_id, namespace, kinds, limit)
@@ -185,7 +199,7 @@ class ContextAssembler:
         shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
         # Every read at once (the inner gathers start theirs when the outer one starts them).
         episode_read, merged_user_reads, fact_reads, suggestion_reads = await asyncio.gather(
-            read(Namespace.session(session_id), [MemoryKind.EPISODE], s.context_recent_episodes),
+            read(Namespace.session(session_id) if session_id else None, [MemoryKind.EPISODE], s.context_recent_episodes),
             asyncio.gather(*(read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
                              for u in users)),
             asyncio.gather(*(read(ns, [MemoryKind.FACT], s.context_facts_per_shard) for ns in shard_ns)),
@@ -210,7 +224,7 @@ class ContextAssembler:
                                                            query, budget, deadline, sources)
         return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
 
-    async def _relevant(self, agent_id: str, user_id: str, session_id: str, shards: list[Shard],
+    async def _relevant(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
                         backend: MemoryBackend, shown: ContextInputs, query: str | None,
                         budget: int, deadline: float, sources: set[str]) -> tuple[list[RelevantItem], bool]:
         """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
@@ -218,8 +232,8 @@ class ContextAssembler:
         How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
         so a larger budget shows proportionally more (never fewer than the settings say).
 
-        The scope is what this user may see: the session, the user's memory and every
-        session they spoke in, the active shards and the agent's own namespace. Memories
+        The scope is what this user may see: the session (if the caller sees it), the user's
+        memory and every session they spoke in, the active shards and the agent's own namespace. Memories
         the block already shows elsewhere are left out. Without a query, the session's
         latest user message is the query (and is itself left out).
         """
@@ -236,13 +250,15 @@ class ContextAssembler:
         try:
             async with asyncio.timeout_at(deadline):
                 if query is None:
-                    latest = [m for m in await backend.recent(agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
-                              if m.metadata.role in (None, "user")]
+                    said = [] if session_id is None else await backend.recent(
+                        agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
+                    latest = [m for m in said if m.metadata.role in (None, "user")]
                     if not latest:
                         return [], True
                     query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
                 namespaces = list(dict.fromkeys([
-                    Namespace.session(session_id), *await self.retriever.user_namespaces(agent_id, user_id),
+                    *([Namespace.session(session_id)] if session_id else []),
+                    *await self.retriever.user_namespaces(agent_id, user_id),
                     *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
                 result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)

@@ -11,7 +11,6 @@ of the agent, so no cached memory block shows what it was before.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -24,6 +23,7 @@ from .errors import Conflict, Forbidden, InvalidInput, NotFound, preview
 from .limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING, TAGS_CEILING, check_message_chars, check_tags, text_problem
 from .models import Memory, MemoryKind, Provenance
 from .namespaces import Namespace, NamespaceKind, validate_id
+from .reach import Reach
 from .retention import RetentionIndex, purge_at
 from .retrieval import embed_memories
 from .state import StateStore
@@ -35,9 +35,9 @@ MEMORY_ID_CHARS = 64
 WRITABLE_KINDS = (MemoryKind.OBSERVATION, MemoryKind.FACT, MemoryKind.DIRECTIVE, MemoryKind.SUGGESTION,
                   MemoryKind.EPISODE)
 
-# Raises Forbidden or NotFound when the caller may not touch a namespace (a key limited to
-# some users); None: the caller reaches every namespace of the agent.
-NamespaceGuard = Callable[[Namespace], Awaitable[None]] | None
+# What the caller may see and change (memory_service/reach.py); None: all of the agent. A
+# memory it does not see is answered as an unknown one; shared knowledge it may not change, 403.
+NamespaceGuard = Reach | None
 
 
 def _check_text(value: str | None, what: str) -> str | None:
@@ -162,9 +162,10 @@ class MemoryTools:
         session of the agent), kept in their provenance."""
         validate_id(agent_id, "agent_id")
         self.require_writes(agent_id)
-        if session_id is not None and (await self.state.counters(session_id)).agent_id != agent_id:
+        reach = guard or Reach(self.state, agent_id)
+        if session_id is not None and not await reach.sees_session(session_id):
             raise NotFound(f"session_id: session {session_id!r} has no messages recorded by agent {agent_id!r}")
-        memories = [await self._prepare(agent_id, body, guard, session_id, message_id) for body in bodies]
+        memories = [await self._prepare(agent_id, body, reach, session_id, message_id) for body in bodies]
         if not memories:
             return []
         _, backend = await self.agents.backend_for(agent_id)
@@ -173,11 +174,11 @@ class MemoryTools:
         await self._changed(agent_id, *memories)
         return [self.record(memory) for memory in memories]
 
-    async def _prepare(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard, session_id: str | None,
+    async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
                        message_id: str | None) -> Memory:
-        namespace = await self._writable_namespace(agent_id, body.namespace)
-        if guard is not None:
-            await guard(namespace)
+        namespace = await self._writable_namespace(agent_id, body.namespace, reach)
+        if message_id is not None:
+            await self._cited(agent_id, message_id, session_id, namespace)
         self._check_kind(body.kind)
         check_message_chars(body.content, self.settings.max_message_chars)
         tags = self._tags(body.tags)
@@ -194,7 +195,7 @@ class MemoryTools:
                      guard: NamespaceGuard = None) -> tuple[MemoryRecord, MemoryRecord]:
         """(before, after). Refuses a soft-deleted memory (409: undelete it first)."""
         self.require_writes(agent_id)
-        backend, memory = await self._find(agent_id, memory_id, guard)
+        backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         if memory.deleted_at is not None:
             raise Conflict(f"memory {memory_id!r} is deleted: undelete it before updating it")
         given = body.model_fields_set
@@ -226,7 +227,7 @@ class MemoryTools:
     async def delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[DeletedOut, bool]:
         """Soft delete; (the answer, whether this call deleted it). A second call answers the same dates."""
         self.require_writes(agent_id)
-        backend, memory = await self._find(agent_id, memory_id, guard)
+        backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         changed = memory.deleted_at is None
         deleted_at = memory.deleted_at or _now()
         if changed:
@@ -241,7 +242,7 @@ class MemoryTools:
     async def undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[MemoryRecord, bool]:
         """The memory, live again; (the record, whether this call changed it)."""
         self.require_writes(agent_id)
-        backend, memory = await self._find(agent_id, memory_id, guard)
+        backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         changed = memory.deleted_at is not None
         if changed:
             memory = memory.model_copy(update={"deleted_at": None})
@@ -261,7 +262,8 @@ class MemoryTools:
             purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days), provenance=memory.metadata,
             access_count=access_count, last_accessed_at=last_accessed_at, served_by=memory.served_by)
 
-    async def _find(self, agent_id: str, memory_id: str, guard: NamespaceGuard) -> tuple[MemoryBackend, Memory]:
+    async def _find(self, agent_id: str, memory_id: str, guard: NamespaceGuard,
+                    changing: bool = False) -> tuple[MemoryBackend, Memory]:
         validate_id(agent_id, "agent_id")
         if not memory_id or len(memory_id) > MEMORY_ID_CHARS or not memory_id.isprintable():
             raise InvalidInput(f"memory_id {preview(memory_id)} is not a memory id: 1 to {MEMORY_ID_CHARS} printable "
@@ -272,20 +274,43 @@ class MemoryTools:
             # Another agent's memory gets the same answer: ids of other tenants are not the caller's to learn.
             raise NotFound(f"memory_id {memory_id!r}: agent {agent_id!r} has no such memory")
         if guard is not None:
-            await guard(Namespace.parse(found[0].namespace))
+            namespace = Namespace.parse(found[0].namespace)
+            if not await guard.sees_namespace(namespace):
+                raise NotFound(f"memory_id {memory_id!r}: agent {agent_id!r} has no such memory")
+            if changing:
+                self._check_changeable(guard, namespace)
         return backend, found[0]
 
-    async def _writable_namespace(self, agent_id: str, text: str) -> Namespace:
+    async def _writable_namespace(self, agent_id: str, text: str, reach: Reach) -> Namespace:
         try:
             namespace = Namespace.parse(text)
         except InvalidInput as exc:
             raise InvalidInput(f"namespace: {exc}") from None
         if namespace.kind is NamespaceKind.SESSION:
-            if (await self.state.counters(namespace.fields[0])).agent_id != agent_id:
+            if not await reach.sees_session(namespace.fields[0]):  # unknown, another agent's or unseen: one answer
                 raise NotFound(f"namespace: session {namespace.fields[0]!r} has no messages recorded by agent {agent_id!r}")
         elif namespace.fields[0] != agent_id:
             raise NotFound(f"namespace: {preview(text)} is not one of agent {agent_id!r}'s")
+        elif namespace.kind is NamespaceKind.USER and not reach.sees_user(namespace.fields[1]):
+            raise Forbidden(f"namespace: this API key is limited to some users of agent {agent_id!r}, and "
+                            f"{namespace.fields[1]!r} is not one of them")
+        self._check_changeable(reach, namespace)
         return namespace
+
+    @staticmethod
+    def _check_changeable(reach: Reach, namespace: Namespace) -> None:
+        if not reach.may_change(namespace):
+            raise Forbidden(f"this API key is limited to some users of agent {reach.agent_id!r}: it changes only their "
+                            "user namespaces and the sessions they took part in, not shared knowledge")
+
+    async def _cited(self, agent_id: str, message_id: str, session_id: str | None, namespace: Namespace) -> None:
+        """A cited message must be one recorded in the session given (or the namespace's session),
+        which the caller sees (checked before): provenance never points at what it may not see."""
+        said_in = session_id or (namespace.fields[0] if namespace.kind is NamespaceKind.SESSION else None)
+        if said_in is None:
+            raise InvalidInput("message_id: give the session_id the message was said in")
+        if not await self.state.has_message(said_in, message_id):
+            raise NotFound(f"message_id: session {said_in!r} has no message {message_id!r}")
 
     def _check_kind(self, kind: MemoryKind) -> None:
         if kind not in WRITABLE_KINDS:

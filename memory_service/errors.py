@@ -57,6 +57,13 @@ class Conflict(MemoryServiceError):
     status_code = 409
 
 
+def session_taken(session_id: str) -> Conflict:
+    """The one answer to recording into a session the caller may not record into: another
+    agent's, or (for a key limited to users) one other users started. It names no one."""
+    return Conflict(f"session {session_id!r} belongs to another agent or, for a key limited to some users, to "
+                    "other users; choose another session_id")
+
+
 class BackendUnavailable(MemoryServiceError):
     status_code = 503
 

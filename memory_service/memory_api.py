@@ -2,8 +2,9 @@
 
 Search is ``POST /v1/agents/{agent_id}/search`` (with ``tags``). Reading needs `read` on
 the agent, changing needs `write` and the operator's MEMORY_WRITE_AGENTS; a key limited
-to some users reaches only their namespaces (their user namespace, the sessions they
-spoke in). Every change is audited (``memory.write``, ``.update``, ``.delete``, ``.undelete``).
+to some users reads what they may see (their user namespaces, the sessions they took part
+in, the shards and the agent's namespace; anything else is an unknown memory) and changes
+only their own namespaces and sessions (memory_service/reach.py). Every change is audited (``memory.write``, ``.update``, ``.delete``, ``.undelete``).
 """
 
 from __future__ import annotations
@@ -12,13 +13,11 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from .access import authorize, caller
+from .access import authorize, caller, reach
 from .curation import MEMORY_ID_CHARS, DeletedOut, MemoryRecord, MemoryUpdate, MemoryWrite, NamespaceGuard
-from .errors import Forbidden
 from .keys import Principal, Role
 from .limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
 from .models import AgentId, MessageId, SessionId
-from .namespaces import Namespace, NamespaceKind
 from .service import MemoryService
 
 router = APIRouter(tags=["memory tools"])
@@ -32,24 +31,13 @@ def _svc(request: Request) -> MemoryService:
 
 
 def _allow(request: Request, principal: Principal, role: Role, agent_id: str) -> NamespaceGuard:
-    """Authorize the role on the agent; for a key limited to some users, the guard that keeps
-    it to their namespaces (checked before anything is read out or changed)."""
+    """Authorize the role on the agent; for a key limited to some users, its reach
+    (memory_service/reach.py), which the tools check before anything is read out or changed."""
     if principal.users is None:
         authorize(principal, role, agent_id)
         return None
-    users = principal.users
-    authorize(principal, role, agent_id, min(users) if users else None)
-    state = _svc(request).state
-
-    async def guard(namespace: Namespace) -> None:
-        if namespace.kind is NamespaceKind.USER and namespace.fields[1] in users:
-            return
-        if namespace.kind is NamespaceKind.SESSION and users & set(await state.session_users(namespace.fields[0])):
-            return
-        raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}: it reaches only their "
-                        "user namespaces and the sessions they spoke in")
-
-    return guard
+    authorize(principal, role, agent_id, min(principal.users))
+    return reach(request, principal, agent_id)
 
 
 @router.get("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)

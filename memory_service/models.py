@@ -212,6 +212,10 @@ class AgentSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     memory_backend: str | None = Field(default=None, min_length=1, max_length=64)
+    users_join_sessions: bool = Field(
+        default=False, description="whether a key limited to some users may record into a session other users of the "
+                                   "agent started (and from then on see it); off: it is refused as a session of "
+                                   "another agent. Keys for all users are not limited by it")
     # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
     # so that settings stored before the check was made still read.
     agent_extras: dict[str, Any] = Field(default_factory=dict)

@@ -30,7 +30,7 @@ from .backend import MemoryBackend, SignalHits
 from .config import Settings
 from .context import age
 from .embedding import Embedder
-from .errors import InvalidInput, NotFound, preview
+from .errors import Forbidden, InvalidInput, NotFound, preview
 from .limits import (
     MAX_NAMESPACE_CHARS,
     MAX_SEARCH_NAMESPACES,
@@ -42,6 +42,7 @@ from .limits import (
 )
 from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, UserId
 from .namespaces import Namespace, NamespaceKind
+from .reach import Reach
 from .state import StateStore
 
 log = logging.getLogger(__name__)
@@ -216,26 +217,37 @@ class Retriever:
         if request.tags:
             check_tags(request.tags, s.max_memory_tags, s.max_tag_chars)
 
-    async def scope_namespaces(self, agent_id: str, request: SearchRequest) -> list[Namespace] | None:
-        """The namespaces a scope spans (None: all of the agent's). Never another agent's."""
+    async def scope_namespaces(self, agent_id: str, request: SearchRequest,
+                               reach: Reach | None = None) -> list[Namespace] | None:
+        """The namespaces a scope spans (None: all of the agent's). Never another agent's, nor
+        what ``reach`` (the caller's, memory_service/reach.py) does not see: a session it
+        does not see is answered as an unknown one, another user's namespace is refused."""
+        reach = reach or Reach(self.state, agent_id)
         scope = request.scope
         if scope is Scope.AGENT:
+            if reach.confined:
+                raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}; scope agent needs a key "
+                                "for all of them")
             return None
         if scope is Scope.SESSION:
             session_id = _needed(request.session_id, scope, "session_id")
-            await self._owned_session(agent_id, session_id)
+            await self._seen_session(reach, session_id)
             return [Namespace.session(session_id)]
         if scope is Scope.USER:
-            return await self.user_namespaces(agent_id, _needed(request.user_id, scope, "user_id"))
+            user_id = _needed(request.user_id, scope, "user_id")
+            self._seen_user(reach, user_id)
+            return await self.user_namespaces(agent_id, user_id)
         if scope is Scope.SHARD:
             return [Namespace.shard(agent_id, _needed(request.shard_id, scope, "shard_id"))]
         namespaces = []
         for text in _needed(request.namespaces, scope, "namespaces"):
             namespace = Namespace.parse(text)
             if namespace.kind is NamespaceKind.SESSION:
-                await self._owned_session(agent_id, namespace.fields[0])
+                await self._seen_session(reach, namespace.fields[0])
             elif namespace.fields[0] != agent_id:
                 raise NotFound(f"namespace {preview(text)} is not one of agent {agent_id!r}'s")
+            elif namespace.kind is NamespaceKind.USER:
+                self._seen_user(reach, namespace.fields[1])
             namespaces.append(namespace)
         return list(dict.fromkeys(namespaces))
 
@@ -244,10 +256,18 @@ class Retriever:
         sessions = await self.state.user_sessions(agent_id, user_id)
         return [Namespace.user(agent_id, user_id), *map(Namespace.session, sessions)]
 
-    async def _owned_session(self, agent_id: str, session_id: str) -> None:
-        # Unknown and foreign sessions get the same answer: nothing reveals another agent's ids.
-        if (await self.state.counters(session_id)).agent_id != agent_id:
-            raise NotFound(f"session {session_id!r} has no messages recorded by agent {agent_id!r}")
+    @staticmethod
+    async def _seen_session(reach: Reach, session_id: str) -> None:
+        # Unknown, foreign and unseen sessions get the same answer: nothing reveals others' ids.
+        if not await reach.sees_session(session_id):
+            raise NotFound(f"session {session_id!r} has no messages recorded by agent {reach.agent_id!r}")
+
+    @staticmethod
+    def _seen_user(reach: Reach, user_id: str) -> None:
+        # Whether or not the user exists: the answer depends on the key alone.
+        if not reach.sees_user(user_id):
+            raise Forbidden(f"this API key is limited to some users of agent {reach.agent_id!r}, and {user_id!r} is "
+                            "not one of them")
 
     async def embed_query(self, text: str) -> tuple[list[float] | None, str | None]:
         """The query's embedding, or None and why (search then runs on full text alone)."""
@@ -260,11 +280,12 @@ class Retriever:
             return None, f"{type(exc).__name__}: {exc}"
 
     async def search(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
-                     namespaces: Sequence[Namespace] | None = None, resolve_scope: bool = True) -> SearchResult:
+                     namespaces: Sequence[Namespace] | None = None, resolve_scope: bool = True,
+                     reach: Reach | None = None) -> SearchResult:
         started = time.perf_counter()
         self.validate(request)
         if resolve_scope:
-            namespaces = await self.scope_namespaces(agent_id, request)
+            namespaces = await self.scope_namespaces(agent_id, request, reach)
         vector, why_not = await self.embed_query(request.query)
         store_query = StoreQuery(
             terms=query_terms(request.query), vector=vector, namespaces=namespaces, kinds=request.kinds,

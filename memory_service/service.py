@@ -35,6 +35,7 @@ from .legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from .namespaces import validate_id
 from .pipeline import FormationPipeline
+from .reach import Reach
 from .retention import PurgeReport, Retention, RetentionIndex
 from .retrieval import Retriever, SearchRequest, SearchResult
 from .routing import BackendFactory, BackendRegistry
@@ -98,8 +99,8 @@ class MemoryService:
         return await self.agents.list_shards(agent_id)
 
     # Sessions
-    async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
-        return await self.sessions.record_message(session_id, message)
+    async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
+        return await self.sessions.record_message(session_id, message, reach)
 
     async def session_gate(self, session_id: str) -> gates.GateStatus:
         return await self.sessions.session_gate(session_id)
@@ -131,23 +132,25 @@ class MemoryService:
         return await self.pipeline.backfill_embeddings(batch, limit, on_progress)
 
     # Reading memory
-    async def search(self, agent_id: str, query: str | SearchRequest, **options: Any) -> SearchResult:
+    async def search(self, agent_id: str, query: str | SearchRequest, reach: Reach | None = None,
+                     **options: Any) -> SearchResult:
         """Memories of ``agent_id`` relevant to ``query``, best first, each explained.
 
         ``options`` are the fields of ``SearchRequest``: ``scope`` (agent, user, session,
         shard, namespaces), ``user_id``/``session_id``/``shard_id``/``namespaces``, ``top_k``,
         ``min_score``, ``kinds``, ``since``, ``until``. A scope never reaches another agent's
-        namespaces.
+        namespaces, nor, with a ``reach`` limited to some users, what they may not see.
         """
         validate_id(agent_id, "agent_id")
         request = query if isinstance(query, SearchRequest) else SearchRequest(query=query, **options)
         _, backend = await self.agents.backend_for(agent_id)
-        return await self.retriever.search(agent_id, backend, request)
+        return await self.retriever.search(agent_id, backend, request, reach=reach)
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
-                                      query: str | None = None, budget: int | None = None) -> RenderedContext:
+                                      query: str | None = None, budget: int | None = None,
+                                      reach: Reach | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
-        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget)
+        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach)
 
     # Startup records (memory_service/startup.py; `memory-service import`: legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str,
@@ -161,8 +164,8 @@ class MemoryService:
         return await self.startup.delete(agent_id, record_id)
 
     async def startup_block(self, agent_id: str, model: str | None = None, session_id: str | None = None,
-                            mode: StartupMode = StartupMode.ALWAYS) -> StartupBlock:
-        return await self.startup.block(agent_id, model, session_id, mode)
+                            mode: StartupMode = StartupMode.ALWAYS, reach: Reach | None = None) -> StartupBlock:
+        return await self.startup.block(agent_id, model, session_id, mode, reach)
 
     async def import_legacy(self, plan: ImportPlan, key_id: str = "cli", on_progress: Progress | None = None) -> ImportReport:
         """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""

@@ -20,12 +20,13 @@ from . import gates, limits
 from .agents import AgentDirectory
 from .config import Settings
 from .embedding import Embedder
-from .errors import BackendUnavailable, Conflict, FormationPending, NotFound
+from .errors import BackendUnavailable, Conflict, FormationPending, NotFound, session_taken
 from .formation import FormationSummary, message_memory_id
 from .group_commit import GroupCommit
 from .jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
 from .models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance
 from .namespaces import Namespace, validate_id
+from .reach import Reach
 from .state import SessionCounters, StateStore
 from .window import StaleGate, WindowState, WindowStore
 
@@ -53,15 +54,22 @@ class SessionLedger:
         self.windows = WindowStore(state)
         self.writes = GroupCommit()
 
-    async def record_message(self, session_id: str, message: MessageIn) -> RecordResult:
+    async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates.
 
         Three round trips in the common case: reserve (with the agent's settings), the
         store's write (shared with the agent's concurrent records), commit (with the
         counters). The message is stored without its embedding; the worker adds it.
+        ``reach``: the caller's (memory_service/reach.py); a key limited to some users
+        records into a session other users started only with the agent's
+        ``users_join_sessions``, else it is answered as a session of another agent.
         """
         validate_id(session_id, "session_id")
         limits.check_message_chars(message.content, self.settings.max_message_chars)
+        if reach is not None and reach.confined:
+            settings = await self.state.get_agent(message.agent_id) or AgentSettings()
+            if not await reach.may_record(session_id, settings.users_join_sessions):
+                raise session_taken(session_id)
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)

@@ -23,7 +23,8 @@ the agent (which shows them in ``<StartupRecords>``) is read again.
 Only a session some agent recorded messages in gets a remembered digest: a block for a
 session nobody recorded in yet is sent every time and nothing is written, so callers
 guessing ids cannot fill the store (as with the memory block's cache). A session of
-another agent is refused (409) without naming its owner.
+another agent, or (for a key limited to some users) one none of them took part in, is
+answered exactly as a session nobody recorded in (memory_service/reach.py).
 """
 
 from __future__ import annotations
@@ -40,9 +41,10 @@ from redis.asyncio import Redis
 
 from .config import Settings
 from .context import budget_for_model
-from .errors import Conflict, InvalidInput
+from .errors import InvalidInput
 from .models import utcnow
 from .namespaces import validate_id
+from .reach import Reach
 from .state import StateStore, generation_key
 
 RecordId = Annotated[str, AfterValidator(lambda v: validate_id(v, "record_id"))]
@@ -235,8 +237,10 @@ class StartupRecords:
         return self.settings.startup_max_records - int(await self.redis.hlen(_records_key(agent_id)))
 
     async def block(self, agent_id: str, model: str | None = None, session_id: str | None = None,
-                    mode: StartupMode = StartupMode.ALWAYS) -> StartupBlock:
-        """The records for one call within the model's budget, and whether to send them (see the module doc)."""
+                    mode: StartupMode = StartupMode.ALWAYS, reach: Reach | None = None) -> StartupBlock:
+        """The records for one call within the model's budget, and whether to send them (see the
+        module doc). ``reach``: the caller's (default: all of the agent); a session it does not
+        see is answered as an unknown one."""
         validate_id(agent_id, "agent_id")
         if session_id is not None:
             validate_id(session_id, "session_id")
@@ -246,11 +250,9 @@ class StartupRecords:
         kept, dropped = fit(await self.list(agent_id), budget)
         current = digest(kept)
         sent = True
-        if session_id is not None:
-            owner = (await self.state.counters(session_id)).agent_id
-            if owner not in (None, agent_id):
-                raise Conflict(f"session {session_id!r} belongs to another agent")  # never the owner's name
-            if owner == agent_id and mode is not StartupMode.ALWAYS:  # a session nobody recorded in: nothing kept
+        if session_id is not None and mode is not StartupMode.ALWAYS:
+            # Only a session the caller sees keeps a digest; any other is a session nobody recorded in.
+            if await (reach or Reach(self.state, agent_id)).sees_session(session_id):
                 key = self.state.session_keys(session_id)["startup"]
                 sent = bool(await self._send(keys=[key], args=[current, mode.value,
                                                                self.settings.startup_session_ttl_seconds]))

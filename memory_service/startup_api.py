@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
-from .access import authorize, caller
+from .access import authorize, caller, reach
 from .keys import Principal, Role
 from .models import AgentId, SessionId
 from .startup import DeletedStartupRecord, RecordId, StartupBlock, StartupMode, StartupRecord, StartupRecordIn
@@ -68,7 +68,9 @@ async def startup_block(
 ) -> StartupBlock:
     """The agent's startup records within the model's budget, highest priority first; what
     did not fit is listed in `dropped`. With mode first-run or digest, `sent` says whether
-    the session gets them now (else `records` is empty). Needs `read` on the agent."""
+    the session gets them now (else `records` is empty). Needs `read` on the agent, for all
+    its users; a session of another agent is answered as a session nobody recorded in."""
     authorize(principal, Role.READ, agent_id)
-    block: StartupBlock = await request.app.state.service.startup_block(agent_id, model, session_id, mode)
+    block: StartupBlock = await request.app.state.service.startup_block(agent_id, model, session_id, mode,
+                                                                        reach(request, principal, agent_id))
     return block

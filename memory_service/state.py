@@ -50,7 +50,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 
 from .config import Settings
-from .errors import Conflict
+from .errors import session_taken
 from .models import AgentSettings, ShardIn
 from .redis_pools import redis_client
 
@@ -354,7 +354,7 @@ class StateStore:
             args=[message_id, agent_id, digest, session_id])
         if status == "conflict":
             # Never the owner's name: ids of other tenants are not the caller's to learn.
-            raise Conflict(f"session {session_id!r} belongs to another agent; choose another session_id")
+            raise session_taken(session_id)
         seq_text, _, known_digest = value.partition(" ")
         settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
         return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
@@ -470,6 +470,20 @@ class StateStore:
 
     async def session_users(self, session_id: str) -> list[str]:
         return sorted(cast(set[str], await self.redis.smembers(self._keys(session_id)["users"])))
+
+    async def took_part(self, agent_id: str, users: Sequence[str], session_id: str) -> bool:
+        """Whether one of ``users`` took part in the session: spoke in it, or had a message
+        (of any role) recorded under their id. One round trip, whatever the number of users."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.smismember(self._keys(session_id)["users"], list(users))
+            for user_id in users:
+                pipe.sismember(user_recorded_key(agent_id, user_id), session_id)
+            spoke, *recorded = await pipe.execute()
+        return any(spoke) or any(recorded)
+
+    async def has_message(self, session_id: str, message_id: str) -> bool:
+        """Whether ``message_id`` was recorded in the session."""
+        return bool(await self.redis.hexists(self._keys(session_id)["ids"], message_id))
 
     # Context cache -----------------------------------------------------------------
 

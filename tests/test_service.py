@@ -50,8 +50,10 @@ async def test_a_session_belongs_to_one_agent(service):
     await service.record_message("shared", msg("a1", "alice", "hi", mid="m1"))
     with pytest.raises(Conflict, match="belongs to another agent"):
         await service.record_message("shared", msg("a2", "alice", "hi from a2", mid="m2"))
-    with pytest.raises(Conflict):
-        await service.assemble_memory_context("a2", "alice", "shared")
+    # Another agent's session gets the block of a session nobody recorded in.
+    foreign = await service.assemble_memory_context("a2", "alice", "shared", query="hi")
+    unknown = await service.assemble_memory_context("a2", "alice", "never-recorded", query="hi")
+    assert (foreign.xml, foreign.sections) == (unknown.xml, unknown.sections)
     assert (await service.session_gate("shared")).pending_messages == 1
 
 

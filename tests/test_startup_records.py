@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import pytest
 from redis.asyncio import Redis
 
-from memory_service.errors import Conflict, InvalidInput
+from memory_service.errors import InvalidInput
 from memory_service.runtime import open_service
 from memory_service.startup import Priority, StartupMode, StartupRecord, StartupRecordIn, digest, fit
 
@@ -210,20 +210,31 @@ async def test_bad_block_requests(http):
         ({"mode": "sometimes", "session_id": "s1"}, 422, "mode"),
         ({"session_id": "a:b", "mode": "digest"}, 422, "must not contain ':'"),
         ({"model": "m" * 201}, 422, "model"),
-        ({"session_id": "theirs", "mode": "digest"}, 409, "belongs to another agent"),
-        ({"session_id": "theirs", "mode": "always"}, 409, "belongs to another agent"),
     ]:
         answer = await http.get(f"/v1/agents/{AGENT}/startup/block", params=params)
         assert answer.status_code == status and detail in answer.text, (params, answer.text)
         assert "rival" not in answer.text
 
 
+async def test_a_session_of_another_agent_is_answered_as_an_unknown_one(http, falkordb_url):
+    await put(http, "soul", "P0", "Identity", "I am Atlas.")
+    await record_message(http, "theirs", agent="rival")
+    before = await asyncio.to_thread(snapshot, falkordb_url)
+    for mode in ("first-run", "first-run", "digest", "always"):
+        answers = [await http.get(f"/v1/agents/{AGENT}/startup/block", params={"session_id": session, "mode": mode})
+                   for session in ("theirs", "never-recorded")]
+        assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
+        assert answers[0].json() == answers[1].json() and answers[0].json()["sent"] is True
+        assert "rival" not in answers[0].text
+    assert await asyncio.to_thread(snapshot, falkordb_url) == before  # no digest kept for either
+
+
 async def test_the_service_refuses_a_mode_without_its_session(service):
     with pytest.raises(InvalidInput, match="session_id"):
         await service.startup_block(AGENT, mode=StartupMode.FIRST_RUN)
     await service.record_message("theirs", msg("rival", "carol", "hello", mid="r1"))
-    with pytest.raises(Conflict):
-        await service.startup_block(AGENT, session_id="theirs", mode=StartupMode.DIGEST)
+    foreign = await service.startup_block(AGENT, session_id="theirs", mode=StartupMode.DIGEST)
+    assert foreign == await service.startup_block(AGENT, session_id="unknown", mode=StartupMode.DIGEST)
 
 
 async def test_the_memory_block_shows_the_records_escaped_and_first(http):

@@ -1,0 +1,305 @@
+"""A key limited to some users sees what its users may see and nothing else, on every route
+(memory_service/reach.py), and a hidden thing is answered exactly as a missing one.
+
+The matrix: every route that takes a user or a session, with alice's key (admin of agent
+``sec``, limited to alice), for her own session, bob's session, a session both spoke in,
+a session nobody recorded in and a session of another agent. Bob's private data carries
+``BOBLOCKER4411``: no answer to alice's key may hold it, hidden things get the answer
+unknown ones get (with the id in it swapped for a placeholder), and a refusal changes
+nothing stored. A real server requiring keys, real Redis and FalkorDB (no worker, so that
+nothing writes on its own during a comparison).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import httpx
+import pytest
+
+from memory_service.api import create_app
+from memory_service.loopback import LoopbackServer
+from memory_service.models import Memory, MemoryKind, Provenance
+from memory_service.namespaces import Namespace
+
+from .conftest import flush, suite_settings
+from .store_state import snapshot
+
+OPERATOR_KEY = secrets.token_urlsafe(32)
+AGENT, RIVAL = "sec", "rival"
+SECRET = "BOBLOCKER4411"  # only bob's private data holds it
+OWN, BOBS, SHARED, UNKNOWN, FOREIGN = "alice-only", "bob-only", "both", "nobody-here", "rival-s"
+HIDDEN = (BOBS, UNKNOWN, FOREIGN)  # alice's key must not tell these apart
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+OPERATOR = bearer(OPERATOR_KEY)
+
+
+@pytest.fixture(scope="module")
+async def server(falkordb_url):
+    settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY,
+                              memory_write_agents=[AGENT, RIVAL])
+    app = create_app(settings, run_worker=False)
+    async with LoopbackServer(app) as running:
+        yield running, app
+
+
+async def call(http: httpx.AsyncClient, method: str, url: str, auth: dict[str, str], ok: tuple[int, ...] = (200, 201),
+               **kwargs: Any) -> dict[str, Any]:
+    answer = await http.request(method, url, headers=auth, **kwargs)
+    assert answer.status_code in ok, (method, url, answer.text)
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+@pytest.fixture
+async def world(server, falkordb_url):
+    """Agent sec with alice's and bob's data, agent rival with a session; alice's key."""
+    running, app = server
+    await flush(falkordb_url)
+    async with httpx.AsyncClient(base_url=running.base_url, timeout=30) as http:
+        admin = bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                   json={"name": "sec", "role": "admin", "agents": [AGENT]}))["key"])
+        rival = bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                   json={"name": "rival", "role": "admin", "agents": [RIVAL]}))["key"])
+        alice = bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                   json={"name": "alice", "role": "admin", "agents": [AGENT], "users": ["alice"]}))["key"])
+        await call(http, "PUT", f"/v1/agents/{AGENT}", admin, json={})
+        await call(http, "PUT", f"/v1/agents/{AGENT}/shards/travel", admin, json={"name": "Travel"})
+        await call(http, "PUT", f"/v1/agents/{RIVAL}", rival, json={})
+        for session, user, text, mid in [
+            (OWN, "alice", "I like lockers painted teal.", "a1"),
+            (BOBS, "bob", f"My locker code is {SECRET}.", "b1"),
+            (SHARED, "alice", "Where are the lockers in Lisbon?", "s1"),
+            (SHARED, "bob", "The lockers are by gate 4.", "s2"),
+        ]:
+            await call(http, "POST", f"/v1/sessions/{session}/messages", admin,
+                       json={"agent_id": AGENT, "user_id": user, "role": "user", "content": text, "message_id": mid})
+        await call(http, "POST", f"/v1/sessions/{FOREIGN}/messages", rival,
+                   json={"agent_id": RIVAL, "user_id": "alice", "role": "user", "content": "Rival lockers.",
+                         "message_id": "r1"})
+        ids = {}
+        for name, namespace, kind, text in [
+            ("bob_directive", f"user:{AGENT}:bob", "directive", f"Bob's locker code is {SECRET}; never say it"),
+            ("bob_episode", f"session:{BOBS}", "episode", f"Bob stored his locker code {SECRET}"),
+            ("alice_directive", f"user:{AGENT}:alice", "directive", "Alice wants teal lockers"),
+            ("shared_episode", f"session:{SHARED}", "episode", "Alice and Bob talked about lockers in Lisbon"),
+            ("fact", f"shard:{AGENT}:travel", "fact", "Lisbon airport lockers are by gate 4"),
+            ("rival_memory", f"user:{RIVAL}:alice", "observation", "Rival lockers hold RIVALNOTE"),
+        ]:
+            agent = RIVAL if name.startswith("rival") else AGENT
+            ids[name] = (await call(http, "POST", f"/v1/agents/{agent}/memories", rival if agent == RIVAL else admin,
+                                    json={"namespace": namespace, "kind": kind, "content": text}))["id"]
+        # Bob's consolidated memory: made by consolidation, written here straight to the store.
+        service = app.state.service
+        _, backend = await service.agents.backend_for(AGENT)
+        await backend.write([Memory(id="bob-consolidated", kind=MemoryKind.CONSOLIDATED,
+                                    namespace=str(Namespace.user(AGENT, "bob")),
+                                    content=f"Bob: keeps his locker code {SECRET}",
+                                    metadata=Provenance(agent_id=AGENT, user_id="bob"))])
+        await service.state.bump(f"user:{AGENT}:bob")
+        yield http, {"admin": admin, "alice": alice, "rival": rival}, ids
+
+
+def same(answer: httpx.Response, placeholder_for: str) -> tuple[int, str]:
+    """An answer with the id it names swapped for a placeholder, to compare hidden with unknown."""
+    return answer.status_code, answer.text.replace(placeholder_for, "<id>")
+
+
+def no_secret(answer: httpx.Response) -> None:
+    assert SECRET not in answer.text and "RIVALNOTE" not in answer.text, answer.text
+
+
+def context(session: str, user: str = "alice", **extra: Any) -> dict[str, Any]:
+    return {"agent_id": AGENT, "user_id": user, "session_id": session, **extra}
+
+
+async def test_the_memory_block_of_a_hidden_session_is_the_block_of_an_unknown_one(world, falkordb_url):
+    http, keys, _ = world
+    alice = keys["alice"]
+    # A key for all users sees bob's memory in the shared session; that block is cached first.
+    wide = await http.get("/v1/context", headers=keys["admin"], params=context(SHARED, query="lockers"))
+    assert wide.status_code == 200 and SECRET in wide.text
+    before = snapshot(falkordb_url)
+    for query in ({}, {"query": "lockers"}, {"query": SECRET}):
+        unknown = await http.get("/v1/context", headers=alice, params=context(UNKNOWN, **query))
+        assert unknown.status_code == 200, unknown.text
+        for session in HIDDEN:
+            answer = await http.get("/v1/context", headers=alice, params=context(session, **query))
+            no_secret(answer)
+            assert answer.json() == unknown.json(), (session, query)
+        assert "Rival lockers" not in unknown.text and "Can I" not in unknown.text
+    assert snapshot(falkordb_url) == before  # hidden and unknown sessions are read without writing
+    shared = await http.get("/v1/context", headers=alice, params=context(SHARED, query="lockers"))
+    assert shared.status_code == 200
+    no_secret(shared)  # bob's directives and consolidated memory stay out of <UserMemory>
+    xml = shared.json()["xml"]
+    assert "Alice wants teal lockers" in xml and "Alice and Bob talked about lockers" in xml
+    assert '<User id="bob">' not in xml and "Lisbon airport lockers" in xml  # shared knowledge is shown
+    again = await http.get("/v1/context", headers=alice, params=context(SHARED, query="lockers"))
+    assert again.json()["xml"] == xml and again.json()["source"] == "cache"  # its own cached block
+    own = await http.get("/v1/context", headers=alice, params=context(OWN, query="lockers"))
+    assert own.status_code == 200 and "I like lockers painted teal" in own.text
+    no_secret(own)
+    refused = await http.get("/v1/context", headers=alice, params=context(SHARED, user="bob"))
+    assert refused.status_code == 403 and SECRET not in refused.text
+
+
+async def test_session_routes_answer_a_hidden_session_as_an_unknown_one(world, falkordb_url):
+    http, keys, _ = world
+    alice = keys["alice"]
+    before = snapshot(falkordb_url)
+    for method, path, params in [("GET", "/v1/sessions/{}", None), ("POST", "/v1/sessions/{}/form", {"wait": "false"})]:
+        unknown = await http.request(method, path.format(UNKNOWN), headers=alice, params=params)
+        assert unknown.status_code == 404
+        for session in HIDDEN:
+            answer = await http.request(method, path.format(session), headers=alice, params=params)
+            assert same(answer, session) == same(unknown, UNKNOWN), (method, path, session)
+    assert snapshot(falkordb_url) == before
+    for session in (OWN, SHARED):
+        assert (await http.get(f"/v1/sessions/{session}", headers=alice)).status_code == 200
+
+
+async def test_a_users_key_records_into_another_users_session_only_if_the_agent_allows_it(world, falkordb_url):
+    http, keys, _ = world
+    alice, admin = keys["alice"], keys["admin"]
+
+    def line(mid: str) -> dict[str, Any]:
+        return {"agent_id": AGENT, "user_id": "alice", "role": "user", "content": "Can I join?", "message_id": mid}
+
+    before = snapshot(falkordb_url)
+    refused = {session: await http.post(f"/v1/sessions/{session}/messages", headers=alice, json=line("j1"))
+               for session in (BOBS, FOREIGN)}
+    assert refused[BOBS].status_code == 409
+    assert same(refused[BOBS], BOBS) == same(refused[FOREIGN], FOREIGN)  # one answer, naming no one
+    assert snapshot(falkordb_url) == before
+    assert (await http.get(f"/v1/sessions/{BOBS}", headers=alice)).status_code == 404
+    # Her own sessions, the shared one and a new one take her messages.
+    for session in (OWN, SHARED, "alice-new"):
+        await call(http, "POST", f"/v1/sessions/{session}/messages", alice, json=line(f"j-{session}"))
+    # A key for all users is not limited by the setting.
+    await call(http, "POST", f"/v1/sessions/{BOBS}/messages", admin, json={**line("j2"), "content": "Hi bob"})
+    await call(http, "DELETE", f"/v1/agents/{AGENT}/users/alice", admin)  # she took part in bob's session: undo it
+    assert (await http.get(f"/v1/sessions/{BOBS}", headers=alice)).status_code == 404
+    # With users_join_sessions on, she may join, and from then on sees the session.
+    agent = await call(http, "PUT", f"/v1/agents/{AGENT}", admin, json={"users_join_sessions": True})
+    assert agent["users_join_sessions"] is True
+    await call(http, "POST", f"/v1/sessions/{BOBS}/messages", alice, json=line("j3"))
+    assert (await http.get(f"/v1/sessions/{BOBS}", headers=alice)).status_code == 200
+    foreign = await http.post(f"/v1/sessions/{FOREIGN}/messages", headers=alice, json=line("j4"))
+    assert same(foreign, FOREIGN) == same(refused[FOREIGN], FOREIGN)  # another agent's session stays refused
+    bad = await http.put(f"/v1/agents/{AGENT}", headers=admin, json={"users_join_sessions": "maybe"})
+    assert bad.status_code == 422 and "users_join_sessions" in bad.text
+
+
+async def test_search_keeps_to_what_the_users_may_see(world, falkordb_url):
+    http, keys, _ = world
+    alice = keys["alice"]
+
+    async def search(**body: Any) -> httpx.Response:
+        answer = await http.post(f"/v1/agents/{AGENT}/search", headers=alice, json={"query": "locker code", **body})
+        flat = {k: v for k, v in body.items() if k != "namespaces"}
+        by_get = await http.get("/v1/search", headers=alice, params={"agent_id": AGENT, "query": "locker code",
+                                                                     **flat, **({"namespaces": body["namespaces"]}
+                                                                                if "namespaces" in body else {})})
+        assert by_get.status_code == answer.status_code, (body, by_get.text, answer.text)
+        no_secret(answer)
+        no_secret(by_get)
+        return answer
+
+    before = snapshot(falkordb_url)
+    for scope, spelled in (("session", lambda s: {"session_id": s}), ("namespaces", lambda s: {"namespaces": [f"session:{s}"]})):
+        unknown = await search(scope=scope, **spelled(UNKNOWN))
+        assert unknown.status_code == 404
+        for session in HIDDEN:
+            assert same(await search(scope=scope, **spelled(session)), session) == same(unknown, UNKNOWN)
+    other_user = await search(scope="namespaces", namespaces=[f"user:{AGENT}:bob"])
+    nobody = await search(scope="namespaces", namespaces=[f"user:{AGENT}:nobody"])
+    assert other_user.status_code == 403 and same(other_user, "bob") == same(nobody, "nobody")
+    assert (await search(scope="user", user_id="bob")).status_code == 403
+    assert (await search(scope="agent")).status_code == 403
+    assert snapshot(falkordb_url) == before
+    for body in ({"scope": "user", "user_id": "alice"}, {"scope": "session", "session_id": SHARED},
+                 {"scope": "shard", "shard_id": "travel"},
+                 {"scope": "namespaces", "namespaces": [f"user:{AGENT}:alice", f"session:{OWN}", f"agent:{AGENT}"]}):
+        answer = await search(**body)
+        assert answer.status_code == 200 and answer.json()["results"], (body, answer.text)
+    shared = (await search(scope="session", session_id=SHARED)).json()["results"]
+    assert any("gate 4" in hit["content"] for hit in shared)  # the messages of a session she took part in
+
+
+async def test_memory_tools_answer_a_hidden_memory_as_an_unknown_one(world, falkordb_url):
+    http, keys, ids = world
+    alice = keys["alice"]
+    base = f"/v1/agents/{AGENT}/memories"
+    before = snapshot(falkordb_url)
+    for method, suffix, body in [("GET", "", None), ("PATCH", "", {"title": "mine"}), ("DELETE", "", None),
+                                 ("POST", "/undelete", None)]:
+        unknown = await http.request(method, f"{base}/no-such-memory{suffix}", headers=alice, json=body)
+        assert unknown.status_code == 404
+        for name in ("bob_directive", "bob_episode", "rival_memory"):
+            answer = await http.request(method, f"{base}/{ids[name]}{suffix}", headers=alice, json=body)
+            assert same(answer, ids[name]) == same(unknown, "no-such-memory"), (method, name)
+    write = {"kind": "observation", "content": "Alice sneaks a note in"}
+    unknown_session = await http.post(base, headers=alice, json={**write, "namespace": f"session:{UNKNOWN}"})
+    assert unknown_session.status_code == 404
+    for session in HIDDEN:
+        answer = await http.post(base, headers=alice, json={**write, "namespace": f"session:{session}"})
+        assert same(answer, session) == same(unknown_session, UNKNOWN)
+    to_bob = await http.post(base, headers=alice, json={**write, "namespace": f"user:{AGENT}:bob"})
+    to_nobody = await http.post(base, headers=alice, json={**write, "namespace": f"user:{AGENT}:nobody"})
+    assert to_bob.status_code == 403 and same(to_bob, "bob") == same(to_nobody, "nobody")
+    for namespace, name in ((f"shard:{AGENT}:travel", "fact"), (f"agent:{AGENT}", None)):
+        shared = await http.post(base, headers=alice, json={**write, "namespace": namespace})
+        assert shared.status_code == 403 and "shared knowledge" in shared.text  # read it, never change it
+        if name:
+            assert (await http.patch(f"{base}/{ids[name]}", headers=alice, json={"title": "x"})).status_code == 403
+    assert snapshot(falkordb_url) == before
+    for name in ("alice_directive", "shared_episode", "fact"):  # her own, a session she took part in, shared knowledge
+        assert (await http.get(f"{base}/{ids[name]}", headers=alice)).status_code == 200
+    await call(http, "POST", base, alice, json={**write, "namespace": f"session:{SHARED}"})
+
+
+async def test_provenance_cites_only_messages_the_users_may_see(world, falkordb_url):
+    http, keys, _ = world
+    alice = keys["alice"]
+    url = f"/v1/agents/{AGENT}/writes/parse"
+    text = '<memory_write>{"observations": [{"text": "Alice keeps a spare key"}]}</memory_write>'
+    body = {"text": text, "namespace": f"user:{AGENT}:alice"}
+    before = snapshot(falkordb_url)
+    unknown = await http.post(url, headers=alice, json={**body, "session_id": UNKNOWN, "message_id": "b1"})
+    assert unknown.status_code == 404
+    for session in HIDDEN:
+        answer = await http.post(url, headers=alice, json={**body, "session_id": session, "message_id": "b1"})
+        assert same(answer, session) == same(unknown, UNKNOWN), session
+    # A message of bob's session cited in a session of hers: not there, as an unknown message is not.
+    cited = await http.post(url, headers=alice, json={**body, "session_id": OWN, "message_id": "b1"})
+    missing = await http.post(url, headers=alice, json={**body, "session_id": OWN, "message_id": "zz"})
+    assert cited.status_code == 404 and same(cited, "b1") == same(missing, "zz")
+    alone = await http.post(url, headers=alice, json={**body, "message_id": "a1"})
+    assert alone.status_code == 422 and "message_id" in alone.text
+    direct = await http.post(f"/v1/agents/{AGENT}/memories", headers=alice,
+                             json={"namespace": f"session:{BOBS}", "kind": "observation", "content": "x"})
+    assert direct.status_code == 404
+    assert snapshot(falkordb_url) == before
+    # Bob's message in the session both spoke in is hers to see, and to cite.
+    written = await call(http, "POST", url, alice, json={**body, "session_id": SHARED, "message_id": "s2"})
+    assert written["written"][0]["provenance"]["message_ids"] == ["s2"]
+
+
+async def test_export_and_user_routes_hold_nothing_of_another_user(world):
+    http, keys, _ = world
+    alice = keys["alice"]
+    export = await http.get(f"/v1/agents/{AGENT}/users/alice/export", headers=alice)
+    assert export.status_code == 200 and "teal" in export.text
+    no_secret(export)
+    for method, url in (("GET", f"/v1/agents/{AGENT}/users/bob/export"), ("DELETE", f"/v1/agents/{AGENT}/users/bob"),
+                        ("GET", f"/v1/agents/{AGENT}/startup/block"), ("GET", f"/v1/agents/{AGENT}/startup")):
+        answer = await http.request(method, url, headers=alice, params={"session_id": BOBS} if "block" in url else None)
+        assert answer.status_code == 403, (url, answer.text)
+        no_secret(answer)
