@@ -369,6 +369,9 @@ class GraphBackend(MemoryBackend):
             updated += int(result.result_set[0][0]) if result.result_set else 0
         return updated
 
+    def redis_servers(self) -> list[Any]:
+        return [self.client.connection]
+
     async def purge_query_log(self, agent_id: str, timeout: float = QUERY_LOG_FLUSH_SECONDS) -> int:
         """FalkorDB keeps each graph's last queries, parameters included, in the stream
         ``telemetry{<graph>}`` (CMD_INFO, on by default), written a second or two after the

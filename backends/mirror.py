@@ -51,6 +51,7 @@ from memory_service.outbox import (
     WriteOp,
 )
 from memory_service.overload import is_unavailable
+from memory_service.pseudonyms import namespace_for_log
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -279,6 +280,9 @@ class MirroredBackend(MemoryBackend):
     async def purge_query_log(self, agent_id: str) -> int:
         return await self.primary.purge_query_log(agent_id)
 
+    def redis_servers(self) -> list[Any]:
+        return self.primary.redis_servers()
+
     async def scrub_pending(self, agent_id: str, judge: Callable[[Memory], Memory | None],
                             removed_ids: Collection[str]) -> int:
         removed = set(removed_ids)
@@ -310,7 +314,7 @@ class MirroredBackend(MemoryBackend):
         try:
             result = await read(self.primary)
         except Exception as exc:
-            log.warning("graph read of %s failed, reading mongo: %s", what, exc)
+            log.warning("graph read of %s failed, reading mongo: %s", namespace_for_log(what), exc)
             fallback = await self._from_mongo(read, what)
             if fallback is None:
                 raise exc
@@ -333,7 +337,7 @@ class MirroredBackend(MemoryBackend):
                 result = await read(self.mirror)
         except Exception as exc:
             self.breaker.failure(exc)
-            log.warning("mongo read of %s failed: %s: %s", what, type(exc).__name__, exc)
+            log.warning("mongo read of %s failed: %s: %s", namespace_for_log(what), type(exc).__name__, exc)
             return None
         self.breaker.success()
         self.fallback_reads += 1

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse
 
 from .access import authorize, caller, require_operator
 from .audit import AuditPage
-from .errors import Forbidden, NotFound
+from .errors import Forbidden, InvalidInput, NotFound
 from .keys import ApiKey, KeyIn, NewKey, Principal, Role
-from .models import AgentId
+from .models import AgentId, UserId
 
 router = APIRouter()
 Caller = Depends(caller)
@@ -70,6 +70,8 @@ async def read_audit(
                                                        "(operator keys only)"),
     action: str | None = Query(None, max_length=64, description="e.g. agent.put, key.create, user.erase"),
     key_id: str | None = Query(None, max_length=64, description="changes made with this key"),
+    user_id: UserId | None = Query(None, description="the entries naming this user (the log keeps user ids only as "
+                                                     "keyed digests: this one is digested here); needs agent_id"),
     since: datetime | None = Query(None),
     until: datetime | None = Query(None),
     before: str | None = Query(None, max_length=40, pattern=r"^\d{1,20}-\d{1,20}$",
@@ -80,11 +82,13 @@ async def read_audit(
     """The audit log, newest first: who changed what, when, before and after. Needs `admin`
     on the agent (an operator key for the changes spanning every agent)."""
     if agent_id is None:
+        if user_id is not None:
+            raise InvalidInput("user_id: a user is named per agent; give agent_id too")
         require_operator(principal)
     else:
         authorize(principal, Role.ADMIN, agent_id)
     page: AuditPage = await request.app.state.service.audit.read(
-        agent_id, action=action, key_id=key_id, since=since, until=until, before=before, limit=limit)
+        agent_id, action=action, key_id=key_id, user_id=user_id, since=since, until=until, before=before, limit=limit)
     return page
 
 

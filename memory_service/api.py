@@ -15,10 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__, admin_api, memory_api, overload, request_guard, startup_api
+from . import __version__, access_log, admin_api, memory_api, overload, request_guard, startup_api
 from .access import authorize, caller, reach, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
-from .erasure import ErasureReport, UserExport, erased_user_digest
+from .erasure import ErasureReport, UserExport
 from .errors import BackendUnavailable, MemoryServiceError
 from .formation import FormationSummary
 from .gates import CHARS_PER_TOKEN, GateStatus
@@ -100,6 +100,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     # (memory_service/overload.py).
     overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
                      configured.api_queue_timeout_seconds, describe=_public_detail)
+    access_log.install(app)  # outermost: access-log lines show route templates, not ids or queries
     Caller = Depends(caller)
 
     def svc(request: Request) -> MemoryService:
@@ -273,9 +274,9 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         outbox, and report what was removed (docs/erasure.md). A second call reports zeros;
         an unknown user gets an empty report. Needs `admin` on the agent (and the user)."""
         authorize(principal, Role.ADMIN, agent_id, user_id)
-        report = await svc(request).erase_user(agent_id, user_id)
-        await svc(request).audit.append(principal.key_id, "user.erase", agent_id, erased_user_digest(agent_id, user_id),
-                                        after=report.counts())
+        report = await svc(request).erase_user(agent_id, user_id, actor=principal.key_id)
+        await svc(request).audit.append(principal.key_id, "user.erase", agent_id,
+                                        await svc(request).audit.user_digest(agent_id, user_id), after=report.counts())
         return report
 
     @app.get("/v1/agents/{agent_id}/users/{user_id}/export", response_model=UserExport, tags=["users"])

@@ -35,6 +35,7 @@ from .context import (
 from .errors import BackendUnavailable, InvalidInput, MemoryServiceError
 from .models import Memory, MemoryKind, Shard
 from .namespaces import Namespace, validate_id
+from .pseudonyms import for_log, namespace_for_log
 from .reach import Reach
 from .retrieval import Retriever, SearchRequest, query_terms, snippet
 from .startup import StartupRecords
@@ -97,7 +98,8 @@ class ContextAssembler:
         except Exception as exc:
             # The state store is down too: the last good block this process served, if any.
             last_good = self._last_good.get(last_good_key)
-            log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id, user_id, session_id,
+            log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id,
+                        for_log(agent_id, user_id), session_id,
                         "this process's last good block" if last_good else "nothing",
                         f"no answer within {2 * allowed:g}s" if isinstance(exc, TimeoutError) else exc)
             rendered = replace(last_good, source="last-good") if last_good else replace(
@@ -143,7 +145,7 @@ class ContextAssembler:
         elif not complete and (last := await self.state.cache_get(f"last:{last_good_key}")):
             # Every store that could answer failed: the last complete block beats a smaller one.
             log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
-                        agent_id, user_id, session_id)
+                        agent_id, for_log(agent_id, user_id), session_id)
             return RenderedContext(**{**last, "source": "last-good"})
         return rendered
 
@@ -182,7 +184,7 @@ class ContextAssembler:
                 sources.update(m.served_by for m in memories if m.served_by)
                 return memories
             except Exception as exc:  # an outage or the deadline shrinks the block instead of failing the prompt
-                log.warning("memory context: reading %s failed: %s", namespace,
+                log.warning("memory context: reading %s failed: %s", namespace_for_log(namespace),
                             "past the deadline" if isinstance(exc, TimeoutError) else exc)
                 return None
 
@@ -265,7 +267,7 @@ class ContextAssembler:
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
-            log.warning("memory context: searching for %r failed: %s", query[:80] if query else None,
+            log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
             return [], False
         hits = [h for h in result.results if h.id not in exclude][:wanted]

@@ -13,6 +13,12 @@ other filters (action, key) are applied to what the range holds, scanning at mos
 AUDIT_SCAN_LIMIT entries per read. What grows: one entry per change of settings, shards,
 keys, memories (curation, erasure) and migrations; recording messages is not a change of
 this kind (each message is stored with its provenance) and is not logged here.
+
+User ids are written as keyed digests (memory_service/pseudonyms.py), as they are
+appended: in ``before``/``after`` (``user_id``, ``users``, ``user_ids``, user namespaces,
+the users in a key's name) and in ``target`` (a user namespace; the erasure's target is
+the digest itself). So an erasure has nothing to rewrite here, and the log still finds a
+user's entries: ``read(user_id=...)`` digests the id and matches it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from .errors import InvalidInput, preview
+from .pseudonyms import Pseudonyms
 
 AUDIT_SCAN_LIMIT = 10_000  # entries one read looks at, whatever its filters
 MAX_AUDIT_VALUE_CHARS = 20_000  # of a before/after value: an audit entry never carries a whole store
@@ -62,13 +69,20 @@ def _bounded(value: Any) -> str:
 class AuditLog:
     """The log in Redis; ``redis`` decodes responses (the state store's client)."""
 
-    def __init__(self, redis: Redis):
+    def __init__(self, redis: Redis, pseudonyms: Pseudonyms | None = None):
         self.redis = redis
+        self.pseudonyms = pseudonyms or Pseudonyms(redis)
+
+    async def user_digest(self, agent_id: str, user_id: str) -> str:
+        """How this log names user ``user_id`` of ``agent_id``."""
+        return await self.pseudonyms.user(agent_id, user_id)
 
     async def append(self, key_id: str, action: str, agent_id: str | None = None, target: str | None = None,
                      before: Any = None, after: Any = None) -> str:
-        fields = {"key_id": key_id, "action": action, "agent_id": agent_id or "", "target": target or "",
-                  "before": _bounded(before), "after": _bounded(after)}
+        scrub = self.pseudonyms.scrub
+        fields = {"key_id": key_id, "action": action, "agent_id": agent_id or "",
+                  "target": await scrub(agent_id, target or ""),
+                  "before": _bounded(await scrub(agent_id, before)), "after": _bounded(await scrub(agent_id, after))}
         return str(await self.redis.xadd(_stream(agent_id), fields))  # type: ignore[arg-type]
 
     async def append_each(self, key_id: str, action: str, agents: list[str] | None, target: str | None = None,
@@ -79,9 +93,13 @@ class AuditLog:
             await self.append(key_id, action, agent_id, target, before, after)
 
     async def read(self, agent_id: str | None, *, action: str | None = None, key_id: str | None = None,
-                   since: datetime | None = None, until: datetime | None = None, before: str | None = None,
-                   limit: int = 100) -> AuditPage:
-        """Entries of ``agent_id`` (None: the system stream), newest first, filtered."""
+                   user_id: str | None = None, since: datetime | None = None, until: datetime | None = None,
+                   before: str | None = None, limit: int = 100) -> AuditPage:
+        """Entries of ``agent_id`` (None: the system stream), newest first, filtered;
+        ``user_id``: the entries naming that user (by its digest: the agent's log only)."""
+        if user_id is not None and agent_id is None:
+            raise InvalidInput("user_id: a user is named per agent; give agent_id too")
+        digest = await self.user_digest(agent_id, user_id) if user_id is not None and agent_id else None
         high = _older_than(before) if before else (_ms(until) if until else "+")
         low = _ms(since) if since else "-"
         if high is None:  # nothing is older than the first possible entry
@@ -99,7 +117,8 @@ class AuditLog:
                 scanned += 1
                 entry = _entry(raw_id, raw)
                 next_id = entry.id
-                if (action is None or entry.action == action) and (key_id is None or entry.key_id == key_id):
+                if ((action is None or entry.action == action) and (key_id is None or entry.key_id == key_id)
+                        and (digest is None or any(digest in raw[f] for f in ("target", "before", "after")))):
                     entries.append(entry)
                     if len(entries) == limit:
                         break

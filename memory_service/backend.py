@@ -149,3 +149,8 @@ class MemoryBackend(ABC):
         """Forget the store's own log of the agent's recent queries, which quotes their
         parameters (the erased data among them); how many entries went. None by default."""
         return 0
+
+    def redis_servers(self) -> list[Any]:
+        """The Redis clients of the servers this backend stores in (an erasure rewrites their
+        append-only files, memory_service/persistence.py). None by default."""
+        return []

@@ -211,6 +211,11 @@ class Settings(BaseSettings):
         default=None, min_length=32,
         description="A key (32+ characters) with admin rights over every agent, e.g. from a secret store; "
                     "more keys are made with it or with `memory-service keys create`")
+    user_digest_key: SecretStr | None = Field(
+        default=None, min_length=32,
+        description="The secret (32+ characters) under which the audit log and the logs name users (keyed digests, "
+                    "docs/erasure.md); unset: one made once and kept in Redis. Changing it makes older digests "
+                    "unfindable by user id")
     rate_limit_requests_per_minute: int = Field(
         default=3_000, ge=0, description="Requests per minute per key, shared by all API replicas (0: no limit); "
                                          "a key may carry its own")

@@ -24,6 +24,7 @@ from .embedding import Embedder
 from .extraction import ExtractionUsage
 from .models import Memory, MemoryKind, Provenance, utcnow
 from .namespaces import Namespace, NamespaceKind
+from .pseudonyms import namespace_for_log
 from .retrieval import embed_memories
 from .rule_extractor import limit_words
 from .state import StateStore
@@ -122,7 +123,8 @@ async def consolidate(
     found = {m.id: m for m in await backend.get(agent_id, namespace, ids)}
     items = [found[i] for i in ids if i in found]  # order of the list: oldest first
     if len(items) < len(ids):
-        log.warning("consolidating %s: %d pending item(s) no longer stored", key, len(ids) - len(items))
+        log.warning("consolidating %s: %d pending item(s) no longer stored", namespace_for_log(key),
+                    len(ids) - len(items))
     if not items:  # e.g. their user was erased: a version of nothing would only repeat the last
         return {**outcome, "reason": "nothing left to merge"}
     previous = await latest_consolidated(backend, agent_id, namespace)
@@ -151,5 +153,5 @@ async def consolidate(
     await backend.write([memory])  # the same id on a retry: the first write stands
     if await state.finish_consolidation(key, version, len(ids)) < 0:
         return {**outcome, "reason": "version already consolidated"}
-    log.info("consolidated %d item(s) of %s into version %d", len(ids), key, version + 1)
+    log.info("consolidated %d item(s) of %s into version %d", len(ids), namespace_for_log(key), version + 1)
     return {**outcome, "version": version + 1, "consolidated": True, "items": len(ids)}

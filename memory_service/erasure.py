@@ -16,15 +16,18 @@ The rule for shared memories: a memory formed from U's messages AND other users'
 episode of a shared window, a shard's consolidated memory that merged U's suggestion) is
 removed whole and nothing is formed again in its place; the report lists each one.
 
-Erasure order, so that a crash at any step is finished by a retry: find everything; take
-it out of the queued writes (outbox); out of the session ledgers (Redis); out of every
-store; then the consolidation queues, job results, cached blocks and, last, the user's
-session index, which is how a retry finds the user's sessions.
+Erasure order, so that a crash at any step is finished by a retry: first the user's API
+keys (revoked, or the user taken out of a key for others too: nothing is recorded for the
+user meanwhile); find everything; take it out of the queued writes (outbox); out of the
+session ledgers (Redis); out of every store; then the consolidation queues, job results,
+cached blocks and the user's session index, which is how a retry finds the user's
+sessions; last, when anything was found, the stores' query logs and their append-only
+files (memory_service/persistence.py). The audit log and the logs hold the user only as a
+keyed digest (memory_service/pseudonyms.py): nothing there to rewrite.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,12 +38,15 @@ from pydantic import BaseModel, Field
 
 from .agents import AgentDirectory
 from .assembler import ContextAssembler
+from .audit import AuditLog
 from .backend import MemoryBackend
 from .erasure_state import ErasureState
 from .errors import BackendUnavailable
 from .jobs import JobQueue
+from .keys import KeyStore
 from .models import Memory, MemoryKind, utcnow
 from .namespaces import Namespace, NamespaceKind, validate_id
+from .persistence import rewrite as rewrite_persistence
 from .routing import BackendRegistry
 from .state import StateStore
 
@@ -81,6 +87,16 @@ class ErasureReport(BaseModel):
     user_keys: int = Field(default=0, description="the user's own Redis keys deleted (indexes, consolidation, generation)")
     query_log_entries: int = Field(default=0, description="entries of the stores' own logs of recent queries trimmed "
                                                   "(FalkorDB's quote their parameters)")
+    keys_revoked: list[str] = Field(default_factory=list, description="API keys limited to the user alone: revoked, "
+                                                                      "the user's id in them replaced by its digest")
+    keys_narrowed: list[str] = Field(default_factory=list, description="API keys for the user and others: the user "
+                                                                       "taken out")
+    audit_entries: int = Field(default=0, description="entries of the agent's audit log naming the user, all by its "
+                                                      "keyed digest (never the id): kept, nothing to rewrite")
+    persistence: dict[str, str] = Field(default_factory=dict, description="per Redis server (named by the stores on "
+                                        "it): its append-only file rewritten without the erased data, or why not")
+    logs: str = Field(default="the service's log lines name users only by keyed digest and hold no query or message "
+                              "text; access-log lines show route templates", description="what the logs hold")
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -89,16 +105,10 @@ class ErasureReport(BaseModel):
 
     def counts(self) -> dict[str, Any]:
         """The report without ids (for the audit log, which must not keep what was erased)."""
-        numbers = self.model_dump(mode="json", exclude={"agent_id", "user_id", "notes"})
-        for listed in ("sessions_touched", "sessions_removed", "shared_removed"):
+        numbers = self.model_dump(mode="json", exclude={"agent_id", "user_id", "notes", "logs"})
+        for listed in ("sessions_touched", "sessions_removed", "shared_removed", "keys_revoked", "keys_narrowed"):
             numbers[listed] = len(numbers[listed])
         return numbers
-
-
-def erased_user_digest(agent_id: str, user_id: str) -> str:
-    """How the audit log names an erased user: a digest, so that the log can confirm that a
-    given user was erased without keeping the id it was asked to forget."""
-    return "sha256:" + hashlib.sha256(f"{agent_id}\x00{user_id}".encode()).hexdigest()
 
 
 class ExportedMemory(BaseModel):
@@ -226,8 +236,9 @@ def _without_user(memory: Memory, user_id: str) -> Memory:
 
 class Eraser:
     def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
-                 assembler: ContextAssembler):
+                 assembler: ContextAssembler, keys: KeyStore, audit: AuditLog):
         self.state, self.registry, self.agents, self.assembler = state, registry, agents, assembler
+        self.keys, self.audit = keys, audit
         self.redis_side = ErasureState(state, queue)
 
     async def _backends(self, agent_id: str, notes: list[str]) -> list[tuple[str, MemoryBackend]]:
@@ -313,10 +324,13 @@ class Eraser:
                 message_ids=[m for m in p.message_ids if (p.session_id, m) in held.message_keys]))
         return out
 
-    async def erase_user(self, agent_id: str, user_id: str) -> ErasureReport:
+    async def erase_user(self, agent_id: str, user_id: str, actor: str = "erasure") -> ErasureReport:
+        """``actor``: the key id the audit log records for the key changes (the erasure's caller)."""
         validate_id(agent_id, "agent_id")
         validate_id(user_id, "user_id")
         report = ErasureReport(agent_id=agent_id, user_id=user_id)
+        digest = await self.audit.user_digest(agent_id, user_id)
+        await self._forget_keys(agent_id, user_id, digest, actor, report)
         backends = await self._backends(agent_id, report.notes)
         held = await self.holdings(agent_id, user_id, backends)
         removed_ids = list(held.removed)
@@ -368,9 +382,31 @@ class Eraser:
         report.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
         report.cached_blocks += self.assembler.forget_agent(agent_id)
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
-        for _, backend in backends:  # last: the erasure's own queries name the user
-            report.query_log_entries += await backend.purge_query_log(agent_id)
-        log.warning("erased user %s of agent %s: %d memories (%s), %d sessions touched, %d removed, %d shared memories",
-                    user_id, agent_id, report.removed, report.memories, len(report.sessions_touched),
-                    len(report.sessions_removed), len(report.shared_removed))
+
+        # 5. Only when something was found: the stores' own logs and files. An unknown user
+        #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and
+        #    no rewrite; the erasure's reads named only an id nothing was held for.
+        found = bool(held.sessions or held.removed or held.rewritten or report.outbox_entries or report.user_keys
+                     or report.keys_revoked or report.keys_narrowed)
+        if found:
+            for _, backend in backends:  # last: the erasure's own queries name the user
+                report.query_log_entries += await backend.purge_query_log(agent_id)
+            servers: list[tuple[str, Any]] = [("state", self.state.redis)]
+            servers += [(name, server) for name, backend in backends for server in backend.redis_servers()]
+            report.persistence = await rewrite_persistence(servers)
+            log.info("erased user %s of agent %s: %d memories (%s), %d sessions touched, %d removed, %d shared "
+                     "memories, %d keys revoked, %d narrowed", digest, agent_id, report.removed, report.memories,
+                     len(report.sessions_touched), len(report.sessions_removed), len(report.shared_removed),
+                     len(report.keys_revoked), len(report.keys_narrowed))
+        report.audit_entries = len((await self.audit.read(agent_id, user_id=user_id, limit=1000)).entries)
         return report
+
+    async def _forget_keys(self, agent_id: str, user_id: str, digest: str, actor: str, report: ErasureReport) -> None:
+        """The user's keys revoked, or the user taken out of keys for others too; each
+        change audited (the log names the user only by ``digest``)."""
+        for before, after in await self.keys.forget_user(agent_id, user_id, digest):
+            alone = after.users == [digest]
+            (report.keys_revoked if alone else report.keys_narrowed).append(after.key_id)
+            action = "key.revoke" if alone and before.revoked_at is None else "key.update"
+            await self.audit.append_each(actor, action, after.agents, after.key_id, before=before.model_dump(mode="json"),
+                                         after={**after.model_dump(mode="json"), "reason": "user.erase"})

@@ -262,5 +262,6 @@ def _memories(window: Window, window_key: str, extraction: Extraction) -> list[M
         elif item.kind in (MemoryKind.FACT, MemoryKind.SUGGESTION) and item.shard_id in shard_ids:
             add(item.kind, Namespace.shard(window.agent_id, item.shard_id), item.content, item.message_ids, item.user_id)
         else:
-            log.warning("dropping extracted %s with no valid target: %r", item.kind, item)
+            log.warning("dropping an extracted %s of session %s with no valid target (shard %s)", item.kind,
+                        window.session_id, item.shard_id)  # never its words
     return memories

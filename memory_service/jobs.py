@@ -19,6 +19,7 @@ from arq.jobs import Job, JobStatus
 
 from .config import Settings
 from .namespaces import Namespace
+from .pseudonyms import scrub_text
 from .redis_pools import arq_client
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class JobQueue:
             # seconds: drop it and enqueue again.
             info = await self.job(job_id).result_info()
             if info is not None and not info.success:
-                log.info("re-enqueueing %s after its failure: %s", job_id, info.result)
+                log.info("re-enqueueing %s after its failure: %s", scrub_text(job_id), scrub_text(str(info.result)))
                 await self.pool.delete(result_key_prefix + job_id)
                 await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
         return job_id

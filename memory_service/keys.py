@@ -36,6 +36,7 @@ from redis.asyncio import Redis
 
 from .errors import NotFound, RateLimited
 from .models import AgentId, UserId
+from .pseudonyms import name_without
 
 KEY_PREFIX = "msk_"
 KEY_ID_BYTES = 8  # 16 hex digits: unique among keys, shown in lists and the audit log
@@ -279,6 +280,30 @@ class KeyStore:
         now = datetime.now(UTC)
         await self.redis.hset(_record_key(key_id), "revoked_at", now.isoformat())
         return key.model_copy(update={"revoked_at": now}), True
+
+    async def forget_user(self, agent_id: str, user_id: str, digest: str) -> Sequence[tuple[ApiKey, ApiKey]]:
+        """An erasure's part: every key of the agent limited to ``user_id`` no longer names it.
+        A key for that user alone is revoked and keeps ``digest`` in its place (its record
+        still says it was one user's); a key for others too loses the user. The user's id
+        also leaves the keys' names. ``(before, after)`` of each key changed."""
+        ids = sorted(cast(set[str], await self.redis.smembers(_agent_keys(agent_id))))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key_id in ids:
+                pipe.hgetall(_record_key(key_id))
+            records = cast(list[dict[str, str]], await pipe.execute())
+        changed: list[tuple[ApiKey, ApiKey]] = []
+        for key_id, raw in zip(ids, records, strict=True):
+            if not raw or user_id not in (json.loads(raw["users"]) if raw.get("users") else []):
+                continue
+            key = _parse(key_id, raw)
+            others = [u for u in key.users or () if u != user_id]
+            name = name_without(key.name, [user_id], "[erased user]")[:120]
+            update: dict[str | bytes, str] = {"users": json.dumps(others or [digest]), "name": name}
+            if not others and key.revoked_at is None:
+                update["revoked_at"] = datetime.now(UTC).isoformat()
+            await self.redis.hset(_record_key(key_id), mapping=cast(dict[Any, Any], update))
+            changed.append((key, await self.get(key_id)))
+        return changed
 
     async def any_key(self) -> bool:
         return bool(self._operator_digest) or bool(await self.redis.scard(_KEYS_SET))

@@ -24,6 +24,7 @@ from .audit import AuditLog
 from .config import Settings
 from .errors import MemoryServiceError
 from .keys import OPERATOR, ApiKey, KeyIn, KeyStore, Role
+from .pseudonyms import Pseudonyms
 
 T = TypeVar("T")
 CLI_KEY_ID = "cli"
@@ -59,7 +60,8 @@ def _run(data_dir: Path | None, work: Callable[[KeyStore, AuditLog], Awaitable[T
 
     async def main() -> T:
         async with _redis(settings, data_dir) as redis:
-            return await work(KeyStore(redis), AuditLog(redis))
+            digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
+            return await work(KeyStore(redis), AuditLog(redis, Pseudonyms(redis, digest_key)))
 
     try:
         return asyncio.run(main())

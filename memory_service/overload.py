@@ -31,6 +31,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from .access_log import route_template
 from .errors import BackendUnavailable, FormationPending, MemoryServiceError
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,8 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
 
     async def store_failed(request: Request, exc: Exception) -> JSONResponse:
         # The library's text may name hosts and ports: logged, not sent.
-        log.warning("%s %s: a store is unavailable or overloaded: %s: %s", request.method, request.url.path,
-                    type(exc).__name__, exc)
+        log.warning("%s %s: a store is unavailable or overloaded: %s: %s", request.method,
+                    route_template(request.scope), type(exc).__name__, exc)  # the template: no ids
         return unavailable_response("a store is overloaded or unreachable; try again shortly")
 
     async def unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -157,6 +157,7 @@ async def open_service(
         service = MemoryService(settings, state, default_extractor(settings), queue,
                                 default_consolidator(settings), embedder=embedder)
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
+        await service.pseudonyms.key()  # loaded now: log lines name users by its digests
         if settings.mongodb_uri:
             service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension))
         try:

@@ -35,6 +35,7 @@ from .legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from .namespaces import validate_id
 from .pipeline import FormationPipeline
+from .pseudonyms import Pseudonyms
 from .reach import Reach
 from .retention import PurgeReport, Retention, RetentionIndex
 from .retrieval import Retriever, SearchRequest, SearchResult
@@ -66,8 +67,10 @@ class MemoryService:
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
                              operator_key)
-        self.audit = AuditLog(state.redis)
-        self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler)
+        digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
+        self.pseudonyms = Pseudonyms(state.redis, digest_key)
+        self.audit = AuditLog(state.redis, self.pseudonyms)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler, self.keys, self.audit)
         self.startup = self.assembler.startup  # startup records (memory_service/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
@@ -200,8 +203,9 @@ class MemoryService:
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:
         return await self.eraser.export_user(agent_id, user_id)
 
-    async def erase_user(self, agent_id: str, user_id: str) -> ErasureReport:
-        return await self.eraser.erase_user(agent_id, user_id)
+    async def erase_user(self, agent_id: str, user_id: str, actor: str = "erasure") -> ErasureReport:
+        """``actor``: who asked (an API key's id), for the audit entries of the key changes."""
+        return await self.eraser.erase_user(agent_id, user_id, actor)
 
     async def health(self) -> dict[str, Any]:
         state: dict[str, Any]

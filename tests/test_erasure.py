@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 
 import httpx
 import pytest
@@ -17,6 +19,7 @@ import redis.asyncio as aioredis
 
 from backends.graph import GraphBackend
 from memory_service.api import create_app
+from memory_service.config import Settings
 from memory_service.jobs import CONSOLIDATE_JOB
 from memory_service.loopback import LoopbackServer
 from memory_service.models import AgentSettings, Memory, MemoryKind, Provenance, ShardIn
@@ -365,3 +368,166 @@ async def test_an_erasure_while_mongo_is_cut_completes_when_it_returns_and_the_o
     assert await database.memories.count_documents({"metadata.user_id": BOB, "kind": "message"}) == bob_in_mongo + 1
     assert await database.user_memory.find_one({"_id": f"user:{AGENT}:{ALICE}"}) is None
     assert (await service.erase_user(AGENT, ALICE)).memories == {}
+
+
+# Every trace: keys, the audit log, the server's logs and the store's files.
+
+SEC, EVE, BOB2 = "sec", "eve-7f3k2", "bob-2q8w"
+EVE_TEXTS = ("EVESECRET91", "EVEPASS44", "EVEQUERY73", "EVENOTE55")
+# Her id as written, and as the graph's group ids encode it ("eve_2d_7f3k2").
+EVE_NEEDLES = (EVE, Namespace.user(SEC, EVE).group_id.rpartition("__")[2], *EVE_TEXTS)
+EVE_LINES = [
+    ("user", "Always call me EVESECRET91 when we talk about trips."),
+    ("assistant", "Noted, EVESECRET91."),
+    ("user", "I prefer the locker with code EVEPASS44 at every station."),
+    ("user", "We should book the EVESECRET91 hotel because it is quiet."),
+]
+BOB_LINES = [("user", "Always answer me in Danish."), ("user", "I prefer trains to planes on every trip.")]
+OPERATOR_SECRET = "operator-" + "k" * 40
+AS_OPERATOR = {"Authorization": f"Bearer {OPERATOR_SECRET}"}
+
+
+@pytest.fixture
+async def own_store(tmp_path):
+    """A service on an embedded store of its own (its append-only file holds this test's
+    writes only), requiring keys, behind a real server."""
+    settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, embedder="hash",
+                        embedding_dimension=64, api_auth="keys", operator_api_key=OPERATOR_SECRET,
+                        memory_write_agents=[SEC], **OVERRIDES)
+    async with open_service(settings, data_dir=tmp_path / "store", run_worker=True) as service:
+        async with LoopbackServer(create_app(service=service)) as server:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
+                yield service, http, tmp_path / "store"
+
+
+@pytest.fixture
+def server_logs(caplog):
+    """Every log line of the process, uvicorn's access lines included (its loggers do not
+    propagate); the test client's own lines (httpx) are not the server's."""
+    caplog.set_level(logging.DEBUG)
+    access = logging.getLogger("uvicorn.access")
+    uvicorn_logger, level = logging.getLogger("uvicorn"), access.level
+    access.setLevel(logging.INFO)
+    access.addHandler(caplog.handler)
+    uvicorn_logger.addHandler(caplog.handler)
+    yield lambda: [r for r in caplog.records if not r.name.startswith(("httpx", "httpcore"))]
+    access.removeHandler(caplog.handler)
+    uvicorn_logger.removeHandler(caplog.handler)
+    access.setLevel(level)
+
+
+async def every_graph_property(url: str, needles) -> list[str]:
+    """Every property of every node and edge of every graph."""
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    hits = []
+    try:
+        for graph in await client.execute_command("GRAPH.LIST"):
+            for query in ("MATCH (n) RETURN labels(n), properties(n)", "MATCH ()-[r]->() RETURN type(r), properties(r)"):
+                rows = (await client.execute_command("GRAPH.RO_QUERY", graph, query))[1]
+                hits += [f"{graph}: {found} in {row}" for row in rows if (found := found_in(repr(row), needles))]
+    finally:
+        await client.aclose()
+    return hits
+
+
+def file_findings(directory, needles) -> list[str]:
+    hits = []
+    for path in sorted(p for p in directory.rglob("*") if p.is_file()):
+        data = path.read_bytes().lower()
+        hits += [f"{path.name}: {n}" for n in needles if n.lower().encode() in data]
+    return hits
+
+
+async def test_an_erasure_leaves_no_trace_in_keys_audit_logs_or_the_append_only_file(own_store, server_logs):
+    service, http, data_dir = own_store
+    made = {}
+    for name, users in ((f"{EVE} phone", [EVE]), ("family", [EVE, BOB2])):
+        answer = await http.post("/v1/keys", headers=AS_OPERATOR,
+                                 json={"name": name, "role": "write", "agents": [SEC], "users": users})
+        assert answer.status_code == 201, answer.text
+        made[name] = answer.json()
+    eve_key = {"Authorization": f"Bearer {made[f'{EVE} phone']['key']}"}
+    family = {"Authorization": f"Bearer {made['family']['key']}"}
+
+    # Everything she can do with her own key: messages, a memory write, context and search
+    # with her words in the query string, formation; and Bob beside her.
+    for i, (role, content) in enumerate(EVE_LINES):
+        line = {"agent_id": SEC, "user_id": EVE, "role": role, "content": content, "message_id": f"e{i}"}
+        assert (await http.post("/v1/sessions/trip-1/messages", headers=eve_key, json=line)).status_code == 200
+    for i, (role, content) in enumerate(BOB_LINES):
+        line = {"agent_id": SEC, "user_id": BOB2, "role": role, "content": content, "message_id": f"b{i}"}
+        assert (await http.post("/v1/sessions/trip-2/messages", headers=family, json=line)).status_code == 200
+    written = await http.post(f"/v1/agents/{SEC}/memories", headers=eve_key, json={
+        "namespace": f"user:{SEC}:{EVE}", "kind": "observation", "content": "EVENOTE55 likes window seats."})
+    assert written.status_code == 201, written.text
+    for session in ("trip-1", "trip-2"):
+        assert (await http.post(f"/v1/sessions/{session}/form", headers=AS_OPERATOR)).status_code == 200
+    await consolidated(service)
+    await wait_embedded(service, SEC)
+    context = await http.get("/v1/context", headers=eve_key, params={
+        "agent_id": SEC, "user_id": EVE, "session_id": "trip-1", "query": "EVEQUERY73 locker"})
+    assert context.status_code == 200 and "EVEPASS44" in context.text
+    assert (await http.get("/v1/search", headers=eve_key, params={
+        "agent_id": SEC, "query": "EVEQUERY73 EVESECRET91", "scope": "user", "user_id": EVE})).status_code == 200
+    assert (await http.get(f"/v1/agents/{SEC}/users/{EVE}/export", headers=AS_OPERATOR)).status_code == 200
+    url = service.settings.redis_url
+    assert await redis_findings(url, EVE_NEEDLES) and await every_graph_property(url, EVE_NEEDLES)  # found before
+    assert file_findings(data_dir / "appendonlydir", EVE_NEEDLES)  # the append-only file too
+
+    # The audit log named her by digest from the start, and finds her entries by her id.
+    entries = (await http.get("/v1/audit", headers=AS_OPERATOR, params={"agent_id": SEC, "limit": 1000})).json()
+    assert not found_in(json.dumps(entries), EVE_NEEDLES), entries
+    mine = (await http.get("/v1/audit", headers=AS_OPERATOR, params={"agent_id": SEC, "user_id": EVE})).json()
+    assert {e["action"] for e in mine["entries"]} == {"key.create", "memory.write"}
+    assert (await http.get("/v1/audit", headers=AS_OPERATOR, params={"user_id": EVE})).status_code == 422
+
+    erased = await http.delete(f"/v1/agents/{SEC}/users/{EVE}", headers=AS_OPERATOR)
+    assert erased.status_code == 200, erased.text
+    report = erased.json()
+    assert report["keys_revoked"] == [made[f"{EVE} phone"]["key_id"]]
+    assert report["keys_narrowed"] == [made["family"]["key_id"]]
+    assert report["persistence"] == {"state+graph": "rewritten; snapshot scheduled"}, report["persistence"]
+    # Entries naming her digest: two key.create, memory.write, key.revoke and key.update.
+    assert report["audit_entries"] == 5 and report["query_log_entries"] > 0
+    assert report["memories"]["message"] == 4 and report["memories"]["observation"] == 1
+
+    # Her key is revoked; the family key still serves Bob, and no longer her.
+    line = {"agent_id": SEC, "user_id": EVE, "role": "user", "content": "EVESECRET91 again", "message_id": "late"}
+    assert (await http.post("/v1/sessions/trip-1/messages", headers=eve_key, json=line)).status_code == 401
+    assert (await http.post("/v1/sessions/trip-3/messages", headers=family, json=line)).status_code == 403
+    line = {**line, "user_id": BOB2, "content": "Trains again.", "message_id": "b9"}
+    assert (await http.post("/v1/sessions/trip-2/messages", headers=family, json=line)).status_code == 200
+    keys = {k["key_id"]: k for k in (await http.get("/v1/keys", headers=AS_OPERATOR)).json()}
+    assert keys[made["family"]["key_id"]]["users"] == [BOB2] and keys[made["family"]["key_id"]]["revoked_at"] is None
+    assert keys[made[f"{EVE} phone"]["key_id"]]["revoked_at"] is not None
+    entries = (await http.get("/v1/audit", headers=AS_OPERATOR, params={"agent_id": SEC, "limit": 1000})).json()
+    assert {"key.revoke", "key.update", "user.erase"} <= {e["action"] for e in entries["entries"]}
+
+    # Nothing of her anywhere: Redis (every key, every type), the graph (every property), the
+    # audit log, the append-only file as rewritten, and every log line the process wrote.
+    assert await redis_findings(url, EVE_NEEDLES) == []
+    assert await every_graph_property(url, EVE_NEEDLES) == []
+    assert not found_in(json.dumps(entries), EVE_NEEDLES)
+    aof = data_dir / "appendonlydir"
+    assert any(aof.iterdir()) and file_findings(aof, EVE_NEEDLES) == []
+    records = server_logs()
+    access = [r.getMessage() for r in records if r.name == "uvicorn.access"]
+    assert 'GET /v1/agents/{agent_id}/users/{user_id}/export HTTP/1.1" 200' in "\n".join(access), access
+    assert any("/v1/context HTTP/1.1" in line for line in access) and not any("?" in line for line in access)
+    assert any(r.name.startswith("arq") for r in records)  # the worker's job lines were captured too
+    leaks = [f"{r.name}: {r.getMessage()}" for r in records if found_in(r.getMessage() + (r.exc_text or ""), EVE_NEEDLES)]
+    assert leaks == []
+    assert any(r.name == "memory_service.erasure" and "hmac-sha256-" in r.getMessage() for r in records)
+
+
+async def test_erasing_an_unknown_user_is_fast_and_quiet(erase_service, caplog):
+    await converse(erase_service)
+    caplog.set_level(logging.INFO)
+    started = time.monotonic()
+    report = await erase_service.erase_user(AGENT, "nobody-at-all")
+    elapsed = time.monotonic() - started
+    assert report.memories == {} and report.query_log_entries == 0 and report.persistence == {}
+    assert report.keys_revoked == report.keys_narrowed == []
+    assert elapsed < 1.0, elapsed  # no query-log trim (its marker alone takes FalkorDB 1-2 s to log), no rewrite
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert not any("nobody-at-all" in r.getMessage() for r in caplog.records)

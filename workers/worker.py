@@ -32,6 +32,7 @@ from arq.worker import Worker, func
 
 from memory_service.config import Settings
 from memory_service.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME
+from memory_service.pseudonyms import install_log_filter, namespace_for_log
 from memory_service.redis_pools import arq_client
 from memory_service.service import MemoryService
 
@@ -96,7 +97,7 @@ async def form_window(ctx: Ctx, session_id: str, window: int) -> dict[str, Any]:
 
 
 async def consolidate(ctx: Ctx, namespace: str, version: int, count: int) -> dict[str, Any]:
-    return await _run(ctx, f"consolidating {namespace} version {version}", "consolidation",
+    return await _run(ctx, f"consolidating {namespace_for_log(namespace)} version {version}", "consolidation",
                       lambda: _service(ctx).run_consolidation(namespace, version, count))
 
 
@@ -125,6 +126,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
     every = s.cleanup_cold_sessions_every_minutes
     if s.redis_url is None:  # open_service sets it (to FALKORDB_URL by default)
         raise ValueError("the worker needs settings.redis_url (REDIS_URL): the Redis its jobs are queued on")
+    install_log_filter("arq.worker", "arq.jobs")  # arq's job lines quote job ids and arguments: user namespaces
     return Worker(
         functions=[
             func(form_window, name=FORM_JOB, max_tries=s.worker_max_tries),

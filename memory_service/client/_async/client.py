@@ -261,11 +261,12 @@ class AsyncMemoryClient:
         return result
 
     async def audit(self, *, agent_id: str | None = None, action: str | None = None, key_id: str | None = None,
-                    since: datetime | None = None, until: datetime | None = None, before: str | None = None,
-                    limit: int | None = None) -> AuditPage:
-        """A page of the audit log, newest first; pass the page's ``next`` as ``before`` for older ones."""
-        params = query_params(agent_id=agent_id, action=action, key_id=key_id, since=since, until=until, before=before,
-                       limit=limit)
+                    user_id: str | None = None, since: datetime | None = None, until: datetime | None = None,
+                    before: str | None = None, limit: int | None = None) -> AuditPage:
+        """A page of the audit log, newest first; pass the page's ``next`` as ``before`` for older ones.
+        ``user_id`` (with ``agent_id``): the entries naming that user (the log keeps a keyed digest)."""
+        params = query_params(agent_id=agent_id, action=action, key_id=key_id, user_id=user_id, since=since,
+                              until=until, before=before, limit=limit)
         result: AuditPage = parse(AuditPage, await self._send("GET", "/v1/audit", params=params))
         return result
 
