@@ -185,6 +185,10 @@ async def test_a_users_key_records_into_another_users_session_only_if_the_agent_
     # A key for all users is not limited by the setting.
     await call(http, "POST", f"/v1/sessions/{BOBS}/messages", admin, json={**line("j2"), "content": "Hi bob"})
     await call(http, "DELETE", f"/v1/agents/{AGENT}/users/alice", admin)  # she took part in bob's session: undo it
+    # The erasure revoked her key with the rest of her: she gets a new one.
+    assert (await http.get(f"/v1/sessions/{OWN}", headers=alice)).status_code == 401
+    alice = bearer((await call(http, "POST", "/v1/keys", admin,
+                               json={"name": "alice2", "role": "admin", "agents": [AGENT], "users": ["alice"]}))["key"])
     assert (await http.get(f"/v1/sessions/{BOBS}", headers=alice)).status_code == 404
     # With users_join_sessions on, she may join, and from then on sees the session.
     agent = await call(http, "PUT", f"/v1/agents/{AGENT}", admin, json={"users_join_sessions": True})
