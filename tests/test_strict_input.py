@@ -10,7 +10,6 @@ import asyncio
 import json
 from urllib.parse import quote, urlsplit
 
-import httpx
 import pytest
 from redis.exceptions import ResponseError
 
@@ -275,7 +274,7 @@ NFD_CAFE, NFC_CAFE = "cafe\u0301", "caf\u00e9"
 
 async def test_nfd_and_nfc_spellings_are_one_id(seeded):
     recorded = await seeded.post(f"/v1/sessions/{quote(NFD_CAFE)}/messages",
-                                 json={**MESSAGE, "user_id": f"jose\u0301", "message_id": f"m-{NFD_CAFE}"})
+                                 json={**MESSAGE, "user_id": "jose\u0301", "message_id": f"m-{NFD_CAFE}"})
     assert recorded.status_code == 200 and recorded.json()["session_id"] == NFC_CAFE, recorded.text
     assert recorded.json()["message_id"] == f"m-{NFC_CAFE}"
     found = await seeded.get(f"/v1/sessions/{quote(NFC_CAFE)}")
