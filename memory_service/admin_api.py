@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi import Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from .access import authorize, caller, require_operator
 from .audit import AuditPage
 from .errors import Forbidden, InvalidInput, NotFound
 from .keys import ApiKey, KeyIn, NewKey, Principal, Role
-from .models import AgentId, UserId
+from .models import AgentId, OpaqueId, UserId
+from .request_guard import strict_router
 
-router = APIRouter()
+router = strict_router()
 Caller = Depends(caller)
 
 
@@ -44,7 +45,7 @@ async def list_keys(request: Request, principal: Principal = Caller) -> list[Api
 
 
 @router.delete("/v1/keys/{key_id}", response_model=ApiKey, tags=["keys"])
-async def revoke_key(request: Request, key_id: str = Path(max_length=64), principal: Principal = Caller) -> ApiKey:
+async def revoke_key(request: Request, key_id: OpaqueId = Path(max_length=64), principal: Principal = Caller) -> ApiKey:
     """Revoke a key at once, on every replica (idempotent). Needs an admin key whose scope
     holds the key's; a key out of reach is answered as an unknown one."""
     _require_admin(principal)
@@ -69,7 +70,7 @@ async def read_audit(
     agent_id: AgentId | None = Query(None, description="whose changes; omitted: changes spanning every agent "
                                                        "(operator keys only)"),
     action: str | None = Query(None, max_length=64, description="e.g. agent.put, key.create, user.erase"),
-    key_id: str | None = Query(None, max_length=64, description="changes made with this key"),
+    key_id: OpaqueId | None = Query(None, max_length=64, description="changes made with this key"),
     user_id: UserId | None = Query(None, description="the entries naming this user (the log keeps user ids only as "
                                                      "keyed digests: this one is digested here); needs agent_id"),
     since: datetime | None = Query(None),

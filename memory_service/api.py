@@ -323,26 +323,43 @@ async def _announce_access(service: MemoryService, mode: str, host: str | None) 
     log.info("API keys are required on every route but GET /health/live and GET /health")
 
 
-def _public_detail(exc: MemoryServiceError) -> str:
-    """The error's sentence, without the addresses a store's failure quotes.
+STORE_WORDS_WITHHELD = "(the store's error is in the server log)"
 
-    Only the store's words are redacted: the sentence around them names sessions, messages
-    and jobs, whose ids may look like host:port ("form:s1:3"). A 503 with no cause to
-    quote describes a backend as a whole, so all of it is.
+
+def _public_detail(exc: MemoryServiceError) -> str:
+    """The error's sentence, without what a store's failure says about the store.
+
+    An outage's words (connection refused, a timeout) are kept without the addresses they
+    quote: they tell the caller why to come back later. Any other store error's words (a
+    query the store refused: "Failed to parse query parameter 'rows'") are the store's
+    internals: logged, and replaced by STORE_WORDS_WITHHELD. Only the store's words
+    change: the sentence around them names sessions, messages and jobs, whose ids may look
+    like host:port ("form:s1:3"). A 503 with no cause to quote describes a backend as a
+    whole, so all of it is redacted.
     """
     detail = str(exc)
     if exc.status_code < 500:
         return detail  # about the caller's input
-    causes: list[str] = []
+    causes: list[BaseException] = []
     cause = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     while cause is not None and len(causes) < 5:
-        causes.append(str(cause))
+        causes.append(cause)
         cause = cause.__cause__ or cause.__context__
     if not causes:
         return redact_addresses(detail) if isinstance(exc, BackendUnavailable) else detail
-    for text in causes:
-        if text:
+    withheld = False
+    for cause in causes:
+        text = str(cause)
+        if not text:
+            continue
+        if overload.is_unavailable(cause):
             detail = detail.replace(text, redact_addresses(text))
+        elif text in detail:
+            detail = detail.replace(f"{type(cause).__name__}: {text}", text).replace(text, STORE_WORDS_WITHHELD)
+            withheld = True
+    if withheld:
+        log.warning("%s answered without the store's words: %s (caused by %s)", type(exc).__name__, exc,
+                    "; ".join(f"{type(c).__name__}: {c}" for c in causes))
     return detail
 
 

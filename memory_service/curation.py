@@ -21,7 +21,7 @@ from .config import Settings
 from .embedding import Embedder
 from .errors import Conflict, Forbidden, InvalidInput, NotFound, preview
 from .limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING, TAGS_CEILING, check_message_chars, check_tags, text_problem
-from .models import Memory, MemoryKind, Provenance
+from .models import Memory, MemoryKind, NamespaceText, Provenance
 from .namespaces import Namespace, NamespaceKind, validate_id
 from .reach import Reach
 from .retention import RetentionIndex, purge_at
@@ -56,9 +56,9 @@ class MemoryWrite(BaseModel):
 
     content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING,
                          description="the memory, at most MAX_MESSAGE_CHARS characters")
-    namespace: str = Field(min_length=1, max_length=MAX_NAMESPACE_CHARS,
-                           description="where it lives: 'user:<agent>:<user>', 'shard:<agent>:<shard>', "
-                                       "'session:<session>' (a session of the agent) or 'agent:<agent>'")
+    namespace: NamespaceText = Field(min_length=1, max_length=MAX_NAMESPACE_CHARS,
+                                     description="where it lives: 'user:<agent>:<user>', 'shard:<agent>:<shard>', "
+                                                 "'session:<session>' (a session of the agent) or 'agent:<agent>'")
     kind: MemoryKind = Field(description="observation, fact, directive, suggestion or episode")
     title: str | None = Field(default=None, min_length=1, max_length=TITLE_CHARS)
     tags: list[str] = Field(default_factory=list, max_length=TAGS_CEILING,

@@ -34,9 +34,23 @@ LATEST_TIME = datetime(9999, 12, 30, tzinfo=UTC)
 Location = tuple[str | int, ...]
 
 
+# What text the stores cannot hold, found by putting each candidate through the service's
+# own write paths (messages, formation, memory tools, write blocks, agents, shards, startup
+# records, search) on the embedded FalkorDB and the MongoDB stand-in (docs/limits.md, "Text
+# the stores hold"): only U+0000. FalkorDB reads query parameters from the query's text, and
+# a NUL in a string parameter fails the whole query ("Failed to parse query parameter"),
+# for every row of a batch. Every other C0 and C1 control, noncharacters (U+FFFE, U+FFFF,
+# U+FDD0...), U+10FFFF, line separators, BOMs, private use, quotes, braces and 100,000-
+# character lines are stored and read back unchanged. Lone surrogates cannot be encoded.
+NUL = "\x00"
+
+
 def text_problem(text: str) -> str | None:
-    """Why ``text`` is not valid Unicode (a lone surrogate cannot be encoded, stored or
-    answered with), or None."""
+    """Why the stores cannot hold ``text``, or None: it must be valid Unicode (a lone
+    surrogate cannot be encoded, stored or answered with) without U+0000."""
+    if NUL in text:
+        return (f"contains U+0000 (NUL) at character {text.index(NUL)}; the stores cannot hold it: "
+                "remove it or send it escaped as text")
     if text.isascii():
         return None
     try:
@@ -45,6 +59,26 @@ def text_problem(text: str) -> str | None:
         return (f"contains a lone surrogate U+{ord(text[exc.start]):04X} at character {exc.start}; "
                 "text must be valid Unicode")
     return None
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice: the last would silently win."""
+
+    def __init__(self, key: str):
+        super().__init__(f"the key {preview(key)} appears twice in one object; JSON keys must be unique")
+        self.key = key
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' object_pairs_hook: an object as a dict, refusing a key given twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
 
 
 def json_problem(value: Any, where: Location = ()) -> tuple[Location, str] | None:

@@ -9,7 +9,7 @@ only their own namespaces and sessions (memory_service/reach.py). Every change i
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,10 +17,11 @@ from .access import authorize, caller, reach
 from .curation import MEMORY_ID_CHARS, DeletedOut, MemoryRecord, MemoryUpdate, MemoryWrite, NamespaceGuard
 from .keys import Principal, Role
 from .limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
-from .models import AgentId, MessageId, SessionId
+from .models import AgentId, MessageId, NamespaceText, OpaqueId, SessionId
+from .request_guard import strict_router
 from .service import MemoryService
 
-router = APIRouter(tags=["memory tools"])
+router = strict_router(tags=["memory tools"])
 Caller = Depends(caller)
 MemoryId = Path(min_length=1, max_length=MEMORY_ID_CHARS, description="the memory's id")
 
@@ -41,7 +42,7 @@ def _allow(request: Request, principal: Principal, role: Role, agent_id: str) ->
 
 
 @router.get("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)
-async def memory_get(agent_id: AgentId, request: Request, memory_id: str = MemoryId,
+async def memory_get(agent_id: AgentId, request: Request, memory_id: OpaqueId = MemoryId,
                      principal: Principal = Caller) -> MemoryRecord:
     """memory_get: the full memory with its provenance (a soft-deleted one too, with its
     `deleted_at` and `purge_at`). Counts the access. Needs `read`."""
@@ -61,7 +62,7 @@ async def memory_write(agent_id: AgentId, body: MemoryWrite, request: Request,
 
 
 @router.patch("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)
-async def memory_update(agent_id: AgentId, body: MemoryUpdate, request: Request, memory_id: str = MemoryId,
+async def memory_update(agent_id: AgentId, body: MemoryUpdate, request: Request, memory_id: OpaqueId = MemoryId,
                         principal: Principal = Caller) -> MemoryRecord:
     """memory_update: change the fields given (a new content is re-indexed); 409 on a
     soft-deleted memory. Needs `write` and MEMORY_WRITE_AGENTS."""
@@ -75,7 +76,7 @@ async def memory_update(agent_id: AgentId, body: MemoryUpdate, request: Request,
 
 
 @router.delete("/v1/agents/{agent_id}/memories/{memory_id}", response_model=DeletedOut)
-async def memory_delete(agent_id: AgentId, request: Request, memory_id: str = MemoryId,
+async def memory_delete(agent_id: AgentId, request: Request, memory_id: OpaqueId = MemoryId,
                         principal: Principal = Caller) -> DeletedOut:
     """memory_delete: soft delete. Search and the memory block skip it at once; the
     retention job purges it after PURGE_AFTER_DAYS. Idempotent: a second call answers the
@@ -89,7 +90,7 @@ async def memory_delete(agent_id: AgentId, request: Request, memory_id: str = Me
 
 
 @router.post("/v1/agents/{agent_id}/memories/{memory_id}/undelete", response_model=MemoryRecord)
-async def memory_undelete(agent_id: AgentId, request: Request, memory_id: str = MemoryId,
+async def memory_undelete(agent_id: AgentId, request: Request, memory_id: OpaqueId = MemoryId,
                           principal: Principal = Caller) -> MemoryRecord:
     """memory_undelete: a soft-deleted memory is live again (a live one is answered as it is).
     Needs `write` and MEMORY_WRITE_AGENTS."""
@@ -108,8 +109,8 @@ class WriteBlocksIn(BaseModel):
 
     text: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING,
                       description="the model's output, at most MAX_MESSAGE_CHARS characters; text outside blocks is ignored")
-    namespace: str = Field(min_length=1, max_length=MAX_NAMESPACE_CHARS,
-                           description="where the blocks' memories live, as for memory_write (e.g. 'user:<agent>:<user>')")
+    namespace: NamespaceText = Field(min_length=1, max_length=MAX_NAMESPACE_CHARS,
+                                     description="where the blocks' memories live, as for memory_write (e.g. 'user:<agent>:<user>')")
     session_id: SessionId | None = Field(default=None, description="the session the output was said in (provenance)")
     message_id: MessageId | None = Field(default=None, description="the message that carried it (provenance)")
 

@@ -11,8 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from .limits import MESSAGE_CHARS_CEILING, check_time
-from .namespaces import Namespace, validate_id, validate_message_id
+from .limits import MESSAGE_CHARS_CEILING, check_time, text_problem
+from .namespaces import Namespace, normalize_id, validate_id, validate_message_id
 
 
 def _checked_id(what: str) -> AfterValidator:
@@ -24,6 +24,12 @@ UserId = Annotated[str, _checked_id("user_id")]
 SessionId = Annotated[str, _checked_id("session_id")]
 ShardId = Annotated[str, _checked_id("shard_id")]
 MessageId = Annotated[str, AfterValidator(validate_message_id)]
+# Ids the service makes (memory ids, key ids), given back in a path or query: held to the
+# message id rule, so that they are NFC and hold no invisible or replacement characters.
+OpaqueId = Annotated[str, AfterValidator(lambda v: validate_message_id(v, "the id"))]
+# A namespace as text ('user:<agent_id>:<user_id>'): its ids NFC-normalised like every id,
+# checked in full where it is parsed (Namespace.parse).
+NamespaceText = Annotated[str, AfterValidator(normalize_id)]
 
 
 def utcnow() -> datetime:
@@ -79,6 +85,8 @@ class MessageIn(BaseModel):
     def _not_blank(cls, value: str) -> str:
         if not value.strip():
             raise ValueError("content must not be blank")
+        if problem := text_problem(value):  # the HTTP layer refuses it in the body already
+            raise ValueError(problem)
         return value
 
     @field_validator("created_at")

@@ -51,11 +51,27 @@ _PATH_BREAKING = ("/", "\\")
 _DOT_SEGMENTS = (".", "..")
 
 
+# Characters an id may not hold though they are assigned and visible to no one: the
+# invisible format characters (Unicode category Cf: zero-width space and joiners U+200B..U+200D,
+# word joiner U+2060, the BOM U+FEFF, the bidirectional controls U+200E, U+200F, U+061C,
+# U+202A..U+202E, U+2066..U+2069, soft hyphen...), which make two ids that look alike differ or
+# one id look like another; and U+FFFD, what invalid UTF-8 in a URL decodes to.
+_BANNED_CATEGORIES = {"Cc": "control", "Cs": "surrogate", "Cn": "unassigned", "Cf": "invisible format"}
+_REPLACEMENT = "\ufffd"
+
+
+def normalize_id(value: str) -> str:
+    """An id in its one stored form: Unicode NFC, so that the composed and decomposed
+    spellings of one name ('é' as U+00E9, or 'e' + U+0301) are one id."""
+    return value if value.isascii() else unicodedata.normalize("NFC", value)
+
+
 def id_rule(colon_allowed: bool = False) -> str:
     """The id rule in a sentence, for error messages."""
     banned = "'/' and '\\'" if colon_allowed else "':', '/' and '\\'"
-    return (f"an id is 1 to {MAX_ID_LENGTH} characters: any Unicode letters, digits, punctuation, symbols and "
-            f"inner spaces, except {banned} and control, surrogate or unassigned characters; not '.' or '..'; "
+    return (f"an id is 1 to {MAX_ID_LENGTH} characters (after Unicode NFC normalisation): any Unicode letters, "
+            f"digits, punctuation, symbols and inner spaces, except {banned}, U+FFFD and control, surrogate, "
+            "unassigned or invisible format characters (zero-width, bidirectional controls, BOM); not '.' or '..'; "
             "no white space at either end")
 
 
@@ -63,15 +79,19 @@ def validate_id(value: object, what: str = "id", colon_allowed: bool = False) ->
     """Return ``value`` if it is a usable identifier, else raise InvalidInput.
 
     Any Unicode is allowed except ':' (the namespace separator), '/' and '\\', control,
-    surrogate and unassigned characters, leading or trailing white space, and the ids
-    '.' and '..'; so every id works as a (percent-encoded) URL path segment.
+    surrogate, unassigned and invisible format characters, U+FFFD, leading or trailing white
+    space, and the ids '.' and '..'; so every id works as a (percent-encoded) URL path
+    segment, and two ids that look alike are alike. The id returned is NFC-normalised
+    (normalize_id): callers that keep it store and look up one form.
     """
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}; {id_rule(colon_allowed)}")
-    problem = _id_problem(value, colon_allowed)
-    if problem:
+    if problem := _id_problem(value, colon_allowed):  # the form sent: lone surrogates cannot be normalised
         raise InvalidInput(f"{what} {problem}; {id_rule(colon_allowed)}")
-    return value
+    normalized = normalize_id(value)
+    if normalized != value and (problem := _id_problem(normalized, colon_allowed)):
+        raise InvalidInput(f"{what} {problem}; {id_rule(colon_allowed)}")
+    return normalized
 
 
 def _id_problem(value: str, colon_allowed: bool) -> str | None:
@@ -88,9 +108,16 @@ def _id_problem(value: str, colon_allowed: bool) -> str | None:
         return f"{shown} must not contain '{slash}' (ids are URL path segments)"
     if value in _DOT_SEGMENTS:
         return f"must not be {value!r} (URLs drop it as a dot segment)"
-    bad = next((c for c in value if unicodedata.category(c) in {"Cc", "Cs", "Cn"}), None)
+    if value.isascii():
+        bad = next((c for c in value if not c.isprintable()), None)  # ASCII's only non-printables are Cc
+    else:
+        bad = next((c for c in value if c == _REPLACEMENT or unicodedata.category(c) in _BANNED_CATEGORIES), None)
+    if bad == _REPLACEMENT:
+        return (f"{shown} contains U+FFFD, the replacement character (what invalid UTF-8 decodes to): "
+                "send the id as valid UTF-8")
     if bad is not None:
-        return f"{shown} contains the control, surrogate or unassigned character U+{ord(bad):04X}"
+        kind = _BANNED_CATEGORIES[unicodedata.category(bad)]
+        return f"{shown} contains the {kind} character U+{ord(bad):04X}"
     return None
 
 

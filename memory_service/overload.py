@@ -11,6 +11,12 @@ requests run at the speed of a loaded process and the rest are told when to come
 ``wait`` it sleeps until the worker stored the window (up to FORM_WAIT_SECONDS, tens of
 seconds with an LLM), and a few sessions ending at once must not take every slot.
 
+Any other error no handler answers is a 500 ``{"detail": "internal error"}``, logged with
+its traceback, and the connection stays open (``UnexpectedErrors``): Starlette's own last
+resort sends its 500 and then raises the error again for the server to log, and uvicorn,
+seeing an error after the answer started, closes the connection, so a keep-alive client
+found it reset.
+
 ``is_unavailable`` is also what the outbox uses to tell an outage of a store (the entry
 waits, its attempts are not counted) from an entry the store refuses (counted, and
 dead-lettered after OUTBOX_MAX_ATTEMPTS).
@@ -29,7 +35,7 @@ from pymongo.errors import ConnectionFailure, ExecutionTimeout, WTimeoutError
 from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .access_log import route_template
 from .errors import BackendUnavailable, FormationPending, MemoryServiceError
@@ -98,6 +104,40 @@ class AdmissionLimit:
             self._slots.release()
 
 
+class UnexpectedErrors:
+    """ASGI middleware: an error no handler answered becomes a 503 (an outage caused it) or
+    a 500, logged here and not raised again, so the server keeps the connection."""
+
+    def __init__(self, app: ASGIApp, retry_after_seconds: int = 1):
+        self.app, self.retry_after = app, retry_after_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            if started:  # half an answer is out: only closing the connection can tell the client
+                raise
+            route = getattr(scope.get("route"), "path", "an unrouted path")  # the template: no ids in the log
+            if is_unavailable(exc):
+                log.warning("%s %s: a store is unavailable or overloaded: %s: %s", scope["method"], route,
+                            type(exc).__name__, exc)
+                response = unavailable("a store is overloaded or unreachable; try again shortly", self.retry_after)
+            else:
+                log.error("%s %s failed", scope["method"], route, exc_info=exc)
+                response = JSONResponse(status_code=500, content={"detail": "internal error"})
+            await response(scope, receive, send)
+
+
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
             queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
@@ -121,16 +161,10 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
                     route_template(request.scope), type(exc).__name__, exc)  # the template: no ids
         return unavailable_response("a store is overloaded or unreachable; try again shortly")
 
-    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # Anything else that got this far: an outage wrapped in another error is still a
-        # 503; a bug stays a 500 (Starlette logs it after this handler).
-        if is_unavailable(exc):
-            return await store_failed(request, exc)
-        return JSONResponse(status_code=500, content={"detail": "internal error"})
-
     for kind in TRY_LATER:
         app.add_exception_handler(kind, try_later)
     for outage in UNAVAILABLE:
         if not issubclass(outage, TRY_LATER):
             app.add_exception_handler(outage, store_failed)
-    app.add_exception_handler(Exception, unexpected)
+    # Outermost of the app's own middleware: it sees what every handler left unanswered.
+    app.add_middleware(UnexpectedErrors, retry_after_seconds=retry_after_seconds)

@@ -3,19 +3,29 @@
 * A request body larger than MAX_REQUEST_BYTES answers 413: at once when its Content-Length
   says so (the route never runs), else as soon as the bytes read pass the limit. It is
   never buffered whole, and never parsed.
-* A JSON body must be plain JSON: UTF-8, no NaN or Infinity, no lone surrogates, at most
-  MAX_JSON_DEPTH levels deep. Else 422, naming where in the body the problem is.
+* A JSON body must be plain JSON: UTF-8, no NaN or Infinity, no lone surrogates, no U+0000
+  (the graph store cannot hold it), at most MAX_JSON_DEPTH levels deep. Else 422, naming
+  where in the body the problem is. A key given twice in one object answers 400 (the last
+  would silently win: ``{"role": "read", "role": "admin"}``); a Content-Type naming a
+  charset other than UTF-8, 415 (it would be read as UTF-8 all the same).
+* Query parameters and path segments must be valid UTF-8 once percent-decoded (else they
+  decode to U+FFFD unnoticed) and hold no U+0000: else 422 naming the parameter.
+* Every route takes these rules: the app's own, and those of the routers made with
+  ``strict_router`` (a plain APIRouter's routes keep FastAPI's lax parsing when included).
 * A 422 answer quotes at most PREVIEW_CHARS characters of any bad input, and at most
   MAX_PROBLEMS_SHOWN problems.
 """
 
 from __future__ import annotations
 
+import email.message
+import email.utils
 import json
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.exceptions import HTTPException
 from fastapi.routing import APIRoute
 from starlette.datastructures import Headers
@@ -23,7 +33,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import PREVIEW_CHARS, preview
-from .limits import MAX_JSON_DEPTH, Location, json_problem
+from .limits import MAX_JSON_DEPTH, DuplicateKey, Location, json_problem, text_problem, unique_keys
 
 MAX_PROBLEMS_SHOWN = 10
 MAX_MESSAGE_CHARS_SHOWN = 1000  # of one problem's message (ours quote inputs through preview())
@@ -41,6 +51,78 @@ class UnusableJSON(HTTPException):
     def __init__(self, loc: Location, reason: str):
         super().__init__(422, reason)
         self.errors = [{"loc": loc, "msg": reason, "type": "json_unusable"}]
+
+
+class UnusableParameter(UnusableJSON):
+    """A query parameter or path segment the stores cannot take (``loc`` names it)."""
+
+    def __init__(self, loc: Location, reason: str):
+        super().__init__(loc, reason)
+        self.errors[0]["type"] = "parameter_unusable"
+
+
+class DuplicateKeyRefused(HTTPException):
+    def __init__(self, exc: DuplicateKey):
+        super().__init__(400, f"the body is not usable JSON: {exc}")
+
+
+class UnsupportedCharset(HTTPException):
+    def __init__(self, charset: str):
+        super().__init__(415, f"the body's charset is {preview(charset, 40)}; JSON bodies must be UTF-8 "
+                              "(send 'application/json' or 'application/json; charset=utf-8')")
+
+
+UTF8_NAMES = frozenset({"utf-8", "utf8"})
+
+
+def check_charset(content_type: str | None) -> None:
+    """UnsupportedCharset unless ``content_type`` names no charset, or UTF-8."""
+    if not content_type or "charset" not in content_type.lower():
+        return
+    parsed = email.message.Message()
+    parsed["content-type"] = content_type
+    charset = parsed.get_param("charset")
+    if charset is None:
+        return
+    name = email.utils.collapse_rfc2231_value(charset) if isinstance(charset, tuple) else str(charset)
+    if name.strip().lower() not in UTF8_NAMES:
+        raise UnsupportedCharset(name)
+
+
+def _query_pairs(query: bytes) -> list[tuple[bytes, bytes]]:
+    """The query string's names and values as bytes, percent-decoded ('+' is a space), as
+    Starlette splits it (urllib's parse_qsl decodes bytes as ASCII first)."""
+    pairs = []
+    for field in query.split(b"&"):
+        if field:
+            name, _, value = field.partition(b"=")
+            pairs.append((unquote_to_bytes(name.replace(b"+", b" ")), unquote_to_bytes(value.replace(b"+", b" "))))
+    return pairs
+
+
+def check_url(scope: Scope) -> None:
+    """UnusableParameter for the first query parameter or path parameter that is not valid
+    UTF-8 once percent-decoded, or holds text the stores cannot take (text_problem)."""
+    for raw_name, raw_value in _query_pairs(scope.get("query_string", b"")):
+        name = raw_name.decode("utf-8", "replace")
+        for part in (raw_name, raw_value):
+            try:
+                text = part.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UnusableParameter(("query", name), f"is not UTF-8 once percent-decoded: byte {exc.start} "
+                                                         f"({part[exc.start]:#04x}) is {exc.reason}") from None
+            if problem := text_problem(text):
+                raise UnusableParameter(("query", name), problem)
+    params: dict[str, Any] = scope.get("path_params", {})
+    try:
+        unquote_to_bytes(scope.get("raw_path") or b"").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        name = next((k for k, v in params.items() if isinstance(v, str) and "\ufffd" in v), "")
+        raise UnusableParameter(("path", name) if name else ("path",),
+                                f"is not UTF-8 once percent-decoded: {exc.reason}") from None
+    for name, value in params.items():
+        if isinstance(value, str) and (problem := text_problem(value)):
+            raise UnusableParameter(("path", name), problem)
 
 
 class BodyLimit:
@@ -81,7 +163,9 @@ def parse_json(body: bytes) -> Any:
         raise UnusableJSON(("body",), f"the body is not UTF-8: byte {exc.start} ({body[exc.start]:#04x}) is "
                                       f"{exc.reason}") from None
     try:
-        value = json.loads(text)
+        value = json.loads(text, object_pairs_hook=unique_keys)
+    except DuplicateKey as exc:
+        raise DuplicateKeyRefused(exc) from None
     except json.JSONDecodeError as exc:
         raise UnusableJSON(("body",), f"the body is not JSON: {exc.msg} at character {exc.pos}") from None
     except RecursionError:
@@ -96,6 +180,7 @@ def parse_json(body: bytes) -> Any:
 class _StrictJSONRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
+            check_charset(self.headers.get("content-type"))
             self._json = parse_json(await self.body())
         return self._json
 
@@ -108,9 +193,17 @@ class StrictJSONRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def strict(request: Request) -> Response:
+            check_url(request.scope)
             return await handler(_StrictJSONRequest(request.scope, request.receive))
 
         return strict
+
+
+def strict_router(**options: Any) -> APIRouter:
+    """An APIRouter whose routes take the rules above. Included in the app, a router's
+    routes keep their own route class: one made with a plain APIRouter() parses bodies as
+    FastAPI does (duplicate keys, NaN, U+0000 and all)."""
+    return APIRouter(route_class=StrictJSONRoute, **options)
 
 
 def _clip(text: str, limit: int = PREVIEW_CHARS) -> str:

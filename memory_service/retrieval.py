@@ -40,7 +40,7 @@ from .limits import (
     check_tags,
     check_time,
 )
-from .models import Memory, MemoryKind, SessionId, ShardId, StoreQuery, UserId
+from .models import Memory, MemoryKind, NamespaceText, SessionId, ShardId, StoreQuery, UserId
 from .namespaces import Namespace, NamespaceKind
 from .reach import Reach
 from .state import StateStore
@@ -76,7 +76,7 @@ class SearchRequest(BaseModel):
     user_id: UserId | None = Field(default=None, description="scope=user: whose memories")
     session_id: SessionId | None = Field(default=None, description="scope=session: which session")
     shard_id: ShardId | None = Field(default=None, description="scope=shard: which shard")
-    namespaces: list[Annotated[str, Field(max_length=MAX_NAMESPACE_CHARS)]] | None = Field(
+    namespaces: list[Annotated[NamespaceText, Field(max_length=MAX_NAMESPACE_CHARS)]] | None = Field(
         default=None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
     top_k: int = Field(default=10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
     min_score: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,

@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from .access import authorize, caller, reach
 from .keys import Principal, Role
 from .models import AgentId, SessionId
+from .request_guard import strict_router
 from .startup import DeletedStartupRecord, RecordId, StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 
-router = APIRouter(tags=["startup"])
+router = strict_router(tags=["startup"])
 Caller = Depends(caller)
 
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from .curation import TITLE_CHARS, MemoryRecord, MemoryTools, MemoryWrite, NamespaceGuard
 from .errors import InvalidInput, preview
-from .limits import check_message_chars, json_problem
+from .limits import check_message_chars, json_problem, unique_keys
 from .models import MemoryKind
 
 TAGS = ("memory_write", "shadow_write")
@@ -143,7 +143,7 @@ def _block(text: str, opened: tuple[str, int, int], end: int, number: int) -> Lo
     where = f"block {number} (<{name}> at line {line}, column {column})"
     body = text[body_start:end]
     try:
-        value = json.loads(body)
+        value = json.loads(body, object_pairs_hook=unique_keys)  # a key twice: DuplicateKey, a ValueError
     except json.JSONDecodeError as exc:
         at_line, at_column = _position(text, body_start + exc.pos)
         raise WriteBlockError(f"{where}: not JSON: {exc.msg} at line {at_line}, column {at_column}") from None

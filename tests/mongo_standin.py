@@ -307,7 +307,7 @@ def text_field_scores(raw: str, stop_words: frozenset[str], weight: float, score
     tokens = text_tokens(raw, stop_words)
     counts: dict[str, int] = collections.Counter(tokens)
     for term, count in counts.items():
-        freq = sum(1.0 / 2 ** k for k in range(count))
+        freq = sum(0.5 ** k for k in range(count))  # 1 / 2**k overflowed past k = 1023
         coeff = 0.5 * count / len(tokens) + 0.5
         adjustment = 1.1 if raw.casefold() == term else 1.0
         scores[term] = scores.get(term, 0.0) + weight * freq * coeff * adjustment

@@ -5,8 +5,11 @@ stored (every key and graph but the job queue's and the metrics', by content).
 * ``test_schema_fuzz``: schemathesis generates requests from the schema, both valid ones and
   ones that break it (wrong types, missing fields, values out of range, extra fields).
 * ``test_hostile_json_in_any_field``: hypothesis plants what schemathesis does not make (NaN,
-  Infinity, lone surrogates escaped or as raw bytes, bytes that are not UTF-8, deep nesting,
-  huge strings and numbers) in any field of a valid body of each route that takes one.
+  Infinity, lone surrogates escaped or as raw bytes, bytes that are not UTF-8, U+0000,
+  other C0 and C1 controls, deep nesting, huge strings and numbers) in any field of a valid
+  body of each route that takes one.
+* ``test_hostile_text_in_any_parameter``: the same text, percent-encoded, in any query
+  parameter or path segment of each route.
 
 FUZZ_EXAMPLES sets the examples per route (default 20, a run of well under a minute);
 ``FUZZ_EXAMPLES=1000 pytest tests/test_fuzz_api.py`` fuzzes for longer.
@@ -17,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from urllib.parse import quote
+from urllib.parse import quote, quote_from_bytes
 
 import httpx
 import pytest
@@ -57,6 +60,7 @@ def fuzz_server(falkordb_url):
     client.flushall()
     client.close()
     app = create_app(suite_settings(falkordb_url, never_form_memories_less_than_n_messages=1_000_000,
+                                    memory_write_agents=["*"],
                                     memory_formation_msg_interval=1_000_000,
                                     memory_formation_token_interval=1_000_000_000, form_wait_seconds=60),
                      run_worker=True)
@@ -65,6 +69,10 @@ def fuzz_server(falkordb_url):
         assert http.put(f"/v1/agents/{AGENT}/shards/travel", json={"name": "travel"}).status_code == 201
         for i in range(3):
             assert http.post("/v1/sessions/s1/messages", json={**MESSAGE, "message_id": f"m{i}"}).status_code == 200
+        assert http.put(f"/v1/agents/{AGENT}/startup/r1", json=STARTUP).status_code == 201
+        memory = http.post(f"/v1/agents/{AGENT}/memories", json=MEMORY)
+        assert memory.status_code == 201, memory.text
+        server.memory_id = memory.json()["id"]
         yield server
 
 
@@ -110,8 +118,20 @@ def test_schema_fuzz(case, fuzz_server, falkordb_url):
 
 # --- hostile JSON planted in valid bodies ----------------------------------------------------
 
+STARTUP = {"priority": "P1", "title": "rules", "content": "be kind"}
+MEMORY = {"content": "Alice likes tea", "namespace": f"agent:{AGENT}", "kind": "fact", "title": "tea",
+          "tags": ["drinks"], "confidence": 0.9}
+MEMORY_PATH = f"/v1/agents/{AGENT}/memories/{{memory_id}}"  # the fixture's memory
 BODIES = {
     ("POST", "/v1/sessions/s1/messages"): {**MESSAGE, "message_id": "m-new"},
+    ("POST", "/v1/keys"): {"name": "fuzz", "role": "read", "agents": [AGENT], "users": ["alice"],
+                           "requests_per_minute": 10},
+    ("PUT", f"/v1/agents/{AGENT}/startup/r2"): STARTUP,
+    ("POST", f"/v1/agents/{AGENT}/memories"): MEMORY,
+    ("PATCH", MEMORY_PATH): {"content": "Alice likes green tea", "title": "tea", "tags": ["drinks"], "confidence": 0.5},
+    ("POST", f"/v1/agents/{AGENT}/writes/parse"): {
+        "text": 'ok <memory_write>{"observations": [{"text": "Alice likes tea", "tags": ["drinks"]}]}</memory_write>',
+        "namespace": f"agent:{AGENT}", "session_id": "s1", "message_id": "m1"},
     ("PUT", f"/v1/agents/{AGENT}"): {"memory_backend": "graph", "agent_extras": {"tone": "warm", "limits": [1, 2.5]}},
     ("PUT", f"/v1/agents/{AGENT}/shards/travel"): {"name": "travel", "extraction_focus": "flights", "active": True},
     ("POST", f"/v1/agents/{AGENT}/search"): {"query": "aisle seats", "scope": "namespaces", "namespaces": ["session:s1"],
@@ -150,10 +170,15 @@ class Raw:
 
 
 surrogate = st.integers(0xD800, 0xDFFF).map(chr)
+# Text the stores cannot hold (docs/limits.md, "Text the stores hold"): U+0000 and lone surrogates.
+unholdable = st.one_of(st.just("\x00"), surrogate)
+# Controls and noncharacters the stores do hold: wherever the rules allow them, they are stored.
+controls = st.one_of(st.integers(0x01, 0x1F), st.integers(0x7F, 0x9F), st.sampled_from([0xFFFE, 0xFFFF, 0x10FFFF, 0xFEFF,
+                                                                                         0x200B, 0x202E])).map(chr)
 # Values the service must refuse, wherever they are (422, or 413 when too large).
 refused_values = st.one_of(
     st.sampled_from([float("nan"), float("inf"), float("-inf")]),
-    st.tuples(st.text(max_size=5), surrogate, st.text(max_size=5)).map("".join),
+    st.tuples(st.text(max_size=5), unholdable, st.text(max_size=5)).map("".join),
     st.integers(33, 3_000).map(lambda depth: Raw(b"[" * depth + b"]" * depth)),
     st.sampled_from([b"\xff", b"\xed\xa0\x80", b"\xc3", b"\x80abc", b"\xf4\x90\x80\x80"]).map(
         lambda bad: Raw(b'"' + bad + b'"')),
@@ -164,7 +189,8 @@ refused_values = st.one_of(
 other_values = st.one_of(
     st.none(), st.booleans(), st.integers(), st.integers(-(10**300), 10**300), st.floats(allow_nan=False,
                                                                                           allow_infinity=False),
-    st.text(max_size=50), st.sampled_from(["x" * 40_000, ".", "..", "a/b", "a:b", " x", "\x00", "\U000e0001"]),
+    st.text(max_size=50), st.sampled_from(["x" * 40_000, ".", "..", "a/b", "a:b", " x", "\U000e0001"]),
+    st.tuples(st.text(max_size=5), controls, st.text(max_size=5)).map("".join),
     st.lists(st.text(max_size=5), max_size=5), st.dictionaries(st.text(max_size=5), st.integers(), max_size=5),
 )
 
@@ -188,6 +214,7 @@ def _encode(value) -> bytes:
 def test_hostile_json_in_any_field(fuzz_server, falkordb_url, route, data, must_refuse):
     method, path = route
     body = BODIES[route]
+    path = path.format(memory_id=getattr(fuzz_server, "memory_id", ""))
     where = data.draw(st.sampled_from(list(_paths(body))), label="where")
     value = data.draw(refused_values if must_refuse else other_values, label="value")
     content = _encode(_planted(body, where, value))
@@ -197,6 +224,48 @@ def test_hostile_json_in_any_field(fuzz_server, falkordb_url, route, data, must_
     if must_refuse:
         assert response.status_code in (413, 422), response.text[:2000]
         assert len(response.content) < 8_000
+
+
+# --- hostile text in query parameters and path segments -------------------------------------
+
+PARAM_ROUTES = [  # method, path template, query parameters, path segments (None: the fixture's memory)
+    ("GET", "/v1/search", {"agent_id": AGENT, "query": "tea", "scope": "user", "user_id": "alice", "tags": "drinks"}, {}),
+    ("GET", "/v1/context", {"agent_id": AGENT, "user_id": "alice", "session_id": "s1", "query": "tea",
+                            "model": "gpt-4o"}, {}),
+    ("GET", "/v1/audit", {"agent_id": AGENT, "action": "agent.put", "key_id": "ab" * 16}, {}),
+    ("GET", "/v1/agents/{agent_id}/startup/block", {"model": "gpt-4o", "session_id": "s1"}, {"agent_id": AGENT}),
+    ("GET", "/v1/sessions/{session_id}", {}, {"session_id": "s1"}),
+    ("GET", "/v1/agents/{agent_id}/memories/{memory_id}", {}, {"agent_id": AGENT, "memory_id": None}),
+    ("GET", "/v1/agents/{agent_id}/users/{user_id}/export", {}, {"agent_id": AGENT, "user_id": "alice"}),
+    ("DELETE", "/v1/keys/{key_id}", {}, {"key_id": "ab" * 16}),
+]
+# As bytes before percent-encoding: U+0000, and bytes that are not UTF-8 (a lone surrogate
+# can only be sent as its invalid UTF-8 encoding).
+refused_bytes = st.one_of(
+    st.tuples(st.text(max_size=5), unholdable, st.text(max_size=5)).map(
+        lambda t: "".join(t).encode("utf-8", "surrogatepass")),
+    st.sampled_from([b"\xff", b"\xc3", b"\x80abc", b"\xf4\x90\x80\x80"]),
+)
+other_bytes = st.one_of(st.text(max_size=20), st.tuples(st.text(max_size=5), controls, st.text(max_size=5)).map("".join),
+                        st.sampled_from(["\ufffd", "a\u200bb", "cafe\u0301", "x" * 3_000])).map(str.encode)
+
+
+@given(route=st.sampled_from(PARAM_ROUTES), data=st.data(), must_refuse=st.booleans())
+@FUZZ
+def test_hostile_text_in_any_parameter(fuzz_server, falkordb_url, route, data, must_refuse):
+    method, template, query, segments = route
+    segments = {k: v or fuzz_server.memory_id for k, v in segments.items()}
+    slot = data.draw(st.sampled_from([("query", k) for k in query] + [("path", k) for k in segments]), label="slot")
+    value = data.draw(refused_bytes if must_refuse else other_bytes, label="value")
+    values = {where: {k: v.encode() for k, v in given.items()} for where, given in (("query", query), ("path", segments))}
+    values[slot[0]][slot[1]] = value
+    path = template.format(**{k: quote_from_bytes(v, safe="") for k, v in values["path"].items()})
+    target = path + "?" + "&".join(f"{k}={quote_from_bytes(v, safe='')}" for k, v in values["query"].items())
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as http:
+        response = checked(falkordb_url, lambda: http.request(method, target))
+    if must_refuse:
+        assert response.status_code == 422, response.text[:2000]
+        assert response.json()["detail"].startswith(f"{slot[0]}.{slot[1]}: "), response.text[:2000]
 
 
 # --- every id the rule accepts works as a path segment ----------------------------------------

@@ -262,7 +262,7 @@ async def test_nesting_within_the_limit_is_stored(seeded):
     (b'{"name": "x"', "the body is not JSON: Expecting ',' delimiter at character 12"),
     (b"\xef\xbb\xbf{}", "the body is not JSON: Unexpected UTF-8 BOM"),
     (b'{"name": ' + b"9" * 5_000 + b"}", "the body is not usable JSON: 'Exceeds the limit (4300 digits)"),
-    (b'{"name": "x", "name": 1e999}', "is not a JSON number"),
+    (b'{"name": "x", "extraction_focus": 1e999}', "is not a JSON number"),
 ])
 async def test_other_unusable_json_is_refused(seeded, falkordb_url, content, words):
     answer = await refused(seeded, falkordb_url, "PUT", f"/v1/agents/{AGENT}/shards/travel", content=content,

@@ -10,7 +10,7 @@ from memory_service.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind, v
 # Any Unicode the id rules accept: no ':', '/' or '\\', no control/surrogate/unassigned, no
 # outer spaces, not '.' or '..'.
 ids = st.text(
-    alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Cn"), blacklist_characters=":/\\"),
+    alphabet=st.characters(blacklist_categories=("Cc", "Cs", "Cn", "Cf"), blacklist_characters=":/\\\ufffd"),
     min_size=1,
     max_size=40,
 ).filter(lambda s: s == s.strip() and s not in (".", ".."))
