@@ -15,7 +15,7 @@ from memory_service.runtime import open_service
 from memory_service.startup import Priority, StartupMode, StartupRecord, StartupRecordIn, digest, fit
 
 from .conftest import flush, suite_settings
-from .helpers import msg
+from .helpers import msg, wait_embedding_idle
 from .store_state import snapshot
 
 AGENT = "planner"
@@ -219,6 +219,7 @@ async def test_bad_block_requests(http):
 async def test_a_session_of_another_agent_is_answered_as_an_unknown_one(http, falkordb_url):
     await put(http, "soul", "P0", "Identity", "I am Atlas.")
     await record_message(http, "theirs", agent="rival")
+    await wait_embedding_idle(falkordb_url, "rival")  # its writes are not the block's
     before = await asyncio.to_thread(snapshot, falkordb_url)
     for mode in ("first-run", "first-run", "digest", "always"):
         answers = [await http.get(f"/v1/agents/{AGENT}/startup/block", params={"session_id": session, "mode": mode})
