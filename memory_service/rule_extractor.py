@@ -8,7 +8,9 @@ What it produces from one window (see DESIGN.md, "Memory kinds"):
 - episode: the window's most informative sentences, each under its speaker, <= 50 words;
 - directives: a user's own sentences stating a rule, preference or stable personal context;
 - facts and suggestions: sentences on an active shard's topic, naming their source;
-  suggestions also name who agreed or disagreed in the following messages.
+  suggestions also name who agreed or disagreed in the following messages;
+- personal facts: a sentence on a shard's topic that is about a person ("my passport
+  number is…", memory_service.personal) goes to that person's namespace, never the shard.
 
 Only user and assistant messages are read: system prompts are instructions, not
 conversation, and tool output is raw data that would crowd out what people said.
@@ -24,6 +26,7 @@ from functools import lru_cache
 
 from .extraction import ExtractedItem, Extraction, Window, WindowMessage
 from .models import WORD_LIMITS, MemoryKind, Role, Shard
+from .personal import is_personal
 
 __all__ = ["RuleBasedExtractor", "content_words", "is_directive", "limit_words", "split_sentences", "stem"]
 
@@ -753,6 +756,8 @@ class RuleBasedExtractor:
         items: list[ExtractedItem] = []
         directive_index: dict[tuple[str, str], int] = {}
         seen_on_shard: set[tuple[str, str]] = set()
+        seen_personal: set[tuple[str, str]] = set()
+        speakers = sorted({m.user_id for m in window.messages if m.role == Role.USER and m.user_id})
 
         for sentence in sentences:
             suggestion = bool(_SUGGESTION.search(sentence.norm))
@@ -789,6 +794,20 @@ class RuleBasedExtractor:
             ]
             if not matching:
                 continue
+            if is_personal(sentence.text, names=speakers, assistant=not sentence.is_user):
+                # About a person, not the topic: a shard is shared by every user of the
+                # agent, so it is kept for the person alone (memory_service.personal).
+                owner = sentence.message.user_id if sentence.is_user else _addressee(window, sentence)
+                if owner and (owner, key) not in seen_personal:
+                    seen_personal.add((owner, key))
+                    items.append(ExtractedItem(
+                        kind=MemoryKind.FACT,
+                        content=limit_words(f"{sentence.speaker}: {_lower_first(sentence.text)}",
+                                            WORD_LIMITS[MemoryKind.FACT]),
+                        message_ids=(sentence.message.message_id,),
+                        user_id=owner,
+                    ))
+                continue
             if suggestion:
                 kind = MemoryKind.SUGGESTION
                 content, message_ids = _suggestion(window, sentence)
@@ -808,6 +827,14 @@ class RuleBasedExtractor:
                     )
                 )
         return items
+
+
+def _addressee(window: Window, sentence: _Sentence) -> str | None:
+    """Whom the assistant answers: the author of the latest user message before it."""
+    for message in reversed(window.messages[: sentence.order[0]]):
+        if message.role == Role.USER and message.user_id:
+            return message.user_id
+    return None
 
 
 def _suggestion(window: Window, sentence: _Sentence) -> tuple[str, tuple[str, ...]]:
