@@ -227,10 +227,11 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
         json.dumps([extraction.episode, [asdict(item) for item in extraction.items]], default=str).encode()
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
-    return StoredExtraction(tuple(_memories(window, window_key, extraction)), extraction.usage)
+    return StoredExtraction(tuple(extraction_memories(window, window_key, extraction)), extraction.usage)
 
 
-def _memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
+def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
+    """The memories an extraction of ``window`` makes, each in the namespace it belongs to."""
     users = sorted({m.user_id for m in window.messages if m.role == "user"})
     all_ids = [m.message_id for m in window.messages]
     by_id = {m.message_id: m for m in window.messages}

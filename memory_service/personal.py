@@ -29,6 +29,7 @@ grammar and categories of personal data, not particular sentences:
      number, IBAN, PIN, social security, booking or locker code): no topic fact needs one;
    - puts **a person** (he, she, his, her; a relative: wife, son, mother…) together with a
      **category of personal data** (health, contact, home, money, birth, documents);
+   - holds a person's **e-mail address** (not a role's: info@, bookings@…);
    - **elides its subject** with a predicate only a person takes ("Allergic to shellfish,
      by the way.", "Born in 1988, in Coimbra.").
 3. Everything else is topic knowledge, including places' phone numbers and addresses
@@ -90,7 +91,7 @@ _FINITE = re.compile(
 # A proposal's opening: its "we" is the group's plan, not a statement about the speaker.
 _PROPOSAL = re.compile(
     r"^" + _FILLERS
-    + r"(?:(?:i|we)\s+(?:would\s+|'d\s+)?(?:suggest|recommend|propose)(?:\s+that)?(?:\s+we)?|"
+    + r"(?:(?:i|we)(?:\s+would|'d)?\s+(?:suggest|recommend|propose)(?:\s+that)?(?:\s+we)?|"
       r"(?:maybe|perhaps)\s+we(?:\s+(?:should|could|might|can))?|we\s+(?:should|could|might|can|ought\s+to|must)|"
       r"let's|let\s+us|"
       r"how\s+about(?:\s+we)?|why\s+don't\s+we|shall\s+we)\b",
@@ -149,6 +150,14 @@ _PERSONAL_DATA = re.compile(
     r"born|birthday|age|aged|years\s+old|passport|visa|licen[cs]e|expired|expires|married|divorced)\b",
     re.IGNORECASE,
 )
+# An e-mail address is a person's unless it names a role (info@, bookings@…): personal
+# data by the usual reading of data-protection law.
+_EMAIL = re.compile(r"\b([\w.+-]+)@[\w-]+(?:\.[\w-]+)+\b")
+_ROLE_MAILBOX = frozenset(
+    "info contact contacts hello hi office admin support help sales press media reception bookings booking "
+    "reservations reservas reserve events tickets geral mail enquiries inquiries noreply no-reply team hr jobs "
+    "careers billing accounts finance service customerservice webmaster marketing".split()
+)
 _ELIDED_SUBJECT = re.compile(
     r"^" + _FILLERS + r"(?:allergic|intolerant|diabetic|asthmatic|pregnant|born|married|divorced|engaged|"
     r"based\s+in|off\s+to|back\s+from)\b",
@@ -171,17 +180,23 @@ def is_personal(text: str, *, names: Iterable[str] = (), assistant: bool = False
         return True
     if _PERSON.search(text) and _PERSONAL_DATA.search(text):
         return True
+    if any(m.group(1).lower() not in _ROLE_MAILBOX for m in _EMAIL.finditer(text)):
+        return True
     lowered = text.lower()
     return any(re.search(r"(?<![\w-])" + re.escape(name.lower()) + r"(?![\w-])", lowered)
                for name in names if len(name) >= 2 and name.lower() not in ("user", "assistant"))
 
 
-_PREFIX = re.compile(r"^\s*(?P<speaker>[^:\s][^:]{0,255}?)\s*:\s+")
+_PREFIX = re.compile(r"^\s*(?P<speaker>[^:\s][^:]{0,255}?)(?:\s+suggests)?\s*:\s+")
+# A suggestion's verdicts name who agreed: they say nothing about its content.
+_VERDICTS = re.compile(r"\s*\((?:agreed|disagreed):[^()]*\)\s*$")
 
 
 def split_speaker(content: str, speakers: Iterable[str]) -> tuple[str | None, str]:
-    """``("bob", "my passport…")`` for ``"bob: my passport…"`` when bob is one of ``speakers``
-    (or "assistant"); ``(None, content)`` otherwise. Facts name their source this way."""
+    """``("bob", "my passport…")`` for ``"bob: my passport…"`` or ``"bob suggests: …"`` when bob
+    is one of ``speakers`` (or "assistant"), a suggestion's closing "(agreed: …)" dropped;
+    ``(None, content)`` otherwise. Facts and suggestions name their source this way."""
+    content = _VERDICTS.sub("", content)
     m = _PREFIX.match(content)
     if m and (m.group("speaker") in set(speakers) or m.group("speaker").lower() == "assistant"):
         return m.group("speaker"), content[m.end():]
@@ -213,8 +228,6 @@ def personal_item(content: str, *, sources: Sequence[tuple[str, bool, str]], nam
     names = list(names)
     speaker, body = split_speaker(content, names)
     if is_personal(body, names=names, assistant=speaker is not None and speaker.lower() == "assistant"):
-        return True
-    if not speaker and is_personal(content, names=names):
         return True
     restated = _restated(body, sources)
     if any(is_personal(sentence, names=names, assistant=by_assistant) for _, by_assistant, sentence in restated):

@@ -129,8 +129,12 @@ def _normalise(text: str) -> str:
 # --- sentences -----------------------------------------------------------------------
 
 # A sentence ends at . ! ? or … followed by white space (optionally after a closing quote
-# or bracket), or at a line break. Abbreviations split wrongly; that costs little here.
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?…][\"')\]])\s+|(?<=[.!?…])\s+|\s*\n\s*")
+# or bracket), or at a line break; not after a title (Dr., Mr., Mrs., Ms., St., Prof.): "My doctor is
+# Dr. Almeida" is one statement. Other abbreviations split wrongly; that costs little here.
+_SENTENCE_BREAK = re.compile(
+    r"(?<=[.!?…][\"')\]])\s+|(?<!\bDr\.)(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bSt\.)(?<!\bProf\.)(?<=[.!?…])\s+|"
+    r"\s*\n\s*"
+)
 
 
 def split_sentences(text: str) -> list[str]:
