@@ -207,12 +207,13 @@ def test_topic_knowledge_keeps_its_shard(scores, path, split):
 
 
 def test_personal_statements_are_kept_for_their_speaker_not_lost():
-    """A personal sentence on a shard's topic is not dropped: it lands in bob's namespace."""
-    rows = [r for r in load() if r["label"] == "personal" and r["split"] == "dev" and not r["text"].endswith("?")]
-    kept = [r for r in rows if NamespaceKind.USER in llm_path(r)]
-    assert len(kept) == len(rows)
-    offline_kept = [r for r in rows if NamespaceKind.USER in offline(r)]
-    assert len(offline_kept) >= 0.9 * len(rows), [r["text"] for r in rows if r not in offline_kept]
+    """A personal sentence handed over as a shard fact is not dropped: it lands in bob's
+    namespace. (Offline, as before, a sentence is kept only if it has a shard's words.)"""
+    rows = [r for r in load() if r["label"] == "personal"]
+    lost = [r["text"] for r in rows if llm_path(r) != {NamespaceKind.USER}]
+    assert not lost
+    passport = {"text": "My passport number is BOBPASS77 and it expires in May.", "speaker": "user"}
+    assert offline(passport) == {NamespaceKind.USER}
 
 
 def main() -> None:
