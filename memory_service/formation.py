@@ -320,11 +320,8 @@ class PersonalGuard:
                              personal_sentences=self.personal_sentences)
 
     def owner(self, item: ExtractedItem) -> str | None:
-        """The user a personal item is about: who said it, or whom the assistant answered."""
+        """The user a personal item is about: who said it; for the assistant's words, the one
+        user of the window (with two or more, whom "your" means is a guess: None)."""
         if item.user_id in self.users:
             return item.user_id
-        first = next((self.by_id[mid] for mid in item.message_ids if mid in self.by_id), None)
-        if first is None:
-            return None
-        earlier = [m for m in self.window.messages if m.sequence <= first.sequence and m.role == Role.USER and m.user_id]
-        return earlier[-1].user_id if earlier else None
+        return self.users[0] if len(self.users) == 1 else None

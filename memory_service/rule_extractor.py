@@ -801,7 +801,7 @@ class RuleBasedExtractor:
             if is_personal(sentence.text, names=speakers, assistant=not sentence.is_user):
                 # About a person, not the topic: a shard is shared by every user of the
                 # agent, so it is kept for the person alone (memory_service.personal).
-                owner = sentence.message.user_id if sentence.is_user else _addressee(window, sentence)
+                owner = sentence.message.user_id if sentence.is_user else _addressee(window)
                 if owner and (owner, key) not in seen_personal:
                     seen_personal.add((owner, key))
                     items.append(ExtractedItem(
@@ -833,12 +833,11 @@ class RuleBasedExtractor:
         return items
 
 
-def _addressee(window: Window, sentence: _Sentence) -> str | None:
-    """Whom the assistant answers: the author of the latest user message before it."""
-    for message in reversed(window.messages[: sentence.order[0]]):
-        if message.role == Role.USER and message.user_id:
-            return message.user_id
-    return None
+def _addressee(window: Window) -> str | None:
+    """Whom the assistant's "you" means: the one user of the window (with two or more, a
+    guess: None, and the personal sentence is not kept)."""
+    users = {m.user_id for m in window.messages if m.role == Role.USER and m.user_id}
+    return users.pop() if len(users) == 1 else None
 
 
 def _suggestion(window: Window, sentence: _Sentence) -> tuple[str, tuple[str, ...]]:

@@ -237,3 +237,31 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+@pytest.mark.parametrize("content, cites", [
+    ("bob: Bob's passport number is BOBPASS77.", "m0"),  # restated in the third person
+    ("bob: the passport expires in May.", "m0"),  # the person dropped: the cited sentence is his
+    ("bob: passport BOBPASS77 is valid until May.", "m1"),  # cites the wrong message: the code is traced
+    ("assistant: your passport expires in May.", "m2"),  # the assistant's words: about whom? dropped
+    ("bob suggests: we use my passport BOBPASS77 for the booking (agreed: carol)", "m0"),
+])
+def test_formation_routes_an_llms_restated_personal_item_to_its_owner(content, cites):
+    lines = [(Role.USER, "bob", "My passport number is BOBPASS77 and it expires in May."),
+             (Role.USER, "carol", "The passport office opens at 8:30."),
+             (Role.ASSISTANT, "bob", "Noted.")]
+    messages = tuple(WindowMessage(message_id=f"m{i}", sequence=i, role=role, user_id=user, content=text,
+                                   created_at=T0) for i, (role, user, text) in enumerate(lines))
+    window = Window(agent_id=AGENT, session_id="s1", messages=messages, shards=SHARDS)
+    said_by = {"m0": "bob", "m1": "carol", "m2": None}[cites]
+    kind = MemoryKind.SUGGESTION if "suggests" in content else MemoryKind.FACT
+    topic = ExtractedItem(MemoryKind.FACT, "carol: the passport office opens at 8:30.", ("m1",), "carol", "travel")
+    item = ExtractedItem(kind, content, (cites,), said_by, "travel")
+    memories = extraction_memories(window, "k", Extraction(items=[item, topic]))
+    placed = {(m.namespace, m.content) for m in memories}
+    assert ("shard:concierge:travel", topic.content) in placed  # topic knowledge keeps its shard
+    assert not [c for ns, c in placed if ns.startswith("shard:") and c == content]
+    if said_by:
+        assert (f"user:concierge:{said_by}", content) in placed
+    else:  # "your" in a window of two users: whose is a guess, so it is kept for no one
+        assert [c for _, c in placed] == [topic.content]
