@@ -81,7 +81,7 @@ class Settings(BaseSettings):
     consolidate_suggestions_after: int = Field(default=16, ge=1, description="Pending suggestions of a shard that trigger consolidation")
     user_memory_words: int = Field(default=400, ge=10, description="Word limit of a user's consolidated memory")
     shard_memory_words: int = Field(default=1000, ge=10, description="Word limit of a shard's consolidated memory")
-    facts_per_shard: int = Field(default=100, ge=1, description="Facts kept per shard, oldest evicted first")
+    facts_per_shard: int = Field(default=100, ge=1, description="Facts kept per shard, and personal facts per user, oldest evicted first")
 
     # Extraction: the offline rule-based extractor, or one call per window to an LLM.
     extractor: Literal["rules", "llm"] = Field(default="rules", description="rules (offline, no model) or llm")

@@ -38,8 +38,12 @@ class ExtractedItem:
     kind: MemoryKind  # DIRECTIVE, FACT or SUGGESTION
     content: str
     message_ids: tuple[str, ...]  # the window messages it was formed from
-    user_id: str | None = None  # for directives: whose rule or preference it is
-    shard_id: str | None = None  # for facts and suggestions: the shard it belongs to
+    # For directives and personal facts: whose they are (stored in that user's namespace);
+    # for shard items: the user who said it, if a user did.
+    user_id: str | None = None
+    # For shard facts and suggestions: the shard. A FACT without one is a personal fact:
+    # about user_id, kept in their namespace (memory_service.personal).
+    shard_id: str | None = None
 
 
 @dataclass(slots=True)

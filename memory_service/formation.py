@@ -10,6 +10,11 @@ retry after any failure resumes where the last try stopped:
 - written: complete the window (pending set, cursor, consolidation queue, metrics);
 - completed: the post-completion work (trims, consolidation triggers), then forget it.
 
+Where an item goes: a directive and a personal fact to its user's namespace, a fact or
+suggestion to its shard, unless ``PersonalGuard`` finds it is about a person: shards are
+shared by every user of the agent, so such an item goes to that person's namespace
+(memory_service.personal says how it is judged).
+
 Ids are derived from the window and from the stored extraction's content, and every try
 after the first reads the stored extraction, so memories from two extractions of one
 window can never both be stored.
@@ -30,10 +35,12 @@ from pydantic import BaseModel, Field
 
 from .backend import MemoryBackend
 from .embedding import Embedder
-from .extraction import Extraction, ExtractionUsage, Extractor, Window, WindowMessage
-from .models import Memory, MemoryKind, Provenance, Shard
+from .extraction import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
+from .models import Memory, MemoryKind, Provenance, Role, Shard
 from .namespaces import Namespace
+from .personal import is_personal, personal_item
 from .retrieval import embed_memories
+from .rule_extractor import split_sentences
 from .window import Claim, StoredExtraction, WindowState, WindowStore
 
 log = logging.getLogger(__name__)
@@ -220,10 +227,11 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
         json.dumps([extraction.episode, [asdict(item) for item in extraction.items]], default=str).encode()
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
-    return StoredExtraction(tuple(_memories(window, window_key, extraction)), extraction.usage)
+    return StoredExtraction(tuple(extraction_memories(window, window_key, extraction)), extraction.usage)
 
 
-def _memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
+def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
+    """The memories an extraction of ``window`` makes, each in the namespace it belongs to."""
     users = sorted({m.user_id for m in window.messages if m.role == "user"})
     all_ids = [m.message_id for m in window.messages]
     by_id = {m.message_id: m for m in window.messages}
@@ -256,12 +264,65 @@ def _memories(window: Window, window_key: str, extraction: Extraction) -> list[M
     if extraction.episode:
         add(MemoryKind.EPISODE, Namespace.session(window.session_id), extraction.episode, all_ids, users[0] if len(users) == 1 else None)
     shard_ids = {s.shard_id for s in window.shards}
+    guard = PersonalGuard(window)
+    personal: set[tuple[str, str]] = set()  # (owner, content): one personal fact, though named for two shards
+
+    def add_personal(owner: str, item: ExtractedItem) -> None:
+        if (owner, item.content.casefold()) not in personal:
+            personal.add((owner, item.content.casefold()))
+            add(MemoryKind.FACT, Namespace.user(window.agent_id, owner), item.content, item.message_ids, owner)
+
     for item in extraction.items:
         if item.kind is MemoryKind.DIRECTIVE and item.user_id:
             add(item.kind, Namespace.user(window.agent_id, item.user_id), item.content, item.message_ids, item.user_id)
+        elif item.kind is MemoryKind.FACT and item.shard_id is None and item.user_id in users:
+            add_personal(item.user_id, item)
         elif item.kind in (MemoryKind.FACT, MemoryKind.SUGGESTION) and item.shard_id in shard_ids:
-            add(item.kind, Namespace.shard(window.agent_id, item.shard_id), item.content, item.message_ids, item.user_id)
+            if not guard.personal(item):
+                add(item.kind, Namespace.shard(window.agent_id, item.shard_id), item.content, item.message_ids, item.user_id)
+            elif owner := guard.owner(item):
+                log.info("session %s: a %s about a person, extracted for shard %s, kept in its owner's namespace",
+                         window.session_id, item.kind.value, item.shard_id)
+                add_personal(owner, item)
+            else:
+                log.info("session %s: dropped a %s about a person with no user to keep it for", window.session_id,
+                         item.kind.value)
         else:
             log.warning("dropping an extracted %s of session %s with no valid target (shard %s)", item.kind,
                         window.session_id, item.shard_id)  # never its words
     return memories
+
+
+class PersonalGuard:
+    """Formation's own check that no shard item is about a person, whatever extractor made it.
+
+    An extractor is told to keep personal statements out of shards (the rule extractor
+    does, an LLM is asked to); this is the second line: an item judged personal
+    (memory_service.personal.personal_item) goes to the namespace of the user it is about
+    instead, and is dropped when there is no such user.
+    """
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.users = sorted({m.user_id for m in window.messages if m.role == Role.USER and m.user_id})
+        self.by_id = {m.message_id: m for m in window.messages}
+        self.sentences = {m.message_id: split_sentences(m.content) for m in window.messages
+                          if m.role in (Role.USER, Role.ASSISTANT)}
+        self.personal_sentences = [
+            sentence for m in window.messages for sentence in self.sentences.get(m.message_id, ())
+            if is_personal(sentence, names=self.users, assistant=m.role == Role.ASSISTANT)
+        ]
+
+    def personal(self, item: ExtractedItem) -> bool:
+        sources = [(m.user_id, m.role == Role.ASSISTANT, sentence)
+                   for mid in item.message_ids if (m := self.by_id.get(mid)) and mid in self.sentences
+                   for sentence in self.sentences[mid]]
+        return personal_item(item.content, sources=sources, names=self.users,
+                             personal_sentences=self.personal_sentences)
+
+    def owner(self, item: ExtractedItem) -> str | None:
+        """The user a personal item is about: who said it; for the assistant's words, the one
+        user of the window (with two or more, whom "your" means is a guess: None)."""
+        if item.user_id in self.users:
+            return item.user_id
+        return self.users[0] if len(self.users) == 1 else None

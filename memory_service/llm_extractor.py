@@ -1,7 +1,8 @@
 """Extraction by an LLM behind any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp).
 
-One chat.completions call per window returns everything: the episode, the directives and,
-for every active shard, its facts and suggestions (the system this reimplements made one
+One chat.completions call per window returns everything: the episode, the directives, the
+personal facts (what users said about themselves: kept in their own namespace) and, for
+every active shard, its facts and suggestions (the system this reimplements made one
 call per shard plus one). The reply is constrained by a strict JSON schema built for this
 window (shard ids, message references and user ids are enums; item counts are capped by
 the window's size) and checked again here, because not every endpoint enforces the schema
@@ -15,6 +16,9 @@ by those 1-based numbers, not by message ids: small integers are cheap to copy a
 be misspelled; they are mapped back to message ids here.
 
 Failure policy:
+- what the model puts in a shard is not trusted to be topic knowledge: formation checks
+  every shard item again and routes one about a person to that person's namespace
+  (memory_service.formation.PersonalGuard);
 - an item that is wrong on its own (wrong field types, an unknown shard or message number,
   a directive of someone who did not speak as a user) is dropped and logged;
 - a reply that is not JSON of the expected shape, a connection error or timeout, and HTTP
@@ -80,8 +84,17 @@ to. Only what users said about themselves, never the assistant; not one-off requ
 {WORD_LIMITS[MemoryKind.SUGGESTION]} words each, keeping the rationale and who agreed or \
 disagreed, e.g. "bob suggests: take the night train to save a hotel night (agreed: alice; \
 disagreed: carol)".
-  Shards are shared by everyone who talks to the assistant: a user's personal rules and \
-preferences are directives, never shard items.
+  Shards are shared by everyone who talks to the assistant, so they hold topic knowledge \
+only ("the restaurant is in Chiado", "the museum closes at 6pm"): a user's personal rules \
+and preferences are directives, and anything else about a person is a personal fact; \
+neither is ever a shard item.
+- "personal_facts": what a user said about themself or the people close to them that is \
+not a directive: identity and document numbers, health, where they live or stay, \
+contacts, family, money, their bookings, plans, purchases and experiences; at most \
+{WORD_LIMITS[MemoryKind.FACT]} words each, naming the source ("bob: my passport expires in \
+May"), with the user_id of the user it belongs to. Kept for that user alone. A claim about \
+the topic framed in the first person ("I think the museum closes at 6") is topic \
+knowledge; a statement about the speaker ("my flight is at 9") is personal.
 - "messages" on every item: the numbers of the messages it was taken from, the first \
 being the one that states it.
 
@@ -163,6 +176,7 @@ class _Reply(BaseModel):
     episode: str | None
     directives: list[Any]
     shards: list[Any] = Field(default_factory=list)
+    personal_facts: list[Any] = Field(default_factory=list)
 
 
 class _ShardEntry(BaseModel):
@@ -176,7 +190,9 @@ class _Item(BaseModel):
     messages: list[int] = Field(min_length=1)
 
 
-class _Directive(_Item):
+class _UsersOwn(_Item):
+    """A directive or a personal fact: it names the user it belongs to."""
+
     user_id: str
 
 
@@ -204,8 +220,8 @@ class _Plan:
     def prompt(self, max_chars: int) -> str:
         cut = _fair_share([len(m.content) for m in self.shown], max_chars)
         lines = [
-            f"Conversation window of {len(self.shown)} messages. At most {self.cap} directives, "
-            f"and at most {self.cap} facts and {self.cap} suggestions per shard.",
+            f"Conversation window of {len(self.shown)} messages. At most {self.cap} directives and "
+            f"{self.cap} personal facts, and at most {self.cap} facts and {self.cap} suggestions per shard.",
             "",
             "Messages:",
         ]
@@ -251,6 +267,7 @@ class _Plan:
         properties: dict[str, Any] = {
             "episode": {"type": "string"},
             "directives": items({"user_id": user_id}, self.cap if self.speakers else 0),
+            "personal_facts": items({"user_id": user_id}, self.cap if self.speakers else 0),
         }
         if self.shards:
             entry = {
@@ -289,6 +306,7 @@ class _Plan:
 
         episode = limit_words(reply.episode or "", WORD_LIMITS[MemoryKind.EPISODE]) or None
         items = self._collect(MemoryKind.DIRECTIVE, reply.directives)
+        items += self._collect(MemoryKind.FACT, reply.personal_facts)  # no shard: the user's own
         # Entries are gathered per shard first: the model may name a shard twice.
         gathered: dict[str, tuple[list[Any], list[Any]]] = {}
         known = {s.shard_id for s in self.shards}
@@ -321,7 +339,7 @@ class _Plan:
             except _Drop as why:
                 self._dropped(kind.value, raw, str(why))
                 continue
-            key = (item.user_id if kind is MemoryKind.DIRECTIVE else None, item.content.casefold())
+            key = (item.user_id if shard_id is None else None, item.content.casefold())
             if key not in seen:
                 seen.add(key)
                 kept.append(item)
@@ -332,7 +350,8 @@ class _Plan:
 
     def _item(self, kind: MemoryKind, raw: Any, shard_id: str | None) -> ExtractedItem:
         try:
-            parsed = (_Directive if kind is MemoryKind.DIRECTIVE else _Item).model_validate(raw)
+            personal = kind is MemoryKind.DIRECTIVE or shard_id is None  # said by a user about themself
+            parsed = (_UsersOwn if personal else _Item).model_validate(raw)
         except ValidationError as exc:
             raise _Drop(_first_error(exc)) from None
         unknown = sorted({n for n in parsed.messages if not 1 <= n <= len(self.shown)})
@@ -340,10 +359,11 @@ class _Plan:
             raise _Drop(f"unknown message number(s) {unknown}")
         sources = [self.shown[n - 1] for n in sorted(set(parsed.messages))]
         user_id = None
-        if isinstance(parsed, _Directive):
+        if isinstance(parsed, _UsersOwn):
             if parsed.user_id not in self.speakers:
                 raise _Drop(f"user {parsed.user_id!r} wrote no user message in this window")
-            # A directive is what a user said about themself: its sources are their own messages.
+            # A directive or personal fact is what a user said about themself: its sources
+            # are their own messages.
             sources = [m for m in sources if m.role == Role.USER and m.user_id == parsed.user_id]
             if not sources:
                 raise _Drop(f"cites no message of user {parsed.user_id!r}")

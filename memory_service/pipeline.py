@@ -67,7 +67,7 @@ class FormationPipeline:
         """The post-completion work: idempotent, as it runs again if a try dies during it."""
         for namespace in sorted({m.namespace for m in result.memories}):
             ns = Namespace.parse(namespace)
-            if ns.kind is NamespaceKind.SHARD:
+            if ns.kind in (NamespaceKind.SHARD, NamespaceKind.USER):  # a user's: their personal facts
                 await backend.trim(agent_id, ns, MemoryKind.FACT, self.settings.facts_per_shard)
             if ns.kind in (NamespaceKind.USER, NamespaceKind.SHARD):
                 await self._maybe_consolidate(namespace)

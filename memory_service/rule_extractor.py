@@ -8,7 +8,9 @@ What it produces from one window (see DESIGN.md, "Memory kinds"):
 - episode: the window's most informative sentences, each under its speaker, <= 50 words;
 - directives: a user's own sentences stating a rule, preference or stable personal context;
 - facts and suggestions: sentences on an active shard's topic, naming their source;
-  suggestions also name who agreed or disagreed in the following messages.
+  suggestions also name who agreed or disagreed in the following messages;
+- personal facts: a sentence on a shard's topic that is about a person ("my passport
+  number is…", memory_service.personal) goes to that person's namespace, never the shard.
 
 Only user and assistant messages are read: system prompts are instructions, not
 conversation, and tool output is raw data that would crowd out what people said.
@@ -24,6 +26,7 @@ from functools import lru_cache
 
 from .extraction import ExtractedItem, Extraction, Window, WindowMessage
 from .models import WORD_LIMITS, MemoryKind, Role, Shard
+from .personal import is_personal
 
 __all__ = ["RuleBasedExtractor", "content_words", "is_directive", "limit_words", "split_sentences", "stem"]
 
@@ -126,8 +129,12 @@ def _normalise(text: str) -> str:
 # --- sentences -----------------------------------------------------------------------
 
 # A sentence ends at . ! ? or … followed by white space (optionally after a closing quote
-# or bracket), or at a line break. Abbreviations split wrongly; that costs little here.
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?…][\"')\]])\s+|(?<=[.!?…])\s+|\s*\n\s*")
+# or bracket), or at a line break; not after a title (Dr., Mr., Mrs., Ms., St., Prof.): "My doctor is
+# Dr. Almeida" is one statement. Other abbreviations split wrongly; that costs little here.
+_SENTENCE_BREAK = re.compile(
+    r"(?<=[.!?…][\"')\]])\s+|(?<!\bDr\.)(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bSt\.)(?<!\bProf\.)(?<=[.!?…])\s+|"
+    r"\s*\n\s*"
+)
 
 
 def split_sentences(text: str) -> list[str]:
@@ -753,6 +760,8 @@ class RuleBasedExtractor:
         items: list[ExtractedItem] = []
         directive_index: dict[tuple[str, str], int] = {}
         seen_on_shard: set[tuple[str, str]] = set()
+        seen_personal: set[tuple[str, str]] = set()
+        speakers = sorted({m.user_id for m in window.messages if m.role == Role.USER and m.user_id})
 
         for sentence in sentences:
             suggestion = bool(_SUGGESTION.search(sentence.norm))
@@ -789,6 +798,20 @@ class RuleBasedExtractor:
             ]
             if not matching:
                 continue
+            if is_personal(sentence.text, names=speakers, assistant=not sentence.is_user):
+                # About a person, not the topic: a shard is shared by every user of the
+                # agent, so it is kept for the person alone (memory_service.personal).
+                owner = sentence.message.user_id if sentence.is_user else _addressee(window)
+                if owner and (owner, key) not in seen_personal:
+                    seen_personal.add((owner, key))
+                    items.append(ExtractedItem(
+                        kind=MemoryKind.FACT,
+                        content=limit_words(f"{sentence.speaker}: {_lower_first(sentence.text)}",
+                                            WORD_LIMITS[MemoryKind.FACT]),
+                        message_ids=(sentence.message.message_id,),
+                        user_id=owner,
+                    ))
+                continue
             if suggestion:
                 kind = MemoryKind.SUGGESTION
                 content, message_ids = _suggestion(window, sentence)
@@ -808,6 +831,13 @@ class RuleBasedExtractor:
                     )
                 )
         return items
+
+
+def _addressee(window: Window) -> str | None:
+    """Whom the assistant's "you" means: the one user of the window (with two or more, a
+    guess: None, and the personal sentence is not kept)."""
+    users = {m.user_id for m in window.messages if m.role == Role.USER and m.user_id}
+    return users.pop() if len(users) == 1 else None
 
 
 def _suggestion(window: Window, sentence: _Sentence) -> tuple[str, tuple[str, ...]]:

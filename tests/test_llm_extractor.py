@@ -175,7 +175,8 @@ async def test_one_call_per_window_with_a_strict_schema_for_this_window(llm, ext
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["strict"] is True
     schema = llm.schema()
-    assert schema["additionalProperties"] is False and set(schema["required"]) == {"episode", "directives", "shards"}
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {"episode", "directives", "personal_facts",
+                                                                                "shards"}
     shards = schema["properties"]["shards"]
     # the inactive shard is not offered
     assert shards["items"]["properties"]["shard_id"]["enum"] == ["travel", "food", "release"]
@@ -183,13 +184,15 @@ async def test_one_call_per_window_with_a_strict_schema_for_this_window(llm, ext
     directives = schema["properties"]["directives"]
     assert directives["items"]["properties"]["user_id"]["enum"] == ["alice", "bob", "carol"]
     assert directives["items"]["properties"]["messages"]["items"]["enum"] == list(range(1, 9))
+    # personal facts name their user as directives do
+    assert schema["properties"]["personal_facts"] == directives
     # 8 messages -> at most 2 of each
     assert directives["maxItems"] == 2
     assert shards["items"]["properties"]["facts"]["maxItems"] == 2
     assert shards["items"]["properties"]["suggestions"]["maxItems"] == 2
 
     prompt = llm.prompt()
-    assert "At most 2 directives, and at most 2 facts and 2 suggestions per shard" in prompt
+    assert "At most 2 directives and 2 personal facts, and at most 2 facts and 2 suggestions per shard" in prompt
     assert '[3] user alice: "The flight to Lisbon leaves on May 3rd at 9am."' in prompt
     assert '[2] assistant: "Noted. How can I help with the trip?"' in prompt
     assert '- travel: "travel logistics"; "flights, trains, hotels, bookings, dates, budget"' in prompt
@@ -212,7 +215,9 @@ async def test_item_caps_scale_with_the_window_size(llm, extractor, n, cap):
     entry = schema["properties"]["shards"]["items"]["properties"]
     assert schema["properties"]["directives"]["maxItems"] == cap
     assert entry["facts"]["maxItems"] == entry["suggestions"]["maxItems"] == cap
-    assert f"At most {cap} directives, and at most {cap} facts and {cap} suggestions per shard" in llm.prompt()
+    assert schema["properties"]["personal_facts"]["maxItems"] == cap
+    assert (f"At most {cap} directives and {cap} personal facts, and at most {cap} facts and {cap} suggestions "
+            "per shard") in llm.prompt()
 
 
 async def test_without_shards_the_schema_asks_for_no_shard_items(llm, extractor):
@@ -226,6 +231,31 @@ async def test_without_shards_the_schema_asks_for_no_shard_items(llm, extractor)
 
 
 # --- the reply --------------------------------------------------------------------------
+
+
+async def test_the_prompt_asks_for_personal_facts_apart_from_shard_knowledge(llm, extractor):
+    llm.reset(completion(empty_reply()))
+    await extractor.extract(window(*TRIP))
+    system = llm.requests[0]["messages"][0]["content"]
+    assert '"personal_facts"' in system and "topic knowledge only" in system
+    assert "identity and document numbers, health" in system and "neither is ever a shard item" in system
+
+
+async def test_personal_facts_become_facts_of_their_users_own(llm, extractor, caplog):
+    reply = empty_reply()
+    reply["personal_facts"] = [
+        {"user_id": "bob", "content": "bob: my passport number is BOBPASS77", "messages": [4]},
+        {"user_id": "bob", "content": "bob: my passport number is BOBPASS77", "messages": [4]},  # twice: once
+        {"user_id": "carol", "content": "carol: bob's passport", "messages": [4]},  # cites only bob's message
+        {"user_id": "mallory", "content": "mallory: hi", "messages": [1]},  # not a speaker
+    ]
+    llm.reset(completion(reply))
+    with caplog.at_level(logging.WARNING, logger="memory_service.llm_extractor"):
+        result = await extractor.extract(window(*TRIP))
+    facts = of_kind(result, MemoryKind.FACT)
+    assert [(f.user_id, f.shard_id, f.content, f.message_ids) for f in facts] == [
+        ("bob", None, "bob: my passport number is BOBPASS77", ("m3",))]
+    assert "cites no message of user 'carol'" in caplog.text and "'mallory' wrote no user message" in caplog.text
 
 
 async def test_a_valid_reply_becomes_attributed_items_within_limits_and_caps(llm, extractor):

@@ -63,6 +63,9 @@ def check_invariants(w: Window, result: Extraction) -> None:
             speakers = {m.user_id for m in w.messages if m.message_id in item.message_ids}
             roles = {m.role for m in w.messages if m.message_id in item.message_ids}
             assert speakers == {item.user_id} and roles == {Role.USER}
+        elif item.shard_id is None:  # a personal fact: kept for the user it is about
+            assert item.kind is MemoryKind.FACT and item.user_id, item
+            assert item.user_id in {m.user_id for m in w.messages if m.role == Role.USER}, item
         else:
             assert item.kind in (MemoryKind.FACT, MemoryKind.SUGGESTION)
             assert item.shard_id in active
@@ -514,8 +517,10 @@ async def test_demo_conversation_extracts_the_expected_memories():
     check_invariants(w, result)
     contents = {(i.kind, i.shard_id or i.user_id, i.content) for i in result.items}
     assert (MemoryKind.DIRECTIVE, "bob", "Remember that I'm allergic to peanuts when you pick restaurants.") in contents
-    assert (MemoryKind.SUGGESTION, "food", "bob suggests: how about dinner at Ao 26 Vegan Food Project on the first "
-            "evening, since Alice is vegetarian? (agreed: alice)") in contents
+    # It tells alice's diet, so it is kept for bob, who said it, not in the shared food shard.
+    assert (MemoryKind.FACT, "bob", "bob: how about dinner at Ao 26 Vegan Food Project on the first evening, since "
+            "Alice is vegetarian?") in contents
+    assert not [i for i in result.items if i.shard_id and "vegetarian" in i.content]
     assert (MemoryKind.SUGGESTION, "travel", "bob suggests: we should take the train to Sintra on June 4th because "
             "the palaces are less crowded on weekdays (agreed: alice)") in contents
     assert (MemoryKind.FACT, "food", "alice: that restaurant is in Chiado, close to the hotel.") in contents
