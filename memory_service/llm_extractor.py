@@ -48,6 +48,7 @@ from .extraction import (
 )
 from .llm_client import LLMCallFailed, Malformed, StructuredChat, reply_json
 from .models import WORD_LIMITS, MemoryKind, Role, Shard
+from .pseudonyms import for_log
 from .rule_extractor import limit_words
 
 __all__ = ["LLMExtractor", "item_cap"]
@@ -317,7 +318,7 @@ class _Plan:
                 self._dropped("shard entry", raw, _first_error(exc))
                 continue
             if entry.shard_id not in known:
-                self._dropped("shard entry", entry.shard_id, "no such active shard")
+                self._dropped("shard entry", entry.shard_id, f"no such active shard {entry.shard_id!r}")
                 continue
             facts, suggestions = gathered.setdefault(entry.shard_id, ([], []))
             facts.extend(entry.facts)
@@ -361,12 +362,12 @@ class _Plan:
         user_id = None
         if isinstance(parsed, _UsersOwn):
             if parsed.user_id not in self.speakers:
-                raise _Drop(f"user {parsed.user_id!r} wrote no user message in this window")
+                raise _Drop(f"user {for_log(self.window.agent_id, parsed.user_id)} wrote no user message in this window")
             # A directive or personal fact is what a user said about themself: its sources
             # are their own messages.
             sources = [m for m in sources if m.role == Role.USER and m.user_id == parsed.user_id]
             if not sources:
-                raise _Drop(f"cites no message of user {parsed.user_id!r}")
+                raise _Drop(f"cites no message of user {for_log(self.window.agent_id, parsed.user_id)}")
             user_id = parsed.user_id
         elif sources[0].role == Role.USER:
             user_id = sources[0].user_id  # who stated the fact or made the suggestion
@@ -376,7 +377,9 @@ class _Plan:
         return ExtractedItem(kind, content, tuple(m.message_id for m in sources), user_id, shard_id)
 
     def _dropped(self, what: str, raw: Any, why: str) -> None:
-        log.warning("session %s: dropped an extracted %s (%s): %.200r", self.window.session_id, what, why, raw)
+        # Never the item's words: a log line outlives an erasure (users are named by digest).
+        log.warning("session %s: dropped an extracted %s (%s; %d characters of JSON)", self.window.session_id, what,
+                    why, len(json.dumps(raw, default=str)))
 
 
 def _first_error(exc: ValidationError) -> str:
