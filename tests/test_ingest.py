@@ -415,3 +415,16 @@ async def test_a_refused_message_sent_twice_at_once_is_refused_twice_and_release
     assert await service.state.in_flight("s1") == []
     result = await service.record_message("s1", msg("a1", "alice", "no nul here", mid="m1"))
     assert not result.duplicate and (await service.session_gate("s1")).pending_messages == 1
+
+
+async def test_the_recovery_waits_for_its_grace_period_then_releases_what_was_never_stored(service):
+    """A reservation younger than RECORD_RECOVERY_AFTER_SECONDS may belong to a record still
+    at work: left alone. Older and not stored (the process died before its write): released."""
+    reservation = await service.state.reserve_message("s1", "a1", "m1", "d1")
+    assert await service.recover_in_flight() == {"sessions": 0, "committed": 0, "released": 0}
+    assert [e.message_id for e in await service.state.in_flight("s1")] == ["m1"]
+    service.settings.record_recovery_after_seconds = 0
+    assert await service.recover_in_flight() == {"sessions": 1, "committed": 0, "released": 1}
+    assert await service.state.in_flight("s1") == [] and await service.state.redis.zcard(IN_FLIGHT) == 0
+    result = await service.record_message("s1", msg("a1", "alice", "other content, same id", mid="m1"))
+    assert not result.duplicate and result.sequence == reservation.sequence + 1
