@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
-
 from urllib.parse import urlsplit
 
 import pytest
