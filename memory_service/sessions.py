@@ -28,7 +28,15 @@ from .agents import AgentDirectory
 from .backend import MemoryBackend
 from .config import Settings
 from .embedding import Embedder
-from .errors import BackendUnavailable, Conflict, FormationPending, InvalidInput, NotFound, preview
+from .errors import (
+    BackendUnavailable,
+    Conflict,
+    FormationPending,
+    InvalidInput,
+    MemoryServiceError,
+    NotFound,
+    preview,
+)
 from .formation import FormationSummary, message_memory_id
 from .group_commit import GroupCommit, RowRefused
 from .jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
@@ -127,8 +135,11 @@ class SessionLedger:
                 raise
             log.warning("could not store message %s of session %s (agent %s): %s: %s", preview(message_id),
                         preview(session_id), preview(meta.agent_id), type(exc).__name__, exc)
+            # Our own errors (an outbox full, an open breaker) are worded for the caller; a
+            # store's or a driver's text is not: it stays in the log.
+            why = str(exc) if isinstance(exc, MemoryServiceError) else "the memory store is unavailable"
             raise BackendUnavailable(
-                f"could not store message {message_id!r} of session {session_id!r}: the memory store is unavailable; "
+                f"could not store message {message_id!r} of session {session_id!r}: {why}; "
                 "nothing is pending for it: send it again with the same message_id") from exc
 
     async def _let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:
