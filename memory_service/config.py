@@ -201,6 +201,11 @@ class Settings(BaseSettings):
         default=10_000, ge=1,
         description="Most sessions one sweep run looks at (it also stops at half WORKER_JOB_TIMEOUT_SECONDS); "
                     "the rest are first in line at the next run")
+    record_recovery_after_seconds: float = Field(
+        default=300, ge=0,
+        description="Age at which the worker's recovery (every minute) settles a record left between its store write "
+                    "and its commit (a crashed API process): a stored message is made pending, the id of one not "
+                    "stored is released. Keep it well above the longest record (store timeouts, queueing)")
 
     # Access control (README, "Security"): API keys, rate limits per key, CORS.
     api_auth: Literal["auto", "keys", "off"] = Field(

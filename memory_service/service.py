@@ -127,6 +127,10 @@ class MemoryService:
     async def sweep_cold_sessions(self) -> list[str]:
         return await self.pipeline.sweep_cold_sessions()
 
+    async def recover_in_flight(self) -> dict[str, int]:
+        """Settle records a crash left between their store write and their commit (docs/ingest.md)."""
+        return await self.sessions.recover_in_flight()
+
     async def embed_pending(self, agent_id: str) -> dict[str, int]:
         return await self.pipeline.embed_pending(agent_id)
 

@@ -4,30 +4,47 @@ A message is stored (and indexed for full-text search) first, then committed to 
 session's pending window; a gate that opens claims the window and enqueues its formation
 job. Its embedding comes after: the worker's embedding job (docs/ingest.md).
 ``form_memories`` forms what is pending on request and waits for it.
+
+Between its reserve and its commit a record is "in flight" (memory_service.state): a
+write the store refused releases the message id at once; a crash, or a write whose
+outcome is unknown, leaves the reservation to ``recover_in_flight`` (a worker cron), which
+commits what the store holds and releases the rest, so every stored message ends up
+pending or formed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from . import gates, limits
 from .agents import AgentDirectory
+from .backend import MemoryBackend
 from .config import Settings
 from .embedding import Embedder
-from .errors import BackendUnavailable, Conflict, FormationPending, NotFound, session_taken
+from .errors import (
+    BackendUnavailable,
+    Conflict,
+    FormationPending,
+    InvalidInput,
+    MemoryServiceError,
+    NotFound,
+    preview,
+    session_taken,
+)
 from .formation import FormationSummary, message_memory_id
-from .group_commit import GroupCommit
+from .group_commit import GroupCommit, RowRefused
 from .jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
-from .models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance
+from .models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Role
 from .namespaces import Namespace, validate_id
 from .reach import Reach
-from .state import SessionCounters, StateStore
+from .state import Commit, InFlight, SessionCounters, StateStore
 from .window import StaleGate, WindowState, WindowStore
 
 # How often a gated claim re-reads the counters when windows keep completing under it.
@@ -72,7 +89,8 @@ class SessionLedger:
                 raise session_taken(session_id)
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
-        reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest)
+        reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest,
+                                                       message.incognito)
         if reservation.digest != digest:
             raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
         _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
@@ -95,25 +113,112 @@ class SessionLedger:
         # Store first, then make it pending: a failed write leaves nothing pending that
         # formation could not read, and the client's retry completes the same message.
         # Stored without its embedding (marked for it): the embedding job adds it.
-        try:
-            await self.writes.write(backend, message.agent_id, memory)
-        except Exception as exc:
-            raise BackendUnavailable(
-                f"could not store message {message_id!r} of session {session_id!r}: {type(exc).__name__}: {exc}; "
-                "nothing is pending for it: send it again with the same message_id"
-            ) from exc
-        commit = await self.state.commit_message(
-            session_id, message_id, reservation.sequence, gates.weighted_tokens(message.role, message.content),
-            message.user_id if message.role == "user" else None, message.incognito, message.agent_id,
-            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=message.user_id,
-        )
-        if commit.enqueue_embedding:
-            await self._enqueue_embedding(message.agent_id)
+        await self._store(backend, memory, reservation.sequence)
+        commit = await self._commit(session_id, message_id, reservation.sequence, memory, message.incognito)
         gate = gates.evaluate(commit.counters, self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate)
         if gate.open:
             result.formation_job = await self.schedule(session_id, gated=True, counters=commit.counters)
         return result
+
+    async def _store(self, backend: MemoryBackend, memory: Memory, sequence: int) -> None:
+        """The record's store write; on failure, its reservation is let go of (released if
+        the store refused the message, kept for a retry or the recovery on an outage) and
+        the caller told which: 422 or 503. The store's own words go to the log only."""
+        meta = memory.metadata
+        session_id, message_id = cast(str, meta.session_id), meta.message_ids[0]
+        try:
+            await self.writes.write(backend, meta.agent_id, memory)
+        except RowRefused as refused:
+            log.warning("the store refused message %s of session %s (agent %s), its id is released: %s",
+                        preview(message_id), preview(session_id), preview(meta.agent_id),
+                        preview(str(refused.__cause__), 300))
+            await self._let_go(session_id, message_id, sequence, "refused")
+            raise InvalidInput(
+                f"content: message {message_id!r} of session {session_id!r} could not be stored: the store refused "
+                "its content (characters it cannot hold). Nothing was stored and the message_id is free again: "
+                "send it with corrected content") from None
+        except BaseException as exc:  # an outage, or the caller gone: the write may have landed
+            await self._let_go(session_id, message_id, sequence, "unhold")
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("could not store message %s of session %s (agent %s): %s: %s", preview(message_id),
+                        preview(session_id), preview(meta.agent_id), type(exc).__name__, exc)
+            # Our own errors (an outbox full, an open breaker) are worded for the caller; a
+            # store's or a driver's text is not: it stays in the log.
+            why = str(exc) if isinstance(exc, MemoryServiceError) else "the memory store is unavailable"
+            raise BackendUnavailable(
+                f"could not store message {message_id!r} of session {session_id!r}: {why}; "
+                "nothing is pending for it: send it again with the same message_id") from exc
+
+    async def _let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:
+        # Best effort: if Redis fails too, the reservation stays in flight and the recovery
+        # settles it once it is RECORD_RECOVERY_AFTER_SECONDS old.
+        try:
+            await asyncio.shield(self.state.release_message(session_id, message_id, sequence, mode))
+        except BaseException as exc:
+            log.warning("could not let go of the reservation of message %s of session %s (the recovery will): %s",
+                        preview(message_id), preview(session_id), exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _commit(self, session_id: str, message_id: str, sequence: int, memory: Memory,
+                      incognito: bool) -> Commit:
+        """Make the stored ``memory`` (the message) pending, once, and enqueue its embedding."""
+        meta = memory.metadata
+        role, user_id = meta.role or Role.USER, meta.user_id  # a message always has its role
+        commit = await self.state.commit_message(
+            session_id, message_id, sequence, gates.weighted_tokens(role, memory.content),
+            user_id if role == "user" else None, incognito, meta.agent_id,
+            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=user_id,
+        )
+        if commit.enqueue_embedding:
+            await self._enqueue_embedding(meta.agent_id)
+        return commit
+
+    async def recover_in_flight(self, limit: int = 1000) -> dict[str, int]:
+        """Settle the records left between their reserve and their commit for at least
+        RECORD_RECOVERY_AFTER_SECONDS (a crashed process, a write whose outcome was unknown
+        and never retried): a message the store holds is committed (the record's own commit,
+        idempotent), the id of one it does not hold is released. Up to ``limit`` sessions;
+        counts ``committed``, ``released`` and ``sessions``."""
+        before = time.time() - self.settings.record_recovery_after_seconds
+        report = {"sessions": 0, "committed": 0, "released": 0}
+        for session_id in await self.state.sessions_in_flight(before, limit):
+            report["sessions"] += 1
+            try:
+                old = [e for e in await self.state.in_flight(session_id) if e.reserved_at < before]
+                if old:
+                    committed, released = await self._recover_session(session_id, old)
+                    report["committed"] += committed
+                    report["released"] += released
+                await self.state.settle_in_flight(session_id)
+            except Exception as exc:  # the next run tries again
+                log.warning("could not recover the records in flight of session %s: %s", preview(session_id), exc)
+        if report["committed"] or report["released"]:
+            log.info("recovered records left in flight: %d committed, %d released, in %d session(s)",
+                     report["committed"], report["released"], report["sessions"])
+        return report
+
+    async def _recover_session(self, session_id: str, old: list[InFlight]) -> tuple[int, int]:
+        agent_id = (await self.state.counters(session_id)).agent_id
+        stored: dict[str, Memory] = {}
+        if agent_id is not None:
+            _, backend = await self.agents.backend_for(agent_id)
+            ids = [message_memory_id(session_id, e.message_id) for e in old]
+            stored = {m.id: m for m in await backend.get(agent_id, Namespace.session(session_id), ids)}
+        committed = released = 0
+        for entry in old:
+            memory = stored.get(message_memory_id(session_id, entry.message_id))
+            if memory is not None:
+                await self._commit(session_id, entry.message_id, entry.sequence, memory, entry.incognito)
+                committed += 1
+            elif await self.state.release_message(session_id, entry.message_id, entry.sequence, "expired",
+                                                  entry.entry):
+                released += 1
+        if committed:  # as a record would: a gate the commits opened claims its window
+            await self.schedule(session_id, gated=True)
+        return committed, released
 
     async def _enqueue_embedding(self, agent_id: str) -> None:
         # The message is stored and pending: a queue that fails here must not fail the record.

@@ -24,6 +24,11 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
                                  any role (what an erasure of the user visits)
   ms:s:{<session>}:window        hash: the window being formed, its state and extraction
                                  (memory_service.window owns it)
+  ms:s:{<session>}:inflight      hash message_id -> "<seq> <reserved at> <holders> <incognito>":
+                                 reservations not committed yet (a record between its reserve
+                                 and its commit; what a crash there leaves behind)
+  ms:inflight                    zset session_id -> time of its oldest in-flight reservation
+                                 (at most): where the recovery looks (SessionLedger.recover_in_flight)
   ms:active                      zset session_id -> last activity (or the cold sweep's last
                                  visit), while messages are pending that could form
   ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
@@ -60,20 +65,36 @@ from .redis_pools import redis_client
 
 # Reserve a sequence number for a message id, or return the one it already has; with it,
 # the agent's settings (KEYS[4]), which say which backend stores the message: one round trip.
+# A reservation this call will act on (new, or known with the same digest ARGV[3] and not
+# committed) is held in the session's in-flight hash (KEYS[6]): the holders count goes up
+# and the time is ARGV[5]; the session joins the in-flight index (KEYS[7]) if it was not in.
 _RESERVE = """
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
 local settings = redis.call('GET', KEYS[4])
-local known = redis.call('HGET', KEYS[2], ARGV[1])
-if known then return {'known', known, settings} end
-if not owner then
-  redis.call('HSET', KEYS[1], 'agent_id', ARGV[2])
-  redis.call('SADD', KEYS[3], ARGV[4])
+local status, value = 'known', redis.call('HGET', KEYS[2], ARGV[1])
+local seq, holders = nil, 0
+if value then
+  local known_seq, known_digest = string.match(value, '^(%S+) (.*)$')
+  if known_digest ~= ARGV[3] or redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
+    return {status, value, settings}
+  end
+  seq = known_seq
+  local entry = redis.call('HGET', KEYS[6], ARGV[1])
+  if entry then holders = tonumber(string.match(entry, '^%S+ %S+ (%d+)')) end
+else
+  if not owner then
+    redis.call('HSET', KEYS[1], 'agent_id', ARGV[2])
+    redis.call('SADD', KEYS[3], ARGV[4])
+  end
+  status = 'new'
+  seq = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1))
+  value = seq .. ' ' .. ARGV[3]
+  redis.call('HSET', KEYS[2], ARGV[1], value)
 end
-local seq = redis.call('HINCRBY', KEYS[1], 'next_seq', 1)
-local value = seq .. ' ' .. ARGV[3]
-redis.call('HSET', KEYS[2], ARGV[1], value)
-return {'new', value, settings}
+redis.call('HSET', KEYS[6], ARGV[1], seq .. ' ' .. ARGV[5] .. ' ' .. (holders + 1) .. ' ' .. ARGV[6])
+redis.call('ZADD', KEYS[7], 'NX', ARGV[5], ARGV[4])
+return {status, value, settings}
 """
 
 # Mark a stored message pending (once) and return whether this call did it. A new message
@@ -83,6 +104,8 @@ return {'new', value, settings}
 # agent's embedding is marked due (KEYS[10]) and, if no embedding job holds the agent's lock
 # (KEYS[11]), this call takes it and answers 1: the caller enqueues the job. A job that
 # holds it sees the mark before it lets go (_EMBED_RELEASE), so no message is left behind.
+# The message leaves the session's in-flight hash (KEYS[13]), and the session the in-flight
+# index (KEYS[14]) when nothing else of it is in flight.
 # The answer also carries the session's counters, read as ``counters`` reads them.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
@@ -101,12 +124,66 @@ if first then
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
+redis.call('HDEL', KEYS[13], ARGV[1])
+if redis.call('HLEN', KEYS[13]) == 0 then redis.call('ZREM', KEYS[14], ARGV[7]) end
 local embed = 0
 if first and tonumber(ARGV[8]) > 0 then
   redis.call('SET', KEYS[10], '1')
   if redis.call('SET', KEYS[11], '1', 'NX', 'PX', ARGV[8]) then embed = 1 end
 end
 return {first and 1 or 0, embed, redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
+"""
+
+# A record whose store write failed lets go of its reservation (KEYS: ids, committed,
+# inflight, in-flight index; ARGV: message id, sequence, session id, mode, entry).
+# Nothing happens unless the in-flight entry is still the one of sequence ARGV[2] and the
+# message is not committed (a concurrent retry of the id committed it: it stays). Modes:
+# 'refused' (the store refused the message: nothing of it is stored) releases the id if
+# no other call holds it, else counts this holder out; 'unhold' (an outage: the write may
+# have landed) only counts this holder out and leaves the entry to the caller's retry or
+# the recovery; 'expired' (the recovery found it old and not stored) releases it if the
+# entry is still exactly ARGV[5], as the recovery read it. Released: the id's reservation
+# and entry are deleted, the id is free for any content, its sequence number stays unused.
+# 1 if released.
+_RELEASE = """
+local entry = redis.call('HGET', KEYS[3], ARGV[1])
+if not entry then return 0 end
+if redis.call('SISMEMBER', KEYS[2], ARGV[1]) == 1 then
+  redis.call('HDEL', KEYS[3], ARGV[1])
+  if redis.call('HLEN', KEYS[3]) == 0 then redis.call('ZREM', KEYS[4], ARGV[3]) end
+  return 0
+end
+local seq, at, holders, incognito = string.match(entry, '^(%S+) (%S+) (%d+) (%S+)$')
+if seq ~= ARGV[2] then return 0 end
+holders = tonumber(holders)
+local release = (ARGV[4] == 'refused' and holders <= 1) or (ARGV[4] == 'expired' and entry == ARGV[5])
+if not release then
+  if ARGV[4] ~= 'expired' then
+    redis.call('HSET', KEYS[3], ARGV[1], seq .. ' ' .. at .. ' ' .. math.max(holders - 1, 0) .. ' ' .. incognito)
+  end
+  return 0
+end
+redis.call('HDEL', KEYS[3], ARGV[1])
+local value = redis.call('HGET', KEYS[1], ARGV[1])
+if value and string.match(value, '^(%S+) ') == seq then redis.call('HDEL', KEYS[1], ARGV[1]) end
+if redis.call('HLEN', KEYS[3]) == 0 then redis.call('ZREM', KEYS[4], ARGV[3]) end
+return 1
+"""
+
+# After the recovery looked at a session: it leaves the in-flight index if nothing of it is
+# in flight, else its score is its oldest entry's time (when the recovery is due again).
+_SETTLE_IN_FLIGHT = """
+local oldest = nil
+for _, entry in ipairs(redis.call('HVALS', KEYS[1])) do
+  local at = tonumber(string.match(entry, '^%S+ (%S+) '))
+  if oldest == nil or at < oldest then oldest = at end
+end
+if oldest == nil then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+else
+  redis.call('ZADD', KEYS[2], oldest, ARGV[1])
+end
+return 0
 """
 
 # An embedding job about to stop: if messages were marked due since it cleared the mark,
@@ -152,6 +229,7 @@ return redis.call('INCR', KEYS[2])
 
 ACTIVE = "ms:active"
 METRICS = "ms:metrics"
+IN_FLIGHT = "ms:inflight"
 
 
 def _cons_list(namespace: str) -> str:
@@ -236,6 +314,23 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class InFlight:
+    """A reservation not committed yet, as the session's in-flight hash holds it."""
+
+    message_id: str
+    sequence: int
+    reserved_at: float  # the last reserve of the id (a retry renews it)
+    holders: int  # calls between their reserve and their commit or release (a crash leaves its own)
+    incognito: bool
+    entry: str  # the hash's value, as read: the recovery releases only what it read
+
+    @classmethod
+    def of(cls, message_id: str, entry: str) -> InFlight:
+        seq, at, holders, incognito = entry.split(" ")
+        return cls(message_id, int(seq), float(at), int(holders), incognito == "1", entry)
+
+
+@dataclass(frozen=True, slots=True)
 class SessionCounters:
     agent_id: str | None
     pending_messages: int
@@ -276,6 +371,8 @@ class StateStore:
         self._settle_swept = redis.register_script(_SETTLE_SWEPT)
         self._consolidated = redis.register_script(_CONSOLIDATED)
         self._embed_release = redis.register_script(_EMBED_RELEASE)
+        self._release = redis.register_script(_RELEASE)
+        self._settle_in_flight = redis.register_script(_SETTLE_IN_FLIGHT)
 
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None) -> StateStore:
@@ -341,17 +438,23 @@ class StateStore:
     @staticmethod
     def _keys(session_id: str) -> dict[str, str]:
         base = f"ms:s:{session_id}"
-        return {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed", "startup")}
+        keys = {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed", "startup")}
+        keys["inflight"] = f"ms:s:{{{session_id}}}:inflight"  # the session's hash tag, like its window's
+        return keys
 
     session_keys = _keys
 
-    async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str) -> Reservation:
+    async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str,
+                              incognito: bool = False) -> Reservation:
         """Give a message id its sequence number in the session (the same one on a retry),
-        and read the agent's settings in the same step."""
+        and read the agent's settings in the same step. Unless the id is committed or was
+        reserved with another digest, the call holds the reservation (in flight) until its
+        ``commit_message`` or ``release_message``."""
         k = self._keys(session_id)
         status, value, *rest = await self._reserve(
-            keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id)],
-            args=[message_id, agent_id, digest, session_id])
+            keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id), k["committed"],
+                  k["inflight"], IN_FLIGHT],
+            args=[message_id, agent_id, digest, session_id, f"{time.time():.3f}", "1" if incognito else "0"])
         if status == "conflict":
             # Never the owner's name: ids of other tenants are not the caller's to learn.
             raise session_taken(session_id)
@@ -372,12 +475,34 @@ class StateStore:
             keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE,
                   _user_sessions(agent_id, speaker or "-"), _generation(f"session:{session_id}"),
                   _generation(f"user:{agent_id}:{speaker or '-'}"), _embed_due(agent_id), _embed_lock(agent_id),
-                  user_recorded_key(agent_id, user_id or "-")],
+                  user_recorded_key(agent_id, user_id or "-"), k["inflight"], IN_FLIGHT],
             args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}",
                   "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
         )
         counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
         return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
+
+    async def release_message(self, session_id: str, message_id: str, sequence: int, mode: str,
+                              entry: str = "") -> bool:
+        """Let go of a reservation whose store write failed; True if the id was released
+        (free again for any content). ``mode``: refused, unhold or expired (see ``_RELEASE``)."""
+        k = self._keys(session_id)
+        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], IN_FLIGHT],
+                                        args=[message_id, sequence, session_id, mode, entry]))
+
+    async def sessions_in_flight(self, reserved_before: float, limit: int) -> list[str]:
+        """Up to ``limit`` sessions holding a reservation made before ``reserved_before``
+        (or that the recovery has not looked at since one was)."""
+        return cast(list[str], await self.redis.zrangebyscore(IN_FLIGHT, "-inf", reserved_before, start=0, num=limit))
+
+    async def in_flight(self, session_id: str) -> list[InFlight]:
+        """The session's reservations not committed yet, in sequence order."""
+        raw = cast(dict[str, str], await self.redis.hgetall(self._keys(session_id)["inflight"]))
+        return sorted((InFlight.of(mid, entry) for mid, entry in raw.items()), key=lambda e: e.sequence)
+
+    async def settle_in_flight(self, session_id: str) -> None:
+        """After the recovery looked at the session: see ``_SETTLE_IN_FLIGHT``."""
+        await self._settle_in_flight(keys=[self._keys(session_id)["inflight"], IN_FLIGHT], args=[session_id])
 
     async def counters(self, session_id: str) -> SessionCounters:
         # commit_message answers with the same reads (its script's last line): keep them in step.

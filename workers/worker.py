@@ -16,7 +16,9 @@ Job model (see the README's "Jobs" section):
   time), never retried (the lock expires and the next record enqueues again).
 - cron ``sweep_cold_sessions`` every CLEANUP_COLD_SESSIONS_EVERY_MINUTES, cron
   ``backfill_embeddings`` every 2 minutes (memories stored while the embedder was down),
-  cron ``retention`` daily. arq runs each cron tick on one worker only, however many run.
+  cron ``retention`` daily, cron ``recover_in_flight`` every minute (records a crashed API
+  process left between their store write and their commit, once RECORD_RECOVERY_AFTER_SECONDS
+  old: docs/ingest.md). arq runs each cron tick on one worker only, however many run.
 """
 
 from __future__ import annotations
@@ -109,6 +111,10 @@ async def sweep_cold_sessions(ctx: Ctx) -> list[str]:
     return await _service(ctx).sweep_cold_sessions()
 
 
+async def recover_in_flight(ctx: Ctx) -> dict[str, int]:
+    return await _service(ctx).recover_in_flight()
+
+
 async def backfill_embeddings(ctx: Ctx) -> dict[str, int]:
     """Embed memories stored while the embedder was down, a bounded batch per tick."""
     return await _service(ctx).backfill_embeddings(limit=_service(ctx).settings.embedding_backfill_per_run)
@@ -136,6 +142,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         cron_jobs=[
             cron(sweep_cold_sessions, minute=set(range(0, 60, every)), run_at_startup=True),
             cron(retention, hour={3}, minute={17}),
+            cron(recover_in_flight, minute=set(range(60)), run_at_startup=True),
             cron(backfill_embeddings, minute=set(range(0, 60, 2)), run_at_startup=True),
         ],
         # Its own bounded pool with the store timeouts (arq's RedisSettings has no read timeout).
