@@ -32,7 +32,7 @@ from typing import cast
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from pymongo.errors import ConnectionFailure, ExecutionTimeout, WTimeoutError
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, ClusterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,9 +46,12 @@ log = logging.getLogger(__name__)
 # reset connections; TimeoutError (asyncio's too) a stalled store; redis-py's
 # ConnectionError covers a full pool ("No connection available.", MaxConnectionsError);
 # PyMongo's ConnectionFailure covers AutoReconnect, NetworkTimeout,
-# ServerSelectionTimeoutError and WaitQueueTimeoutError.
+# ServerSelectionTimeoutError and WaitQueueTimeoutError. A Redis server out of memory, a
+# read-only replica after a failover, and a cluster resharding or down are the store's state,
+# not the input's: never answered as the caller's fault (a refused row, memory_service/group_commit.py).
 UNAVAILABLE: tuple[type[Exception], ...] = (
     OSError, TimeoutError, RedisConnectionError, RedisTimeoutError, BusyLoadingError,
+    OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError,
     ConnectionFailure, ExecutionTimeout, WTimeoutError, BackendUnavailable,
 )
 # Ours, whose sentence is meant for the caller.

@@ -269,3 +269,27 @@ async def test_a_form_request_waiting_for_its_window_takes_no_admission_slot(set
         late = await guard(forming)  # not stored in time: 503, the window stays pending
         assert late.status_code == 503 and late.headers["retry-after"] == "2"
         assert "is not formed after 2s" in late.json()["detail"]
+
+
+async def test_a_graph_out_of_memory_is_an_outage_not_the_callers_input(settings, own_graph):
+    """A store refusing writes for its own state (out of memory) answers 503 with
+    Retry-After and keeps the message id for the retry: a refused row (422) is only what a
+    working store refuses in that row alone (memory_service/group_commit.py)."""
+    from redis.asyncio import Redis
+
+    settings = settings.model_copy(update={"falkordb_url": own_graph.url, "redis_url": settings.falkordb_url})
+    graph = Redis.from_url(own_graph.url)
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
+        await graph.config_set("maxmemory", 1)
+        try:
+            refused = await http.post("/v1/sessions/s1/messages", json=message(2, "Aisle seats on short flights."))
+        finally:
+            await graph.config_set("maxmemory", 0)
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1", refused.text
+        assert "OOM" not in refused.text and "maxmemory" not in refused.text
+        again = await http.post("/v1/sessions/s1/messages", json=message(2, "Aisle seats on short flights."))
+        assert again.status_code == 200 and again.json()["duplicate"] is False
+        assert (await http.get("/v1/sessions/s1")).json()["gate"]["pending_messages"] == 2
+    await graph.aclose()
