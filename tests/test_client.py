@@ -181,6 +181,33 @@ async def test_keys_audit_erasure_and_export_with_keys(operator, keyed_server):
             assert refused.value.status == 401 and "revoked" in refused.value.detail
 
 
+async def test_put_agent_sets_whether_user_scoped_keys_join_other_users_sessions(operator, falkordb_url):
+    """users_join_sessions through the typed client, against the real keyed server: off (the
+    default), alice's key may not record into the session bob started; on, she may; a PUT
+    without it turns it off again."""
+    alice_key = await operator.create_key(name="alice", role="write", agents=[AGENT], users=["alice"])
+    agent = await operator.put_agent(AGENT, memory_backend="graph")
+    assert agent.users_join_sessions is False
+    await operator.record("bobs", agent_id=AGENT, user_id="bob", role="user", content="Bob's trip.", message_id="b1")
+    async with operator.with_api_key(alice_key.key) as alice:
+        before = snapshot(falkordb_url, worker_running=True)
+        with pytest.raises(ConflictError):
+            await alice.record("bobs", agent_id=AGENT, user_id="alice", role="user", content="Hi.", message_id="a1")
+        assert snapshot(falkordb_url, worker_running=True) == before
+
+        agent = await operator.put_agent(AGENT, memory_backend="graph", users_join_sessions=True)
+        assert agent.users_join_sessions is True and (await operator.get_agent(AGENT)).users_join_sessions is True
+        assert agent.memory_backend == "graph"
+        joined = await alice.record("bobs", agent_id=AGENT, user_id="alice", role="user", content="Hi.", message_id="a1")
+        assert joined.sequence == 2 and not joined.duplicate
+        assert (await alice.session("bobs"))["session_id"] == "bobs"
+
+        assert (await operator.put_agent(AGENT)).users_join_sessions is False  # replaced: the default again
+        await operator.record("bobs-2", agent_id=AGENT, user_id="bob", role="user", content="Bob again.", message_id="b2")
+        with pytest.raises(ConflictError):
+            await alice.record("bobs-2", agent_id=AGENT, user_id="alice", role="user", content="Hi.", message_id="a2")
+
+
 async def test_a_key_of_another_agent_is_refused_and_nothing_changes(operator, falkordb_url):
     other = await operator.create_key(name="rival admin", role="admin", agents=[OTHER])
     await operator.put_agent(AGENT)

@@ -54,20 +54,20 @@ async def keys(api, falkordb_url) -> dict[str, str]:
     return made
 
 
-def stdio(api_url: str, key: str | None) -> Client:
+def stdio(api_url: str, key: str | None, agent: str = AGENT) -> Client:
     env = {k: v for k, v in clean_env().items() if k != "MEMORY_SERVICE_API_KEY"}
     if key:
         env["MEMORY_SERVICE_API_KEY"] = key
     return Client(StdioServerParameters(command=CLI, args=["mcp", "--transport", "stdio", "--api", api_url,
-                                                           "--agent", AGENT], env=env))
+                                                           "--agent", agent], env=env))
 
 
 @asynccontextmanager
-async def http_mcp(api_url: str, *extra: str) -> AsyncIterator[str]:
+async def http_mcp(api_url: str, *extra: str, agent: str = AGENT) -> AsyncIterator[str]:
     """`memory-service mcp --transport http` on a free port; yields its endpoint."""
     port = free_port()
     proc = subprocess.Popen([CLI, "mcp", "--transport", "http", "--port", str(port), "--api", api_url,
-                             "--agent", AGENT, *extra], env=clean_env(), stderr=subprocess.PIPE, text=True)
+                             "--agent", agent, *extra], env=clean_env(), stderr=subprocess.PIPE, text=True)
     try:
         for _ in range(600):  # a bound on start-up, not a speed check
             if proc.poll() is not None:

@@ -13,20 +13,24 @@ test claims): the assertion is that the call fails with the store's timeout, not
 from __future__ import annotations
 
 import asyncio
+import secrets
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memory_service.api import create_app
 from memory_service.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from memory_service.config import Settings
+from memory_service.curation import MemoryWrite
 from memory_service.embedded import EmbeddedFalkorDB
 from memory_service.errors import BackendUnavailable
 from memory_service.loopback import LoopbackServer
 from memory_service.overload import is_unavailable
+from memory_service.reach import Reach
 from memory_service.runtime import default_extractor, open_service
 
 from .helpers import msg
@@ -293,3 +297,76 @@ async def test_a_graph_out_of_memory_is_an_outage_not_the_callers_input(settings
         assert again.status_code == 200 and again.json()["duplicate"] is False
         assert (await http.get("/v1/sessions/s1")).json()["gate"]["pending_messages"] == 2
     await graph.aclose()
+
+
+# The last-good block is kept per reach (Reach.view): a block made for a key for all users
+# holds other users' private memory, and a key limited to some users never gets it back
+# when the stores fail, whichever of the two last-good copies answers.
+SECRET = "BOBLOCKER4411"  # only bob's private directive holds it
+
+
+async def test_with_the_graph_failing_a_users_key_never_gets_the_block_made_for_all_users(settings, own_graph):
+    """The route, with keys: the memory store stalls, the state store answers, so the
+    last-good copy kept in the state store is the one served."""
+    operator_key = secrets.token_urlsafe(32)
+    settings = settings.model_copy(update={"falkordb_url": own_graph.url, "redis_url": settings.falkordb_url,
+                                           "store_read_timeout_seconds": 0.5, "api_auth": "keys",
+                                           "operator_api_key": SecretStr(operator_key), "memory_write_agents": ["a1"]})
+    operator = {"Authorization": f"Bearer {operator_key}"}
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        made = await http.post("/v1/keys", headers=operator,
+                               json={"name": "alice", "role": "write", "agents": ["a1"], "users": ["alice"]})
+        alice = {"Authorization": f"Bearer {made.json()['key']}"}
+        for session in ("s1", "s2"):  # both spoke in both: alice's key sees them
+            for user, content in (("alice", "Where are the lockers?"), ("bob", "The lockers are by gate 4.")):
+                body = {**message(0, content), "user_id": user, "message_id": f"{session}-{user}"}
+                assert (await http.post(f"/v1/sessions/{session}/messages", headers=operator, json=body)).status_code == 200
+        written = await http.post("/v1/agents/a1/memories", headers=operator, json={
+            "namespace": "user:a1:bob", "kind": "directive", "content": f"Bob's locker code is {SECRET}; never say it"})
+        assert written.status_code == 201, written.text
+
+        def context(session: str) -> dict[str, str]:
+            return {"agent_id": "a1", "user_id": "alice", "session_id": session}
+
+        wide = {session: await http.get("/v1/context", headers=operator, params=context(session))
+                for session in ("s1", "s2")}
+        assert all(SECRET in answer.json()["xml"] for answer in wide.values())  # all users: bob's directive shows
+        own = await http.get("/v1/context", headers=alice, params=context("s1"))
+        assert own.status_code == 200 and SECRET not in own.text and "gate 4" in own.json()["xml"]
+
+        own_graph.stall()
+        # A new shard: every cached block is stale, so each answer below is assembled (or last-good).
+        assert (await http.put("/v1/agents/a1/shards/food", headers=operator, json={"name": "food"})).status_code == 201
+        degraded = await guard(http.get("/v1/context", headers=operator, params=context("s2")))
+        assert degraded.json()["source"] == "last-good" and degraded.json()["xml"] == wide["s2"].json()["xml"]
+        # s2: only the key for all users had a complete block; alice's key gets a smaller one, never that.
+        narrow = await guard(http.get("/v1/context", headers=alice, params=context("s2")))
+        assert narrow.status_code == 200 and narrow.json()["source"] != "last-good"
+        assert SECRET not in narrow.text
+        # s1: her key's own last good block, the one it was served.
+        mine = await guard(http.get("/v1/context", headers=alice, params=context("s1")))
+        assert mine.json()["source"] == "last-good" and mine.json()["xml"] == own.json()["xml"]
+        assert SECRET not in mine.text
+        own_graph.resume()
+
+
+async def test_with_every_store_failing_a_users_reach_never_gets_the_block_made_for_all_users(settings, state_proxy):
+    """The state store stalls too: the process's own last-good copies answer, kept per reach."""
+    settings = settings.model_copy(update={"redis_url": state_proxy.url, "store_read_timeout_seconds": 0.5,
+                                           "context_deadline_seconds": 0.5, "memory_write_agents": ["a1"]})
+    async with open_service(settings, run_worker=False) as service:
+        await service.record_message("s1", msg("a1", "alice", "Where are the lockers?", mid="m1"))
+        await service.record_message("s1", msg("a1", "bob", "The lockers are by gate 4.", mid="m2", minute=1))
+        await service.memory_write("a1", MemoryWrite(namespace="user:a1:bob", kind="directive",
+                                                     content=f"Bob's locker code is {SECRET}; never say it"))
+        everyone, only_alice = Reach.of(service.state, "a1", None), Reach.of(service.state, "a1", ["alice"])
+        wide = await service.assemble_memory_context("a1", "alice", "s1", reach=everyone)
+        assert SECRET in wide.xml
+
+        state_proxy.stall()
+        again = await guard(service.assemble_memory_context("a1", "alice", "s1", reach=everyone))
+        assert again.source == "last-good" and again.xml == wide.xml
+        narrow = await guard(service.assemble_memory_context("a1", "alice", "s1", reach=only_alice))
+        assert narrow.source == "none" and SECRET not in narrow.xml
+        state_proxy.resume()

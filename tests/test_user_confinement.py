@@ -6,7 +6,8 @@ The matrix: every route that takes a user or a session, with alice's key (admin 
 a session nobody recorded in and a session of another agent. Bob's private data carries
 ``BOBLOCKER4411``: no answer to alice's key may hold it, hidden things get the answer
 unknown ones get (with the id in it swapped for a placeholder), and a refusal changes
-nothing stored. A real server requiring keys, real Redis and FalkorDB (no worker, so that
+nothing stored. The MCP tools (`memory-service mcp`, a client of the API) are held to
+the same. A real server requiring keys, real Redis and FalkorDB (no worker, so that
 nothing writes on its own during a comparison).
 """
 
@@ -25,6 +26,8 @@ from memory_service.namespaces import Namespace
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot
+from .test_mcp import http_mcp, over_http, stdio
+from .test_mcp import text as tool_text
 
 OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, RIVAL = "sec", "rival"
@@ -307,3 +310,64 @@ async def test_export_and_user_routes_hold_nothing_of_another_user(world):
         answer = await http.request(method, url, headers=alice, params={"session_id": BOBS} if "block" in url else None)
         assert answer.status_code == 403, (url, answer.text)
         no_secret(answer)
+
+
+async def test_the_mcp_tools_hold_nothing_of_another_user_and_hide_as_unknown(server, world, falkordb_url):
+    """`memory-service mcp` is a client of the API: with alice's key, over stdio and over HTTP
+    (her key passed through), its tools return nothing of bob's private data, and a hidden
+    session or memory gets the error result an unknown one gets."""
+    running, _ = server
+    http, keys, ids = world
+    alice_key = keys["alice"]["Authorization"].removeprefix("Bearer ")
+
+    def same_result(result: Any, placeholder_for: str) -> tuple[bool, str]:
+        return result.is_error, tool_text(result).replace(placeholder_for, "<id>")
+
+    async def check(client: Any) -> None:
+        async def tool(name: str, arguments: dict[str, Any]) -> Any:
+            result = await client.call_tool(name, arguments)
+            assert SECRET not in tool_text(result) and SECRET not in str(result.structured_content), (name, arguments)
+            assert "RIVALNOTE" not in tool_text(result), (name, arguments)
+            return result
+
+        before = snapshot(falkordb_url)
+        query = {"query": "locker code"}  # what would find bob's code, were it in reach
+        for scope in ({}, {"scope": "namespaces", "namespaces": [f"user:{AGENT}:bob"]}):
+            assert (await tool("memory_search", {**query, **scope})).is_error, scope  # not hers to search
+        bob = await tool("memory_search", {**query, "scope": "user", "user_id": "bob"})
+        nobody = await tool("memory_search", {**query, "scope": "user", "user_id": "nobody"})
+        assert "403" in tool_text(bob) and same_result(bob, "bob") == same_result(nobody, "nobody")
+        unknown = await tool("memory_search", {**query, "scope": "session", "session_id": UNKNOWN})
+        assert unknown.is_error and "404" in tool_text(unknown)
+        for session in HIDDEN:
+            hidden = await tool("memory_search", {**query, "scope": "session", "session_id": session})
+            assert same_result(hidden, session) == same_result(unknown, UNKNOWN), session
+        for name, extra in (("memory_get", {}), ("memory_update", {"title": "mine"}), ("memory_delete", {}),
+                            ("memory_undelete", {})):
+            missing = await tool(name, {"memory_id": "no-such-memory", **extra})
+            assert missing.is_error and "404" in tool_text(missing), name
+            for memory in ("bob_directive", "bob_episode", "rival_memory"):
+                hidden = await tool(name, {"memory_id": ids[memory], **extra})
+                assert same_result(hidden, ids[memory]) == same_result(missing, "no-such-memory"), (name, memory)
+        write = {"kind": "observation", "content": "Alice sneaks a note in"}
+        nowhere = await tool("memory_write", {**write, "namespace": f"session:{UNKNOWN}"})
+        assert nowhere.is_error
+        for session in HIDDEN:
+            hidden = await tool("memory_write", {**write, "namespace": f"session:{session}"})
+            assert same_result(hidden, session) == same_result(nowhere, UNKNOWN), session
+        after = snapshot(falkordb_url)
+        assert after == before, before.changes(after)  # nothing refused changed anything
+
+        # What is hers to see, she sees (a search that finds something notes the access: after the check).
+        shared = await tool("memory_search", {**query, "scope": "session", "session_id": SHARED})
+        assert not shared.is_error and any("gate 4" in hit["content"] for hit in shared.structured_content["results"])
+        own = await tool("memory_search", {"query": "teal lockers", "scope": "user", "user_id": "alice"})
+        assert not own.is_error and own.structured_content["results"]
+
+        got = await tool("memory_get", {"memory_id": ids["alice_directive"]})
+        assert not got.is_error and got.structured_content["content"] == "Alice wants teal lockers"
+
+    async with stdio(running.base_url, alice_key, agent=AGENT) as client:
+        await check(client)
+    async with http_mcp(running.base_url, agent=AGENT) as url, over_http(url, alice_key) as client:
+        await check(client)

@@ -185,9 +185,13 @@ class MemoryClient:
     # Agents and shards.
 
     def put_agent(self, agent_id: str, *, memory_backend: str | None = None,
-                        agent_extras: dict[str, Any] | None = None) -> Agent:
-        """Create or replace the agent's settings."""
-        request = body(memory_backend=memory_backend, agent_extras=agent_extras)
+                        agent_extras: dict[str, Any] | None = None,
+                        users_join_sessions: bool | None = None) -> Agent:
+        """Create or replace the agent's settings (a setting not given takes its default:
+        ``users_join_sessions`` off, keys limited to some users record only into sessions
+        their users took part in)."""
+        request = body(memory_backend=memory_backend, agent_extras=agent_extras,
+                       users_join_sessions=users_join_sessions)
         result: Agent = parse(Agent, self._send("PUT", f"/v1/agents/{seg(agent_id)}", json=request))
         return result
 
