@@ -61,7 +61,7 @@ _HEDGE_BARE = r"(?:'m|\s+am)\s+(?:(?:pretty|fairly|quite|almost|not|reasonably|1
 # Verbs that only ever take a clause: what follows them is the claim.
 _CLAUSE_VERBS = re.compile(
     r"^" + _FILLERS + r"(?:i|we)\s+" + _ADVERBS
-    + r"(?:think|thought|believe|believed|guess|reckon|suppose|bet|doubt|assume|suspect|gather|"
+    + r"(?:think|thought|believe|believed|guess|reckon|suppose|bet|doubt|assume|suspect|gather|agree|disagree|"
       r"don't\s+think|do\s+not\s+think|understand|would\s+say|can\s+confirm|"
       r"(?:was|were|'ve\s+been|have\s+been|'m|am|are|'re)\s+told)\b|"
     + r"^" + _FILLERS + r"(?:i|we)'d\s+say\b|"

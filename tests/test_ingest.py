@@ -18,7 +18,7 @@ from memory_service.errors import BackendUnavailable, Conflict, InvalidInput
 from memory_service.formation import message_memory_id
 from memory_service.group_commit import GroupCommit, RowRefused
 from memory_service.jobs import EMBED_JOB
-from memory_service.models import Memory, MemoryKind, Provenance, StoreQuery
+from memory_service.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
 from memory_service.namespaces import Namespace
 from memory_service.overload import is_unavailable
 from memory_service.runtime import open_service
@@ -355,12 +355,19 @@ async def test_one_id_with_two_contents_concurrently_keeps_the_first_and_refuses
 # --- a message the store refuses, and its id -----------------------------------------------------
 
 
+def unstorable(agent: str, user: str, content: str, *, mid: str) -> MessageIn:
+    """A message whose content the graph store refuses (U+0000 fails FalkorDB's query),
+    built past MessageIn's own check (which refuses it before any store sees it), so that
+    it reaches the group commit as a row the store refuses, as any other such row would."""
+    valid = msg(agent, user, content.replace("\x00", " "), mid=mid)
+    return MessageIn.model_construct(**{**dict(valid), "content": content})
+
+
 async def test_one_bad_message_fails_alone_among_other_sessions_and_its_id_is_released(service, caplog):
-    """Issue 21: one message with U+0000 (which the HTTP edge refuses; the Python API checks
-    nothing there) beside 29 good ones of other sessions of the agent. It alone is refused,
+    """Issue 21: one message with U+0000 (which the edge refuses; built past it here) beside 29 good ones of other sessions of the agent. It alone is refused,
     as its input (422), without the store's words; the 29 are stored and pending; the same
     message_id with corrected content is then recorded as a new message."""
-    bad = msg("a1", "alice", "bad \x00 text", mid="m-bad")
+    bad = unstorable("a1", "alice", "bad \x00 text", mid="m-bad")
     outcomes = await asyncio.gather(*(
         service.record_message(f"s{i}", bad if i == 7 else msg("a1", f"user{i}", f"good message {i}", mid=f"m{i}"))
         for i in range(30)), return_exceptions=True)
@@ -408,7 +415,7 @@ async def test_a_refused_id_is_released_only_when_no_concurrent_call_holds_it(se
 
 
 async def test_a_refused_message_sent_twice_at_once_is_refused_twice_and_released(service):
-    outcomes = await asyncio.gather(*(service.record_message("s1", msg("a1", "alice", "nul \x00 here", mid="m1"))
+    outcomes = await asyncio.gather(*(service.record_message("s1", unstorable("a1", "alice", "nul \x00 here", mid="m1"))
                                       for _ in range(2)), return_exceptions=True)
     assert all(isinstance(o, InvalidInput) for o in outcomes), outcomes
     assert await service.state.in_flight("s1") == []
