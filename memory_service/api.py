@@ -1,4 +1,10 @@
-"""The HTTP API: a thin FastAPI layer over MemoryService."""
+"""The HTTP API: a thin FastAPI layer over MemoryService.
+
+Every route's OpenAPI ``operationId`` is its handler's name (``record_message``, not
+FastAPI's default ``record_message_v1_sessions__session_id__messages_post``): generated
+clients take their method names from it, so a handler's name is part of the API. Keep
+handler names unique across this module and the routers it includes (tests/test_api.py
+checks); rename one only as an API change."""
 
 from __future__ import annotations
 
@@ -13,6 +19,7 @@ from typing import Any, cast
 from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, ValidationError
 
 from . import __version__, access_log, admin_api, memory_api, overload, request_guard, startup_api
@@ -79,6 +86,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         version=__version__,
         description="Long-term memory for LLM agents: record messages, form memories, get a budgeted XML memory block.",
         lifespan=lifespan,
+        generate_unique_id_function=operation_id,  # the included routers' routes too
     )
     # Before the routes: they take its strict JSON route class.
     request_guard.install(app, configured.max_request_bytes)
@@ -123,7 +131,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         )
 
     @app.post("/v1/sessions/{session_id}/form", response_model=FormationSummary, tags=["sessions"])
-    async def form(
+    async def form_memories(
         session_id: SessionId,
         request: Request,
         wait: bool = Query(True, description="answer once the window is stored (else as soon as it is queued)"),
@@ -139,14 +147,14 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).form_memories(session_id, wait=wait)
 
     @app.get("/v1/sessions/{session_id}", tags=["sessions"])
-    async def session(session_id: SessionId, request: Request, principal: Principal = Caller) -> dict[str, Any]:
+    async def get_session(session_id: SessionId, request: Request, principal: Principal = Caller) -> dict[str, Any]:
         """The session's gate state, formation cursor and the job of its pending window.
         Needs `read` on the session's agent."""
         await session_owner(request, principal, session_id, Role.READ)
         return await svc(request).session_status(session_id)
 
     @app.get("/v1/context", response_model=ContextOut, tags=["context"])
-    async def context(
+    async def get_context(
         request: Request,
         agent_id: AgentId = Query(...),
         user_id: UserId = Query(...),
@@ -169,7 +177,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
                           sections=rendered.sections, dropped=rendered.dropped, source=rendered.source)
 
     @app.get("/v1/search", response_model=SearchResult, tags=["search"])
-    async def search(
+    async def search_memories(
         request: Request,
         agent_id: AgentId = Query(...),
         query: str = Query(..., description="what to look for, in plain words"),
@@ -200,8 +208,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).search(agent_id, body, reach=reach(request, principal, agent_id))
 
     @app.post("/v1/agents/{agent_id}/search", response_model=SearchResult, tags=["search"])
-    async def search_body(agent_id: AgentId, body: SearchRequest, request: Request,
-                          principal: Principal = Caller) -> SearchResult:
+    async def search_memories_with_body(agent_id: AgentId, body: SearchRequest, request: Request,
+                                        principal: Principal = Caller) -> SearchResult:
         """The same search with the request as a JSON body (for long queries and namespace lists)."""
         _authorize_search(principal, agent_id, body)
         return await svc(request).search(agent_id, body, reach=reach(request, principal, agent_id))
@@ -240,7 +248,7 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return await svc(request).list_shards(agent_id)
 
     @app.get("/metrics", tags=["ops"], response_class=PlainTextResponse)
-    async def metrics(request: Request, principal: Principal = Caller) -> str:
+    async def get_metrics(request: Request, principal: Principal = Caller) -> str:
         """Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations.
         Needs an operator key (they span every agent)."""
         require_operator(principal)
@@ -252,12 +260,12 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         return text + await _gauges(svc(request))
 
     @app.get("/health/live", tags=["ops"])
-    async def live() -> dict[str, Any]:
+    async def check_liveness() -> dict[str, Any]:
         """Liveness: the process answers HTTP. Checks no dependency (GET /health does)."""
         return {"ok": True}
 
     @app.get("/health", tags=["ops"])
-    async def health(request: Request) -> JSONResponse:
+    async def check_health(request: Request) -> JSONResponse:
         """Readiness: `{"ok": ...}`, 503 when a dependency is down. With an operator key, each
         dependency's state too (`?detail=true`); where the stores listen is never shown."""
         report = await svc(request).health()
@@ -291,6 +299,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     app.include_router(startup_api.router)
     app.include_router(memory_api.router)
     return app
+
+
+def operation_id(route: APIRoute) -> str:
+    """A route's OpenAPI operationId: its handler's name, e.g. ``record_message``."""
+    return route.name
 
 
 def _authorize_search(principal: Principal, agent_id: str, body: SearchRequest) -> None:

@@ -58,7 +58,7 @@ async def delete_startup_record(agent_id: AgentId, record_id: RecordId, request:
 
 
 @router.get("/v1/agents/{agent_id}/startup/block", response_model=StartupBlock)
-async def startup_block(
+async def get_startup_block(
     agent_id: AgentId,
     request: Request,
     model: str | None = Query(None, max_length=200, description="target model name; selects the budget"),

@@ -3,6 +3,10 @@
 import xml.etree.ElementTree as ET
 
 import pytest
+from fastapi import FastAPI
+
+from memory_service.api import create_app
+from memory_service.config import Settings
 
 from .helpers import wait_embedded
 
@@ -144,6 +148,88 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
     }
     assert (await http.get("/docs")).status_code == 200
+
+
+# Each route's operationId, which generated clients take as the method's name: a change here
+# renames a method in every client generated from /openapi.json, so make it on purpose.
+OPERATION_IDS = {
+    ("POST", "/v1/sessions/{session_id}/messages"): "record_message",
+    ("POST", "/v1/sessions/{session_id}/form"): "form_memories",
+    ("GET", "/v1/sessions/{session_id}"): "get_session",
+    ("GET", "/v1/context"): "get_context",
+    ("GET", "/v1/search"): "search_memories",
+    ("POST", "/v1/agents/{agent_id}/search"): "search_memories_with_body",
+    ("PUT", "/v1/agents/{agent_id}"): "put_agent",
+    ("GET", "/v1/agents/{agent_id}"): "get_agent",
+    ("PUT", "/v1/agents/{agent_id}/shards/{shard_id}"): "put_shard",
+    ("GET", "/v1/agents/{agent_id}/shards"): "list_shards",
+    ("GET", "/metrics"): "get_metrics",
+    ("GET", "/health/live"): "check_liveness",
+    ("GET", "/health"): "check_health",
+    ("DELETE", "/v1/agents/{agent_id}/users/{user_id}"): "erase_user",
+    ("GET", "/v1/agents/{agent_id}/users/{user_id}/export"): "export_user",
+    ("POST", "/v1/keys"): "create_key",
+    ("GET", "/v1/keys"): "list_keys",
+    ("DELETE", "/v1/keys/{key_id}"): "revoke_key",
+    ("GET", "/v1/audit"): "read_audit",
+    ("PUT", "/v1/agents/{agent_id}/startup/{record_id}"): "put_startup_record",
+    ("GET", "/v1/agents/{agent_id}/startup"): "list_startup_records",
+    ("DELETE", "/v1/agents/{agent_id}/startup/{record_id}"): "delete_startup_record",
+    ("GET", "/v1/agents/{agent_id}/startup/block"): "get_startup_block",
+    ("GET", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_get",
+    ("POST", "/v1/agents/{agent_id}/memories"): "memory_write",
+    ("PATCH", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_update",
+    ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_delete",
+    ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): "memory_undelete",
+    ("POST", "/v1/agents/{agent_id}/writes/parse"): "parse_writes",
+}
+
+
+def operation_ids(spec: dict) -> dict[tuple[str, str], str | None]:
+    return {(method.upper(), path): operation.get("operationId")
+            for path, methods in spec["paths"].items() for method, operation in methods.items()}
+
+
+def unreadable_operation_ids(spec: dict) -> list[str]:
+    """What is wrong with the schema's operationIds: missing, not a Python identifier, carrying
+    FastAPI's default path-and-method suffix, or used twice (FastAPI only warns)."""
+    problems, seen = [], {}
+    for route, op_id in operation_ids(spec).items():
+        if not op_id or not op_id.isidentifier() or "_v1_" in op_id or "__" in op_id:
+            problems.append(f"{route}: unreadable operationId {op_id!r}")
+        elif op_id in seen:
+            problems.append(f"{route}: operationId {op_id!r} is also {seen[op_id]}'s")
+        seen.setdefault(op_id, route)
+    return problems
+
+
+async def test_every_route_has_a_readable_unique_operation_id(http):
+    spec = (await http.get("/openapi.json")).json()
+    assert unreadable_operation_ids(spec) == []
+    assert operation_ids(spec) == OPERATION_IDS
+
+
+def test_the_operation_id_check_catches_fastapis_default_and_a_clash():
+    app = create_app(Settings(_env_file=None))
+
+    @app.get("/v1/other-agents/{agent_id}")
+    async def get_agent(agent_id: str) -> dict:  # the name of GET /v1/agents/{agent_id}'s handler
+        return {}
+
+    with pytest.warns(UserWarning, match="Duplicate Operation ID get_agent"):
+        clashing = app.openapi()
+    assert unreadable_operation_ids(clashing) == [
+        "('GET', '/v1/other-agents/{agent_id}'): operationId 'get_agent' is also ('GET', '/v1/agents/{agent_id}')'s"]
+
+    default = FastAPI()  # FastAPI's own ids: handler name, path and method
+
+    @default.post("/v1/sessions/{session_id}/messages")
+    async def record_message(session_id: str) -> dict:
+        return {}
+
+    assert unreadable_operation_ids(default.openapi()) == [
+        "('POST', '/v1/sessions/{session_id}/messages'): unreadable operationId "
+        "'record_message_v1_sessions__session_id__messages_post'"]
 
 
 async def test_search_over_http_with_explanations_and_bad_input(http, live_server):
