@@ -120,7 +120,6 @@ def describe(cycles: list[tuple[list[str], list[str]]]) -> str:
 KNOWN_CYCLES = [
     ["backends.graph", "backends.graph_layout"],
     ["memory_service.cli", "memory_service.import_cli", "memory_service.keys_cli", "memory_service.outbox_cli"],
-    ["memory_service.retention", "memory_service.staleness"],
 ]
 
 
