@@ -116,16 +116,9 @@ def describe(cycles: list[tuple[list[str], list[str]]]) -> str:
         for cycle, group in cycles)
 
 
-# Today's cycles (issue 15), each removed by the commit that untangles it.
-KNOWN_CYCLES = [
-    ["memory_service.cli", "memory_service.import_cli", "memory_service.keys_cli", "memory_service.outbox_cli"],
-]
-
-
 def test_no_import_cycle_in_the_service():
     cycles = import_cycles(import_graph())
-    assert not [c for c in cycles if c[1] not in KNOWN_CYCLES], describe([c for c in cycles if c[1] not in KNOWN_CYCLES])
-    assert [group for _, group in cycles] == KNOWN_CYCLES, "a known cycle is gone: take it off KNOWN_CYCLES"
+    assert not cycles, describe(cycles)
 
 
 def test_the_cycle_check_sees_every_kind_of_import(tmp_path):
