@@ -42,6 +42,8 @@ from memory_service.config import Settings, redact_url
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
 
+from .graph_layout import migrate_layout
+
 if TYPE_CHECKING:
     from falkordb.asyncio.graph import AsyncGraph  # untyped: Any to mypy, named for the reader
 
@@ -176,9 +178,7 @@ class GraphBackend(MemoryBackend):
 
     async def start(self) -> None:
         await self.client.connection.ping()
-        from .graph_layout import migrate_layout
-
-        await migrate_layout(self)
+        await migrate_layout(self.client, self)
 
     async def close(self) -> None:
         await self.client.aclose()

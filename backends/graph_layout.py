@@ -6,6 +6,10 @@ A graph of the first layout is named by its namespace's group_id (``session__s1`
 provenance) with idempotent writes, checked, and only then deleted, so a crash at any point
 leaves every memory in at least one graph and running again finishes the job. Copied
 memories carry no embedding: they are marked for the backfill, which the worker runs.
+
+It is given the FalkorDB client and the backend to write through (any ``MemoryBackend``;
+GraphBackend.start passes itself), not the GraphBackend class: graph.py imports this
+module, and this module does not import graph.py back.
 """
 
 from __future__ import annotations
@@ -14,11 +18,12 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memory_service.backend import MemoryBackend
 from memory_service.models import Memory
 from memory_service.namespaces import Namespace
 
 if TYPE_CHECKING:
-    from .graph import GraphBackend
+    from falkordb.asyncio import FalkorDB  # untyped: Any to mypy, named for the reader
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +35,16 @@ def old_layout_namespace(graph: str) -> Namespace | None:
         return None
 
 
-async def migrate_layout(backend: GraphBackend, on_graph: Callable[[str, int], None] | None = None) -> dict[str, int]:
-    """Copy every first-layout graph into its agent's graph, then delete it; counts."""
+async def migrate_layout(client: FalkorDB, backend: MemoryBackend,
+                         on_graph: Callable[[str, int], None] | None = None) -> dict[str, int]:
+    """Copy every first-layout graph of ``client`` into its agent's graph through ``backend``,
+    then delete it; counts."""
     report = {"graphs": 0, "memories": 0}
-    for name in await backend.client.list_graphs():
+    for name in await client.list_graphs():
         namespace = old_layout_namespace(name)
         if namespace is None:
             continue
-        graph = backend.client.select_graph(name)
+        graph = client.select_graph(name)
         result = await graph.ro_query(
             "MATCH (n:Episodic) WHERE n.kind IS NOT NULL "
             "RETURN n.uuid, n.content, n.valid_at, n.evicted ORDER BY n.ts, n.seq"

@@ -1,4 +1,7 @@
-"""The command line: `memory-service serve` and `memory-service demo`."""
+"""The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings` and
+`demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (import_cli.py,
+keys_cli.py, outbox_cli.py, mcp_cli.py), registered here. What they share, the console and
+the settings, is in cli_common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
 
@@ -14,12 +17,16 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import SecretStr
-from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
 
+from .cli_common import attached_settings, console, load_settings
 from .config import Settings
 from .errors import MemoryServiceError
+from .import_cli import import_command
+from .keys_cli import keys_app
+from .mcp_cli import mcp_command
+from .outbox_cli import outbox_app
 
 if TYPE_CHECKING:
     import httpx
@@ -27,7 +34,6 @@ if TYPE_CHECKING:
     from .migration import MigrationReport
 
 app = typer.Typer(help="Long-term memory for LLM agents.", no_args_is_help=True, add_completion=False)
-console = Console()
 
 
 def _setup_logging(level: str) -> None:
@@ -52,7 +58,7 @@ def serve(
     from .api import create_app
 
     _setup_logging(log_level)
-    settings = _settings()
+    settings = load_settings()
     uvicorn.run(create_app(settings, data_dir, run_worker=worker, host=host), host=host, port=port, log_level=log_level.lower())
 
 
@@ -66,44 +72,11 @@ def worker_command(
     Start as many as you like on one REDIS_URL; each window is formed by exactly one.
     """
     _setup_logging(log_level)
-    settings = _attached_settings(data_dir)
+    settings = attached_settings(data_dir)
     try:
         asyncio.run(_run_worker(settings))
     except KeyboardInterrupt:
         pass
-
-
-def with_running_store(settings: Settings, data_dir: Path | None) -> Settings:
-    """The configured stores, or the embedded store a running `serve` owns on the data
-    directory; unchanged (no store) when neither is there."""
-    from .embedded import EmbeddedFalkorDB
-
-    if settings.falkordb_url is None:
-        url = EmbeddedFalkorDB.running_url(data_dir or settings.memory_data_dir)
-        if url is not None:
-            settings = settings.model_copy(update={"falkordb_url": url})
-    return settings
-
-
-def _attached_settings(data_dir: Path | None) -> Settings:
-    """Settings whose stores are the configured ones or the embedded store a `serve` runs."""
-    from .embedded import EmbeddedFalkorDB
-
-    settings = _settings()
-    if not settings.falkordb_url:
-        data_dir = data_dir or settings.memory_data_dir
-        try:
-            url = EmbeddedFalkorDB.running_url(data_dir)
-        except MemoryServiceError as exc:
-            console.print(f"[red]cannot attach:[/red] {exc}")
-            raise typer.Exit(2) from None
-        if url is None:
-            console.print(f"[red]no store to work on:[/red] FALKORDB_URL is not set and no `memory-service serve` "
-                          f"runs on {Path(data_dir).resolve()}; start one (with --no-worker to scale workers "
-                          "separately) or set FALKORDB_URL and REDIS_URL")
-            raise typer.Exit(2)
-        settings.falkordb_url = url
-    return settings
 
 
 @app.command()
@@ -119,7 +92,7 @@ def migrate(
     is missing. Switching back (--to the other backend) copies back what was written since.
     """
     _setup_logging("warning")
-    settings = _attached_settings(data_dir)
+    settings = attached_settings(data_dir)
     try:
         report = asyncio.run(_migrate(settings, agent, to, dry_run))
     except MemoryServiceError as exc:
@@ -148,7 +121,7 @@ def backfill_embeddings(
     it stopped. The worker also does this every few minutes on its own.
     """
     _setup_logging("warning")
-    settings = _attached_settings(data_dir)
+    settings = attached_settings(data_dir)
     try:
         report = asyncio.run(_backfill(settings, batch))
     except RuntimeError as exc:
@@ -215,14 +188,6 @@ async def _run_worker(settings: Settings) -> None:
             pass  # SIGINT or SIGTERM: arq cancelled its main task; jobs in flight are re-queued
         finally:
             await worker.close()
-
-
-def _settings() -> Settings:
-    try:
-        return Settings()
-    except Exception as exc:
-        console.print(f"[red]invalid configuration:[/red] {exc}")
-        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -338,26 +303,15 @@ def _counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "-"
 
 
+# `memory-service outbox dead|replay|drop`: the outbox's dead letters (memory_service/outbox_cli.py).
+app.add_typer(outbox_app, name="outbox")
+# `memory-service keys create|list|revoke`: API keys (memory_service/keys_cli.py).
+app.add_typer(keys_app, name="keys")
+# `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/import_cli.py).
+app.command("import")(import_command)
+# `memory-service mcp`: the memory tools over MCP (memory_service/mcp_cli.py, mcp_server.py).
+app.command("mcp")(mcp_command)
+
+
 if __name__ == "__main__":
     app()
-
-
-# `memory-service outbox dead|replay|drop`: the outbox's dead letters (memory_service/outbox_cli.py).
-from .outbox_cli import outbox_app  # noqa: E402
-
-app.add_typer(outbox_app, name="outbox")
-
-# `memory-service keys create|list|revoke`: API keys (memory_service/keys_cli.py).
-from .keys_cli import keys_app  # noqa: E402
-
-app.add_typer(keys_app, name="keys")
-
-# `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/import_cli.py).
-from .import_cli import import_command  # noqa: E402
-
-app.command("import")(import_command)
-
-# `memory-service mcp`: the memory tools over MCP (memory_service/mcp_cli.py, mcp_server.py).
-from .mcp_cli import mcp_command  # noqa: E402
-
-app.command("mcp")(mcp_command)

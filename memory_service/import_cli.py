@@ -16,6 +16,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 
+from .cli_common import console, load_settings, with_running_store
 from .config import Settings
 from .errors import MemoryServiceError
 from .legacy_import import ImportPlan, ImportReport, describe, plan_import
@@ -33,9 +34,7 @@ def import_command(
     """Import legacy markdown memory files: SOUL.md and IDENTITY.md become P0 startup records,
     MEMORY.md's rule and behaviour sections P1 and P2 records and its other items memories,
     other notes P3 records (docs/startup-records.md). Importing the same files again changes nothing."""
-    from .cli import _settings, console, with_running_store
-
-    settings = _settings()
+    settings = load_settings()
     try:
         plan = plan_import(path, agent, user, settings)
     except MemoryServiceError as exc:
@@ -57,7 +56,6 @@ def import_command(
 
 
 async def _import(settings: Settings, data_dir: Path | None, plan: ImportPlan) -> ImportReport:
-    from .cli import console
     from .runtime import open_service
 
     async with open_service(settings, data_dir, run_worker=False) as service:

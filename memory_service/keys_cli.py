@@ -21,6 +21,7 @@ from redis.asyncio import Redis
 from rich.table import Table
 
 from .audit import AuditLog
+from .cli_common import console, load_settings, with_running_store
 from .config import Settings
 from .errors import MemoryServiceError
 from .keys import OPERATOR, ApiKey, KeyIn, KeyStore, Role
@@ -35,7 +36,6 @@ DataDir = Annotated[Path | None, typer.Option(help="The embedded store's data di
 
 @asynccontextmanager
 async def _redis(settings: Settings, data_dir: Path | None) -> AsyncIterator[Redis]:
-    from .cli import with_running_store
     from .embedded import EmbeddedFalkorDB
     from .redis_pools import redis_client
 
@@ -54,9 +54,7 @@ async def _redis(settings: Settings, data_dir: Path | None) -> AsyncIterator[Red
 
 
 def _run(data_dir: Path | None, work: Callable[[KeyStore, AuditLog], Awaitable[T]]) -> T:
-    from .cli import _settings, console
-
-    settings = _settings()
+    settings = load_settings()
 
     async def main() -> T:
         async with _redis(settings, data_dir) as redis:
@@ -82,8 +80,6 @@ def create(
     as_json: Annotated[bool, typer.Option("--json", help="Print the key as JSON")] = False,
 ) -> None:
     """Create a key and print it: it is shown this once and stored only as a hash."""
-    from .cli import console
-
     try:
         spec = KeyIn(name=name, role=role, agents=agent, users=user, requests_per_minute=requests_per_minute,
                      tokens_per_minute=tokens_per_minute)
@@ -111,8 +107,6 @@ def create(
 def list_keys(data_dir: DataDir = None,
               as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line")] = False) -> None:
     """Every key: id, name, role, scope, when made, whether revoked (never the secrets)."""
-    from .cli import console
-
     async def work(keys: KeyStore, audit: AuditLog) -> list[ApiKey]:
         return await keys.list(OPERATOR)
 
@@ -132,8 +126,6 @@ def list_keys(data_dir: DataDir = None,
 @keys_app.command("revoke")
 def revoke(key_id: Annotated[str, typer.Argument(help="The key's id (from `keys list`)")], data_dir: DataDir = None) -> None:
     """Revoke a key: every replica refuses it from the next request on."""
-    from .cli import console
-
     async def work(keys: KeyStore, audit: AuditLog) -> bool:
         before = await keys.get(key_id)
         after, changed = await keys.revoke(key_id)

@@ -17,6 +17,7 @@ from typing import Annotated, TypeVar
 import typer
 from rich.table import Table
 
+from .cli_common import attached_settings, console
 from .outbox import TARGETS, Outbox
 
 T = TypeVar("T")
@@ -29,16 +30,15 @@ Ids = Annotated[list[str] | None, typer.Option("--id", help="A dead letter's id 
 
 
 def _run(data_dir: Path | None, target: str, work: Callable[[Outbox], Awaitable[T]]) -> T:
-    from .cli import _attached_settings, console
     from .redis_pools import redis_client
 
     if target not in TARGETS:
         console.print(f"[red]unknown target {target!r}[/red]; targets: {', '.join(TARGETS)}")
         raise typer.Exit(2)
-    settings = _attached_settings(data_dir)
+    settings = attached_settings(data_dir)
 
     url = settings.redis_url or settings.falkordb_url
-    assert url is not None  # _attached_settings exits when there is no store
+    assert url is not None  # attached_settings exits when there is no store
 
     async def main() -> T:
         redis = redis_client(url, settings)
@@ -60,8 +60,6 @@ def dead(target: Target = "mongo", limit: Annotated[int, typer.Option(min=1)] = 
          as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line, with the operation")] = False,
          ) -> None:
     """List the oldest dead letters of a target: id, when, attempts, the last error."""
-    from .cli import console
-
     letters = _run(data_dir, target, lambda outbox: outbox.dead_letters(target, limit))
     if as_json:
         for d in letters:
@@ -81,8 +79,6 @@ def dead(target: Target = "mongo", limit: Annotated[int, typer.Option(min=1)] = 
 def replay(target: Target = "mongo", ids: Ids = None, all_: Annotated[bool, typer.Option("--all")] = False,
            data_dir: DataDir = None) -> None:
     """Queue dead letters for their target again (at the end of its queue, attempts reset)."""
-    from .cli import console
-
     if not ids and not all_:
         console.print("[red]name dead letters with --id, or give --all[/red]")
         raise typer.Exit(2)
@@ -97,8 +93,6 @@ def replay(target: Target = "mongo", ids: Ids = None, all_: Annotated[bool, type
 def drop(target: Target = "mongo", ids: Ids = None, all_: Annotated[bool, typer.Option("--all")] = False,
          data_dir: DataDir = None) -> None:
     """Give dead letters up for good: the target never gets them."""
-    from .cli import console
-
     if not ids and not all_:
         console.print("[red]name dead letters with --id, or give --all[/red]")
         raise typer.Exit(2)

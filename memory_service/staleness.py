@@ -22,13 +22,17 @@ another rule governs:
 
 Each lookup is read once per agent and run (sessions, namespaces), so a batch costs a few
 round trips, not one per memory.
+
+The access times come through ``AccessTimes``, which retention.py's ``RetentionIndex``
+satisfies: this module is the rule, retention.py the job that applies it, and the imports
+run one way (retention -> staleness), never back.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from .backend import MemoryBackend
 from .consolidation import latest_consolidated
@@ -36,14 +40,17 @@ from .models import Memory, MemoryKind
 from .namespaces import Namespace, NamespaceKind
 from .state import SessionCounters, StateStore
 
-if TYPE_CHECKING:
-    from .retention import RetentionIndex
+
+class AccessTimes(Protocol):
+    """The last memory_get of memories (memory_service/retention.py's ``RetentionIndex``)."""
+
+    async def last_access(self, agent_id: str, memory_ids: Sequence[str]) -> dict[str, datetime]: ...
 
 
 class StaleFilter:
     """The stale memories of one agent's batches, for one run (it remembers its lookups)."""
 
-    def __init__(self, agent_id: str, backend: MemoryBackend, state: StateStore, index: RetentionIndex,
+    def __init__(self, agent_id: str, backend: MemoryBackend, state: StateStore, index: AccessTimes,
                  cutoff: datetime):
         self.agent_id, self.backend, self.state, self.index, self.cutoff = agent_id, backend, state, index, cutoff
         self._sessions: dict[str, SessionCounters] = {}
