@@ -43,6 +43,7 @@ from memory_service.loopback import LoopbackServer
 from memory_service.retrieval import SearchResult
 
 from .conftest import REPO, flush, suite_settings
+from .helpers import wait_embedding_idle
 from .store_state import snapshot
 
 AGENT, OTHER = "trip", "rival"
@@ -115,6 +116,7 @@ def test_the_sync_client_is_generated_from_the_async_one():
 async def test_each_error_family_raises_its_class_with_the_services_sentence(live_server, http, falkordb_url):
     async with AsyncMemoryClient(live_server.base_url) as client:
         await client.record("s-e", agent_id=AGENT, user_id="alice", role="user", content="Hello there.", message_id="m1")
+        await wait_embedding_idle(falkordb_url, AGENT)  # its job's writes are not the refusals'
         before = snapshot(falkordb_url, worker_running=True)
 
         with pytest.raises(InvalidRequest) as bad_role:
