@@ -38,6 +38,7 @@ from memory_service.backend import MemoryBackend, SignalHits
 from memory_service.breaker import OPEN, CircuitBreaker
 from memory_service.models import Memory, MemoryKind, StoreQuery
 from memory_service.namespaces import Namespace
+from memory_service.outages import is_unavailable
 from memory_service.outbox import (
     TARGETS,
     DeleteOp,
@@ -50,7 +51,6 @@ from memory_service.outbox import (
     TrimOp,
     WriteOp,
 )
-from memory_service.overload import is_unavailable
 from memory_service.pseudonyms import namespace_for_log
 
 log = logging.getLogger(__name__)

@@ -108,6 +108,7 @@ async def session_owner(request: Request, principal: Principal, session_id: str,
         return  # the service answers an unknown session itself
     state = request.app.state.service.state
     owner = (await state.counters(session_id)).agent_id
-    if owner is None or not principal.reaches(owner) or not await reach(request, principal, owner).sees_session(session_id):
+    if owner is None or not principal.reaches(owner) or \
+            not await reach(request, principal, owner).sees_owned_session(session_id, owner):
         raise NotFound(f"session {session_id!r} has no recorded messages")
     authorize(principal, role, owner, min(principal.users) if principal.users else None)

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, Field, ValidationError
 
-from . import __version__, access_log, admin_api, memory_api, overload, request_guard, startup_api
+from . import __version__, access_log, admin_api, memory_api, outages, overload, request_guard, startup_api
 from .access import authorize, caller, reach, require_operator, resolve_mode, session_owner
 from .config import Settings, redact_addresses
 from .erasure import ErasureReport, UserExport
@@ -365,7 +365,7 @@ def _public_detail(exc: MemoryServiceError) -> str:
         text = str(cause)
         if not text:
             continue
-        if overload.is_unavailable(cause):
+        if outages.is_unavailable(cause):
             detail = detail.replace(text, redact_addresses(text))
         elif text in detail:
             detail = detail.replace(f"{type(cause).__name__}: {text}", text).replace(text, STORE_WORDS_WITHHELD)

@@ -11,7 +11,7 @@ Each caller is answered when its row is stored: what is acknowledged is stored, 
 without batching. A batch is one statement, stored whole or not at all, so when it fails
 the rows are told apart before anyone is answered:
 
-- an outage of the store (``overload.is_unavailable``: refused or reset connections,
+- an outage of the store (``outages.is_unavailable``: refused or reset connections,
   timeouts, a full pool) fails every row of the batch with that error, at once: writing
   the rows again would only wait on the same dead store;
 - any other error (the store answered that it cannot take the statement, or a row could
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from .backend import MemoryBackend
 from .models import Memory
-from .overload import is_unavailable
+from .outages import is_unavailable
 
 MAX_BATCH_ROWS = 256
 MAX_BATCH_CHARS = 2_000_000  # of content: a statement's parameters stay a few MB at most

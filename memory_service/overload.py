@@ -17,9 +17,8 @@ resort sends its 500 and then raises the error again for the server to log, and 
 seeing an error after the answer started, closes the connection, so a keep-alive client
 found it reset.
 
-``is_unavailable`` is also what the outbox uses to tell an outage of a store (the entry
-waits, its attempts are not counted) from an entry the store refuses (counted, and
-dead-lettered after OUTBOX_MAX_ATTEMPTS).
+Which failures are outages is memory_service/outages.py's, below HTTP: the outbox and the
+group commit ask it too.
 """
 
 from __future__ import annotations
@@ -31,43 +30,16 @@ from typing import cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from pymongo.errors import ConnectionFailure, ExecutionTimeout, WTimeoutError
-from redis.exceptions import BusyLoadingError, ClusterDownError, OutOfMemoryError, ReadOnlyError, TryAgainError
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .access_log import route_template
 from .errors import BackendUnavailable, FormationPending, MemoryServiceError
+from .outages import UNAVAILABLE, is_unavailable
 
 log = logging.getLogger(__name__)
 
-# Outages and overload, as each client library raises them: OSError covers refused and
-# reset connections; TimeoutError (asyncio's too) a stalled store; redis-py's
-# ConnectionError covers a full pool ("No connection available.", MaxConnectionsError);
-# PyMongo's ConnectionFailure covers AutoReconnect, NetworkTimeout,
-# ServerSelectionTimeoutError and WaitQueueTimeoutError. A Redis server out of memory, a
-# read-only replica after a failover, and a cluster resharding or down are the store's state,
-# not the input's: never answered as the caller's fault (a refused row, memory_service/group_commit.py).
-UNAVAILABLE: tuple[type[Exception], ...] = (
-    OSError, TimeoutError, RedisConnectionError, RedisTimeoutError, BusyLoadingError,
-    OutOfMemoryError, ReadOnlyError, TryAgainError, ClusterDownError,
-    ConnectionFailure, ExecutionTimeout, WTimeoutError, BackendUnavailable,
-)
 # Ours, whose sentence is meant for the caller.
 TRY_LATER: tuple[type[MemoryServiceError], ...] = (BackendUnavailable, FormationPending)
-
-
-def is_unavailable(exc: BaseException) -> bool:
-    """True when ``exc``, or an error it was raised from, is an outage or overload of a store."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, UNAVAILABLE):
-            return True
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def unavailable(detail: str, retry_after_seconds: int) -> JSONResponse:

@@ -50,7 +50,11 @@ class Reach:
 
     async def sees_session(self, session_id: str) -> bool:
         """The session is the agent's and, for a key limited to users, one of them took part in it."""
-        if (await self.state.counters(session_id)).agent_id != self.agent_id:
+        return await self.sees_owned_session(session_id, (await self.state.counters(session_id)).agent_id)
+
+    async def sees_owned_session(self, session_id: str, owner: str | None) -> bool:
+        """``sees_session`` for a caller that has read the session's ``owner`` (its agent) already."""
+        if owner != self.agent_id:
             return False
         return self.users is None or await self.state.took_part(self.agent_id, sorted(self.users), session_id)
 
@@ -72,5 +76,5 @@ class Reach:
         if self.users is None or users_join_sessions:
             return True
         owner = (await self.state.counters(session_id)).agent_id
-        return owner != self.agent_id or await self.state.took_part(self.agent_id, sorted(self.users), session_id)
+        return owner != self.agent_id or await self.sees_owned_session(session_id, owner)
 

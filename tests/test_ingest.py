@@ -20,7 +20,7 @@ from memory_service.group_commit import GroupCommit, RowRefused
 from memory_service.jobs import EMBED_JOB
 from memory_service.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
 from memory_service.namespaces import Namespace
-from memory_service.overload import is_unavailable
+from memory_service.outages import is_unavailable
 from memory_service.runtime import open_service
 from memory_service.state import IN_FLIGHT, _embed_due, _embed_lock
 

@@ -29,7 +29,7 @@ from memory_service.curation import MemoryWrite
 from memory_service.embedded import EmbeddedFalkorDB
 from memory_service.errors import BackendUnavailable
 from memory_service.loopback import LoopbackServer
-from memory_service.overload import is_unavailable
+from memory_service.outages import is_unavailable
 from memory_service.reach import Reach
 from memory_service.runtime import default_extractor, open_service
 

@@ -13,7 +13,6 @@ nothing writes on its own during a comparison).
 
 from __future__ import annotations
 
-import secrets
 from typing import Any
 
 import httpx
@@ -26,21 +25,14 @@ from memory_service.namespaces import Namespace
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot
+from .test_access import OPERATOR, OPERATOR_KEY, bearer
 from .test_mcp import http_mcp, over_http, stdio
 from .test_mcp import text as tool_text
 
-OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, RIVAL = "sec", "rival"
 SECRET = "BOBLOCKER4411"  # only bob's private data holds it
 OWN, BOBS, SHARED, UNKNOWN, FOREIGN = "alice-only", "bob-only", "both", "nobody-here", "rival-s"
 HIDDEN = (BOBS, UNKNOWN, FOREIGN)  # alice's key must not tell these apart
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
-
-
-OPERATOR = bearer(OPERATOR_KEY)
 
 
 @pytest.fixture(scope="module")
