@@ -47,6 +47,7 @@ Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -363,6 +364,12 @@ class Commit:
     enqueue_embedding: bool  # this call took the agent's embedding lock: enqueue the job
 
 
+def _now_text() -> str:
+    """Now, in seconds to the millisecond, rounded down: a time written to the store is never
+    later than a reader's time.time() taken after it (rounding to nearest made a session
+    recorded in the last half millisecond not yet idle to a sweep with no idle time)."""
+    return f"{math.floor(time.time() * 1000) / 1000:.3f}"
+
 class StateStore:
     def __init__(self, redis: Redis):
         self.redis = redis
@@ -454,7 +461,7 @@ class StateStore:
         status, value, *rest = await self._reserve(
             keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id), k["committed"],
                   k["inflight"], IN_FLIGHT],
-            args=[message_id, agent_id, digest, session_id, f"{time.time():.3f}", "1" if incognito else "0"])
+            args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
         if status == "conflict":
             # Never the owner's name: ids of other tenants are not the caller's to learn.
             raise session_taken(session_id)
@@ -476,7 +483,7 @@ class StateStore:
                   _user_sessions(agent_id, speaker or "-"), _generation(f"session:{session_id}"),
                   _generation(f"user:{agent_id}:{speaker or '-'}"), _embed_due(agent_id), _embed_lock(agent_id),
                   user_recorded_key(agent_id, user_id or "-"), k["inflight"], IN_FLIGHT],
-            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", f"{time.time():.3f}",
+            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
                   "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
         )
         counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
