@@ -5,7 +5,7 @@
 - The metrics: turn recall@k, recall_all@k, evidence-in-context (a single XML element
   holding >= 70 % of an evidence turn's content words, or, by id, a ``sources`` attribute).
 - Baselines outside the service: BM25 (bm25s, English stopwords, no stemming), dense
-  (the service's own embedder, when ``memory_service.embedding`` exists), RRF of both, and
+  (the service's own embedder, when ``memory_service.embedding.embedders`` exists), RRF of both, and
   packing the best turns, whole, into a character budget.
 - Timing summaries: median and p95 (nearest rank).
 """
@@ -18,11 +18,11 @@ import math
 import re
 import statistics
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 import numpy as np
@@ -314,7 +314,7 @@ def rrf(rankings: Sequence[Sequence[int]], k: int = 60, limit: int | None = None
 
 @dataclass
 class Embedder:
-    """An adapter over ``memory_service.embedding.build_embedder(Settings())``, whatever
+    """An adapter over ``memory_service.embedding.embedders.build_embedder(Settings())``, whatever
     its method names turn out to be (sync or async; one text or a list)."""
 
     impl: object
@@ -362,12 +362,12 @@ async def _maybe_await(value):
 async def load_embedder() -> tuple[Embedder | None, str]:
     """The service's embedder (``build_embedder(Settings())``, started), or None and why not."""
     try:
-        from memory_service import embedding
+        from memory_service.embedding import embedders as embedding
     except ImportError as exc:
-        return None, f"memory_service.embedding is not importable ({exc}): dense and RRF baselines skipped"
+        return None, f"memory_service.embedding.embedders is not importable ({exc}): dense and RRF baselines skipped"
     build = getattr(embedding, "build_embedder", None)
     if build is None:
-        return None, "memory_service.embedding has no build_embedder: dense and RRF baselines skipped"
+        return None, "memory_service.embedding.embedders has no build_embedder: dense and RRF baselines skipped"
     try:
         from memory_service.config import Settings
 

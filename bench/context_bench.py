@@ -1,4 +1,4 @@
-"""Benchmark: rendering the memory context (``memory_service.context.render_context``).
+"""Benchmark: rendering the memory context (``memory_service.recall.render.render_context``).
 
 Measures ``render_context`` on three input sizes at three budgets and compares each case
 with a baseline run in the same process: ``naive_render``, below, which builds the same
@@ -24,17 +24,18 @@ import platform
 import statistics
 import sys
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape, quoteattr
 
 from rich.console import Console
 from rich.table import Table
 
-from memory_service.context import (
+from memory_service.domain.models import Memory, MemoryKind, Provenance
+from memory_service.recall.render import (
     ContextInputs,
     RelevantItem,
     ShardContext,
@@ -43,7 +44,6 @@ from memory_service.context import (
     memory_date,
     render_context,
 )
-from memory_service.models import Memory, MemoryKind, Provenance
 
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 BUDGETS = (2_000, 6_000, 1_000_000)

@@ -28,7 +28,6 @@ own venv runs ``minilm-int8-onnx`` and ``service-local`` (the service's LocalEmb
 from __future__ import annotations
 
 import argparse
-import importlib.metadata as md
 import json
 import os
 import platform
@@ -41,6 +40,7 @@ import sys
 import tempfile
 import time
 from datetime import UTC, datetime
+from importlib import metadata as md
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -126,11 +126,11 @@ def _mean_pool(hidden, mask):
 
 
 def load_service_local():
-    """The service's own LocalEmbedder (memory_service.embedding), through its async API."""
+    """The service's own LocalEmbedder (memory_service.embedding.embedders), through its async API."""
     import asyncio
 
     sys.path.insert(0, str(HERE.parent))
-    from memory_service.embedding import LocalEmbedder
+    from memory_service.embedding.embedders import LocalEmbedder
 
     embedder = LocalEmbedder()
     loop = asyncio.new_event_loop()

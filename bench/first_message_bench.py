@@ -25,7 +25,7 @@ from context_bench import print_machine  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from memory_service.config import Settings  # noqa: E402
-from memory_service.models import MessageIn  # noqa: E402
+from memory_service.domain.models import MessageIn  # noqa: E402
 from memory_service.runtime import open_service  # noqa: E402
 
 

@@ -64,9 +64,9 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from backends.graph import graph_name  # noqa: E402
-from memory_service.loopback import free_port  # noqa: E402
-from memory_service.namespaces import Namespace  # noqa: E402
+from memory_service.domain.namespaces import Namespace  # noqa: E402
+from memory_service.stores.graph import graph_name  # noqa: E402
+from memory_service.stores.loopback import free_port  # noqa: E402
 
 CLI = HERE.parent / ".venv" / "bin" / "memory-service"
 STORE_ENV = ("FALKORDB_URL", "REDIS_URL", "MONGODB_URI")
@@ -151,7 +151,7 @@ class Server:
             # working directory: `python -c` puts it first), checked in the log
             env["PYTHONPATH"] = cwd = str(code.resolve())
             command = [sys.executable, "-c", "import memory_service as m; print('code:', m.__file__, flush=True); "
-                                             "from memory_service.cli import app; app(prog_name='memory-service')"]
+                                             "from memory_service.cli.main import app; app(prog_name='memory-service')"]
         self.log = open(data_dir / "server.log", "w")
         self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), "--data-dir", str(data_dir / "store"),
                                       "--log-level", "warning", *(["--no-worker"] if worker_process else [])],

@@ -43,11 +43,11 @@ import random
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape
 
 HERE = Path(__file__).resolve().parent
@@ -165,7 +165,7 @@ def service_settings(**extra):
 
 
 async def fill(service, corpus: list[Message], concurrency: int, console: Console, errors: list[str]) -> dict:
-    from memory_service.models import MessageIn
+    from memory_service.domain.models import MessageIn
 
     by_session: dict[str, list[Message]] = {}
     for m in corpus:
@@ -244,7 +244,7 @@ class ServiceCalls:
             raise BenchError("MemoryService has no search()")
         if "query" in self.search_params:
             return await self.service.search(AGENT, query, top_k=top_k, **scope)
-        from memory_service.retrieval import SearchRequest  # a request-object signature
+        from memory_service.recall.search import SearchRequest  # a request-object signature
 
         return await self.service.search(AGENT, SearchRequest(query=query, top_k=top_k, **scope))
 

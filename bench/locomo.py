@@ -15,7 +15,7 @@ after its speaker at its session's date (+1 s per turn); each session formed wit
 
 Baselines in the same process, outside the service, on the same turns: BM25 (bm25s,
 English stopwords, no stemming), dense (the service's own embedder, when
-``memory_service.embedding.build_embedder`` exists) and their RRF (k = 60); BM25's best
+``memory_service.embedding.embedders.build_embedder`` exists) and their RRF (k = 60); BM25's best
 turns, and the conversation's last turns, packed whole into each budget. Latency is the
 HTTP client's (search, context) or the call's (baselines): median and p95.
 
@@ -428,9 +428,9 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
 async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency: int, console: Console,
                       out: dict) -> None:
     """Fills ``out`` as it goes, so that a failure keeps what was measured before it."""
-    from memory_service.api import create_app
     from memory_service.config import Settings
-    from memory_service.loopback import LoopbackServer
+    from memory_service.http.app import create_app
+    from memory_service.stores.loopback import LoopbackServer
 
     # The embedded store, whatever the environment says; other settings as configured.
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)

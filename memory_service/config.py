@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .limits import MAX_TOP_K_CEILING, MESSAGE_CHARS_CEILING
+from memory_service.domain.limits import MAX_TOP_K_CEILING, MESSAGE_CHARS_CEILING
 
 MIN_CONTEXT_BUDGET = 64
 
@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     consolidator: Literal["rules", "llm"] | None = Field(
         default=None, description="How pending directives and suggestions are merged: rules, or llm (one call per merge); unset: as EXTRACTOR")
 
-    # Embeddings. (memory_service/embedding.py; the choice of the local model: docs/embeddings.md)
+    # Embeddings. (memory_service/embedding/embedders.py; the choice of the local model: docs/embeddings.md)
     embedder: Literal["local", "openai", "hash"] = Field(
         default="local",
         description="local (all-MiniLM-L6-v2 int8 on onnxruntime, shipped in a wheel, nothing downloaded), "

@@ -8,36 +8,34 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .config import Settings
-from .embedded import EmbeddedFalkorDB
-from .jobs import JobQueue
-from .service import MemoryService
-from .state import StateStore
+from memory_service.config import Settings
+from memory_service.formation.jobs import JobQueue
+from memory_service.service import MemoryService
+from memory_service.state.store import StateStore
+from memory_service.stores.embedded import EmbeddedFalkorDB
 
 if TYPE_CHECKING:
-    from backends.mongo import MongoBackend
-
-    from .backend import MemoryBackend
-    from .consolidation import Consolidator
-    from .embedding import Embedder
-    from .extraction import Extractor
+    from memory_service.embedding.embedders import Embedder
+    from memory_service.formation.consolidation import Consolidator
+    from memory_service.formation.extractor import Extractor
+    from memory_service.stores.base import MemoryBackend
+    from memory_service.stores.mongo import MongoBackend
 
 log = logging.getLogger(__name__)
 
 
 def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None) -> MemoryBackend:
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
-    from backends.graph import GraphBackend
+    from memory_service.stores.graph import GraphBackend
 
     if not settings.falkordb_url:
         raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
     graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
-    from backends.mirror import MirroredBackend
-
-    from .breaker import CircuitBreaker
-    from .outbox import TARGETS, Outbox
+    from memory_service.stores.breaker import CircuitBreaker
+    from memory_service.stores.mirror import MirroredBackend
+    from memory_service.stores.outbox import TARGETS, Outbox
 
     outbox = Outbox(state.redis, TARGETS, max_attempts=settings.outbox_max_attempts,
                     alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
@@ -50,7 +48,7 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
 
 
 def _mongo_backend(settings: Settings, embedding_dimension: int | None = None) -> MongoBackend:
-    from backends.mongo import MongoBackend
+    from memory_service.stores.mongo import MongoBackend
 
     if settings.mongodb_uri is None:  # registered only when it is set
         raise RuntimeError("MONGODB_URI is not set")
@@ -80,10 +78,10 @@ def _llm_options(settings: Settings) -> dict[str, Any]:
 def default_extractor(settings: Settings) -> Extractor:
     """The extractor the operator chose: rule-based (the offline default) or an LLM."""
     if settings.extractor == "llm":
-        from .llm_extractor import LLMExtractor
+        from memory_service.formation.llm_extractor import LLMExtractor
 
         return LLMExtractor(**_llm_options(settings))
-    from .rule_extractor import RuleBasedExtractor
+    from memory_service.formation.rule_extractor import RuleBasedExtractor
 
     return RuleBasedExtractor()
 
@@ -91,11 +89,11 @@ def default_extractor(settings: Settings) -> Extractor:
 def default_consolidator(settings: Settings) -> Consolidator:
     """How pending items are merged: by rule, or by the LLM (by default, as the extractor)."""
     if settings.effective_consolidator == "llm":
-        from .llm_client import StructuredChat
-        from .llm_consolidator import LLMConsolidator
+        from memory_service.formation.llm_client import StructuredChat
+        from memory_service.formation.llm_consolidator import LLMConsolidator
 
         return LLMConsolidator(StructuredChat(**_llm_options(settings)))
-    from .consolidation import RuleBasedConsolidator
+    from memory_service.formation.consolidation import RuleBasedConsolidator
 
     return RuleBasedConsolidator()
 
@@ -106,7 +104,7 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
     Stored vectors of another dimension cannot be searched with this embedder's: refuse to
     start (loudly) rather than store vectors that no index can hold.
     """
-    from .embedding import build_embedder
+    from memory_service.embedding.embedders import build_embedder
 
     embedder = build_embedder(settings)
     await embedder.start()
@@ -163,7 +161,7 @@ async def open_service(
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
             if run_worker:
-                from workers.worker import InProcessWorker
+                from memory_service.worker import InProcessWorker
 
                 worker = InProcessWorker(service)
                 worker.start()

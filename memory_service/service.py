@@ -17,33 +17,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from . import gates
-from .agents import AgentDirectory
-from .assembler import ContextAssembler
-from .audit import AuditLog
-from .config import Settings
-from .consolidation import Consolidator, RuleBasedConsolidator
-from .context import RenderedContext
-from .curation import DeletedOut, MemoryRecord, MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
-from .embedding import Embedder
-from .erasure import Eraser, ErasureReport, UserExport
-from .extraction import Extractor
-from .formation import FormationSummary
-from .jobs import JobQueue
-from .keys import KeyStore
-from .legacy_import import ImportPlan, ImportReport, Progress, apply_import
-from .models import Agent, AgentSettings, MessageIn, Shard, ShardIn
-from .namespaces import validate_id
-from .pipeline import FormationPipeline
-from .pseudonyms import Pseudonyms
-from .reach import Reach
-from .retention import PurgeReport, Retention, RetentionIndex
-from .retrieval import Retriever, SearchRequest, SearchResult
-from .routing import BackendFactory, BackendRegistry
-from .sessions import RecordResult, SessionLedger
-from .startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
-from .state import StateStore
-from .write_blocks import store_write_blocks
+from memory_service.access.audit import AuditLog
+from memory_service.access.keys import KeyStore
+from memory_service.access.pseudonyms import Pseudonyms
+from memory_service.access.reach import Reach
+from memory_service.config import Settings
+from memory_service.curation.erasure import Eraser, ErasureReport, UserExport
+from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
+from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
+from memory_service.curation.tools import DeletedOut, MemoryRecord, MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.curation.write_blocks import store_write_blocks
+from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
+from memory_service.domain.namespaces import validate_id
+from memory_service.embedding.embedders import Embedder
+from memory_service.formation import gates
+from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
+from memory_service.formation.extractor import Extractor
+from memory_service.formation.jobs import JobQueue
+from memory_service.formation.pipeline import FormationPipeline
+from memory_service.formation.steps import FormationSummary
+from memory_service.ingest.sessions import RecordResult, SessionLedger
+from memory_service.recall.assembler import ContextAssembler
+from memory_service.recall.render import RenderedContext
+from memory_service.recall.search import Retriever, SearchRequest, SearchResult
+from memory_service.recall.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.state.store import StateStore
+from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
 
@@ -71,7 +71,7 @@ class MemoryService:
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
         self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler, self.keys, self.audit)
-        self.startup = self.assembler.startup  # startup records (memory_service/startup.py)
+        self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
@@ -159,7 +159,7 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach)
 
-    # Startup records (memory_service/startup.py; `memory-service import`: legacy_import.py)
+    # Startup records (memory_service/recall/startup.py; `memory-service import`: legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str,
                                  body: StartupRecordIn) -> tuple[StartupRecord, StartupRecord | None, bool]:
         return await self.startup.put(agent_id, record_id, body)
@@ -178,7 +178,7 @@ class MemoryService:
         """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""
         _, backend = await self.agents.backend_for(plan.agent_id)
         return await apply_import(plan, self.startup, backend, self.state, self.embedder, self.audit, key_id, on_progress)
-    # The memory tools (memory_service/curation.py; search is ``search`` with ``tags``) and retention
+    # The memory tools (memory_service/curation/tools.py; search is ``search`` with ``tags``) and retention
     async def memory_get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
         return await self.tools.get(agent_id, memory_id, guard)
 
@@ -197,13 +197,13 @@ class MemoryService:
 
     async def parse_writes(self, agent_id: str, text: str, namespace: str, session_id: str | None = None,
                            message_id: str | None = None, guard: NamespaceGuard = None) -> tuple[int, list[MemoryRecord]]:
-        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/write_blocks.py)."""
+        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/curation/write_blocks.py)."""
         return await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()
 
-    # Users: export and erasure (memory_service/erasure.py)
+    # Users: export and erasure (memory_service/curation/erasure.py)
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:
         return await self.eraser.export_user(agent_id, user_id)
 

@@ -11,12 +11,12 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from memory_service.api import create_app
 from memory_service.config import Settings, redact_url
-from memory_service.embedded import EmbeddedFalkorDB
-from memory_service.loopback import LoopbackServer as LiveServer
-from memory_service.loopback import free_port  # noqa: F401 (the tests import it from here)
+from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.stores.embedded import EmbeddedFalkorDB
+from memory_service.stores.loopback import LoopbackServer as LiveServer
+from memory_service.stores.loopback import free_port  # noqa: F401 (the tests import it from here)
 
 # Services the suite may be pointed at. Settings built by the tests never read these from
 # the environment by accident: fixtures pass them explicitly.

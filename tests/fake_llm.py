@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from memory_service.loopback import LoopbackServer
+from memory_service.stores.loopback import LoopbackServer
 
 _LINE = re.compile(r'^\[(\d+)\] (user (\S+)|assistant): (".*")$')
 

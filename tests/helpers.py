@@ -4,7 +4,7 @@ import asyncio
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
-from memory_service.models import MessageIn
+from memory_service.domain.models import MessageIn
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -67,7 +67,7 @@ async def queued_jobs(service, function: str) -> int:
 
 async def queued_formations(service) -> int:
     """Formation jobs in the queue (records also enqueue their agent's embedding job)."""
-    from memory_service.jobs import FORM_JOB
+    from memory_service.formation.jobs import FORM_JOB
 
     return await queued_jobs(service, FORM_JOB)
 
@@ -87,8 +87,8 @@ async def mirrored_service(settings, mongo_uri: str, mongo_database: str, direct
     mirrored to MongoDB (state stays on the suite's store): yields (service, the graph's URL)."""
     from pydantic import SecretStr
 
-    from memory_service.embedded import EmbeddedFalkorDB
     from memory_service.runtime import open_service
+    from memory_service.stores.embedded import EmbeddedFalkorDB
 
     graph = EmbeddedFalkorDB(directory)
     graph.start()

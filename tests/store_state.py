@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import redis
 
-from memory_service.jobs import QUEUE_NAME
+from memory_service.formation.jobs import QUEUE_NAME
 
 # Keys neither compared nor counted (a read may write them): the service's counters (of
 # reads served too), the API keys' request counters, and FalkorDB's log of the queries run

@@ -1,12 +1,12 @@
 """The HTTP API on a real uvicorn server on loopback, backed by a real FalkorDB."""
 
-import xml.etree.ElementTree as ET
+from xml.etree import ElementTree as ET
 
 import pytest
 from fastapi import FastAPI
 
-from memory_service.api import create_app
 from memory_service.config import Settings
+from memory_service.http.app import create_app
 
 from .helpers import wait_embedded
 

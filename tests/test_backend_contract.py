@@ -9,8 +9,8 @@ from math import sqrt
 
 import pytest
 
-from memory_service.models import Memory, MemoryKind, Provenance, StoreQuery
-from memory_service.namespaces import Namespace
+from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
+from memory_service.domain.namespaces import Namespace
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
 A1, A2 = "a1", "a2"
@@ -42,11 +42,11 @@ def ids(hits: dict, signal: str) -> list[str]:
 @pytest.fixture(params=["graph", "mongo"])
 async def backend(request, settings, mongo_uri, mongo_database):
     if request.param == "graph":
-        from backends.graph import GraphBackend
+        from memory_service.stores.graph import GraphBackend
 
         instance = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
     else:
-        from backends.mongo import MongoBackend
+        from memory_service.stores.mongo import MongoBackend
 
         instance = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=DIMENSION)
     await instance.start()
@@ -351,7 +351,7 @@ async def test_written_before_pages_an_agents_memories_by_time_through_its_index
 
 
 async def test_a_graph_made_before_the_time_index_gets_it_when_first_paged_by_time(settings):
-    from backends.graph import GraphBackend, graph_name
+    from memory_service.stores.graph import GraphBackend, graph_name
 
     first = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
     await first.start()

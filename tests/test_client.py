@@ -21,7 +21,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from memory_service.api import ContextOut, RecordOut, create_app
 from memory_service.client import (
     AsyncMemoryClient,
     AuthenticationError,
@@ -36,11 +35,12 @@ from memory_service.client import (
     ServiceUnavailable,
 )
 from memory_service.client._common import BACKOFF_BASE, retry_delay
-from memory_service.erasure import ErasureReport, UserExport
-from memory_service.formation import FormationSummary
-from memory_service.gates import GateStatus
-from memory_service.loopback import LoopbackServer
-from memory_service.retrieval import SearchResult
+from memory_service.curation.erasure import ErasureReport, UserExport
+from memory_service.formation.gates import GateStatus
+from memory_service.formation.steps import FormationSummary
+from memory_service.http.app import ContextOut, RecordOut, create_app
+from memory_service.recall.search import SearchResult
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, flush, suite_settings
 from .helpers import wait_embedding_idle

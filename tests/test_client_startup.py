@@ -10,7 +10,6 @@ import secrets
 
 import pytest
 
-from memory_service.api import create_app
 from memory_service.client import (
     AsyncMemoryClient,
     DeletedStartupRecord,
@@ -21,7 +20,8 @@ from memory_service.client import (
     StartupBlock,
     StartupRecord,
 )
-from memory_service.loopback import LoopbackServer
+from memory_service.http.app import create_app
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

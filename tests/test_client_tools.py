@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 
-from memory_service.api import create_app
 from memory_service.client import (
     AsyncMemoryClient,
     ConflictError,
@@ -18,7 +17,8 @@ from memory_service.client import (
     NotFoundError,
     PermissionDenied,
 )
-from memory_service.loopback import LoopbackServer
+from memory_service.http.app import create_app
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import xml.etree.ElementTree as ET
+from xml.etree import ElementTree as ET
 
-from memory_service.consolidation import RuleBasedConsolidator, consolidate, latest_consolidated
-from memory_service.formation import form_window
-from memory_service.models import MemoryKind, ShardIn
-from memory_service.namespaces import Namespace
+from memory_service.domain.models import MemoryKind, ShardIn
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.consolidation import RuleBasedConsolidator, consolidate, latest_consolidated
+from memory_service.formation.steps import form_window
 from memory_service.runtime import open_service
 
 from .helpers import msg

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from datetime import UTC, datetime, timedelta
+from xml.etree import ElementTree as ET
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_service.context import (
+from memory_service.domain.models import Memory, MemoryKind, Provenance
+from memory_service.recall.render import (
     MIN_BUDGET_CHARS,
     ContextInputs,
     RelevantItem,
@@ -21,7 +22,6 @@ from memory_service.context import (
     clean,
     render_context,
 )
-from memory_service.models import Memory, MemoryKind, Provenance
 
 NOW = datetime(2024, 6, 1, 12, 0, tzinfo=UTC)
 

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
-from memory_service.embedded import LOCK_FILE, PID_FILE, URL_FILE, EmbeddedFalkorDB, _binaries, server_in
-from memory_service.errors import BackendUnavailable
+from memory_service.domain.errors import BackendUnavailable
+from memory_service.stores.embedded import LOCK_FILE, PID_FILE, URL_FILE, EmbeddedFalkorDB, _binaries, server_in
 
 from .conftest import clean_env, free_port
 from .test_cli import CLI, _wait_healthy
@@ -288,8 +288,8 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
 
 
 async def test_health_and_errors_do_not_say_where_the_stores_listen(settings, tmp_path):
-    from memory_service.api import create_app
-    from memory_service.loopback import LoopbackServer
+    from memory_service.http.app import create_app
+    from memory_service.stores.loopback import LoopbackServer
 
     graph = EmbeddedFalkorDB(tmp_path / "graph")
     graph_url = graph.start()
@@ -339,8 +339,8 @@ def test_addresses_in_errors_are_redacted(error, kept):
 
 
 def test_error_details_lose_the_stores_addresses_and_keep_the_ids():
-    from memory_service.api import _public_detail
-    from memory_service.errors import FormationPending, InvalidInput
+    from memory_service.domain.errors import FormationPending, InvalidInput
+    from memory_service.http.app import _public_detail
 
     store_error = ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
     try:

@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from memory_service.config import Settings
-from memory_service.embedding import (
+from memory_service.embedding.embedders import (
     Embedder,
     EmbedderUnavailable,
     HashEmbedder,
@@ -20,7 +20,7 @@ from memory_service.embedding import (
     OpenAIEmbedder,
     build_embedder,
 )
-from memory_service.loopback import free_port
+from memory_service.stores.loopback import free_port
 
 from .fake_embeddings import EmbeddingsServer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from memory_service.models import MemoryKind
+from memory_service.domain.models import MemoryKind
 from memory_service.runtime import open_service
 
 from .conftest import suite_settings

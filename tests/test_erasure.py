@@ -1,4 +1,4 @@
-"""Erasing a user, and exporting what is held on them (memory_service/erasure.py).
+"""Erasing a user, and exporting what is held on them (memory_service/curation/erasure.py).
 
 Two users share a session and a shard; each also has a session alone. Memories are formed
 by the real worker, consolidated and embedded; then one user is exported and erased, and
@@ -15,17 +15,17 @@ import time
 
 import httpx
 import pytest
-import redis.asyncio as aioredis
+from redis import asyncio as aioredis
 
-from backends.graph import GraphBackend
-from memory_service.api import create_app
 from memory_service.config import Settings
-from memory_service.jobs import CONSOLIDATE_JOB
-from memory_service.loopback import LoopbackServer
-from memory_service.models import AgentSettings, Memory, MemoryKind, Provenance, ShardIn
-from memory_service.namespaces import Namespace
-from memory_service.outbox import WriteOp
+from memory_service.domain.models import AgentSettings, Memory, MemoryKind, Provenance, ShardIn
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.jobs import CONSOLIDATE_JOB
+from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.stores.graph import GraphBackend
+from memory_service.stores.loopback import LoopbackServer
+from memory_service.stores.outbox import WriteOp
 
 from .helpers import mirrored_service, msg, outbox_drained, queued_jobs, wait_embedded
 from .store_state import snapshot
@@ -517,7 +517,7 @@ async def test_an_erasure_leaves_no_trace_in_keys_audit_logs_or_the_append_only_
     assert any(r.name.startswith("arq") for r in records)  # the worker's job lines were captured too
     leaks = [f"{r.name}: {r.getMessage()}" for r in records if found_in(r.getMessage() + (r.exc_text or ""), EVE_NEEDLES)]
     assert leaks == []
-    assert any(r.name == "memory_service.erasure" and "hmac-sha256-" in r.getMessage() for r in records)
+    assert any(r.name == "memory_service.curation.erasure" and "hmac-sha256-" in r.getMessage() for r in records)
 
 
 async def test_erasing_an_unknown_user_is_fast_and_quiet(erase_service, caplog):

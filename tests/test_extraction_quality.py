@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from memory_service.extraction import Window, WindowMessage
-from memory_service.models import MemoryKind, Role
-from memory_service.rule_extractor import RuleBasedExtractor
+from memory_service.domain.models import MemoryKind, Role
+from memory_service.formation.extractor import Window, WindowMessage
+from memory_service.formation.rule_extractor import RuleBasedExtractor
 
 DATA = Path(__file__).parent / "data" / "directives_labelled.jsonl"
 

@@ -14,13 +14,13 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from memory_service.gates import weighted_tokens
-from memory_service.jobs import QUEUE_NAME, formation_job_id
-from memory_service.models import MemoryKind, Role
-from memory_service.namespaces import Namespace
+from memory_service.domain.models import MemoryKind, Role
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.gates import weighted_tokens
+from memory_service.formation.jobs import QUEUE_NAME, formation_job_id
+from memory_service.formation.window import _COMPLETE, StaleGate, WindowState
 from memory_service.runtime import open_service
-from memory_service.state import ACTIVE
-from memory_service.window import _COMPLETE, StaleGate, WindowState
+from memory_service.state.store import ACTIVE
 
 from .helpers import msg, queued_formations
 from .tcp_proxy import TcpProxy
@@ -247,7 +247,7 @@ async def test_the_gate_and_the_claim_agree_where_rounding_once_split_them(url):
 async def test_a_gate_verdict_reached_before_a_window_completed_is_evaluated_again(url):
     """The claim refuses a verdict reached on counters older than a completed window (it
     took its messages away), and the caller evaluates the gate on fresh counters."""
-    from memory_service.formation import form_window
+    from memory_service.formation.steps import form_window
 
     async with open_service(make_settings(url), run_worker=False) as service:
         for i in range(6):
@@ -340,7 +340,7 @@ async def test_the_sweep_takes_stuck_sessions_in_turn(url):
 async def test_two_runs_racing_on_one_window_store_one_extraction(url, llm):
     """Two runs of one window (a late duplicate of a job beside its retry) both ask the LLM,
     which answers each differently; one extraction is stored first and both write that one."""
-    from memory_service.formation import form_window
+    from memory_service.formation.steps import form_window
 
     settings = make_settings(url, **llm_settings(llm, memory_formation_msg_interval=8))
     async with open_service(settings, run_worker=False) as service:
@@ -388,7 +388,7 @@ async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(u
     the messages pending now: POST /form runs its post-processing AND forms those."""
     from arq.constants import job_key_prefix
 
-    from memory_service.formation import form_window
+    from memory_service.formation.steps import form_window
 
     settings = make_settings(url, consolidate_directives_after=4)
     async with open_service(settings, run_worker=False) as service:
@@ -425,8 +425,8 @@ async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(u
 async def test_a_window_marked_extracted_without_its_extraction_fails_clearly_and_stays(url):
     """The extracted state is stored with its extraction in one step; a hash that lost it
     (hand-edited, restored in part) fails the run with a sentence, not an AttributeError."""
-    from memory_service.formation import form_window
-    from memory_service.window import window_key
+    from memory_service.formation.steps import form_window
+    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         for i in range(3):
@@ -446,9 +446,9 @@ async def test_a_window_marked_extracted_without_its_extraction_fails_clearly_an
 async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
     """Every recorded message has a role; one stored without (a damaged store) stops the
     window with the message named, rather than extracting it under no speaker."""
-    from memory_service.formation import form_window, message_memory_id
-    from memory_service.models import Memory, Provenance
-    from memory_service.window import window_key
+    from memory_service.domain.models import Memory, Provenance
+    from memory_service.formation.steps import form_window, message_memory_id
+    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         await service.record_message("r", msg("a1", "alice", "I prefer aisle seats.", mid="m0"))
@@ -472,7 +472,7 @@ async def test_a_window_of_a_session_that_names_no_agent_fails_clearly(url):
     """A session's first record names its agent before any window exists; a window whose
     session lost its counters fails its job with a sentence (it used to reach the shard
     listing with agent None)."""
-    from memory_service.window import window_key
+    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         await service.state.redis.hset(window_key("orphan"), mapping={"window": "1", "ids": '[["m0", 1]]',

@@ -29,11 +29,11 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from memory_service.api import create_app
 from memory_service.config import Settings
-from memory_service.errors import InvalidInput
-from memory_service.jobs import QUEUE_NAME
-from memory_service.namespaces import validate_id
+from memory_service.domain.errors import InvalidInput
+from memory_service.domain.namespaces import validate_id
+from memory_service.formation.jobs import QUEUE_NAME
+from memory_service.http.app import create_app
 
 from .conftest import suite_settings
 from .store_state import snapshot

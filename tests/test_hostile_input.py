@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
-from memory_service.api import create_app
-from memory_service.errors import PREVIEW_CHARS
-from memory_service.limits import MAX_JSON_DEPTH
-from memory_service.loopback import LoopbackServer
+from memory_service.domain.errors import PREVIEW_CHARS
+from memory_service.domain.limits import MAX_JSON_DEPTH
+from memory_service.http.app import create_app
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .helpers import wait_embedding_idle
@@ -325,8 +325,8 @@ async def test_times_at_the_bounds_are_stored_and_read(seeded):
     ({"blob": "x" * 20_000}, "agent_extras is 20011 bytes of JSON; the limit is 16384 (MAX_EXTRAS_BYTES)"),
 ])
 async def test_the_python_api_holds_agent_extras_to_the_same_rules(service, falkordb_url, extras, words):
-    from memory_service.errors import InvalidInput
-    from memory_service.models import AgentSettings
+    from memory_service.domain.errors import InvalidInput
+    from memory_service.domain.models import AgentSettings
 
     before = await state(falkordb_url)
     with pytest.raises(InvalidInput) as raised:
@@ -338,8 +338,8 @@ async def test_the_python_api_holds_agent_extras_to_the_same_rules(service, falk
 async def test_the_python_api_refuses_lone_surrogates_and_long_content(service, falkordb_url):
     from pydantic import ValidationError
 
-    from memory_service.errors import InvalidInput
-    from memory_service.models import MessageIn, ShardIn
+    from memory_service.domain.errors import InvalidInput
+    from memory_service.domain.models import MessageIn, ShardIn
 
     # pydantic itself refuses lone surrogates in text fields (string_unicode).
     with pytest.raises(ValidationError, match="unable to parse raw data as a unicode string"):

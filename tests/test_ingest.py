@@ -12,17 +12,17 @@ import pytest
 from arq.constants import in_progress_key_prefix
 from redis.exceptions import ResponseError
 
-from backends.graph import GraphBackend, graph_name
-from memory_service.embedded import EmbeddedFalkorDB
-from memory_service.errors import BackendUnavailable, Conflict, InvalidInput
-from memory_service.formation import message_memory_id
-from memory_service.group_commit import GroupCommit, RowRefused
-from memory_service.jobs import EMBED_JOB
-from memory_service.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
-from memory_service.namespaces import Namespace
-from memory_service.outages import is_unavailable
+from memory_service.domain.errors import BackendUnavailable, Conflict, InvalidInput
+from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.jobs import EMBED_JOB
+from memory_service.formation.steps import message_memory_id
+from memory_service.ingest.group_commit import GroupCommit, RowRefused
 from memory_service.runtime import open_service
-from memory_service.state import IN_FLIGHT, _embed_due, _embed_lock
+from memory_service.state.store import IN_FLIGHT, _embed_due, _embed_lock
+from memory_service.stores.embedded import EmbeddedFalkorDB
+from memory_service.stores.graph import GraphBackend, graph_name
+from memory_service.stores.outages import is_unavailable
 
 from .helpers import T0, msg, wait_embedded
 from .tcp_proxy import ThreadedTcpProxy

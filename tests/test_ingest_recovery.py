@@ -16,11 +16,11 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from memory_service.loopback import free_port
-from memory_service.models import MemoryKind, MessageIn
-from memory_service.namespaces import Namespace
+from memory_service.domain.models import MemoryKind, MessageIn
+from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
-from memory_service.state import _COMMIT, IN_FLIGHT
+from memory_service.state.store import _COMMIT, IN_FLIGHT
+from memory_service.stores.loopback import free_port
 
 from .conftest import clean_env
 from .tcp_proxy import TcpProxy

@@ -1,13 +1,20 @@
-"""Imports flow one way: backends/ and workers/ depend on the core, never the reverse.
+"""Imports run one way: down the layers of memory_service, never up, and never in a circle.
 
-Only the composition root (runtime, the CLI and the API) may import them, so the core can
-be read, typed and tested without any store's driver.
+LAYERS lists the subpackages from the bottom up. A module may import its own package and any
+package below it; an import of a package above is a violation, unless KNOWN_EXCEPTIONS lists
+it (each one is a piece of untangling still to do, named by the import it makes). The client
+sits just above the wire schemas, so the rule itself says it stands alone: it can import the
+vocabulary and the schemas, and nothing of the server.
+
+The stores' own modules (graph, graph_layout, mongo, mirror) are imported only by the
+composition root (runtime, the CLI) and by the stores package: everything else speaks to
+memory_service.stores.base, so the core can be read, typed and tested without a driver.
 
 And no module imports itself back through others (no import cycle) anywhere in
-memory_service/, backends/ or workers/. Every import counts, wherever it is written: at the
-top, inside a function (a deferred import still ties both modules: neither can be read,
-moved or tested without the other; deferring only hides the cycle from Python), or under
-``if TYPE_CHECKING:`` (the type checker and the reader follow it all the same).
+memory_service/. Every import counts, wherever it is written: at the top, inside a function
+(a deferred import still ties both modules: neither can be read, moved or tested without the
+other; deferring only hides the cycle from Python), or under ``if TYPE_CHECKING:`` (the type
+checker and the reader follow it all the same).
 """
 
 from __future__ import annotations
@@ -17,41 +24,99 @@ from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("memory_service", "backends", "workers")
-COMPOSITION_ROOT = {"runtime.py", "cli.py", "api.py"}
-OUTER_PACKAGES = ("backends", "workers")
+PACKAGES = ("memory_service",)
+
+# Bottom first. The README's architecture section draws the same list.
+LAYERS = (
+    "domain",      # the vocabulary: ids, namespaces, models, errors, limits, text scoring
+    "schemas",     # what goes over the wire
+    "client",      # the typed HTTP client (vocabulary and schemas only)
+    "config",      # Settings
+    "state",       # Redis: pools, counters, cursors
+    "access",      # keys, principals, reach, audit, pseudonyms
+    "stores",      # the store interface, the registry, each store
+    "embedding",
+    "formation",   # windows -> memories
+    "ingest",      # recording messages
+    "recall",      # search and the memory block
+    "curation",    # tools, write blocks, retention, erasure, import, migration
+    "service",     # MemoryService, the facade
+    "worker",      # the arq worker
+    "runtime",     # wiring from Settings
+    "http",        # the FastAPI app and its routers
+    "mcp",
+    "cli",
+)
+DRIVERS = {f"memory_service.stores.{name}" for name in ("graph", "graph_layout", "mongo", "mirror")}
+COMPOSITION_ROOT = ("memory_service.runtime", "memory_service.cli", "memory_service.stores")
+
+# Imports that still point up: each is removed by the commit that untangles it.
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
+    ("memory_service.client", "memory_service.recall.startup"),
+    ("memory_service.client._async.client", "memory_service.access.audit"),
+    ("memory_service.client._async.client", "memory_service.access.keys"),
+    ("memory_service.client._async.client", "memory_service.curation.erasure"),
+    ("memory_service.client._async.client", "memory_service.formation.steps"),
+    ("memory_service.client._async.client", "memory_service.http.app"),
+    ("memory_service.client._async.client", "memory_service.recall.search"),
+    ("memory_service.client._async.client", "memory_service.recall.startup"),
+    ("memory_service.client._sync.client", "memory_service.access.audit"),
+    ("memory_service.client._sync.client", "memory_service.access.keys"),
+    ("memory_service.client._sync.client", "memory_service.curation.erasure"),
+    ("memory_service.client._sync.client", "memory_service.formation.steps"),
+    ("memory_service.client._sync.client", "memory_service.http.app"),
+    ("memory_service.client._sync.client", "memory_service.recall.search"),
+    ("memory_service.client._sync.client", "memory_service.recall.startup"),
+    ("memory_service.client.tool_models", "memory_service.curation.tools"),
+    ("memory_service.curation.migration", "memory_service.service"),
+    ("memory_service.domain.bm25", "memory_service.formation.rule_extractor"),
+    ("memory_service.formation.consolidation", "memory_service.recall.search"),
+    ("memory_service.formation.pipeline", "memory_service.ingest.sessions"),
+    ("memory_service.formation.pipeline", "memory_service.recall.search"),
+    ("memory_service.formation.steps", "memory_service.recall.search"),
+}
 
 
-def imported_modules(path: Path) -> set[str]:
-    names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            names |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module)
-    return names
+def layer_of(module: str) -> str:
+    """The layer of a module of memory_service: its subpackage (or top-level module) under it;
+    the package's own __init__ and the models shim belong to the vocabulary."""
+    parts = module.split(".")
+    return "domain" if len(parts) == 1 or parts[1] == "models" else parts[1]
 
 
-def test_the_core_never_imports_backends_or_workers():
-    offenders = {
-        path.name: sorted(m for m in imported_modules(path) if m.split(".")[0] in OUTER_PACKAGES)
-        for path in (ROOT / "memory_service").glob("*.py")
-        if path.name not in COMPOSITION_ROOT
-    }
-    assert {name: mods for name, mods in offenders.items() if mods} == {}
+def violations(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {(module, target) for module, targets in graph.items() for target in targets
+            if LAYERS.index(layer_of(target)) > LAYERS.index(layer_of(module))}
 
 
-def test_backends_do_not_import_workers_and_workers_do_not_import_backends():
-    for package, other in (("backends", "workers"), ("workers", "backends")):
-        for path in (ROOT / package).glob("*.py"):
-            assert not [m for m in imported_modules(path) if m.split(".")[0] == other], path
+def test_every_module_has_a_layer():
+    assert {layer_of(module) for module in import_graph()} <= set(LAYERS)
 
 
-def test_the_check_sees_an_import_of_a_backend(tmp_path):
-    """The check itself can fail: a core module importing a backend is caught."""
-    module = tmp_path / "bad.py"
-    module.write_text("from backends.graph import GraphBackend\nimport workers.worker\n")
-    assert imported_modules(module) >= {"backends.graph", "workers.worker"}
+def test_imports_run_down_the_layers():
+    found = violations(import_graph())
+    assert sorted(found - KNOWN_EXCEPTIONS) == [], "imports that point up a layer"
+    assert sorted(KNOWN_EXCEPTIONS - found) == [], "untangled: remove these from KNOWN_EXCEPTIONS"
+
+
+def test_only_the_composition_root_imports_a_store_driver():
+    graph = import_graph()
+    offenders = {module: sorted(targets & DRIVERS) for module, targets in graph.items()
+                 if targets & DRIVERS and not module.startswith(COMPOSITION_ROOT)}
+    assert offenders == {}
+
+
+def test_the_layer_check_sees_an_import_that_points_up(tmp_path):
+    """The check itself can fail: a vocabulary module importing the HTTP app, through a
+    deferred relative import, is a violation."""
+    package = tmp_path / "memory_service"
+    for sub in ("domain", "http"):
+        (package / sub).mkdir(parents=True)
+        (package / sub / "__init__.py").write_text("")
+    (package / "__init__.py").write_text("")
+    (package / "http" / "app.py").write_text("from ..domain import text\n")
+    (package / "domain" / "text.py").write_text("def f():\n    from ..http.app import create_app\n")
+    assert violations(import_graph(tmp_path)) == {("memory_service.domain.text", "memory_service.http.app")}
 
 
 def module_name(path: Path, root: Path) -> str:

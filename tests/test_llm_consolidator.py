@@ -4,15 +4,15 @@ loopback, and end to end through the worker."""
 from __future__ import annotations
 
 import asyncio
-import xml.etree.ElementTree as ET
+from xml.etree import ElementTree as ET
 
 import pytest
 
 from memory_service.config import Settings
-from memory_service.consolidation import RuleBasedConsolidator, latest_consolidated
-from memory_service.llm_client import StructuredChat
-from memory_service.llm_consolidator import ConsolidationFailed, LLMConsolidator, prompt
-from memory_service.namespaces import Namespace
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.consolidation import RuleBasedConsolidator, latest_consolidated
+from memory_service.formation.llm_client import StructuredChat
+from memory_service.formation.llm_consolidator import ConsolidationFailed, LLMConsolidator, prompt
 from memory_service.runtime import default_consolidator, open_service
 
 from .fake_llm import EchoLLM

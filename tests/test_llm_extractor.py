@@ -20,9 +20,9 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from memory_service.extraction import Extraction, ExtractionFailed, Window, WindowMessage
-from memory_service.llm_extractor import LLMExtractor
-from memory_service.models import WORD_LIMITS, MemoryKind, Role, Shard
+from memory_service.domain.models import WORD_LIMITS, MemoryKind, Role, Shard
+from memory_service.formation.extractor import Extraction, ExtractionFailed, Window, WindowMessage
+from memory_service.formation.llm_extractor import LLMExtractor
 
 from .conftest import LiveServer, free_port
 from .test_rule_extractor import check_invariants
@@ -257,7 +257,7 @@ async def test_personal_facts_become_facts_of_their_users_own(llm, extractor, ca
         {"user_id": "mallory", "content": "mallory: hi", "messages": [1]},  # not a speaker
     ]
     llm.reset(completion(reply))
-    with caplog.at_level(logging.WARNING, logger="memory_service.llm_extractor"):
+    with caplog.at_level(logging.WARNING, logger="memory_service.formation.llm_extractor"):
         result = await extractor.extract(window(*TRIP))
     facts = of_kind(result, MemoryKind.FACT)
     assert [(f.user_id, f.shard_id, f.content, f.message_ids) for f in facts] == [
@@ -341,7 +341,7 @@ async def test_items_naming_unknown_shards_messages_or_speakers_are_dropped_and_
     }))
     w = window(*TRIP, shards=(*SHARDS, ARCHIVED))
 
-    with caplog.at_level(logging.WARNING, logger="memory_service.llm_extractor"):
+    with caplog.at_level(logging.WARNING, logger="memory_service.formation.llm_extractor"):
         result = await extractor.extract(w)
 
     check_invariants(w, result)

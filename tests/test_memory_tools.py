@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from memory_service.api import create_app
-from memory_service.loopback import LoopbackServer
+from memory_service.http.app import create_app
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .helpers import wait_embedding_idle
@@ -255,8 +255,8 @@ async def test_another_agents_memory_is_answered_as_one_that_does_not_exist(http
 
 
 async def test_the_python_api(service):
-    from memory_service.curation import MemoryUpdate, MemoryWrite
-    from memory_service.errors import Forbidden
+    from memory_service.curation.tools import MemoryUpdate, MemoryWrite
+    from memory_service.domain.errors import Forbidden
 
     service.settings.memory_write_agents = ["py"]
     written = await service.memory_write("py", MemoryWrite(namespace="agent:py", kind="fact", content="Kiwis are birds.",

@@ -18,14 +18,14 @@ import pytest
 from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from memory_service.api import create_app
-from memory_service.breaker import CLOSED, HALF_OPEN, OPEN
-from memory_service.embedded import EmbeddedFalkorDB
-from memory_service.loopback import LoopbackServer
-from memory_service.migration import agent_namespaces, migrate_agent
-from memory_service.models import AgentSettings, MemoryKind, ShardIn
-from memory_service.namespaces import Namespace
+from memory_service.curation.migration import agent_namespaces, migrate_agent
+from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
+from memory_service.domain.namespaces import Namespace
+from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN
+from memory_service.stores.embedded import EmbeddedFalkorDB
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import clean_env
 from .helpers import msg
@@ -486,7 +486,7 @@ async def test_the_migrate_command(mongo_settings):
 
 @pytest.fixture
 async def mongo(mongo_uri, mongo_database):
-    from backends.mongo import MongoBackend
+    from memory_service.stores.mongo import MongoBackend
 
     backend = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=4)
     await backend.start()
@@ -495,7 +495,7 @@ async def mongo(mongo_uri, mongo_database):
 
 
 def _fact(mid: str, content: str, embedding=None, agent: str = "a1"):
-    from memory_service.models import Memory, Provenance
+    from memory_service.domain.models import Memory, Provenance
 
     return Memory(id=mid, kind=MemoryKind.FACT, namespace=str(Namespace.shard(agent, "travel")), content=content,
                   metadata=Provenance(agent_id=agent), embedding=embedding)
@@ -513,8 +513,8 @@ async def test_start_creates_the_search_indexes(mongo):
 async def test_vectors_are_float32_bson_vectors_scored_alike_with_and_without_numpy(mongo, monkeypatch):
     from bson.binary import VECTOR_SUBTYPE
 
-    import backends.mongo as module
-    from memory_service.models import StoreQuery
+    from memory_service.domain.models import StoreQuery
+    from memory_service.stores import mongo as module
 
     vectors = {"x": [1.0, 0.0, 0.0, 0.0], "xy": [0.8, 0.6, 0.0, 0.0], "long": [3.0, 0.0, 4.0, 0.0],
                "zero": [0.0, 0.0, 0.0, 0.0]}
@@ -536,8 +536,8 @@ async def test_vectors_are_float32_bson_vectors_scored_alike_with_and_without_nu
 
 async def test_memories_stored_before_search_get_their_search_fields_at_start(mongo_uri, mongo_database):
     """Documents of the first layout (no search_text, no embedding mark) become searchable."""
-    from backends.mongo import MongoBackend, _document
-    from memory_service.models import StoreQuery
+    from memory_service.domain.models import StoreQuery
+    from memory_service.stores.mongo import MongoBackend, _document
 
     old = _document(_fact("old", "The hotel near the station"))
     del old["search_text"]

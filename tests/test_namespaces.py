@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memory_service.errors import InvalidInput
-from memory_service.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind, validate_id
+from memory_service.domain.errors import InvalidInput
+from memory_service.domain.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind, validate_id
 
 # Any Unicode the id rules accept: no ':', '/' or '\\', no control/surrogate/unassigned, no
 # outer spaces, not '.' or '..'.

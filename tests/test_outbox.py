@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from memory_service.models import Memory, MemoryKind, Provenance
-from memory_service.namespaces import Namespace
-from memory_service.outbox import ENTRIES, REFS, Outbox, OutboxFull, TrimOp, WriteOp
+from memory_service.domain.models import Memory, MemoryKind, Provenance
+from memory_service.domain.namespaces import Namespace
+from memory_service.stores.outbox import ENTRIES, REFS, Outbox, OutboxFull, TrimOp, WriteOp
 
 from .conftest import clean_env
 from .helpers import T0

@@ -22,16 +22,16 @@ from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from memory_service.api import create_app
-from memory_service.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from memory_service.access.reach import Reach
 from memory_service.config import Settings
-from memory_service.curation import MemoryWrite
-from memory_service.embedded import EmbeddedFalkorDB
-from memory_service.errors import BackendUnavailable
-from memory_service.loopback import LoopbackServer
-from memory_service.outages import is_unavailable
-from memory_service.reach import Reach
+from memory_service.curation.tools import MemoryWrite
+from memory_service.domain.errors import BackendUnavailable
+from memory_service.http.app import create_app
 from memory_service.runtime import default_extractor, open_service
+from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from memory_service.stores.embedded import EmbeddedFalkorDB
+from memory_service.stores.loopback import LoopbackServer
+from memory_service.stores.outages import is_unavailable
 
 from .helpers import msg
 from .tcp_proxy import ThreadedTcpProxy
@@ -164,8 +164,8 @@ async def test_a_full_pool_is_a_connection_error_the_api_maps_to_503():
 
 
 def test_settings_give_every_client_its_timeouts():
-    from memory_service.embedding import build_embedder
-    from memory_service.redis_pools import blocking_pool
+    from memory_service.embedding.embedders import build_embedder
+    from memory_service.state.pools import blocking_pool
 
     settings = Settings(_env_file=None, store_connect_timeout_seconds=1.5, store_read_timeout_seconds=7,
                         redis_max_connections=9, redis_pool_timeout_seconds=0.25, http_connect_timeout_seconds=1.25,
@@ -280,7 +280,7 @@ async def test_a_form_request_waiting_for_its_window_takes_no_admission_slot(set
 async def test_a_graph_out_of_memory_is_an_outage_not_the_callers_input(settings, own_graph):
     """A store refusing writes for its own state (out of memory) answers 503 with
     Retry-After and keeps the message id for the retry: a refused row (422) is only what a
-    working store refuses in that row alone (memory_service/group_commit.py)."""
+    working store refuses in that row alone (memory_service/ingest/group_commit.py)."""
     from redis.asyncio import Redis
 
     settings = settings.model_copy(update={"falkordb_url": own_graph.url, "redis_url": settings.falkordb_url})

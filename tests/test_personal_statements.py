@@ -5,7 +5,7 @@ labelled by principle (docs/extraction.md says how): ``{"text", "label", "shard"
 "speaker", "why", "split"}``, label ``personal`` (about the speaker, their household or
 another person), ``topic`` (knowledge of the shard's topic) or ``other`` (about the
 assistant, small talk, questions on the topic). Split "dev" is what the rule
-(memory_service.personal) was written against; "holdout" was written and labelled after
+(memory_service.formation.personal) was written against; "holdout" was written and labelled after
 it was frozen.
 
 Each sentence is said in a window of its own (by user bob; an assistant's sentence
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import pytest
 
-from memory_service.extraction import ExtractedItem, Extraction, Window, WindowMessage
-from memory_service.formation import extraction_memories
-from memory_service.models import Memory, MemoryKind, Role, Shard
-from memory_service.namespaces import Namespace, NamespaceKind
-from memory_service.personal import is_personal
-from memory_service.rule_extractor import RuleBasedExtractor
+from memory_service.domain.models import Memory, MemoryKind, Role, Shard
+from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.formation.extractor import ExtractedItem, Extraction, Window, WindowMessage
+from memory_service.formation.personal import is_personal
+from memory_service.formation.rule_extractor import RuleBasedExtractor
+from memory_service.formation.steps import extraction_memories
 
 DATA = Path(__file__).parent / "data" / "personal_statements.jsonl"
 AGENT, SPEAKER = "concierge", "bob"

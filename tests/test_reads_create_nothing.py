@@ -7,9 +7,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from memory_service.api import create_app
-from memory_service.jobs import QUEUE_NAME
-from memory_service.loopback import LoopbackServer
+from memory_service.formation.jobs import QUEUE_NAME
+from memory_service.http.app import create_app
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

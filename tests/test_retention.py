@@ -1,4 +1,4 @@
-"""Retention (memory_service/retention.py): soft-deleted memories are purged after
+"""Retention (memory_service/curation/retention.py): soft-deleted memories are purged after
 PURGE_AFTER_DAYS from every store, index, embedding, cache and outbox, on the graph and
 with MongoDB beside it; the counts reach /metrics and the audit log.
 
@@ -14,14 +14,14 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from memory_service.api import create_app
-from memory_service.curation import MemoryUpdate, MemoryWrite
-from memory_service.errors import NotFound
-from memory_service.loopback import LoopbackServer
-from memory_service.models import MemoryKind
-from memory_service.namespaces import Namespace
+from memory_service.curation.tools import MemoryUpdate, MemoryWrite
+from memory_service.domain.errors import NotFound
+from memory_service.domain.models import MemoryKind
+from memory_service.domain.namespaces import Namespace
+from memory_service.http.app import create_app
 from memory_service.runtime import open_service
-from workers.worker import retention
+from memory_service.stores.loopback import LoopbackServer
+from memory_service.worker import retention
 
 from .helpers import mirrored_service, msg, outbox_drained
 from .test_erasure import graph_findings, mongo_findings, redis_findings
@@ -163,7 +163,7 @@ async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, 
     assert stored.deleted_at is not None and stored.tags == ["quokka"]
     assert [m.id for m in await mongo.recent(AGENT, ns, [MemoryKind.DIRECTIVE], 10)] == [kept.id]
     assert await mongo.get(AGENT, ns, [doomed.id]) == [] and await mongo.count(AGENT, ns) == 1
-    from memory_service.models import StoreQuery
+    from memory_service.domain.models import StoreQuery
     hits = await mongo.search(AGENT, StoreQuery(terms=["quokka"], namespaces=[ns]))
     assert hits == {"fulltext": []}
     tagged = await mongo.search(AGENT, StoreQuery(terms=["orders"], tags=["quokka"]))

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_service.extraction import Extraction, Window, WindowMessage
-from memory_service.models import WORD_LIMITS, MemoryKind, Role, Shard
-from memory_service.rule_extractor import RuleBasedExtractor, content_words, limit_words, split_sentences
+from memory_service.domain.models import WORD_LIMITS, MemoryKind, Role, Shard
+from memory_service.formation.extractor import Extraction, Window, WindowMessage
+from memory_service.formation.rule_extractor import RuleBasedExtractor, content_words, limit_words, split_sentences
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 AGENT = "planner"

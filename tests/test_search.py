@@ -3,15 +3,15 @@ deterministic hash embedder, a worker in-process)."""
 
 from __future__ import annotations
 
-import xml.etree.ElementTree as ET
 from datetime import timedelta
+from xml.etree import ElementTree as ET
 
 import pytest
 from falkordb.asyncio import FalkorDB
 
-from memory_service.errors import InvalidInput, NotFound
-from memory_service.models import AgentSettings, MemoryKind, ShardIn
-from memory_service.namespaces import Namespace
+from memory_service.domain.errors import InvalidInput, NotFound
+from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
+from memory_service.domain.namespaces import Namespace
 
 from .helpers import T0, msg, record_all, wait_embedded
 

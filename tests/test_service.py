@@ -4,17 +4,17 @@ import asyncio
 import logging
 import os
 import signal
-import xml.etree.ElementTree as ET
+from xml.etree import ElementTree as ET
 
 import pytest
 
-from backends.graph import GraphBackend
 from memory_service.config import Settings
-from memory_service.embedded import EmbeddedFalkorDB
-from memory_service.errors import BackendUnavailable, Conflict, InvalidInput, NotFound
-from memory_service.models import AgentSettings, MemoryKind, ShardIn
-from memory_service.namespaces import Namespace
+from memory_service.domain.errors import BackendUnavailable, Conflict, InvalidInput, NotFound
+from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
+from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
+from memory_service.stores.embedded import EmbeddedFalkorDB
+from memory_service.stores.graph import GraphBackend
 
 from .helpers import msg, record_all
 
@@ -110,8 +110,8 @@ async def test_forming_writes_provenance_and_forming_again_writes_nothing(servic
 
 async def test_the_same_window_formed_twice_rewrites_nothing(service):
     """A retry after a crash between writing and completing sees the same window again."""
-    from memory_service.formation import form_window
-    from memory_service.window import WindowState
+    from memory_service.formation.steps import form_window
+    from memory_service.formation.window import WindowState
 
     await record_all(service, "s1", "a1", CHAT)
     _, backend = await service.agents.backend_for("a1")

@@ -13,10 +13,10 @@ from urllib.parse import quote, urlsplit
 import pytest
 from redis.exceptions import ResponseError
 
-from memory_service.api import STORE_WORDS_WITHHELD, _public_detail, create_app
-from memory_service.errors import BackendUnavailable
-from memory_service.loopback import LoopbackServer
-from memory_service.request_guard import StrictJSONRoute
+from memory_service.domain.errors import BackendUnavailable
+from memory_service.http.app import STORE_WORDS_WITHHELD, _public_detail, create_app
+from memory_service.http.guard import StrictJSONRoute
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .helpers import wait_embedding_idle
@@ -324,7 +324,7 @@ async def test_ids_with_invalid_utf8_are_refused_naming_them(seeded, falkordb_ur
 async def test_the_python_api_refuses_nul_in_a_message(service, falkordb_url):
     from pydantic import ValidationError
 
-    from memory_service.models import MessageIn
+    from memory_service.domain.models import MessageIn
 
     before = await state(falkordb_url)
     with pytest.raises(ValidationError, match="U\\+0000"):

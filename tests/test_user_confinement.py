@@ -1,5 +1,5 @@
 """A key limited to some users sees what its users may see and nothing else, on every route
-(memory_service/reach.py), and a hidden thing is answered exactly as a missing one.
+(memory_service/access/reach.py), and a hidden thing is answered exactly as a missing one.
 
 The matrix: every route that takes a user or a session, with alice's key (admin of agent
 ``sec``, limited to alice), for her own session, bob's session, a session both spoke in,
@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
-from memory_service.api import create_app
-from memory_service.loopback import LoopbackServer
-from memory_service.models import Memory, MemoryKind, Provenance
-from memory_service.namespaces import Namespace
+from memory_service.domain.models import Memory, MemoryKind, Provenance
+from memory_service.domain.namespaces import Namespace
+from memory_service.http.app import create_app
+from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

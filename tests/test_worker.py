@@ -17,12 +17,12 @@ import pytest
 from redis.asyncio import Redis
 
 from memory_service.config import Settings
-from memory_service.embedded import EmbeddedFalkorDB
-from memory_service.formation import FormationSummary
-from memory_service.jobs import formation_job_id
-from memory_service.models import MemoryKind, ShardIn
-from memory_service.namespaces import Namespace
+from memory_service.domain.models import MemoryKind, ShardIn
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.jobs import formation_job_id
+from memory_service.formation.steps import FormationSummary
 from memory_service.runtime import open_service
+from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .conftest import clean_env
 from .fake_llm import EchoLLM
@@ -170,7 +170,7 @@ async def test_a_gate_enqueues_one_job_per_window_and_duplicates_collapse(url):
 async def test_a_gate_read_before_a_window_completed_claims_no_undersized_window(url):
     """A record reads the counters (the open window's messages included), the window
     completes, then the record claims: what is left must still pass the gate itself."""
-    from memory_service.formation import form_window
+    from memory_service.formation.steps import form_window
 
     async with open_service(make_settings(url), run_worker=False) as service:
         for i in range(7):
@@ -271,7 +271,7 @@ async def test_cold_sessions_are_swept_once_even_alongside_a_forced_formation(ur
 async def test_an_in_process_worker_stopped_as_its_jobs_start_lets_them_finish_and_raises_nothing(url):
     """Shutdown used to re-raise the CancelledError of a job cancelled before its first
     round trip, which skipped closing the service (and, in the suite, broke the next tests)."""
-    from workers.worker import InProcessWorker
+    from memory_service.worker import InProcessWorker
 
     async with open_service(make_settings(url), run_worker=False) as service:
         for i in range(4):
@@ -432,7 +432,7 @@ async def test_a_worker_killed_during_the_llm_call_forms_the_window_once_after_r
 async def test_a_worker_built_without_a_redis_url_says_which_setting_is_missing(url):
     """open_service always sets REDIS_URL; a service built otherwise without one used to
     fail deep in redis-py ("Redis URL must specify one of the following schemes")."""
-    from workers.worker import build_worker
+    from memory_service.worker import build_worker
 
     async with open_service(make_settings(url), run_worker=False) as service:
         service.settings.redis_url = None

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_service.write_blocks import (
+from memory_service.curation.write_blocks import (
     MAX_BLOCKS,
     MAX_TAGS,
     TAGS,

@@ -2,10 +2,9 @@
 the session loop (record, form, context, search), the memory tools, agents, shards, startup
 records, keys, audit, erasure and export. Answers are the service's own models. See docs/client.md."""
 
-from ..startup import DeletedStartupRecord, StartupBlock, StartupRecord
-from ._async.client import AsyncMemoryClient
-from ._sync.client import MemoryClient
-from .errors import (
+from memory_service.client._async.client import AsyncMemoryClient
+from memory_service.client._sync.client import MemoryClient
+from memory_service.client.errors import (
                      AuthenticationError,
                      ConflictError,
                      InvalidRequest,
@@ -16,7 +15,8 @@ from .errors import (
                      ServerError,
                      ServiceUnavailable,
 )
-from .tool_models import DeletedMemory, MemoryRecord
+from memory_service.client.tool_models import DeletedMemory, MemoryRecord
+from memory_service.recall.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 __all__ = [
     "AsyncMemoryClient", "MemoryClient", "MemoryApiError", "InvalidRequest", "AuthenticationError", "PermissionDenied",

@@ -12,7 +12,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from .errors import MemoryApiError, error_for
+from memory_service.client.errors import MemoryApiError, error_for
 
 T = TypeVar("T")
 

@@ -14,16 +14,10 @@ from typing import Any, Literal
 
 import httpx
 
-from ... import __version__
-from ...api import ContextOut, RecordOut
-from ...audit import AuditPage
-from ...erasure import ErasureReport, UserExport
-from ...formation import FormationSummary
-from ...keys import ApiKey, NewKey
-from ...models import Agent, Shard
-from ...retrieval import SearchResult
-from ...startup import DeletedStartupRecord, StartupBlock, StartupRecord
-from .._common import (
+from memory_service import __version__
+from memory_service.access.audit import AuditPage
+from memory_service.access.keys import ApiKey, NewKey
+from memory_service.client._common import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
     DEFAULT_TIMEOUT,
@@ -38,7 +32,13 @@ from .._common import (
     retryable,
     seg,
 )
-from ..tool_models import DeletedMemory, MemoryRecord
+from memory_service.client.tool_models import DeletedMemory, MemoryRecord
+from memory_service.curation.erasure import ErasureReport, UserExport
+from memory_service.domain.models import Agent, Shard
+from memory_service.formation.steps import FormationSummary
+from memory_service.http.app import ContextOut, RecordOut
+from memory_service.recall.search import SearchResult
+from memory_service.recall.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 
 class AsyncMemoryClient:

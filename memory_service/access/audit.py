@@ -1,0 +1,164 @@
+"""The audit log: who changed what, when, with the state before and after.
+
+Append-only: entries are added to Redis streams and no route, command or job edits,
+trims or deletes them (an operator with direct access to Redis can; the threat model in
+the README says so). One stream per agent, so an agent's history is one range read, and a
+system stream for changes that name no agent (operator keys):
+
+    ms:audit:agent:<agent>     stream of the agent's changes
+    ms:audit:system            stream of changes spanning every agent
+
+A stream id is its entry's time in milliseconds, so a time filter is a range read; the
+other filters (action, key) are applied to what the range holds, scanning at most
+AUDIT_SCAN_LIMIT entries per read. What grows: one entry per change of settings, shards,
+keys, memories (curation, erasure) and migrations; recording messages is not a change of
+this kind (each message is stored with its provenance) and is not logged here.
+
+User ids are written as keyed digests (memory_service/access/pseudonyms.py), as they are
+appended: in ``before``/``after`` (``user_id``, ``users``, ``user_ids``, user namespaces,
+the users in a key's name) and in ``target`` (a user namespace; the erasure's target is
+the digest itself). So an erasure has nothing to rewrite here, and the log still finds a
+user's entries: ``read(user_id=...)`` digests the id and matches it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from pydantic import BaseModel, Field
+from redis.asyncio import Redis
+
+from memory_service.access.pseudonyms import Pseudonyms
+from memory_service.domain.errors import InvalidInput, preview
+
+AUDIT_SCAN_LIMIT = 10_000  # entries one read looks at, whatever its filters
+MAX_AUDIT_VALUE_CHARS = 20_000  # of a before/after value: an audit entry never carries a whole store
+SYSTEM = "system"
+
+
+class AuditEntry(BaseModel):
+    id: str = Field(description="the entry's stream id: its time in ms and a sequence number")
+    at: datetime
+    key_id: str = Field(description="who: the id of the API key (or 'local', 'operator', 'cli')")
+    action: str = Field(description="what, e.g. agent.put, shard.put, key.create, key.revoke, user.erase, agent.migrate")
+    agent_id: str | None = None
+    target: str | None = Field(None, description="what the change applies to, e.g. a shard, key or user id")
+    before: Any = None
+    after: Any = None
+
+
+class AuditPage(BaseModel):
+    entries: list[AuditEntry]
+    next: str | None = Field(None, description="pass as `before` to read older entries; None: no more")
+    scanned: int = Field(description="entries looked at to answer (at most AUDIT_SCAN_LIMIT)")
+
+
+def _stream(agent_id: str | None) -> str:
+    return f"ms:audit:agent:{agent_id}" if agent_id else f"ms:audit:{SYSTEM}"
+
+
+def _bounded(value: Any) -> str:
+    text = json.dumps(value, default=str, ensure_ascii=False)
+    if len(text) > MAX_AUDIT_VALUE_CHARS:  # keep it valid JSON: a cut string says it was cut
+        text = json.dumps({"truncated": text[:MAX_AUDIT_VALUE_CHARS]}, ensure_ascii=False)
+    return text
+
+
+class AuditLog:
+    """The log in Redis; ``redis`` decodes responses (the state store's client)."""
+
+    def __init__(self, redis: Redis, pseudonyms: Pseudonyms | None = None):
+        self.redis = redis
+        self.pseudonyms = pseudonyms or Pseudonyms(redis)
+
+    async def user_digest(self, agent_id: str, user_id: str) -> str:
+        """How this log names user ``user_id`` of ``agent_id``."""
+        return await self.pseudonyms.user(agent_id, user_id)
+
+    async def append(self, key_id: str, action: str, agent_id: str | None = None, target: str | None = None,
+                     before: Any = None, after: Any = None) -> str:
+        scrub = self.pseudonyms.scrub
+        fields = {"key_id": key_id, "action": action, "agent_id": agent_id or "",
+                  "target": await scrub(agent_id, target or ""),
+                  "before": _bounded(await scrub(agent_id, before)), "after": _bounded(await scrub(agent_id, after))}
+        return str(await self.redis.xadd(_stream(agent_id), fields))  # type: ignore[arg-type]
+
+    async def append_each(self, key_id: str, action: str, agents: list[str] | None, target: str | None = None,
+                          before: Any = None, after: Any = None) -> None:
+        """The same change in the log of each agent it concerns (the system's for None: every agent)."""
+        concerned: list[str | None] = list(agents) if agents else [None]
+        for agent_id in concerned:
+            await self.append(key_id, action, agent_id, target, before, after)
+
+    async def read(self, agent_id: str | None, *, action: str | None = None, key_id: str | None = None,
+                   user_id: str | None = None, since: datetime | None = None, until: datetime | None = None,
+                   before: str | None = None, limit: int = 100) -> AuditPage:
+        """Entries of ``agent_id`` (None: the system stream), newest first, filtered;
+        ``user_id``: the entries naming that user (by its digest: the agent's log only)."""
+        if user_id is not None and agent_id is None:
+            raise InvalidInput("user_id: a user is named per agent; give agent_id too")
+        digest = await self.user_digest(agent_id, user_id) if user_id is not None and agent_id else None
+        high = _older_than(before) if before else (_ms(until) if until else "+")
+        low = _ms(since) if since else "-"
+        if high is None:  # nothing is older than the first possible entry
+            return AuditPage(entries=[], next=None, scanned=0)
+        entries: list[AuditEntry] = []
+        scanned, cursor, next_id = 0, high, cast(str | None, None)
+        while len(entries) < limit and scanned < AUDIT_SCAN_LIMIT:
+            wanted = min(500, AUDIT_SCAN_LIMIT - scanned)
+            batch = cast(list[tuple[str, dict[str, str]]],
+                         await self.redis.xrevrange(_stream(agent_id), cursor, low, count=wanted))
+            if not batch:
+                next_id = None
+                break
+            for raw_id, raw in batch:
+                scanned += 1
+                entry = _entry(raw_id, raw)
+                next_id = entry.id
+                if ((action is None or entry.action == action) and (key_id is None or entry.key_id == key_id)
+                        and (digest is None or any(digest in raw[f] for f in ("target", "before", "after")))):
+                    entries.append(entry)
+                    if len(entries) == limit:
+                        break
+            older = _older_than(next_id) if next_id else None
+            if older is None:
+                next_id = None
+                break
+            cursor = older
+            if len(batch) < wanted and len(entries) < limit:  # the range is read to its end
+                next_id = None
+                break
+        return AuditPage(entries=entries, next=next_id, scanned=scanned)
+
+
+_MAX_ID_PART = 2**64 - 1
+
+
+def _older_than(entry_id: str) -> str | None:
+    """The newest stream id before ``entry_id`` (None: there is none): Redis refuses an
+    exclusive bound of 0-0, and one past 64 bits."""
+    ms_text, _, seq_text = entry_id.partition("-")
+    try:
+        ms, seq = int(ms_text), int(seq_text or 0)
+    except ValueError:
+        raise InvalidInput(f"before: not an audit entry id: {preview(entry_id)}") from None
+    if not (0 <= ms <= _MAX_ID_PART and 0 <= seq <= _MAX_ID_PART):
+        raise InvalidInput(f"before: not an audit entry id: {preview(entry_id)}")
+    if seq > 0:
+        return f"{ms}-{seq - 1}"
+    return f"{ms - 1}-{_MAX_ID_PART}" if ms > 0 else None
+
+
+def _ms(moment: datetime) -> str:
+    aware = moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+    return str(max(0, int(aware.timestamp() * 1000)))
+
+
+def _entry(entry_id: str, raw: dict[str, str]) -> AuditEntry:
+    return AuditEntry(
+        id=entry_id, at=datetime.fromtimestamp(int(entry_id.split("-")[0]) / 1000, UTC), key_id=raw["key_id"],
+        action=raw["action"], agent_id=raw["agent_id"] or None, target=raw["target"] or None,
+        before=json.loads(raw["before"]), after=json.loads(raw["after"]),
+    )

@@ -1,0 +1,80 @@
+"""What a caller may see of one agent's memory: the one rule every route applies.
+
+A caller for all of an agent's users (a key without ``users``, the operator, the CLI)
+reaches all of the agent. A key limited to some users reaches what those users may see:
+
+- the sessions one of its users took part in (spoke in, or had a message recorded under
+  their id), with their messages and episodes;
+- its users' own namespaces (``user:<agent>:<user>``: directives, consolidated memory,
+  personal facts), never another user's;
+- the agent's shared knowledge, to read: its shards' namespaces and its own namespace.
+  Changing shared knowledge needs a key for all users.
+
+Whatever such a key may not see is answered exactly as what does not exist: a session
+none of its users took part in as an unknown session, a memory in another user's namespace
+as an unknown memory. A session of another agent is answered as an unknown one for every
+caller. So no answer tells a hidden thing from a missing one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.state.store import StateStore
+
+
+@dataclass(frozen=True)
+class Reach:
+    state: StateStore
+    agent_id: str
+    users: frozenset[str] | None = None  # None: every user of the agent
+
+    @classmethod
+    def of(cls, state: StateStore, agent_id: str, users: Iterable[str] | None) -> Reach:
+        return cls(state, agent_id, None if users is None else frozenset(users))
+
+    @property
+    def confined(self) -> bool:
+        """Whether this caller is limited to some users."""
+        return self.users is not None
+
+    @property
+    def view(self) -> list[str] | None:
+        """What a block or answer cached for this caller is kept under: its users (None: all)."""
+        return None if self.users is None else sorted(self.users)
+
+    def sees_user(self, user_id: str) -> bool:
+        return self.users is None or user_id in self.users
+
+    async def sees_session(self, session_id: str) -> bool:
+        """The session is the agent's and, for a key limited to users, one of them took part in it."""
+        return await self.sees_owned_session(session_id, (await self.state.counters(session_id)).agent_id)
+
+    async def sees_owned_session(self, session_id: str, owner: str | None) -> bool:
+        """``sees_session`` for a caller that has read the session's ``owner`` (its agent) already."""
+        if owner != self.agent_id:
+            return False
+        return self.users is None or await self.state.took_part(self.agent_id, sorted(self.users), session_id)
+
+    async def sees_namespace(self, namespace: Namespace) -> bool:
+        if namespace.kind is NamespaceKind.SESSION:
+            return await self.sees_session(namespace.fields[0])
+        if namespace.fields[0] != self.agent_id:
+            return False
+        return namespace.kind is not NamespaceKind.USER or self.sees_user(namespace.fields[1])
+
+    def may_change(self, namespace: Namespace) -> bool:
+        """Beyond seeing it: a key limited to users changes no shared knowledge (shard, agent)."""
+        return not self.confined or namespace.kind in (NamespaceKind.SESSION, NamespaceKind.USER)
+
+    async def may_record(self, session_id: str, users_join_sessions: bool) -> bool:
+        """Whether this caller may record into the session: a new one, a session of another
+        agent (the store refuses it: errors.session_taken), one it sees, or, with the agent's
+        ``users_join_sessions``, a session other users of the agent started."""
+        if self.users is None or users_join_sessions:
+            return True
+        owner = (await self.state.counters(session_id)).agent_id
+        return owner != self.agent_id or await self.sees_owned_session(session_id, owner)
+

@@ -1,0 +1,1 @@
+"""The `memory-service` command line (memory_service.cli.main:app, the entry point)."""

@@ -1,0 +1,412 @@
+"""Erasing a user, and exporting what is held on them (docs/erasure.md).
+
+What is held on user U of agent A (``Holdings``), found from the user's session index
+and the stores, never by scanning a keyspace:
+
+* U's messages: every message recorded in a session of A under U's id (any role);
+* the memories formed from them: any memory whose provenance names U (``user_id``), cites
+  one of U's messages (``message_ids``, within its session), or merged one of the above
+  (a consolidated memory's ``memory_ids``), and every later version of such a consolidated
+  memory (each version carries the one before);
+* everything in U's own namespace (directives and their consolidated versions);
+* provenance: other users' memories that list U among a window's speakers (``user_ids``)
+  but hold none of U's words keep their content; U's id is taken out of their provenance.
+
+The rule for shared memories: a memory formed from U's messages AND other users' (an
+episode of a shared window, a shard's consolidated memory that merged U's suggestion) is
+removed whole and nothing is formed again in its place; the report lists each one.
+
+Erasure order, so that a crash at any step is finished by a retry: first the user's API
+keys (revoked, or the user taken out of a key for others too: nothing is recorded for the
+user meanwhile); find everything; take it out of the queued writes (outbox); out of the
+session ledgers (Redis); out of every store; then the consolidation queues, job results,
+cached blocks and the user's session index, which is how a retry finds the user's
+sessions; last, when anything was found, the stores' query logs and their append-only
+files (memory_service/state/persistence.py). The audit log and the logs hold the user only as a
+keyed digest (memory_service/access/pseudonyms.py): nothing there to rewrite.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from memory_service.access.audit import AuditLog
+from memory_service.access.keys import KeyStore
+from memory_service.curation.erasure_state import ErasureState
+from memory_service.domain.errors import BackendUnavailable
+from memory_service.domain.models import Memory, MemoryKind, utcnow
+from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_id
+from memory_service.formation.jobs import JobQueue
+from memory_service.recall.assembler import ContextAssembler
+from memory_service.state.persistence import rewrite as rewrite_persistence
+from memory_service.state.store import StateStore
+from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
+from memory_service.stores.registry import BackendRegistry
+
+log = logging.getLogger(__name__)
+
+# Memories per delete or provenance call to a store.
+STORE_BATCH = 500
+
+
+class SharedRemoval(BaseModel):
+    id: str
+    kind: MemoryKind
+    namespace: str
+    reason: str
+
+
+class ErasureReport(BaseModel):
+    """What one erasure removed. A second erasure of the same user reports zeros."""
+
+    agent_id: str
+    user_id: str
+    memories: dict[str, int] = Field(default_factory=dict, description="memories removed, per kind")
+    stores: dict[str, int] = Field(default_factory=dict, description="memories each store held and removed")
+    sessions_touched: list[str] = Field(default_factory=list,
+                                        description="sessions other users spoke in: the user's messages taken out")
+    sessions_removed: list[str] = Field(default_factory=list, description="sessions of the user alone: removed whole")
+    shared_removed: list[SharedRemoval] = Field(
+        default_factory=list, description="memories formed from the user's and other users' contributions: removed "
+                                          "whole, nothing formed again in their place")
+    provenance_rewritten: int = Field(default=0, description="other users' memories whose provenance listed the user: "
+                                                     "the user's id taken out, content kept")
+    ledger_entries: int = Field(default=0, description="message ids taken out of session ledgers (Redis)")
+    windows_dropped: int = Field(default=0, description="formation windows holding the user's messages, dropped")
+    consolidation_items: int = Field(default=0, description="removed memories taken off consolidation queues")
+    outbox_entries: int = Field(default=0, description="queued or dead-lettered store writes rewritten without the user's data")
+    job_results: int = Field(default=0, description="kept job results and queued jobs naming the user, deleted")
+    cached_blocks: int = Field(default=0, description="cached memory blocks of the agent deleted (any could show the user)")
+    user_keys: int = Field(default=0, description="the user's own Redis keys deleted (indexes, consolidation, generation)")
+    query_log_entries: int = Field(default=0, description="entries of the stores' own logs of recent queries trimmed "
+                                                  "(FalkorDB's quote their parameters)")
+    keys_revoked: list[str] = Field(default_factory=list, description="API keys limited to the user alone: revoked, "
+                                                                      "the user's id in them replaced by its digest")
+    keys_narrowed: list[str] = Field(default_factory=list, description="API keys for the user and others: the user "
+                                                                       "taken out")
+    audit_entries: int = Field(default=0, description="entries of the agent's audit log naming the user, all by its "
+                                                      "keyed digest (never the id): kept, nothing to rewrite")
+    persistence: dict[str, str] = Field(default_factory=dict, description="per Redis server (named by the stores on "
+                                        "it): its append-only file rewritten without the erased data, or why not")
+    logs: str = Field(default="the service's log lines name users only by keyed digest and hold no query or message "
+                              "text; access-log lines show route templates", description="what the logs hold")
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def removed(self) -> int:
+        return sum(self.memories.values())
+
+    def counts(self) -> dict[str, Any]:
+        """The report without ids (for the audit log, which must not keep what was erased)."""
+        numbers = self.model_dump(mode="json", exclude={"agent_id", "user_id", "notes", "logs"})
+        for listed in ("sessions_touched", "sessions_removed", "shared_removed", "keys_revoked", "keys_narrowed"):
+            numbers[listed] = len(numbers[listed])
+        return numbers
+
+
+class ExportedMemory(BaseModel):
+    id: str
+    kind: MemoryKind
+    namespace: str
+    content: str
+    valid_at: datetime
+    session_id: str | None = None
+    message_ids: list[str] = Field(default_factory=list, description="the user's own messages it came from")
+    role: str | None = None
+
+
+class SharedReference(BaseModel):
+    """A memory formed from the user's and other users' messages: named, its content
+    withheld (it holds other users' words); an erasure removes it."""
+
+    id: str
+    kind: MemoryKind
+    namespace: str
+    valid_at: datetime
+
+
+class SessionMembership(BaseModel):
+    session_id: str
+    messages: int = Field(description="messages recorded under the user's id")
+    other_speakers: int = Field(description="how many other users recorded messages in it")
+
+
+class UserExport(BaseModel):
+    agent_id: str
+    user_id: str
+    exported_at: datetime
+    sessions: list[SessionMembership] = Field(default_factory=list)
+    messages: list[ExportedMemory] = Field(default_factory=list)
+    episodes: list[ExportedMemory] = Field(default_factory=list)
+    directives: list[ExportedMemory] = Field(default_factory=list)
+    consolidations: list[ExportedMemory] = Field(default_factory=list)
+    shard_contributions: list[ExportedMemory] = Field(default_factory=list, description="facts and suggestions")
+    other: list[ExportedMemory] = Field(default_factory=list)
+    shared: list[SharedReference] = Field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Holdings:
+    """Everything held on one user of one agent, and the rule that judges any memory."""
+
+    agent_id: str
+    user_id: str
+    message_keys: set[tuple[str, str]] = field(default_factory=set)  # (session, message id) of the user's messages
+    removed: dict[str, Memory] = field(default_factory=dict)  # id -> memory to remove
+    rewritten: dict[str, Memory] = field(default_factory=dict)  # id -> memory with the user out of its provenance
+    shared: dict[str, str] = field(default_factory=dict)  # id -> why a shared memory goes
+    first_removed_version: dict[str, int] = field(default_factory=dict)  # namespace -> oldest consolidated version removed
+    sessions: dict[str, list[Memory]] = field(default_factory=dict)  # session -> its memories (all users)
+    shared_sessions: set[str] = field(default_factory=set)  # sessions other users recorded in
+
+    @property
+    def own_namespace(self) -> str:
+        return str(Namespace.user(self.agent_id, self.user_id))
+
+    def _reason(self, memory: Memory) -> str | None:
+        """Why ``memory`` must go, or None."""
+        p = memory.metadata
+        if memory.namespace == self.own_namespace:
+            return "in the user's namespace"
+        if p.user_id == self.user_id:
+            return "attributed to the user"
+        if p.session_id is not None and any((p.session_id, m) in self.message_keys for m in p.message_ids):
+            return "formed from the user's messages"
+        if any(i in self.removed for i in p.memory_ids):
+            return "merged a removed memory"
+        version = self.first_removed_version.get(memory.namespace)
+        if memory.kind is MemoryKind.CONSOLIDATED and version is not None and p.sequence > version:
+            return "a later version of a removed consolidated memory (each version carries the one before)"
+        return None
+
+    def _holds_others(self, memory: Memory) -> bool:
+        """Whether a memory to remove also holds other users' contributions."""
+        if memory.kind is MemoryKind.MESSAGE or memory.namespace == self.own_namespace:
+            return False
+        if memory.kind is MemoryKind.CONSOLIDATED:
+            return True  # it carries the versions before it, merged from anyone's items
+        p = memory.metadata
+        if p.session_id is not None and p.message_ids:
+            return any((p.session_id, m) not in self.message_keys for m in p.message_ids)
+        return bool({*p.user_ids, p.user_id} - {self.user_id, None})
+
+    def judge(self, memory: Memory) -> Memory | None:
+        """None: remove it; a copy without the user in its provenance; or ``memory`` itself."""
+        if memory.metadata.agent_id != self.agent_id:
+            return memory
+        if memory.id in self.removed or self._reason(memory):
+            return None
+        if self.user_id in memory.metadata.user_ids:
+            return _without_user(memory, self.user_id)
+        return memory
+
+    def add(self, memories: Iterable[Memory]) -> None:
+        """Judge memories of one scan: messages and formed items first, then consolidated
+        versions (which merge them), oldest version first."""
+        ordered = sorted(memories, key=lambda m: (m.kind is MemoryKind.CONSOLIDATED, m.metadata.sequence))
+        for memory in ordered:
+            if memory.id in self.removed:
+                continue
+            reason = self._reason(memory)
+            if reason is None:
+                if self.user_id in memory.metadata.user_ids:
+                    self.rewritten[memory.id] = _without_user(memory, self.user_id)
+                continue
+            self.rewritten.pop(memory.id, None)
+            self.removed[memory.id] = memory
+            if memory.kind is MemoryKind.CONSOLIDATED:
+                known = self.first_removed_version.get(memory.namespace)
+                if known is None or memory.metadata.sequence < known:
+                    self.first_removed_version[memory.namespace] = memory.metadata.sequence
+            if self._holds_others(memory):
+                self.shared[memory.id] = reason
+
+
+def _without_user(memory: Memory, user_id: str) -> Memory:
+    metadata = memory.metadata.model_copy(update={"user_ids": [u for u in memory.metadata.user_ids if u != user_id]})
+    return memory.model_copy(update={"metadata": metadata})
+
+
+class Eraser:
+    def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
+                 assembler: ContextAssembler, keys: KeyStore, audit: AuditLog):
+        self.state, self.registry, self.agents, self.assembler = state, registry, agents, assembler
+        self.keys, self.audit = keys, audit
+        self.redis_side = ErasureState(state, queue)
+
+    async def _backends(self, agent_id: str, notes: list[str]) -> list[tuple[str, MemoryBackend]]:
+        """Every store that may hold the agent's memories: the one serving it first, then
+        every other registered one (a migration copies, it does not delete the source).
+        A store that cannot start fails the erasure, unless the serving backend mirrors to
+        it through its outbox: then the erasure reaches it that way."""
+        name, serving = await self.agents.backend_for(agent_id)
+        mirrored = getattr(getattr(serving, "mirror", None), "name", None)
+        found = [(name, serving)]
+        for other in sorted(self.registry.factories):
+            if other == name:
+                continue
+            try:
+                backend = await self.registry.get(other)
+                if other == mirrored and not (await backend.health()).get("ok"):
+                    raise BackendUnavailable(f"{other} does not answer")
+            except BackendUnavailable:
+                if other != mirrored:
+                    raise
+                notes.append(f"{other}: unreachable now; the erasure reaches it through the {name} backend's outbox")
+                continue
+            found.append((other, backend))
+        return found
+
+    async def holdings(self, agent_id: str, user_id: str, backends: list[tuple[str, MemoryBackend]]) -> Holdings:
+        held = Holdings(agent_id, user_id)
+
+        async def export(namespace: Namespace) -> list[Memory]:
+            union: dict[str, Memory] = {}
+            for _, backend in backends:
+                for memory in await backend.export(agent_id, namespace):
+                    union.setdefault(memory.id, memory)
+            return list(union.values())
+
+        co_speakers: set[str] = set()
+        for session_id in await self.redis_side.user_sessions(agent_id, user_id):
+            owner = (await self.state.counters(session_id)).agent_id
+            if owner not in (None, agent_id):
+                continue  # not this agent's session (cannot happen through the index; never touched)
+            memories = await export(Namespace.session(session_id))
+            held.sessions[session_id] = memories
+            for m in memories:
+                if m.kind is MemoryKind.MESSAGE and m.metadata.user_id == user_id:
+                    held.message_keys.update((session_id, mid) for mid in m.metadata.message_ids)
+            others = {m.metadata.user_id for m in memories
+                      if m.kind is MemoryKind.MESSAGE and m.metadata.user_id not in (None, user_id)}
+            others = {u for u in others if u is not None} | (set(await self.state.session_users(session_id)) - {user_id})
+            if others:
+                held.shared_sessions.add(session_id)
+            co_speakers |= others | {u for m in memories for u in m.metadata.user_ids} - {user_id}
+        for memories in held.sessions.values():
+            held.add(memories)
+        namespaces = [Namespace.user(agent_id, user_id)]
+        namespaces += [Namespace.shard(agent_id, s) for s in await self.state.shards(agent_id)]
+        namespaces += [Namespace.user(agent_id, u) for u in sorted(co_speakers)]
+        namespaces.append(Namespace.agent(agent_id))
+        for namespace in namespaces:
+            held.add(await export(namespace))
+        return held
+
+    async def export_user(self, agent_id: str, user_id: str) -> UserExport:
+        validate_id(agent_id, "agent_id")
+        validate_id(user_id, "user_id")
+        held = await self.holdings(agent_id, user_id, await self._backends(agent_id, []))
+        out = UserExport(agent_id=agent_id, user_id=user_id, exported_at=utcnow())
+        for session_id, memories in sorted(held.sessions.items()):
+            mine = sum(1 for m in memories if m.kind is MemoryKind.MESSAGE and m.metadata.user_id == user_id)
+            others = {m.metadata.user_id for m in memories if m.kind is MemoryKind.MESSAGE} - {user_id, None}
+            out.sessions.append(SessionMembership(session_id=session_id, messages=mine, other_speakers=len(others)))
+        lists = {MemoryKind.MESSAGE: out.messages, MemoryKind.EPISODE: out.episodes, MemoryKind.DIRECTIVE: out.directives,
+                 MemoryKind.CONSOLIDATED: out.consolidations, MemoryKind.FACT: out.shard_contributions,
+                 MemoryKind.SUGGESTION: out.shard_contributions}
+        for memory in sorted(held.removed.values(), key=lambda m: (m.valid_at, m.metadata.sequence, m.id)):
+            if memory.id in held.shared:
+                out.shared.append(SharedReference(id=memory.id, kind=memory.kind, namespace=memory.namespace,
+                                                  valid_at=memory.valid_at))
+                continue
+            p = memory.metadata
+            lists.get(memory.kind, out.other).append(ExportedMemory(
+                id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content,
+                valid_at=memory.valid_at, session_id=p.session_id, role=p.role.value if p.role else None,
+                message_ids=[m for m in p.message_ids if (p.session_id, m) in held.message_keys]))
+        return out
+
+    async def erase_user(self, agent_id: str, user_id: str, actor: str = "erasure") -> ErasureReport:
+        """``actor``: the key id the audit log records for the key changes (the erasure's caller)."""
+        validate_id(agent_id, "agent_id")
+        validate_id(user_id, "user_id")
+        report = ErasureReport(agent_id=agent_id, user_id=user_id)
+        digest = await self.audit.user_digest(agent_id, user_id)
+        await self._forget_keys(agent_id, user_id, digest, actor, report)
+        backends = await self._backends(agent_id, report.notes)
+        held = await self.holdings(agent_id, user_id, backends)
+        removed_ids = list(held.removed)
+
+        # 1. Queued writes: nothing of the user may reach a store after its erasure there.
+        for _, backend in backends:
+            report.outbox_entries += await backend.scrub_pending(agent_id, held.judge, removed_ids)
+
+        # 2. Session ledgers: the user's messages out; sessions of the user alone, whole.
+        by_session: dict[str, list[str]] = {}
+        for session_id, message_id in held.message_keys:
+            by_session.setdefault(session_id, []).append(message_id)
+        for session_id in sorted(held.sessions):
+            if session_id in held.shared_sessions:
+                cleanup = await self.redis_side.remove_messages(session_id, user_id, sorted(by_session.get(session_id, [])))
+                report.sessions_touched.append(session_id)
+            else:
+                cleanup = await self.redis_side.drop_session(agent_id, session_id)
+                report.sessions_removed.append(session_id)
+            report.ledger_entries += cleanup.ledger_entries
+            report.windows_dropped += int(cleanup.window_dropped)
+            report.job_results += cleanup.job_results
+
+        # 3. The stores: removed for good; others' provenance without the user.
+        rewritten = list(held.rewritten.values())
+        for name, backend in backends:
+            gone = 0
+            for start in range(0, len(removed_ids), STORE_BATCH):
+                gone += await backend.delete(agent_id, removed_ids[start : start + STORE_BATCH])
+            for start in range(0, len(rewritten), STORE_BATCH):
+                await backend.set_provenance(agent_id, rewritten[start : start + STORE_BATCH])
+            report.stores[name] = gone
+        report.provenance_rewritten = len(rewritten)
+        for memory in held.removed.values():
+            report.memories[memory.kind.value] = report.memories.get(memory.kind.value, 0) + 1
+        report.shared_removed = [SharedRemoval(id=i, kind=held.removed[i].kind, namespace=held.removed[i].namespace,
+                                               reason=reason) for i, reason in sorted(held.shared.items())]
+
+        # 4. Consolidation queues, cached blocks, and last the user's own keys (the index
+        #    a retry would find the sessions by).
+        queued: dict[str, list[str]] = {}
+        for memory in held.removed.values():
+            if Namespace.parse(memory.namespace).kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                queued.setdefault(memory.namespace, []).append(memory.id)
+        for namespace, ids in sorted(queued.items()):
+            if namespace != held.own_namespace:
+                report.consolidation_items += await self.redis_side.forget_consolidation_items(namespace, ids)
+        await self.state.bump(*sorted(queued))
+        report.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
+        report.cached_blocks += self.assembler.forget_agent(agent_id)
+        report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
+
+        # 5. Only when something was found: the stores' own logs and files. An unknown user
+        #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and
+        #    no rewrite; the erasure's reads named only an id nothing was held for.
+        found = bool(held.sessions or held.removed or held.rewritten or report.outbox_entries or report.user_keys
+                     or report.keys_revoked or report.keys_narrowed)
+        if found:
+            for _, backend in backends:  # last: the erasure's own queries name the user
+                report.query_log_entries += await backend.purge_query_log(agent_id)
+            servers: list[tuple[str, Any]] = [("state", self.state.redis)]
+            servers += [(name, server) for name, backend in backends for server in backend.redis_servers()]
+            report.persistence = await rewrite_persistence(servers)
+            log.info("erased user %s of agent %s: %d memories (%s), %d sessions touched, %d removed, %d shared "
+                     "memories, %d keys revoked, %d narrowed", digest, agent_id, report.removed, report.memories,
+                     len(report.sessions_touched), len(report.sessions_removed), len(report.shared_removed),
+                     len(report.keys_revoked), len(report.keys_narrowed))
+        report.audit_entries = len((await self.audit.read(agent_id, user_id=user_id, limit=1000)).entries)
+        return report
+
+    async def _forget_keys(self, agent_id: str, user_id: str, digest: str, actor: str, report: ErasureReport) -> None:
+        """The user's keys revoked, or the user taken out of keys for others too; each
+        change audited (the log names the user only by ``digest``)."""
+        for before, after in await self.keys.forget_user(agent_id, user_id, digest):
+            alone = after.users == [digest]
+            (report.keys_revoked if alone else report.keys_narrowed).append(after.key_id)
+            action = "key.revoke" if alone and before.revoked_at is None else "key.update"
+            await self.audit.append_each(actor, action, after.agents, after.key_id, before=before.model_dump(mode="json"),
+                                         after={**after.model_dump(mode="json"), "reason": "user.erase"})

@@ -1,0 +1,182 @@
+"""What an erasure removes from Redis: the user's messages in the session ledger, the
+sessions left empty, consolidation queues, job results, cached memory blocks and the
+user's own keys (docs/erasure.md). memory_service.curation.erasure decides what to remove; this
+module knows where Redis keeps it.
+
+Every step is idempotent: a second erasure, or a retry after a crash, removes nothing more.
+Nothing here scans the keyspace: every key is named from the user's session index, the
+session's counters or the agent's list of cached blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from arq.constants import job_key_prefix, result_key_prefix, retry_key_prefix
+from arq.jobs import deserialize_result
+
+from memory_service.formation.jobs import QUEUE_NAME, JobQueue, consolidation_job_id, formation_job_id
+from memory_service.formation.window import _legacy_claim_key, window_key
+from memory_service.state.store import (
+    ACTIVE,
+    StateStore,
+    agent_sessions_key,
+    cache_index_key,
+    cons_list_key,
+    cons_version_key,
+    generation_key,
+    user_recorded_key,
+    user_sessions_key,
+)
+
+# Take a user's messages out of a session's ledger, in one step. KEYS: meta, ids, pending,
+# tokens, committed, users, window, active; ARGV: user id, session id, then the message
+# ids. Their pending tokens leave the counters; the window is dropped if it holds any of
+# them (its claim and stored extraction name them; the other messages stay pending and
+# the next gate claims them again). Returns {message entries removed, window dropped}.
+_REMOVE_MESSAGES = """
+local removed, tokens, mine = 0, 0, {}
+for i = 3, #ARGV do
+  local id = ARGV[i]
+  mine[id] = true
+  removed = removed + redis.call('HDEL', KEYS[2], id)
+  if redis.call('ZREM', KEYS[3], id) == 1 then
+    tokens = tokens + tonumber(redis.call('HGET', KEYS[4], id) or '0')
+  end
+  redis.call('HDEL', KEYS[4], id)
+  redis.call('SREM', KEYS[5], id)
+end
+if tokens > 0 then redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', -tokens) end
+redis.call('SREM', KEYS[6], ARGV[1])
+local dropped = 0
+local ids = redis.call('HGET', KEYS[7], 'ids')
+if ids then
+  for _, row in ipairs(cjson.decode(ids)) do
+    if mine[row[1]] then dropped = 1 end
+  end
+  if dropped == 1 then redis.call('DEL', KEYS[7]) end
+end
+if redis.call('ZCARD', KEYS[3]) == 0 then redis.call('ZREM', KEYS[8], ARGV[2]) end
+return {removed, dropped}
+"""
+
+# Steps of this many keys or list entries per round trip.
+BATCH = 500
+
+
+@dataclass(slots=True)
+class SessionCleanup:
+    ledger_entries: int = 0  # message ids taken out of the session's ledger
+    window_dropped: bool = False
+    job_results: int = 0
+
+
+class ErasureState:
+    def __init__(self, state: StateStore, queue: JobQueue):
+        self.state, self.queue = state, queue
+        self.redis = state.redis
+        self._remove_messages = self.redis.register_script(_REMOVE_MESSAGES)
+
+    async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
+        """Every session of the agent with a message recorded under the user's id: the index
+        written by each record, and the "spoke in" index (sessions recorded before the
+        first existed)."""
+        members = await self.redis.sunion([user_recorded_key(agent_id, user_id), user_sessions_key(agent_id, user_id)])
+        return sorted(str(m) for m in members)
+
+    async def remove_messages(self, session_id: str, user_id: str, message_ids: Sequence[str]) -> SessionCleanup:
+        """Take the user's messages out of a session other users spoke in, too."""
+        k = self.state.session_keys(session_id)
+        removed, dropped = 0, 0
+        ids = list(message_ids) or [""]  # with none, the user still leaves the session's speakers
+        for start in range(0, len(ids), BATCH):
+            r, d = await self._remove_messages(
+                keys=[k["meta"], k["ids"], k["pending"], k["tokens"], k["committed"], k["users"], window_key(session_id),
+                      ACTIVE],
+                args=[user_id, session_id, *ids[start : start + BATCH]])
+            removed, dropped = removed + int(r), max(dropped, int(d))
+        await self.state.bump(f"session:{session_id}")
+        cleanup = SessionCleanup(ledger_entries=removed, window_dropped=bool(dropped))
+        cleanup.job_results = await self._forget_formation_results(session_id, set(message_ids))
+        return cleanup
+
+    async def drop_session(self, agent_id: str, session_id: str) -> SessionCleanup:
+        """Remove a session that held nothing but the user's messages: its ledger, window,
+        job results and place in the agent's and the sweep's sets."""
+        k = self.state.session_keys(session_id)
+        entries = int(await self.redis.hlen(k["ids"]))
+        results = await self._forget_formation_results(session_id, None)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(*k.values(), window_key(session_id), _legacy_claim_key(session_id),
+                        generation_key(f"session:{session_id}"))
+            pipe.zrem(ACTIVE, session_id)
+            pipe.srem(agent_sessions_key(agent_id), session_id)
+            await pipe.execute()
+        return SessionCleanup(ledger_entries=entries, window_dropped=True, job_results=results)
+
+    async def _forget_formation_results(self, session_id: str, message_ids: Collection[str] | None) -> int:
+        """Delete the kept results of the session's formation jobs that list any of
+        ``message_ids`` (None: all of them). Cost: the session's windows, read in batches."""
+        windows = int(await self.redis.hget(self.state.session_keys(session_id)["meta"], "claimed_windows") or 0)
+        pool, forgotten = self.queue.pool, 0
+        for start in range(1, windows + 1, BATCH):
+            job_ids = [formation_job_id(session_id, w) for w in range(start, min(start + BATCH, windows + 1))]
+            raws = await pool.mget([result_key_prefix + j for j in job_ids])
+            doomed = [j for j, raw in zip(job_ids, raws) if raw is not None and _lists_any(raw, message_ids)]
+            if doomed:
+                forgotten += int(await pool.delete(*(result_key_prefix + j for j in doomed)))
+        return forgotten
+
+    async def forget_consolidation_items(self, namespace: str, memory_ids: Collection[str]) -> int:
+        """Take removed memories off the namespace's consolidation queue; how many were on it."""
+        if not memory_ids:
+            return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for memory_id in memory_ids:
+                pipe.lrem(cons_list_key(namespace), 0, memory_id)
+            removed = await pipe.execute()
+        return sum(int(n) for n in removed)
+
+    async def drop_user(self, agent_id: str, user_id: str) -> int:
+        """The user's own keys: session indexes, consolidation queue and version, write
+        generation, and the consolidation jobs of their namespace (queued ones are taken
+        off the queue; a running one finds nothing left to merge). How many keys went."""
+        namespace = f"user:{agent_id}:{user_id}"
+        version = int(await self.redis.get(cons_version_key(namespace)) or 0)
+        job_ids = [consolidation_job_id(namespace, v) for v in range(version + 1)]
+        pool = self.queue.pool
+        jobs = 0
+        for start in range(0, len(job_ids), BATCH):
+            batch = job_ids[start : start + BATCH]
+            await pool.zrem(QUEUE_NAME, *batch)
+            jobs += int(await pool.delete(*(p + j for j in batch for p in (job_key_prefix, result_key_prefix,
+                                                                            retry_key_prefix))))
+        keys = int(await self.redis.delete(
+            user_recorded_key(agent_id, user_id), user_sessions_key(agent_id, user_id), cons_list_key(namespace),
+            cons_version_key(namespace), generation_key(namespace)))
+        return keys + jobs
+
+    async def purge_cached_blocks(self, agent_id: str) -> int:
+        """Delete every cached memory block of the agent (any may show the user's messages,
+        directives or shard facts) and invalidate the blocks being assembled meanwhile."""
+        index, deleted = cache_index_key(agent_id), 0
+        while keys := await self.redis.zrange(index, 0, BATCH - 1):
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.delete(*keys)
+                pipe.zrem(index, *keys)
+                gone, _ = await pipe.execute()
+            deleted += int(gone)
+        await self.state.bump(f"agent:{agent_id}")
+        return deleted
+
+
+def _lists_any(raw: bytes | str, message_ids: Collection[str] | None) -> bool:
+    if message_ids is None:
+        return True
+    try:
+        result = deserialize_result(raw if isinstance(raw, bytes) else raw.encode()).result
+    except Exception:  # not a result this service wrote: leave it to expire
+        return False
+    listed = result.get("message_ids", []) if isinstance(result, dict) else []
+    return any(m in message_ids for m in listed)

@@ -1,0 +1,263 @@
+"""Retention: what the memory tools record for it in Redis, and the daily purge.
+
+Two small indexes, so that nothing here reads every memory (docs/memory-tools.md):
+
+  ms:retention:deleted         zset '<agent>\\x00<memory id>' -> the soft delete's time: the
+                               daily job reads the entries due (a range by score), not the stores
+  ms:memaccess:<agent>         hash 'n:<id>' -> memory_get calls, 't:<id>' -> the last one's time
+                               (bookkeeping shown by memory_get, never used for ranking)
+
+The purge takes each due memory out of every store through the backend's ``delete`` (the
+one the erasure uses: every index, the vector, MongoDB through the outbox behind the
+writes queued before it), out of queued outbox entries, consolidation queues, cached
+memory blocks and FalkorDB's log of recent queries, then out of both indexes. It counts
+what went in the metrics (``memory_service_purged_memories_total``) and the audit log.
+
+With STALE_PURGE_DAYS set, the same run then purges, the same way, memories nobody wrote,
+updated or read by memory_get for that long: each agent's memories written before the
+cutoff are read in batches through the stores' index on the time
+(``MemoryBackend.written_before``), and memory_service/curation/staleness.py says which of them go
+(``memory_service_stale_purged_memories_total``; audit ``memory.purge`` with reason
+``stale``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, cast
+
+from memory_service.curation.staleness import StaleFilter
+from memory_service.domain.models import Memory
+from memory_service.domain.namespaces import Namespace, NamespaceKind
+
+if TYPE_CHECKING:
+    from memory_service.access.audit import AuditLog
+    from memory_service.config import Settings
+    from memory_service.curation.erasure_state import ErasureState
+    from memory_service.recall.assembler import ContextAssembler
+    from memory_service.state.store import StateStore
+    from memory_service.stores.agents import AgentDirectory
+    from memory_service.stores.base import MemoryBackend
+
+log = logging.getLogger(__name__)
+
+DELETED = "ms:retention:deleted"
+SEP = "\x00"  # ids never hold control characters
+PURGE_BATCH = 500  # due entries read per round trip
+STALE_BATCH = 500  # memories written before the stale cutoff read per round trip
+PURGE_ACTOR = "retention"  # the audit log's key id for the daily job
+
+
+def _access_key(agent_id: str) -> str:
+    return f"ms:memaccess:{agent_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    count: int = 0
+    last: datetime | None = None
+
+
+@dataclass(slots=True)
+class PurgeReport:
+    purged: int = 0  # memories removed from the stores
+    agents: dict[str, int] = field(default_factory=dict)  # per agent
+    skipped: int = 0  # due entries not purged: no store holds the memory, it was undeleted, or deleted again later
+    stale: int = 0  # memories purged as stale (STALE_PURGE_DAYS), counted apart from ``purged``
+
+    def counts(self) -> dict[str, int]:
+        return {"purged": self.purged, "agents": len(self.agents), "skipped": self.skipped, "stale": self.stale}
+
+    def add(self, agent_id: str, purged: int) -> None:
+        if purged:
+            self.agents[agent_id] = self.agents.get(agent_id, 0) + purged
+
+
+class RetentionIndex:
+    """The deletion index and the access bookkeeping (Redis)."""
+
+    def __init__(self, state: StateStore):
+        self.redis = state.redis
+
+    async def mark_deleted(self, agent_id: str, memory_id: str, at: datetime) -> None:
+        await self.redis.zadd(DELETED, {f"{agent_id}{SEP}{memory_id}": at.timestamp()})
+
+    async def unmark_deleted(self, agent_id: str, memory_id: str) -> None:
+        await self.redis.zrem(DELETED, f"{agent_id}{SEP}{memory_id}")
+
+    async def due(self, deleted_before: datetime, limit: int) -> list[tuple[str, str]]:
+        """(agent, memory id) of up to ``limit`` memories soft-deleted before ``deleted_before``."""
+        members = await self.redis.zrangebyscore(DELETED, "-inf", deleted_before.timestamp(), start=0, num=limit)
+        return [cast(tuple[str, str], tuple(str(m).split(SEP, 1))) for m in members]
+
+    async def forget(self, agent_id: str, memory_ids: Sequence[str]) -> None:
+        """Both indexes' entries of purged memories."""
+        if not memory_ids:
+            return
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(DELETED, *(f"{agent_id}{SEP}{i}" for i in memory_ids))
+            pipe.hdel(_access_key(agent_id), *(f"{p}:{i}" for i in memory_ids for p in "nt"))
+            await pipe.execute()
+
+    async def count_access(self, agent_id: str, memory_id: str, at: datetime) -> Access:
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(_access_key(agent_id), f"n:{memory_id}", 1)
+            pipe.hset(_access_key(agent_id), f"t:{memory_id}", f"{at.timestamp():.6f}")
+            count, _ = await pipe.execute()
+        return Access(int(count), at)
+
+    async def last_access(self, agent_id: str, memory_ids: Sequence[str]) -> dict[str, datetime]:
+        """The last memory_get of each of these memories that was ever read (one round trip)."""
+        if not memory_ids:
+            return {}
+        times = await self.redis.hmget(_access_key(agent_id), [f"t:{i}" for i in memory_ids])
+        return {i: datetime.fromtimestamp(float(t), UTC) for i, t in zip(memory_ids, times) if t}
+
+    async def access(self, agent_id: str, memory_id: str) -> Access:
+        count, last = await self.redis.hmget(_access_key(agent_id), [f"n:{memory_id}", f"t:{memory_id}"])
+        return Access(int(count or 0), datetime.fromtimestamp(float(last), UTC) if last else None)
+
+
+def purge_at(deleted_at: datetime | None, purge_after_days: int) -> datetime | None:
+    """When the daily job purges a memory soft-deleted at ``deleted_at`` (None: never)."""
+    if deleted_at is None or purge_after_days <= 0:
+        return None
+    return deleted_at + timedelta(days=purge_after_days)
+
+
+class Retention:
+    """The daily purge of soft-deleted memories past PURGE_AFTER_DAYS."""
+
+    def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, index: RetentionIndex,
+                 erasure_state: ErasureState, assembler: ContextAssembler, audit: AuditLog):
+        self.settings, self.state, self.agents, self.index = settings, state, agents, index
+        self.erasure_state, self.assembler, self.audit = erasure_state, assembler, audit
+
+    async def purge(self, now: datetime | None = None) -> PurgeReport:
+        """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""
+        now = now or datetime.now(UTC)
+        report = PurgeReport()
+        await self._purge_deleted(now, report)
+        await self._purge_stale(now, report)
+        return report
+
+    async def _purge_deleted(self, now: datetime, report: PurgeReport) -> None:
+        days = self.settings.purge_after_days
+        if days <= 0:
+            log.info("retention: PURGE_AFTER_DAYS is 0, soft-deleted memories are kept")
+            return
+        cutoff = now - timedelta(days=days)
+        seen: set[tuple[str, str]] = set()
+        while due := await self.index.due(cutoff, PURGE_BATCH):
+            if seen.issuperset(due):
+                break  # entries kept on purpose (deleted again later in the store): nothing more is due
+            seen.update(due)
+            by_agent: dict[str, list[str]] = {}
+            for agent_id, memory_id in due:
+                by_agent.setdefault(agent_id, []).append(memory_id)
+            for agent_id, ids in by_agent.items():
+                purged = await self._purge_agent(agent_id, ids, cutoff)
+                report.purged += purged
+                report.skipped += len(ids) - purged
+                report.add(agent_id, purged)
+        if report.purged or report.skipped:
+            await self.state.add_metrics(purged_memories=report.purged, purge_runs=1)
+        log.warning("retention: purged %d soft-deleted memories of %d agents (deleted before %s); %d skipped",
+                    report.purged, len(report.agents), cutoff.isoformat(), report.skipped)
+
+    async def _purge_agent(self, agent_id: str, ids: list[str], cutoff: datetime) -> int:
+        _, backend = await self.agents.backend_for(agent_id)
+        # Only what is still deleted, and deleted before the cutoff: an undelete racing the
+        # index read keeps its memory.
+        held = [m for m in await backend.find(agent_id, ids) if m.deleted_at is not None and m.deleted_at <= cutoff]
+        doomed = {m.id for m in held}
+        purged = 0
+        if doomed:
+            purged = await self._remove(agent_id, backend, held)
+            await backend.purge_query_log(agent_id)
+            await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
+                                    after={"purged": len(doomed), "reason": "deleted",
+                                           "deleted_before": cutoff.isoformat(), "kinds": _kinds(held)})
+        # Entries whose memory is gone or undeleted leave the index too (an undelete removes
+        # its own; this covers a crash between the two).
+        still_deleted_later = {m.id for m in await backend.find(agent_id, [i for i in ids if i not in doomed])
+                               if m.deleted_at is not None}
+        await self.index.forget(agent_id, [i for i in ids if i not in still_deleted_later])
+        return purged
+
+    async def _purge_stale(self, now: datetime, report: PurgeReport) -> None:
+        days = self.settings.stale_purge_days
+        if days <= 0:
+            return
+        cutoff = now - timedelta(days=days)
+        agents = 0
+        listed: dict[str, None] = {}  # each agent once, whichever stores list it
+        for backend in await self.agents.registry.live():
+            listed.update(dict.fromkeys(await backend.agents()))
+        for agent_id in listed:
+            purged = await self._purge_stale_agent(agent_id, cutoff)
+            report.stale += purged
+            report.add(agent_id, purged)
+            agents += bool(purged)
+        await self.state.add_metrics(stale_purged_memories=report.stale, stale_purge_runs=1)
+        log.warning("retention: purged %d stale memories of %d agents (not written, updated or read since %s)",
+                    report.stale, agents, cutoff.isoformat())
+
+    async def _purge_stale_agent(self, agent_id: str, cutoff: datetime) -> int:
+        _, backend = await self.agents.backend_for(agent_id)
+        judge = StaleFilter(agent_id, backend, self.state, self.index, cutoff)
+        purged, kinds = 0, dict[str, int]()
+        after: tuple[float, str] | None = None
+        while batch := await backend.written_before(agent_id, cutoff, STALE_BATCH, after):
+            cursor = (batch[-1].valid_at.timestamp(), batch[-1].id)
+            if cursor == after:
+                break  # the store answered the same page again: nothing more to read
+            after = cursor
+            if doomed := await judge.stale(batch):
+                purged += await self._remove(agent_id, backend, doomed)
+                for kind, n in _kinds(doomed).items():
+                    kinds[kind] = kinds.get(kind, 0) + n
+            if len(batch) < STALE_BATCH:
+                break
+        if kinds:
+            await backend.purge_query_log(agent_id)
+            await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
+                                    after={"purged": sum(kinds.values()), "reason": "stale",
+                                           "not_accessed_since": cutoff.isoformat(), "kinds": kinds})
+        return purged
+
+    async def _remove(self, agent_id: str, backend: MemoryBackend, held: list[Memory]) -> int:
+        """Purge these memories: queued writes quoting them, every store, Redis (but the query log)."""
+        doomed_set = {m.id for m in held}
+        doomed = sorted(doomed_set)
+
+        def judge(memory: Memory) -> Memory | None:
+            return None if memory.id in doomed_set else memory
+
+        await backend.scrub_pending(agent_id, judge, doomed)  # queued writes quoting them
+        purged = await backend.delete(agent_id, doomed)
+        await self._forget_elsewhere(agent_id, held)
+        await self.index.forget(agent_id, doomed)
+        return purged
+
+    async def _forget_elsewhere(self, agent_id: str, memories: list[Memory]) -> None:
+        """Consolidation queues and cached memory blocks (the caller then trims the store's query log)."""
+        queued: dict[str, list[str]] = {}
+        for memory in memories:
+            if Namespace.parse(memory.namespace).kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                queued.setdefault(memory.namespace, []).append(memory.id)
+        for namespace, ids in queued.items():
+            await self.erasure_state.forget_consolidation_items(namespace, ids)
+        await self.state.bump(*sorted({m.namespace for m in memories}))
+        await self.erasure_state.purge_cached_blocks(agent_id)
+        self.assembler.forget_agent(agent_id)
+
+
+def _kinds(memories: list[Memory]) -> dict[str, int]:
+    kinds: dict[str, int] = {}
+    for memory in memories:
+        kinds[memory.kind.value] = kinds.get(memory.kind.value, 0) + 1
+    return kinds

@@ -1,0 +1,333 @@
+"""The memory tools: an agent reads, writes, updates, soft-deletes and undeletes its own
+memories (docs/memory-tools.md). Search is ``MemoryService.search`` (with ``tags``).
+
+Writes are off unless the operator lists the agent in MEMORY_WRITE_AGENTS: no request
+field, header or stored state turns them on, and nothing here hard-deletes (the retention
+policy purges, memory_service/curation/retention.py). A memory of another agent is answered as one
+that does not exist. Every change bumps the write generation of the memory's namespace and
+of the agent, so no cached memory block shows what it was before.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from memory_service.access.reach import Reach
+from memory_service.config import Settings
+from memory_service.curation.retention import RetentionIndex, purge_at
+from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound, preview
+from memory_service.domain.limits import (
+    MAX_NAMESPACE_CHARS,
+    MESSAGE_CHARS_CEILING,
+    TAGS_CEILING,
+    check_message_chars,
+    check_tags,
+    text_problem,
+)
+from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance
+from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_id
+from memory_service.embedding.embedders import Embedder
+from memory_service.recall.search import embed_memories
+from memory_service.state.store import StateStore
+from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
+
+TITLE_CHARS = 200
+MEMORY_ID_CHARS = 64
+# Kinds a tool may write: messages are recorded (POST /messages), consolidated memories
+# are made by consolidation, whose latest version the memory block shows.
+WRITABLE_KINDS = (MemoryKind.OBSERVATION, MemoryKind.FACT, MemoryKind.DIRECTIVE, MemoryKind.SUGGESTION,
+                  MemoryKind.EPISODE)
+
+# What the caller may see and change (memory_service/access/reach.py); None: all of the agent. A
+# memory it does not see is answered as an unknown one; shared knowledge it may not change, 403.
+NamespaceGuard = Reach | None
+
+
+def _check_text(value: str | None, what: str) -> str | None:
+    if value is not None:
+        if not value.strip():
+            raise ValueError(f"{what} must not be empty or blank")
+        if problem := text_problem(value):
+            raise ValueError(f"{what} {problem}")
+    return value
+
+
+class MemoryWrite(BaseModel):
+    """A memory an agent writes itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING,
+                         description="the memory, at most MAX_MESSAGE_CHARS characters")
+    namespace: NamespaceText = Field(min_length=1, max_length=MAX_NAMESPACE_CHARS,
+                                     description="where it lives: 'user:<agent>:<user>', 'shard:<agent>:<shard>', "
+                                                 "'session:<session>' (a session of the agent) or 'agent:<agent>'")
+    kind: MemoryKind = Field(description="observation, fact, directive, suggestion or episode")
+    title: str | None = Field(default=None, min_length=1, max_length=TITLE_CHARS)
+    tags: list[str] = Field(default_factory=list, max_length=TAGS_CEILING,
+                            description="at most MAX_MEMORY_TAGS, each at most MAX_TAG_CHARS characters")
+    confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: str) -> str:
+        return _check_text(value, "content") or value
+
+    @field_validator("title")
+    @classmethod
+    def _title(cls, value: str | None) -> str | None:
+        return _check_text(value, "title")
+
+
+class MemoryUpdate(BaseModel):
+    """A partial update: only the fields given change (null clears title and confidence)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    content: str | None = Field(default=None, min_length=1, max_length=MESSAGE_CHARS_CEILING)
+    title: str | None = Field(default=None, min_length=1, max_length=TITLE_CHARS)
+    tags: list[str] | None = Field(default=None, max_length=TAGS_CEILING)
+    confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    kind: MemoryKind | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content(cls, value: str | None) -> str | None:
+        return _check_text(value, "content")
+
+    @field_validator("title")
+    @classmethod
+    def _title(cls, value: str | None) -> str | None:
+        return _check_text(value, "title")
+
+
+class MemoryRecord(BaseModel):
+    id: str
+    kind: MemoryKind
+    namespace: str
+    content: str
+    title: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    confidence: float | None = None
+    valid_at: datetime
+    created_at: datetime = Field(description="when it was stored (formed memories: their window's time, = valid_at)")
+    updated_at: datetime | None = None
+    deleted_at: datetime | None = Field(None, description="set while soft-deleted: search and the memory block skip it")
+    purge_at: datetime | None = Field(None, description="when the retention job purges it for good (None: never)")
+    provenance: Provenance
+    access_count: int = Field(0, description="memory_get calls (bookkeeping, never used for ranking)")
+    last_accessed_at: datetime | None = None
+    served_by: str | None = None
+
+
+class DeletedOut(BaseModel):
+    id: str
+    deleted_at: datetime
+    purge_at: datetime | None = Field(description="when the retention job purges it (None: PURGE_AFTER_DAYS is 0)")
+
+
+def _now() -> datetime:
+    # Whole seconds: the stores keep a timestamp, and a repeated delete answers the same date.
+    return datetime.now(UTC).replace(microsecond=0)
+
+
+class MemoryTools:
+    def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, index: RetentionIndex,
+                 embedder: Embedder | None):
+        self.settings, self.state, self.agents, self.index, self.embedder = settings, state, agents, index, embedder
+
+    def writes_allowed(self, agent_id: str) -> bool:
+        listed = self.settings.memory_write_agents
+        return "*" in listed or agent_id in listed
+
+    def require_writes(self, agent_id: str) -> None:
+        if not self.writes_allowed(agent_id):
+            raise Forbidden(f"memory writes are off for agent '{agent_id}': the operator turns them on with "
+                            "MEMORY_WRITE_AGENTS")
+
+    # Reads ------------------------------------------------------------------------------
+
+    async def get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
+        """The memory with its provenance; counts the access (soft-deleted ones are answered too)."""
+        _, memory = await self._find(agent_id, memory_id, guard)
+        access = await self.index.count_access(agent_id, memory.id, datetime.now(UTC))
+        return self.record(memory, access.count, access.last)
+
+    # Writes -----------------------------------------------------------------------------
+
+    async def write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> MemoryRecord:
+        return (await self.write_many(agent_id, [body], guard))[0]
+
+    async def write_many(self, agent_id: str, bodies: list[MemoryWrite], guard: NamespaceGuard = None,
+                         session_id: str | None = None, message_id: str | None = None) -> list[MemoryRecord]:
+        """Store ``bodies`` all or none: every one is checked before any is written, and they
+        are written in one batch. ``session_id``/``message_id``: where they were said (a
+        session of the agent), kept in their provenance."""
+        validate_id(agent_id, "agent_id")
+        self.require_writes(agent_id)
+        reach = guard or Reach(self.state, agent_id)
+        if session_id is not None and not await reach.sees_session(session_id):
+            raise NotFound(f"session_id: session {session_id!r} has no messages recorded by agent {agent_id!r}")
+        memories = [await self._prepare(agent_id, body, reach, session_id, message_id) for body in bodies]
+        if not memories:
+            return []
+        _, backend = await self.agents.backend_for(agent_id)
+        await embed_memories(self.embedder, memories)
+        await backend.write(memories)
+        await self._changed(agent_id, *memories)
+        return [self.record(memory) for memory in memories]
+
+    async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
+                       message_id: str | None) -> Memory:
+        namespace = await self._writable_namespace(agent_id, body.namespace, reach)
+        if message_id is not None:
+            await self._cited(agent_id, message_id, session_id, namespace)
+        self._check_kind(body.kind)
+        check_message_chars(body.content, self.settings.max_message_chars)
+        tags = self._tags(body.tags)
+        provenance = Provenance(agent_id=agent_id, session_id=session_id,
+                                message_ids=[message_id] if message_id else [])
+        if namespace.kind is NamespaceKind.USER:
+            provenance.user_id = namespace.fields[1]
+        elif namespace.kind is NamespaceKind.SESSION:
+            provenance.session_id = namespace.fields[0]
+        return Memory(id=uuid.uuid4().hex, kind=body.kind, namespace=str(namespace), content=body.content,
+                      metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
+
+    async def update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
+                     guard: NamespaceGuard = None) -> tuple[MemoryRecord, MemoryRecord]:
+        """(before, after). Refuses a soft-deleted memory (409: undelete it first)."""
+        self.require_writes(agent_id)
+        backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
+        if memory.deleted_at is not None:
+            raise Conflict(f"memory {memory_id!r} is deleted: undelete it before updating it")
+        given = body.model_fields_set
+        if "content" in given and body.content is None:
+            raise InvalidInput("content: must not be null (send the new content, or leave the field out)")
+        if "kind" in given and body.kind is None:
+            raise InvalidInput("kind: must not be null")
+        changes: dict[str, object] = {}
+        if body.content is not None:
+            check_message_chars(body.content, self.settings.max_message_chars)
+            changes["content"] = body.content
+        if body.kind is not None:
+            self._check_kind(body.kind)
+            changes["kind"] = body.kind
+        if "tags" in given:
+            changes["tags"] = self._tags(body.tags or [])
+        for name in ("title", "confidence"):
+            if name in given:
+                changes[name] = getattr(body, name)
+        before = self.record(memory)
+        updated = memory.model_copy(update={**changes, "updated_at": _now()})
+        if updated.search_text != memory.search_text:
+            updated.embedding = None
+            await embed_memories(self.embedder, [updated])  # re-indexed: the stores take the new vector
+        await backend.replace(agent_id, [updated])
+        await self._changed(agent_id, updated)
+        return before, self.record(updated)
+
+    async def delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[DeletedOut, bool]:
+        """Soft delete; (the answer, whether this call deleted it). A second call answers the same dates."""
+        self.require_writes(agent_id)
+        backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
+        changed = memory.deleted_at is None
+        deleted_at = memory.deleted_at or _now()
+        if changed:
+            memory = memory.model_copy(update={"deleted_at": deleted_at})
+            # Indexed first: a crash after it leaves an entry the purge checks against the store.
+            await self.index.mark_deleted(agent_id, memory.id, deleted_at)
+            await backend.replace(agent_id, [memory])
+            await self._changed(agent_id, memory)
+        return DeletedOut(id=memory.id, deleted_at=deleted_at,
+                          purge_at=purge_at(deleted_at, self.settings.purge_after_days)), changed
+
+    async def undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[MemoryRecord, bool]:
+        """The memory, live again; (the record, whether this call changed it)."""
+        self.require_writes(agent_id)
+        backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
+        changed = memory.deleted_at is not None
+        if changed:
+            memory = memory.model_copy(update={"deleted_at": None})
+            await backend.replace(agent_id, [memory])
+            await self.index.unmark_deleted(agent_id, memory.id)
+            await self._changed(agent_id, memory)
+        access = await self.index.access(agent_id, memory.id)
+        return self.record(memory, access.count, access.last), changed
+
+    # Helpers ----------------------------------------------------------------------------
+
+    def record(self, memory: Memory, access_count: int = 0, last_accessed_at: datetime | None = None) -> MemoryRecord:
+        return MemoryRecord(
+            id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content, title=memory.title,
+            tags=list(memory.tags), confidence=memory.confidence, valid_at=memory.valid_at, created_at=memory.valid_at,
+            updated_at=memory.updated_at, deleted_at=memory.deleted_at,
+            purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days), provenance=memory.metadata,
+            access_count=access_count, last_accessed_at=last_accessed_at, served_by=memory.served_by)
+
+    async def _find(self, agent_id: str, memory_id: str, guard: NamespaceGuard,
+                    changing: bool = False) -> tuple[MemoryBackend, Memory]:
+        validate_id(agent_id, "agent_id")
+        if not memory_id or len(memory_id) > MEMORY_ID_CHARS or not memory_id.isprintable():
+            raise InvalidInput(f"memory_id {preview(memory_id)} is not a memory id: 1 to {MEMORY_ID_CHARS} printable "
+                               "characters")
+        _, backend = await self.agents.backend_for(agent_id)
+        found = [m for m in await backend.find(agent_id, [memory_id]) if m.metadata.agent_id == agent_id]
+        if not found:
+            # Another agent's memory gets the same answer: ids of other tenants are not the caller's to learn.
+            raise NotFound(f"memory_id {memory_id!r}: agent {agent_id!r} has no such memory")
+        if guard is not None:
+            namespace = Namespace.parse(found[0].namespace)
+            if not await guard.sees_namespace(namespace):
+                raise NotFound(f"memory_id {memory_id!r}: agent {agent_id!r} has no such memory")
+            if changing:
+                self._check_changeable(guard, namespace)
+        return backend, found[0]
+
+    async def _writable_namespace(self, agent_id: str, text: str, reach: Reach) -> Namespace:
+        try:
+            namespace = Namespace.parse(text)
+        except InvalidInput as exc:
+            raise InvalidInput(f"namespace: {exc}") from None
+        if namespace.kind is NamespaceKind.SESSION:
+            if not await reach.sees_session(namespace.fields[0]):  # unknown, another agent's or unseen: one answer
+                raise NotFound(f"namespace: session {namespace.fields[0]!r} has no messages recorded by agent {agent_id!r}")
+        elif namespace.fields[0] != agent_id:
+            raise NotFound(f"namespace: {preview(text)} is not one of agent {agent_id!r}'s")
+        elif namespace.kind is NamespaceKind.USER and not reach.sees_user(namespace.fields[1]):
+            raise Forbidden(f"namespace: this API key is limited to some users of agent {agent_id!r}, and "
+                            f"{namespace.fields[1]!r} is not one of them")
+        self._check_changeable(reach, namespace)
+        return namespace
+
+    @staticmethod
+    def _check_changeable(reach: Reach, namespace: Namespace) -> None:
+        if not reach.may_change(namespace):
+            raise Forbidden(f"this API key is limited to some users of agent {reach.agent_id!r}: it changes only their "
+                            "user namespaces and the sessions they took part in, not shared knowledge")
+
+    async def _cited(self, agent_id: str, message_id: str, session_id: str | None, namespace: Namespace) -> None:
+        """A cited message must be one recorded in the session given (or the namespace's session),
+        which the caller sees (checked before): provenance never points at what it may not see."""
+        said_in = session_id or (namespace.fields[0] if namespace.kind is NamespaceKind.SESSION else None)
+        if said_in is None:
+            raise InvalidInput("message_id: give the session_id the message was said in")
+        if not await self.state.has_message(said_in, message_id):
+            raise NotFound(f"message_id: session {said_in!r} has no message {message_id!r}")
+
+    def _check_kind(self, kind: MemoryKind) -> None:
+        if kind not in WRITABLE_KINDS:
+            raise InvalidInput(f"kind: {kind.value!r} cannot be written by a tool; one of "
+                               f"{', '.join(k.value for k in WRITABLE_KINDS)}")
+
+    def _tags(self, tags: list[str]) -> list[str]:
+        return check_tags(tags, self.settings.max_memory_tags, self.settings.max_tag_chars)
+
+    async def _changed(self, agent_id: str, *memories: Memory) -> None:
+        # The agent's generation too: a block's relevant memories come from sessions it does
+        # not list as dependencies (every session the user spoke in).
+        await self.state.bump(*sorted({m.namespace for m in memories}), f"agent:{agent_id}")

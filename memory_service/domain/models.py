@@ -1,0 +1,253 @@
+"""The service's data: messages, memories and their provenance, agents, shards."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from memory_service.domain.limits import MESSAGE_CHARS_CEILING, check_time, text_problem
+from memory_service.domain.namespaces import Namespace, normalize_id, validate_id, validate_message_id
+
+
+def _checked_id(what: str) -> AfterValidator:
+    return AfterValidator(lambda v: validate_id(v, what))
+
+
+AgentId = Annotated[str, _checked_id("agent_id")]
+UserId = Annotated[str, _checked_id("user_id")]
+SessionId = Annotated[str, _checked_id("session_id")]
+ShardId = Annotated[str, _checked_id("shard_id")]
+MessageId = Annotated[str, AfterValidator(validate_message_id)]
+# Ids the service makes (memory ids, key ids), given back in a path or query: held to the
+# message id rule, so that they are NFC and hold no invisible or replacement characters.
+OpaqueId = Annotated[str, AfterValidator(lambda v: validate_message_id(v, "the id"))]
+# A namespace as text ('user:<agent_id>:<user_id>'): its ids NFC-normalised like every id,
+# checked in full where it is parsed (Namespace.parse).
+NamespaceText = Annotated[str, AfterValidator(normalize_id)]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+class Role(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class MemoryKind(StrEnum):
+    MESSAGE = "message"
+    EPISODE = "episode"
+    DIRECTIVE = "directive"
+    FACT = "fact"
+    SUGGESTION = "suggestion"
+    OBSERVATION = "observation"
+    CONSOLIDATED = "consolidated"  # a user's or a shard's merged memory, versioned by sequence
+
+
+# Word limits on what is stored, per DESIGN.md.
+WORD_LIMITS: dict[MemoryKind, int] = {
+    MemoryKind.EPISODE: 50,
+    MemoryKind.DIRECTIVE: 25,
+    MemoryKind.FACT: 30,
+    MemoryKind.SUGGESTION: 35,
+}
+
+
+class MessageIn(BaseModel):
+    """A message as the host application records it."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    agent_id: AgentId
+    user_id: UserId
+    role: Role
+    # The service holds content to MAX_MESSAGE_CHARS (a setting, up to this ceiling).
+    content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING)
+    message_id: MessageId | None = None
+    created_at: datetime | None = None
+    incognito: bool = False
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("content must not be blank")
+        if problem := text_problem(value):  # the HTTP layer refuses it in the body already
+            raise ValueError(problem)
+        return value
+
+    @field_validator("created_at")
+    @classmethod
+    def _timezone(cls, value: datetime | None) -> datetime | None:
+        return check_time(_aware(value)) if value else value
+
+
+class Provenance(BaseModel):
+    """Where a memory came from. Serialised as the episode body's ``metadata``."""
+
+    agent_id: str
+    user_id: str | None = None
+    user_ids: list[str] = Field(default_factory=list)
+    session_id: str | None = None
+    message_ids: list[str] = Field(default_factory=list)
+    memory_ids: list[str] = Field(default_factory=list)  # for consolidated memories: what they merged
+    sequence: int = 0
+    role: Role | None = None
+
+
+class Memory(BaseModel):
+    """One stored memory. ``id`` is deterministic for formed memories, so rewrites are no-ops."""
+
+    id: str
+    kind: MemoryKind
+    namespace: str
+    content: str
+    metadata: Provenance
+    valid_at: datetime = Field(default_factory=utcnow)
+    evicted: bool = False  # past a FIFO cap: kept for retention and migration, no longer read
+    # Of ``search_text``, unit length; None until embedded (a failing embedder never
+    # blocks a write: the memory is stored and embedded later).
+    embedding: list[float] | None = Field(default=None, repr=False)
+    # Written by the memory tools (memory_service/curation/tools.py); formed memories have none.
+    title: str | None = None
+    tags: list[str] = Field(default_factory=list)
+    confidence: float | None = None
+    updated_at: datetime | None = None
+    # Soft delete: set, the memory is read by id only (memory_get, undelete, erasure,
+    # migration) until the retention policy purges it; every other read skips it.
+    deleted_at: datetime | None = None
+    # Which store answered the read that returned it ("graph", "mongo"): set by the backend
+    # that built it, never stored (a mirrored backend may answer from either store).
+    served_by: str | None = Field(default=None, exclude=True, repr=False)
+
+    @property
+    def search_text(self) -> str:
+        """What full-text and vector search index: a message under its speaker, else the content."""
+        if self.kind is MemoryKind.MESSAGE:
+            role = self.metadata.role
+            speaker = self.metadata.user_id if role in (None, Role.USER) and self.metadata.user_id else (role or "user")
+            return f"{speaker}: {self.content}"
+        return self.content
+
+    @property
+    def source_message_ids(self) -> list[str]:
+        return list(self.metadata.message_ids)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str) -> str:
+        return str(Namespace.parse(value))
+
+    @field_validator("valid_at")
+    @classmethod
+    def _timezone(cls, value: datetime) -> datetime:
+        return _aware(value)
+
+    @field_validator("updated_at", "deleted_at")
+    @classmethod
+    def _optional_timezone(cls, value: datetime | None) -> datetime | None:
+        return _aware(value) if value else value
+
+    def curated_fields(self) -> dict[str, Any]:
+        """The tool-written fields that are set, as JSON (the body carries them beside DESIGN.md's)."""
+        fields = {"title": self.title, "tags": self.tags or None, "confidence": self.confidence,
+                  "updated_at": self.updated_at.isoformat() if self.updated_at else None}
+        return {k: v for k, v in fields.items() if v is not None}
+
+    def episode_body(self) -> str:
+        """The JSON body written to Graphiti, in the shape DESIGN.md fixes (plus the
+        tool-written fields, only when set: formed memories' bodies are unchanged)."""
+        return json.dumps(
+            {
+                "memory_type": self.kind.value,
+                "content": self.content,
+                "metadata": self.metadata.model_dump(mode="json"),
+                **self.curated_fields(),
+            },
+            ensure_ascii=False,
+        )
+
+    @classmethod
+    def from_episode_body(cls, *, id: str, namespace: str, body: str, valid_at: Any) -> Memory:
+        data = json.loads(body)
+        return cls(
+            id=id,
+            kind=data["memory_type"],
+            namespace=namespace,
+            content=data["content"],
+            metadata=Provenance.model_validate(data["metadata"]),
+            valid_at=valid_at,
+            title=data.get("title"),
+            tags=data.get("tags") or [],
+            confidence=data.get("confidence"),
+            updated_at=data.get("updated_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class StoreQuery:
+    """What retrieval asks a backend for: candidates per signal, inside a scope."""
+
+    terms: Sequence[str]  # full-text terms, normalised (lowercase words, stopwords removed)
+    vector: Sequence[float] | None = None  # the query's embedding
+    namespaces: Sequence[Namespace] | None = None  # None: every namespace of the agent
+    kinds: Sequence[MemoryKind] | None = None  # None: every kind
+    since: datetime | None = None
+    until: datetime | None = None
+    limit: int = 50  # candidates per signal
+    tags: Sequence[str] = ()  # only memories carrying every one of these tags
+
+
+class AgentSettings(BaseModel):
+    """Per-agent settings. ``memory_backend`` routes the agent; None means the default.
+
+    ``agent_extras.experimental_memory_backend`` is the legacy spelling of the same switch.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_backend: str | None = Field(default=None, min_length=1, max_length=64)
+    users_join_sessions: bool = Field(
+        default=False, description="whether a key limited to some users may record into a session other users of the "
+                                   "agent started (and from then on see it); off: it is refused as a session of "
+                                   "another agent. Keys for all users are not limited by it")
+    # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
+    # so that settings stored before the check was made still read.
+    agent_extras: dict[str, Any] = Field(default_factory=dict)
+
+    def requested_backend(self) -> str | None:
+        legacy = self.agent_extras.get("experimental_memory_backend")
+        return self.memory_backend or (legacy if isinstance(legacy, str) and legacy else None)
+
+
+class Agent(AgentSettings):
+    agent_id: str
+    effective_backend: str | None = None
+
+
+class ShardIn(BaseModel):
+    """A topic an agent keeps collective knowledge on."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=120)
+    extraction_focus: str = Field(default="", max_length=2_000)
+    active: bool = True
+
+
+class Shard(ShardIn):
+    agent_id: str
+    shard_id: str

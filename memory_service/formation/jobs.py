@@ -1,0 +1,111 @@
+"""The job queue seen from the API side: enqueue formation and consolidation, wait, inspect.
+
+Jobs run in the arq worker (``workers/``). Every job id is derived from what the job
+forms, so that a gate, the cold-session sweep and a forced formation asking for the same
+window enqueue ONE job: arq refuses a second job with an id it already holds. Embedding
+jobs are kept to one per agent by the agent's embedding lock instead (state.py), since a
+job that runs out of time enqueues its own sequel while it still runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from arq.connections import ArqRedis
+from arq.constants import result_key_prefix, retry_key_prefix
+from arq.jobs import Job, JobStatus
+
+from memory_service.access.pseudonyms import scrub_text
+from memory_service.config import Settings
+from memory_service.domain.namespaces import Namespace
+from memory_service.state.pools import arq_client
+
+log = logging.getLogger(__name__)
+
+QUEUE_NAME = "memory-service:jobs"
+FORM_JOB = "form_window"
+CONSOLIDATE_JOB = "consolidate"
+EMBED_JOB = "embed_pending"
+# The agent's embedding lock lives this long past its job's last sign of life: how soon a
+# job lost with its worker is replaced (by the next record), and how long a failing
+# embedder is left alone before a record tries it again.
+EMBED_LOCK_MS = 30_000
+
+
+def formation_job_id(session_id: str, window: int) -> str:
+    return f"form:{Namespace.session(session_id).group_id}:{window}"
+
+
+def consolidation_job_id(namespace: str, version: int) -> str:
+    return f"consolidate:{Namespace.parse(namespace).group_id}:{version}"
+
+
+class JobQueue:
+    def __init__(self, pool: ArqRedis):
+        self.pool = pool
+
+    @classmethod
+    async def connect(cls, redis_url: str, settings: Settings | None = None) -> JobQueue:
+        """On a bounded pool with the settings' timeouts; fails at once if Redis is unreachable
+        (the service degrades on its own: start-up must not stall)."""
+        pool = arq_client(redis_url, settings or Settings(), QUEUE_NAME)
+        try:
+            await pool.ping()
+        except BaseException:
+            await pool.aclose()
+            raise
+        return cls(pool)
+
+    async def close(self) -> None:
+        await self.pool.aclose()
+
+    async def _enqueue(self, job_id: str, function: str, *args: Any) -> str:
+        job = await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
+        if job is None:
+            # arq holds the id: the job is queued or running (a duplicate, nothing to do), or
+            # its result is kept. A kept failure must not block the window for keep_result
+            # seconds: drop it and enqueue again.
+            info = await self.job(job_id).result_info()
+            if info is not None and not info.success:
+                log.info("re-enqueueing %s after its failure: %s", scrub_text(job_id), scrub_text(str(info.result)))
+                await self.pool.delete(result_key_prefix + job_id)
+                await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
+        return job_id
+
+    async def enqueue_formation(self, session_id: str, window: int) -> str:
+        return await self._enqueue(formation_job_id(session_id, window), FORM_JOB, session_id, window)
+
+    async def enqueue_embedding(self, agent_id: str) -> str:
+        """Enqueue a job embedding the agent's memories stored without (the caller holds the
+        agent's embedding lock, so at most one is queued or running)."""
+        job_id = f"embed:{Namespace.agent(agent_id).group_id}:{time.time_ns()}"
+        return await self._enqueue(job_id, EMBED_JOB, agent_id)
+
+    async def enqueue_consolidation(self, namespace: str, version: int, count: int) -> str:
+        return await self._enqueue(consolidation_job_id(namespace, version), CONSOLIDATE_JOB, namespace, version, count)
+
+    def job(self, job_id: str) -> Job:
+        return Job(job_id, self.pool, _queue_name=QUEUE_NAME)
+
+    async def wait(self, job_id: str, timeout: float) -> Any:
+        """The job's result; raises the job's own error if it failed, TimeoutError if late."""
+        return await self.job(job_id).result(timeout=timeout, poll_delay=0.05)
+
+    async def status(self, job_id: str) -> dict[str, Any]:
+        job = self.job(job_id)
+        status = await job.status()
+        out: dict[str, Any] = {"job_id": job_id, "status": status.value}
+        if status is JobStatus.complete and (info := await job.result_info()) is not None:
+            out["success"] = info.success
+            out["tries"] = info.job_try
+            if not info.success:
+                out["error"] = f"{type(info.result).__name__}: {info.result}"
+        elif status in (JobStatus.queued, JobStatus.deferred, JobStatus.in_progress):
+            tries = await self.pool.get(retry_key_prefix + job_id)
+            out["tries"] = int(tries or 0)
+        return out
+
+    async def ping(self) -> bool:
+        return bool(await self.pool.ping())

@@ -1,0 +1,222 @@
+"""The work the worker does: forming windows, consolidating, sweeping cold sessions, embedding.
+
+Each entry point is a job body (memory_service/worker.py runs them) and is safe to retry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from memory_service.config import Settings
+from memory_service.domain.models import Memory, MemoryKind
+from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.embedding.embedders import Embedder
+from memory_service.formation.consolidation import Consolidator, consolidate
+from memory_service.formation.extractor import Extractor
+from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
+from memory_service.formation.steps import FormationResult, FormationSummary, form_window
+from memory_service.ingest.sessions import SessionLedger
+from memory_service.recall.search import embed_memories
+from memory_service.state.store import StateStore
+from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
+from memory_service.stores.registry import BackendRegistry
+
+log = logging.getLogger(__name__)
+
+EMBED_BATCH = 256  # memories read, embedded and stored per step of an embedding job
+EMBED_JOB_SECONDS = 10.0  # then the job enqueues its sequel: formation jobs get their turn
+# While records keep coming, a pass waits this long before the next one, so that it finds a
+# batch worth its round trips (and the graph's write lock), not the two messages of the
+# last few milliseconds. A lone record is embedded at once.
+EMBED_LINGER_SECONDS = 0.25
+
+
+class FormationPipeline:
+    def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
+                 agents: AgentDirectory, sessions: SessionLedger, extractor: Extractor, consolidator: Consolidator,
+                 embedder: Embedder | None):
+        self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
+        self.agents, self.sessions = agents, sessions
+        self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
+
+    async def run_formation(self, session_id: str, window: int) -> FormationSummary:
+        """Form window ``window`` of the session, resuming at the step its state names."""
+        windows = self.sessions.windows
+        record = await windows.load(session_id)
+        if record is None or record.claim.window != window:
+            return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
+                                    reason="window already formed")
+        agent_id = (await self.state.counters(session_id)).agent_id
+        if agent_id is None:  # the session's first record names its agent, before it can have a window
+            raise RuntimeError(f"session {session_id!r} holds window {window} but names no agent")
+        _, backend = await self.agents.backend_for(agent_id)
+        result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
+                                   extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
+                                   embedder=self.embedder,
+                                   post_process=lambda formed: self._after_formation(agent_id, backend, formed))
+        if not result.already_formed:  # messages that arrived meanwhile may have opened a gate
+            await self.sessions.schedule(session_id, gated=True)
+        return FormationSummary.of(result)
+
+    async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult) -> None:
+        """The post-completion work: idempotent, as it runs again if a try dies during it."""
+        for namespace in sorted({m.namespace for m in result.memories}):
+            ns = Namespace.parse(namespace)
+            if ns.kind in (NamespaceKind.SHARD, NamespaceKind.USER):  # a user's: their personal facts
+                await backend.trim(agent_id, ns, MemoryKind.FACT, self.settings.facts_per_shard)
+            if ns.kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                await self._maybe_consolidate(namespace)
+
+    def _consolidation_threshold(self, namespace: Namespace) -> int:
+        if namespace.kind is NamespaceKind.USER:
+            return self.settings.consolidate_directives_after
+        return self.settings.consolidate_suggestions_after
+
+    async def _maybe_consolidate(self, namespace: str) -> str | None:
+        backlog = await self.state.consolidation_backlog(namespace)
+        if backlog < self._consolidation_threshold(Namespace.parse(namespace)):
+            return None
+        version = await self.state.consolidation_version(namespace)
+        return await self.queue.enqueue_consolidation(namespace, version, backlog)
+
+    async def run_consolidation(self, namespace: str, version: int, count: int) -> dict[str, Any]:
+        """Merge the ``count`` oldest pending items of ``namespace`` into consolidated version+1."""
+        ns = Namespace.parse(namespace)
+        agent_id = ns.fields[0]
+        _, backend = await self.agents.backend_for(agent_id)
+        words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
+        outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
+                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id,
+                                    embedder=self.embedder)
+        counters = {"consolidations": 1, "consolidated_items": outcome["items"]} if outcome["consolidated"] else {}
+        if usage := outcome.get("usage"):
+            counters.update(
+                consolidation_llm_calls=usage["calls"], consolidation_llm_attempts=usage["attempts"],
+                consolidation_llm_prompt_tokens=usage["prompt_tokens"],
+                consolidation_llm_completion_tokens=usage["completion_tokens"], consolidation_llm_seconds=usage["latency_seconds"])
+        if counters:
+            await self.state.add_metrics(**counters)
+        if outcome["consolidated"]:
+            await self._maybe_consolidate(namespace)
+        return outcome
+
+    async def sweep_cold_sessions(self) -> list[str]:
+        """Enqueue the window of sessions idle long enough with the minimum of messages.
+
+        Bounded: at most COLD_SWEEP_MAX_SESSIONS sessions, read COLD_SWEEP_BATCH at a time,
+        for at most half the job timeout. Fair: a session it enqueued goes to the back of
+        the active set (due again after another idle period, if it still has messages
+        pending then), and a session that cannot form (incognito, fewer messages than the
+        minimum) leaves the set until its next message; so every run starts with the
+        sessions waiting longest, and no set of sessions can keep the others from a turn.
+        """
+        s = self.settings
+        deadline = time.monotonic() + s.worker_job_timeout_seconds / 2
+        idle_before = time.time() - s.consider_cold_after_minutes * 60
+        min_messages = s.never_form_memories_less_than_n_messages
+        enqueued: list[str] = []
+        seen: set[str] = set()
+        while len(seen) < s.cold_sweep_max_sessions and time.monotonic() < deadline:
+            limit = min(s.cold_sweep_batch, s.cold_sweep_max_sessions - len(seen))
+            batch = [(sid, score) for sid, score in await self.state.idle_sessions(idle_before, limit) if sid not in seen]
+            if not batch:
+                break
+            visited, unformable = [], []
+            for session_id, score in batch:
+                seen.add(session_id)
+                # The claim itself refuses incognito sessions and those below the minimum.
+                if job_id := await self.sessions.schedule(session_id, min_messages=min_messages):
+                    enqueued.append(job_id)
+                    visited.append((session_id, score))
+                else:
+                    unformable.append((session_id, score))
+            await self.state.settle_swept(visited, unformable, time.time())
+        if seen:
+            log.info("cold-session sweep looked at %d session(s), enqueued %d window(s)", len(seen), len(enqueued))
+        return enqueued
+
+    async def embed_pending(self, agent_id: str, batch: int = EMBED_BATCH,
+                            seconds: float = EMBED_JOB_SECONDS) -> dict[str, int]:
+        """Embed the agent's memories stored without an embedding: the job a record enqueues.
+
+        The caller holds the agent's embedding lock (``StateStore.commit_message`` gave it).
+        A pass clears the agent's "due" mark, then embeds until nothing is left; the lock is
+        let go only if nothing was marked due meanwhile, else another pass runs, and passes
+        are ``EMBED_LINGER_SECONDS`` apart. After ``seconds`` the job enqueues its sequel,
+        keeping the lock. A failing embedder ends the job and keeps the lock until it
+        expires: records do not call the embedder again before then (the backfill cron also
+        retries). docs/ingest.md tells the whole protocol. Counts: ``embedded``, ``passes``.
+        """
+        report = {"embedded": 0, "passes": 0}
+        _, backend = await self.agents.backend_for(agent_id)
+        deadline = time.monotonic() + seconds
+        try:
+            while True:
+                report["passes"] += 1
+                await self.state.start_embedding(agent_id)
+                while memories := await backend.unembedded(agent_id, batch):
+                    embedded = await self._embed_in_turns(memories)
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded if m.embedding is not None})
+                    report["embedded"] += done
+                    if len(embedded) < len(memories):  # the embedder failed (it logged why)
+                        return report
+                    await self.state.renew_embedding_lock(agent_id, EMBED_LOCK_MS)
+                    if time.monotonic() > deadline:
+                        await self.queue.enqueue_embedding(agent_id)
+                        return report
+                    if len(memories) < batch or done < len(memories):  # all there was (or removed meanwhile)
+                        break
+                if not await self.state.finish_embedding(agent_id, EMBED_LOCK_MS):
+                    return report
+                if time.monotonic() > deadline:
+                    await self.queue.enqueue_embedding(agent_id)
+                    return report
+                await asyncio.sleep(EMBED_LINGER_SECONDS)
+        finally:
+            if report["embedded"]:
+                await self.state.add_metrics(embedded_after_record=report["embedded"])
+
+    async def _embed_in_turns(self, memories: list[Memory]) -> list[Memory]:
+        """Embed ``memories`` in calls of the embedder's own batch size (the local model runs
+        one call at a time: a formation job's embedding waits behind one of these, not behind
+        the whole read); those embedded, up to the first call that failed."""
+        step = self.settings.embedding_batch_size
+        for start in range(0, len(memories), step):
+            if self.embedder is None or not await embed_memories(self.embedder, memories[start:start + step]):
+                return memories[:start]
+        return memories
+
+    async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
+                                  on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+        """Embed the memories stored without an embedding (the embedder was down); counts.
+
+        Resumable by construction: what is embedded is no longer ``unembedded``. Stops at
+        ``limit`` memories, or when the embedder fails (what is left waits for the next run).
+        """
+        report = {"embedded": 0, "failed_batches": 0}
+        if self.embedder is None:
+            return report
+        for backend in await self.registry.live():
+            for agent_id in await backend.agents():
+                while limit is None or report["embedded"] < limit:
+                    size = batch if limit is None else min(batch, limit - report["embedded"])
+                    memories = await backend.unembedded(agent_id, size)
+                    if not memories:
+                        break
+                    if not await embed_memories(self.embedder, memories):  # it logged why
+                        report["failed_batches"] += 1
+                        return report
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories if m.embedding is not None})
+                    report["embedded"] += done
+                    if on_progress:
+                        on_progress(agent_id, done)
+                    if done < len(memories):  # removed meanwhile: do not loop on them
+                        break
+        if report["embedded"]:
+            await self.state.add_metrics(embeddings_backfilled=report["embedded"])
+        return report

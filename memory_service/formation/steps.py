@@ -1,0 +1,328 @@
+"""Forming memories from exactly one claimed window — the steps of the window's life.
+
+A window (memory_service.formation.window) moves claimed → extracted → written → completed → gone,
+each step a compare-and-set in Redis. ``form_window`` runs whatever steps are left, so a
+retry after any failure resumes where the last try stopped:
+
+- claimed: read exactly the claimed messages, make ONE extractor call, and store the
+  extraction (the memories with their ids) in the window before writing anything;
+- extracted: write the stored memories (one idempotent statement per agent graph);
+- written: complete the window (pending set, cursor, consolidation queue, metrics);
+- completed: the post-completion work (trims, consolidation triggers), then forget it.
+
+Where an item goes: a directive and a personal fact to its user's namespace, a fact or
+suggestion to its shard, unless ``PersonalGuard`` finds it is about a person: shards are
+shared by every user of the agent, so such an item goes to that person's namespace
+(memory_service.formation.personal says how it is judged).
+
+Ids are derived from the window and from the stored extraction's content, and every try
+after the first reads the stored extraction, so memories from two extractions of one
+window can never both be stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard
+from memory_service.domain.namespaces import Namespace
+from memory_service.embedding.embedders import Embedder
+from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
+from memory_service.formation.personal import is_personal, personal_item
+from memory_service.formation.rule_extractor import split_sentences
+from memory_service.formation.window import Claim, StoredExtraction, WindowState, WindowStore
+from memory_service.recall.search import embed_memories
+from memory_service.stores.base import MemoryBackend
+
+log = logging.getLogger(__name__)
+
+_ID_NAMESPACE = uuid.UUID("6f1d7c1e-8a53-4d0b-9a51-2f0c1f2b7a10")
+
+
+def message_memory_id(session_id: str, message_id: str) -> str:
+    return str(uuid.uuid5(_ID_NAMESPACE, f"message\x1f{session_id}\x1f{message_id}"))
+
+
+def _formed_id(window_key: str, namespace: str, kind: MemoryKind, index: int) -> str:
+    return str(uuid.uuid5(_ID_NAMESPACE, f"{window_key}\x1f{namespace}\x1f{kind.value}\x1f{index}"))
+
+
+@dataclass(slots=True)
+class FormationResult:
+    session_id: str
+    window: int | None = None
+    message_ids: list[str] = field(default_factory=list)
+    memories: list[Memory] = field(default_factory=list)
+    written: int = 0
+    extractor: str = ""
+    usage: ExtractionUsage | None = None
+    already_formed: bool = False  # the window was finished before (by an earlier or a racing run)
+
+    @property
+    def formed(self) -> bool:
+        return bool(self.message_ids) and not self.already_formed
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for memory in self.memories:
+            out[memory.kind.value] = out.get(memory.kind.value, 0) + 1
+        return out
+
+
+class FormationSummary(BaseModel):
+    """What a formation job did, as the job returns it and the API shows it."""
+
+    session_id: str
+    window: int | None = None
+    formed: bool = False
+    message_ids: list[str] = Field(default_factory=list)
+    memories: dict[str, int] = Field(default_factory=dict, description="memories formed from the window, per kind")
+    written: int = Field(default=0, description="how many of them were new (0 when the window was already formed)")
+    extractor: str = ""
+    usage: dict[str, Any] | None = Field(default=None, description="LLM calls, attempts, tokens and seconds, when an LLM formed it")
+    job_id: str | None = None
+    reason: str = ""
+
+    @classmethod
+    def combined(cls, summaries: list[FormationSummary]) -> FormationSummary:
+        """Several windows formed by one request, as one answer (the last window's number)."""
+        if len(summaries) == 1:
+            return summaries[0]
+        last = summaries[-1]
+        memories: dict[str, int] = {}
+        usage: dict[str, Any] | None = None
+        for summary in summaries:
+            for kind, n in summary.memories.items():
+                memories[kind] = memories.get(kind, 0) + n
+            if summary.usage:
+                usage = {k: (usage or {}).get(k, 0) + v for k, v in summary.usage.items()}
+        formed = [s for s in summaries if s.formed]
+        return last.model_copy(update={
+            "formed": bool(formed), "message_ids": [m for s in summaries for m in s.message_ids],
+            "memories": memories, "written": sum(s.written for s in summaries), "usage": usage,
+            "reason": f"formed {len(formed)} windows" if formed else last.reason,
+        })
+
+    @classmethod
+    def of(cls, result: FormationResult) -> FormationSummary:
+        return cls(session_id=result.session_id, window=result.window, formed=result.formed,
+                   message_ids=result.message_ids if result.formed else [],
+                   memories=result.counts() if result.formed else {}, written=result.written,
+                   extractor=result.extractor, usage=asdict(result.usage) if result.usage else None,
+                   reason="formed" if result.formed else "window already formed")
+
+
+# Kinds that are merged into a consolidated memory once enough of them are pending.
+CONSOLIDATED_KINDS = (MemoryKind.DIRECTIVE, MemoryKind.SUGGESTION)
+
+
+async def form_window(
+    *,
+    claim: Claim,
+    agent_id: str,
+    backend: MemoryBackend,
+    windows: WindowStore,
+    extractor: Extractor,
+    shards: list[Shard],
+    embedder: Embedder | None = None,
+    post_process: Callable[[FormationResult], Awaitable[None]] | None = None,
+) -> FormationResult:
+    """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
+
+    ``post_process`` is the post-completion work; it runs on every run that finds the
+    window completed, so it must be idempotent.
+    """
+    started = time.perf_counter()
+    session_id = claim.session_id
+    result = FormationResult(session_id=session_id, window=claim.window, extractor=extractor.name)
+    record = await windows.load(session_id)
+    if record is None or record.claim.window != claim.window:
+        result.already_formed = True
+        return result
+    claim = record.claim  # as stored: the snapshot every try reads
+
+    if record.state is WindowState.CLAIMED:
+        extraction = await _extract(claim, agent_id, backend, extractor, shards)
+        record = await windows.store_extraction(record, extraction)
+        if record is None:
+            result.already_formed = True
+            return result
+    stored = record.extraction
+    if stored is None:  # the extracted state is stored with its extraction, in one step
+        raise RuntimeError(f"session {session_id!r}: window {claim.window} is {record.state.value} "
+                           "but holds no extraction")
+    result.memories = list(stored.memories)
+    result.usage = stored.usage
+    result.message_ids = claim.message_ids
+
+    if record.state is WindowState.EXTRACTED:
+        await embed_memories(embedder, result.memories)
+        record = await windows.mark_written(record, await backend.write(result.memories))
+        if record is None:
+            result.already_formed = True
+            return result
+    result.written = record.written
+
+    if record.state is WindowState.WRITTEN:
+        consolidate = [(m.namespace, m.id) for m in result.memories if m.kind in CONSOLIDATED_KINDS]
+        metrics = {"formations": 1, "formed_messages": len(claim.messages), "formed_memories": result.written,
+                   "formation_seconds": time.perf_counter() - started}
+        if usage := stored.usage:
+            metrics.update(llm_calls=usage.calls, llm_attempts=usage.attempts, llm_prompt_tokens=usage.prompt_tokens,
+                           llm_completion_tokens=usage.completion_tokens, llm_seconds=usage.latency_seconds)
+        if await windows.complete(record, consolidate, [m.namespace for m in result.memories], metrics) >= 0:
+            log.info("formed session %s window %d (%d messages): %s (%d new)",
+                     session_id, claim.window, len(claim.messages), result.counts(), result.written)
+        record = await windows.load(session_id)  # completed, by this run or a racing one
+        if record is None or record.claim.window != claim.window:
+            result.already_formed = True
+            return result
+
+    if post_process is not None:
+        await post_process(result)
+    await windows.finish(record)
+    return result
+
+
+async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
+                   shards: list[Shard]) -> StoredExtraction:
+    """The memories ONE extractor call makes of exactly the claimed messages."""
+    session_id = claim.session_id
+    session_ns = Namespace.session(session_id)
+    ids_by_uuid = {message_memory_id(session_id, mid): mid for mid in claim.message_ids}
+    stored = {ids_by_uuid[m.id]: m for m in await backend.get(agent_id, session_ns, list(ids_by_uuid))}
+    missing = [mid for mid in claim.message_ids if mid not in stored]
+    if missing:
+        raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: {missing[:5]}")
+    roles = {mid: role for mid, m in stored.items() if (role := m.metadata.role) is not None}
+    if roleless := [mid for mid in claim.message_ids if mid not in roles]:  # every recorded message has one
+        raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} stored without a role: "
+                           f"{roleless[:5]}")
+    messages = tuple(
+        WindowMessage(
+            message_id=mid,
+            sequence=seq,
+            role=roles[mid],
+            user_id=stored[mid].metadata.user_id or "",
+            content=stored[mid].content,
+            created_at=stored[mid].valid_at,
+        )
+        for mid, seq in claim.messages
+    )
+    window = Window(agent_id=agent_id, session_id=session_id, messages=messages, shards=tuple(s for s in shards if s.active))
+    extraction = await extractor.extract(window)
+    # The ids name the window AND this extraction: two extractions of one window (an LLM
+    # answers differently each time) never share an id, whatever positions their items hold.
+    window_digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
+    content_digest = hashlib.sha256(
+        json.dumps([extraction.episode, [asdict(item) for item in extraction.items]], default=str).encode()
+    ).hexdigest()[:16]
+    window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
+    return StoredExtraction(tuple(extraction_memories(window, window_key, extraction)), extraction.usage)
+
+
+def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
+    """The memories an extraction of ``window`` makes, each in the namespace it belongs to."""
+    users = sorted({m.user_id for m in window.messages if m.role == "user"})
+    all_ids = [m.message_id for m in window.messages]
+    by_id = {m.message_id: m for m in window.messages}
+    memories: list[Memory] = []
+
+    def add(kind: MemoryKind, namespace: Namespace, content: str, message_ids: Sequence[str], user_id: str | None) -> None:
+        index = sum(1 for m in memories if m.kind is kind and m.namespace == str(namespace))
+        # An item is as old as the latest message it was formed from, so that the items of
+        # one window keep the conversation's order.
+        sources = [by_id[mid] for mid in message_ids if mid in by_id] or [window.messages[-1]]
+        latest = max(sources, key=lambda m: (m.created_at, m.sequence))
+        memories.append(
+            Memory(
+                id=_formed_id(window_key, str(namespace), kind, index),
+                kind=kind,
+                namespace=str(namespace),
+                content=content,
+                metadata=Provenance(
+                    agent_id=window.agent_id,
+                    user_id=user_id,
+                    user_ids=users,
+                    session_id=window.session_id,
+                    message_ids=list(message_ids),
+                    sequence=latest.sequence,
+                ),
+                valid_at=latest.created_at,
+            )
+        )
+
+    if extraction.episode:
+        add(MemoryKind.EPISODE, Namespace.session(window.session_id), extraction.episode, all_ids, users[0] if len(users) == 1 else None)
+    shard_ids = {s.shard_id for s in window.shards}
+    guard = PersonalGuard(window)
+    personal: set[tuple[str, str]] = set()  # (owner, content): one personal fact, though named for two shards
+
+    def add_personal(owner: str, item: ExtractedItem) -> None:
+        if (owner, item.content.casefold()) not in personal:
+            personal.add((owner, item.content.casefold()))
+            add(MemoryKind.FACT, Namespace.user(window.agent_id, owner), item.content, item.message_ids, owner)
+
+    for item in extraction.items:
+        if item.kind is MemoryKind.DIRECTIVE and item.user_id:
+            add(item.kind, Namespace.user(window.agent_id, item.user_id), item.content, item.message_ids, item.user_id)
+        elif item.kind is MemoryKind.FACT and item.shard_id is None and item.user_id in users:
+            add_personal(item.user_id, item)
+        elif item.kind in (MemoryKind.FACT, MemoryKind.SUGGESTION) and item.shard_id in shard_ids:
+            if not guard.personal(item):
+                add(item.kind, Namespace.shard(window.agent_id, item.shard_id), item.content, item.message_ids, item.user_id)
+            elif owner := guard.owner(item):
+                log.info("session %s: a %s about a person, extracted for shard %s, kept in its owner's namespace",
+                         window.session_id, item.kind.value, item.shard_id)
+                add_personal(owner, item)
+            else:
+                log.info("session %s: dropped a %s about a person with no user to keep it for", window.session_id,
+                         item.kind.value)
+        else:
+            log.warning("dropping an extracted %s of session %s with no valid target (shard %s)", item.kind,
+                        window.session_id, item.shard_id)  # never its words
+    return memories
+
+
+class PersonalGuard:
+    """Formation's own check that no shard item is about a person, whatever extractor made it.
+
+    An extractor is told to keep personal statements out of shards (the rule extractor
+    does, an LLM is asked to); this is the second line: an item judged personal
+    (memory_service.formation.personal.personal_item) goes to the namespace of the user it is about
+    instead, and is dropped when there is no such user.
+    """
+
+    def __init__(self, window: Window) -> None:
+        self.window = window
+        self.users = sorted({m.user_id for m in window.messages if m.role == Role.USER and m.user_id})
+        self.by_id = {m.message_id: m for m in window.messages}
+        self.sentences = {m.message_id: split_sentences(m.content) for m in window.messages
+                          if m.role in (Role.USER, Role.ASSISTANT)}
+        self.personal_sentences = [
+            sentence for m in window.messages for sentence in self.sentences.get(m.message_id, ())
+            if is_personal(sentence, names=self.users, assistant=m.role == Role.ASSISTANT)
+        ]
+
+    def personal(self, item: ExtractedItem) -> bool:
+        sources = [(m.user_id, m.role == Role.ASSISTANT, sentence)
+                   for mid in item.message_ids if (m := self.by_id.get(mid)) and mid in self.sentences
+                   for sentence in self.sentences[mid]]
+        return personal_item(item.content, sources=sources, names=self.users,
+                             personal_sentences=self.personal_sentences)
+
+    def owner(self, item: ExtractedItem) -> str | None:
+        """The user a personal item is about: who said it; for the assistant's words, the one
+        user of the window (with two or more, whom "your" means is a guess: None)."""
+        if item.user_id in self.users:
+            return item.user_id
+        return self.users[0] if len(self.users) == 1 else None

@@ -1,0 +1,286 @@
+"""A formation window's life: a state machine persisted in Redis, advanced by compare-and-set.
+
+::
+
+    claim ─▶ claimed ─extract─▶ extracted ─write─▶ written ─complete─▶ completed ─post-process─▶ (gone)
+
+One hash per session holds the window being formed (``ms:s:{<session>}:window``; the
+session id is its hash tag, so the transitions that touch only the window name one slot;
+the claim and the completing step also touch the session's counters, see
+docs/formation.md, "Limits"):
+
+- ``claimed``: a snapshot of the session's pending messages (``ids``). Formation reads
+  exactly those, however often it is retried; messages recorded later belong to the
+  next window.
+- ``extracted``: the memories extracted from them (``extraction``, JSON, with their ids),
+  stored BEFORE anything is written. A retry never calls the extractor again, so two
+  extractions (an LLM answers differently each time) can never be mixed in the store.
+- ``written``: the backend holds those memories (``written``: how many were new).
+- ``completed``: the session's counters moved on, in one atomic step: the messages left
+  the pending set, the cursor advanced, directives and suggestions were queued for
+  consolidation, the metrics counted the formation.
+- gone: the post-completion work (FIFO trims, consolidation triggers) ran; the hash is
+  deleted and the session may claim its next window.
+
+Every transition names the window number and the state it expects, so a late duplicate
+of a job (two workers racing on one window) cannot advance it twice: it finds the state
+the winner left and carries on from there, doing only idempotent work. A window that
+exists in any state blocks a new claim, so a completed window's post-processing is
+never skipped: whatever finds it (the job's retry, the next gate, the sweep, POST /form)
+enqueues its job again, and the job resumes at the step the state names.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from enum import StrEnum
+from typing import cast
+
+from pydantic import TypeAdapter
+
+from memory_service.domain.models import Memory
+from memory_service.formation.extractor import ExtractionUsage
+from memory_service.state.store import ACTIVE, METRICS, StateStore, cons_list_key, generation_key, key_index
+
+
+class WindowState(StrEnum):
+    CLAIMED = "claimed"
+    EXTRACTED = "extracted"
+    WRITTEN = "written"
+    COMPLETED = "completed"
+
+
+def window_key(session_id: str) -> str:
+    return f"ms:s:{{{session_id}}}:window"
+
+
+def _legacy_claim_key(session_id: str) -> str:
+    """Where the first release kept a claimed window (adopted by the next claim)."""
+    return f"ms:s:{session_id}:claim"
+
+
+# Claim the session's window: the one it holds, in whatever state, or a snapshot of (up to
+# ARGV[1]) pending messages if at least ARGV[2] are pending. With ARGV[3], the caller
+# evaluated the gate on counters it read when formed_windows was ARGV[3]: if a window
+# completed since, its messages left the pending set, the gate's verdict is stale and the
+# answer is {'stale'} (the caller reads again). Nothing else can make a gate that was open
+# close (messages and tokens only grow until a window completes), so the gate's rule lives
+# in Python alone (memory_service.formation.gates) and this script never re-evaluates it.
+_CLAIM = """
+local window = redis.call('HGET', KEYS[3], 'window')
+if not window then
+  local legacy = redis.call('HMGET', KEYS[4], 'window', 'ids')
+  if legacy[1] then
+    redis.call('HSET', KEYS[3], 'window', legacy[1], 'ids', legacy[2], 'state', 'claimed')
+    redis.call('DEL', KEYS[4])
+  else
+    if redis.call('HGET', KEYS[1], 'incognito') == '1' then return false end
+    if ARGV[3] ~= '' and tonumber(redis.call('HGET', KEYS[1], 'formed_windows') or '0') ~= tonumber(ARGV[3]) then
+      return {'stale'}
+    end
+    if redis.call('ZCARD', KEYS[2]) < tonumber(ARGV[2]) then return false end
+    local rows = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[1]) - 1, 'WITHSCORES')
+    if #rows == 0 then return false end
+    local ids = {}
+    for i = 1, #rows, 2 do ids[#ids + 1] = {rows[i], tonumber(rows[i + 1])} end
+    window = tostring(redis.call('HINCRBY', KEYS[1], 'claimed_windows', 1))
+    redis.call('HSET', KEYS[3], 'window', window, 'ids', cjson.encode(ids), 'state', 'claimed')
+  end
+end
+return {'claim', redis.call('HGET', KEYS[3], 'window'), redis.call('HGET', KEYS[3], 'ids')}
+"""
+
+# Advance window ARGV[1] from state ARGV[2] to ARGV[3], setting the field/value pairs that
+# follow; the window as it is afterwards (advanced by this call or by a racing one), or
+# nil if the session holds no window of that number any more.
+_ADVANCE = """
+local current = redis.call('HMGET', KEYS[1], 'window', 'state')
+if current[1] ~= ARGV[1] then return false end
+if current[2] == ARGV[2] then
+  redis.call('HSET', KEYS[1], 'state', ARGV[3], unpack(ARGV, 4))
+end
+return redis.call('HGETALL', KEYS[1])
+"""
+
+# Complete window ARGV[1], if it is written: take its messages off the pending set, advance
+# the cursor, leave the active set if nothing is pending, then apply ARGV[2] (JSON): push
+# memory ids onto consolidation lists, bump the write generation of the namespaces written,
+# add to the metrics. Returns how many messages left the pending set, -1 if the window is
+# not (or no longer) in the written state.
+_COMPLETE = """
+local current = redis.call('HMGET', KEYS[4], 'window', 'state', 'ids')
+if current[1] ~= ARGV[1] or current[2] ~= 'written' then return -1 end
+local ids = cjson.decode(current[3])
+local removed, tokens, last = 0, 0, 0
+for _, row in ipairs(ids) do
+  if redis.call('ZREM', KEYS[2], row[1]) == 1 then
+    removed = removed + 1
+    tokens = tokens + tonumber(redis.call('HGET', KEYS[3], row[1]) or '0')
+    redis.call('HDEL', KEYS[3], row[1])
+  end
+  if row[2] > last then last = row[2] end
+end
+redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', -tokens)
+redis.call('HINCRBY', KEYS[1], 'formed_windows', 1)
+redis.call('HINCRBY', KEYS[1], 'formed_messages', removed)
+local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
+if last > cursor then redis.call('HSET', KEYS[1], 'cursor', last) end
+redis.call('HSET', KEYS[4], 'state', 'completed')
+if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[5], ARGV[3]) end
+local ops = cjson.decode(ARGV[2])
+for _, push in ipairs(ops['push']) do redis.call('RPUSH', KEYS[push[1]], push[2]) end
+for _, key in ipairs(ops['bump']) do redis.call('INCR', KEYS[key]) end
+for _, metric in ipairs(ops['metrics']) do redis.call('HINCRBYFLOAT', KEYS[6], metric[1], metric[2]) end
+return removed
+"""
+
+# The last step: forget window ARGV[1] once its post-processing ran. 1 if this call did.
+_FINISH = """
+local current = redis.call('HMGET', KEYS[1], 'window', 'state')
+if current[1] == ARGV[1] and current[2] == 'completed' then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """The window a formation job forms: exactly these messages, in sequence order."""
+
+    session_id: str
+    window: int
+    messages: tuple[tuple[str, int], ...]  # (message_id, sequence)
+
+    @classmethod
+    def of(cls, session_id: str, window: str, ids_json: str) -> Claim:
+        """A claim as the window hash stores it: the window number and ``[[id, seq], ...]``."""
+        return cls(session_id, int(window), tuple((mid, int(seq)) for mid, seq in json.loads(ids_json)))
+
+    @property
+    def message_ids(self) -> list[str]:
+        return [mid for mid, _ in self.messages]
+
+
+_MEMORIES = TypeAdapter(list[Memory])
+
+
+@dataclass(frozen=True, slots=True)
+class StoredExtraction:
+    """What the extractor made of a window, as memories with their final ids."""
+
+    memories: tuple[Memory, ...]
+    usage: ExtractionUsage | None = None
+
+    def to_json(self) -> str:
+        # Vectors are not stored: the write step embeds (a failing embedder never fails it).
+        memories = [m.model_dump(mode="json", exclude={"embedding"}) for m in self.memories]
+        return json.dumps({"memories": memories, "usage": asdict(self.usage) if self.usage else None})
+
+    @classmethod
+    def from_json(cls, raw: str) -> StoredExtraction:
+        data = json.loads(raw)
+        usage = ExtractionUsage(**data["usage"]) if data.get("usage") else None
+        return cls(tuple(_MEMORIES.validate_python(data["memories"])), usage)
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRecord:
+    """A window as Redis holds it."""
+
+    claim: Claim
+    state: WindowState
+    extraction: StoredExtraction | None = None
+    written: int = 0  # memories the write step stored new
+
+    @classmethod
+    def of(cls, session_id: str, raw: dict[str, str]) -> WindowRecord:
+        extraction = StoredExtraction.from_json(raw["extraction"]) if raw.get("extraction") else None
+        return cls(Claim.of(session_id, raw["window"], raw["ids"]), WindowState(raw.get("state", "claimed")),
+                   extraction, int(raw.get("written", 0)))
+
+
+class StaleGate(Exception):
+    """A window completed after the gate was evaluated: evaluate it again."""
+
+
+class WindowStore:
+    """The only code that changes a window's state."""
+
+    def __init__(self, state: StateStore):
+        self.state = state
+        redis = state.redis
+        self._claim = redis.register_script(_CLAIM)
+        self._advance = redis.register_script(_ADVANCE)
+        self._complete = redis.register_script(_COMPLETE)
+        self._finish = redis.register_script(_FINISH)
+
+    async def claim(self, session_id: str, limit: int, min_messages: int = 1,
+                    formed_windows: int | None = None) -> Claim | None:
+        """The session's window (in any state), or a new claim of up to ``limit`` pending
+        messages if at least ``min_messages`` are pending. None if there is nothing to claim
+        (or the session is incognito).
+
+        ``formed_windows``: the counter as read with the counters the caller's gate was
+        evaluated on; raises StaleGate if a window completed since.
+        """
+        k = self.state.session_keys(session_id)
+        row = await self._claim(keys=[k["meta"], k["pending"], window_key(session_id), _legacy_claim_key(session_id)],
+                                args=[limit, min_messages, "" if formed_windows is None else formed_windows])
+        if not row:
+            return None
+        if row[0] == "stale":
+            raise StaleGate(session_id)
+        return Claim.of(session_id, row[1], row[2])
+
+    async def load(self, session_id: str) -> WindowRecord | None:
+        # The state store's client decodes responses (see memory_service.state.store).
+        raw = cast(dict[str, str], await self.state.redis.hgetall(window_key(session_id)))
+        return WindowRecord.of(session_id, raw) if raw else None
+
+    async def current_claim(self, session_id: str) -> Claim | None:
+        record = await self.load(session_id)
+        return record.claim if record else None
+
+    async def _advance_to(self, record: WindowRecord, to: WindowState, **fields: str) -> WindowRecord | None:
+        pairs = [str(v) for item in fields.items() for v in item]
+        raw = await self._advance(keys=[window_key(record.claim.session_id)],
+                                  args=[record.claim.window, record.state.value, to.value, *pairs])
+        if not raw:
+            return None
+        return WindowRecord.of(record.claim.session_id, dict(zip(raw[::2], raw[1::2], strict=True)))
+
+    async def store_extraction(self, record: WindowRecord, extraction: StoredExtraction) -> WindowRecord | None:
+        """claimed → extracted. The window afterwards: with the extraction stored first, by
+        whichever run stored one; None if the window is gone (formed by another run)."""
+        return await self._advance_to(record, WindowState.EXTRACTED, extraction=extraction.to_json())
+
+    async def mark_written(self, record: WindowRecord, written: int) -> WindowRecord | None:
+        """extracted → written: the backend holds the stored extraction's memories."""
+        return await self._advance_to(record, WindowState.WRITTEN, written=str(written))
+
+    async def complete(self, record: WindowRecord, consolidate: Sequence[tuple[str, str]] = (),
+                       written: Sequence[str] = (), metrics: dict[str, float] | None = None) -> int:
+        """written → completed, with the session's counters, in one atomic step.
+
+        ``consolidate`` (namespace, memory id) pairs are queued for consolidation, the cached
+        memory contexts reading the ``written`` namespaces invalidated, ``metrics`` added.
+        How many messages left the pending set; -1 if the window is not in the written state
+        (another run completed it, or it is gone).
+        """
+        claim = record.claim
+        k = self.state.session_keys(claim.session_id)
+        keys = [k["meta"], k["pending"], k["tokens"], window_key(claim.session_id), ACTIVE, METRICS]
+        ops = {
+            "push": [[key_index(keys, cons_list_key(ns)), mid] for ns, mid in consolidate],
+            "bump": [key_index(keys, generation_key(ns)) for ns in sorted(set(written))],
+            "metrics": [[name, repr(float(value))] for name, value in (metrics or {}).items()],
+        }
+        return int(await self._complete(keys=keys, args=[claim.window, json.dumps(ops), claim.session_id]))
+
+    async def finish(self, record: WindowRecord) -> bool:
+        """completed → gone, once the post-completion work ran. True if this call did it."""
+        return bool(await self._finish(keys=[window_key(record.claim.session_id)], args=[record.claim.window]))

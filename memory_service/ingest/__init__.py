@@ -1,0 +1,1 @@
+"""Ingest: recording messages into the session ledger and the store (group commit)."""

@@ -1,0 +1,333 @@
+"""The session ledger: recording messages, the formation gates, and scheduling windows.
+
+A message is stored (and indexed for full-text search) first, then committed to its
+session's pending window; a gate that opens claims the window and enqueues its formation
+job. Its embedding comes after: the worker's embedding job (docs/ingest.md).
+``form_memories`` forms what is pending on request and waits for it.
+
+Between its reserve and its commit a record is "in flight" (memory_service.state.store): a
+write the store refused releases the message id at once; a crash, or a write whose
+outcome is unknown, leaves the reservation to ``recover_in_flight`` (a worker cron), which
+commits what the store holds and releases the rest, so every stored message ends up
+pending or formed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from memory_service.access.reach import Reach
+from memory_service.config import Settings
+from memory_service.domain import limits
+from memory_service.domain.errors import (
+    BackendUnavailable,
+    Conflict,
+    FormationPending,
+    InvalidInput,
+    MemoryServiceError,
+    NotFound,
+    preview,
+    session_taken,
+)
+from memory_service.domain.models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Role
+from memory_service.domain.namespaces import Namespace, validate_id
+from memory_service.embedding.embedders import Embedder
+from memory_service.formation import gates
+from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
+from memory_service.formation.steps import FormationSummary, message_memory_id
+from memory_service.formation.window import StaleGate, WindowState, WindowStore
+from memory_service.ingest.group_commit import GroupCommit, RowRefused
+from memory_service.state.store import Commit, InFlight, SessionCounters, StateStore
+from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
+
+# How often a gated claim re-reads the counters when windows keep completing under it.
+CLAIM_ATTEMPTS = 3
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class RecordResult:
+    session_id: str
+    message_id: str
+    sequence: int
+    duplicate: bool
+    gate: gates.GateStatus
+    formation_job: str | None = None  # the job forming the session's window, if a gate opened
+
+
+class SessionLedger:
+    def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, agents: AgentDirectory,
+                 embedder: Embedder | None, extractor_name: str):
+        self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
+        self.embedder, self.extractor_name = embedder, extractor_name
+        self.windows = WindowStore(state)
+        self.writes = GroupCommit()
+
+    async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
+        """Store one message (idempotent by message_id) and evaluate the gates.
+
+        Three round trips in the common case: reserve (with the agent's settings), the
+        store's write (shared with the agent's concurrent records), commit (with the
+        counters). The message is stored without its embedding; the worker adds it.
+        ``reach``: the caller's (memory_service/access/reach.py); a key limited to some users
+        records into a session other users started only with the agent's
+        ``users_join_sessions``, else it is answered as a session of another agent.
+        """
+        validate_id(session_id, "session_id")
+        limits.check_message_chars(message.content, self.settings.max_message_chars)
+        if reach is not None and reach.confined:
+            settings = await self.state.get_agent(message.agent_id) or AgentSettings()
+            if not await reach.may_record(session_id, settings.users_join_sessions):
+                raise session_taken(session_id)
+        message_id = message.message_id or uuid.uuid4().hex
+        digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
+        reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest,
+                                                       message.incognito)
+        if reservation.digest != digest:
+            raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
+        _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
+        memory = Memory(
+            id=message_memory_id(session_id, message_id),
+            kind=MemoryKind.MESSAGE,
+            namespace=str(Namespace.session(session_id)),
+            content=message.content,
+            metadata=Provenance(
+                agent_id=message.agent_id,
+                user_id=message.user_id,
+                user_ids=[message.user_id],
+                session_id=session_id,
+                message_ids=[message_id],
+                sequence=reservation.sequence,
+                role=message.role,
+            ),
+            valid_at=message.created_at or datetime.now(UTC),
+        )
+        # Store first, then make it pending: a failed write leaves nothing pending that
+        # formation could not read, and the client's retry completes the same message.
+        # Stored without its embedding (marked for it): the embedding job adds it.
+        await self._store(backend, memory, reservation.sequence)
+        commit = await self._commit(session_id, message_id, reservation.sequence, memory, message.incognito)
+        gate = gates.evaluate(commit.counters, self.settings)
+        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate)
+        if gate.open:
+            result.formation_job = await self.schedule(session_id, gated=True, counters=commit.counters)
+        return result
+
+    async def _store(self, backend: MemoryBackend, memory: Memory, sequence: int) -> None:
+        """The record's store write; on failure, its reservation is let go of (released if
+        the store refused the message, kept for a retry or the recovery on an outage) and
+        the caller told which: 422 or 503. The store's own words go to the log only."""
+        meta = memory.metadata
+        session_id, message_id = cast(str, meta.session_id), meta.message_ids[0]
+        try:
+            await self.writes.write(backend, meta.agent_id, memory)
+        except RowRefused as refused:
+            log.warning("the store refused message %s of session %s (agent %s), its id is released: %s",
+                        preview(message_id), preview(session_id), preview(meta.agent_id),
+                        preview(str(refused.__cause__), 300))
+            await self._let_go(session_id, message_id, sequence, "refused")
+            raise InvalidInput(
+                f"content: message {message_id!r} of session {session_id!r} could not be stored: the store refused "
+                "its content (characters it cannot hold). Nothing was stored and the message_id is free again: "
+                "send it with corrected content") from None
+        except BaseException as exc:  # an outage, or the caller gone: the write may have landed
+            await self._let_go(session_id, message_id, sequence, "unhold")
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("could not store message %s of session %s (agent %s): %s: %s", preview(message_id),
+                        preview(session_id), preview(meta.agent_id), type(exc).__name__, exc)
+            # Our own errors (an outbox full, an open breaker) are worded for the caller; a
+            # store's or a driver's text is not: it stays in the log.
+            why = str(exc) if isinstance(exc, MemoryServiceError) else "the memory store is unavailable"
+            raise BackendUnavailable(
+                f"could not store message {message_id!r} of session {session_id!r}: {why}; "
+                "nothing is pending for it: send it again with the same message_id") from exc
+
+    async def _let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:
+        # Best effort: if Redis fails too, the reservation stays in flight and the recovery
+        # settles it once it is RECORD_RECOVERY_AFTER_SECONDS old.
+        try:
+            await asyncio.shield(self.state.release_message(session_id, message_id, sequence, mode))
+        except BaseException as exc:
+            log.warning("could not let go of the reservation of message %s of session %s (the recovery will): %s",
+                        preview(message_id), preview(session_id), exc)
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _commit(self, session_id: str, message_id: str, sequence: int, memory: Memory,
+                      incognito: bool) -> Commit:
+        """Make the stored ``memory`` (the message) pending, once, and enqueue its embedding."""
+        meta = memory.metadata
+        role, user_id = meta.role or Role.USER, meta.user_id  # a message always has its role
+        commit = await self.state.commit_message(
+            session_id, message_id, sequence, gates.weighted_tokens(role, memory.content),
+            user_id if role == "user" else None, incognito, meta.agent_id,
+            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=user_id,
+        )
+        if commit.enqueue_embedding:
+            await self._enqueue_embedding(meta.agent_id)
+        return commit
+
+    async def recover_in_flight(self, limit: int = 1000) -> dict[str, int]:
+        """Settle the records left between their reserve and their commit for at least
+        RECORD_RECOVERY_AFTER_SECONDS (a crashed process, a write whose outcome was unknown
+        and never retried): a message the store holds is committed (the record's own commit,
+        idempotent), the id of one it does not hold is released. Up to ``limit`` sessions;
+        counts ``committed``, ``released`` and ``sessions``."""
+        before = time.time() - self.settings.record_recovery_after_seconds
+        report = {"sessions": 0, "committed": 0, "released": 0}
+        for session_id in await self.state.sessions_in_flight(before, limit):
+            report["sessions"] += 1
+            try:
+                old = [e for e in await self.state.in_flight(session_id) if e.reserved_at < before]
+                if old:
+                    committed, released = await self._recover_session(session_id, old)
+                    report["committed"] += committed
+                    report["released"] += released
+                await self.state.settle_in_flight(session_id)
+            except Exception as exc:  # the next run tries again
+                log.warning("could not recover the records in flight of session %s: %s", preview(session_id), exc)
+        if report["committed"] or report["released"]:
+            log.info("recovered records left in flight: %d committed, %d released, in %d session(s)",
+                     report["committed"], report["released"], report["sessions"])
+        return report
+
+    async def _recover_session(self, session_id: str, old: list[InFlight]) -> tuple[int, int]:
+        agent_id = (await self.state.counters(session_id)).agent_id
+        stored: dict[str, Memory] = {}
+        if agent_id is not None:
+            _, backend = await self.agents.backend_for(agent_id)
+            ids = [message_memory_id(session_id, e.message_id) for e in old]
+            stored = {m.id: m for m in await backend.get(agent_id, Namespace.session(session_id), ids)}
+        committed = released = 0
+        for entry in old:
+            memory = stored.get(message_memory_id(session_id, entry.message_id))
+            if memory is not None:
+                await self._commit(session_id, entry.message_id, entry.sequence, memory, entry.incognito)
+                committed += 1
+            elif await self.state.release_message(session_id, entry.message_id, entry.sequence, "expired",
+                                                  entry.entry):
+                released += 1
+        if committed:  # as a record would: a gate the commits opened claims its window
+            await self.schedule(session_id, gated=True)
+        return committed, released
+
+    async def _enqueue_embedding(self, agent_id: str) -> None:
+        # The message is stored and pending: a queue that fails here must not fail the record.
+        # The agent's lock expires, and the next record (or the backfill cron) enqueues again.
+        try:
+            await self.queue.enqueue_embedding(agent_id)
+        except Exception as exc:
+            log.warning("could not enqueue the embedding of agent %s's messages (retried within %d s): %s",
+                        agent_id, EMBED_LOCK_MS // 1000, exc)
+
+    async def session_gate(self, session_id: str) -> gates.GateStatus:
+        validate_id(session_id, "session_id")
+        return gates.evaluate(await self.state.counters(session_id), self.settings)
+
+    async def schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1,
+                       counters: SessionCounters | None = None) -> str | None:
+        """Claim the session's window (or find the one it holds) and enqueue its job.
+
+        ``gated``: a new window only if the gates are open; they are evaluated here (on
+        ``counters`` if the caller just read them) and the claim refuses the verdict if a
+        window completed since, in which case they are evaluated again.
+        """
+        s = self.settings
+        for _ in range(CLAIM_ATTEMPTS):
+            formed_windows = None
+            if gated:
+                counters = counters or await self.state.counters(session_id)
+                if not gates.evaluate(counters, s).open:
+                    return None
+                formed_windows, min_messages = counters.formed_windows, 1
+            try:
+                claim = await self.windows.claim(session_id, s.max_window_messages, min_messages, formed_windows)
+            except StaleGate:
+                counters = None
+                continue
+            return await self.queue.enqueue_formation(session_id, claim.window) if claim else None
+        return None  # windows kept completing: the next message, sweep or POST /form claims it
+
+    async def maybe_form_memories(self, session_id: str) -> str | None:
+        """Enqueue the pending window's formation if a gate is open; the job id, or None."""
+        validate_id(session_id, "session_id")
+        return await self.schedule(session_id, gated=True)
+
+    async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
+        """Form whatever is pending now, gates or not (never in an incognito session).
+
+        Enqueues the window's job (or joins the one already queued) and, with ``wait``,
+        answers once every message pending at the call is stored: a window a gate claimed
+        earlier holds only the messages pending then, so the windows after it are formed
+        too, and the answer sums them. The worker does the forming.
+        """
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        # A completed window whose post-processing is left holds none of the pending messages.
+        held = await self.windows.load(session_id)
+        completed = held.claim.window if held is not None and held.state is WindowState.COMPLETED else None
+        job_id = await self.schedule(session_id)
+        if job_id is None:
+            reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
+            return FormationSummary(session_id=session_id, extractor=self.extractor_name, reason=reason)
+        if not wait:
+            return FormationSummary(session_id=session_id, extractor=self.extractor_name, job_id=job_id, reason="queued")
+        deadline = time.monotonic() + self.settings.form_wait_seconds
+        summaries: list[FormationSummary] = []
+        formed = 0  # windows are formed oldest first: once this many are, all pending at the call are
+        while job_id is not None:
+            summaries.append(await self._wait_for_window(session_id, job_id, deadline))
+            if summaries[-1].window != completed:
+                formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
+            job_id = await self.schedule(session_id) if formed < counters.pending_messages else None
+        return FormationSummary.combined(summaries)
+
+    async def _wait_for_window(self, session_id: str, job_id: str, deadline: float) -> FormationSummary:
+        try:
+            result = await self.queue.wait(job_id, max(deadline - time.monotonic(), 0.001))
+            return FormationSummary.model_validate(result).model_copy(update={"job_id": job_id})
+        except TimeoutError:
+            raise FormationPending(
+                f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "
+                f"job {job_id} is still queued or running (GET /v1/sessions/{session_id} shows it)"
+            ) from None
+        except Exception as exc:
+            raise FormationPending(
+                f"forming session {session_id!r} failed: {type(exc).__name__}: {exc}; its window stays pending "
+                "and is retried by the next gate, sweep or POST /form"
+            ) from exc
+
+    async def session_status(self, session_id: str) -> dict[str, Any]:
+        """The session's gate, formation cursor and the job of its claimed window."""
+        validate_id(session_id, "session_id")
+        counters = await self.state.counters(session_id)
+        if counters.agent_id is None:
+            raise NotFound(f"session {session_id!r} has no recorded messages")
+        window = await self.windows.load(session_id)
+        job = None
+        if window is not None:
+            job = {"window": window.claim.window, "messages": len(window.claim.messages), "state": window.state.value,
+                   **await self.queue.status(formation_job_id(session_id, window.claim.window))}
+        return {
+            "session_id": session_id,
+            "agent_id": counters.agent_id,
+            "gate": gates.evaluate(counters, self.settings).model_dump(),
+            "cursor": counters.cursor,
+            "formed_windows": counters.formed_windows,
+            "formed_messages": counters.formed_messages,
+            "incognito": counters.incognito,
+            "last_activity": counters.last_activity,
+            "pending_job": job,
+        }

@@ -1,0 +1,1 @@
+"""The memory tools over the Model Context Protocol (stdio or streamable HTTP)."""

@@ -1,0 +1,167 @@
+"""`memory-service mcp`: the memory tools over MCP (stdio or streamable HTTP), with the
+official SDK's MCPServer. It is a client of the HTTP API (memory_service.client): every
+tool call is one API request under an API key, so access control, limits, the
+MEMORY_WRITE_AGENTS switch and the audit log are the API's. One server serves one agent.
+
+Keys: over stdio, the key given at start (--key or MEMORY_SERVICE_API_KEY). Over HTTP, the
+key of each MCP request's ``Authorization: Bearer <key>`` header is passed through, so each
+caller acts with its own key; the key given at start only answers requests without one,
+and is refused on a non-loopback address (anyone reaching the port would act with it).
+See docs/mcp.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
+from mcp.server.mcpserver.exceptions import ToolError
+from pydantic import Field
+
+from memory_service import __version__
+from memory_service.access.authorization import is_loopback
+from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord
+from memory_service.domain.models import MemoryKind
+from memory_service.recall.search import Scope, SearchResult
+
+T = TypeVar("T")
+Transport = Literal["stdio", "http"]
+
+INSTRUCTIONS = (
+    "Long-term memory of agent {agent}. memory_search finds memories (each result explained, best first); "
+    "memory_get reads one by id; memory_write, memory_update, memory_delete and memory_undelete curate them, "
+    "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date."
+)
+
+MemoryId = Annotated[str, Field(min_length=1, max_length=512, description="the memory's id, as search or write answered it")]
+Clearable = Literal["title", "confidence", "tags"]  # the fields a memory may lack (content and kind it may not)
+Tags = Annotated[list[str] | None, Field(description="labels; a search with tags finds memories carrying all of them")]
+
+
+def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys: bool) -> MCPServer:
+    """The MCP server of ``agent_id``'s memory tools, calling the API through ``client``.
+
+    ``pass_through_keys``: a request's own ``Authorization: Bearer`` key (HTTP) replaces the
+    client's for that call.
+    """
+    server: MCPServer = MCPServer("memory-service", version=__version__, instructions=INSTRUCTIONS.format(agent=agent_id),
+                                  log_level="WARNING")  # stderr: each API request at INFO is noise to a host
+
+    def api(ctx: Context) -> AsyncMemoryClient:
+        if not pass_through_keys:
+            return client
+        header = (ctx.headers or {}).get("authorization")
+        if header is None:
+            return client
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ToolError("the Authorization header must be 'Bearer <memory-service API key>'")
+        return client.with_api_key(key.strip())
+
+    async def call(request: Callable[[], Awaitable[T]]) -> T:
+        try:
+            return await request()
+        except MemoryApiError as exc:  # the API's refusal, named, as the tool's error result
+            raise ToolError(f"memory-service answered {exc.status} ({type(exc).__name__}): {exc.detail}") from None
+
+    @server.tool()
+    async def memory_search(
+        ctx: Context,
+        query: Annotated[str, Field(min_length=1, description="what to look for, in plain words")],
+        scope: Annotated[Scope, Field(description="agent (everything), user, session, shard or namespaces")] = Scope.AGENT,
+        user_id: Annotated[str | None, Field(description="scope=user: whose memories")] = None,
+        session_id: Annotated[str | None, Field(description="scope=session: which session")] = None,
+        shard_id: Annotated[str | None, Field(description="scope=shard: which shard")] = None,
+        namespaces: Annotated[list[str] | None, Field(description="scope=namespaces: e.g. ['user:agent:alice']")] = None,
+        top_k: Annotated[int, Field(ge=1, description="results to return")] = 10,
+        min_score: Annotated[float | None, Field(ge=0, le=1, description="results below it come back as candidates")] = None,
+        kinds: Annotated[list[MemoryKind] | None, Field(description="only these kinds (default: all)")] = None,
+        tags: Tags = None,
+        since: Annotated[datetime | None, Field(description="only memories at or after this time")] = None,
+        until: Annotated[datetime | None, Field(description="only memories at or before this time")] = None,
+    ) -> SearchResult:
+        """Search the agent's memories: full-text and vector signals fused, with recency; each result explained."""
+        return await call(lambda: api(ctx).search(
+            agent_id, query, scope=scope.value, user_id=user_id, session_id=session_id, shard_id=shard_id,
+            namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=[k.value for k in kinds] if kinds else None,
+            tags=tags, since=since, until=until))
+
+    @server.tool()
+    async def memory_get(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
+        """Read one memory by id: content, title, tags, confidence, dates and provenance."""
+        return await call(lambda: api(ctx).memory_get(agent_id, memory_id))
+
+    @server.tool()
+    async def memory_write(
+        ctx: Context,
+        content: Annotated[str, Field(min_length=1, description="the memory, in one or a few sentences")],
+        namespace: Annotated[str, Field(min_length=1, description="where it belongs, e.g. 'agent:<agent>' or 'user:<agent>:<user>'")],
+        kind: Annotated[str, Field(min_length=1, description="e.g. fact, directive, suggestion, observation")],
+        title: Annotated[str | None, Field(description="a short title")] = None,
+        tags: Tags = None,
+        confidence: Annotated[float | None, Field(ge=0, le=1, description="how sure, 0 to 1")] = None,
+    ) -> MemoryRecord:
+        """Write a new memory for the agent."""
+        return await call(lambda: api(ctx).memory_write(agent_id, content=content, namespace=namespace, kind=kind,
+                                                        title=title, tags=tags, confidence=confidence))
+
+    @server.tool()
+    async def memory_update(
+        ctx: Context,
+        memory_id: MemoryId,
+        content: Annotated[str | None, Field(min_length=1, description="new content")] = None,
+        title: Annotated[str | None, Field(description="new title")] = None,
+        tags: Tags = None,
+        confidence: Annotated[float | None, Field(ge=0, le=1, description="new confidence, 0 to 1")] = None,
+        kind: Annotated[str | None, Field(min_length=1, description="new kind")] = None,
+        clear: Annotated[list[Clearable] | None, Field(
+            description="fields to remove from the memory: title, confidence, tags (a field given a new value "
+                        "cannot be cleared too)")] = None,
+    ) -> MemoryRecord:
+        """Change the fields given of one memory; the others stay (null or omitted: unchanged). To remove a
+        title, confidence or tags, name them in `clear`. A deleted memory cannot be changed."""
+        # Null means unchanged (a model often sends null for an option it does not use), so
+        # clearing is said explicitly, by name.
+        given: dict[str, Any] = {name: value for name, value in (("content", content), ("title", title), ("tags", tags),
+                                 ("confidence", confidence), ("kind", kind)) if value is not None}
+        both = sorted(set(given) & set(clear or ()))
+        if both:
+            raise ToolError(f"clear: {', '.join(both)} {'is' if len(both) == 1 else 'are'} both given a new value "
+                            "and cleared; do one or the other")
+        given.update(dict.fromkeys(clear or (), None))
+        return await call(lambda: api(ctx).memory_update(agent_id, memory_id, **given))
+
+    @server.tool()
+    async def memory_delete(ctx: Context, memory_id: MemoryId) -> DeletedMemory:
+        """Delete a memory: it leaves search at once and is purged at purge_at; undelete brings it back until then."""
+        return await call(lambda: api(ctx).memory_delete(agent_id, memory_id))
+
+    @server.tool()
+    async def memory_undelete(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
+        """Bring back a deleted memory before its purge date."""
+        return await call(lambda: api(ctx).memory_undelete(agent_id, memory_id))
+
+    return server
+
+
+async def serve(transport: Transport, api_url: str, api_key: str | None, agent_id: str, *, host: str = "127.0.0.1",
+                port: int = 8765, path: str = "/mcp") -> None:
+    """Serve the tools until stopped (stdio: until the client closes stdin)."""
+    if transport == "http" and api_key and not is_loopback(host):
+        raise ValueError(f"refusing to serve MCP over HTTP on {host} with a fixed API key: anyone reaching the port "
+                         "would act with it. Drop --key (and MEMORY_SERVICE_API_KEY) so that each caller sends its own "
+                         "key as 'Authorization: Bearer <key>', or listen on loopback")
+    async with AsyncMemoryClient(api_url, api_key) as client:
+        server = build_server(client, agent_id, pass_through_keys=transport == "http")
+        if transport == "stdio":
+            await server.run_stdio_async()
+            return
+        import uvicorn
+
+        # Stateless and JSON answers: each request stands alone, so replicas need no shared
+        # MCP session state and a load balancer may send any request anywhere.
+        app = server.streamable_http_app(streamable_http_path=path, stateless_http=True, json_response=True, host=host)
+        await uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning")).serve()

@@ -1,0 +1,288 @@
+"""The memory block for one model call: what it shows, cached, and never failing the prompt.
+
+The block is read from the session's episodes, each user's directives, the active shards'
+facts and suggestions, and (with a query, or the latest user message) the most relevant
+memories in the user's scope. Blocks are cached under the generations of everything they
+read, so any write to those namespaces invalidates them. A store that fails shrinks the
+block or serves the last good one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+from collections import OrderedDict
+from contextlib import suppress
+from dataclasses import replace
+from typing import Any
+
+from memory_service.access.pseudonyms import for_log, namespace_for_log
+from memory_service.access.reach import Reach
+from memory_service.config import Settings
+from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError
+from memory_service.domain.models import Memory, MemoryKind, Shard
+from memory_service.domain.namespaces import Namespace, validate_id
+from memory_service.recall.render import (
+    MIN_BUDGET_CHARS,
+    ContextInputs,
+    RelevantItem,
+    RenderedContext,
+    ShardContext,
+    StartupItem,
+    UserContext,
+    budget_for_model,
+    render_context,
+)
+from memory_service.recall.search import Retriever, SearchRequest, query_terms, snippet
+from memory_service.recall.startup import StartupRecords
+from memory_service.state.store import StateStore
+from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
+
+log = logging.getLogger(__name__)
+
+# The last complete memory block per (agent, user, session, budget) is kept to serve when
+# every store fails: in Redis for a day, and the most recent ones in this process's memory.
+LAST_GOOD_TTL_SECONDS = 86_400
+LAST_GOOD_IN_PROCESS = 1_000
+# The CONTEXT_RELEVANT_* counts are per this many characters of budget.
+RELEVANT_COUNTS_PER_CHARS = 4_000
+
+
+class ContextAssembler:
+    def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, retriever: Retriever):
+        self.settings, self.state, self.agents, self.retriever = settings, state, agents, retriever
+        self._last_good: OrderedDict[str, RenderedContext] = OrderedDict()
+        self.startup = StartupRecords(settings, state)
+
+    async def assemble(
+        self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
+        query: str | None = None, budget: int | None = None, reach: Reach | None = None,
+    ) -> RenderedContext:
+        """The XML memory block for one model call; it fits the budget.
+
+        ``budget`` (characters) overrides the model's. With a ``query`` the block gains the
+        memories most relevant to it; without one, the session's latest user message is the
+        query. A store that fails to answer shrinks the block; it never fails the prompt.
+
+        ``reach`` is the caller's (memory_service/access/reach.py; default: all of the agent). A
+        session it does not see (another agent's, or one none of a key's users took part
+        in) gets exactly the block of an unknown session, and <UserMemory> shows only the
+        users it sees. Cached and last-good blocks are kept per reach: a block made for a
+        wider key is never served to a narrower one.
+        """
+        reach = reach or Reach(self.state, agent_id)
+        for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
+            validate_id(value, what)
+        if query is not None and len(query) > self.settings.search_max_query_chars:
+            raise InvalidInput(f"query is {len(query)} characters long; the limit is {self.settings.search_max_query_chars}")
+        if budget is not None and budget < MIN_BUDGET_CHARS:
+            raise InvalidInput(f"budget must be at least {MIN_BUDGET_CHARS} characters, got {budget}")
+        if budget is None:
+            budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
+        query = query.strip() if query else None
+        last_good_key = json.dumps([agent_id, user_id, session_id, budget, reach.view])
+        # Memory reads stop at the deadline and the block is rendered from what arrived; the
+        # whole assembly (state reads, caching) stops at twice it: a hung store never holds
+        # the prompt longer than that.
+        allowed = self.settings.context_deadline_seconds
+        deadline = asyncio.get_running_loop().time() + allowed
+        try:
+            async with asyncio.timeout_at(deadline + allowed):
+                rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query, deadline,
+                                                reach)
+        except MemoryServiceError:
+            raise  # the caller's mistake (e.g. a bad id), not an outage
+        except Exception as exc:
+            # The state store is down too: the last good block this process served, if any.
+            last_good = self._last_good.get(last_good_key)
+            log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id,
+                        for_log(agent_id, user_id), session_id,
+                        "this process's last good block" if last_good else "nothing",
+                        f"no answer within {2 * allowed:g}s" if isinstance(exc, TimeoutError) else exc)
+            rendered = replace(last_good, source="last-good") if last_good else replace(
+                render_context(ContextInputs(), budget), source="none")
+        with suppress(Exception):
+            async with asyncio.timeout(allowed):
+                await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
+        return rendered
+
+    async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
+                        query: str | None, deadline: float, reach: Reach) -> RenderedContext:
+        # A session the caller does not see is shown as one nobody recorded in: no session
+        # content, no other user's memory (nothing tells it from an unknown session).
+        seen = await reach.sees_session(session_id)
+        shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
+        spoken = await self.state.session_users(session_id) if seen else []
+        users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
+        # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.
+        cacheable = seen and user_id in spoken
+        namespaces = [
+            *([Namespace.session(session_id)] if seen else []),
+            *(Namespace.user(agent_id, u) for u in users),
+            *(Namespace.shard(agent_id, s.shard_id) for s in shards),
+        ]
+        dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
+        generations = await self.state.generations(dependencies)
+        # Kept per reach too: a block made for a wider key is never served to a narrower one.
+        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, reach.view, dependencies,
+                                         generations]).encode()).hexdigest()
+        if cached := await self.state.cache_get(key):
+            return RenderedContext(**{**cached, "source": "cache"})
+
+        sources: set[str] = set()  # the stores that served the reads (each memory says which)
+        inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id if seen else None,
+                                                                    users, shards, query, budget, deadline, sources)
+        inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
+                                          for r in await self.startup.list(agent_id)])
+        rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
+        if complete and cacheable:  # never cache a block shrunk by an outage
+            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
+            await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS, agent_id)
+            self._remember_last_good(last_good_key, rendered)
+        elif not complete and (last := await self.state.cache_get(f"last:{last_good_key}")):
+            # Every store that could answer failed: the last complete block beats a smaller one.
+            log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
+                        agent_id, for_log(agent_id, user_id), session_id)
+            return RenderedContext(**{**last, "source": "last-good"})
+        return rendered
+
+    def forget_agent(self, agent_id: str) -> int:
+        """Drop this process's last good blocks of ``agent_id`` (an erasure); how many."""
+        keys = [k for k in self._last_good if json.loads(k)[0] == agent_id]
+        for k in keys:
+            del self._last_good[k]
+        return len(keys)
+
+    def _remember_last_good(self, key: str, rendered: RenderedContext) -> None:
+        self._last_good[key] = rendered
+        self._last_good.move_to_end(key)
+        while len(self._last_good) > LAST_GOOD_IN_PROCESS:
+            self._last_good.popitem(last=False)
+
+    async def _context_inputs(
+        self, agent_id: str, user_id: str, session_id: str | None, users: list[str], shards: list[Shard],
+        query: str | None, budget: int, deadline: float, sources: set[str],
+    ) -> tuple[ContextInputs, bool, str]:
+        """What the block shows, whether every read succeeded, and the backend read.
+        ``session_id`` None: a session the caller does not see, nothing of it is read."""
+        s = self.settings
+        try:
+            backend_name, backend = await self.agents.backend_for(agent_id)
+        except BackendUnavailable as exc:
+            log.warning("memory context for agent %s without memories: %s", agent_id, exc)
+            return ContextInputs(), False, "none"
+
+        async def read(namespace: Namespace | None, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
+            if namespace is None:
+                return []
+            try:
+                async with asyncio.timeout_at(deadline):
+                    memories = await backend.recent(agent_id, namespace, kinds, limit)
+                sources.update(m.served_by for m in memories if m.served_by)
+                return memories
+            except Exception as exc:  # an outage or the deadline shrinks the block instead of failing the prompt
+                log.warning("memory context: reading %s failed: %s", namespace_for_log(namespace),
+                            "past the deadline" if isinstance(exc, TimeoutError) else exc)
+                return None
+
+        async def read_merged(namespace: Namespace, kind: MemoryKind, limit: int) -> tuple[str | None, list[Memory]] | None:
+            """The consolidated memory and the items not merged into it yet."""
+            items, latest = await asyncio.gather(read(namespace, [kind], limit), read(namespace, [MemoryKind.CONSOLIDATED], 1))
+            if items is None or latest is None:
+                return None
+            if not latest:
+                return None, items
+            pending = set(await self.state.consolidation_pending(str(namespace)))
+            return latest[-1].content, [m for m in items if m.id in pending]
+
+        shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
+        # Every read at once (the inner gathers start theirs when the outer one starts them).
+        episode_read, merged_user_reads, fact_reads, suggestion_reads = await asyncio.gather(
+            read(Namespace.session(session_id) if session_id else None, [MemoryKind.EPISODE], s.context_recent_episodes),
+            asyncio.gather(*(read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
+                             for u in users)),
+            asyncio.gather(*(read(ns, [MemoryKind.FACT], s.context_facts_per_shard) for ns in shard_ns)),
+            asyncio.gather(*(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns)),
+        )
+        complete = episode_read is not None and all(
+            r is not None for r in (*merged_user_reads, *fact_reads, *suggestion_reads))
+        episodes = episode_read or []
+        no_merged: tuple[str | None, list[Memory]] = (None, [])
+        user_reads = [r or no_merged for r in merged_user_reads]
+        shard_contexts = []
+        for shard, facts, merged in zip(shards, fact_reads, suggestion_reads, strict=True):
+            consolidated, suggestions = merged or no_merged
+            shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=facts or [],
+                                               suggestions=suggestions, consolidated=consolidated))
+        inputs = ContextInputs(
+            shards=shard_contexts,
+            users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
+            episodes=episodes,
+        )
+        relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
+                                                           query, budget, deadline, sources)
+        return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
+
+    async def _relevant(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
+                        backend: MemoryBackend, shown: ContextInputs, query: str | None,
+                        budget: int, deadline: float, sources: set[str]) -> tuple[list[RelevantItem], bool]:
+        """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
+
+        How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
+        so a larger budget shows proportionally more (never fewer than the settings say).
+
+        The scope is what this user may see: the session (if the caller sees it), the user's
+        memory and every session they spoke in, the active shards and the agent's own namespace. Memories
+        the block already shows elsewhere are left out. Without a query, the session's
+        latest user message is the query (and is itself left out).
+        """
+        s = self.settings
+        scale = max(1.0, budget / RELEVANT_COUNTS_PER_CHARS)
+        wanted = min(round(s.context_relevant_items * scale), s.search_max_top_k)
+        full = round(s.context_relevant_full * scale)
+        snippets = round(s.context_relevant_snippets * scale)
+        if wanted <= 0:
+            return [], True
+        exclude: set[str] = {m.id for m in shown.episodes}
+        exclude |= {m.id for u in shown.users for m in u.directives}
+        exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
+        try:
+            async with asyncio.timeout_at(deadline):
+                if query is None:
+                    said = [] if session_id is None else await backend.recent(
+                        agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
+                    latest = [m for m in said if m.metadata.role in (None, "user")]
+                    if not latest:
+                        return [], True
+                    query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+                namespaces = list(dict.fromkeys([
+                    *([Namespace.session(session_id)] if session_id else []),
+                    *await self.retriever.user_namespaces(agent_id, user_id),
+                    *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
+                request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
+                result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
+        except MemoryServiceError:
+            raise
+        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+            log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
+                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
+            return [], False
+        hits = [h for h in result.results if h.id not in exclude][:wanted]
+        sources.update(h.served_by for h in hits if h.served_by)
+        terms = query_terms(query)
+        items = []
+        for rank, h in enumerate(hits):
+            text = h.content
+            if rank >= full + snippets:
+                text = snippet(text, terms, s.context_reference_chars)
+            elif rank >= full:
+                text = snippet(text, terms, s.context_snippet_chars)
+            items.append(RelevantItem(kind=h.kind, valid_at=h.valid_at, text=text))
+        return items, True
+
+
+def _asdict(rendered: RenderedContext) -> dict[str, Any]:
+    return {f: getattr(rendered, f) for f in rendered.__dataclass_fields__}

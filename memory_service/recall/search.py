@@ -1,0 +1,338 @@
+"""Search: scopes, full-text and vector candidates fused by reciprocal rank, a recency
+factor, and an explanation for every result.
+
+A search asks the agent's backend for candidates per signal inside a scope (the backend
+filters by namespace in its indexes), fuses the ranked lists by reciprocal rank fusion
+(RRF: a memory ranked r by a signal gets 1/(k + r) from it), and multiplies by a recency
+factor. Scores are normalised so that a memory ranked first by every signal, and new,
+scores 1.0. The recency factor falls from 1 toward ``1 - weight`` with a half-life, so
+age can cost a memory at most ``weight`` of its score: an old memory still wins over a
+newer one whose fused score is less than ``1 - weight`` of its own.
+
+Results at or above ``min_score`` are "activated" and returned best first; the best of
+those below it stay "candidates" and come back separately, explained, so a caller can
+see what almost made it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import BaseModel, Field, field_validator
+
+from memory_service.access.reach import Reach
+from memory_service.config import Settings
+from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, preview
+from memory_service.domain.limits import (
+    MAX_NAMESPACE_CHARS,
+    MAX_SEARCH_NAMESPACES,
+    MAX_TOP_K_CEILING,
+    TAG_CHARS_CEILING,
+    TAGS_CEILING,
+    check_tags,
+    check_time,
+)
+from memory_service.domain.models import Memory, MemoryKind, NamespaceText, SessionId, ShardId, StoreQuery, UserId
+from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.embedding.embedders import Embedder
+from memory_service.recall.render import age
+from memory_service.state.store import StateStore
+from memory_service.stores.base import MemoryBackend, SignalHits
+
+log = logging.getLogger(__name__)
+
+_WORD = re.compile(r"\w+", re.UNICODE)
+# Words that carry no topic; the full-text index drops English stopwords too, these are the
+# question words and fillers a query adds on top.
+QUERY_STOPWORDS = frozenset(
+    """a about after again all also am an and any are as at be been before being both but by can could
+    did do does doing done for from had has have having he her here hers him his how i if in into is it
+    its just me more most my no nor not now of off on once only or other our out over own same she should
+    so some such than that the their them then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours did ever
+    something anything thing things get got""".split()
+)
+
+
+class Scope(StrEnum):
+    SESSION = "session"  # one session's messages and episodes
+    USER = "user"  # a user's directives and every session of the agent they spoke in
+    SHARD = "shard"  # one shard's facts, suggestions and consolidated memory
+    AGENT = "agent"  # everything the agent holds
+    NAMESPACES = "namespaces"  # an explicit list of the agent's namespaces
+
+
+class SearchRequest(BaseModel):
+    """A search, as the API and ``MemoryService.search`` take it."""
+
+    query: str = Field(description="what to look for, in plain words (at most SEARCH_MAX_QUERY_CHARS characters)")
+    scope: Scope = Scope.AGENT
+    user_id: UserId | None = Field(default=None, description="scope=user: whose memories")
+    session_id: SessionId | None = Field(default=None, description="scope=session: which session")
+    shard_id: ShardId | None = Field(default=None, description="scope=shard: which shard")
+    namespaces: list[Annotated[NamespaceText, Field(max_length=MAX_NAMESPACE_CHARS)]] | None = Field(
+        default=None, max_length=MAX_SEARCH_NAMESPACES, description="scope=namespaces: e.g. ['user:agent:alice', 'session:s1']")
+    top_k: int = Field(default=10, ge=1, le=MAX_TOP_K_CEILING, description="results to return (at most SEARCH_MAX_TOP_K)")
+    min_score: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,
+                                    description="results below it come back as candidates")
+    kinds: list[MemoryKind] | None = Field(default=None, max_length=len(MemoryKind), description="only these kinds (default: all)")
+    since: datetime | None = Field(default=None, description="only memories at or after this time (UTC unless it says)")
+    until: datetime | None = Field(default=None, description="only memories at or before this time (UTC unless it says)")
+    tags: list[Annotated[str, Field(min_length=1, max_length=TAG_CHARS_CEILING)]] | None = Field(
+        default=None, max_length=TAGS_CEILING,
+        description="only memories carrying every one of these tags (at most MAX_MEMORY_TAGS, each MAX_TAG_CHARS)")
+
+    @field_validator("since", "until")
+    @classmethod
+    def _timezone(cls, value: datetime | None) -> datetime | None:
+        if value is None:
+            return value
+        return check_time(value.replace(tzinfo=UTC) if value.tzinfo is None else value)
+
+
+class SignalScore(BaseModel):
+    score: float = Field(description="the signal's own score: BM25-like for fulltext, cosine similarity for vector")
+    rank: int = Field(description="1 = the signal's best candidate")
+
+
+class Explanation(BaseModel):
+    signals: dict[str, SignalScore] = Field(description="each signal that found the memory")
+    fused: float = Field(description="reciprocal rank fusion: sum of 1/(k + rank), normalised to the best possible")
+    recency: float = Field(description="factor for age, between 1 - SEARCH_RECENCY_WEIGHT and 1")
+    age_days: float
+    score: float = Field(description="fused x recency")
+    activated: bool = Field(description="score >= min_score (always, without a min_score)")
+
+
+class SearchHit(BaseModel):
+    id: str
+    kind: MemoryKind
+    namespace: str
+    content: str
+    valid_at: datetime
+    age: str = Field(description='e.g. "5 days ago"')
+    score: float
+    activated: bool
+    source_message_ids: list[str] = Field(description="the recorded messages this memory is, or was formed from")
+    session_id: str | None = None
+    user_id: str | None = None
+    role: str | None = None
+    served_by: str | None = Field(None, description='the store that answered: "graph", or "mongo" when the graph could not')
+    title: str | None = Field(None, description="the title a memory tool gave it")
+    tags: list[str] = Field(default_factory=list, description="the tags a memory tool gave it")
+    explanation: Explanation
+
+
+class SearchResult(BaseModel):
+    query: str
+    scope: Scope
+    namespaces: int | None = Field(description="how many namespaces the scope spans (None: all of the agent's)")
+    signals: list[str] = Field(description="the signals that ran")
+    degraded: list[str] = Field(default_factory=list, description="signals that could not run, and why")
+    results: list[SearchHit] = Field(description="activated results, best first")
+    candidates: list[SearchHit] = Field(default_factory=list, description="the best results below min_score")
+    took_ms: float
+
+
+def query_terms(text: str) -> list[str]:
+    """The query's words for full-text search: lowercase, without question words, each once."""
+    words = (w.lower() for w in _WORD.findall(text))
+    return list(dict.fromkeys(w for w in words if w not in QUERY_STOPWORDS and len(w) > 1 or w.isdigit()))
+
+
+def recency_factor(age_days: float, half_life_days: float, weight: float) -> float:
+    decay: float = 0.5 ** (max(age_days, 0.0) / half_life_days)  # typeshed: float ** float may be complex
+    return 1.0 - weight + weight * decay
+
+
+def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None) -> list[tuple[Memory, Explanation]]:
+    """Every candidate once, with its explanation, best first."""
+    k = settings.search_rrf_k
+    memories: dict[str, Memory] = {}
+    signals: dict[str, dict[str, SignalScore]] = {}
+    for signal, ranked in hits.items():
+        for rank, (memory, score) in enumerate(ranked, start=1):
+            memories.setdefault(memory.id, memory)
+            signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
+    weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
+    best_possible = sum(weights.values()) / (k + 1) if hits else 1.0
+    explained = []
+    for memory_id, found in signals.items():
+        memory = memories[memory_id]
+        fused = sum(weights[name] / (k + s.rank) for name, s in found.items()) / best_possible
+        age_days = (now - memory.valid_at).total_seconds() / 86_400
+        recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
+        score = fused * recency
+        explained.append((memory, Explanation(
+            signals=found, fused=round(fused, 6), recency=round(recency, 6), age_days=round(age_days, 3),
+            score=round(score, 6), activated=min_score is None or score >= min_score,
+        )))
+    explained.sort(key=lambda pair: (-pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id))
+    return explained
+
+
+def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
+    meta = memory.metadata
+    return SearchHit(
+        id=memory.id, kind=memory.kind, namespace=memory.namespace,
+        content=memory.search_text,
+        valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
+        activated=explanation.activated, source_message_ids=memory.source_message_ids,
+        session_id=meta.session_id, user_id=meta.user_id, role=meta.role, served_by=memory.served_by,
+        title=memory.title, tags=list(memory.tags), explanation=explanation,
+    )
+
+
+def _needed[T](value: T | None, scope: Scope, name: str) -> T:
+    """``value``, the request's field ``name`` that ``scope`` needs; InvalidInput if it is unset or empty."""
+    if not value:
+        raise InvalidInput(f"scope={scope.value} needs {name}")
+    return value
+
+
+class Retriever:
+    """Runs searches for the service: scope checks, the query's embedding, fusion."""
+
+    def __init__(self, settings: Settings, state: StateStore, embedder: Embedder | None = None):
+        self.settings = settings
+        self.state = state
+        self.embedder = embedder
+
+    def validate(self, request: SearchRequest) -> None:
+        s = self.settings
+        if not request.query.strip():
+            raise InvalidInput("query must not be empty")
+        if len(request.query) > s.search_max_query_chars:
+            raise InvalidInput(f"query is {len(request.query)} characters long; the limit is {s.search_max_query_chars}")
+        if request.top_k > s.search_max_top_k:
+            raise InvalidInput(f"top_k is {request.top_k}; the limit is {s.search_max_top_k}")
+        if request.since and request.until and request.since > request.until:
+            raise InvalidInput("since must not be after until")
+        if request.tags:
+            check_tags(request.tags, s.max_memory_tags, s.max_tag_chars)
+
+    async def scope_namespaces(self, agent_id: str, request: SearchRequest,
+                               reach: Reach | None = None) -> list[Namespace] | None:
+        """The namespaces a scope spans (None: all of the agent's). Never another agent's, nor
+        what ``reach`` (the caller's, memory_service/access/reach.py) does not see: a session it
+        does not see is answered as an unknown one, another user's namespace is refused."""
+        reach = reach or Reach(self.state, agent_id)
+        scope = request.scope
+        if scope is Scope.AGENT:
+            if reach.confined:
+                raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}; scope agent needs a key "
+                                "for all of them")
+            return None
+        if scope is Scope.SESSION:
+            session_id = _needed(request.session_id, scope, "session_id")
+            await self._seen_session(reach, session_id)
+            return [Namespace.session(session_id)]
+        if scope is Scope.USER:
+            user_id = _needed(request.user_id, scope, "user_id")
+            self._seen_user(reach, user_id)
+            return await self.user_namespaces(agent_id, user_id)
+        if scope is Scope.SHARD:
+            return [Namespace.shard(agent_id, _needed(request.shard_id, scope, "shard_id"))]
+        namespaces = []
+        for text in _needed(request.namespaces, scope, "namespaces"):
+            namespace = Namespace.parse(text)
+            if namespace.kind is NamespaceKind.SESSION:
+                await self._seen_session(reach, namespace.fields[0])
+            elif namespace.fields[0] != agent_id:
+                raise NotFound(f"namespace {preview(text)} is not one of agent {agent_id!r}'s")
+            elif namespace.kind is NamespaceKind.USER:
+                self._seen_user(reach, namespace.fields[1])
+            namespaces.append(namespace)
+        return list(dict.fromkeys(namespaces))
+
+    async def user_namespaces(self, agent_id: str, user_id: str) -> list[Namespace]:
+        """The "user" scope: the user's own namespace and every session of the agent they spoke in."""
+        sessions = await self.state.user_sessions(agent_id, user_id)
+        return [Namespace.user(agent_id, user_id), *map(Namespace.session, sessions)]
+
+    @staticmethod
+    async def _seen_session(reach: Reach, session_id: str) -> None:
+        # Unknown, foreign and unseen sessions get the same answer: nothing reveals others' ids.
+        if not await reach.sees_session(session_id):
+            raise NotFound(f"session {session_id!r} has no messages recorded by agent {reach.agent_id!r}")
+
+    @staticmethod
+    def _seen_user(reach: Reach, user_id: str) -> None:
+        # Whether or not the user exists: the answer depends on the key alone.
+        if not reach.sees_user(user_id):
+            raise Forbidden(f"this API key is limited to some users of agent {reach.agent_id!r}, and {user_id!r} is "
+                            "not one of them")
+
+    async def embed_query(self, text: str) -> tuple[list[float] | None, str | None]:
+        """The query's embedding, or None and why (search then runs on full text alone)."""
+        if self.embedder is None:
+            return None, "no embedder configured"
+        try:
+            return (await self.embedder.embed([text]))[0], None
+        except Exception as exc:  # a failing embedder degrades search, it never fails it
+            log.warning("search without vectors: the embedder failed: %s", exc)
+            return None, f"{type(exc).__name__}: {exc}"
+
+    async def search(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
+                     namespaces: Sequence[Namespace] | None = None, resolve_scope: bool = True,
+                     reach: Reach | None = None) -> SearchResult:
+        started = time.perf_counter()
+        self.validate(request)
+        if resolve_scope:
+            namespaces = await self.scope_namespaces(agent_id, request, reach)
+        vector, why_not = await self.embed_query(request.query)
+        store_query = StoreQuery(
+            terms=query_terms(request.query), vector=vector, namespaces=namespaces, kinds=request.kinds,
+            since=request.since, until=request.until,
+            limit=max(self.settings.search_candidates, request.top_k), tags=tuple(dict.fromkeys(request.tags or ())),
+        )
+        hits = await backend.search(agent_id, store_query)
+        if vector is not None and "vector" not in hits:
+            why_not = "the store's vector index did not answer (rebuilding after a restart?)"
+        now = datetime.now(UTC)
+        ranked = fuse(hits, self.settings, now, request.min_score)
+        results = [hit(m, e, now) for m, e in ranked if e.activated][: request.top_k]
+        candidates = [hit(m, e, now) for m, e in ranked if not e.activated][: request.top_k]
+        return SearchResult(
+            query=request.query, scope=request.scope,
+            namespaces=None if namespaces is None else len(namespaces),
+            signals=sorted(hits), degraded=[f"vector: {why_not}"] if why_not else [],
+            results=results, candidates=candidates, took_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+
+async def embed_memories(embedder: Embedder | None, memories: Sequence[Memory]) -> int:
+    """Give memories their embedding before they are written; how many got one.
+
+    A failing embedder is logged and leaves them without (0): they are stored anyway and the
+    backfill (the worker's cron job, ``memory-service backfill-embeddings``) embeds them later.
+    """
+    todo = [m for m in memories if m.embedding is None]
+    if embedder is None or not todo:
+        return 0
+    try:
+        vectors = await embedder.embed([m.search_text for m in todo])
+    except Exception as exc:
+        log.warning("could not embed %d memories; they stay stored without, for the backfill: %s", len(todo), exc)
+        return 0
+    for memory, vector in zip(todo, vectors):
+        memory.embedding = list(vector)
+    return len(todo)
+
+
+def snippet(text: str, terms: Sequence[str], chars: int) -> str:
+    """``text`` cut to about ``chars`` around its first matching term (whole when short)."""
+    if len(text) <= chars:
+        return text
+    lowered = text.lower()
+    positions = [p for t in terms if (p := lowered.find(t)) >= 0]
+    center = min(positions) if positions else 0
+    start = max(0, min(center - chars // 3, len(text) - chars))
+    piece = text[start:start + chars]
+    return ("…" if start else "") + piece.strip() + ("…" if start + chars < len(text) else "")

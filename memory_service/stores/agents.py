@@ -1,0 +1,70 @@
+"""Agents and shards: their settings (in the state store) and the backend each agent uses."""
+
+from __future__ import annotations
+
+import logging
+
+from memory_service.config import Settings
+from memory_service.domain import limits
+from memory_service.domain.errors import InvalidInput, NotFound, preview
+from memory_service.domain.models import Agent, AgentSettings, Shard, ShardIn
+from memory_service.domain.namespaces import validate_id
+from memory_service.state.store import StateStore
+from memory_service.stores.base import MemoryBackend
+from memory_service.stores.registry import BackendRegistry
+
+log = logging.getLogger(__name__)
+
+
+class AgentDirectory:
+    def __init__(self, settings: Settings, state: StateStore, registry: BackendRegistry):
+        self.settings, self.state, self.registry = settings, state, registry
+
+    async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
+        return (await self.replace_agent(agent_id, settings))[1]
+
+    async def replace_agent(self, agent_id: str, settings: AgentSettings) -> tuple[AgentSettings | None, Agent]:
+        """Create or replace the agent's settings: (the settings replaced, the agent now)."""
+        validate_id(agent_id, "agent_id")
+        limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
+        requested = settings.requested_backend()
+        if requested and requested not in self.registry.factories:
+            known = ", ".join(sorted(self.registry.factories))
+            raise InvalidInput(f"unknown memory backend {preview(requested)}; registered backends: {known}")
+        previous = await self.state.put_agent(agent_id, settings)
+        return previous, await self.get_agent(agent_id)
+
+    async def get_agent(self, agent_id: str) -> Agent:
+        validate_id(agent_id, "agent_id")
+        settings = await self.state.get_agent(agent_id)
+        if settings is None:
+            raise NotFound(f"agent {agent_id!r} has no settings; PUT /v1/agents/{agent_id} creates them")
+        name, _ = await self.backend_for(agent_id, settings)
+        return Agent(agent_id=agent_id, effective_backend=name, **settings.model_dump())
+
+    async def backend_for(self, agent_id: str, settings: AgentSettings | None = None) -> tuple[str, MemoryBackend]:
+        """The name and backend serving ``agent_id``: the one its settings ask for, or the default."""
+        if settings is None:
+            settings = await self.state.get_agent(agent_id) or AgentSettings()
+        return await self.registry.resolve(settings.requested_backend(), self.settings.default_memory_backend, agent_id)
+
+    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
+        previous, stored = await self.replace_shard(agent_id, shard_id, shard)
+        return stored, previous is None
+
+    async def replace_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard | None, Shard]:
+        """Create or replace a shard: (the shard replaced, None when created; the shard now)."""
+        validate_id(agent_id, "agent_id")
+        validate_id(shard_id, "shard_id")
+        previous = await self.state.put_shard(agent_id, shard_id, shard)
+        try:  # a copy for the store's own readers (MongoDB dashboards); Redis holds the truth
+            _, backend = await self.backend_for(agent_id)
+            await backend.describe_shard(agent_id, shard_id, shard.name, shard.extraction_focus, shard.active)
+        except Exception as exc:
+            log.warning("shard %s/%s saved; its copy in the memory store failed: %s", agent_id, shard_id, exc)
+        replaced = Shard(agent_id=agent_id, shard_id=shard_id, **previous.model_dump()) if previous else None
+        return replaced, Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump())
+
+    async def list_shards(self, agent_id: str) -> list[Shard]:
+        validate_id(agent_id, "agent_id")
+        return [Shard(agent_id=agent_id, shard_id=sid, **s.model_dump()) for sid, s in (await self.state.shards(agent_id)).items()]

@@ -1,0 +1,156 @@
+"""The one interface every memory backend implements (and the contract tests check)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from memory_service.domain.models import Memory, MemoryKind, StoreQuery
+from memory_service.domain.namespaces import Namespace
+
+# A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
+# with that signal's raw score (higher is better).
+SignalHits = dict[str, list[tuple[Memory, float]]]
+
+
+class MemoryBackend(ABC):
+    """Stores memories by agent and namespace. Writes are idempotent by ``Memory.id``.
+
+    Every read names the agent: a session namespace does not carry it, and a backend may
+    keep each agent's memories apart (the graph backend keeps one graph per agent).
+    Reads never create storage.
+    """
+
+    name: str
+
+    async def start(self) -> None:
+        """Connect and check the store; raise to make the registry fall back."""
+
+    async def close(self) -> None:
+        """Release connections."""
+
+    async def describe_shard(self, agent_id: str, shard_id: str, name: str, extraction_focus: str, active: bool) -> None:
+        """Record a shard's settings where this store keeps them (by default it does not)."""
+
+    @abstractmethod
+    async def health(self) -> dict[str, Any]:
+        """``{"ok": bool, ...}`` with whatever helps an operator."""
+
+    async def gauges(self) -> dict[str, float]:
+        """Current values for /metrics, by Prometheus name with labels (none by default)."""
+        return {}
+
+    @abstractmethod
+    async def write(self, memories: Sequence[Memory]) -> int:
+        """Store memories whose id is not stored yet; return how many were new.
+
+        Writing an id that exists changes nothing, so a retried formation is a no-op. A
+        memory without ``embedding`` is stored and marked for ``unembedded``.
+        """
+
+    @abstractmethod
+    async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+        """The memories of ``namespace`` with these ids (missing ids are skipped)."""
+
+    @abstractmethod
+    async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+        """The ``limit`` most recent memories of these kinds, oldest first."""
+
+    @abstractmethod
+    async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+        """Evict all but the ``keep`` most recent memories of ``kind``; return how many went.
+
+        Evicted memories are no longer read by ``recent``, ``search`` or counted; the
+        retention policy removes them for good. Idempotent.
+        """
+
+    @abstractmethod
+    async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
+        """Every memory of the namespace, evicted ones included, oldest first (for migration)."""
+
+    @abstractmethod
+    async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        """How many live (not evicted) memories of these kinds, or of all, the namespace holds."""
+
+    @abstractmethod
+    async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
+        """Candidates per signal for ``query`` among the agent's live memories.
+
+        ``fulltext`` when ``query.terms`` is not empty, ``vector`` when ``query.vector`` is
+        set; each list holds at most ``query.limit`` candidates inside ``query.namespaces``
+        (all of the agent's when None), of ``query.kinds`` and in the time range.
+        """
+
+    @abstractmethod
+    async def agents(self) -> list[str]:
+        """The agents this store holds memories of (for maintenance: backfill, migration)."""
+
+    @abstractmethod
+    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories stored without an embedding."""
+
+    @abstractmethod
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+        """Store embeddings by memory id (ids not stored are skipped); return how many were set."""
+
+    # The memory tools (memory_service/curation/tools.py, docs/memory-tools.md) ----------------
+
+    @abstractmethod
+    async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
+        """The agent's memories with these ids, whatever their namespace, soft-deleted and
+        evicted ones included (``deleted_at``, ``evicted`` say so); missing ids are skipped."""
+
+    @abstractmethod
+    async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        """Overwrite what may change of these stored memories, by id: content, title, tags,
+        confidence, ``updated_at``, ``deleted_at``, and what search reads (the text and the
+        embedding; without one the memory waits for the backfill). Namespace, kind, time and
+        provenance stay. Ids not stored are skipped; return how many were updated.
+
+        Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``."""
+
+    # Retention (memory_service/curation/retention.py, docs/memory-tools.md) ----------------------
+
+    @abstractmethod
+    async def written_before(self, agent_id: str, before: datetime, limit: int,
+                             after: tuple[float, str] | None = None) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories whose ``valid_at`` is before ``before``,
+        whatever their namespace, soft-deleted and evicted ones included, ordered by
+        (``valid_at``, id) and following ``after`` (the previous batch's last memory:
+        ``(valid_at.timestamp(), id)``). Read through an index on the time, so a batch costs
+        the memories in the range, not the agent's."""
+
+    # Erasing a user (memory_service/curation/erasure.py, docs/erasure.md) ----------------------
+
+    @abstractmethod
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        """Remove the agent's memories with these ids for good, whatever their namespace:
+        from every index and every summary the store keeps; return how many were stored.
+
+        Ids not stored are skipped, so a repeated call removes nothing more.
+        """
+
+    @abstractmethod
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        """Replace the stored provenance (``metadata``) of these memories, by id, with theirs;
+        nothing else changes. Ids not stored are skipped; return how many were updated."""
+
+    async def scrub_pending(self, agent_id: str, judge: Callable[[Memory], Memory | None],
+                            removed_ids: Collection[str]) -> int:
+        """Apply ``judge`` to every memory of the agent this backend holds queued but not yet
+        stored (None drops it, another Memory replaces it), and drop queued embeddings of
+        ``removed_ids``; how many queued operations changed. Backends that queue nothing
+        have nothing to scrub."""
+        return 0
+
+    async def purge_query_log(self, agent_id: str) -> int:
+        """Forget the store's own log of the agent's recent queries, which quotes their
+        parameters (the erased data among them); how many entries went. None by default."""
+        return 0
+
+    def redis_servers(self) -> list[Any]:
+        """The Redis clients of the servers this backend stores in (an erasure rewrites their
+        append-only files, memory_service/state/persistence.py). None by default."""
+        return []

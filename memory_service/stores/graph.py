@@ -1,0 +1,605 @@
+"""The graph backend: memories as Graphiti episodes on FalkorDB, one graph per agent.
+
+Layout (see the README, "Storage layout"): every memory of an agent, in every one of its
+namespaces, is an ``Episodic`` node in the agent's graph ``ms_agent__<agent>``, with
+Graphiti's own properties (``uuid``, ``name``, ``group_id`` = the namespace's group_id,
+``content`` = the JSON body, ``source``, ``created_at``, ``valid_at``, ...) built from
+graphiti-core's ``EpisodicNode`` model, so Graphiti can later run entity extraction on
+them. Ours beside them:
+
+* ``kind``, ``ts``/``seq`` (a numeric sort key: ISO strings with and without microseconds
+  do not sort), ``evicted``, ``deleted_at`` (a soft delete's time, as a Unix timestamp)
+  and ``tags`` (a list, for the search filter; the body holds them too);
+* ``group_kind`` = ``<group_id>|<kind>``, indexed, so the context's reads ("the 8 latest
+  episodes of this session") are one index lookup, not a scan of the group;
+* ``text``: what search reads (a message under its speaker), in a full-text index with
+  ``group_key``, a case-proof token of the group_id (RediSearch folds case, group_ids do
+  not), so a scoped full-text query is filtered inside the index;
+* ``ts`` in a range index, so the stale purge reads "memories written before T" without
+  scanning the graph (``written_before``);
+* ``embedding`` (vecf32) in a native vector index; ``needs_embedding`` (indexed) marks
+  memories stored while the embedder was down, for the backfill.
+
+An empty namespace costs nothing; a new session adds nodes to an existing graph (index
+creation runs once per agent graph); a read of an unknown agent or namespace creates
+nothing (read-only queries; a missing graph reads as empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from memory_service.config import Settings, redact_url
+from memory_service.domain import bm25
+from memory_service.domain.models import Memory, MemoryKind, StoreQuery
+from memory_service.domain.namespaces import Namespace
+from memory_service.stores.base import MemoryBackend, SignalHits
+from memory_service.stores.graph_layout import migrate_layout
+
+if TYPE_CHECKING:
+    from falkordb.asyncio.graph import AsyncGraph  # untyped: Any to mypy, named for the reader
+
+# A row of a read: the query's RETURN names -> FalkorDB values.
+Row = dict[str, Any]
+
+log = logging.getLogger(__name__)
+
+GRAPH_PREFIX = "ms_"  # + the agent namespace's group_id: ms_agent__<agent>
+LABEL = "Episodic"
+# How many more nearest neighbours the vector index is asked for when filters (kinds,
+# time) apply after it, so that enough survive them.
+VECTOR_OVERSAMPLE = 4
+MAX_FULLTEXT_TERMS = 32
+FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
+QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
+DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
+
+_READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
+                "n.evicted AS evicted, n.deleted_at AS deleted_at")
+# What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
+_LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
+
+
+def _disable_telemetry_unless_asked(settings: Settings) -> None:
+    # graphiti-core reads this variable when it is imported; private conversations
+    # must not leave the machine by default.
+    os.environ["GRAPHITI_TELEMETRY_ENABLED"] = "true" if settings.graphiti_telemetry_enabled else "false"
+
+
+def graph_name(agent_id: str) -> str:
+    return GRAPH_PREFIX + Namespace.agent(agent_id).group_id
+
+
+def agent_of_graph(name: str) -> str | None:
+    """The agent whose graph ``name`` is, or None for any other graph."""
+    if not name.startswith(GRAPH_PREFIX):
+        return None
+    try:
+        namespace = Namespace.from_group_id(name[len(GRAPH_PREFIX):])
+    except Exception:
+        return None
+    return namespace.fields[0] if namespace.kind == "agent" else None
+
+
+def group_key(group_id: str) -> str:
+    """A token for ``group_id`` that survives full-text tokenising (letters and digits, one case)."""
+    return "g" + hashlib.sha1(group_id.encode()).hexdigest()[:20]
+
+
+def _group_kind(group_id: str, kind: MemoryKind | str) -> str:
+    return f"{group_id}|{kind}"
+
+
+class _FloatList:
+    """A vector as the query's parameter header writes it, in one formatting operation and
+    with the 9 significant digits that carry a float32 exactly (``vecf32`` stores float32):
+    the client's own formatting (falkordb's ``stringify_param_value``, a call and a 17-digit
+    repr per element) took about as long as the rest of a message's record."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, values: Sequence[float]):
+        self.text = "[" + ",".join(["%.9g"] * len(values)) % tuple(values) + "]"
+
+    def __str__(self) -> str:  # what the client writes for a value that is not a str, list or dict
+        return self.text
+
+
+def _is_missing_graph(exc: Exception) -> bool:
+    return "empty key" in str(exc)
+
+
+# Its own statement: graphs made before the stale purge get it from ``written_before``.
+_TS_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.ts)"
+
+
+def _index_statements(dimension: int | None) -> list[str]:
+    statements = [
+        f"CREATE INDEX FOR (n:{LABEL}) ON (n.uuid, n.group_id, n.group_kind, n.needs_embedding)",
+        f"CALL db.idx.fulltext.createNodeIndex({{label: '{LABEL}', language: 'english'}}, 'text', 'group_key')",
+        _TS_INDEX,
+    ]
+    if dimension:
+        statements.append(f"CREATE VECTOR INDEX FOR (n:{LABEL}) ON (n.embedding) "
+                          f"OPTIONS {{dimension: {int(dimension)}, similarityFunction: 'cosine'}}")
+    return statements
+
+
+async def _until_indexes_operational(graph: AsyncGraph, timeout: float = 10.0) -> None:
+    """FalkorDB builds indexes in the background; until they are operational a full-text
+    query finds nothing and a vector query fails. A new graph's are built in moments."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while asyncio.get_running_loop().time() < deadline:
+        result = await graph.ro_query("CALL db.indexes() YIELD status RETURN collect(status)")
+        if all(status == "OPERATIONAL" for status in result.result_set[0][0]):
+            return
+        await asyncio.sleep(0.01)
+    log.warning("indexes of graph %s still building after %.0f s", graph.name, timeout)
+
+
+def fulltext_queries(terms: Sequence[str], group_ids: Sequence[str] | None) -> dict[str, str]:
+    """One RediSearch query per term: the term in ``text``, inside the groups if given."""
+    words = [t for t in dict.fromkeys(terms) if t.replace("_", "").isalnum()][:MAX_FULLTEXT_TERMS]
+    scope = f"@group_key:({'|'.join(group_key(g) for g in group_ids)}) " if group_ids is not None else ""
+    return {word: f"{scope}@text:{word}" for word in words}
+
+
+class GraphBackend(MemoryBackend):
+    name = "graph"
+
+    def __init__(self, url: str, settings: Settings | None = None, embedding_dimension: int | None = None):
+        self.settings = settings or Settings()
+        _disable_telemetry_unless_asked(self.settings)
+        from falkordb.asyncio import FalkorDB
+
+        # Imported here, after the telemetry switch and at start: importing graphiti-core
+        # takes seconds, which a first formation job must not spend inside its timeout.
+        from graphiti_core.nodes import EpisodeType, EpisodicNode
+
+        self._episode_type, self._episodic_node = EpisodeType, EpisodicNode
+
+        from memory_service.state.pools import blocking_pool
+
+        self.url = url
+        # A bounded pool with the store timeouts (memory_service/state/pools.py). falkordb
+        # probes the server (INFO, synchronously) while constructing the client: bounded by
+        # the same connect and read timeouts, which the probe takes from the pool.
+        self.client = FalkorDB(connection_pool=blocking_pool(url, self.settings, decode_responses=True))
+        self.embedding_dimension = embedding_dimension
+        self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
+
+    async def start(self) -> None:
+        await self.client.connection.ping()
+        await migrate_layout(self.client, self)
+
+    async def close(self) -> None:
+        await self.client.aclose()
+        if (pool := getattr(self.client.connection, "connection_pool", None)) is not None:
+            await pool.disconnect()  # the client does not own the pool it was given
+
+    async def health(self) -> dict[str, Any]:
+        try:
+            await self.client.connection.ping()
+            return {"ok": True, "url": redact_url(self.url), "agent_graphs": len(await self.agents())}
+        except Exception as exc:  # health reports, it never raises
+            return {"ok": False, "url": redact_url(self.url), "error": str(exc)}
+
+    # Queries -------------------------------------------------------------------------
+
+    async def _read(self, agent_id: str, cypher: str, **params: Any) -> list[Row]:
+        """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
+        graph = self.client.select_graph(graph_name(agent_id))
+        try:
+            result = await graph.ro_query(cypher, params)
+        except Exception as exc:
+            if _is_missing_graph(exc):
+                return []
+            raise
+        names = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in result.header]
+        return [dict(zip(names, row)) for row in result.result_set]
+
+    async def _writable(self, agent_id: str) -> AsyncGraph:
+        """The agent's graph, with its indexes, created with the graph (for updates; ``write``
+        checks inside its own statement).
+
+        Checked on every call (one EXISTS), not remembered: a graph deleted under a running
+        process (an erased agent, a flushed store) must get its indexes again, or the
+        full-text index would silently find nothing. Creating them twice is harmless.
+        """
+        graph = self.client.select_graph(graph_name(agent_id))
+        if not await self.client.connection.exists(graph.name):
+            await self._create_indexes(graph)
+        return graph
+
+    async def _create_indexes(self, graph: AsyncGraph) -> None:
+        for statement in _index_statements(self.embedding_dimension):
+            await _create_index(graph, statement)
+        await _until_indexes_operational(graph)
+
+    # Writes --------------------------------------------------------------------------
+
+    async def write(self, memories: Sequence[Memory]) -> int:
+        by_agent: dict[str, list[Memory]] = {}
+        for memory in memories:
+            by_agent.setdefault(memory.metadata.agent_id, []).append(memory)
+        written = 0
+        for agent_id, group in by_agent.items():
+            graph = self.client.select_graph(graph_name(agent_id))
+            # One idempotent statement per agent: MERGE on uuid, properties only on create.
+            # It also counts the graph's indexes, so a write that created the graph (new,
+            # or deleted under this process) is seen without a round trip of its own; the
+            # indexes are then made, and index what was just written.
+            result = await graph.query(
+                f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
+                "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
+                "ELSE vecf32(row.embedding) END "
+                "WITH count(n) AS rows CALL db.indexes() YIELD label RETURN count(label)",
+                {"rows": [self._row(m) for m in _first_of_each(group)]},
+            )
+            if not (result.result_set and result.result_set[0][0]):  # no index at all: the graph is new
+                await self._create_indexes(graph)
+            written += int(result.nodes_created)
+        return written
+
+    def _row(self, memory: Memory) -> dict[str, Any]:
+        EpisodeType = self._episode_type  # noqa: N806 (graphiti-core's classes)
+        namespace = Namespace.parse(memory.namespace)
+        node = self._episodic_node(
+            uuid=memory.id,
+            name=f"{memory.kind.value}:{memory.id}",
+            group_id=namespace.group_id,
+            source=EpisodeType.message if memory.kind is MemoryKind.MESSAGE else EpisodeType.json,
+            source_description=f"memory-service {memory.kind.value}",
+            content=memory.episode_body(),
+            created_at=memory.valid_at,
+            valid_at=memory.valid_at,
+        )
+        embedding = self._checked(memory.embedding)
+        props = {
+            "name": node.name,
+            "group_id": node.group_id,
+            "source": node.source.value,
+            "source_description": node.source_description,
+            "content": node.content,
+            "entity_edges": node.entity_edges,
+            "created_at": node.created_at.isoformat(),
+            "valid_at": node.valid_at.isoformat(),
+            "kind": memory.kind.value,
+            "ts": memory.valid_at.timestamp(),
+            "seq": memory.metadata.sequence,
+            "evicted": True if memory.evicted else None,  # null leaves the property out
+            "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+            "tags": list(memory.tags) or None,
+            "group_kind": _group_kind(node.group_id, memory.kind),
+            "group_key": group_key(node.group_id),
+            "text": memory.search_text,
+            "needs_embedding": None if embedding else True,
+        }
+        return {"uuid": memory.id, "props": props, "embedding": _FloatList(embedding) if embedding else None}
+
+    def _checked(self, vector: Sequence[float] | None) -> list[float] | None:
+        if vector is None or not self.embedding_dimension:
+            return None
+        if len(vector) != self.embedding_dimension:
+            raise ValueError(f"an embedding of {len(vector)} dimensions cannot be stored beside "
+                             f"{self.embedding_dimension}-dimensional vectors")
+        return list(vector)
+
+    async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
+        graph = await self._writable(agent_id)
+        result = await graph.query(
+            f"MATCH (n:{LABEL}) WHERE n.group_kind = $gk AND n.evicted IS NULL "
+            "WITH n ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC SKIP $keep "
+            "SET n.evicted = true RETURN count(n) AS c",
+            {"gk": _group_kind(namespace.group_id, kind), "keep": keep},
+        )
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+        if not vectors:
+            return 0
+        graph = await self._writable(agent_id)
+        rows = [{"id": i, "v": _FloatList(checked) if (checked := self._checked(v)) else None} for i, v in vectors.items()]
+        result = await graph.query(
+            f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+            "SET n.embedding = vecf32(row.v), n.needs_embedding = NULL RETURN count(n) AS c",
+            {"rows": rows},
+        )
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
+        # Deleting a node takes it out of every index (uuid, group, full text, vector) too.
+        ids = list(dict.fromkeys(ids))
+        if not ids or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0  # nothing stored: a missing graph is not created to delete from it
+        graph = self.client.select_graph(graph_name(agent_id))
+        deleted = 0
+        for start in range(0, len(ids), DELETE_BATCH):
+            result = await graph.query(f"UNWIND $ids AS id MATCH (n:{LABEL} {{uuid: id}}) DELETE n",
+                                       {"ids": ids[start : start + DELETE_BATCH]})
+            deleted += int(result.nodes_deleted)
+        return deleted
+
+    async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0
+        graph = self.client.select_graph(graph_name(agent_id))
+        rows = [{"id": m.id, "body": m.episode_body()} for m in _first_of_each(memories)]
+        updated = 0
+        for start in range(0, len(rows), DELETE_BATCH):
+            result = await graph.query(f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+                                       "SET n.content = row.body RETURN count(n)", {"rows": rows[start : start + DELETE_BATCH]})
+            updated += int(result.result_set[0][0]) if result.result_set else 0
+        return updated
+
+    async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
+        if not memories or not await self.client.connection.exists(graph_name(agent_id)):
+            return 0
+        graph = await self._writable(agent_id)
+        rows = []
+        for memory in _first_of_each(memories):
+            embedding = self._checked(memory.embedding)
+            rows.append({"id": memory.id, "body": memory.episode_body(), "text": memory.search_text,
+                         "tags": list(memory.tags) or None,
+                         "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+                         "embedding": _FloatList(embedding) if embedding else None,
+                         "needs_embedding": None if embedding else True})
+        updated = 0
+        for start in range(0, len(rows), DELETE_BATCH):
+            # Setting ``text`` and ``embedding`` re-indexes the node (full text, vector). A
+            # row without a vector keeps the stored one while its text is the same (a soft
+            # delete, a new title); a new text without one waits for the backfill.
+            result = await graph.query(
+                f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
+                "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep "
+                "SET n.content = row.body, n.text = row.text, n.tags = row.tags, n.deleted_at = row.deleted_at, "
+                "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
+                "ELSE vecf32(row.embedding) END, "
+                "n.needs_embedding = CASE WHEN keep THEN n.needs_embedding ELSE row.needs_embedding END "
+                "RETURN count(n)",
+                {"rows": rows[start : start + DELETE_BATCH]})
+            updated += int(result.result_set[0][0]) if result.result_set else 0
+        return updated
+
+    def redis_servers(self) -> list[Any]:
+        return [self.client.connection]
+
+    async def purge_query_log(self, agent_id: str, timeout: float = QUERY_LOG_FLUSH_SECONDS) -> int:
+        """FalkorDB keeps each graph's last queries, parameters included, in the stream
+        ``telemetry{<graph>}`` (CMD_INFO, on by default), written a second or two after the
+        queries ran. A marker query is run, and once the stream shows it, every entry up to
+        it is trimmed: the queries that wrote or read the erased data, and the erasure's own."""
+        name = graph_name(agent_id)
+        stream, connection = f"telemetry{{{name}}}", self.client.connection
+        try:
+            enabled = str((await connection.execute_command("GRAPH.CONFIG", "GET", "CMD_INFO"))[1]).lower()
+        except Exception as exc:  # a managed server may refuse GRAPH.CONFIG
+            log.warning("cannot tell whether FalkorDB logs the queries of %s: %s", name, exc)
+            enabled = "1"
+        if enabled in ("0", "false", "no"):
+            return 0
+        if not await connection.exists(name):
+            return int(await connection.delete(stream))
+        marker = uuid.uuid4().hex
+        await self.client.select_graph(name).ro_query(f"RETURN '{marker}'")
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            for entry_id, fields in await connection.xrevrange(stream, count=100):
+                if marker in str(fields.get("Query", "")):
+                    ms, _, seq = entry_id.partition("-")
+                    return int(await connection.xtrim(stream, minid=f"{ms}-{int(seq) + 1}", approximate=False))
+            await asyncio.sleep(0.05)
+        log.warning("FalkorDB's query log of %s did not show the erasure's marker within %.0f s; it keeps its last "
+                    "queries until newer ones push them out", name, timeout)
+        return 0
+
+    # Reads ---------------------------------------------------------------------------
+
+    async def get(self, agent_id: str, namespace: Namespace, ids: Sequence[str]) -> list[Memory]:
+        if not ids:
+            return []
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g AND n.deleted_at IS NULL "
+            f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid",
+            ids=list(ids), g=namespace.group_id,
+        )
+        return [_memory(row) for row in rows]
+
+    async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
+        if not ids:
+            return []
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
+                                          f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid", ids=list(ids))
+        return [_memory(row) for row in rows]
+
+    async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
+        if limit <= 0 or not kinds:
+            return []
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_READ_FIELDS} "
+            "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
+            gks=[_group_kind(namespace.group_id, k) for k in kinds], limit=limit,
+        )
+        return [_memory(row) for row in reversed(rows)]
+
+    async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
+        params: dict[str, Any]
+        if kinds:
+            where, params = "n.group_kind IN $gks", {"gks": [_group_kind(namespace.group_id, k) for k in kinds]}
+        else:
+            where, params = "n.group_id = $g", {"g": namespace.group_id}
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} AND {_LIVE} RETURN count(n) AS c",
+                                **params)
+        return int(rows[0]["c"]) if rows else 0
+
+    async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.group_id = $g AND n.kind IS NOT NULL RETURN {_READ_FIELDS} "
+            "ORDER BY n.ts, n.seq, n.uuid",
+            g=namespace.group_id,
+        )
+        return [_memory(row) for row in rows]
+
+    async def written_before(self, agent_id: str, before: datetime, limit: int,
+                             after: tuple[float, str] | None = None) -> list[Memory]:
+        if limit <= 0:
+            return []
+        name = graph_name(agent_id)
+        if name not in self._ts_indexed:
+            # Graphs made before this index existed get it here, once per process; a missing
+            # graph is not created for it (its first write makes every index).
+            if await self.client.connection.exists(name):
+                await _create_index(self.client.select_graph(name), _TS_INDEX)
+                self._ts_indexed.add(name)
+        # The range on ``ts`` is what the index answers; the id breaks ties at the cursor.
+        params: dict[str, Any] = {}
+        if after is None:
+            where = "n.ts < $before"
+        else:
+            where = "n.ts >= $from AND n.ts < $before AND (n.ts > $from OR n.uuid > $id)"
+            params = {"from": after[0], "id": after[1]}
+        rows = await self._read(
+            agent_id,
+            # Sorted and cut before the fields are read: only the page's rows are projected.
+            f"MATCH (n:{LABEL}) WHERE {where} AND n.kind IS NOT NULL "
+            f"WITH n ORDER BY n.ts, n.uuid LIMIT $limit RETURN {_READ_FIELDS}",
+            before=before.timestamp(), limit=limit, **params,
+        )
+        return [_memory(row) for row in rows]
+
+    async def agents(self) -> list[str]:
+        names = await self.client.list_graphs()
+        return sorted(a for a in map(agent_of_graph, names) if a is not None)
+
+    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+        rows = await self._read(
+            agent_id, f"MATCH (n:{LABEL}) WHERE n.needs_embedding = true RETURN {_READ_FIELDS} LIMIT $limit",
+            limit=limit,
+        )
+        return [_memory(row) for row in rows]
+
+    async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
+        groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
+        if groups == []:
+            return {}
+        filters = [_LIVE]
+        params: dict[str, Any] = {"limit": query.limit}
+        if groups is not None:
+            filters.append("n.group_id IN $groups")
+            params["groups"] = groups
+        if query.kinds:
+            filters.append("n.kind IN $kinds")
+            params["kinds"] = [k.value for k in query.kinds]
+        if query.since:
+            filters.append("n.ts >= $since")
+            params["since"] = query.since.timestamp()
+        if query.until:
+            filters.append("n.ts <= $until")
+            params["until"] = query.until.timestamp()
+        if query.tags:
+            filters.append("all(t IN $tags WHERE t IN n.tags)")
+            params["tags"] = list(query.tags)
+        where = " AND ".join(filters)
+        hits: SignalHits = {}
+        if queries := fulltext_queries(query.terms, groups):
+            hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
+        # None without a query vector or without vectors in this store.
+        if (vector := self._checked(query.vector)) is not None:
+            if groups is None:
+                # The agent's whole graph: the vector index's nearest neighbours.
+                k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
+                cypher = (f"CALL db.idx.vector.queryNodes('{LABEL}', 'embedding', $k, vecf32($v)) "
+                          f"YIELD node AS n, score WHERE {where} "
+                          f"RETURN {_READ_FIELDS}, score AS d ORDER BY d ASC LIMIT $limit")
+                params["k"] = k
+            else:
+                # A scope inside the agent: exact distances over the scope's memories,
+                # found through the group_id index (cost: the scope's size, not the graph's).
+                cypher = (f"MATCH (n:{LABEL}) WHERE {where} AND n.embedding IS NOT NULL "
+                          "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
+                          f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
+            try:
+                rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
+            except Exception as exc:
+                # After a restart FalkorDB rebuilds vector indexes in the background and
+                # refuses queries meanwhile ("Invalid arguments"): full text still answers.
+                log.warning("vector search of agent %s failed, full text only: %s", agent_id, exc)
+                return hits
+            # Cosine distance (0 = same direction) as a similarity in [-1, 1].
+            hits["vector"] = [(_memory(r), 1.0 - float(r["d"])) for r in rows]
+        return hits
+
+
+    async def _fulltext(self, agent_id: str, queries: dict[str, str], groups: list[str] | None, where: str,
+                        params: dict[str, Any]) -> list[tuple[Memory, float]]:
+        """The index counts the memories holding each term (stemmed, inside the scope) and
+        gives its best few for each; BM25 ranks their union (memory_service/domain/bm25.py says
+        why not the index's own OR score). One query for all terms."""
+        per_term = FULLTEXT_RESCORED * params["limit"]
+        rows = await self._read(
+            agent_id,
+            f"UNWIND $queries AS q CALL db.idx.fulltext.queryNodes('{LABEL}', q[1]) YIELD node AS n, score "
+            f"WITH q, n, score WHERE {where} WITH q, n, score ORDER BY score DESC "
+            "WITH q, collect(n.uuid) AS ids RETURN q[0] AS term, size(ids) AS df, ids[0..$per_term] AS best",
+            queries=[[term, q] for term, q in queries.items()], per_term=per_term, **params,
+        )
+        if not rows:
+            return []
+        df = {row["term"]: int(row["df"]) for row in rows}
+        matches: dict[str, set[str]] = {}
+        for row in rows:
+            for memory_id in row["best"]:
+                matches.setdefault(memory_id, set()).add(row["term"])
+        scope_size = await self._scope_size(agent_id, groups)
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}, n.text AS text",
+                                ids=list(matches))
+        scored = bm25.scores(matches, {r["uuid"]: r["text"] for r in rows}, df, scope_size)
+        ranked = sorted(rows, key=lambda r: (-scored[r["uuid"]], r["uuid"]))[: params["limit"]]
+        return [(_memory(r), round(scored[r["uuid"]], 6)) for r in ranked]
+
+    async def _scope_size(self, agent_id: str, groups: list[str] | None) -> int:
+        if groups is None:
+            rows = await self._read(agent_id, f"MATCH (n:{LABEL}) RETURN count(n) AS c")
+        else:
+            rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
+                                    groups=groups)
+        return int(rows[0]["c"]) if rows else 0
+
+
+async def _create_index(graph: AsyncGraph, statement: str) -> None:
+    try:
+        await graph.query(statement)
+    except Exception as exc:
+        if "already" not in str(exc).lower():
+            raise
+
+
+def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
+    """One memory per id, the first: a statement whose rows repeat an id would apply the
+    later row's ON CREATE properties too (FalkorDB 4), and the first write must win."""
+    first: dict[str, Memory] = {}
+    for memory in memories:
+        first.setdefault(memory.id, memory)
+    return list(first.values())
+
+
+def _memory(row: Row) -> Memory:
+    memory = Memory.from_episode_body(
+        id=row["uuid"], namespace=str(Namespace.from_group_id(row["group_id"])), body=row["content"],
+        valid_at=row["valid_at"],
+    )
+    memory.evicted = bool(row.get("evicted"))
+    if row.get("deleted_at") is not None:
+        memory.deleted_at = datetime.fromtimestamp(float(row["deleted_at"]), UTC)
+    memory.served_by = "graph"
+    return memory

@@ -1,1 +1,0 @@
-"""The arq worker: formation and consolidation jobs, the cold-session sweep, retention."""
