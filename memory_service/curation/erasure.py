@@ -39,9 +39,10 @@ from pydantic import BaseModel, Field
 from memory_service.access.audit import AuditLog
 from memory_service.access.keys import KeyStore
 from memory_service.curation.erasure_state import ErasureState
+from memory_service.curation.removal import Removal
 from memory_service.domain.errors import BackendUnavailable
-from memory_service.domain.models import Memory, MemoryKind, utcnow
-from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_id
+from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
+from memory_service.domain.namespaces import Namespace, validate_id
 from memory_service.formation.jobs import JobQueue
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.state.persistence import rewrite as rewrite_persistence
@@ -237,9 +238,10 @@ def _without_user(memory: Memory, user_id: str) -> Memory:
 class Eraser:
     def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
                  assembler: ContextAssembler, keys: KeyStore, audit: AuditLog):
-        self.state, self.registry, self.agents, self.assembler = state, registry, agents, assembler
+        self.state, self.registry, self.agents = state, registry, agents
         self.keys, self.audit = keys, audit
         self.redis_side = ErasureState(state, queue)
+        self.removal = Removal(state, self.redis_side, assembler)
 
     async def _backends(self, agent_id: str, notes: list[str]) -> list[tuple[str, MemoryBackend]]:
         """Every store that may hold the agent's memories: the one serving it first, then
@@ -364,23 +366,16 @@ class Eraser:
                 await backend.set_provenance(agent_id, rewritten[start : start + STORE_BATCH])
             report.stores[name] = gone
         report.provenance_rewritten = len(rewritten)
-        for memory in held.removed.values():
-            report.memories[memory.kind.value] = report.memories.get(memory.kind.value, 0) + 1
+        report.memories = count_kinds(held.removed.values())
         report.shared_removed = [SharedRemoval(id=i, kind=held.removed[i].kind, namespace=held.removed[i].namespace,
                                                reason=reason) for i, reason in sorted(held.shared.items())]
 
         # 4. Consolidation queues, cached blocks, and last the user's own keys (the index
         #    a retry would find the sessions by).
-        queued: dict[str, list[str]] = {}
-        for memory in held.removed.values():
-            if Namespace.parse(memory.namespace).kind in (NamespaceKind.USER, NamespaceKind.SHARD):
-                queued.setdefault(memory.namespace, []).append(memory.id)
-        for namespace, ids in sorted(queued.items()):
-            if namespace != held.own_namespace:
-                report.consolidation_items += await self.redis_side.forget_consolidation_items(namespace, ids)
-        await self.state.bump(*sorted(queued))
-        report.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
-        report.cached_blocks += self.assembler.forget_agent(agent_id)
+        #    The user's namespace and the sessions removed whole go with their keys.
+        dropped = {held.own_namespace, *(str(Namespace.session(s)) for s in report.sessions_removed)}
+        forgotten = await self.removal.forget(agent_id, held.removed.values(), dropped)
+        report.consolidation_items, report.cached_blocks = forgotten.consolidation_items, forgotten.cached_blocks
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
 
         # 5. Only when something was found: the stores' own logs and files. An unknown user

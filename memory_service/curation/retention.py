@@ -9,8 +9,9 @@ Two small indexes, so that nothing here reads every memory (docs/memory-tools.md
 
 The purge takes each due memory out of every store through the backend's ``delete`` (the
 one the erasure uses: every index, the vector, MongoDB through the outbox behind the
-writes queued before it), out of queued outbox entries, consolidation queues, cached
-memory blocks and FalkorDB's log of recent queries, then out of both indexes. It counts
+writes queued before it), out of queued outbox entries, then out of consolidation queues
+and cached memory blocks (memory_service/curation/removal.py, as an erasure does) and
+FalkorDB's log of recent queries, then out of both indexes. It counts
 what went in the metrics (``memory_service_purged_memories_total``) and the audit log.
 
 With STALE_PURGE_DAYS set, the same run then purges, the same way, memories nobody wrote,
@@ -24,14 +25,15 @@ cutoff are read in batches through the stores' index on the time
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
+from memory_service.curation.removal import Removal
 from memory_service.curation.staleness import StaleFilter
-from memory_service.domain.models import Memory
-from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.domain.models import Memory, count_kinds
 
 if TYPE_CHECKING:
     from memory_service.access.audit import AuditLog
@@ -134,7 +136,7 @@ class Retention:
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, index: RetentionIndex,
                  erasure_state: ErasureState, assembler: ContextAssembler, audit: AuditLog):
         self.settings, self.state, self.agents, self.index = settings, state, agents, index
-        self.erasure_state, self.assembler, self.audit = erasure_state, assembler, audit
+        self.removal, self.audit = Removal(state, erasure_state, assembler), audit
 
     async def purge(self, now: datetime | None = None) -> PurgeReport:
         """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""
@@ -180,7 +182,7 @@ class Retention:
             await backend.purge_query_log(agent_id)
             await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
                                     after={"purged": len(doomed), "reason": "deleted",
-                                           "deleted_before": cutoff.isoformat(), "kinds": _kinds(held)})
+                                           "deleted_before": cutoff.isoformat(), "kinds": count_kinds(held)})
         # Entries whose memory is gone or undeleted leave the index too (an undelete removes
         # its own; this covers a crash between the two).
         still_deleted_later = {m.id for m in await backend.find(agent_id, [i for i in ids if i not in doomed])
@@ -209,7 +211,7 @@ class Retention:
     async def _purge_stale_agent(self, agent_id: str, cutoff: datetime) -> int:
         _, backend = await self.agents.backend_for(agent_id)
         judge = StaleFilter(agent_id, backend, self.state, self.index, cutoff)
-        purged, kinds = 0, dict[str, int]()
+        purged, kinds = 0, Counter[str]()
         after: tuple[float, str] | None = None
         while batch := await backend.written_before(agent_id, cutoff, STALE_BATCH, after):
             cursor = (batch[-1].valid_at.timestamp(), batch[-1].id)
@@ -218,15 +220,14 @@ class Retention:
             after = cursor
             if doomed := await judge.stale(batch):
                 purged += await self._remove(agent_id, backend, doomed)
-                for kind, n in _kinds(doomed).items():
-                    kinds[kind] = kinds.get(kind, 0) + n
+                kinds.update(count_kinds(doomed))
             if len(batch) < STALE_BATCH:
                 break
         if kinds:
             await backend.purge_query_log(agent_id)
             await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
                                     after={"purged": sum(kinds.values()), "reason": "stale",
-                                           "not_accessed_since": cutoff.isoformat(), "kinds": kinds})
+                                           "not_accessed_since": cutoff.isoformat(), "kinds": dict(kinds)})
         return purged
 
     async def _remove(self, agent_id: str, backend: MemoryBackend, held: list[Memory]) -> int:
@@ -239,25 +240,6 @@ class Retention:
 
         await backend.scrub_pending(agent_id, judge, doomed)  # queued writes quoting them
         purged = await backend.delete(agent_id, doomed)
-        await self._forget_elsewhere(agent_id, held)
+        await self.removal.forget(agent_id, held)  # the caller then trims the store's query log
         await self.index.forget(agent_id, doomed)
         return purged
-
-    async def _forget_elsewhere(self, agent_id: str, memories: list[Memory]) -> None:
-        """Consolidation queues and cached memory blocks (the caller then trims the store's query log)."""
-        queued: dict[str, list[str]] = {}
-        for memory in memories:
-            if Namespace.parse(memory.namespace).kind in (NamespaceKind.USER, NamespaceKind.SHARD):
-                queued.setdefault(memory.namespace, []).append(memory.id)
-        for namespace, ids in queued.items():
-            await self.erasure_state.forget_consolidation_items(namespace, ids)
-        await self.state.bump(*sorted({m.namespace for m in memories}))
-        await self.erasure_state.purge_cached_blocks(agent_id)
-        self.assembler.forget_agent(agent_id)
-
-
-def _kinds(memories: list[Memory]) -> dict[str, int]:
-    kinds: dict[str, int] = {}
-    for memory in memories:
-        kinds[memory.kind.value] = kinds.get(memory.kind.value, 0) + 1
-    return kinds

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -195,6 +196,12 @@ class Memory(BaseModel):
             confidence=data.get("confidence"),
             updated_at=data.get("updated_at"),
         )
+
+
+def count_kinds(memories: Iterable[Memory]) -> dict[str, int]:
+    """How many of ``memories`` are of each kind, by the kind's name, in the order the kinds
+    first appear: what a formation, an erasure and a purge report, and their audit entries."""
+    return dict(Counter(memory.kind.value for memory in memories))
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard
+from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
@@ -72,10 +72,7 @@ class FormationResult:
         return bool(self.message_ids) and not self.already_formed
 
     def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for memory in self.memories:
-            out[memory.kind.value] = out.get(memory.kind.value, 0) + 1
-        return out
+        return count_kinds(self.memories)
 
 
 class FormationSummary(BaseModel):

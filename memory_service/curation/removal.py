@@ -1,0 +1,54 @@
+"""What is left to forget once memories leave the stores for good.
+
+Two things remove memories for good: the erasure of a user
+(memory_service/curation/erasure.py) and the daily purge
+(memory_service/curation/retention.py). After the stores, the same traces stay behind in
+both cases: the memories' ids on their namespaces' consolidation queues, the generations
+of the namespaces they were in (a memory block built on them must not be served again),
+the agent's cached blocks in Redis and this process's last good blocks. ``Removal`` forgets
+them, one way for both, so that the two cannot drift apart.
+
+What differs stays with each caller: which memories go and how they leave the stores, the
+stores' own query logs (trimmed last, by the caller), and the keys an erasure deletes whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable
+from dataclasses import dataclass
+
+from memory_service.curation.erasure_state import ErasureState
+from memory_service.domain.models import Memory
+from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.recall.assembler import ContextAssembler
+from memory_service.state.store import StateStore
+
+
+@dataclass(slots=True)
+class Forgotten:
+    consolidation_items: int = 0  # removed memories taken off consolidation queues
+    cached_blocks: int = 0  # the agent's cached blocks deleted, in Redis and in this process
+
+
+class Removal:
+    def __init__(self, state: StateStore, redis_side: ErasureState, assembler: ContextAssembler):
+        self.state, self.redis_side, self.assembler = state, redis_side, assembler
+
+    async def forget(self, agent_id: str, memories: Iterable[Memory], dropped: Collection[str] = ()) -> Forgotten:
+        """Forget the removed ``memories`` of ``agent_id`` everywhere but the stores.
+
+        ``dropped``: namespaces whose Redis keys the caller deletes whole (an erasure's own
+        user namespace, the sessions it removes): their queues are not trimmed and their
+        generations not bumped (a bump would only write the key again)."""
+        memories = [m for m in memories if m.namespace not in dropped]
+        queued: dict[str, list[str]] = {}
+        for memory in memories:
+            if Namespace.parse(memory.namespace).kind in (NamespaceKind.USER, NamespaceKind.SHARD):
+                queued.setdefault(memory.namespace, []).append(memory.id)
+        forgotten = Forgotten()
+        for namespace, ids in sorted(queued.items()):
+            forgotten.consolidation_items += await self.redis_side.forget_consolidation_items(namespace, ids)
+        await self.state.bump(*sorted({m.namespace for m in memories}))
+        forgotten.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
+        forgotten.cached_blocks += self.assembler.forget_agent(agent_id)
+        return forgotten
