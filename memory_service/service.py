@@ -24,11 +24,12 @@ from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.curation.erasure import Eraser, ErasureReport, UserExport
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
+from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
 from memory_service.curation.tools import DeletedOut, MemoryRecord, MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.curation.write_blocks import store_write_blocks
 from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
-from memory_service.domain.namespaces import validate_id
+from memory_service.domain.namespaces import Namespace, checks_ids
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation import gates
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
@@ -48,6 +49,7 @@ from memory_service.stores.registry import BackendFactory, BackendRegistry
 __all__ = ["MemoryService", "RecordResult"]
 
 
+@checks_ids  # ids enter here in process: every method checks its id arguments, the parts take them checked
 class MemoryService:
     def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
                  consolidator: Consolidator | None = None, embedder: Embedder | None = None):
@@ -101,6 +103,13 @@ class MemoryService:
     async def list_shards(self, agent_id: str) -> list[Shard]:
         return await self.agents.list_shards(agent_id)
 
+    async def migrate_agent(self, agent_id: str, to: str, *, dry_run: bool = False,
+                            on_namespace: Callable[[Namespace, int], None] | None = None,
+                            on_copied: Callable[[int], None] | None = None) -> MigrationReport:
+        """Copy the agent's memories to backend ``to``, verify, and switch it (memory_service/curation/migration.py)."""
+        return await migrate_agent(self.agents, agent_id, to, dry_run=dry_run, on_namespace=on_namespace,
+                                   on_copied=on_copied)
+
     # Sessions
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         return await self.sessions.record_message(session_id, message, reach)
@@ -148,7 +157,6 @@ class MemoryService:
         ``min_score``, ``kinds``, ``since``, ``until``. A scope never reaches another agent's
         namespaces, nor, with a ``reach`` limited to some users, what they may not see.
         """
-        validate_id(agent_id, "agent_id")
         request = query if isinstance(query, SearchRequest) else SearchRequest(query=query, **options)
         _, backend = await self.agents.backend_for(agent_id)
         return await self.retriever.search(agent_id, backend, request, reach=reach)

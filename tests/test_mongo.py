@@ -18,7 +18,7 @@ import pytest
 from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from memory_service.curation.migration import agent_namespaces, migrate_agent
+from memory_service.curation.migration import agent_namespaces
 from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
@@ -87,7 +87,7 @@ async def settle(service, agent: str = "a1", timeout: float = 30) -> None:
 
 async def both_stores(service, agent: str = "a1"):
     _, mirrored = await service.agents.backend_for(agent)
-    namespaces = await agent_namespaces(service, agent)
+    namespaces = await agent_namespaces(service.agents, agent)
     return await snapshot(mirrored.primary, namespaces), await snapshot(mirrored.mirror, namespaces)
 
 
@@ -238,7 +238,7 @@ async def test_only_an_agent_that_named_mongo_reads_it_on_an_empty_graph_answer_
         assert await service.state.named_backend("a2", "mongo")
         # Back on mongo, then migrated: the graph holds everything, its empty answers stand.
         await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
-        report = await migrate_agent(service, "a1", "graph")
+        report = await service.migrate_agent("a1", "graph")
         assert report.switched and not await service.state.named_backend("a1", "mongo")
         reads = backend.mongo_reads
         await mongo_proxy.stall()
@@ -410,11 +410,11 @@ async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_sett
         await converse(service, "s2", lines=CHAT[::-1])
         await service.form_memories("s2")
         mongo = await service.registry.get("mongo")
-        namespaces = await agent_namespaces(service, "a1")
+        namespaces = await agent_namespaces(service.agents, "a1")
         before = await snapshot(mongo, namespaces)
         assert sum(map(len, before.values())) > 2 * len(CHAT)
 
-        dry = await migrate_agent(service, "a1", "graph", dry_run=True)
+        dry = await service.migrate_agent("a1", "graph", dry_run=True)
         assert dry.total == sum(map(len, before.values())) and dry.missing == dry.total and not dry.switched
         assert (await service.get_agent("a1")).memory_backend == "mongo"
 
@@ -426,9 +426,9 @@ async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_sett
             raise Interrupted
 
         with pytest.raises(Interrupted):
-            await migrate_agent(service, "a1", "graph", on_copied=interrupt)
+            await service.migrate_agent("a1", "graph", on_copied=interrupt)
         assert (await service.get_agent("a1")).memory_backend == "mongo"
-        report = await migrate_agent(service, "a1", "graph")
+        report = await service.migrate_agent("a1", "graph")
         assert report.switched and report.missing == 0 and 0 < report.copied < report.total
         agent = await service.get_agent("a1")
         assert (agent.memory_backend, agent.effective_backend, agent.agent_extras) == ("graph", "graph", {"tone": "warm"})
@@ -438,11 +438,11 @@ async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_sett
         # On the graph, the conversation goes on; then back to mongo with nothing lost.
         await converse(service, "s3", lines=CHAT[:4])
         await service.form_memories("s3")
-        namespaces = await agent_namespaces(service, "a1")
+        namespaces = await agent_namespaces(service.agents, "a1")
         on_graph = await snapshot(graph_backend.primary, namespaces)
         await settle(service)
         await mongo.shards.delete_many({})  # as if the graph had run without mirroring
-        back = await migrate_agent(service, "a1", "mongo")
+        back = await service.migrate_agent("a1", "mongo")
         assert back.switched and back.missing == 0
         assert await snapshot(mongo, namespaces) == on_graph
         travel = await mongo.shards.find_one({"_id": "shard:a1:travel"})

@@ -1,3 +1,4 @@
+import inspect
 import re
 
 import pytest
@@ -5,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from memory_service.domain.errors import InvalidInput
-from memory_service.domain.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind, validate_id
+from memory_service.domain.namespaces import ID_ARGUMENTS, MAX_ID_LENGTH, Namespace, NamespaceKind, validate_id
 
 # Any Unicode the id rules accept: no ':', '/' or '\\', no control/surrogate/unassigned, no
 # outer spaces, not '.' or '..'.
@@ -91,3 +92,34 @@ def test_validate_id_rejects_non_strings():
 def test_every_kind_has_a_constructor():
     assert {Namespace.session("s").kind, Namespace.user("a", "u").kind, Namespace.shard("a", "s").kind,
             Namespace.agent("a").kind} == set(NamespaceKind)
+
+
+def _id_taking_methods():
+    """(method name, id argument) of every public coroutine method of the facade."""
+    from memory_service.service import MemoryService
+
+    for name, method in vars(MemoryService).items():
+        if not name.startswith("_") and inspect.iscoroutinefunction(method):
+            for argument in inspect.signature(method).parameters:
+                if argument in ID_ARGUMENTS:
+                    yield name, argument
+
+
+def test_the_facade_takes_ids_of_many_kinds():
+    """The check below covers every kind of id the facade is given (it cannot pass on none)."""
+    assert {argument for _, argument in _id_taking_methods()} == set(ID_ARGUMENTS)
+
+
+@pytest.mark.parametrize("bad", ["a/b", "a:b", " a", "", ".."])
+async def test_the_facade_checks_every_id_before_it_does_anything(bad):
+    """MemoryService is where ids enter in process (README, "From Python, in process"): each
+    method refuses a malformed id argument before it runs (here on no service at all: any
+    step taken would fail otherwise), so the parts below it need not check again."""
+    from memory_service.service import MemoryService
+
+    for name, argument in _id_taking_methods():
+        method = getattr(MemoryService, name)
+        arguments = {p.name: None for p in inspect.signature(method).parameters.values()
+                     if p.name != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD}
+        with pytest.raises(InvalidInput, match=f"^{argument} "):
+            await method(None, **{**arguments, argument: bad})

@@ -154,7 +154,6 @@ async def _backfill(settings: Settings, batch: int) -> dict[str, int]:
 async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool) -> MigrationReport:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from memory_service.curation.migration import migrate_agent
     from memory_service.domain.namespaces import validate_id
     from memory_service.runtime import open_service
 
@@ -163,8 +162,8 @@ async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool) -> Mi
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                       console=console, transient=True) as progress:
             task = progress.add_task("copying", total=None)
-            report = await migrate_agent(
-                service, agent, to, dry_run=dry_run,
+            report = await service.migrate_agent(
+                agent, to, dry_run=dry_run,
                 on_namespace=lambda ns, n: progress.update(task, description=str(ns)[:60],
                                                            total=(progress.tasks[0].total or 0) + n),
                 on_copied=lambda n: progress.advance(task, n),

@@ -42,7 +42,7 @@ from memory_service.curation.erasure_state import ErasureState
 from memory_service.curation.removal import Removal
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
-from memory_service.domain.namespaces import Namespace, validate_id
+from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import JobQueue
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.state.persistence import rewrite as rewrite_persistence
@@ -303,8 +303,6 @@ class Eraser:
         return held
 
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:
-        validate_id(agent_id, "agent_id")
-        validate_id(user_id, "user_id")
         held = await self.holdings(agent_id, user_id, await self._backends(agent_id, []))
         out = UserExport(agent_id=agent_id, user_id=user_id, exported_at=utcnow())
         for session_id, memories in sorted(held.sessions.items()):
@@ -328,8 +326,6 @@ class Eraser:
 
     async def erase_user(self, agent_id: str, user_id: str, actor: str = "erasure") -> ErasureReport:
         """``actor``: the key id the audit log records for the key changes (the erasure's caller)."""
-        validate_id(agent_id, "agent_id")
-        validate_id(user_id, "user_id")
         report = ErasureReport(agent_id=agent_id, user_id=user_id)
         digest = await self.audit.user_digest(agent_id, user_id)
         await self._forget_keys(agent_id, user_id, digest, actor, report)

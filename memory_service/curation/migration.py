@@ -7,6 +7,10 @@ copies only what is missing), verifies that every memory id of the source is in 
 target, copies the shards' settings to where the target keeps them, and only then flips
 the agent's ``memory_backend``. Switching back is the same
 command in the other direction: what was written meanwhile is copied back.
+
+It works on the agent directory (the agents' settings, and the state store and the
+backend registry behind it), not on the facade: ``MemoryService.migrate_agent`` and
+``memory-service migrate`` call it.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from dataclasses import dataclass, field
 from memory_service.domain.errors import InvalidInput, MemoryServiceError, NotFound
 from memory_service.domain.models import AgentSettings
 from memory_service.domain.namespaces import Namespace
-from memory_service.service import MemoryService
+from memory_service.stores.agents import AgentDirectory
 
 log = logging.getLogger(__name__)
 
@@ -59,10 +63,10 @@ class MigrationReport:
         return sum(n.missing for n in self.namespaces)
 
 
-async def agent_namespaces(service: MemoryService, agent_id: str) -> list[Namespace]:
-    sessions = await service.state.agent_sessions(agent_id)
-    users = sorted({u for s in sessions for u in await service.state.session_users(s)})
-    shards = [s.shard_id for s in await service.list_shards(agent_id)]
+async def agent_namespaces(agents: AgentDirectory, agent_id: str) -> list[Namespace]:
+    sessions = await agents.state.agent_sessions(agent_id)
+    users = sorted({u for s in sessions for u in await agents.state.session_users(s)})
+    shards = [s.shard_id for s in await agents.list_shards(agent_id)]
     return [
         *(Namespace.session(s) for s in sessions),
         *(Namespace.user(agent_id, u) for u in users),
@@ -72,7 +76,7 @@ async def agent_namespaces(service: MemoryService, agent_id: str) -> list[Namesp
 
 
 async def migrate_agent(
-    service: MemoryService,
+    agents: AgentDirectory,
     agent_id: str,
     to: str,
     *,
@@ -84,20 +88,21 @@ async def migrate_agent(
 
     ``on_namespace(namespace, size)`` and ``on_copied(n)`` report progress.
     """
-    if to not in service.registry.factories:
-        known = ", ".join(sorted(service.registry.factories))
+    state, registry = agents.state, agents.registry
+    if to not in registry.factories:
+        known = ", ".join(sorted(registry.factories))
         raise InvalidInput(f"unknown memory backend {to!r}; registered backends: {known}")
-    stored = await service.state.get_agent(agent_id)
-    if stored is None and not await service.state.agent_sessions(agent_id):
+    stored = await state.get_agent(agent_id)
+    if stored is None and not await state.agent_sessions(agent_id):
         raise NotFound(f"agent {agent_id!r} has no settings and no sessions: nothing to migrate")
     settings = stored or AgentSettings()
-    source_name, source = await service.agents.backend_for(agent_id, settings)
+    source_name, source = await agents.backend_for(agent_id, settings)
     if source_name == to:
         raise InvalidInput(f"agent {agent_id!r} already uses the {to!r} backend; nothing to migrate")
-    target = await service.registry.get(to)
+    target = await registry.get(to)
     report = MigrationReport(agent_id, source_name, to, dry_run)
 
-    for namespace in await agent_namespaces(service, agent_id):
+    for namespace in await agent_namespaces(agents, agent_id):
         memories = await source.export(agent_id, namespace)
         entry = NamespaceReport(str(namespace), len(memories))
         report.namespaces.append(entry)
@@ -122,7 +127,7 @@ async def migrate_agent(
 
     if dry_run:
         return report
-    for shard in await service.list_shards(agent_id):  # where the target keeps shard settings
+    for shard in await agents.list_shards(agent_id):  # where the target keeps shard settings
         await target.describe_shard(agent_id, shard.shard_id, shard.name, shard.extraction_focus, shard.active)
     if report.missing:
         raise MigrationFailed(
@@ -130,8 +135,8 @@ async def migrate_agent(
             f"the agent stays on {source_name!r}. Run the migration again to resume."
         )
     updated = settings.model_copy(update={"memory_backend": to})
-    await service.put_agent(agent_id, updated)
-    await service.state.migrated(agent_id, to)  # the graph no longer reads MongoDB for it
+    await agents.put_agent(agent_id, updated)
+    await state.migrated(agent_id, to)  # the graph no longer reads MongoDB for it
     report.switched = True
     log.info("agent %s migrated from %s to %s: %d memories, %d copied", agent_id, source_name, to,
              report.total, report.copied)

@@ -28,7 +28,7 @@ from memory_service.domain.limits import (
     text_problem,
 )
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance
-from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_id
+from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.recall.search import embed_memories
 from memory_service.state.store import StateStore
@@ -167,7 +167,6 @@ class MemoryTools:
         """Store ``bodies`` all or none: every one is checked before any is written, and they
         are written in one batch. ``session_id``/``message_id``: where they were said (a
         session of the agent), kept in their provenance."""
-        validate_id(agent_id, "agent_id")
         self.require_writes(agent_id)
         reach = guard or Reach(self.state, agent_id)
         if session_id is not None and not await reach.sees_session(session_id):
@@ -271,7 +270,6 @@ class MemoryTools:
 
     async def _find(self, agent_id: str, memory_id: str, guard: NamespaceGuard,
                     changing: bool = False) -> tuple[MemoryBackend, Memory]:
-        validate_id(agent_id, "agent_id")
         if not memory_id or len(memory_id) > MEMORY_ID_CHARS or not memory_id.isprintable():
             raise InvalidInput(f"memory_id {preview(memory_id)} is not a memory id: 1 to {MEMORY_ID_CHARS} printable "
                                "characters")

@@ -17,8 +17,11 @@ injective, and no group_id is ``''`` or ``'_'``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import re
 import unicodedata
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -124,6 +127,42 @@ def _id_problem(value: str, colon_allowed: bool) -> str | None:
 def validate_message_id(value: object, what: str = "message_id") -> str:
     """Message ids are never namespace fields, so ':' is allowed in them (LoCoMo's ``D3:7``)."""
     return validate_id(value, what, colon_allowed=True)
+
+
+# The arguments a class that takes ids from its callers checks (checks_ids), by name.
+ID_ARGUMENTS = ("agent_id", "user_id", "session_id", "shard_id", "record_id")
+
+
+def checks_ids[T](cls: type[T]) -> type[T]:
+    """Make every public coroutine method of ``cls`` check its id arguments (those named in
+    ID_ARGUMENTS, when given and not None) with validate_id before it runs.
+
+    For the class where ids enter in process (the MemoryService facade, which the README
+    documents for direct use): one rule, applied to every method the class has or gains, and
+    the parts below it take the ids as checked. The HTTP API checks them in its own types
+    (memory_service.domain.models.AgentId...) before it calls the facade.
+    """
+    for name, method in list(vars(cls).items()):
+        if not name.startswith("_") and inspect.iscoroutinefunction(method):
+            setattr(cls, name, _checking(method))
+    return cls
+
+
+def _checking[**P, R](method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    names = list(inspect.signature(method).parameters)
+    checked = [(index, name) for index, name in enumerate(names) if name in ID_ARGUMENTS]
+    if not checked:
+        return method
+
+    @functools.wraps(method)
+    async def checking(*args: P.args, **kwargs: P.kwargs) -> R:
+        for index, name in checked:
+            value = args[index] if index < len(args) else kwargs.get(name)
+            if value is not None:
+                validate_id(value, name)
+        return await method(*args, **kwargs)
+
+    return checking
 
 
 def _encode_field(value: str) -> str:

@@ -37,7 +37,7 @@ from memory_service.domain.errors import (
     session_taken,
 )
 from memory_service.domain.models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Role
-from memory_service.domain.namespaces import Namespace, validate_id
+from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation import gates
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
@@ -82,7 +82,6 @@ class SessionLedger:
         records into a session other users started only with the agent's
         ``users_join_sessions``, else it is answered as a session of another agent.
         """
-        validate_id(session_id, "session_id")
         limits.check_message_chars(message.content, self.settings.max_message_chars)
         if reach is not None and reach.confined:
             settings = await self.state.get_agent(message.agent_id) or AgentSettings()
@@ -231,7 +230,6 @@ class SessionLedger:
                         agent_id, EMBED_LOCK_MS // 1000, exc)
 
     async def session_gate(self, session_id: str) -> gates.GateStatus:
-        validate_id(session_id, "session_id")
         return gates.evaluate(await self.state.counters(session_id), self.settings)
 
     async def schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1,
@@ -260,7 +258,6 @@ class SessionLedger:
 
     async def maybe_form_memories(self, session_id: str) -> str | None:
         """Enqueue the pending window's formation if a gate is open; the job id, or None."""
-        validate_id(session_id, "session_id")
         return await self.schedule(session_id, gated=True)
 
     async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
@@ -271,7 +268,6 @@ class SessionLedger:
         earlier holds only the messages pending then, so the windows after it are formed
         too, and the answer sums them. The worker does the forming.
         """
-        validate_id(session_id, "session_id")
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")
@@ -311,7 +307,6 @@ class SessionLedger:
 
     async def session_status(self, session_id: str) -> dict[str, Any]:
         """The session's gate, formation cursor and the job of its claimed window."""
-        validate_id(session_id, "session_id")
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")

@@ -23,7 +23,7 @@ from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError
 from memory_service.domain.models import Memory, MemoryKind, Shard
-from memory_service.domain.namespaces import Namespace, validate_id
+from memory_service.domain.namespaces import Namespace
 from memory_service.recall.render import (
     MIN_BUDGET_CHARS,
     ContextInputs,
@@ -74,8 +74,6 @@ class ContextAssembler:
         wider key is never served to a narrower one.
         """
         reach = reach or Reach(self.state, agent_id)
-        for value, what in ((agent_id, "agent_id"), (user_id, "user_id"), (session_id, "session_id")):
-            validate_id(value, what)
         if query is not None and len(query) > self.settings.search_max_query_chars:
             raise InvalidInput(f"query is {len(query)} characters long; the limit is {self.settings.search_max_query_chars}")
         if budget is not None and budget < MIN_BUDGET_CHARS:

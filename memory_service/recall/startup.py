@@ -194,7 +194,6 @@ class StartupRecords:
                                "(STARTUP_MAX_RECORD_CHARS)")
 
     async def list(self, agent_id: str) -> list[StartupRecord]:
-        validate_id(agent_id, "agent_id")
         raw = cast(dict[str, str], await self.redis.hgetall(_records_key(agent_id)))
         return sorted((StartupRecord.model_validate_json(v) for v in raw.values()), key=_order)
 
@@ -208,8 +207,6 @@ class StartupRecords:
 
         The same record again changes nothing (not even its date): an import run twice is a no-op.
         """
-        validate_id(agent_id, "agent_id")
-        validate_id(record_id, "record_id")
         self.check(body)
         before = await self.get(agent_id, record_id)
         record = StartupRecord(**body.model_dump(), id=record_id, source=source, updated_at=utcnow())
@@ -225,8 +222,6 @@ class StartupRecords:
 
     async def delete(self, agent_id: str, record_id: str) -> StartupRecord | None:
         """Remove a record; the one removed (None: there was none, and nothing changed)."""
-        validate_id(agent_id, "agent_id")
-        validate_id(record_id, "record_id")
         before = await self.get(agent_id, record_id)
         if before is not None and await self.redis.hdel(_records_key(agent_id), record_id):
             await self.state.bump(f"agent:{agent_id}")
@@ -241,10 +236,7 @@ class StartupRecords:
         """The records for one call within the model's budget, and whether to send them (see the
         module doc). ``reach``: the caller's (default: all of the agent); a session it does not
         see is answered as an unknown one."""
-        validate_id(agent_id, "agent_id")
-        if session_id is not None:
-            validate_id(session_id, "session_id")
-        elif mode is not StartupMode.ALWAYS:
+        if session_id is None and mode is not StartupMode.ALWAYS:
             raise InvalidInput(f"session_id: mode {mode.value} needs the session the block is for")
         budget = budget_for_model(model, self.settings.startup_budget_chars, self.settings.startup_model_budgets)
         kept, dropped = fit(await self.list(agent_id), budget)

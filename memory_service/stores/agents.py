@@ -8,7 +8,6 @@ from memory_service.config import Settings
 from memory_service.domain import limits
 from memory_service.domain.errors import InvalidInput, NotFound, preview
 from memory_service.domain.models import Agent, AgentSettings, Shard, ShardIn
-from memory_service.domain.namespaces import validate_id
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 from memory_service.stores.registry import BackendRegistry
@@ -25,7 +24,6 @@ class AgentDirectory:
 
     async def replace_agent(self, agent_id: str, settings: AgentSettings) -> tuple[AgentSettings | None, Agent]:
         """Create or replace the agent's settings: (the settings replaced, the agent now)."""
-        validate_id(agent_id, "agent_id")
         limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
         requested = settings.requested_backend()
         if requested and requested not in self.registry.factories:
@@ -35,7 +33,6 @@ class AgentDirectory:
         return previous, await self.get_agent(agent_id)
 
     async def get_agent(self, agent_id: str) -> Agent:
-        validate_id(agent_id, "agent_id")
         settings = await self.state.get_agent(agent_id)
         if settings is None:
             raise NotFound(f"agent {agent_id!r} has no settings; PUT /v1/agents/{agent_id} creates them")
@@ -54,8 +51,6 @@ class AgentDirectory:
 
     async def replace_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard | None, Shard]:
         """Create or replace a shard: (the shard replaced, None when created; the shard now)."""
-        validate_id(agent_id, "agent_id")
-        validate_id(shard_id, "shard_id")
         previous = await self.state.put_shard(agent_id, shard_id, shard)
         try:  # a copy for the store's own readers (MongoDB dashboards); Redis holds the truth
             _, backend = await self.backend_for(agent_id)
@@ -66,5 +61,4 @@ class AgentDirectory:
         return replaced, Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump())
 
     async def list_shards(self, agent_id: str) -> list[Shard]:
-        validate_id(agent_id, "agent_id")
         return [Shard(agent_id=agent_id, shard_id=sid, **s.model_dump()) for sid, s in (await self.state.shards(agent_id)).items()]
