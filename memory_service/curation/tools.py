@@ -30,7 +30,7 @@ from memory_service.domain.limits import (
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance
 from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_id
 from memory_service.embedding.embedders import Embedder
-from memory_service.recall.search import embed_memories
+from memory_service.embedding.memories import embed_memories
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend

@@ -15,12 +15,12 @@ from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.memories import embed_memories
 from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
 from memory_service.formation.steps import FormationResult, FormationSummary, form_window
 from memory_service.ingest.sessions import SessionLedger
-from memory_service.recall.search import embed_memories
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend

@@ -36,11 +36,11 @@ from pydantic import BaseModel, Field
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.memories import embed_memories
 from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
 from memory_service.formation.personal import is_personal, personal_item
 from memory_service.formation.rule_extractor import split_sentences
 from memory_service.formation.window import Claim, StoredExtraction, WindowState, WindowStore
-from memory_service.recall.search import embed_memories
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)

@@ -307,25 +307,6 @@ class Retriever:
         )
 
 
-async def embed_memories(embedder: Embedder | None, memories: Sequence[Memory]) -> int:
-    """Give memories their embedding before they are written; how many got one.
-
-    A failing embedder is logged and leaves them without (0): they are stored anyway and the
-    backfill (the worker's cron job, ``memory-service backfill-embeddings``) embeds them later.
-    """
-    todo = [m for m in memories if m.embedding is None]
-    if embedder is None or not todo:
-        return 0
-    try:
-        vectors = await embedder.embed([m.search_text for m in todo])
-    except Exception as exc:
-        log.warning("could not embed %d memories; they stay stored without, for the backfill: %s", len(todo), exc)
-        return 0
-    for memory, vector in zip(todo, vectors):
-        memory.embedding = list(vector)
-    return len(todo)
-
-
 def snippet(text: str, terms: Sequence[str], chars: int) -> str:
     """``text`` cut to about ``chars`` around its first matching term (whole when short)."""
     if len(text) <= chars:
