@@ -4,7 +4,8 @@ A thin facade over the parts, each readable alone:
 
 - ``routing.BackendRegistry``: named backend factories, each built once;
 - ``agents.AgentDirectory``: agents' and shards' settings, and which backend serves an agent;
-- ``sessions.SessionLedger``: recording messages, the gates, scheduling formation windows;
+- ``sessions.SessionLedger``: recording messages (ingest);
+- ``schedule.FormationSchedule``: the gates, claiming windows and enqueueing their formation;
 - ``pipeline.FormationPipeline``: the worker's jobs (forming, consolidating, sweeping, embedding);
 - ``assembler.ContextAssembler``: the memory block of one model call;
 - ``retrieval.Retriever``: search;
@@ -35,6 +36,7 @@ from memory_service.formation.consolidation import Consolidator, RuleBasedConsol
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import JobQueue
 from memory_service.formation.pipeline import FormationPipeline
+from memory_service.formation.schedule import FormationSchedule
 from memory_service.formation.steps import FormationSummary
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
@@ -60,8 +62,9 @@ class MemoryService:
         self.registry = BackendRegistry(settings)
         self.retriever = Retriever(settings, state, embedder)
         self.agents = AgentDirectory(settings, state, self.registry)
-        self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, extractor.name)
-        self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.sessions,
+        self.formation = FormationSchedule(settings, state, queue, extractor.name)
+        self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
+        self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
                                           extractor, self.consolidator, embedder)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
@@ -106,16 +109,16 @@ class MemoryService:
         return await self.sessions.record_message(session_id, message, reach)
 
     async def session_gate(self, session_id: str) -> gates.GateStatus:
-        return await self.sessions.session_gate(session_id)
+        return await self.formation.session_gate(session_id)
 
     async def maybe_form_memories(self, session_id: str) -> str | None:
-        return await self.sessions.maybe_form_memories(session_id)
+        return await self.formation.maybe_form_memories(session_id)
 
     async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
-        return await self.sessions.form_memories(session_id, wait)
+        return await self.formation.form_memories(session_id, wait)
 
     async def session_status(self, session_id: str) -> dict[str, Any]:
-        return await self.sessions.session_status(session_id)
+        return await self.formation.session_status(session_id)
 
     # The worker's jobs
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:

@@ -94,7 +94,7 @@ async def test_a_retry_never_mixes_two_extractions_of_one_window(url, tmp_path, 
             sessions = await converse(service, sessions=1, messages=8)
             await until(kill.done, what="the worker killed after its write")
             worker.proc.wait(timeout=10)
-            window = await service.sessions.windows.load("s0")
+            window = await service.formation.windows.load("s0")
             assert window.state is WindowState.EXTRACTED and len(window.extraction.memories) == 2  # episode + 1 directive
             _, backend = await service.agents.backend_for("a1")
             user_ns = Namespace.user("a1", "user0")
@@ -253,13 +253,13 @@ async def test_a_gate_verdict_reached_before_a_window_completed_is_evaluated_aga
         for i in range(6):
             await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
         stale = await service.state.counters("r")  # 6 pending: open
-        windows = service.sessions.windows
+        windows = service.formation.windows
         _, backend = await service.agents.backend_for("a1")
         await form_window(claim=await windows.current_claim("r"), agent_id="a1", backend=backend, windows=windows,
                           extractor=service.extractor, shards=[])
         with pytest.raises(StaleGate):
             await windows.claim("r", 100, 1, formed_windows=stale.formed_windows)
-        assert await service.sessions.schedule("r", gated=True, counters=stale) is None  # 2 left: closed
+        assert await service.formation.schedule("r", gated=True, counters=stale) is None  # 2 left: closed
         assert await windows.current_claim("r") is None
         for i in range(6, 8):
             await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
@@ -345,7 +345,7 @@ async def test_two_runs_racing_on_one_window_store_one_extraction(url, llm):
     settings = make_settings(url, **llm_settings(llm, memory_formation_msg_interval=8))
     async with open_service(settings, run_worker=False) as service:
         await converse(service, sessions=1, messages=8)
-        windows = service.sessions.windows
+        windows = service.formation.windows
         claim = await windows.current_claim("s0")
         _, backend = await service.agents.backend_for("a1")
         llm.drift, llm.hold = True, asyncio.Event()
@@ -378,7 +378,7 @@ async def test_a_claim_left_by_the_first_layout_is_adopted_not_lost(url):
         await redis.hset("ms:s:old:claim", mapping={"window": "1", "ids": '[["m0", 1], ["m1", 2], ["m2", 3]]'})
         summary = await service.form_memories("old", wait=False)
         assert summary.job_id == formation_job_id("old", 1)
-        window = await service.sessions.windows.load("old")
+        window = await service.formation.windows.load("old")
         assert window.state is WindowState.CLAIMED and window.claim.message_ids == ["m0", "m1", "m2"]
         assert not await redis.exists("ms:s:old:claim")
 
@@ -392,7 +392,7 @@ async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(u
 
     settings = make_settings(url, consolidate_directives_after=4)
     async with open_service(settings, run_worker=False) as service:
-        windows = service.sessions.windows
+        windows = service.formation.windows
         for i in range(4):
             await service.record_message("p", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"m{i}"))
         job_id = formation_job_id("p", 1)  # gone, as a job is once its failure's result expired
@@ -431,7 +431,7 @@ async def test_a_window_marked_extracted_without_its_extraction_fails_clearly_an
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         for i in range(3):
             await service.record_message("x", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
-        windows = service.sessions.windows
+        windows = service.formation.windows
         claim = await windows.claim("x", limit=10)
         await service.state.redis.hset(window_key("x"), "state", "extracted")
         _, backend = await service.agents.backend_for("a1")
@@ -460,7 +460,7 @@ async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
         )])
         redis = service.state.redis
         await redis.hset(window_key("r"), mapping={"window": "1", "ids": '[["m0", 1], ["ghost", 2]]', "state": "claimed"})
-        windows = service.sessions.windows
+        windows = service.formation.windows
         with pytest.raises(RuntimeError, match=r"stored without a role: \['ghost'\]"):
             await form_window(claim=await windows.current_claim("r"), agent_id="a1", backend=backend,
                               windows=windows, extractor=service.extractor, shards=[])
@@ -479,4 +479,4 @@ async def test_a_window_of_a_session_that_names_no_agent_fails_clearly(url):
                                                                       "state": "claimed"})
         with pytest.raises(RuntimeError, match="session 'orphan' holds window 1 but names no agent"):
             await service.run_formation("orphan", 1)
-        assert (await service.sessions.windows.load("orphan")).state is WindowState.CLAIMED
+        assert (await service.formation.windows.load("orphan")).state is WindowState.CLAIMED

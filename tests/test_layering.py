@@ -69,7 +69,6 @@ KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
     ("memory_service.client._sync.client", "memory_service.recall.startup"),
     ("memory_service.client.tool_models", "memory_service.curation.tools"),
     ("memory_service.curation.migration", "memory_service.service"),
-    ("memory_service.formation.pipeline", "memory_service.ingest.sessions"),
 }
 
 
