@@ -162,7 +162,7 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach)
 
-    # Startup records (memory_service/recall/startup.py; `memory-service import`: legacy_import.py)
+    # Startup records (memory_service/recall/startup.py; `memory-service import`: curation/legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str,
                                  body: StartupRecordIn) -> tuple[StartupRecord, StartupRecord | None, bool]:
         return await self.startup.put(agent_id, record_id, body)
