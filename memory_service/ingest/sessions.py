@@ -41,9 +41,10 @@ from memory_service.domain.namespaces import Namespace, validate_id
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation import gates
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
-from memory_service.formation.steps import FormationSummary, message_memory_id
+from memory_service.formation.steps import message_memory_id
 from memory_service.formation.window import StaleGate, WindowState, WindowStore
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
+from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.state.store import Commit, InFlight, SessionCounters, StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -60,7 +61,7 @@ class RecordResult:
     message_id: str
     sequence: int
     duplicate: bool
-    gate: gates.GateStatus
+    gate: GateStatus
     formation_job: str | None = None  # the job forming the session's window, if a gate opened
 
 
@@ -230,7 +231,7 @@ class SessionLedger:
             log.warning("could not enqueue the embedding of agent %s's messages (retried within %d s): %s",
                         agent_id, EMBED_LOCK_MS // 1000, exc)
 
-    async def session_gate(self, session_id: str) -> gates.GateStatus:
+    async def session_gate(self, session_id: str) -> GateStatus:
         validate_id(session_id, "session_id")
         return gates.evaluate(await self.state.counters(session_id), self.settings)
 
