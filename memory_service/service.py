@@ -23,26 +23,28 @@ from memory_service.access.keys import KeyStore
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
-from memory_service.curation.erasure import Eraser, ErasureReport, UserExport
+from memory_service.curation.erasure import Eraser
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
-from memory_service.curation.tools import DeletedOut, MemoryRecord, MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.curation.write_blocks import store_write_blocks
 from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from memory_service.domain.namespaces import validate_id
 from memory_service.embedding.embedders import Embedder
-from memory_service.formation import gates
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
-from memory_service.formation.steps import FormationSummary
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
-from memory_service.recall.search import Retriever, SearchRequest, SearchResult
-from memory_service.recall.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.recall.search import Retriever, SearchRequest
+from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.formation import FormationSummary, GateStatus
+from memory_service.schemas.memories import DeletedOut, MemoryRecord
+from memory_service.schemas.search import SearchResult
+from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.registry import BackendFactory, BackendRegistry
@@ -108,7 +110,7 @@ class MemoryService:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         return await self.sessions.record_message(session_id, message, reach)
 
-    async def session_gate(self, session_id: str) -> gates.GateStatus:
+    async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)
 
     async def maybe_form_memories(self, session_id: str) -> str | None:

@@ -52,22 +52,6 @@ COMPOSITION_ROOT = ("memory_service.runtime", "memory_service.cli", "memory_serv
 
 # Imports that still point up: each is removed by the commit that untangles it.
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
-    ("memory_service.client", "memory_service.recall.startup"),
-    ("memory_service.client._async.client", "memory_service.access.audit"),
-    ("memory_service.client._async.client", "memory_service.access.keys"),
-    ("memory_service.client._async.client", "memory_service.curation.erasure"),
-    ("memory_service.client._async.client", "memory_service.formation.steps"),
-    ("memory_service.client._async.client", "memory_service.http.app"),
-    ("memory_service.client._async.client", "memory_service.recall.search"),
-    ("memory_service.client._async.client", "memory_service.recall.startup"),
-    ("memory_service.client._sync.client", "memory_service.access.audit"),
-    ("memory_service.client._sync.client", "memory_service.access.keys"),
-    ("memory_service.client._sync.client", "memory_service.curation.erasure"),
-    ("memory_service.client._sync.client", "memory_service.formation.steps"),
-    ("memory_service.client._sync.client", "memory_service.http.app"),
-    ("memory_service.client._sync.client", "memory_service.recall.search"),
-    ("memory_service.client._sync.client", "memory_service.recall.startup"),
-    ("memory_service.client.tool_models", "memory_service.curation.tools"),
     ("memory_service.curation.migration", "memory_service.service"),
 }
 

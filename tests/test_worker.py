@@ -20,8 +20,8 @@ from memory_service.config import Settings
 from memory_service.domain.models import MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import formation_job_id
-from memory_service.formation.steps import FormationSummary
 from memory_service.runtime import open_service
+from memory_service.schemas.formation import FormationSummary
 from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .conftest import clean_env

@@ -27,32 +27,15 @@ import json
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.domain.errors import InvalidInput, preview
+from memory_service.schemas.audit import AuditEntry, AuditPage
 
 AUDIT_SCAN_LIMIT = 10_000  # entries one read looks at, whatever its filters
 MAX_AUDIT_VALUE_CHARS = 20_000  # of a before/after value: an audit entry never carries a whole store
 SYSTEM = "system"
-
-
-class AuditEntry(BaseModel):
-    id: str = Field(description="the entry's stream id: its time in ms and a sequence number")
-    at: datetime
-    key_id: str = Field(description="who: the id of the API key (or 'local', 'operator', 'cli')")
-    action: str = Field(description="what, e.g. agent.put, shard.put, key.create, key.revoke, user.erase, agent.migrate")
-    agent_id: str | None = None
-    target: str | None = Field(None, description="what the change applies to, e.g. a shard, key or user id")
-    before: Any = None
-    after: Any = None
-
-
-class AuditPage(BaseModel):
-    entries: list[AuditEntry]
-    next: str | None = Field(None, description="pass as `before` to read older entries; None: no more")
-    scanned: int = Field(description="entries looked at to answer (at most AUDIT_SCAN_LIMIT)")
 
 
 def _stream(agent_id: str | None) -> str:

@@ -22,9 +22,10 @@ from typing import Literal
 from fastapi import Request, Security
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from memory_service.access.keys import LOCAL, KeyStore, Principal, Role
+from memory_service.access.keys import LOCAL, KeyStore, Principal
 from memory_service.access.reach import Reach
 from memory_service.domain.errors import Forbidden, NotFound, Unauthorized
+from memory_service.schemas.keys import Role
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,8 @@ from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace, validate_id
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
-from memory_service.recall.startup import MAX_TITLE_CHARS, Priority, StartupRecordIn, StartupRecords
+from memory_service.recall.startup import StartupRecords
+from memory_service.schemas.startup import MAX_TITLE_CHARS, Priority, StartupRecordIn
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 

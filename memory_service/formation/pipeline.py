@@ -20,7 +20,8 @@ from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
 from memory_service.formation.schedule import FormationSchedule
-from memory_service.formation.steps import FormationResult, FormationSummary, form_window
+from memory_service.formation.steps import FormationResult, form_window
+from memory_service.schemas.formation import FormationSummary
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -61,7 +62,7 @@ class FormationPipeline:
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))
         if not result.already_formed:  # messages that arrived meanwhile may have opened a gate
             await self.formation.schedule(session_id, gated=True)
-        return FormationSummary.of(result)
+        return result.summary()
 
     async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult) -> None:
         """The post-completion work: idempotent, as it runs again if a try dies during it."""

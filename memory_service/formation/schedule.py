@@ -17,8 +17,8 @@ from memory_service.domain.errors import FormationPending, NotFound
 from memory_service.domain.namespaces import validate_id
 from memory_service.formation import gates
 from memory_service.formation.jobs import JobQueue, formation_job_id
-from memory_service.formation.steps import FormationSummary
 from memory_service.formation.window import StaleGate, WindowState, WindowStore
+from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.state.store import SessionCounters, StateStore
 
 # How often a gated claim re-reads the counters when windows keep completing under it.
@@ -30,7 +30,7 @@ class FormationSchedule:
         self.settings, self.state, self.queue, self.extractor_name = settings, state, queue, extractor_name
         self.windows = WindowStore(state)
 
-    async def session_gate(self, session_id: str) -> gates.GateStatus:
+    async def session_gate(self, session_id: str) -> GateStatus:
         validate_id(session_id, "session_id")
         return gates.evaluate(await self.state.counters(session_id), self.settings)
 

@@ -20,13 +20,12 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from memory_service import __version__
 from memory_service.access.authorization import authorize, caller, reach, require_operator, resolve_mode, session_owner
-from memory_service.access.keys import Principal, Role
+from memory_service.access.keys import Principal
 from memory_service.config import Settings, redact_addresses
-from memory_service.curation.erasure import ErasureReport, UserExport
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
 from memory_service.domain.limits import CONTEXT_BUDGET_CEILING, MAX_TOP_K_CEILING
 from memory_service.domain.models import (
@@ -41,38 +40,24 @@ from memory_service.domain.models import (
     ShardIn,
     UserId,
 )
-from memory_service.formation.gates import CHARS_PER_TOKEN, GateStatus
-from memory_service.formation.steps import FormationSummary
+from memory_service.formation.gates import CHARS_PER_TOKEN
 from memory_service.http import access_log, overload
 from memory_service.http import guard as request_guard
 from memory_service.http.routers import admin as admin_api
 from memory_service.http.routers import memories as memory_api
 from memory_service.http.routers import startup as startup_api
-from memory_service.recall.search import Scope, SearchRequest, SearchResult
+from memory_service.recall.search import SearchRequest
 from memory_service.runtime import open_service
+from memory_service.schemas.context import ContextOut
+from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.formation import FormationSummary
+from memory_service.schemas.keys import Role
+from memory_service.schemas.records import RecordOut
+from memory_service.schemas.search import Scope, SearchResult
 from memory_service.service import MemoryService
 from memory_service.stores import outages
 
 log = logging.getLogger(__name__)
-
-
-class RecordOut(BaseModel):
-    session_id: str
-    message_id: str
-    sequence: int
-    duplicate: bool
-    gate: GateStatus
-    formation_job: str | None = Field(None, description="id of the job forming the session's window, when a gate opened")
-
-
-class ContextOut(BaseModel):
-    xml: str
-    chars: int
-    budget: int
-    sections: dict[str, int]
-    dropped: int
-    source: str = Field(description="where the memories came from: graph, mongo (fallback), cache, last-good "
-                                    "(every store failing: the last complete block), none")
 
 
 def create_app(settings: Settings | None = None, data_dir: Path | None = None, service: MemoryService | None = None,

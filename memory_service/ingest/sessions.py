@@ -42,6 +42,7 @@ from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
 from memory_service.formation.schedule import FormationSchedule
 from memory_service.formation.steps import message_memory_id
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
+from memory_service.schemas.formation import GateStatus
 from memory_service.state.store import Commit, InFlight, StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -55,7 +56,7 @@ class RecordResult:
     message_id: str
     sequence: int
     duplicate: bool
-    gate: gates.GateStatus
+    gate: GateStatus
     formation_job: str | None = None  # the job forming the session's window, if a gate opened
 
 

@@ -7,12 +7,13 @@ from datetime import datetime
 from fastapi import Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from memory_service.access.audit import AuditPage
 from memory_service.access.authorization import authorize, caller, require_operator
-from memory_service.access.keys import ApiKey, KeyIn, NewKey, Principal, Role
+from memory_service.access.keys import Principal
 from memory_service.domain.errors import Forbidden, InvalidInput, NotFound
 from memory_service.domain.models import AgentId, OpaqueId, UserId
 from memory_service.http.guard import strict_router
+from memory_service.schemas.audit import AuditPage
+from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 
 router = strict_router()
 Caller = Depends(caller)

@@ -14,11 +14,13 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memory_service.access.authorization import authorize, caller, reach
-from memory_service.access.keys import Principal, Role
-from memory_service.curation.tools import MEMORY_ID_CHARS, DeletedOut, MemoryRecord, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.access.keys import Principal
+from memory_service.curation.tools import MEMORY_ID_CHARS, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.domain.limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
 from memory_service.domain.models import AgentId, MessageId, NamespaceText, OpaqueId, SessionId
 from memory_service.http.guard import strict_router
+from memory_service.schemas.keys import Role
+from memory_service.schemas.memories import DeletedOut, MemoryRecord
 from memory_service.service import MemoryService
 
 router = strict_router(tags=["memory tools"])

@@ -11,17 +11,12 @@ from fastapi import Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from memory_service.access.authorization import authorize, caller, reach
-from memory_service.access.keys import Principal, Role
+from memory_service.access.keys import Principal
 from memory_service.domain.models import AgentId, SessionId
 from memory_service.http.guard import strict_router
-from memory_service.recall.startup import (
-    DeletedStartupRecord,
-    RecordId,
-    StartupBlock,
-    StartupMode,
-    StartupRecord,
-    StartupRecordIn,
-)
+from memory_service.recall.startup import RecordId
+from memory_service.schemas.keys import Role
+from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 
 router = strict_router(tags=["startup"])
 Caller = Depends(caller)
