@@ -89,12 +89,12 @@ class MemoryService:
         digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
-        self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler, self.keys, self.audit)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit)
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
-                                   self.assembler, self.audit)
+                                   self.audit)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)

@@ -20,7 +20,8 @@ from memory_service.formation.gates import weighted_tokens
 from memory_service.formation.jobs import QUEUE_NAME, formation_job_id
 from memory_service.formation.window import _COMPLETE, StaleGate, WindowState
 from memory_service.runtime import open_service
-from memory_service.state.store import ACTIVE
+from memory_service.state import keyspace
+from memory_service.state.keyspace import ACTIVE
 
 from .helpers import msg, queued_formations
 from .tcp_proxy import TcpProxy
@@ -426,14 +427,13 @@ async def test_a_window_marked_extracted_without_its_extraction_fails_clearly_an
     """The extracted state is stored with its extraction in one step; a hash that lost it
     (hand-edited, restored in part) fails the run with a sentence, not an AttributeError."""
     from memory_service.formation.steps import form_window
-    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         for i in range(3):
             await service.record_message("x", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
         windows = service.formation.windows
         claim = await windows.claim("x", limit=10)
-        await service.state.redis.hset(window_key("x"), "state", "extracted")
+        await service.state.redis.hset(keyspace.window("x"), "state", "extracted")
         _, backend = await service.agents.backend_for("a1")
         with pytest.raises(RuntimeError, match="window 1 is extracted but holds no extraction"):
             await form_window(claim=claim, agent_id="a1", backend=backend, windows=windows,
@@ -448,7 +448,6 @@ async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
     window with the message named, rather than extracting it under no speaker."""
     from memory_service.domain.models import Memory, Provenance
     from memory_service.formation.steps import form_window, message_memory_id
-    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         await service.record_message("r", msg("a1", "alice", "I prefer aisle seats.", mid="m0"))
@@ -459,7 +458,7 @@ async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
             metadata=Provenance(agent_id="a1", user_id="alice", session_id="r", message_ids=["ghost"], sequence=2),
         )])
         redis = service.state.redis
-        await redis.hset(window_key("r"), mapping={"window": "1", "ids": '[["m0", 1], ["ghost", 2]]', "state": "claimed"})
+        await redis.hset(keyspace.window("r"), mapping={"window": "1", "ids": '[["m0", 1], ["ghost", 2]]', "state": "claimed"})
         windows = service.formation.windows
         with pytest.raises(RuntimeError, match=r"stored without a role: \['ghost'\]"):
             await form_window(claim=await windows.current_claim("r"), agent_id="a1", backend=backend,
@@ -472,10 +471,9 @@ async def test_a_window_of_a_session_that_names_no_agent_fails_clearly(url):
     """A session's first record names its agent before any window exists; a window whose
     session lost its counters fails its job with a sentence (it used to reach the shard
     listing with agent None)."""
-    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
-        await service.state.redis.hset(window_key("orphan"), mapping={"window": "1", "ids": '[["m0", 1]]',
+        await service.state.redis.hset(keyspace.window("orphan"), mapping={"window": "1", "ids": '[["m0", 1]]',
                                                                       "state": "claimed"})
         with pytest.raises(RuntimeError, match="session 'orphan' holds window 1 but names no agent"):
             await service.run_formation("orphan", 1)

@@ -40,7 +40,6 @@ from memory_service.domain.errors import BackendUnavailable
 from memory_service.domain.models import Memory, MemoryKind, utcnow
 from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_id
 from memory_service.formation.jobs import JobQueue
-from memory_service.recall.assembler import ContextAssembler
 from memory_service.schemas.erasure import (
     ErasureReport,
     ExportedMemory,
@@ -145,8 +144,8 @@ def _without_user(memory: Memory, user_id: str) -> Memory:
 
 class Eraser:
     def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
-                 assembler: ContextAssembler, keys: KeyStore, audit: AuditLog):
-        self.state, self.registry, self.agents, self.assembler = state, registry, agents, assembler
+                 keys: KeyStore, audit: AuditLog):
+        self.state, self.registry, self.agents = state, registry, agents
         self.keys, self.audit = keys, audit
         self.redis_side = ErasureState(state, queue)
 
@@ -287,9 +286,8 @@ class Eraser:
         for namespace, ids in sorted(queued.items()):
             if namespace != held.own_namespace:
                 report.consolidation_items += await self.redis_side.forget_consolidation_items(namespace, ids)
-        await self.state.bump(*sorted(queued))
-        report.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
-        report.cached_blocks += self.assembler.forget_agent(agent_id)
+        await self.state.cache.bump(*sorted(queued))
+        report.cached_blocks = await self.state.cache.purge_agent(agent_id)
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
 
         # 5. Only when something was found: the stores' own logs and files. An unknown user

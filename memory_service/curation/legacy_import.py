@@ -299,7 +299,7 @@ async def apply_import(plan: ImportPlan, startup: StartupRecords, backend: Memor
         report.memories_written += written
         report.memories_present += len(batch) - written
         if written:
-            await state.bump(*{m.namespace for m in batch})
+            await state.cache.bump(*{m.namespace for m in batch})
         progress("memories", len(batch))
     await audit.append(key_id, "startup.import", plan.agent_id, str(plan.root.name or plan.root),
                        after={**report.counts(), "user_id": plan.user_id, "files": plan.files[:200]})

@@ -32,6 +32,7 @@ from memory_service.domain.namespaces import Namespace, NamespaceKind, validate_
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.schemas.memories import DeletedOut, MemoryRecord
+from memory_service.state.cache import agent_wide
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -306,4 +307,4 @@ class MemoryTools:
     async def _changed(self, agent_id: str, *memories: Memory) -> None:
         # The agent's generation too: a block's relevant memories come from sessions it does
         # not list as dependencies (every session the user spoke in).
-        await self.state.bump(*sorted({m.namespace for m in memories}), f"agent:{agent_id}")
+        await self.state.cache.bump(*sorted({m.namespace for m in memories}), agent_wide(agent_id))
