@@ -150,8 +150,11 @@ class Server:
         if code is not None:  # another checkout, ahead of the installed one on the import path (and as the
             # working directory: `python -c` puts it first), checked in the log
             env["PYTHONPATH"] = cwd = str(code.resolve())
-            command = [sys.executable, "-c", "import memory_service as m; print('code:', m.__file__, flush=True); "
-                                             "from memory_service.cli.main import app; app(prog_name='memory-service')"]
+            # (the CLI's module moved in the layout of issue 15: a checkout from before it has memory_service/cli.py)
+            command = [sys.executable, "-c", "import memory_service as m; print('code:', m.__file__, flush=True)\n"
+                                             "try:\n    from memory_service.cli.main import app\n"
+                                             "except ImportError:\n    from memory_service.cli import app\n"
+                                             "app(prog_name='memory-service')"]
         self.log = open(data_dir / "server.log", "w")
         self.proc = subprocess.Popen([*command, "serve", "--port", str(self.port), "--data-dir", str(data_dir / "store"),
                                       "--log-level", "warning", *(["--no-worker"] if worker_process else [])],

@@ -4,44 +4,62 @@ A thin facade over the parts, each readable alone:
 
 - ``routing.BackendRegistry``: named backend factories, each built once;
 - ``agents.AgentDirectory``: agents' and shards' settings, and which backend serves an agent;
-- ``sessions.SessionLedger``: recording messages, the gates, scheduling formation windows;
+- ``sessions.SessionLedger``: recording messages (ingest);
+- ``schedule.FormationSchedule``: the gates, claiming windows and enqueueing their formation;
 - ``pipeline.FormationPipeline``: the worker's jobs (forming, consolidating, sweeping, embedding);
 - ``assembler.ContextAssembler``: the memory block of one model call;
 - ``retrieval.Retriever``: search;
 - ``keys.KeyStore`` and ``audit.AuditLog``: API keys and the log of changes;
 - ``curation.MemoryTools`` and ``retention.Retention``: the agent's memory tools, the daily purge.
+
+The HTTP routes reach the service through these methods only, never through the parts
+(tests/test_http_layer.py checks; the MCP server is a client of the API): a route
+authenticates and authorizes the caller, then calls one method. A change made for an API
+key names the key as ``actor``, and the facade writes its audit entry; callers inside the
+process (the CLI, the worker, tests) pass no actor and write none, as the parts alone
+never did.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from memory_service.access.audit import AuditLog
-from memory_service.access.keys import KeyStore
+from memory_service.access.authorization import authorize_session
+from memory_service.access.keys import KeyStore, Principal
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
-from memory_service.curation.erasure import Eraser, ErasureReport, UserExport
+from memory_service.curation.erasure import Eraser
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
-from memory_service.curation.tools import DeletedOut, MemoryRecord, MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.curation.write_blocks import store_write_blocks
+from memory_service.domain.errors import NotFound
 from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
 from memory_service.domain.namespaces import Namespace, checks_ids
 from memory_service.embedding.embedders import Embedder
-from memory_service.formation import gates
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
+from memory_service.formation.gates import CHARS_PER_TOKEN
 from memory_service.formation.jobs import JobQueue
 from memory_service.formation.pipeline import FormationPipeline
-from memory_service.formation.steps import FormationSummary
+from memory_service.formation.schedule import FormationSchedule
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
-from memory_service.recall.search import Retriever, SearchRequest, SearchResult
-from memory_service.recall.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.recall.search import Retriever, SearchRequest
+from memory_service.schemas.audit import AuditPage
+from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.formation import FormationSummary, GateStatus
+from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
+from memory_service.schemas.memories import DeletedOut, MemoryRecord
+from memory_service.schemas.search import SearchResult
+from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.registry import BackendFactory, BackendRegistry
@@ -62,8 +80,9 @@ class MemoryService:
         self.registry = BackendRegistry(settings)
         self.retriever = Retriever(settings, state, embedder)
         self.agents = AgentDirectory(settings, state, self.registry)
-        self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, extractor.name)
-        self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.sessions,
+        self.formation = FormationSchedule(settings, state, queue, extractor.name)
+        self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
+        self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
                                           extractor, self.consolidator, embedder)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
@@ -72,12 +91,12 @@ class MemoryService:
         digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
-        self.eraser = Eraser(state, queue, self.registry, self.agents, self.assembler, self.keys, self.audit)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit)
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
-                                   self.assembler, self.audit)
+                                   self.audit)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -90,41 +109,113 @@ class MemoryService:
             if aclose := getattr(llm_user, "aclose", None):
                 await aclose()
 
+    # Access: who calls, what it may see, its API keys, the audit log (memory_service/access/)
+    async def authenticate(self, token: str) -> Principal | str:
+        """The principal of an API key, counting one request against its rate limit; else why not."""
+        return await self.keys.authenticate(token)
+
+    async def any_key(self) -> bool:
+        """Whether any API key (or OPERATOR_API_KEY) exists to call with."""
+        return await self.keys.any_key()
+
+    async def charge_tokens(self, principal: Principal, text: str) -> None:
+        """Count the tokens of ``text`` (estimated from its length) against the key's limit; RateLimited when spent."""
+        await self.keys.charge_tokens(principal, math.ceil(len(text) / CHARS_PER_TOKEN))
+
+    def reach(self, principal: Principal, agent_id: str) -> Reach:
+        """What ``principal`` may see of ``agent_id``'s memory (memory_service/access/reach.py): the rule
+        every route applies once ``authorize`` let the key reach the agent."""
+        return Reach.of(self.state, agent_id, principal.users)
+
+    async def authorize_session(self, principal: Principal, session_id: str, role: Role) -> None:
+        """``principal`` may act as ``role`` on the session, by the agent that owns it; else 404 or 403
+        (memory_service/access/authorization.py)."""
+        await authorize_session(self.state, principal, session_id, role)
+
+    async def create_key(self, spec: KeyIn, actor: str) -> NewKey:
+        """A new API key (the answer holds its secret, shown this once); audited as ``key.create``."""
+        created = await self.keys.create(spec, created_by=actor)
+        record = ApiKey.model_validate(created.model_dump(exclude={"key"}))
+        await self.audit.append_each(actor, "key.create", spec.agents, created.key_id, after=record.model_dump(mode="json"))
+        return created
+
+    async def list_keys(self, principal: Principal) -> list[ApiKey]:
+        """The keys within ``principal``'s scope, newest first (never their secrets)."""
+        return await self.keys.list(principal)
+
+    async def revoke_key(self, key_id: str, principal: Principal) -> ApiKey:
+        """Revoke a key within ``principal``'s scope (idempotent; audited as ``key.revoke`` when it
+        changed). A key out of its reach is answered as an unknown one."""
+        try:
+            key = await self.keys.get(key_id)
+        except NotFound:
+            raise NotFound(f"no key {key_id[:40]!r}") from None
+        if not principal.covers(key):
+            raise NotFound(f"no key {key_id[:40]!r}")
+        revoked, changed = await self.keys.revoke(key_id)
+        if changed:
+            await self.audit.append_each(principal.key_id, "key.revoke", key.agents, key_id,
+                                         before=key.model_dump(mode="json"), after=revoked.model_dump(mode="json"))
+        return revoked
+
+    async def audit_page(self, agent_id: str | None, *, action: str | None = None, key_id: str | None = None,
+                         user_id: str | None = None, since: datetime | None = None, until: datetime | None = None,
+                         before: str | None = None, limit: int = 100) -> AuditPage:
+        """One page of the audit log, newest first (``AuditLog.read``; ``agent_id`` None: the system's)."""
+        return await self.audit.read(agent_id, action=action, key_id=key_id, user_id=user_id, since=since,
+                                     until=until, before=before, limit=limit)
+
     # Agents and shards
-    async def put_agent(self, agent_id: str, settings: AgentSettings) -> Agent:
-        return await self.agents.put_agent(agent_id, settings)
+    async def put_agent(self, agent_id: str, settings: AgentSettings, actor: str | None = None) -> Agent:
+        before, agent = await self.agents.replace_agent(agent_id, settings)
+        if actor is not None:
+            await self.audit.append(actor, "agent.put", agent_id, agent_id,
+                                    before=before.model_dump(mode="json") if before else None,
+                                    after=agent.model_dump(mode="json"))
+        return agent
 
     async def get_agent(self, agent_id: str) -> Agent:
         return await self.agents.get_agent(agent_id)
 
-    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
-        return await self.agents.put_shard(agent_id, shard_id, shard)
+    async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn, actor: str | None = None) -> tuple[Shard, bool]:
+        """Create or replace a shard: (the shard now, whether it was created)."""
+        before, stored = await self.agents.replace_shard(agent_id, shard_id, shard)
+        if actor is not None:
+            await self.audit.append(actor, "shard.put", agent_id, shard_id,
+                                    before=before.model_dump(mode="json") if before else None,
+                                    after=stored.model_dump(mode="json"))
+        return stored, before is None
 
     async def list_shards(self, agent_id: str) -> list[Shard]:
         return await self.agents.list_shards(agent_id)
 
     async def migrate_agent(self, agent_id: str, to: str, *, dry_run: bool = False,
                             on_namespace: Callable[[Namespace, int], None] | None = None,
-                            on_copied: Callable[[int], None] | None = None) -> MigrationReport:
-        """Copy the agent's memories to backend ``to``, verify, and switch it (memory_service/curation/migration.py)."""
-        return await migrate_agent(self.agents, agent_id, to, dry_run=dry_run, on_namespace=on_namespace,
-                                   on_copied=on_copied)
+                            on_copied: Callable[[int], None] | None = None, actor: str | None = None) -> MigrationReport:
+        """Copy the agent's memories to backend ``to``, verify, and switch it (memory_service/curation/migration.py);
+        audited as ``agent.migrate`` for ``actor``."""
+        report = await migrate_agent(self.agents, agent_id, to, dry_run=dry_run, on_namespace=on_namespace,
+                                     on_copied=on_copied)
+        if actor is not None and not dry_run:
+            await self.audit.append(actor, "agent.migrate", agent_id, agent_id, before={"backend": report.source},
+                                    after={"backend": report.target, "memories": report.total, "copied": report.copied})
+        return report
 
     # Sessions
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         return await self.sessions.record_message(session_id, message, reach)
 
-    async def session_gate(self, session_id: str) -> gates.GateStatus:
-        return await self.sessions.session_gate(session_id)
+    async def session_gate(self, session_id: str) -> GateStatus:
+        return await self.formation.session_gate(session_id)
 
     async def maybe_form_memories(self, session_id: str) -> str | None:
-        return await self.sessions.maybe_form_memories(session_id)
+        return await self.formation.maybe_form_memories(session_id)
 
     async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
-        return await self.sessions.form_memories(session_id, wait)
+        return await self.formation.form_memories(session_id, wait)
 
     async def session_status(self, session_id: str) -> dict[str, Any]:
-        return await self.sessions.session_status(session_id)
+        return await self.formation.session_status(session_id)
 
     # The worker's jobs
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
@@ -167,16 +258,26 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach)
 
-    # Startup records (memory_service/recall/startup.py; `memory-service import`: legacy_import.py)
-    async def put_startup_record(self, agent_id: str, record_id: str,
-                                 body: StartupRecordIn) -> tuple[StartupRecord, StartupRecord | None, bool]:
-        return await self.startup.put(agent_id, record_id, body)
+    # Startup records (memory_service/recall/startup.py; `memory-service import`: curation/legacy_import.py)
+    async def put_startup_record(self, agent_id: str, record_id: str, body: StartupRecordIn,
+                                 actor: str | None = None) -> tuple[StartupRecord, StartupRecord | None, bool]:
+        """(the record now, the record replaced, whether anything changed)."""
+        record, before, changed = await self.startup.put(agent_id, record_id, body)
+        if changed and actor is not None:
+            await self.audit.append(actor, "startup.put", agent_id, record_id,
+                                    before=before.model_dump(mode="json") if before else None,
+                                    after=record.model_dump(mode="json"))
+        return record, before, changed
 
     async def list_startup_records(self, agent_id: str) -> list[StartupRecord]:
         return await self.startup.list(agent_id)
 
-    async def delete_startup_record(self, agent_id: str, record_id: str) -> StartupRecord | None:
-        return await self.startup.delete(agent_id, record_id)
+    async def delete_startup_record(self, agent_id: str, record_id: str, actor: str | None = None) -> StartupRecord | None:
+        """The record deleted, None if there was none."""
+        before = await self.startup.delete(agent_id, record_id)
+        if before is not None and actor is not None:
+            await self.audit.append(actor, "startup.delete", agent_id, record_id, before=before.model_dump(mode="json"))
+        return before
 
     async def startup_block(self, agent_id: str, model: str | None = None, session_id: str | None = None,
                             mode: StartupMode = StartupMode.ALWAYS, reach: Reach | None = None) -> StartupBlock:
@@ -190,23 +291,46 @@ class MemoryService:
     async def memory_get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
         return await self.tools.get(agent_id, memory_id, guard)
 
-    async def memory_write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> MemoryRecord:
-        return await self.tools.write(agent_id, body, guard)
+    async def memory_write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None,
+                           actor: str | None = None) -> MemoryRecord:
+        record = await self.tools.write(agent_id, body, guard)
+        if actor is not None:
+            await self.audit.append(actor, "memory.write", agent_id, record.id, after=_audited(record))
+        return record
 
     async def memory_update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
-                            guard: NamespaceGuard = None) -> MemoryRecord:
-        return (await self.tools.update(agent_id, memory_id, body, guard))[1]
+                            guard: NamespaceGuard = None, actor: str | None = None) -> MemoryRecord:
+        before, after = await self.tools.update(agent_id, memory_id, body, guard)
+        if actor is not None:
+            changed = sorted(f for f in ("content", "title", "tags", "confidence", "kind")
+                             if getattr(before, f) != getattr(after, f))
+            await self.audit.append(actor, "memory.update", agent_id, memory_id,
+                                    before=_audited(before), after={**_audited(after), "changed": changed})
+        return after
 
-    async def memory_delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> DeletedOut:
-        return (await self.tools.delete(agent_id, memory_id, guard))[0]
+    async def memory_delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
+                            actor: str | None = None) -> DeletedOut:
+        deleted, changed = await self.tools.delete(agent_id, memory_id, guard)
+        if changed and actor is not None:
+            await self.audit.append(actor, "memory.delete", agent_id, memory_id, after=deleted.model_dump(mode="json"))
+        return deleted
 
-    async def memory_undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
-        return (await self.tools.undelete(agent_id, memory_id, guard))[0]
+    async def memory_undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
+                              actor: str | None = None) -> MemoryRecord:
+        record, changed = await self.tools.undelete(agent_id, memory_id, guard)
+        if changed and actor is not None:
+            await self.audit.append(actor, "memory.undelete", agent_id, memory_id, after=_audited(record))
+        return record
 
     async def parse_writes(self, agent_id: str, text: str, namespace: str, session_id: str | None = None,
-                           message_id: str | None = None, guard: NamespaceGuard = None) -> tuple[int, list[MemoryRecord]]:
+                           message_id: str | None = None, guard: NamespaceGuard = None,
+                           actor: str | None = None) -> tuple[int, list[MemoryRecord]]:
         """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/curation/write_blocks.py)."""
-        return await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
+        blocks, records = await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
+        if records and actor is not None:
+            await self.audit.append(actor, "memory.write_blocks", agent_id, message_id,
+                                    after={"blocks": blocks, "memories": [_audited(r) for r in records]})
+        return blocks, records
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()
@@ -215,9 +339,34 @@ class MemoryService:
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:
         return await self.eraser.export_user(agent_id, user_id)
 
-    async def erase_user(self, agent_id: str, user_id: str, actor: str = "erasure") -> ErasureReport:
-        """``actor``: who asked (an API key's id), for the audit entries of the key changes."""
-        return await self.eraser.erase_user(agent_id, user_id, actor)
+    async def erase_user(self, agent_id: str, user_id: str, actor: str | None = None) -> ErasureReport:
+        """``actor``: who asked (an API key's id): the erasure is audited as ``user.erase``, naming
+        the user by its digest. The keys it changes are audited in any case, under the actor or
+        ``erasure``."""
+        report = await self.eraser.erase_user(agent_id, user_id, actor or "erasure")
+        if actor is not None:
+            await self.audit.append(actor, "user.erase", agent_id, await self.audit.user_digest(agent_id, user_id),
+                                    after=report.counts())
+        return report
+
+    # Operations: counters, gauges, health
+    async def counters(self) -> dict[str, float]:
+        """The counters kept in Redis: formations, LLM calls and tokens, consolidations."""
+        return await self.state.metrics()
+
+    async def gauges(self) -> dict[str, float]:
+        """The live backends' current values (outbox depth and dead letters, breakers), by sample name."""
+        values: dict[str, float] = {}
+        try:
+            backends = await self.registry.live()
+        except Exception:  # the default backend cannot start: /health says why
+            backends = []
+        for backend in backends:
+            try:
+                values.update(await backend.gauges())
+            except Exception:  # its store is down: /health says so; the counters still answer
+                continue
+        return values
 
     async def health(self) -> dict[str, Any]:
         state: dict[str, Any]
@@ -238,3 +387,10 @@ class MemoryService:
             "backends": backends,
             "default_backend": self.settings.default_memory_backend,
         }
+
+
+def _audited(record: MemoryRecord) -> dict[str, object]:
+    """What the audit log keeps of a memory: never its words (content, title, tags), which
+    the log would otherwise keep after the retention job purged them (no route edits it)."""
+    return {"id": record.id, "kind": record.kind.value, "namespace": record.namespace,
+            "content_chars": len(record.content), "deleted_at": record.deleted_at.isoformat() if record.deleted_at else None}

@@ -35,11 +35,12 @@ from memory_service.client import (
     ServiceUnavailable,
 )
 from memory_service.client._common import BACKOFF_BASE, retry_delay
-from memory_service.curation.erasure import ErasureReport, UserExport
-from memory_service.formation.gates import GateStatus
-from memory_service.formation.steps import FormationSummary
-from memory_service.http.app import ContextOut, RecordOut, create_app
-from memory_service.recall.search import SearchResult
+from memory_service.http.app import create_app
+from memory_service.schemas.context import ContextOut
+from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.formation import FormationSummary, GateStatus
+from memory_service.schemas.records import RecordOut
+from memory_service.schemas.search import SearchResult
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, flush, suite_settings

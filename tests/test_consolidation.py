@@ -67,8 +67,8 @@ async def test_an_item_pushed_while_a_consolidation_runs_is_never_lost(service):
     ns = Namespace.user("a1", "alice")
     _, backend = await service.agents.backend_for("a1")
     await record(service, "p1", "alice", PREFS[:4])
-    first = await service.sessions.windows.claim("p1", 100)
-    await form_window(claim=first, agent_id="a1", backend=backend, windows=service.sessions.windows,
+    first = await service.formation.windows.claim("p1", 100)
+    await form_window(claim=first, agent_id="a1", backend=backend, windows=service.formation.windows,
                       extractor=service.extractor, shards=[])
     merged_ids = await service.state.consolidation_pending(str(ns))
     assert len(merged_ids) == 4
@@ -76,8 +76,8 @@ async def test_an_item_pushed_while_a_consolidation_runs_is_never_lost(service):
 
     class FormingWhileMerging(RuleBasedConsolidator):
         async def merge(self, previous, items, word_limit, *, subject=""):
-            claim = await service.sessions.windows.claim("p2", 100)
-            await form_window(claim=claim, agent_id="a1", backend=backend, windows=service.sessions.windows,
+            claim = await service.formation.windows.claim("p2", 100)
+            await form_window(claim=claim, agent_id="a1", backend=backend, windows=service.formation.windows,
                               extractor=service.extractor, shards=[])
             return await super().merge(previous, items, word_limit, subject=subject)
 

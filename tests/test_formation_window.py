@@ -20,7 +20,8 @@ from memory_service.formation.gates import weighted_tokens
 from memory_service.formation.jobs import QUEUE_NAME, formation_job_id
 from memory_service.formation.window import _COMPLETE, StaleGate, WindowState
 from memory_service.runtime import open_service
-from memory_service.state.store import ACTIVE
+from memory_service.state import keyspace
+from memory_service.state.keyspace import ACTIVE
 
 from .helpers import msg, queued_formations
 from .tcp_proxy import TcpProxy
@@ -94,7 +95,7 @@ async def test_a_retry_never_mixes_two_extractions_of_one_window(url, tmp_path, 
             sessions = await converse(service, sessions=1, messages=8)
             await until(kill.done, what="the worker killed after its write")
             worker.proc.wait(timeout=10)
-            window = await service.sessions.windows.load("s0")
+            window = await service.formation.windows.load("s0")
             assert window.state is WindowState.EXTRACTED and len(window.extraction.memories) == 2  # episode + 1 directive
             _, backend = await service.agents.backend_for("a1")
             user_ns = Namespace.user("a1", "user0")
@@ -253,13 +254,13 @@ async def test_a_gate_verdict_reached_before_a_window_completed_is_evaluated_aga
         for i in range(6):
             await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
         stale = await service.state.counters("r")  # 6 pending: open
-        windows = service.sessions.windows
+        windows = service.formation.windows
         _, backend = await service.agents.backend_for("a1")
         await form_window(claim=await windows.current_claim("r"), agent_id="a1", backend=backend, windows=windows,
                           extractor=service.extractor, shards=[])
         with pytest.raises(StaleGate):
             await windows.claim("r", 100, 1, formed_windows=stale.formed_windows)
-        assert await service.sessions.schedule("r", gated=True, counters=stale) is None  # 2 left: closed
+        assert await service.formation.schedule("r", gated=True, counters=stale) is None  # 2 left: closed
         assert await windows.current_claim("r") is None
         for i in range(6, 8):
             await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
@@ -345,7 +346,7 @@ async def test_two_runs_racing_on_one_window_store_one_extraction(url, llm):
     settings = make_settings(url, **llm_settings(llm, memory_formation_msg_interval=8))
     async with open_service(settings, run_worker=False) as service:
         await converse(service, sessions=1, messages=8)
-        windows = service.sessions.windows
+        windows = service.formation.windows
         claim = await windows.current_claim("s0")
         _, backend = await service.agents.backend_for("a1")
         llm.drift, llm.hold = True, asyncio.Event()
@@ -378,7 +379,7 @@ async def test_a_claim_left_by_the_first_layout_is_adopted_not_lost(url):
         await redis.hset("ms:s:old:claim", mapping={"window": "1", "ids": '[["m0", 1], ["m1", 2], ["m2", 3]]'})
         summary = await service.form_memories("old", wait=False)
         assert summary.job_id == formation_job_id("old", 1)
-        window = await service.sessions.windows.load("old")
+        window = await service.formation.windows.load("old")
         assert window.state is WindowState.CLAIMED and window.claim.message_ids == ["m0", "m1", "m2"]
         assert not await redis.exists("ms:s:old:claim")
 
@@ -392,7 +393,7 @@ async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(u
 
     settings = make_settings(url, consolidate_directives_after=4)
     async with open_service(settings, run_worker=False) as service:
-        windows = service.sessions.windows
+        windows = service.formation.windows
         for i in range(4):
             await service.record_message("p", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"m{i}"))
         job_id = formation_job_id("p", 1)  # gone, as a job is once its failure's result expired
@@ -426,14 +427,13 @@ async def test_a_window_marked_extracted_without_its_extraction_fails_clearly_an
     """The extracted state is stored with its extraction in one step; a hash that lost it
     (hand-edited, restored in part) fails the run with a sentence, not an AttributeError."""
     from memory_service.formation.steps import form_window
-    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         for i in range(3):
             await service.record_message("x", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
-        windows = service.sessions.windows
+        windows = service.formation.windows
         claim = await windows.claim("x", limit=10)
-        await service.state.redis.hset(window_key("x"), "state", "extracted")
+        await service.state.redis.hset(keyspace.window("x"), "state", "extracted")
         _, backend = await service.agents.backend_for("a1")
         with pytest.raises(RuntimeError, match="window 1 is extracted but holds no extraction"):
             await form_window(claim=claim, agent_id="a1", backend=backend, windows=windows,
@@ -448,7 +448,6 @@ async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
     window with the message named, rather than extracting it under no speaker."""
     from memory_service.domain.models import Memory, Provenance
     from memory_service.formation.steps import form_window, message_memory_id
-    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
         await service.record_message("r", msg("a1", "alice", "I prefer aisle seats.", mid="m0"))
@@ -459,8 +458,8 @@ async def test_a_window_whose_stored_message_has_no_role_is_not_formed(url):
             metadata=Provenance(agent_id="a1", user_id="alice", session_id="r", message_ids=["ghost"], sequence=2),
         )])
         redis = service.state.redis
-        await redis.hset(window_key("r"), mapping={"window": "1", "ids": '[["m0", 1], ["ghost", 2]]', "state": "claimed"})
-        windows = service.sessions.windows
+        await redis.hset(keyspace.window("r"), mapping={"window": "1", "ids": '[["m0", 1], ["ghost", 2]]', "state": "claimed"})
+        windows = service.formation.windows
         with pytest.raises(RuntimeError, match=r"stored without a role: \['ghost'\]"):
             await form_window(claim=await windows.current_claim("r"), agent_id="a1", backend=backend,
                               windows=windows, extractor=service.extractor, shards=[])
@@ -472,11 +471,10 @@ async def test_a_window_of_a_session_that_names_no_agent_fails_clearly(url):
     """A session's first record names its agent before any window exists; a window whose
     session lost its counters fails its job with a sentence (it used to reach the shard
     listing with agent None)."""
-    from memory_service.formation.window import window_key
 
     async with open_service(make_settings(url, memory_formation_msg_interval=50), run_worker=False) as service:
-        await service.state.redis.hset(window_key("orphan"), mapping={"window": "1", "ids": '[["m0", 1]]',
+        await service.state.redis.hset(keyspace.window("orphan"), mapping={"window": "1", "ids": '[["m0", 1]]',
                                                                       "state": "claimed"})
         with pytest.raises(RuntimeError, match="session 'orphan' holds window 1 but names no agent"):
             await service.run_formation("orphan", 1)
-        assert (await service.sessions.windows.load("orphan")).state is WindowState.CLAIMED
+        assert (await service.formation.windows.load("orphan")).state is WindowState.CLAIMED

@@ -19,8 +19,8 @@ from memory_service.curation.legacy_import import plan_import
 from memory_service.domain.errors import InvalidInput
 from memory_service.domain.models import MemoryKind
 from memory_service.domain.namespaces import Namespace
-from memory_service.recall.startup import Priority
 from memory_service.runtime import open_service
+from memory_service.schemas.startup import Priority
 
 from .conftest import REPO, clean_env, flush, free_port, suite_settings
 from .store_state import snapshot
@@ -163,7 +163,7 @@ async def test_a_changed_file_replaces_its_records(quiet_service, sample):
     souls = [r for r in await service.list_startup_records(AGENT) if r.source == "SOUL.md"]
     assert [r.content for r in souls] == ["I am Atlas, and I now plan trains only."]
     # A record an admin made stays, whatever is imported.
-    from memory_service.recall.startup import StartupRecordIn
+    from memory_service.schemas.startup import StartupRecordIn
 
     await service.put_startup_record(AGENT, "house-rule", StartupRecordIn(priority=Priority.P1, title="t", content="c"))
     await service.import_legacy(plan_import(sample, AGENT, USER, service.settings))

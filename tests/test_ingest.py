@@ -19,7 +19,7 @@ from memory_service.formation.jobs import EMBED_JOB
 from memory_service.formation.steps import message_memory_id
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
 from memory_service.runtime import open_service
-from memory_service.state.store import IN_FLIGHT, _embed_due, _embed_lock
+from memory_service.state.keyspace import IN_FLIGHT, embed_due, embed_lock
 from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.graph import GraphBackend, graph_name
 from memory_service.stores.outages import is_unavailable
@@ -69,13 +69,13 @@ async def test_a_down_embedder_fails_no_record_and_is_left_alone_until_its_lock_
     # The failed job kept the agent's lock: this record enqueued nothing.
     assert not await embedding_jobs(service)
     assert embeddings.calls == calls
-    assert 0 < await service.state.redis.pttl(_embed_lock("a1")) <= 30_000
+    assert 0 < await service.state.redis.pttl(embed_lock("a1")) <= 30_000
     assert len(await unembedded(service, "a1")) == 4
 
     embeddings.down = False  # back: the job (the backfill cron, or the next record after the lock) embeds
     report = await service.embed_pending("a1")
     assert report["embedded"] == 4 and await unembedded(service, "a1") == []
-    assert await service.state.redis.exists(_embed_lock("a1")) == 0  # let go: the next record enqueues again
+    assert await service.state.redis.exists(embed_lock("a1")) == 0  # let go: the next record enqueues again
 
 
 async def embedding_jobs(service) -> list[str]:
@@ -106,7 +106,7 @@ async def test_without_an_embedder_nothing_is_enqueued_and_messages_wait_for_the
         service.sessions.embedder = None  # as if none were configured
         await service.record_message("s1", msg("a1", "alice", "hello", mid="m1"))
         assert await service.queue.pool.queued_jobs() == []
-        assert await service.state.redis.exists(_embed_due("a1"), _embed_lock("a1")) == 0
+        assert await service.state.redis.exists(embed_due("a1"), embed_lock("a1")) == 0
         assert len(await unembedded(service, "a1")) == 1
 
 
@@ -141,7 +141,7 @@ async def test_one_embedding_job_per_agent_and_no_message_left_behind(service):
 async def test_a_record_without_an_embedder_takes_no_lock(service):
     plain = await commit(service, "s1", "m1", lock_ms=0)
     assert plain.first and not plain.enqueue_embedding
-    assert await service.state.redis.exists(_embed_due("a1"), _embed_lock("a1")) == 0
+    assert await service.state.redis.exists(embed_due("a1"), embed_lock("a1")) == 0
 
 
 async def test_an_embedding_job_out_of_time_enqueues_its_sequel_and_keeps_the_lock(settings):
@@ -154,10 +154,10 @@ async def test_an_embedding_job_out_of_time_enqueues_its_sequel_and_keeps_the_lo
         assert report == {"embedded": 2, "passes": 1}
         assert len(await unembedded(service, "a1")) == 3
         assert {j.job_id for j in await service.queue.pool.queued_jobs()} - {job.job_id}  # the sequel
-        assert await service.state.redis.exists(_embed_lock("a1")) == 1
+        assert await service.state.redis.exists(embed_lock("a1")) == 1
         await service.pipeline.embed_pending("a1", batch=2)
         assert await unembedded(service, "a1") == []
-        assert await service.state.redis.exists(_embed_lock("a1")) == 0
+        assert await service.state.redis.exists(embed_lock("a1")) == 0
         assert (await service.state.metrics())["embedded_after_record"] == 5
 
 
@@ -174,7 +174,7 @@ async def test_the_job_embeds_in_calls_of_the_batch_size_and_keeps_what_was_embe
         report = await service.embed_pending("a1")
         assert embeddings.batches == [2] and report["embedded"] == 2  # a formation job waits behind one call
         assert len(await unembedded(service, "a1")) == 3  # the first call's vectors were kept
-        await service.state.redis.delete(_embed_lock("a1"))  # (as when it expires)
+        await service.state.redis.delete(embed_lock("a1"))  # (as when it expires)
         report = await service.embed_pending("a1")
         assert embeddings.batches == [2, 2, 1] and report["embedded"] == 3
         assert await unembedded(service, "a1") == []

@@ -19,7 +19,8 @@ import httpx
 from memory_service.domain.models import MemoryKind, MessageIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
-from memory_service.state.store import _COMMIT, IN_FLIGHT
+from memory_service.state.keyspace import IN_FLIGHT, session_keys
+from memory_service.state.store import _COMMIT
 from memory_service.stores.loopback import free_port
 
 from .conftest import clean_env
@@ -101,7 +102,7 @@ async def ledger(service, session_id: str) -> tuple[list[str], list[str], list[s
     _, backend = await service.agents.backend_for("a1")
     namespace = Namespace.session(session_id)
     stored = [m.metadata.message_ids[0] for m in await backend.export("a1", namespace) if m.kind is MemoryKind.MESSAGE]
-    pending = await service.state.redis.zrange(service.state.session_keys(session_id)["pending"], 0, -1)
+    pending = await service.state.redis.zrange(session_keys(session_id)["pending"], 0, -1)
     episodes = await backend.recent("a1", namespace, [MemoryKind.EPISODE], 10_000)
     formed = [mid for episode in episodes for mid in episode.metadata.message_ids]
     return sorted(stored), sorted(pending), sorted(formed)

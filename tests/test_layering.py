@@ -51,29 +51,7 @@ DRIVERS = {f"memory_service.stores.{name}" for name in ("graph", "graph_layout",
 COMPOSITION_ROOT = ("memory_service.runtime", "memory_service.cli", "memory_service.stores")
 
 # Imports that still point up: each is removed by the commit that untangles it.
-KNOWN_EXCEPTIONS: set[tuple[str, str]] = {
-    ("memory_service.client", "memory_service.recall.startup"),
-    ("memory_service.client._async.client", "memory_service.access.audit"),
-    ("memory_service.client._async.client", "memory_service.access.keys"),
-    ("memory_service.client._async.client", "memory_service.curation.erasure"),
-    ("memory_service.client._async.client", "memory_service.formation.steps"),
-    ("memory_service.client._async.client", "memory_service.http.app"),
-    ("memory_service.client._async.client", "memory_service.recall.search"),
-    ("memory_service.client._async.client", "memory_service.recall.startup"),
-    ("memory_service.client._sync.client", "memory_service.access.audit"),
-    ("memory_service.client._sync.client", "memory_service.access.keys"),
-    ("memory_service.client._sync.client", "memory_service.curation.erasure"),
-    ("memory_service.client._sync.client", "memory_service.formation.steps"),
-    ("memory_service.client._sync.client", "memory_service.http.app"),
-    ("memory_service.client._sync.client", "memory_service.recall.search"),
-    ("memory_service.client._sync.client", "memory_service.recall.startup"),
-    ("memory_service.client.tool_models", "memory_service.curation.tools"),
-    ("memory_service.domain.bm25", "memory_service.formation.rule_extractor"),
-    ("memory_service.formation.consolidation", "memory_service.recall.search"),
-    ("memory_service.formation.pipeline", "memory_service.ingest.sessions"),
-    ("memory_service.formation.pipeline", "memory_service.recall.search"),
-    ("memory_service.formation.steps", "memory_service.recall.search"),
-}
+KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()
 
 
 def layer_of(module: str) -> str:

@@ -17,7 +17,8 @@ from redis.asyncio import Redis
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.outbox import ENTRIES, REFS, Outbox, OutboxFull, TrimOp, WriteOp
+from memory_service.state.keyspace import OUTBOX_ENTRIES, OUTBOX_REFS
+from memory_service.stores.outbox import Outbox, OutboxFull, TrimOp, WriteOp
 
 from .conftest import clean_env
 from .helpers import T0
@@ -53,9 +54,9 @@ async def test_each_target_is_delivered_in_order_and_an_entry_is_forgotten_once_
     assert pending.op == write(1)
     await outbox.delivered("graph", first)
     await outbox.delivered("graph", first)  # again (a second process): nothing more happens
-    assert await redis.hexists(ENTRIES, first) and int(await redis.hget(REFS, first)) == 1
+    assert await redis.hexists(OUTBOX_ENTRIES, first) and int(await redis.hget(OUTBOX_REFS, first)) == 1
     await outbox.delivered("mongo", first)
-    assert not await redis.hexists(ENTRIES, first) and not await redis.hexists(REFS, first)
+    assert not await redis.hexists(OUTBOX_ENTRIES, first) and not await redis.hexists(OUTBOX_REFS, first)
     assert await outbox.depth() == {"graph": 1, "mongo": 2}
     with pytest.raises(ValueError, match="unknown outbox target"):
         await outbox.append(write(3), ["cassandra"])
@@ -84,7 +85,7 @@ async def test_a_failing_entry_is_dead_lettered_after_its_attempts_and_can_be_re
     assert await outbox.replay("mongo", ["unknown"]) == 0
     await outbox.delivered("graph", bad)
     assert await outbox.drop("mongo", [bad]) == 1  # the last target holding it: its operation goes
-    assert not await redis.hexists(ENTRIES, bad) and await outbox.dead_letters("mongo") == []
+    assert not await redis.hexists(OUTBOX_ENTRIES, bad) and await outbox.dead_letters("mongo") == []
     with pytest.raises(ValueError, match="unknown outbox target 'x'"):
         await outbox.replay("x", [bad])
 
@@ -92,7 +93,7 @@ async def test_a_failing_entry_is_dead_lettered_after_its_attempts_and_can_be_re
 async def test_an_unreadable_entry_is_reported_and_dead_lettered_at_once(redis):
     outbox = Outbox(redis, ["mongo"], max_attempts=5)
     entry = await outbox.append(write(1))
-    await redis.hset(ENTRIES, entry, '{"op": "teleport"}')
+    await redis.hset(OUTBOX_ENTRIES, entry, '{"op": "teleport"}')
     [pending] = await outbox.pending("mongo", 10)
     assert pending.op is None and "not an outbox operation" in pending.problem
     assert await outbox.failed("mongo", entry, pending.problem, hopeless=True) == (1, True)
@@ -107,10 +108,10 @@ async def test_a_full_queue_refuses_new_entries_and_records_nothing(redis):
         "1 writes wait undelivered for graph (alarm at 1, refused at 2)",
         "2 writes wait undelivered for mongo and refuses new writes (alarm at 1, refused at 2)",
     ]
-    entries = await redis.hlen(ENTRIES)
+    entries = await redis.hlen(OUTBOX_ENTRIES)
     with pytest.raises(OutboxFull, match="2 writes wait undelivered for the mongo store"):
         await outbox.append(write(3))
-    assert await redis.hlen(ENTRIES) == entries and await outbox.depth() == {"graph": 1, "mongo": 2}
+    assert await redis.hlen(OUTBOX_ENTRIES) == entries and await outbox.depth() == {"graph": 1, "mongo": 2}
     assert await outbox.append(write(3), ["graph"])  # the graph's queue had room
     await outbox.delivered("mongo", first)
     assert await outbox.append(write(4), ["mongo"])  # delivered: room again
@@ -130,13 +131,13 @@ async def test_queues_of_the_first_outbox_are_adopted_ahead_of_new_entries(redis
     outbox = Outbox(redis, ["graph", "mongo"])
     new = await outbox.append(write(9))
     for i in (1, 2):  # as the first outbox queued them: the operation, and the id on a list
-        await redis.hset(ENTRIES, f"old{i}", write(i).model_dump_json())
+        await redis.hset(OUTBOX_ENTRIES, f"old{i}", write(i).model_dump_json())
         await redis.rpush("ms:outbox:mongo", f"old{i}")
     assert await outbox.depth() == {"graph": 1, "mongo": 3}
     assert await ids(outbox, "mongo") == ["old1", "old2", new]
     assert not await redis.exists("ms:outbox:mongo")
     await outbox.delivered("mongo", "old1")
-    assert not await redis.hexists(ENTRIES, "old1")  # its only target had it
+    assert not await redis.hexists(OUTBOX_ENTRIES, "old1")  # its only target had it
 
 
 def cli(settings, *args: str) -> subprocess.CompletedProcess:
@@ -163,7 +164,7 @@ async def test_the_outbox_command_lists_replays_and_drops_dead_letters(settings,
     assert await ids(outbox, "mongo") == [first]
     dropped = cli(settings, "drop", "--target", "mongo", "--all")
     assert dropped.returncode == 0 and "1 dead letter(s) dropped for mongo" in dropped.stdout
-    assert await outbox.dead_letter_counts() == {"graph": 0, "mongo": 0} and not await redis.hexists(ENTRIES, second)
+    assert await outbox.dead_letter_counts() == {"graph": 0, "mongo": 0} and not await redis.hexists(OUTBOX_ENTRIES, second)
 
     unnamed = cli(settings, "replay", "--target", "mongo")
     assert unnamed.returncode == 2 and "name dead letters with --id, or give --all" in unnamed.stdout

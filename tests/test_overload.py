@@ -269,7 +269,7 @@ async def test_a_form_request_waiting_for_its_window_takes_no_admission_slot(set
             httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
         assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
         forming = asyncio.create_task(http.post("/v1/sessions/s1/form"))
-        while await service.sessions.windows.current_claim("s1") is None:  # it waits for a worker that never comes
+        while await service.formation.windows.current_claim("s1") is None:  # it waits for a worker that never comes
             await asyncio.sleep(0.02)
         assert (await guard(http.post("/v1/sessions/s2/messages", json=message(2)))).status_code == 200
         late = await guard(forming)  # not stored in time: 503, the window stays pending

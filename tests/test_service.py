@@ -115,14 +115,14 @@ async def test_the_same_window_formed_twice_rewrites_nothing(service):
 
     await record_all(service, "s1", "a1", CHAT)
     _, backend = await service.agents.backend_for("a1")
-    claim = await service.sessions.windows.claim("s1", 100)
-    kwargs = dict(claim=claim, agent_id="a1", backend=backend, windows=service.sessions.windows, extractor=service.extractor, shards=[])
+    claim = await service.formation.windows.claim("s1", 100)
+    kwargs = dict(claim=claim, agent_id="a1", backend=backend, windows=service.formation.windows, extractor=service.extractor, shards=[])
     counts_before = await backend.count("a1", Namespace.session("s1"))
 
     class CrashBeforeComplete(Exception):
         pass
 
-    windows = service.sessions.windows
+    windows = service.formation.windows
     original = windows.complete
 
     async def crash(*args, **kw):

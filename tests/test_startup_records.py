@@ -11,8 +11,9 @@ import pytest
 from redis.asyncio import Redis
 
 from memory_service.domain.errors import InvalidInput
-from memory_service.recall.startup import Priority, StartupMode, StartupRecord, StartupRecordIn, digest, fit
+from memory_service.recall.startup import digest, fit
 from memory_service.runtime import open_service
+from memory_service.schemas.startup import Priority, StartupMode, StartupRecord, StartupRecordIn
 
 from .conftest import flush, suite_settings
 from .helpers import msg, wait_embedding_idle

@@ -97,7 +97,7 @@ async def world(server, falkordb_url):
                                     namespace=str(Namespace.user(AGENT, "bob")),
                                     content=f"Bob: keeps his locker code {SECRET}",
                                     metadata=Provenance(agent_id=AGENT, user_id="bob"))])
-        await service.state.bump(f"user:{AGENT}:bob")
+        await service.state.cache.bump(f"user:{AGENT}:bob")
         yield http, {"admin": admin, "alice": alice, "rival": rival}, ids
 
 

@@ -20,8 +20,8 @@ from memory_service.config import Settings
 from memory_service.domain.models import MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import formation_job_id
-from memory_service.formation.steps import FormationSummary
 from memory_service.runtime import open_service
+from memory_service.schemas.formation import FormationSummary
 from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .conftest import clean_env
@@ -161,7 +161,7 @@ async def test_a_gate_enqueues_one_job_per_window_and_duplicates_collapse(url):
         assert await service.maybe_form_memories("g") == formation_job_id("g", 1)
         assert await service.sweep_cold_sessions() == []  # not cold yet
         assert await queued_formations(service) == 1
-        claim = await service.sessions.windows.current_claim("g")
+        claim = await service.formation.windows.current_claim("g")
         assert claim.message_ids == [f"m{i}" for i in range(4)]  # the window is what was pending at the gate
         status = await service.session_status("g")
         assert status["pending_job"]["status"] == "queued" and status["pending_job"]["messages"] == 4
@@ -175,16 +175,16 @@ async def test_a_gate_read_before_a_window_completed_claims_no_undersized_window
     async with open_service(make_settings(url), run_worker=False) as service:
         for i in range(7):
             await service.record_message("r", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
-        first = await service.sessions.windows.current_claim("r")
+        first = await service.formation.windows.current_claim("r")
         assert first.message_ids == [f"m{i}" for i in range(4)]
         _, backend = await service.agents.backend_for("a1")
-        await form_window(claim=first, agent_id="a1", backend=backend, windows=service.sessions.windows,
+        await form_window(claim=first, agent_id="a1", backend=backend, windows=service.formation.windows,
                           extractor=service.extractor, shards=[])
-        assert await service.sessions.schedule("r", gated=True) is None  # 3 left: below the gate
-        assert await service.sessions.windows.current_claim("r") is None
+        assert await service.formation.schedule("r", gated=True) is None  # 3 left: below the gate
+        assert await service.formation.windows.current_claim("r") is None
         summary = await service.form_memories("r", wait=False)  # forced: any size
         assert summary.job_id == formation_job_id("r", 2)
-        assert (await service.sessions.windows.current_claim("r")).message_ids == ["m4", "m5", "m6"]
+        assert (await service.formation.windows.current_claim("r")).message_ids == ["m4", "m5", "m6"]
 
 
 async def test_the_worker_forms_each_window_once_and_the_rest_later(url, tmp_path):

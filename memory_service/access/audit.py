@@ -3,10 +3,8 @@
 Append-only: entries are added to Redis streams and no route, command or job edits,
 trims or deletes them (an operator with direct access to Redis can; the threat model in
 the README says so). One stream per agent, so an agent's history is one range read, and a
-system stream for changes that name no agent (operator keys):
-
-    ms:audit:agent:<agent>     stream of the agent's changes
-    ms:audit:system            stream of changes spanning every agent
+system stream for changes that name no agent (operator keys): ``keyspace.audit_stream``
+(memory_service/state/keyspace.py).
 
 A stream id is its entry's time in milliseconds, so a time filter is a range read; the
 other filters (action, key) are applied to what the range holds, scanning at most
@@ -27,36 +25,17 @@ import json
 from datetime import UTC, datetime
 from typing import Any, cast
 
-from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.domain.errors import InvalidInput, preview
+from memory_service.schemas.audit import AuditEntry, AuditPage
+from memory_service.state import keyspace
 
 AUDIT_SCAN_LIMIT = 10_000  # entries one read looks at, whatever its filters
 MAX_AUDIT_VALUE_CHARS = 20_000  # of a before/after value: an audit entry never carries a whole store
-SYSTEM = "system"
 
 
-class AuditEntry(BaseModel):
-    id: str = Field(description="the entry's stream id: its time in ms and a sequence number")
-    at: datetime
-    key_id: str = Field(description="who: the id of the API key (or 'local', 'operator', 'cli')")
-    action: str = Field(description="what, e.g. agent.put, shard.put, key.create, key.revoke, user.erase, agent.migrate")
-    agent_id: str | None = None
-    target: str | None = Field(None, description="what the change applies to, e.g. a shard, key or user id")
-    before: Any = None
-    after: Any = None
-
-
-class AuditPage(BaseModel):
-    entries: list[AuditEntry]
-    next: str | None = Field(None, description="pass as `before` to read older entries; None: no more")
-    scanned: int = Field(description="entries looked at to answer (at most AUDIT_SCAN_LIMIT)")
-
-
-def _stream(agent_id: str | None) -> str:
-    return f"ms:audit:agent:{agent_id}" if agent_id else f"ms:audit:{SYSTEM}"
 
 
 def _bounded(value: Any) -> str:
@@ -83,7 +62,7 @@ class AuditLog:
         fields = {"key_id": key_id, "action": action, "agent_id": agent_id or "",
                   "target": await scrub(agent_id, target or ""),
                   "before": _bounded(await scrub(agent_id, before)), "after": _bounded(await scrub(agent_id, after))}
-        return str(await self.redis.xadd(_stream(agent_id), fields))  # type: ignore[arg-type]
+        return str(await self.redis.xadd(keyspace.audit_stream(agent_id), fields))  # type: ignore[arg-type]
 
     async def append_each(self, key_id: str, action: str, agents: list[str] | None, target: str | None = None,
                           before: Any = None, after: Any = None) -> None:
@@ -109,7 +88,7 @@ class AuditLog:
         while len(entries) < limit and scanned < AUDIT_SCAN_LIMIT:
             wanted = min(500, AUDIT_SCAN_LIMIT - scanned)
             batch = cast(list[tuple[str, dict[str, str]]],
-                         await self.redis.xrevrange(_stream(agent_id), cursor, low, count=wanted))
+                         await self.redis.xrevrange(keyspace.audit_stream(agent_id), cursor, low, count=wanted))
             if not batch:
                 next_id = None
                 break

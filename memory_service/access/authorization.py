@@ -1,12 +1,16 @@
-"""Who may call what: the API's authentication and the checks every route makes.
+"""Who may call what: the checks every route makes, and how the API's access mode is chosen.
 
-Every route takes the caller (``Depends(caller)``) and states what it needs with
-``authorize`` (a role over an agent, and a user where the route is about one),
-``require_operator``, or ``session_owner`` for the routes named by a session id alone;
-``reach`` then says what of the agent the key may see (memory_service/access/reach.py: a key
-limited to some users sees their sessions and namespaces and the shared knowledge only).
-Refusals say what the key lacks, never what another tenant holds: a session of another
-agent is answered exactly as a session nobody recorded.
+Every route takes the caller (``CallerDep``, memory_service/http/deps.py, which reads the
+key from the request) and states what it needs with ``authorize`` (a role over an agent,
+and a user where the route is about one), ``require_operator``, or ``authorize_session``
+(through the facade: ``MemoryService.authorize_session``) for the routes named by a session
+id alone; the principal's ``Reach`` (memory_service/access/reach.py) then says what of the
+agent the key may see: a key limited to some users sees their sessions and namespaces and
+the shared knowledge only. Refusals say what the key lacks, never what another tenant
+holds: a session of another agent is answered exactly as a session nobody recorded.
+
+Nothing here knows HTTP: the request side (the Authorization header, the access mode the
+app runs in) is the HTTP layer's.
 
 Modes (API_AUTH): ``keys`` checks every request's key; ``open`` runs a request without a
 key as the local operator (a development server on loopback) and still checks a key that
@@ -19,12 +23,11 @@ import ipaddress
 import logging
 from typing import Literal
 
-from fastapi import Request, Security
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-
-from memory_service.access.keys import LOCAL, KeyStore, Principal, Role
+from memory_service.access.keys import Principal
 from memory_service.access.reach import Reach
-from memory_service.domain.errors import Forbidden, NotFound, Unauthorized
+from memory_service.domain.errors import Forbidden, NotFound
+from memory_service.schemas.keys import Role
+from memory_service.state.store import StateStore
 
 log = logging.getLogger(__name__)
 
@@ -49,30 +52,6 @@ def resolve_mode(setting: str, host: str | None) -> AccessMode:
     return "open" if host is not None and is_loopback(host) else "keys"
 
 
-# Declares the scheme in the OpenAPI schema (the docs' "Authorize" button); ``caller``
-# reads the header itself, to answer each kind of bad header with its own sentence.
-_BEARER = HTTPBearer(auto_error=False, scheme_name="apiKey",
-                     description="An API key: `msk_<key id>_<secret>` (memory-service keys create)")
-
-
-async def caller(request: Request,
-                 _declared: HTTPAuthorizationCredentials | None = Security(_BEARER)) -> Principal:
-    """The request's principal, from ``Authorization: Bearer <key>``; 401 without a valid key."""
-    keys: KeyStore = request.app.state.service.keys
-    header = request.headers.get("authorization")
-    if header is None:
-        if request.app.state.access_mode == "open":
-            return LOCAL
-        raise Unauthorized("this route needs an API key: send 'Authorization: Bearer <key>'")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    principal = await keys.authenticate(token.strip())
-    if isinstance(principal, str):
-        raise Unauthorized(principal)
-    return principal
-
-
 def authorize(principal: Principal, role: Role, agent_id: str, user_id: str | None = None) -> None:
     """403 unless ``principal`` may act as ``role`` on ``agent_id`` (for ``user_id``)."""
     if principal.allows(role, agent_id, user_id):
@@ -91,13 +70,7 @@ def require_operator(principal: Principal) -> None:
         raise Forbidden("this needs an operator key (role admin over every agent)")
 
 
-def reach(request: Request, principal: Principal, agent_id: str) -> Reach:
-    """What ``principal`` may see of ``agent_id``'s memory (memory_service/access/reach.py): the rule
-    every route applies once ``authorize`` let the key reach the agent."""
-    return Reach.of(request.app.state.service.state, agent_id, principal.users)
-
-
-async def session_owner(request: Request, principal: Principal, session_id: str, role: Role) -> None:
+async def authorize_session(state: StateStore, principal: Principal, session_id: str, role: Role) -> None:
     """Authorize a route named by a session id alone, by the agent that owns the session.
 
     An unknown session, a session the key does not reach and (for a key limited to some
@@ -106,9 +79,8 @@ async def session_owner(request: Request, principal: Principal, session_id: str,
     """
     if principal.is_operator:
         return  # the service answers an unknown session itself
-    state = request.app.state.service.state
     owner = (await state.counters(session_id)).agent_id
     if owner is None or not principal.reaches(owner) or \
-            not await reach(request, principal, owner).sees_owned_session(session_id, owner):
+            not await Reach.of(state, owner, principal.users).sees_owned_session(session_id, owner):
         raise NotFound(f"session {session_id!r} has no recorded messages")
     authorize(principal, role, owner, min(principal.users) if principal.users else None)

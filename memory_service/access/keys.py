@@ -10,12 +10,11 @@ a key and counting the request against the key's rate limit is one script, one r
 a wrong secret is refused before it counts, so nobody can spend another key's budget by
 guessing at it.
 
-Layout (grows with the number of keys, never with traffic):
-    ms:key:{<id>}            hash: the key's record (``hash`` is the secret's SHA-256)
-    ms:keys                  set: every key id, for an operator's list
-    ms:agent:<agent>:keys    set: the ids of the keys naming the agent, for its admins' list
-    ms:rl:{<id>}:<r|t>:<min> request / token counters of one minute, expiring after two
-The ``{<id>}`` hash tag keeps a key's record and counters on one cluster slot.
+Layout (memory_service/state/keyspace.py; it grows with the number of keys, never with
+traffic): a hash per key (its record; ``hash`` is the secret's SHA-256), the set of every
+key id (an operator's list), a set per agent of the keys naming it (its admins' list), and
+request and token counters per key and minute, expiring after two. The key id is the hash
+tag of a key's record and counters, so they are on one cluster slot.
 """
 
 from __future__ import annotations
@@ -28,77 +27,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from enum import StrEnum
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
-from pydantic import BaseModel, Field, model_validator
 from redis.asyncio import Redis
 
 from memory_service.access.pseudonyms import name_without
 from memory_service.domain.errors import NotFound, RateLimited
-from memory_service.domain.models import AgentId, UserId
+from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
+from memory_service.state import keyspace
 
 KEY_PREFIX = "msk_"
 KEY_ID_BYTES = 8  # 16 hex digits: unique among keys, shown in lists and the audit log
 SECRET_BYTES = 32
 LOCAL_KEY_ID = "local"  # the keyless caller of a development server on loopback
 OPERATOR_KEY_ID = "operator"  # the key of OPERATOR_API_KEY
-MAX_KEY_AGENTS = 100
-MAX_KEY_USERS = 1_000
-
-
-class Role(StrEnum):
-    READ = "read"
-    WRITE = "write"  # record messages, form, write memories; reads too
-    ADMIN = "admin"  # agent settings, shards, migration, keys, audit, erasure; everything else too
-
-    @property
-    def rank(self) -> int:
-        return _RANKS[self]
-
-
-_RANKS = {Role.READ: 0, Role.WRITE: 1, Role.ADMIN: 2}
-
-
-class KeyIn(BaseModel):
-    """What a new key may do. No ``agents`` means every agent: an operator key."""
-
-    name: str = Field(min_length=1, max_length=120, description="what the key is for, e.g. 'support-bot prod'")
-    role: Role
-    agents: Annotated[list[AgentId], Field(max_length=MAX_KEY_AGENTS)] | None = Field(
-        default=None, description="the agents the key reaches; omitted: every agent (an operator key)")
-    users: Annotated[list[UserId], Field(max_length=MAX_KEY_USERS)] | None = Field(
-        default=None, description="only these users of its one agent; omitted: every user")
-    requests_per_minute: int | None = Field(default=None, ge=0, description="overrides RATE_LIMIT_REQUESTS_PER_MINUTE; 0: no limit")
-    tokens_per_minute: int | None = Field(default=None, ge=0, description="overrides RATE_LIMIT_TOKENS_PER_MINUTE; 0: no limit")
-
-    @model_validator(mode="after")
-    def _scope(self) -> KeyIn:
-        if self.agents is not None and not self.agents:
-            raise ValueError("agents: name at least one agent, or omit it for an operator key")
-        if self.users is not None:
-            if not self.agents or len(self.agents) != 1:
-                raise ValueError("users: a key limited to users names exactly one agent")
-            if not self.users:
-                raise ValueError("users: name at least one user, or omit it for every user")
-        if self.agents is not None:
-            self.agents = sorted(set(self.agents))
-        if self.users is not None:
-            self.users = sorted(set(self.users))
-        return self
-
-
-class ApiKey(KeyIn):
-    """A stored key, without its secret."""
-
-    key_id: str
-    created_at: datetime
-    created_by: str
-    revoked_at: datetime | None = None
-
-
-class NewKey(ApiKey):
-    key: str = Field(description="the key itself: shown this once, stored only as a hash")
 
 
 @dataclass(frozen=True)
@@ -187,20 +129,10 @@ return charge(KEYS[2], KEYS[3], limit, tonumber(ARGV[1]), tonumber(ARGV[2]))
 """
 
 
-def _record_key(key_id: str) -> str:
-    return f"ms:key:{{{key_id}}}"
-
-
 def _window_keys(key_id: str, kind: str, now_ms: int) -> list[str]:
+    """The counters of this minute and the previous one."""
     minute = now_ms // 60_000
-    return [f"ms:rl:{{{key_id}}}:{kind}:{minute}", f"ms:rl:{{{key_id}}}:{kind}:{minute - 1}"]
-
-
-_KEYS_SET = "ms:keys"
-
-
-def _agent_keys(agent_id: str) -> str:
-    return f"ms:agent:{agent_id}:keys"
+    return [keyspace.rate_counter(key_id, kind, minute), keyspace.rate_counter(key_id, kind, minute - 1)]
 
 
 def _digest(secret: str) -> str:
@@ -244,15 +176,15 @@ class KeyStore:
             "created_at": stored.created_at.isoformat(), "created_by": created_by, "revoked_at": "",
         }
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(_record_key(key_id), mapping=cast(dict[Any, Any], record))  # redis-py's mapping type is invariant
-            pipe.sadd(_KEYS_SET, key_id)
+            pipe.hset(keyspace.api_key(key_id), mapping=cast(dict[Any, Any], record))  # redis-py's mapping type is invariant
+            pipe.sadd(keyspace.API_KEYS, key_id)
             for agent_id in stored.agents or ():
-                pipe.sadd(_agent_keys(agent_id), key_id)
+                pipe.sadd(keyspace.agent_api_keys(agent_id), key_id)
             await pipe.execute()
         return NewKey(**stored.model_dump(), key=f"{KEY_PREFIX}{key_id}_{secret}")
 
     async def get(self, key_id: str) -> ApiKey:
-        raw = cast(dict[str, str], await self.redis.hgetall(_record_key(key_id))) if _is_key_id(key_id) else {}
+        raw = cast(dict[str, str], await self.redis.hgetall(keyspace.api_key(key_id))) if _is_key_id(key_id) else {}
         if not raw:
             raise NotFound(f"no key {key_id!r}")
         return _parse(key_id, raw)
@@ -261,12 +193,12 @@ class KeyStore:
         """The keys whose whole scope lies within ``principal``'s, newest first: every key for
         an operator, else the keys of its agents (read from their index, not from all keys)."""
         if principal.agents is None:
-            ids = cast(set[str], await self.redis.smembers(_KEYS_SET))
+            ids = cast(set[str], await self.redis.smembers(keyspace.API_KEYS))
         else:
-            ids = cast(set[str], await self.redis.sunion([_agent_keys(a) for a in sorted(principal.agents)]))
+            ids = cast(set[str], await self.redis.sunion([keyspace.agent_api_keys(a) for a in sorted(principal.agents)]))
         async with self.redis.pipeline(transaction=False) as pipe:
             for key_id in sorted(ids):
-                pipe.hgetall(_record_key(key_id))
+                pipe.hgetall(keyspace.api_key(key_id))
             records = cast(list[dict[str, str]], await pipe.execute())
         keys = [_parse(key_id, raw)
                 for key_id, raw in zip(sorted(ids), records, strict=True) if raw]
@@ -278,7 +210,7 @@ class KeyStore:
         if key.revoked_at is not None:
             return key, False
         now = datetime.now(UTC)
-        await self.redis.hset(_record_key(key_id), "revoked_at", now.isoformat())
+        await self.redis.hset(keyspace.api_key(key_id), "revoked_at", now.isoformat())
         return key.model_copy(update={"revoked_at": now}), True
 
     async def forget_user(self, agent_id: str, user_id: str, digest: str) -> Sequence[tuple[ApiKey, ApiKey]]:
@@ -286,10 +218,10 @@ class KeyStore:
         A key for that user alone is revoked and keeps ``digest`` in its place (its record
         still says it was one user's); a key for others too loses the user. The user's id
         also leaves the keys' names. ``(before, after)`` of each key changed."""
-        ids = sorted(cast(set[str], await self.redis.smembers(_agent_keys(agent_id))))
+        ids = sorted(cast(set[str], await self.redis.smembers(keyspace.agent_api_keys(agent_id))))
         async with self.redis.pipeline(transaction=False) as pipe:
             for key_id in ids:
-                pipe.hgetall(_record_key(key_id))
+                pipe.hgetall(keyspace.api_key(key_id))
             records = cast(list[dict[str, str]], await pipe.execute())
         changed: list[tuple[ApiKey, ApiKey]] = []
         for key_id, raw in zip(ids, records, strict=True):
@@ -301,12 +233,12 @@ class KeyStore:
             update: dict[str | bytes, str] = {"users": json.dumps(others or [digest]), "name": name}
             if not others and key.revoked_at is None:
                 update["revoked_at"] = datetime.now(UTC).isoformat()
-            await self.redis.hset(_record_key(key_id), mapping=cast(dict[Any, Any], update))
+            await self.redis.hset(keyspace.api_key(key_id), mapping=cast(dict[Any, Any], update))
             changed.append((key, await self.get(key_id)))
         return changed
 
     async def any_key(self) -> bool:
-        return bool(self._operator_digest) or bool(await self.redis.scard(_KEYS_SET))
+        return bool(self._operator_digest) or bool(await self.redis.scard(keyspace.API_KEYS))
 
     async def authenticate(self, token: str) -> Principal | str:
         """The key's principal, counting one request against its rate limit; else why not
@@ -318,7 +250,7 @@ class KeyStore:
             return "malformed API key: expected 'msk_<key id>_<secret>'"
         key_id, secret = parts
         now_ms = int(time.time() * 1000)
-        answer = await self._authenticate(keys=[_record_key(key_id), *_window_keys(key_id, "r", now_ms)],
+        answer = await self._authenticate(keys=[keyspace.api_key(key_id), *_window_keys(key_id, "r", now_ms)],
                                           args=[_digest(secret), now_ms, self.requests_per_minute])
         status = answer[0]
         if status == "unknown":
@@ -338,7 +270,7 @@ class KeyStore:
             return
         now_ms = int(time.time() * 1000)
         allowed, retry_after = await self._charge_tokens(
-            keys=[_record_key(principal.key_id), *_window_keys(principal.key_id, "t", now_ms)],
+            keys=[keyspace.api_key(principal.key_id), *_window_keys(principal.key_id, "t", now_ms)],
             args=[tokens, now_ms, self.tokens_per_minute])
         if not int(allowed):
             raise RateLimited(f"key {principal.key_id} is over its recorded tokens per minute", int(retry_after))

@@ -6,7 +6,7 @@ A digest is HMAC-SHA256 of ``<agent>\\0<user>`` under a server secret, written
 or the logs cannot confirm a guessed id by hashing it: only the service can compute a
 digest (``GET /v1/audit?agent_id=..&user_id=..`` does it for an admin). The secret is
 USER_DIGEST_KEY when set (kept out of the store: a copy of Redis then cannot confirm
-guesses either), else 256 random bits made once and kept in Redis at ``ms:user-digest-key``,
+guesses either), else 256 random bits made once and kept in Redis (``keyspace.USER_DIGEST_KEY``),
 shared by every replica. Changing it makes the digests written before unfindable by id.
 
 Log lines are written synchronously, so the process keeps the last key it loaded
@@ -25,9 +25,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from memory_service.domain.namespaces import MAX_ID_LENGTH, Namespace, NamespaceKind
+from memory_service.state import keyspace
 
 DIGEST_PREFIX = "hmac-sha256-"
-KEY_REDIS_KEY = "ms:user-digest-key"
 UNNAMED = "<user>"  # in a log line written before the key was loaded
 
 _loaded: dict[str, bytes] = {}  # "key": the process's last loaded key (log lines are synchronous)
@@ -47,10 +47,10 @@ class Pseudonyms:
 
     async def key(self) -> bytes:
         if self._key is None:
-            await self.redis.set(KEY_REDIS_KEY, secrets.token_hex(32), nx=True)
-            stored = await self.redis.get(KEY_REDIS_KEY)
+            await self.redis.set(keyspace.USER_DIGEST_KEY, secrets.token_hex(32), nx=True)
+            stored = await self.redis.get(keyspace.USER_DIGEST_KEY)
             if stored is None:
-                raise RuntimeError(f"{KEY_REDIS_KEY} vanished as it was written")
+                raise RuntimeError(f"{keyspace.USER_DIGEST_KEY} vanished as it was written")
             self._key = stored.encode() if isinstance(stored, str) else bytes(stored)
         _loaded["key"] = self._key
         return self._key

@@ -1,9 +1,9 @@
 """What the `memory-service` commands share: the console they print to and the settings
-they run with (memory_service/cli/main.py and the subcommand modules import_cli.py, keys_cli.py,
-outbox_cli.py).
+they run with (memory_service/cli/main.py and the subcommand modules imports.py, keys.py,
+outbox.py, mcp.py).
 
-It lives apart from cli.py so that the imports run one way: cli.py imports the subcommand
-modules to register them, and they import this module, never cli.py back.
+It lives apart from main.py so that the imports run one way: main.py imports the subcommand
+modules to register them, and they import this module, never main.py back.
 """
 
 from __future__ import annotations

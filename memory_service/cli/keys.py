@@ -21,11 +21,12 @@ from redis.asyncio import Redis
 from rich.table import Table
 
 from memory_service.access.audit import AuditLog
-from memory_service.access.keys import OPERATOR, ApiKey, KeyIn, KeyStore, Role
+from memory_service.access.keys import OPERATOR, KeyStore
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.cli.common import console, load_settings, with_running_store
 from memory_service.config import Settings
 from memory_service.domain.errors import MemoryServiceError
+from memory_service.schemas.keys import ApiKey, KeyIn, Role
 
 T = TypeVar("T")
 CLI_KEY_ID = "cli"

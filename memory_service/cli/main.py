@@ -1,7 +1,7 @@
 """The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings` and
-`demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (import_cli.py,
-keys_cli.py, outbox_cli.py, mcp_cli.py), registered here. What they share, the console and
-the settings, is in cli_common.py, so that none of them imports this module back."""
+`demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (imports.py,
+keys.py, outbox.py, mcp.py), registered here. What they share, the console and
+the settings, is in common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
 
@@ -166,11 +166,8 @@ async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool) -> Mi
                 agent, to, dry_run=dry_run,
                 on_namespace=lambda ns, n: progress.update(task, description=str(ns)[:60],
                                                            total=(progress.tasks[0].total or 0) + n),
-                on_copied=lambda n: progress.advance(task, n),
+                on_copied=lambda n: progress.advance(task, n), actor="cli",
             )
-        if not dry_run:
-            await service.audit.append("cli", "agent.migrate", agent, agent, before={"backend": report.source},
-                                       after={"backend": report.target, "memories": report.total, "copied": report.copied})
         return report
 
 
@@ -307,7 +304,7 @@ app.add_typer(outbox_app, name="outbox")
 app.add_typer(keys_app, name="keys")
 # `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/cli/imports.py).
 app.command("import")(import_command)
-# `memory-service mcp`: the memory tools over MCP (memory_service/cli/mcp.py, mcp_server.py).
+# `memory-service mcp`: the memory tools over MCP (memory_service/cli/mcp.py, memory_service/mcp/server.py).
 app.command("mcp")(mcp_command)
 
 

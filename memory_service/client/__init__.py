@@ -1,6 +1,8 @@
 """A typed client of the memory-service HTTP API, async and sync, with the same methods:
 the session loop (record, form, context, search), the memory tools, agents, shards, startup
-records, keys, audit, erasure and export. Answers are the service's own models. See docs/client.md."""
+records, keys, audit, erasure and export. Answers are the service's own wire models
+(memory_service.schemas). It imports nothing of the server, so `pip install memory-service`
+(httpx and pydantic) is all it needs. See docs/client.md."""
 
 from memory_service.client._async.client import AsyncMemoryClient
 from memory_service.client._sync.client import MemoryClient
@@ -16,7 +18,7 @@ from memory_service.client.errors import (
                      ServiceUnavailable,
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord
-from memory_service.recall.startup import DeletedStartupRecord, StartupBlock, StartupRecord
+from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 __all__ = [
     "AsyncMemoryClient", "MemoryClient", "MemoryApiError", "InvalidRequest", "AuthenticationError", "PermissionDenied",

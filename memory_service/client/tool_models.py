@@ -1,8 +1,9 @@
-"""The memory tools' answers: the service's own models (memory_service/curation/tools.py)."""
+"""The memory tools' answers: the service's own wire models (memory_service/schemas/memories.py),
+under the names the client gives them."""
 
 from __future__ import annotations
 
-from memory_service.curation.tools import DeletedOut as DeletedMemory
-from memory_service.curation.tools import MemoryRecord
+from memory_service.schemas.memories import DeletedOut as DeletedMemory
+from memory_service.schemas.memories import MemoryRecord
 
 __all__ = ["DeletedMemory", "MemoryRecord"]

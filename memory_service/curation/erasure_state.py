@@ -1,11 +1,12 @@
 """What an erasure removes from Redis: the user's messages in the session ledger, the
-sessions left empty, consolidation queues, job results, cached memory blocks and the
-user's own keys (docs/erasure.md). memory_service.curation.erasure decides what to remove; this
-module knows where Redis keeps it.
+sessions left empty, consolidation queues, job results and the user's own keys
+(docs/erasure.md; the cached memory blocks: memory_service/state/cache.py).
+memory_service.curation.erasure decides what to remove; this module knows where Redis keeps
+it (the keys: memory_service/state/keyspace.py).
 
 Every step is idempotent: a second erasure, or a retry after a crash, removes nothing more.
 Nothing here scans the keyspace: every key is named from the user's session index, the
-session's counters or the agent's list of cached blocks.
+session's counters or the user's consolidation version.
 """
 
 from __future__ import annotations
@@ -17,18 +18,9 @@ from arq.constants import job_key_prefix, result_key_prefix, retry_key_prefix
 from arq.jobs import deserialize_result
 
 from memory_service.formation.jobs import QUEUE_NAME, JobQueue, consolidation_job_id, formation_job_id
-from memory_service.formation.window import _legacy_claim_key, window_key
-from memory_service.state.store import (
-    ACTIVE,
-    StateStore,
-    agent_sessions_key,
-    cache_index_key,
-    cons_list_key,
-    cons_version_key,
-    generation_key,
-    user_recorded_key,
-    user_sessions_key,
-)
+from memory_service.state import keyspace
+from memory_service.state.cache import generation_key
+from memory_service.state.store import StateStore
 
 # Take a user's messages out of a session's ledger, in one step. KEYS: meta, ids, pending,
 # tokens, committed, users, window, active; ARGV: user id, session id, then the message
@@ -82,21 +74,22 @@ class ErasureState:
         """Every session of the agent with a message recorded under the user's id: the index
         written by each record, and the "spoke in" index (sessions recorded before the
         first existed)."""
-        members = await self.redis.sunion([user_recorded_key(agent_id, user_id), user_sessions_key(agent_id, user_id)])
+        members = await self.redis.sunion([keyspace.user_recorded(agent_id, user_id),
+                                           keyspace.user_sessions(agent_id, user_id)])
         return sorted(str(m) for m in members)
 
     async def remove_messages(self, session_id: str, user_id: str, message_ids: Sequence[str]) -> SessionCleanup:
         """Take the user's messages out of a session other users spoke in, too."""
-        k = self.state.session_keys(session_id)
+        k = keyspace.session_keys(session_id)
         removed, dropped = 0, 0
         ids = list(message_ids) or [""]  # with none, the user still leaves the session's speakers
         for start in range(0, len(ids), BATCH):
             r, d = await self._remove_messages(
-                keys=[k["meta"], k["ids"], k["pending"], k["tokens"], k["committed"], k["users"], window_key(session_id),
-                      ACTIVE],
+                keys=[k["meta"], k["ids"], k["pending"], k["tokens"], k["committed"], k["users"],
+                      keyspace.window(session_id), keyspace.ACTIVE],
                 args=[user_id, session_id, *ids[start : start + BATCH]])
             removed, dropped = removed + int(r), max(dropped, int(d))
-        await self.state.bump(f"session:{session_id}")
+        await self.state.cache.bump(f"session:{session_id}")
         cleanup = SessionCleanup(ledger_entries=removed, window_dropped=bool(dropped))
         cleanup.job_results = await self._forget_formation_results(session_id, set(message_ids))
         return cleanup
@@ -104,21 +97,21 @@ class ErasureState:
     async def drop_session(self, agent_id: str, session_id: str) -> SessionCleanup:
         """Remove a session that held nothing but the user's messages: its ledger, window,
         job results and place in the agent's and the sweep's sets."""
-        k = self.state.session_keys(session_id)
+        k = keyspace.session_keys(session_id)
         entries = int(await self.redis.hlen(k["ids"]))
         results = await self._forget_formation_results(session_id, None)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(*k.values(), window_key(session_id), _legacy_claim_key(session_id),
+            pipe.delete(*k.values(), keyspace.window(session_id), keyspace.legacy_claim(session_id),
                         generation_key(f"session:{session_id}"))
-            pipe.zrem(ACTIVE, session_id)
-            pipe.srem(agent_sessions_key(agent_id), session_id)
+            pipe.zrem(keyspace.ACTIVE, session_id)
+            pipe.srem(keyspace.agent_sessions(agent_id), session_id)
             await pipe.execute()
         return SessionCleanup(ledger_entries=entries, window_dropped=True, job_results=results)
 
     async def _forget_formation_results(self, session_id: str, message_ids: Collection[str] | None) -> int:
         """Delete the kept results of the session's formation jobs that list any of
         ``message_ids`` (None: all of them). Cost: the session's windows, read in batches."""
-        windows = int(await self.redis.hget(self.state.session_keys(session_id)["meta"], "claimed_windows") or 0)
+        windows = int(await self.redis.hget(keyspace.session_keys(session_id)["meta"], "claimed_windows") or 0)
         pool, forgotten = self.queue.pool, 0
         for start in range(1, windows + 1, BATCH):
             job_ids = [formation_job_id(session_id, w) for w in range(start, min(start + BATCH, windows + 1))]
@@ -134,7 +127,7 @@ class ErasureState:
             return 0
         async with self.redis.pipeline(transaction=False) as pipe:
             for memory_id in memory_ids:
-                pipe.lrem(cons_list_key(namespace), 0, memory_id)
+                pipe.lrem(keyspace.cons_pending(namespace), 0, memory_id)
             removed = await pipe.execute()
         return sum(int(n) for n in removed)
 
@@ -143,7 +136,7 @@ class ErasureState:
         generation, and the consolidation jobs of their namespace (queued ones are taken
         off the queue; a running one finds nothing left to merge). How many keys went."""
         namespace = f"user:{agent_id}:{user_id}"
-        version = int(await self.redis.get(cons_version_key(namespace)) or 0)
+        version = int(await self.redis.get(keyspace.cons_version(namespace)) or 0)
         job_ids = [consolidation_job_id(namespace, v) for v in range(version + 1)]
         pool = self.queue.pool
         jobs = 0
@@ -153,22 +146,9 @@ class ErasureState:
             jobs += int(await pool.delete(*(p + j for j in batch for p in (job_key_prefix, result_key_prefix,
                                                                             retry_key_prefix))))
         keys = int(await self.redis.delete(
-            user_recorded_key(agent_id, user_id), user_sessions_key(agent_id, user_id), cons_list_key(namespace),
-            cons_version_key(namespace), generation_key(namespace)))
+            keyspace.user_recorded(agent_id, user_id), keyspace.user_sessions(agent_id, user_id),
+            keyspace.cons_pending(namespace), keyspace.cons_version(namespace), generation_key(namespace)))
         return keys + jobs
-
-    async def purge_cached_blocks(self, agent_id: str) -> int:
-        """Delete every cached memory block of the agent (any may show the user's messages,
-        directives or shard facts) and invalidate the blocks being assembled meanwhile."""
-        index, deleted = cache_index_key(agent_id), 0
-        while keys := await self.redis.zrange(index, 0, BATCH - 1):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*keys)
-                pipe.zrem(index, *keys)
-                gone, _ = await pipe.execute()
-            deleted += int(gone)
-        await self.state.bump(f"agent:{agent_id}")
-        return deleted
 
 
 def _lists_any(raw: bytes | str, message_ids: Collection[str] | None) -> bool:

@@ -40,8 +40,9 @@ from memory_service.domain.errors import InvalidInput
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace, validate_id
 from memory_service.embedding.embedders import Embedder
-from memory_service.recall.search import embed_memories
-from memory_service.recall.startup import MAX_TITLE_CHARS, Priority, StartupRecordIn, StartupRecords
+from memory_service.embedding.memories import embed_memories
+from memory_service.recall.startup import StartupRecords
+from memory_service.schemas.startup import MAX_TITLE_CHARS, Priority, StartupRecordIn
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 
@@ -298,7 +299,7 @@ async def apply_import(plan: ImportPlan, startup: StartupRecords, backend: Memor
         report.memories_written += written
         report.memories_present += len(batch) - written
         if written:
-            await state.bump(*{m.namespace for m in batch})
+            await state.cache.bump(*{m.namespace for m in batch})
         progress("memories", len(batch))
     await audit.append(key_id, "startup.import", plan.agent_id, str(plan.root.name or plan.root),
                        after={**report.counts(), "user_id": plan.user_id, "files": plan.files[:200]})

@@ -5,8 +5,8 @@ Two things remove memories for good: the erasure of a user
 (memory_service/curation/retention.py). After the stores, the same traces stay behind in
 both cases: the memories' ids on their namespaces' consolidation queues, the generations
 of the namespaces they were in (a memory block built on them must not be served again),
-the agent's cached blocks in Redis and this process's last good blocks. ``Removal`` forgets
-them, one way for both, so that the two cannot drift apart.
+the agent's cached and last good blocks (memory_service/state/cache.py). ``Removal``
+forgets them, one way for both, so that the two cannot drift apart.
 
 What differs stays with each caller: which memories go and how they leave the stores, the
 stores' own query logs (trimmed last, by the caller), and the keys an erasure deletes whole.
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.domain.models import Memory
 from memory_service.domain.namespaces import Namespace, NamespaceKind
-from memory_service.recall.assembler import ContextAssembler
 from memory_service.state.store import StateStore
 
 
@@ -31,8 +30,8 @@ class Forgotten:
 
 
 class Removal:
-    def __init__(self, state: StateStore, redis_side: ErasureState, assembler: ContextAssembler):
-        self.state, self.redis_side, self.assembler = state, redis_side, assembler
+    def __init__(self, state: StateStore, redis_side: ErasureState):
+        self.state, self.redis_side = state, redis_side
 
     async def forget(self, agent_id: str, memories: Iterable[Memory], dropped: Collection[str] = ()) -> Forgotten:
         """Forget the removed ``memories`` of ``agent_id`` everywhere but the stores.
@@ -48,7 +47,6 @@ class Removal:
         forgotten = Forgotten()
         for namespace, ids in sorted(queued.items()):
             forgotten.consolidation_items += await self.redis_side.forget_consolidation_items(namespace, ids)
-        await self.state.bump(*sorted({m.namespace for m in memories}))
-        forgotten.cached_blocks = await self.redis_side.purge_cached_blocks(agent_id)
-        forgotten.cached_blocks += self.assembler.forget_agent(agent_id)
+        await self.state.cache.bump(*sorted({m.namespace for m in memories}))
+        forgotten.cached_blocks = await self.state.cache.purge_agent(agent_id)
         return forgotten

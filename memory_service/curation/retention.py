@@ -1,11 +1,12 @@
 """Retention: what the memory tools record for it in Redis, and the daily purge.
 
-Two small indexes, so that nothing here reads every memory (docs/memory-tools.md):
+Two small indexes, so that nothing here reads every memory (docs/memory-tools.md; the keys
+in memory_service/state/keyspace.py):
 
-  ms:retention:deleted         zset '<agent>\\x00<memory id>' -> the soft delete's time: the
-                               daily job reads the entries due (a range by score), not the stores
-  ms:memaccess:<agent>         hash 'n:<id>' -> memory_get calls, 't:<id>' -> the last one's time
-                               (bookkeeping shown by memory_get, never used for ranking)
+- the deletion index (``keyspace.RETENTION_DELETED``): each soft-deleted memory by the time
+  of its delete, so that the daily job reads the entries due (a range by score), not the stores;
+- the access bookkeeping (``keyspace.memory_access``, per agent): how many memory_get calls
+  read each memory, and when the last did (shown by memory_get, never used for ranking).
 
 The purge takes each due memory out of every store through the backend's ``delete`` (the
 one the erasure uses: every index, the vector, MongoDB through the outbox behind the
@@ -34,27 +35,22 @@ from typing import TYPE_CHECKING, cast
 from memory_service.curation.removal import Removal
 from memory_service.curation.staleness import StaleFilter
 from memory_service.domain.models import Memory, count_kinds
+from memory_service.state import keyspace
 
 if TYPE_CHECKING:
     from memory_service.access.audit import AuditLog
     from memory_service.config import Settings
     from memory_service.curation.erasure_state import ErasureState
-    from memory_service.recall.assembler import ContextAssembler
     from memory_service.state.store import StateStore
     from memory_service.stores.agents import AgentDirectory
     from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 
-DELETED = "ms:retention:deleted"
 SEP = "\x00"  # ids never hold control characters
 PURGE_BATCH = 500  # due entries read per round trip
 STALE_BATCH = 500  # memories written before the stale cutoff read per round trip
 PURGE_ACTOR = "retention"  # the audit log's key id for the daily job
-
-
-def _access_key(agent_id: str) -> str:
-    return f"ms:memaccess:{agent_id}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +81,15 @@ class RetentionIndex:
         self.redis = state.redis
 
     async def mark_deleted(self, agent_id: str, memory_id: str, at: datetime) -> None:
-        await self.redis.zadd(DELETED, {f"{agent_id}{SEP}{memory_id}": at.timestamp()})
+        await self.redis.zadd(keyspace.RETENTION_DELETED, {f"{agent_id}{SEP}{memory_id}": at.timestamp()})
 
     async def unmark_deleted(self, agent_id: str, memory_id: str) -> None:
-        await self.redis.zrem(DELETED, f"{agent_id}{SEP}{memory_id}")
+        await self.redis.zrem(keyspace.RETENTION_DELETED, f"{agent_id}{SEP}{memory_id}")
 
     async def due(self, deleted_before: datetime, limit: int) -> list[tuple[str, str]]:
         """(agent, memory id) of up to ``limit`` memories soft-deleted before ``deleted_before``."""
-        members = await self.redis.zrangebyscore(DELETED, "-inf", deleted_before.timestamp(), start=0, num=limit)
+        members = await self.redis.zrangebyscore(keyspace.RETENTION_DELETED, "-inf", deleted_before.timestamp(),
+                                                 start=0, num=limit)
         return [cast(tuple[str, str], tuple(str(m).split(SEP, 1))) for m in members]
 
     async def forget(self, agent_id: str, memory_ids: Sequence[str]) -> None:
@@ -100,14 +97,14 @@ class RetentionIndex:
         if not memory_ids:
             return
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zrem(DELETED, *(f"{agent_id}{SEP}{i}" for i in memory_ids))
-            pipe.hdel(_access_key(agent_id), *(f"{p}:{i}" for i in memory_ids for p in "nt"))
+            pipe.zrem(keyspace.RETENTION_DELETED, *(f"{agent_id}{SEP}{i}" for i in memory_ids))
+            pipe.hdel(keyspace.memory_access(agent_id), *(f"{p}:{i}" for i in memory_ids for p in "nt"))
             await pipe.execute()
 
     async def count_access(self, agent_id: str, memory_id: str, at: datetime) -> Access:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(_access_key(agent_id), f"n:{memory_id}", 1)
-            pipe.hset(_access_key(agent_id), f"t:{memory_id}", f"{at.timestamp():.6f}")
+            pipe.hincrby(keyspace.memory_access(agent_id), f"n:{memory_id}", 1)
+            pipe.hset(keyspace.memory_access(agent_id), f"t:{memory_id}", f"{at.timestamp():.6f}")
             count, _ = await pipe.execute()
         return Access(int(count), at)
 
@@ -115,11 +112,11 @@ class RetentionIndex:
         """The last memory_get of each of these memories that was ever read (one round trip)."""
         if not memory_ids:
             return {}
-        times = await self.redis.hmget(_access_key(agent_id), [f"t:{i}" for i in memory_ids])
+        times = await self.redis.hmget(keyspace.memory_access(agent_id), [f"t:{i}" for i in memory_ids])
         return {i: datetime.fromtimestamp(float(t), UTC) for i, t in zip(memory_ids, times) if t}
 
     async def access(self, agent_id: str, memory_id: str) -> Access:
-        count, last = await self.redis.hmget(_access_key(agent_id), [f"n:{memory_id}", f"t:{memory_id}"])
+        count, last = await self.redis.hmget(keyspace.memory_access(agent_id), [f"n:{memory_id}", f"t:{memory_id}"])
         return Access(int(count or 0), datetime.fromtimestamp(float(last), UTC) if last else None)
 
 
@@ -134,9 +131,9 @@ class Retention:
     """The daily purge of soft-deleted memories past PURGE_AFTER_DAYS."""
 
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, index: RetentionIndex,
-                 erasure_state: ErasureState, assembler: ContextAssembler, audit: AuditLog):
+                 erasure_state: ErasureState, audit: AuditLog):
         self.settings, self.state, self.agents, self.index = settings, state, agents, index
-        self.removal, self.audit = Removal(state, erasure_state, assembler), audit
+        self.removal, self.audit = Removal(state, erasure_state), audit
 
     async def purge(self, now: datetime | None = None) -> PurgeReport:
         """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""

@@ -4,7 +4,7 @@ docs/memory-tools.md, "Retention"). memory_service/curation/retention.py reads t
 time) and purges what this module finds stale.
 
 A memory is stale when the latest of its write (``valid_at``), its last update
-(``updated_at``) and its last memory_get (the access bookkeeping, ``ms:memaccess:<agent>``)
+(``updated_at``) and its last memory_get (the access bookkeeping, ``keyspace.memory_access``)
 is older than the cutoff. Search and the memory block do not count as access: they read
 many memories at once, and counting them would write on every read.
 
@@ -14,7 +14,7 @@ another rule governs:
 * soft-deleted memories: PURGE_AFTER_DAYS decides their end, and undelete must work until then;
 * messages pending formation (their sequence past the session's cursor, in a session that
   is not incognito): a gate, the cold sweep or a claimed window will read them;
-* directives and suggestions queued for consolidation (``ms:cons:<namespace>:pending``):
+* directives and suggestions queued for consolidation (``keyspace.cons_pending``):
   the next consolidation merges them;
 * a consolidated memory that is its namespace's latest version (the memory block shows it,
   the next version is built on it), or that merged a memory still stored and not deleted

@@ -30,7 +30,9 @@ from memory_service.domain.limits import (
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
-from memory_service.recall.search import embed_memories
+from memory_service.embedding.memories import embed_memories
+from memory_service.schemas.memories import DeletedOut, MemoryRecord
+from memory_service.state.cache import agent_wide
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -103,31 +105,6 @@ class MemoryUpdate(BaseModel):
     @classmethod
     def _title(cls, value: str | None) -> str | None:
         return _check_text(value, "title")
-
-
-class MemoryRecord(BaseModel):
-    id: str
-    kind: MemoryKind
-    namespace: str
-    content: str
-    title: str | None = None
-    tags: list[str] = Field(default_factory=list)
-    confidence: float | None = None
-    valid_at: datetime
-    created_at: datetime = Field(description="when it was stored (formed memories: their window's time, = valid_at)")
-    updated_at: datetime | None = None
-    deleted_at: datetime | None = Field(None, description="set while soft-deleted: search and the memory block skip it")
-    purge_at: datetime | None = Field(None, description="when the retention job purges it for good (None: never)")
-    provenance: Provenance
-    access_count: int = Field(0, description="memory_get calls (bookkeeping, never used for ranking)")
-    last_accessed_at: datetime | None = None
-    served_by: str | None = None
-
-
-class DeletedOut(BaseModel):
-    id: str
-    deleted_at: datetime
-    purge_at: datetime | None = Field(description="when the retention job purges it (None: PURGE_AFTER_DAYS is 0)")
 
 
 def _now() -> datetime:
@@ -328,4 +305,4 @@ class MemoryTools:
     async def _changed(self, agent_id: str, *memories: Memory) -> None:
         # The agent's generation too: a block's relevant memories come from sessions it does
         # not list as dependencies (every session the user spoke in).
-        await self.state.bump(*sorted({m.namespace for m in memories}), f"agent:{agent_id}")
+        await self.state.cache.bump(*sorted({m.namespace for m in memories}), agent_wide(agent_id))

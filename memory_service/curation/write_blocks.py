@@ -23,10 +23,11 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from memory_service.curation.tools import TITLE_CHARS, MemoryRecord, MemoryTools, MemoryWrite, NamespaceGuard
+from memory_service.curation.tools import TITLE_CHARS, MemoryTools, MemoryWrite, NamespaceGuard
 from memory_service.domain.errors import InvalidInput, preview
 from memory_service.domain.limits import check_message_chars, json_problem, unique_keys
 from memory_service.domain.models import MemoryKind
+from memory_service.schemas.memories import MemoryRecord
 
 TAGS = ("memory_write", "shadow_write")
 MAX_BLOCKS = 20

@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 
-from memory_service.formation.rule_extractor import stem
+from memory_service.domain.text import stem
 
 K1 = 1.2
 B = 0.75

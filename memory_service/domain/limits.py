@@ -1,6 +1,6 @@
 """Bounds on what a caller sends, beyond each model field's own limit (docs/limits.md).
 
-The HTTP layer (request_guard.py) refuses oversized bodies and JSON that is not plain JSON
+The HTTP layer (memory_service/http/guard.py) refuses oversized bodies and JSON that is not plain JSON
 before a route runs; the checks here hold for the Python API as well: values the service
 could neither store nor answer with (NaN, Infinity, lone surrogates, nesting deeper than
 MAX_JSON_DEPTH), and the sizes that Settings make configurable.

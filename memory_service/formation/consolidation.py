@@ -23,9 +23,9 @@ from memory_service.access.pseudonyms import namespace_for_log
 from memory_service.domain.models import Memory, MemoryKind, Provenance, utcnow
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.memories import embed_memories
 from memory_service.formation.extractor import ExtractionUsage
 from memory_service.formation.rule_extractor import limit_words
-from memory_service.recall.search import embed_memories
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 

@@ -9,10 +9,9 @@ cannot disagree.
 
 from __future__ import annotations
 
-from pydantic import BaseModel
-
 from memory_service.config import Settings
 from memory_service.domain.models import Role
+from memory_service.schemas.formation import GateStatus
 from memory_service.state.store import SessionCounters
 
 # Users' words say most about them; an agent's own words least.
@@ -22,16 +21,6 @@ CHARS_PER_TOKEN = 4.5  # tiktoken would download its tables at run time
 
 def weighted_tokens(role: Role, content: str) -> float:
     return len(content) * ROLE_WEIGHTS[role] / CHARS_PER_TOKEN
-
-
-class GateStatus(BaseModel):
-    open: bool
-    reason: str
-    pending_messages: int
-    pending_tokens: float
-    min_messages: int
-    message_interval: int
-    token_interval: int
 
 
 def evaluate(counters: SessionCounters, settings: Settings) -> GateStatus:

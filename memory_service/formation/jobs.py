@@ -3,7 +3,7 @@
 Jobs run in the arq worker (``workers/``). Every job id is derived from what the job
 forms, so that a gate, the cold-session sweep and a forced formation asking for the same
 window enqueue ONE job: arq refuses a second job with an id it already holds. Embedding
-jobs are kept to one per agent by the agent's embedding lock instead (state.py), since a
+jobs are kept to one per agent by the agent's embedding lock instead (memory_service/state/store.py), since a
 job that runs out of time enqueues its own sequel while it still runs.
 """
 

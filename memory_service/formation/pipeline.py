@@ -15,12 +15,13 @@ from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.memories import embed_memories
 from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
-from memory_service.formation.steps import FormationResult, FormationSummary, form_window
-from memory_service.ingest.sessions import SessionLedger
-from memory_service.recall.search import embed_memories
+from memory_service.formation.schedule import FormationSchedule
+from memory_service.formation.steps import FormationResult, form_window
+from memory_service.schemas.formation import FormationSummary
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -38,15 +39,15 @@ EMBED_LINGER_SECONDS = 0.25
 
 class FormationPipeline:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
-                 agents: AgentDirectory, sessions: SessionLedger, extractor: Extractor, consolidator: Consolidator,
+                 agents: AgentDirectory, formation: FormationSchedule, extractor: Extractor, consolidator: Consolidator,
                  embedder: Embedder | None):
         self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
-        self.agents, self.sessions = agents, sessions
+        self.agents, self.formation = agents, formation
         self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
 
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
         """Form window ``window`` of the session, resuming at the step its state names."""
-        windows = self.sessions.windows
+        windows = self.formation.windows
         record = await windows.load(session_id)
         if record is None or record.claim.window != window:
             return FormationSummary(session_id=session_id, window=window, extractor=self.extractor.name,
@@ -60,8 +61,8 @@ class FormationPipeline:
                                    embedder=self.embedder,
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))
         if not result.already_formed:  # messages that arrived meanwhile may have opened a gate
-            await self.sessions.schedule(session_id, gated=True)
-        return FormationSummary.of(result)
+            await self.formation.schedule(session_id, gated=True)
+        return result.summary()
 
     async def _after_formation(self, agent_id: str, backend: MemoryBackend, result: FormationResult) -> None:
         """The post-completion work: idempotent, as it runs again if a try dies during it."""
@@ -130,7 +131,7 @@ class FormationPipeline:
             for session_id, score in batch:
                 seen.add(session_id)
                 # The claim itself refuses incognito sessions and those below the minimum.
-                if job_id := await self.sessions.schedule(session_id, min_messages=min_messages):
+                if job_id := await self.formation.schedule(session_id, min_messages=min_messages):
                     enqueued.append(job_id)
                     visited.append((session_id, score))
                 else:

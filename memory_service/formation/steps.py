@@ -29,18 +29,16 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
-
-from pydantic import BaseModel, Field
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.memories import embed_memories
 from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
 from memory_service.formation.personal import is_personal, personal_item
 from memory_service.formation.rule_extractor import split_sentences
 from memory_service.formation.window import Claim, StoredExtraction, WindowState, WindowStore
-from memory_service.recall.search import embed_memories
+from memory_service.schemas.formation import FormationSummary
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
@@ -74,48 +72,13 @@ class FormationResult:
     def counts(self) -> dict[str, int]:
         return count_kinds(self.memories)
 
-
-class FormationSummary(BaseModel):
-    """What a formation job did, as the job returns it and the API shows it."""
-
-    session_id: str
-    window: int | None = None
-    formed: bool = False
-    message_ids: list[str] = Field(default_factory=list)
-    memories: dict[str, int] = Field(default_factory=dict, description="memories formed from the window, per kind")
-    written: int = Field(default=0, description="how many of them were new (0 when the window was already formed)")
-    extractor: str = ""
-    usage: dict[str, Any] | None = Field(default=None, description="LLM calls, attempts, tokens and seconds, when an LLM formed it")
-    job_id: str | None = None
-    reason: str = ""
-
-    @classmethod
-    def combined(cls, summaries: list[FormationSummary]) -> FormationSummary:
-        """Several windows formed by one request, as one answer (the last window's number)."""
-        if len(summaries) == 1:
-            return summaries[0]
-        last = summaries[-1]
-        memories: dict[str, int] = {}
-        usage: dict[str, Any] | None = None
-        for summary in summaries:
-            for kind, n in summary.memories.items():
-                memories[kind] = memories.get(kind, 0) + n
-            if summary.usage:
-                usage = {k: (usage or {}).get(k, 0) + v for k, v in summary.usage.items()}
-        formed = [s for s in summaries if s.formed]
-        return last.model_copy(update={
-            "formed": bool(formed), "message_ids": [m for s in summaries for m in s.message_ids],
-            "memories": memories, "written": sum(s.written for s in summaries), "usage": usage,
-            "reason": f"formed {len(formed)} windows" if formed else last.reason,
-        })
-
-    @classmethod
-    def of(cls, result: FormationResult) -> FormationSummary:
-        return cls(session_id=result.session_id, window=result.window, formed=result.formed,
-                   message_ids=result.message_ids if result.formed else [],
-                   memories=result.counts() if result.formed else {}, written=result.written,
-                   extractor=result.extractor, usage=asdict(result.usage) if result.usage else None,
-                   reason="formed" if result.formed else "window already formed")
+    def summary(self) -> FormationSummary:
+        """What the job did, as the job returns it and the API shows it."""
+        return FormationSummary(session_id=self.session_id, window=self.window, formed=self.formed,
+                                message_ids=self.message_ids if self.formed else [],
+                                memories=self.counts() if self.formed else {}, written=self.written,
+                                extractor=self.extractor, usage=asdict(self.usage) if self.usage else None,
+                                reason="formed" if self.formed else "window already formed")
 
 
 # Kinds that are merged into a consolidated memory once enough of them are pending.

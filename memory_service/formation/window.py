@@ -4,7 +4,7 @@
 
     claim ─▶ claimed ─extract─▶ extracted ─write─▶ written ─complete─▶ completed ─post-process─▶ (gone)
 
-One hash per session holds the window being formed (``ms:s:{<session>}:window``; the
+One hash per session holds the window being formed (``keyspace.window``; the
 session id is its hash tag, so the transitions that touch only the window name one slot;
 the claim and the completing step also touch the session's counters, see
 docs/formation.md, "Limits"):
@@ -42,7 +42,9 @@ from pydantic import TypeAdapter
 
 from memory_service.domain.models import Memory
 from memory_service.formation.extractor import ExtractionUsage
-from memory_service.state.store import ACTIVE, METRICS, StateStore, cons_list_key, generation_key, key_index
+from memory_service.state import keyspace
+from memory_service.state.cache import generation_key
+from memory_service.state.store import StateStore, key_index
 
 
 class WindowState(StrEnum):
@@ -50,15 +52,6 @@ class WindowState(StrEnum):
     EXTRACTED = "extracted"
     WRITTEN = "written"
     COMPLETED = "completed"
-
-
-def window_key(session_id: str) -> str:
-    return f"ms:s:{{{session_id}}}:window"
-
-
-def _legacy_claim_key(session_id: str) -> str:
-    """Where the first release kept a claimed window (adopted by the next claim)."""
-    return f"ms:s:{session_id}:claim"
 
 
 # Claim the session's window: the one it holds, in whatever state, or a snapshot of (up to
@@ -227,8 +220,9 @@ class WindowStore:
         ``formed_windows``: the counter as read with the counters the caller's gate was
         evaluated on; raises StaleGate if a window completed since.
         """
-        k = self.state.session_keys(session_id)
-        row = await self._claim(keys=[k["meta"], k["pending"], window_key(session_id), _legacy_claim_key(session_id)],
+        k = keyspace.session_keys(session_id)
+        row = await self._claim(keys=[k["meta"], k["pending"], keyspace.window(session_id),
+                                      keyspace.legacy_claim(session_id)],
                                 args=[limit, min_messages, "" if formed_windows is None else formed_windows])
         if not row:
             return None
@@ -238,7 +232,7 @@ class WindowStore:
 
     async def load(self, session_id: str) -> WindowRecord | None:
         # The state store's client decodes responses (see memory_service.state.store).
-        raw = cast(dict[str, str], await self.state.redis.hgetall(window_key(session_id)))
+        raw = cast(dict[str, str], await self.state.redis.hgetall(keyspace.window(session_id)))
         return WindowRecord.of(session_id, raw) if raw else None
 
     async def current_claim(self, session_id: str) -> Claim | None:
@@ -247,7 +241,7 @@ class WindowStore:
 
     async def _advance_to(self, record: WindowRecord, to: WindowState, **fields: str) -> WindowRecord | None:
         pairs = [str(v) for item in fields.items() for v in item]
-        raw = await self._advance(keys=[window_key(record.claim.session_id)],
+        raw = await self._advance(keys=[keyspace.window(record.claim.session_id)],
                                   args=[record.claim.window, record.state.value, to.value, *pairs])
         if not raw:
             return None
@@ -272,10 +266,10 @@ class WindowStore:
         (another run completed it, or it is gone).
         """
         claim = record.claim
-        k = self.state.session_keys(claim.session_id)
-        keys = [k["meta"], k["pending"], k["tokens"], window_key(claim.session_id), ACTIVE, METRICS]
+        k = keyspace.session_keys(claim.session_id)
+        keys = [k["meta"], k["pending"], k["tokens"], keyspace.window(claim.session_id), keyspace.ACTIVE, keyspace.METRICS]
         ops = {
-            "push": [[key_index(keys, cons_list_key(ns)), mid] for ns, mid in consolidate],
+            "push": [[key_index(keys, keyspace.cons_pending(ns)), mid] for ns, mid in consolidate],
             "bump": [key_index(keys, generation_key(ns)) for ns in sorted(set(written))],
             "metrics": [[name, repr(float(value))] for name, value in (metrics or {}).items()],
         }
@@ -283,4 +277,4 @@ class WindowStore:
 
     async def finish(self, record: WindowRecord) -> bool:
         """completed → gone, once the post-completion work ran. True if this call did it."""
-        return bool(await self._finish(keys=[window_key(record.claim.session_id)], args=[record.claim.window]))
+        return bool(await self._finish(keys=[keyspace.window(record.claim.session_id)], args=[record.claim.window]))

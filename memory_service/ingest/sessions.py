@@ -1,8 +1,8 @@
-"""The session ledger: recording messages, the formation gates, and scheduling windows.
+"""The session ledger: recording messages, and evaluating the formation gates as each commits.
 
 A message is stored (and indexed for full-text search) first, then committed to its
 session's pending window; a gate that opens claims the window and enqueues its formation
-job. Its embedding comes after: the worker's embedding job (docs/ingest.md).
+job (memory_service/formation/schedule.py). Its embedding comes after: the worker's embedding job (docs/ingest.md).
 ``form_memories`` forms what is pending on request and waits for it.
 
 Between its reserve and its commit a record is "in flight" (memory_service.state.store): a
@@ -21,7 +21,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import cast
 
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
@@ -29,10 +29,8 @@ from memory_service.domain import limits
 from memory_service.domain.errors import (
     BackendUnavailable,
     Conflict,
-    FormationPending,
     InvalidInput,
     MemoryServiceError,
-    NotFound,
     preview,
     session_taken,
 )
@@ -40,16 +38,14 @@ from memory_service.domain.models import AgentSettings, Memory, MemoryKind, Mess
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation import gates
-from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
-from memory_service.formation.steps import FormationSummary, message_memory_id
-from memory_service.formation.window import StaleGate, WindowState, WindowStore
+from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
+from memory_service.formation.schedule import FormationSchedule
+from memory_service.formation.steps import message_memory_id
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
-from memory_service.state.store import Commit, InFlight, SessionCounters, StateStore
+from memory_service.schemas.formation import GateStatus
+from memory_service.state.store import Commit, InFlight, StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
-
-# How often a gated claim re-reads the counters when windows keep completing under it.
-CLAIM_ATTEMPTS = 3
 
 log = logging.getLogger(__name__)
 
@@ -60,16 +56,15 @@ class RecordResult:
     message_id: str
     sequence: int
     duplicate: bool
-    gate: gates.GateStatus
+    gate: GateStatus
     formation_job: str | None = None  # the job forming the session's window, if a gate opened
 
 
 class SessionLedger:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, agents: AgentDirectory,
-                 embedder: Embedder | None, extractor_name: str):
+                 embedder: Embedder | None, formation: FormationSchedule):
         self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
-        self.embedder, self.extractor_name = embedder, extractor_name
-        self.windows = WindowStore(state)
+        self.embedder, self.formation = embedder, formation
         self.writes = GroupCommit()
 
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
@@ -118,7 +113,7 @@ class SessionLedger:
         gate = gates.evaluate(commit.counters, self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate)
         if gate.open:
-            result.formation_job = await self.schedule(session_id, gated=True, counters=commit.counters)
+            result.formation_job = await self.formation.schedule(session_id, gated=True, counters=commit.counters)
         return result
 
     async def _store(self, backend: MemoryBackend, memory: Memory, sequence: int) -> None:
@@ -217,7 +212,7 @@ class SessionLedger:
                                                   entry.entry):
                 released += 1
         if committed:  # as a record would: a gate the commits opened claims its window
-            await self.schedule(session_id, gated=True)
+            await self.formation.schedule(session_id, gated=True)
         return committed, released
 
     async def _enqueue_embedding(self, agent_id: str) -> None:
@@ -228,101 +223,3 @@ class SessionLedger:
         except Exception as exc:
             log.warning("could not enqueue the embedding of agent %s's messages (retried within %d s): %s",
                         agent_id, EMBED_LOCK_MS // 1000, exc)
-
-    async def session_gate(self, session_id: str) -> gates.GateStatus:
-        return gates.evaluate(await self.state.counters(session_id), self.settings)
-
-    async def schedule(self, session_id: str, *, gated: bool = False, min_messages: int = 1,
-                       counters: SessionCounters | None = None) -> str | None:
-        """Claim the session's window (or find the one it holds) and enqueue its job.
-
-        ``gated``: a new window only if the gates are open; they are evaluated here (on
-        ``counters`` if the caller just read them) and the claim refuses the verdict if a
-        window completed since, in which case they are evaluated again.
-        """
-        s = self.settings
-        for _ in range(CLAIM_ATTEMPTS):
-            formed_windows = None
-            if gated:
-                counters = counters or await self.state.counters(session_id)
-                if not gates.evaluate(counters, s).open:
-                    return None
-                formed_windows, min_messages = counters.formed_windows, 1
-            try:
-                claim = await self.windows.claim(session_id, s.max_window_messages, min_messages, formed_windows)
-            except StaleGate:
-                counters = None
-                continue
-            return await self.queue.enqueue_formation(session_id, claim.window) if claim else None
-        return None  # windows kept completing: the next message, sweep or POST /form claims it
-
-    async def maybe_form_memories(self, session_id: str) -> str | None:
-        """Enqueue the pending window's formation if a gate is open; the job id, or None."""
-        return await self.schedule(session_id, gated=True)
-
-    async def form_memories(self, session_id: str, wait: bool = True) -> FormationSummary:
-        """Form whatever is pending now, gates or not (never in an incognito session).
-
-        Enqueues the window's job (or joins the one already queued) and, with ``wait``,
-        answers once every message pending at the call is stored: a window a gate claimed
-        earlier holds only the messages pending then, so the windows after it are formed
-        too, and the answer sums them. The worker does the forming.
-        """
-        counters = await self.state.counters(session_id)
-        if counters.agent_id is None:
-            raise NotFound(f"session {session_id!r} has no recorded messages")
-        # A completed window whose post-processing is left holds none of the pending messages.
-        held = await self.windows.load(session_id)
-        completed = held.claim.window if held is not None and held.state is WindowState.COMPLETED else None
-        job_id = await self.schedule(session_id)
-        if job_id is None:
-            reason = "incognito session: memories are never formed" if counters.incognito else "no pending messages"
-            return FormationSummary(session_id=session_id, extractor=self.extractor_name, reason=reason)
-        if not wait:
-            return FormationSummary(session_id=session_id, extractor=self.extractor_name, job_id=job_id, reason="queued")
-        deadline = time.monotonic() + self.settings.form_wait_seconds
-        summaries: list[FormationSummary] = []
-        formed = 0  # windows are formed oldest first: once this many are, all pending at the call are
-        while job_id is not None:
-            summaries.append(await self._wait_for_window(session_id, job_id, deadline))
-            if summaries[-1].window != completed:
-                formed += len(summaries[-1].message_ids) or counters.pending_messages  # formed elsewhere: stop
-            job_id = await self.schedule(session_id) if formed < counters.pending_messages else None
-        return FormationSummary.combined(summaries)
-
-    async def _wait_for_window(self, session_id: str, job_id: str, deadline: float) -> FormationSummary:
-        try:
-            result = await self.queue.wait(job_id, max(deadline - time.monotonic(), 0.001))
-            return FormationSummary.model_validate(result).model_copy(update={"job_id": job_id})
-        except TimeoutError:
-            raise FormationPending(
-                f"the window of session {session_id!r} is not formed after {self.settings.form_wait_seconds:.0f}s; "
-                f"job {job_id} is still queued or running (GET /v1/sessions/{session_id} shows it)"
-            ) from None
-        except Exception as exc:
-            raise FormationPending(
-                f"forming session {session_id!r} failed: {type(exc).__name__}: {exc}; its window stays pending "
-                "and is retried by the next gate, sweep or POST /form"
-            ) from exc
-
-    async def session_status(self, session_id: str) -> dict[str, Any]:
-        """The session's gate, formation cursor and the job of its claimed window."""
-        counters = await self.state.counters(session_id)
-        if counters.agent_id is None:
-            raise NotFound(f"session {session_id!r} has no recorded messages")
-        window = await self.windows.load(session_id)
-        job = None
-        if window is not None:
-            job = {"window": window.claim.window, "messages": len(window.claim.messages), "state": window.state.value,
-                   **await self.queue.status(formation_job_id(session_id, window.claim.window))}
-        return {
-            "session_id": session_id,
-            "agent_id": counters.agent_id,
-            "gate": gates.evaluate(counters, self.settings).model_dump(),
-            "cursor": counters.cursor,
-            "formed_windows": counters.formed_windows,
-            "formed_messages": counters.formed_messages,
-            "incognito": counters.incognito,
-            "last_activity": counters.last_activity,
-            "pending_job": job,
-        }

@@ -25,7 +25,7 @@ from memory_service import __version__
 from memory_service.access.authorization import is_loopback
 from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord
 from memory_service.domain.models import MemoryKind
-from memory_service.recall.search import Scope, SearchResult
+from memory_service.schemas.search import Scope, SearchResult
 
 T = TypeVar("T")
 Transport = Literal["stdio", "http"]

@@ -3,17 +3,15 @@
 The block is read from the session's episodes, each user's directives, the active shards'
 facts and suggestions, and (with a query, or the latest user message) the most relevant
 memories in the user's scope. Blocks are cached under the generations of everything they
-read, so any write to those namespaces invalidates them. A store that fails shrinks the
-block or serves the last good one.
+read, so any write to those namespaces invalidates them (memory_service/state/cache.py owns
+the cache, its generations and the last good blocks). A store that fails shrinks the block
+or serves the last good one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import logging
-from collections import OrderedDict
 from contextlib import suppress
 from dataclasses import replace
 from typing import Any
@@ -37,16 +35,13 @@ from memory_service.recall.render import (
 )
 from memory_service.recall.search import Retriever, SearchRequest, query_terms, snippet
 from memory_service.recall.startup import StartupRecords
+from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 
-# The last complete memory block per (agent, user, session, budget) is kept to serve when
-# every store fails: in Redis for a day, and the most recent ones in this process's memory.
-LAST_GOOD_TTL_SECONDS = 86_400
-LAST_GOOD_IN_PROCESS = 1_000
 # The CONTEXT_RELEVANT_* counts are per this many characters of budget.
 RELEVANT_COUNTS_PER_CHARS = 4_000
 
@@ -54,7 +49,7 @@ RELEVANT_COUNTS_PER_CHARS = 4_000
 class ContextAssembler:
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, retriever: Retriever):
         self.settings, self.state, self.agents, self.retriever = settings, state, agents, retriever
-        self._last_good: OrderedDict[str, RenderedContext] = OrderedDict()
+        self.cache = state.cache
         self.startup = StartupRecords(settings, state)
 
     async def assemble(
@@ -81,7 +76,7 @@ class ContextAssembler:
         if budget is None:
             budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
         query = query.strip() if query else None
-        last_good_key = json.dumps([agent_id, user_id, session_id, budget, reach.view])
+        last_good_key = identity(agent_id, user_id, session_id, budget, reach.view)
         # Memory reads stop at the deadline and the block is rendered from what arrived; the
         # whole assembly (state reads, caching) stops at twice it: a hung store never holds
         # the prompt longer than that.
@@ -95,12 +90,12 @@ class ContextAssembler:
             raise  # the caller's mistake (e.g. a bad id), not an outage
         except Exception as exc:
             # The state store is down too: the last good block this process served, if any.
-            last_good = self._last_good.get(last_good_key)
+            last_good = self.cache.last_good_in_process(last_good_key)
             log.warning("memory context for %s/%s/%s from %s: state store failed: %s", agent_id,
                         for_log(agent_id, user_id), session_id,
                         "this process's last good block" if last_good else "nothing",
                         f"no answer within {2 * allowed:g}s" if isinstance(exc, TimeoutError) else exc)
-            rendered = replace(last_good, source="last-good") if last_good else replace(
+            rendered = RenderedContext(**{**last_good, "source": "last-good"}) if last_good else replace(
                 render_context(ContextInputs(), budget), source="none")
         with suppress(Exception):
             async with asyncio.timeout(allowed):
@@ -122,12 +117,10 @@ class ContextAssembler:
             *(Namespace.user(agent_id, u) for u in users),
             *(Namespace.shard(agent_id, s.shard_id) for s in shards),
         ]
-        dependencies = [f"agent:{agent_id}", *map(str, namespaces)]
-        generations = await self.state.generations(dependencies)
+        dependencies = [agent_wide(agent_id), *map(str, namespaces)]
         # Kept per reach too: a block made for a wider key is never served to a narrower one.
-        key = hashlib.sha256(json.dumps([agent_id, user_id, session_id, budget, query, reach.view, dependencies,
-                                         generations]).encode()).hexdigest()
-        if cached := await self.state.cache_get(key):
+        key = await self.cache.key_for([agent_id, user_id, session_id, budget, query, reach.view], dependencies)
+        if cached := await self.cache.get(key):
             return RenderedContext(**{**cached, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
@@ -137,28 +130,14 @@ class ContextAssembler:
                                           for r in await self.startup.list(agent_id)])
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
         if complete and cacheable:  # never cache a block shrunk by an outage
-            await self.state.cache_put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
-            await self.state.cache_put(f"last:{last_good_key}", _asdict(rendered), LAST_GOOD_TTL_SECONDS, agent_id)
-            self._remember_last_good(last_good_key, rendered)
-        elif not complete and (last := await self.state.cache_get(f"last:{last_good_key}")):
+            await self.cache.put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
+            await self.cache.keep_last_good(last_good_key, _asdict(rendered), agent_id)
+        elif not complete and (last := await self.cache.last_good(last_good_key)):
             # Every store that could answer failed: the last complete block beats a smaller one.
             log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
                         agent_id, for_log(agent_id, user_id), session_id)
             return RenderedContext(**{**last, "source": "last-good"})
         return rendered
-
-    def forget_agent(self, agent_id: str) -> int:
-        """Drop this process's last good blocks of ``agent_id`` (an erasure); how many."""
-        keys = [k for k in self._last_good if json.loads(k)[0] == agent_id]
-        for k in keys:
-            del self._last_good[k]
-        return len(keys)
-
-    def _remember_last_good(self, key: str, rendered: RenderedContext) -> None:
-        self._last_good[key] = rendered
-        self._last_good.move_to_end(key)
-        while len(self._last_good) > LAST_GOOD_IN_PROCESS:
-            self._last_good.popitem(last=False)
 
     async def _context_inputs(
         self, agent_id: str, user_id: str, session_id: str | None, users: list[str], shards: list[Shard],

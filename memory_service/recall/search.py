@@ -21,7 +21,6 @@ import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from enum import StrEnum
 from typing import Annotated
 
 from pydantic import BaseModel, Field, field_validator
@@ -42,6 +41,7 @@ from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Sess
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.recall.render import age
+from memory_service.schemas.search import Explanation, Scope, SearchHit, SearchResult, SignalScore
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend, SignalHits
 
@@ -58,14 +58,6 @@ QUERY_STOPWORDS = frozenset(
     very was we were what when where which while who whom why will with would you your yours did ever
     something anything thing things get got""".split()
 )
-
-
-class Scope(StrEnum):
-    SESSION = "session"  # one session's messages and episodes
-    USER = "user"  # a user's directives and every session of the agent they spoke in
-    SHARD = "shard"  # one shard's facts, suggestions and consolidated memory
-    AGENT = "agent"  # everything the agent holds
-    NAMESPACES = "namespaces"  # an explicit list of the agent's namespaces
 
 
 class SearchRequest(BaseModel):
@@ -94,50 +86,6 @@ class SearchRequest(BaseModel):
         if value is None:
             return value
         return check_time(value.replace(tzinfo=UTC) if value.tzinfo is None else value)
-
-
-class SignalScore(BaseModel):
-    score: float = Field(description="the signal's own score: BM25-like for fulltext, cosine similarity for vector")
-    rank: int = Field(description="1 = the signal's best candidate")
-
-
-class Explanation(BaseModel):
-    signals: dict[str, SignalScore] = Field(description="each signal that found the memory")
-    fused: float = Field(description="reciprocal rank fusion: sum of 1/(k + rank), normalised to the best possible")
-    recency: float = Field(description="factor for age, between 1 - SEARCH_RECENCY_WEIGHT and 1")
-    age_days: float
-    score: float = Field(description="fused x recency")
-    activated: bool = Field(description="score >= min_score (always, without a min_score)")
-
-
-class SearchHit(BaseModel):
-    id: str
-    kind: MemoryKind
-    namespace: str
-    content: str
-    valid_at: datetime
-    age: str = Field(description='e.g. "5 days ago"')
-    score: float
-    activated: bool
-    source_message_ids: list[str] = Field(description="the recorded messages this memory is, or was formed from")
-    session_id: str | None = None
-    user_id: str | None = None
-    role: str | None = None
-    served_by: str | None = Field(None, description='the store that answered: "graph", or "mongo" when the graph could not')
-    title: str | None = Field(None, description="the title a memory tool gave it")
-    tags: list[str] = Field(default_factory=list, description="the tags a memory tool gave it")
-    explanation: Explanation
-
-
-class SearchResult(BaseModel):
-    query: str
-    scope: Scope
-    namespaces: int | None = Field(description="how many namespaces the scope spans (None: all of the agent's)")
-    signals: list[str] = Field(description="the signals that ran")
-    degraded: list[str] = Field(default_factory=list, description="signals that could not run, and why")
-    results: list[SearchHit] = Field(description="activated results, best first")
-    candidates: list[SearchHit] = Field(default_factory=list, description="the best results below min_score")
-    took_ms: float
 
 
 def query_terms(text: str) -> list[str]:
@@ -305,25 +253,6 @@ class Retriever:
             signals=sorted(hits), degraded=[f"vector: {why_not}"] if why_not else [],
             results=results, candidates=candidates, took_ms=round((time.perf_counter() - started) * 1000, 3),
         )
-
-
-async def embed_memories(embedder: Embedder | None, memories: Sequence[Memory]) -> int:
-    """Give memories their embedding before they are written; how many got one.
-
-    A failing embedder is logged and leaves them without (0): they are stored anyway and the
-    backfill (the worker's cron job, ``memory-service backfill-embeddings``) embeds them later.
-    """
-    todo = [m for m in memories if m.embedding is None]
-    if embedder is None or not todo:
-        return 0
-    try:
-        vectors = await embedder.embed([m.search_text for m in todo])
-    except Exception as exc:
-        log.warning("could not embed %d memories; they stay stored without, for the backfill: %s", len(todo), exc)
-        return 0
-    for memory, vector in zip(todo, vectors):
-        memory.embedding = list(vector)
-    return len(todo)
 
 
 def snippet(text: str, terms: Sequence[str], chars: int) -> str:

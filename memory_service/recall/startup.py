@@ -9,13 +9,13 @@ name (STARTUP_MODEL_BUDGETS, matched as CONTEXT_MODEL_BUDGETS is), in one of thr
 - ``digest``: a call returns them when what it would return differs from what was last
   returned to the session (the digest of the records kept).
 
-Storage (Redis), and what grows with what:
+Storage (Redis; the keys in memory_service/state/keyspace.py), and what grows with what:
 
-    ms:startup:<agent>       hash record_id -> JSON record; at most STARTUP_MAX_RECORDS
-                             records of at most STARTUP_MAX_RECORD_CHARS each, per agent
-    ms:s:<session>:startup   the digest last sent to the session (first-run and digest
-                             modes only, ~70 bytes), expiring STARTUP_SESSION_TTL_SECONDS
-                             after the session's last block; deleted with the session
+- the agent's records (``keyspace.startup_records``): at most STARTUP_MAX_RECORDS records
+  of at most STARTUP_MAX_RECORD_CHARS each, per agent;
+- the digest last sent to a session (the session's ``startup`` key; first-run and digest
+  modes only, ~70 bytes), expiring STARTUP_SESSION_TTL_SECONDS after the session's last
+  block; deleted with the session.
 
 A change of the records bumps the agent's generation, so every cached memory block of
 the agent (which shows them in ``<StartupRecords>``) is read again.
@@ -32,11 +32,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from datetime import datetime
-from enum import StrEnum
 from typing import Annotated, cast
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator
 from redis.asyncio import Redis
 
 from memory_service.access.reach import Reach
@@ -45,86 +43,12 @@ from memory_service.domain.errors import InvalidInput
 from memory_service.domain.models import utcnow
 from memory_service.domain.namespaces import validate_id
 from memory_service.recall.render import budget_for_model
-from memory_service.state.store import StateStore, generation_key
+from memory_service.schemas.startup import DroppedRecord, StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.state import keyspace
+from memory_service.state.cache import agent_wide, generation_key
+from memory_service.state.store import StateStore
 
 RecordId = Annotated[str, AfterValidator(lambda v: validate_id(v, "record_id"))]
-MAX_TITLE_CHARS = 200
-
-
-class Priority(StrEnum):
-    P0 = "P0"  # identity
-    P1 = "P1"  # operating rules
-    P2 = "P2"  # behaviour
-    P3 = "P3"  # reference
-
-    @property
-    def rank(self) -> int:
-        return int(self.value[1])
-
-
-class StartupMode(StrEnum):
-    ALWAYS = "always"
-    FIRST_RUN = "first-run"
-    DIGEST = "digest"
-
-
-class StartupRecordIn(BaseModel):
-    """A startup record as an admin writes it (the content's limit is STARTUP_MAX_RECORD_CHARS)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    priority: Priority = Field(description="P0 identity, P1 operating rules, P2 behaviour, P3 reference")
-    title: str = Field(min_length=1, max_length=MAX_TITLE_CHARS)
-    content: str = Field(min_length=1, max_length=100_000)
-
-    @field_validator("title", "content")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        return value
-
-
-class StartupRecord(StartupRecordIn):
-    id: str
-    source: str | None = Field(None, description="the file `memory-service import` made it from, if it did")
-    updated_at: datetime
-
-    @property
-    def chars(self) -> int:
-        """What the record costs of a startup block's budget."""
-        return len(self.title) + len(self.content)
-
-    def same_as(self, other: StartupRecord) -> bool:
-        return (self.priority, self.title, self.content, self.source) == (
-            other.priority, other.title, other.content, other.source)
-
-
-class DeletedStartupRecord(BaseModel):
-    """The answer of a delete: idempotent, so a second delete answers ``deleted: false``."""
-
-    id: str
-    deleted: bool = Field(description="whether there was a record to delete")
-
-
-class DroppedRecord(BaseModel):
-    id: str
-    priority: Priority
-    chars: int
-
-
-class StartupBlock(BaseModel):
-    records: list[StartupRecord] = Field(description="the records to give the model, by priority; empty when not sent")
-    chars: int = Field(description="characters of the records' titles and contents")
-    budget: int = Field(description="the block's character budget (STARTUP_MODEL_BUDGETS by model, else STARTUP_BUDGET_CHARS)")
-    digest: str = Field(description="digest of the records that fit the budget, whether sent or not")
-    sent: bool = Field(description="false: the session already has these records (modes first-run and digest)")
-    dropped: list[DroppedRecord] = Field(description="records left out to fit the budget, lowest priority first")
-    mode: StartupMode
-
-
-def _records_key(agent_id: str) -> str:
-    return f"ms:startup:{agent_id}"
 
 
 # Put a record unless the agent is at its limit; bump the agent's generation (cached blocks).
@@ -194,11 +118,11 @@ class StartupRecords:
                                "(STARTUP_MAX_RECORD_CHARS)")
 
     async def list(self, agent_id: str) -> list[StartupRecord]:
-        raw = cast(dict[str, str], await self.redis.hgetall(_records_key(agent_id)))
+        raw = cast(dict[str, str], await self.redis.hgetall(keyspace.startup_records(agent_id)))
         return sorted((StartupRecord.model_validate_json(v) for v in raw.values()), key=_order)
 
     async def get(self, agent_id: str, record_id: str) -> StartupRecord | None:
-        raw = await self.redis.hget(_records_key(agent_id), record_id)
+        raw = await self.redis.hget(keyspace.startup_records(agent_id), record_id)
         return StartupRecord.model_validate_json(cast(str, raw)) if raw else None
 
     async def put(self, agent_id: str, record_id: str, body: StartupRecordIn,
@@ -213,7 +137,7 @@ class StartupRecords:
         if before is not None and before.same_as(record):
             return before, before, False
         limit = self.settings.startup_max_records
-        outcome = await self._put(keys=[_records_key(agent_id), generation_key(f"agent:{agent_id}")],
+        outcome = await self._put(keys=[keyspace.startup_records(agent_id), generation_key(agent_wide(agent_id))],
                                   args=[record_id, record.model_dump_json(), limit])
         if int(outcome) < 0:
             raise InvalidInput(f"agent {agent_id!r} already holds {limit} startup records, the limit "
@@ -223,13 +147,13 @@ class StartupRecords:
     async def delete(self, agent_id: str, record_id: str) -> StartupRecord | None:
         """Remove a record; the one removed (None: there was none, and nothing changed)."""
         before = await self.get(agent_id, record_id)
-        if before is not None and await self.redis.hdel(_records_key(agent_id), record_id):
-            await self.state.bump(f"agent:{agent_id}")
+        if before is not None and await self.redis.hdel(keyspace.startup_records(agent_id), record_id):
+            await self.state.cache.bump(agent_wide(agent_id))
         return before
 
     async def room(self, agent_id: str) -> int:
         """How many more records the agent may hold."""
-        return self.settings.startup_max_records - int(await self.redis.hlen(_records_key(agent_id)))
+        return self.settings.startup_max_records - int(await self.redis.hlen(keyspace.startup_records(agent_id)))
 
     async def block(self, agent_id: str, model: str | None = None, session_id: str | None = None,
                     mode: StartupMode = StartupMode.ALWAYS, reach: Reach | None = None) -> StartupBlock:
@@ -245,7 +169,7 @@ class StartupRecords:
         if session_id is not None and mode is not StartupMode.ALWAYS:
             # Only a session the caller sees keeps a digest; any other is a session nobody recorded in.
             if await (reach or Reach(self.state, agent_id)).sees_session(session_id):
-                key = self.state.session_keys(session_id)["startup"]
+                key = keyspace.session_keys(session_id)["startup"]
                 sent = bool(await self._send(keys=[key], args=[current, mode.value,
                                                                self.settings.startup_session_ttl_seconds]))
         shown = kept if sent else []

@@ -4,60 +4,27 @@ Everything that more than one process may change at once is updated atomically, 
 single command or a Lua script; nothing here reads a whole document, edits it and writes
 it back. Memories themselves live in a backend, not here.
 
-Keys (all under ``ms:``; ids never contain ':' so keys are unambiguous):
-  ms:agent:<agent>               JSON AgentSettings
-  ms:agent:<agent>:sessions      set of the agent's session ids
-  ms:agent:<agent>:backends      set of the backends its settings named since its last migration
-                                 (the graph reads MongoDB for an agent that named mongo)
-  ms:shards:<agent>              hash shard_id -> JSON ShardIn
-  ms:s:<session>:meta            hash: agent_id, next_seq, pending_tokens, cursor,
-                                 formed_windows, formed_messages, incognito, last_activity
-  ms:s:<session>:ids             hash message_id -> "<seq> <content digest>"
-  ms:s:<session>:pending         zset message_id -> seq, recorded but not yet formed
-  ms:s:<session>:tokens          hash message_id -> weighted tokens, while pending
-  ms:s:<session>:users           set of user ids who spoke in the session
-  ms:s:<session>:startup         the startup digest last sent to the session (memory_service.recall.startup)
-  ms:agent:<agent>:user:<user>:sessions
-                                 set of the sessions the user spoke in (the "user" search scope)
-  ms:agent:<agent>:user:<user>:recorded
-                                 set of the sessions holding a message recorded under the user's id,
-                                 any role (what an erasure of the user visits)
-  ms:s:{<session>}:window        hash: the window being formed, its state and extraction
-                                 (memory_service.formation.window owns it)
-  ms:s:{<session>}:inflight      hash message_id -> "<seq> <reserved at> <holders> <incognito>":
-                                 reservations not committed yet (a record between its reserve
-                                 and its commit; what a crash there leaves behind)
-  ms:inflight                    zset session_id -> time of its oldest in-flight reservation
-                                 (at most): where the recovery looks (SessionLedger.recover_in_flight)
-  ms:active                      zset session_id -> last activity (or the cold sweep's last
-                                 visit), while messages are pending that could form
-  ms:cons:<namespace>:pending    list of memory ids not yet consolidated (directives, suggestions)
-  ms:cons:<namespace>:version    version of the namespace's consolidated memory
-  ms:embedder                    hash: name and dimension of the embedder whose vectors are stored
-  ms:embed:<agent>:due           set when a message of the agent was stored to be embedded later
-  ms:embed:<agent>:job           the agent's embedding lock, with a lifetime: an embedding job is
-                                 queued or running for the agent (or the embedder failed lately)
-  ms:metrics                     hash of counters (formations, LLM calls, tokens, ...)
-  ms:gen:<namespace>             write generation, for context cache invalidation
-  ms:ctx:<digest>                cached memory context
-  ms:ctxkeys:<agent>             zset cached-context key -> expiry time: the agent's cached
-                                 blocks, so that an erasure can delete them (no keyspace scan)
+Its keys (sessions' ledgers, agents' settings and shards, the sweep's and the recovery's
+indexes, consolidation queues, metrics, the embedding locks) are built by
+memory_service/state/keyspace.py, whose docstring maps them all; the generations and cached
+memory blocks belong to memory_service/state/cache.py (``StateStore.cache``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from redis.asyncio import Redis
 
 from memory_service.config import Settings
 from memory_service.domain.errors import session_taken
 from memory_service.domain.models import AgentSettings, ShardIn
+from memory_service.state import keyspace
+from memory_service.state.cache import BlockCache, agent_wide, generation_key
 from memory_service.state.pools import redis_client
 
 # The store's client decodes responses (redis_pools.redis_client, decode_responses=True);
@@ -228,82 +195,11 @@ return redis.call('INCR', KEYS[2])
 """
 
 
-ACTIVE = "ms:active"
-METRICS = "ms:metrics"
-IN_FLIGHT = "ms:inflight"
-
-
-def _cons_list(namespace: str) -> str:
-    return f"ms:cons:{namespace}:pending"
-
-
-def _cons_version(namespace: str) -> str:
-    return f"ms:cons:{namespace}:version"
-
-
-def _agent_settings(agent_id: str) -> str:
-    return f"ms:agent:{agent_id}"
-
-
-def _agent_sessions(agent_id: str) -> str:
-    return f"ms:agent:{agent_id}:sessions"
-
-
-def _agent_backends(agent_id: str) -> str:
-    return f"ms:agent:{agent_id}:backends"
-
-
-def _user_sessions(agent_id: str, user_id: str) -> str:
-    return f"ms:agent:{agent_id}:user:{user_id}:sessions"
-
-
-def _generation(namespace: str) -> str:
-    return f"ms:gen:{namespace}"
-
-
-# The names memory_service.formation.window builds its scripts' keys from.
-def cons_list_key(namespace: str) -> str:
-    return _cons_list(namespace)
-
-
-def generation_key(namespace: str) -> str:
-    return _generation(namespace)
-
-
-# The names memory_service.curation.erasure_state builds its keys from.
-def user_sessions_key(agent_id: str, user_id: str) -> str:
-    return _user_sessions(agent_id, user_id)
-
-
-def user_recorded_key(agent_id: str, user_id: str) -> str:
-    return f"ms:agent:{agent_id}:user:{user_id}:recorded"
-
-
-def agent_sessions_key(agent_id: str) -> str:
-    return _agent_sessions(agent_id)
-
-
-def cons_version_key(namespace: str) -> str:
-    return _cons_version(namespace)
-
-
-def cache_index_key(agent_id: str) -> str:
-    return f"ms:ctxkeys:{agent_id}"
-
-
 def key_index(keys: list[str], key: str) -> int:
     """``key``'s 1-based index in ``keys`` (a Lua script's KEYS), appending it if new."""
     if key not in keys:
         keys.append(key)
     return keys.index(key) + 1
-
-
-def _embed_due(agent_id: str) -> str:
-    return f"ms:embed:{agent_id}:due"
-
-
-def _embed_lock(agent_id: str) -> str:
-    return f"ms:embed:{agent_id}:job"
 
 
 @dataclass(frozen=True, slots=True)
@@ -373,6 +269,7 @@ def _now_text() -> str:
 class StateStore:
     def __init__(self, redis: Redis):
         self.redis = redis
+        self.cache = BlockCache(redis)  # generations, cached and last good memory blocks
         self._reserve = redis.register_script(_RESERVE)
         self._commit = redis.register_script(_COMMIT)
         self._settle_swept = redis.register_script(_SETTLE_SWEPT)
@@ -396,7 +293,7 @@ class StateStore:
 
     async def put_agent(self, agent_id: str, settings: AgentSettings) -> AgentSettings | None:
         """Store the agent's settings; the ones they replaced (None: none, or unreadable)."""
-        stored = await self.redis.set(_agent_settings(agent_id), settings.model_dump_json(), get=True)
+        stored = await self.redis.set(keyspace.agent_settings(agent_id), settings.model_dump_json(), get=True)
         previous = None
         if stored:
             try:
@@ -408,48 +305,39 @@ class StateStore:
         named = {settings.requested_backend(), previous.requested_backend() if previous else None}
         backends = sorted(name for name in named if name is not None)
         if backends:
-            await self.redis.sadd(_agent_backends(agent_id), *backends)
-        await self.bump(f"agent:{agent_id}")
+            await self.redis.sadd(keyspace.agent_backends(agent_id), *backends)
+        await self.cache.bump(agent_wide(agent_id))
         return previous
 
     async def named_backend(self, agent_id: str, backend: str) -> bool:
         """Whether the agent's settings named ``backend`` since its last migration."""
-        return bool(await self.redis.sismember(_agent_backends(agent_id), backend))
+        return bool(await self.redis.sismember(keyspace.agent_backends(agent_id), backend))
 
     async def migrated(self, agent_id: str, backend: str) -> None:
         """Every memory of the agent is in ``backend`` now: forget the other backends it named."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(_agent_backends(agent_id))
-            pipe.sadd(_agent_backends(agent_id), backend)
+            pipe.delete(keyspace.agent_backends(agent_id))
+            pipe.sadd(keyspace.agent_backends(agent_id), backend)
             await pipe.execute()
 
     async def get_agent(self, agent_id: str) -> AgentSettings | None:
-        raw = await self.redis.get(_agent_settings(agent_id))
+        raw = await self.redis.get(keyspace.agent_settings(agent_id))
         return AgentSettings.model_validate_json(raw) if raw else None
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> ShardIn | None:
         """Create or replace a shard's settings; the ones they replaced (None: it was created)."""
         async with self.redis.pipeline(transaction=True) as pipe:  # the read and the write at once
-            pipe.hget(f"ms:shards:{agent_id}", shard_id)
-            pipe.hset(f"ms:shards:{agent_id}", shard_id, shard.model_dump_json())
+            pipe.hget(keyspace.shards(agent_id), shard_id)
+            pipe.hset(keyspace.shards(agent_id), shard_id, shard.model_dump_json())
             stored, _ = await pipe.execute()
-        await self.bump(f"agent:{agent_id}")
+        await self.cache.bump(agent_wide(agent_id))
         return ShardIn.model_validate_json(cast(str, stored)) if stored else None
 
     async def shards(self, agent_id: str) -> dict[str, ShardIn]:
-        raw = cast(dict[str, str], await self.redis.hgetall(f"ms:shards:{agent_id}"))
+        raw = cast(dict[str, str], await self.redis.hgetall(keyspace.shards(agent_id)))
         return {sid: ShardIn.model_validate_json(v) for sid, v in sorted(raw.items())}
 
     # Sessions ----------------------------------------------------------------------
-
-    @staticmethod
-    def _keys(session_id: str) -> dict[str, str]:
-        base = f"ms:s:{session_id}"
-        keys = {n: f"{base}:{n}" for n in ("meta", "ids", "pending", "tokens", "users", "committed", "startup")}
-        keys["inflight"] = f"ms:s:{{{session_id}}}:inflight"  # the session's hash tag, like its window's
-        return keys
-
-    session_keys = _keys
 
     async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str,
                               incognito: bool = False) -> Reservation:
@@ -457,10 +345,10 @@ class StateStore:
         and read the agent's settings in the same step. Unless the id is committed or was
         reserved with another digest, the call holds the reservation (in flight) until its
         ``commit_message`` or ``release_message``."""
-        k = self._keys(session_id)
+        k = keyspace.session_keys(session_id)
         status, value, *rest = await self._reserve(
-            keys=[k["meta"], k["ids"], _agent_sessions(agent_id), _agent_settings(agent_id), k["committed"],
-                  k["inflight"], IN_FLIGHT],
+            keys=[k["meta"], k["ids"], keyspace.agent_sessions(agent_id), keyspace.agent_settings(agent_id), k["committed"],
+                  k["inflight"], keyspace.IN_FLIGHT],
             args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
         if status == "conflict":
             # Never the owner's name: ids of other tenants are not the caller's to learn.
@@ -477,12 +365,13 @@ class StateStore:
 
         With ``embed_lock_ms`` > 0 the message waits for its embedding: see ``_COMMIT``.
         """
-        k = self._keys(session_id)
+        k = keyspace.session_keys(session_id)
         first, embed, pending, meta = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], ACTIVE,
-                  _user_sessions(agent_id, speaker or "-"), _generation(f"session:{session_id}"),
-                  _generation(f"user:{agent_id}:{speaker or '-'}"), _embed_due(agent_id), _embed_lock(agent_id),
-                  user_recorded_key(agent_id, user_id or "-"), k["inflight"], IN_FLIGHT],
+            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.ACTIVE,
+                  keyspace.user_sessions(agent_id, speaker or "-"), generation_key(f"session:{session_id}"),
+                  generation_key(f"user:{agent_id}:{speaker or '-'}"), keyspace.embed_due(agent_id),
+                  keyspace.embed_lock(agent_id), keyspace.user_recorded(agent_id, user_id or "-"), k["inflight"],
+                  keyspace.IN_FLIGHT],
             args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
                   "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
         )
@@ -493,27 +382,29 @@ class StateStore:
                               entry: str = "") -> bool:
         """Let go of a reservation whose store write failed; True if the id was released
         (free again for any content). ``mode``: refused, unhold or expired (see ``_RELEASE``)."""
-        k = self._keys(session_id)
-        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], IN_FLIGHT],
+        k = keyspace.session_keys(session_id)
+        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], keyspace.IN_FLIGHT],
                                         args=[message_id, sequence, session_id, mode, entry]))
 
     async def sessions_in_flight(self, reserved_before: float, limit: int) -> list[str]:
         """Up to ``limit`` sessions holding a reservation made before ``reserved_before``
         (or that the recovery has not looked at since one was)."""
-        return cast(list[str], await self.redis.zrangebyscore(IN_FLIGHT, "-inf", reserved_before, start=0, num=limit))
+        return cast(list[str], await self.redis.zrangebyscore(keyspace.IN_FLIGHT, "-inf", reserved_before,
+                                                              start=0, num=limit))
 
     async def in_flight(self, session_id: str) -> list[InFlight]:
         """The session's reservations not committed yet, in sequence order."""
-        raw = cast(dict[str, str], await self.redis.hgetall(self._keys(session_id)["inflight"]))
+        raw = cast(dict[str, str], await self.redis.hgetall(keyspace.session_keys(session_id)["inflight"]))
         return sorted((InFlight.of(mid, entry) for mid, entry in raw.items()), key=lambda e: e.sequence)
 
     async def settle_in_flight(self, session_id: str) -> None:
         """After the recovery looked at the session: see ``_SETTLE_IN_FLIGHT``."""
-        await self._settle_in_flight(keys=[self._keys(session_id)["inflight"], IN_FLIGHT], args=[session_id])
+        await self._settle_in_flight(keys=[keyspace.session_keys(session_id)["inflight"], keyspace.IN_FLIGHT],
+                                     args=[session_id])
 
     async def counters(self, session_id: str) -> SessionCounters:
         # commit_message answers with the same reads (its script's last line): keep them in step.
-        k = self._keys(session_id)
+        k = keyspace.session_keys(session_id)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k["meta"])
             pipe.zcard(k["pending"])
@@ -524,17 +415,18 @@ class StateStore:
 
     async def start_embedding(self, agent_id: str) -> None:
         """An embedding job begins a pass: what is marked due from now on, it sees later."""
-        await self.redis.delete(_embed_due(agent_id))
+        await self.redis.delete(keyspace.embed_due(agent_id))
 
     async def renew_embedding_lock(self, agent_id: str, lock_ms: int) -> None:
         """Hold the agent's lock ``lock_ms`` more: a job still at work, or a failed embedder
         that the next record must not call again before then."""
-        await self.redis.pexpire(_embed_lock(agent_id), lock_ms)
+        await self.redis.pexpire(keyspace.embed_lock(agent_id), lock_ms)
 
     async def finish_embedding(self, agent_id: str, lock_ms: int) -> bool:
         """Let go of the agent's embedding lock, unless messages were marked due meanwhile:
         then keep it (renewed) and answer True, and the job makes another pass."""
-        return bool(await self._embed_release(keys=[_embed_due(agent_id), _embed_lock(agent_id)], args=[lock_ms]))
+        return bool(await self._embed_release(keys=[keyspace.embed_due(agent_id), keyspace.embed_lock(agent_id)],
+                                              args=[lock_ms]))
 
 
     async def idle_sessions(self, idle_before: float, limit: int) -> list[tuple[str, float]]:
@@ -542,7 +434,7 @@ class StateStore:
 
         A session's score is its last activity, or the cold sweep's last visit if later.
         """
-        due = await self.redis.zrangebyscore(ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)
+        due = await self.redis.zrangebyscore(keyspace.ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)
         return [(sid, float(score)) for sid, score in cast(list[tuple[str, float]], due)]
 
     async def settle_swept(self, visited: Sequence[tuple[str, float]], unformable: Sequence[tuple[str, float]],
@@ -553,23 +445,23 @@ class StateStore:
         if visited or unformable:
             args: list[str | int] = [repr(now), len(visited),
                                      *(v for sid, score in (*visited, *unformable) for v in (sid, repr(score)))]
-            await self._settle_swept(keys=[ACTIVE], args=args)
+            await self._settle_swept(keys=[keyspace.ACTIVE], args=args)
 
     # Consolidation -----------------------------------------------------------------
 
     async def consolidation_pending(self, namespace: str, limit: int = -1) -> list[str]:
-        return cast(list[str], await self.redis.lrange(_cons_list(namespace), 0, limit - 1 if limit > 0 else -1))
+        return cast(list[str], await self.redis.lrange(keyspace.cons_pending(namespace), 0, limit - 1 if limit > 0 else -1))
 
     async def consolidation_backlog(self, namespace: str) -> int:
         """How many items of ``namespace`` wait for consolidation."""
-        return int(await self.redis.llen(_cons_list(namespace)))
+        return int(await self.redis.llen(keyspace.cons_pending(namespace)))
 
     async def consolidation_version(self, namespace: str) -> int:
-        return int(await self.redis.get(_cons_version(namespace)) or 0)
+        return int(await self.redis.get(keyspace.cons_version(namespace)) or 0)
 
     async def finish_consolidation(self, namespace: str, version: int, merged: int) -> int:
         """Drop the ``merged`` oldest pending items and bump the version; -1 if another run did."""
-        keys = [_cons_list(namespace), _cons_version(namespace), _generation(namespace)]
+        keys = [keyspace.cons_pending(namespace), keyspace.cons_version(namespace), generation_key(namespace)]
         return int(await self._consolidated(keys=keys, args=[version, merged]))
 
     # Metrics -----------------------------------------------------------------------
@@ -577,19 +469,19 @@ class StateStore:
     async def add_metrics(self, **counters: float) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, value in counters.items():
-                pipe.hincrbyfloat(METRICS, name, value)
+                pipe.hincrbyfloat(keyspace.METRICS, name, value)
             await pipe.execute()
 
     async def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in cast(dict[str, str], await self.redis.hgetall(METRICS)).items()}
+        return {k: float(v) for k, v in cast(dict[str, str], await self.redis.hgetall(keyspace.METRICS)).items()}
 
     async def agent_sessions(self, agent_id: str) -> list[str]:
         """Every session the agent has recorded in (for migration)."""
-        return sorted(cast(set[str], await self.redis.smembers(_agent_sessions(agent_id))))
+        return sorted(cast(set[str], await self.redis.smembers(keyspace.agent_sessions(agent_id))))
 
     async def record_embedder(self, name: str, dimension: int) -> tuple[str, int] | None:
         """Remember which embedder filled the store; the one remembered before, if any."""
-        key = "ms:embedder"
+        key = keyspace.EMBEDDER
         if await self.redis.hsetnx(key, "dimension", dimension):
             await self.redis.hset(key, "name", name)
             return None
@@ -598,56 +490,21 @@ class StateStore:
 
     async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
         """The sessions of ``agent_id`` in which ``user_id`` spoke (as role user)."""
-        return sorted(cast(set[str], await self.redis.smembers(_user_sessions(agent_id, user_id))))
+        return sorted(cast(set[str], await self.redis.smembers(keyspace.user_sessions(agent_id, user_id))))
 
     async def session_users(self, session_id: str) -> list[str]:
-        return sorted(cast(set[str], await self.redis.smembers(self._keys(session_id)["users"])))
+        return sorted(cast(set[str], await self.redis.smembers(keyspace.session_keys(session_id)["users"])))
 
     async def took_part(self, agent_id: str, users: Sequence[str], session_id: str) -> bool:
         """Whether one of ``users`` took part in the session: spoke in it, or had a message
         (of any role) recorded under their id. One round trip, whatever the number of users."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.smismember(self._keys(session_id)["users"], list(users))
+            pipe.smismember(keyspace.session_keys(session_id)["users"], list(users))
             for user_id in users:
-                pipe.sismember(user_recorded_key(agent_id, user_id), session_id)
+                pipe.sismember(keyspace.user_recorded(agent_id, user_id), session_id)
             spoke, *recorded = await pipe.execute()
         return any(spoke) or any(recorded)
 
     async def has_message(self, session_id: str, message_id: str) -> bool:
         """Whether ``message_id`` was recorded in the session."""
-        return bool(await self.redis.hexists(self._keys(session_id)["ids"], message_id))
-
-    # Context cache -----------------------------------------------------------------
-
-    async def bump(self, *namespaces: str) -> None:
-        if namespaces:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for ns in namespaces:
-                    pipe.incr(_generation(ns))
-                await pipe.execute()
-
-    async def generations(self, namespaces: Sequence[str]) -> list[int]:
-        if not namespaces:
-            return []
-        return [int(v or 0) for v in await self.redis.mget([_generation(ns) for ns in namespaces])]
-
-    async def cache_get(self, key: str) -> dict[str, Any] | None:
-        raw = await self.redis.get(f"ms:ctx:{key}")
-        return cast(dict[str, Any], json.loads(raw)) if raw else None
-
-    async def cache_put(self, key: str, value: dict[str, Any], ttl_seconds: int, agent_id: str | None = None) -> None:
-        """Cache ``value``; with ``agent_id``, listed among the agent's cached blocks (an
-        erasure deletes them), in the same round trip."""
-        if ttl_seconds <= 0:
-            return
-        if agent_id is None:
-            await self.redis.set(f"ms:ctx:{key}", json.dumps(value), ex=ttl_seconds)
-            return
-        now, index = time.time(), cache_index_key(agent_id)
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(f"ms:ctx:{key}", json.dumps(value), ex=ttl_seconds)
-            pipe.zadd(index, {f"ms:ctx:{key}": now + ttl_seconds})
-            pipe.zremrangebyscore(index, "-inf", now)  # expired blocks leave the list as others arrive
-            pipe.expire(index, ttl_seconds, gt=True)
-            pipe.expire(index, ttl_seconds, nx=True)
-            await pipe.execute()
+        return bool(await self.redis.hexists(keyspace.session_keys(session_id)["ids"], message_id))

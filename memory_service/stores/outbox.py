@@ -7,16 +7,13 @@ before any store is touched. Each target's queue is delivered in order (a trim f
 the writes it trims) and independently: a store that is down keeps its queue, and the
 others go on. An entry is dropped once every target has it.
 
-Keys (every operation on them is O(1) or O(log n): nothing scans a queue):
-  ms:outbox:entries            hash id -> the operation (JSON)
-  ms:outbox:refs               hash id -> how many targets still hold the entry
-  ms:outbox:seq                the order of appends
-  ms:outbox:queue:<target>     zset id -> seq: undelivered, oldest first
-  ms:outbox:attempts:<target>  hash id -> failed deliveries (an outage of the store is not one)
-  ms:outbox:errors:<target>    hash id -> the last delivery error
-  ms:outbox:dead:<target>      zset id -> time: dead letters, kept with their operation
-  ms:outbox:lock:<target>      lease of the process delivering the target now
-  ms:outbox:<target>           list: a queue of the first outbox, adopted on the next drain
+Keys (``keyspace.OUTBOX_*`` and ``keyspace.outbox_*``, memory_service/state/keyspace.py;
+every operation on them is O(1) or O(log n): nothing scans a queue): the entries (id -> the
+operation, JSON) and their reference counts (how many targets still hold each), and per
+target a queue (a sorted set, oldest first), the failed deliveries and last error of each
+entry (an outage of the store is not a failed delivery), the dead letters (kept with their
+operation), the lease of the process delivering the target now, and a list of the first
+outbox, adopted on the next drain.
 
 An entry that its store refuses ``max_attempts`` times is a dead letter: taken off the
 queue, so that the entries behind it are delivered, and kept (operation, error, attempts)
@@ -48,6 +45,19 @@ from redis.asyncio import Redis
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace
+from memory_service.state.keyspace import (
+    METRICS,
+    OUTBOX_ENTRIES,
+    OUTBOX_LEGACY_SEQ,
+    OUTBOX_REFS,
+    OUTBOX_SEQ,
+    outbox_attempts,
+    outbox_dead,
+    outbox_errors,
+    outbox_legacy_queue,
+    outbox_lock,
+    outbox_queue,
+)
 
 if TYPE_CHECKING:
     from memory_service.stores.base import MemoryBackend
@@ -57,11 +67,6 @@ log = logging.getLogger(__name__)
 # The outbox's targets: the stores every write of the mirrored backend goes to.
 TARGETS = ("graph", "mongo")
 
-ENTRIES = "ms:outbox:entries"
-REFS = "ms:outbox:refs"
-SEQ = "ms:outbox:seq"
-LEGACY_SEQ = "ms:outbox:legacy_seq"
-METRICS = "ms:metrics"  # the service's counters (memory_service/state/store.py)
 # Adopted entries of a first-outbox queue sort before every new one.
 LEGACY_BASE = -(10**12)  # Lua formats numbers with 14 significant digits: stay below 10**14
 LEGACY_BATCH = 1000
@@ -181,30 +186,6 @@ class DeadLetter:
     op: str  # the stored operation, as JSON
 
 
-def _queue(target: str) -> str:
-    return f"ms:outbox:queue:{target}"
-
-
-def _attempts(target: str) -> str:
-    return f"ms:outbox:attempts:{target}"
-
-
-def _errors(target: str) -> str:
-    return f"ms:outbox:errors:{target}"
-
-
-def _dead(target: str) -> str:
-    return f"ms:outbox:dead:{target}"
-
-
-def _lock(target: str) -> str:
-    return f"ms:outbox:lock:{target}"
-
-
-def _legacy(target: str) -> str:
-    return f"ms:outbox:{target}"
-
-
 # KEYS: entries, refs, seq, queue of each target; ARGV: id, operation, max pending.
 # Refuses (returning the 1-based index of the full target) before changing anything.
 _APPEND = """
@@ -314,7 +295,7 @@ class Outbox:
         if not targets:
             raise ValueError("an outbox entry needs at least one target")
         entry_id = uuid.uuid4().hex
-        full = await self._append(keys=[ENTRIES, REFS, SEQ, *map(_queue, targets)],
+        full = await self._append(keys=[OUTBOX_ENTRIES, OUTBOX_REFS, OUTBOX_SEQ, *map(outbox_queue, targets)],
                                   args=[entry_id, op.model_dump_json(), self.max_pending])
         if full:
             target = targets[int(full) - 1]
@@ -328,10 +309,10 @@ class Outbox:
         """The oldest ``limit`` entries ``target`` has not acknowledged, oldest first."""
         await self._adopt_first_outbox(target)
         # The client decodes responses (redis_client's default): ids are str.
-        ids = cast(list[str], await self.redis.zrange(_queue(target), 0, limit - 1))
+        ids = cast(list[str], await self.redis.zrange(outbox_queue(target), 0, limit - 1))
         if not ids:
             return []
-        payloads = cast(list[str | None], await self.redis.hmget(ENTRIES, ids))
+        payloads = cast(list[str | None], await self.redis.hmget(OUTBOX_ENTRIES, ids))
         out = []
         for entry_id, payload in zip(ids, payloads):
             if payload is None:
@@ -344,12 +325,13 @@ class Outbox:
         return out
 
     async def _adopt_first_outbox(self, target: str) -> None:
-        while await self._adopt(keys=[_legacy(target), _queue(target), REFS, LEGACY_SEQ],
+        while await self._adopt(keys=[outbox_legacy_queue(target), outbox_queue(target), OUTBOX_REFS, OUTBOX_LEGACY_SEQ],
                                 args=[LEGACY_BATCH, LEGACY_BASE]) == LEGACY_BATCH:
             pass
 
     async def delivered(self, target: str, entry_id: str) -> None:
-        await self._forget(keys=[_queue(target), _attempts(target), _errors(target), REFS, ENTRIES], args=[entry_id])
+        await self._forget(keys=[outbox_queue(target), outbox_attempts(target), outbox_errors(target), OUTBOX_REFS,
+                                 OUTBOX_ENTRIES], args=[entry_id])
 
     async def failed(self, target: str, entry_id: str, error: str, *, hopeless: bool = False) -> tuple[int, bool]:
         """Count a failed delivery of ``entry_id`` to ``target``; (attempts, dead-lettered).
@@ -357,7 +339,7 @@ class Outbox:
         ``hopeless``: no attempt can succeed (the entry is unreadable): dead-letter it now.
         """
         attempts, dead = await self._failed(
-            keys=[_queue(target), _attempts(target), _errors(target), _dead(target), METRICS],
+            keys=[outbox_queue(target), outbox_attempts(target), outbox_errors(target), outbox_dead(target), METRICS],
             args=[entry_id, error[:2000], 0 if hopeless else self.max_attempts, f"{time.time():.3f}",
                   f"outbox_dead_lettered_{target}"])
         if dead:
@@ -369,10 +351,10 @@ class Outbox:
 
     async def lease(self, target: str, seconds: float) -> str | None:
         token = uuid.uuid4().hex
-        return token if await self.redis.set(_lock(target), token, nx=True, px=max(1, int(seconds * 1000))) else None
+        return token if await self.redis.set(outbox_lock(target), token, nx=True, px=max(1, int(seconds * 1000))) else None
 
     async def release(self, target: str, token: str) -> None:
-        await self._release(keys=[_lock(target)], args=[token])
+        await self._release(keys=[outbox_lock(target)], args=[token])
 
     # For /health, /metrics and the operator -------------------------------------------------
 
@@ -380,15 +362,15 @@ class Outbox:
         """Undelivered entries per target (a first-outbox queue not adopted yet included)."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for target in self.targets:
-                pipe.zcard(_queue(target))
-                pipe.llen(_legacy(target))
+                pipe.zcard(outbox_queue(target))
+                pipe.llen(outbox_legacy_queue(target))
             counts = await pipe.execute()
         return {t: int(counts[2 * i]) + int(counts[2 * i + 1]) for i, t in enumerate(self.targets)}
 
     async def dead_letter_counts(self) -> dict[str, int]:
         async with self.redis.pipeline(transaction=False) as pipe:
             for target in self.targets:
-                pipe.zcard(_dead(target))
+                pipe.zcard(outbox_dead(target))
             counts = await pipe.execute()
         return dict(zip(self.targets, map(int, counts)))
 
@@ -407,14 +389,14 @@ class Outbox:
     async def dead_letters(self, target: str, limit: int = 100) -> list[DeadLetter]:
         """The oldest ``limit`` dead letters of ``target``, with their error and operation."""
         self._check(target)
-        rows = cast(list[tuple[str, float]], await self.redis.zrange(_dead(target), 0, limit - 1, withscores=True))
+        rows = cast(list[tuple[str, float]], await self.redis.zrange(outbox_dead(target), 0, limit - 1, withscores=True))
         if not rows:
             return []
         ids = [entry_id for entry_id, _ in rows]
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hmget(_attempts(target), ids)
-            pipe.hmget(_errors(target), ids)
-            pipe.hmget(ENTRIES, ids)
+            pipe.hmget(outbox_attempts(target), ids)
+            pipe.hmget(outbox_errors(target), ids)
+            pipe.hmget(OUTBOX_ENTRIES, ids)
             attempts, errors, ops = await pipe.execute()
         return [DeadLetter(i, target, at, int(n or 0), e or "", op or "")
                 for (i, at), n, e, op in zip(rows, attempts, errors, ops)]
@@ -422,13 +404,13 @@ class Outbox:
     async def replay(self, target: str, entry_ids: Sequence[str]) -> int:
         """Queue dead letters for ``target`` again (at the end, attempts reset); how many were."""
         self._check(target)
-        keys = [_dead(target), _queue(target), _attempts(target), SEQ]
+        keys = [outbox_dead(target), outbox_queue(target), outbox_attempts(target), OUTBOX_SEQ]
         return sum([int(await self._replay(keys=keys, args=[i])) for i in entry_ids])
 
     async def drop(self, target: str, entry_ids: Sequence[str]) -> int:
         """Give dead letters up for ``target`` (the operation is deleted once no target holds it)."""
         self._check(target)
-        keys = [_dead(target), _attempts(target), _errors(target), REFS, ENTRIES]
+        keys = [outbox_dead(target), outbox_attempts(target), outbox_errors(target), OUTBOX_REFS, OUTBOX_ENTRIES]
         return sum([int(await self._forget(keys=keys, args=[i])) for i in entry_ids])
 
     async def rewrite(self, edit: Callable[[OutboxOp], OutboxOp | None]) -> int:
@@ -442,14 +424,14 @@ class Outbox:
         """
         changed, cursor = 0, 0
         while True:
-            cursor, rows = await self.redis.hscan(ENTRIES, cursor, count=REWRITE_SCAN)
+            cursor, rows = await self.redis.hscan(OUTBOX_ENTRIES, cursor, count=REWRITE_SCAN)
             for entry_id, payload in cast(dict[str, str], rows).items():  # a decoding client: text
                 try:
                     op = parse_op(payload)
                 except ValueError:
                     continue  # a dead letter already: it is never delivered
                 if (new := edit(op)) is not None:
-                    changed += int(await self._rewrite(keys=[ENTRIES], args=[entry_id, payload, new.model_dump_json()]))
+                    changed += int(await self._rewrite(keys=[OUTBOX_ENTRIES], args=[entry_id, payload, new.model_dump_json()]))
             if not cursor:
                 return changed
 

@@ -16,8 +16,6 @@ from typing import Any, Literal
 import httpx
 
 from memory_service import __version__
-from memory_service.access.audit import AuditPage
-from memory_service.access.keys import ApiKey, NewKey
 from memory_service.client._common import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_MAX_RETRY_WAIT,
@@ -34,12 +32,15 @@ from memory_service.client._common import (
     seg,
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord
-from memory_service.curation.erasure import ErasureReport, UserExport
 from memory_service.domain.models import Agent, Shard
-from memory_service.formation.steps import FormationSummary
-from memory_service.http.app import ContextOut, RecordOut
-from memory_service.recall.search import SearchResult
-from memory_service.recall.startup import DeletedStartupRecord, StartupBlock, StartupRecord
+from memory_service.schemas.audit import AuditPage
+from memory_service.schemas.context import ContextOut
+from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.formation import FormationSummary
+from memory_service.schemas.keys import ApiKey, NewKey
+from memory_service.schemas.records import RecordOut
+from memory_service.schemas.search import SearchResult
+from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 
 class MemoryClient:

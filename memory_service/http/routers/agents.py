@@ -1,0 +1,49 @@
+"""Agents and their shards: settings (including the memory backend) and topics.
+
+Changing them needs `admin` on the agent, reading them `read` for all its users; every
+change is audited by the service (``agent.put``, ``shard.put``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from memory_service.access.authorization import authorize
+from memory_service.domain.models import Agent, AgentId, AgentSettings, Shard, ShardId, ShardIn
+from memory_service.http.deps import CallerDep, ServiceDep
+from memory_service.http.guard import strict_router
+from memory_service.schemas.keys import Role
+
+router = strict_router(tags=["agents"])
+
+
+@router.put("/v1/agents/{agent_id}", response_model=Agent)
+async def put_agent(agent_id: AgentId, body: AgentSettings, service: ServiceDep, principal: CallerDep) -> Agent:
+    """Create or replace an agent's settings, including its memory backend. Needs `admin`."""
+    authorize(principal, Role.ADMIN, agent_id)
+    return await service.put_agent(agent_id, body, actor=principal.key_id)
+
+
+@router.get("/v1/agents/{agent_id}", response_model=Agent)
+async def get_agent(agent_id: AgentId, service: ServiceDep, principal: CallerDep) -> Agent:
+    """The agent's settings. Needs `read` on the agent, for all its users."""
+    authorize(principal, Role.READ, agent_id)
+    return await service.get_agent(agent_id)
+
+
+@router.put("/v1/agents/{agent_id}/shards/{shard_id}", response_model=Shard)
+async def put_shard(agent_id: AgentId, shard_id: ShardId, body: ShardIn, service: ServiceDep,
+                    principal: CallerDep) -> Any:
+    """Create or replace a shard: a topic the agent keeps facts and suggestions on. Needs `admin`."""
+    authorize(principal, Role.ADMIN, agent_id)
+    shard, created = await service.put_shard(agent_id, shard_id, body, actor=principal.key_id)
+    return JSONResponse(status_code=201 if created else 200, content=shard.model_dump(mode="json"))
+
+
+@router.get("/v1/agents/{agent_id}/shards", response_model=list[Shard])
+async def list_shards(agent_id: AgentId, service: ServiceDep, principal: CallerDep) -> list[Shard]:
+    """The agent's shards. Needs `read` on the agent, for all its users."""
+    authorize(principal, Role.READ, agent_id)
+    return await service.list_shards(agent_id)

@@ -1,0 +1,33 @@
+"""A user of an agent: everything held on them (export) and its erasure (docs/erasure.md).
+
+Both need `admin` on the agent (and the user); an erasure is audited by the service
+(``user.erase``, naming the user only by its keyed digest).
+"""
+
+from __future__ import annotations
+
+from memory_service.access.authorization import authorize
+from memory_service.domain.models import AgentId, UserId
+from memory_service.http.deps import CallerDep, ServiceDep
+from memory_service.http.guard import strict_router
+from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.keys import Role
+
+router = strict_router(tags=["users"])
+
+
+@router.delete("/v1/agents/{agent_id}/users/{user_id}", response_model=ErasureReport)
+async def erase_user(agent_id: AgentId, user_id: UserId, service: ServiceDep, principal: CallerDep) -> ErasureReport:
+    """Erase everything of the user with this agent, in every store, index, cache and
+    outbox, and report what was removed (docs/erasure.md). A second call reports zeros;
+    an unknown user gets an empty report. Needs `admin` on the agent (and the user)."""
+    authorize(principal, Role.ADMIN, agent_id, user_id)
+    return await service.erase_user(agent_id, user_id, actor=principal.key_id)
+
+
+@router.get("/v1/agents/{agent_id}/users/{user_id}/export", response_model=UserExport)
+async def export_user(agent_id: AgentId, user_id: UserId, service: ServiceDep, principal: CallerDep) -> UserExport:
+    """Everything held on the user with this agent, as JSON: what an erasure would remove.
+    Needs `admin` on the agent (and the user)."""
+    authorize(principal, Role.ADMIN, agent_id, user_id)
+    return await service.export_user(agent_id, user_id)
