@@ -19,8 +19,12 @@ from memory_service.domain.errors import Unauthorized
 from memory_service.service import MemoryService
 
 
-def get_service(request: Request) -> MemoryService:
-    """The app's MemoryService (create_app's lifespan sets it)."""
+async def get_service(request: Request) -> MemoryService:
+    """The app's MemoryService (create_app's lifespan sets it).
+
+    A coroutine although it awaits nothing: FastAPI runs a plain function dependency in its
+    thread pool, a thread hop on every request (measured: 0.15 ms of the API's CPU per
+    recorded message, bench/ingest_bench.py)."""
     service: MemoryService = request.app.state.service
     return service
 
