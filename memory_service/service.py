@@ -2,15 +2,16 @@
 
 A thin facade over the parts, each readable alone:
 
-- ``routing.BackendRegistry``: named backend factories, each built once;
-- ``agents.AgentDirectory``: agents' and shards' settings, and which backend serves an agent;
-- ``sessions.SessionLedger``: recording messages (ingest);
-- ``schedule.FormationSchedule``: the gates, claiming windows and enqueueing their formation;
-- ``pipeline.FormationPipeline``: the worker's jobs (forming, consolidating, sweeping, embedding);
-- ``assembler.ContextAssembler``: the memory block of one model call;
-- ``retrieval.Retriever``: search;
-- ``keys.KeyStore`` and ``audit.AuditLog``: API keys and the log of changes;
-- ``curation.MemoryTools`` and ``retention.Retention``: the agent's memory tools, the daily purge.
+- ``stores.registry.BackendRegistry``: named backend factories, each built once;
+- ``stores.agents.AgentDirectory``: agents' and shards' settings, and which backend serves an agent;
+- ``ingest.sessions.SessionLedger``: recording messages;
+- ``formation.schedule.FormationSchedule``: the gates, claiming windows and enqueueing their formation;
+- ``formation.pipeline.FormationPipeline``: the worker's jobs (forming, consolidating, sweeping, embedding);
+- ``recall.assembler.ContextAssembler``: the memory block of one model call;
+- ``recall.search.Retriever``: search;
+- ``access.keys.KeyStore`` and ``access.audit.AuditLog``: API keys and the log of changes;
+- ``curation.tools.MemoryTools`` and ``curation.retention.Retention``: the agent's memory tools, the daily purge;
+- ``curation.erasure.Eraser``: erasing and exporting a user.
 
 The HTTP routes reach the service through these methods only, never through the parts
 (tests/test_http_layer.py checks; the MCP server is a client of the API): a route

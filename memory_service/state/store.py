@@ -27,7 +27,7 @@ from memory_service.state import keyspace
 from memory_service.state.cache import BlockCache, agent_wide, generation_key
 from memory_service.state.pools import redis_client
 
-# The store's client decodes responses (redis_pools.redis_client, decode_responses=True);
+# The store's client decodes responses (memory_service.state.pools.redis_client, decode_responses=True);
 # redis-py types every reply as ``bytes | str`` whatever the client does, so the replies
 # read below are cast to ``str`` where they come in.
 
