@@ -64,6 +64,15 @@ def session_taken(session_id: str) -> Conflict:
                     "other users; choose another session_id")
 
 
+class NotSupported(MemoryServiceError):
+    """The agent's store cannot do what was asked (the Mongo backend keeps no knowledge graph).
+
+    409, not 501: the request is well formed and the server works; the agent's configuration
+    (its backend) is what stands in the way, and changing it is the caller's remedy."""
+
+    status_code = 409
+
+
 class BackendUnavailable(MemoryServiceError):
     status_code = 503
 

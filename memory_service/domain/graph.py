@@ -109,6 +109,15 @@ class Fact(BaseModel):
         return started and (self.invalid_at is None or when < self.invalid_at)
 
 
+class EntityDetail(BaseModel):
+    """One entity as a reader sees it: its facts (current ones, or all of them when history is
+    asked for) and the entities those facts link it to."""
+
+    entity: Entity
+    facts: list[Fact] = Field(default_factory=list)
+    neighbours: list[Entity] = Field(default_factory=list)
+
+
 def normalise_name(name: str) -> str:
     """The form names are compared in: case-folded, accents and punctuation dropped,
     whitespace collapsed ("  Zoë O'Brien " -> "zoe obrien")."""

@@ -7,8 +7,13 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from memory_service.domain.errors import NotSupported
+from memory_service.domain.graph import Entity, EntityDetail, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
+
+# A page of a listing and the cursor of the next one (None after the last).
+Page = tuple[list[Entity], str | None]
 
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
 # with that signal's raw score (higher is better).
@@ -154,3 +159,67 @@ class MemoryBackend(ABC):
         """The Redis clients of the servers this backend stores in (an erasure rewrites their
         append-only files, memory_service/state/persistence.py). None by default."""
         return []
+
+    # The knowledge graph (issue 16; docs/graph.md) --------------------------------------------
+    # Entities and the facts between them, in the agent's graph beside its memories. A backend
+    # without a graph answers every call with NotSupported (a 409 that says so), never a 500.
+
+    def _no_graph(self) -> NotSupported:
+        return NotSupported(f"the {self.name} backend keeps no knowledge graph (entities and facts); "
+                            "use the graph backend (FalkorDB) for them")
+
+    async def upsert_entities(self, agent_id: str, entities: Sequence[Entity]) -> int:
+        """Store entities by id; return how many were new. An id already stored keeps its name,
+        type and namespace, gains the aliases it lacked, and takes a non-empty summary and a
+        name embedding when given. Idempotent: the same entities twice make one node each."""
+        raise self._no_graph()
+
+    async def add_facts(self, agent_id: str, facts: Sequence[Fact]) -> int:
+        """Store facts by id between stored entities; return how many were new. A fact id
+        already stored is the same statement made again: its memory and message ids are
+        added to its provenance, nothing else changes. Unknown subject or object ids raise
+        InvalidInput and nothing is written."""
+        raise self._no_graph()
+
+    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str]) -> int:
+        """Link a stored memory to the stored entities it names (``MENTIONS``); return how many
+        links were new. An unknown memory raises NotFound, unknown entities InvalidInput."""
+        raise self._no_graph()
+
+    async def find_entities(self, agent_id: str, namespace: Namespace | str, names: Sequence[str]) -> list[Entity]:
+        """The entities of ``namespace`` (that one only) whose normalised name or alias is one of
+        ``names``'s normalised forms."""
+        raise self._no_graph()
+
+    async def current_facts(self, agent_id: str, namespace: Namespace | str, entity_ids: Sequence[str],
+                            predicate: str | None = None, as_of: datetime | None = None,
+                            include_superseded: bool = False) -> list[Fact]:
+        """The facts of ``namespace`` with one of these entities as subject or object: current
+        ones (neither invalidated nor expired); with ``as_of``, those true then; with
+        ``include_superseded``, all of them. Oldest first."""
+        raise self._no_graph()
+
+    async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
+                              superseded_by: str | None = None) -> Fact:
+        """Close a current fact: it stopped being true at ``invalid_at``, and the service stops
+        showing it as current now (``expired_at``). The edge stays, linked to the fact that
+        replaced it. Unknown ids raise NotFound; a fact already closed raises Conflict."""
+        raise self._no_graph()
+
+    async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
+        """Undo ``invalidate_fact``: the fact is current again. Restoring a current fact changes
+        nothing. An unknown id raises NotFound."""
+        raise self._no_graph()
+
+    async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
+                            entity_type: EntityType | None = None, name_prefix: str | None = None,
+                            cursor: str | None = None, limit: int = 50) -> Page:
+        """The agent's entities (of one namespace, type, name prefix if given) ordered by
+        normalised name then id, ``limit`` at a time; pass the returned cursor for the next page."""
+        raise self._no_graph()
+
+    async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
+                         include_superseded: bool = False) -> EntityDetail:
+        """One entity with its facts (as ``current_facts`` chooses them) and its neighbours
+        through those facts. An unknown id raises NotFound."""
+        raise self._no_graph()

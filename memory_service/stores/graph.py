@@ -40,7 +40,8 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import MemoryBackend, SignalHits
+from memory_service.stores.base import SignalHits
+from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
 
 if TYPE_CHECKING:
@@ -151,7 +152,10 @@ def fulltext_queries(terms: Sequence[str], group_ids: Sequence[str] | None) -> d
     return {word: f"{scope}@text:{word}" for word in words}
 
 
-class GraphBackend(MemoryBackend):
+class GraphBackend(EntityGraph):
+    """Memories as ``Episodic`` nodes (this module) and the knowledge graph beside them
+    (entities, facts, mentions: memory_service/stores/graph_entities.py)."""
+
     name = "graph"
 
     def __init__(self, url: str, settings: Settings | None = None, embedding_dimension: int | None = None):
@@ -174,6 +178,7 @@ class GraphBackend(MemoryBackend):
         self.client = FalkorDB(connection_pool=blocking_pool(url, self.settings, decode_responses=True))
         self.embedding_dimension = embedding_dimension
         self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
+        self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
 
     async def start(self) -> None:
         await self.client.connection.ping()
@@ -216,6 +221,23 @@ class GraphBackend(MemoryBackend):
         graph = self.client.select_graph(graph_name(agent_id))
         if not await self.client.connection.exists(graph.name):
             await self._create_indexes(graph)
+        return graph
+
+    async def _entity_graph(self, agent_id: str) -> AsyncGraph:
+        """The agent's graph for a knowledge-graph write: a new graph gets the memories'
+        indexes first (``write`` makes them only for a graph with no index at all), and the
+        entity indexes are made once per graph and process (and again for a graph that was
+        deleted under it: the same EXISTS that ``_writable`` pays tells)."""
+        name = graph_name(agent_id)
+        existed = await self.client.connection.exists(name)
+        graph = self.client.select_graph(name)
+        if not existed:
+            await self._create_indexes(graph)
+        if not existed or name not in self._entity_indexed:
+            for statement in ENTITY_INDEXES:
+                await _create_index(graph, statement)
+            await _until_indexes_operational(graph)
+            self._entity_indexed.add(name)
         return graph
 
     async def _create_indexes(self, graph: AsyncGraph) -> None:

@@ -9,6 +9,11 @@ a store keeps refusing is dead-lettered after OUTBOX_MAX_ATTEMPTS, so the entrie
 it are delivered. (The proof of concept wrote to the graph, then to Mongo: a graph
 failure lost the Mongo copy.)
 
+The knowledge graph (entities, facts, mentions: memory_service/stores/graph_entities.py) is
+the graph's alone: its calls go to the graph, nothing of it is queued for or read from
+MongoDB, which keeps no graph. A graph that is down fails them as it fails any graph call,
+with no fallback: MongoDB has no copy to fall back on.
+
 Reads come from the graph, and from MongoDB only:
 * when the graph read fails (raises);
 * when the graph answers empty and the agent's memories may live in MongoDB only: its
@@ -35,9 +40,10 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.access.pseudonyms import namespace_for_log
+from memory_service.domain.graph import Entity, EntityDetail, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import MemoryBackend, SignalHits
+from memory_service.stores.base import MemoryBackend, Page, SignalHits
 from memory_service.stores.breaker import OPEN, CircuitBreaker
 from memory_service.stores.outages import is_unavailable
 from memory_service.stores.outbox import (
@@ -398,3 +404,38 @@ class MirroredBackend(MemoryBackend):
 
     async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
         return await self.primary.unembedded(agent_id, limit)
+
+    # The knowledge graph: the graph's alone (see the module docstring) ---------------------------
+
+    async def upsert_entities(self, agent_id: str, entities: Sequence[Entity]) -> int:
+        return await self.primary.upsert_entities(agent_id, entities)
+
+    async def add_facts(self, agent_id: str, facts: Sequence[Fact]) -> int:
+        return await self.primary.add_facts(agent_id, facts)
+
+    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str]) -> int:
+        return await self.primary.mention(agent_id, memory_id, entity_ids)
+
+    async def find_entities(self, agent_id: str, namespace: Namespace | str, names: Sequence[str]) -> list[Entity]:
+        return await self.primary.find_entities(agent_id, namespace, names)
+
+    async def current_facts(self, agent_id: str, namespace: Namespace | str, entity_ids: Sequence[str],
+                            predicate: str | None = None, as_of: datetime | None = None,
+                            include_superseded: bool = False) -> list[Fact]:
+        return await self.primary.current_facts(agent_id, namespace, entity_ids, predicate, as_of, include_superseded)
+
+    async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
+                              superseded_by: str | None = None) -> Fact:
+        return await self.primary.invalidate_fact(agent_id, fact_id, invalid_at, superseded_by)
+
+    async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
+        return await self.primary.restore_fact(agent_id, fact_id)
+
+    async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
+                            entity_type: EntityType | None = None, name_prefix: str | None = None,
+                            cursor: str | None = None, limit: int = 50) -> Page:
+        return await self.primary.list_entities(agent_id, namespace, entity_type, name_prefix, cursor, limit)
+
+    async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
+                         include_superseded: bool = False) -> EntityDetail:
+        return await self.primary.get_entity(agent_id, entity_id, as_of, include_superseded)

@@ -24,6 +24,11 @@ and ``$max`` on the summaries. Nothing reads a whole document to write it back.
 Every read names the agent and filters by it: an agent never reads another's memories,
 even in a namespace whose id another agent shares (session ids).
 
+No knowledge graph: entities, facts and mentions (issue 16) live in the graph backend
+only. The graph calls of MemoryBackend answer NotSupported here (a 409 saying so, never a
+500): the simplest honest answer, and the one the mirror relies on (it sends them to the
+graph alone).
+
 Search (docs/mongo-search.md): full text through MongoDB's text index (``$text``, scored
 by ``textScore``); vectors by exact cosine similarity computed here, over the scope's
 stored vectors (self-hosted MongoDB has no vector index; Atlas's ``$vectorSearch`` is
