@@ -276,3 +276,23 @@ async def test_graphiti_core_reads_the_graph_we_write(store):
     await store.invalidate_fact(A, moved.id, T0 + timedelta(days=1))
     closed = await EntityEdge.get_by_uuid(driver, moved.id)
     assert closed.invalid_at == T0 + timedelta(days=1) and closed.expired_at is not None
+
+
+async def test_the_mirror_sends_graph_calls_to_the_graph_alone(store, mongo_uri, mongo_database):
+    from redis.asyncio import Redis
+
+    from memory_service.stores.mirror import MirroredBackend
+    from memory_service.stores.mongo import MongoBackend
+    from memory_service.stores.outbox import TARGETS, Outbox
+
+    redis = Redis.from_url(store.url)
+    mongo = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
+    mirrored = MirroredBackend(store, mongo, Outbox(redis, TARGETS))
+    try:
+        alice = entity(ALICE, "Alice")
+        assert await mirrored.upsert_entities(A, [alice]) == 1
+        assert [e.id for e in await mirrored.find_entities(A, ALICE, ["alice"])] == [alice.id]
+        assert (await mirrored.get_entity(A, alice.id)).entity.name == "Alice"
+        assert await mirrored.outbox.depth() == {t: 0 for t in TARGETS}  # nothing queued for MongoDB
+    finally:
+        await redis.aclose()
