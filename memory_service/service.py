@@ -38,7 +38,7 @@ from memory_service.curation.erasure import Eraser
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
-from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard, Written
 from memory_service.curation.write_blocks import store_write_blocks
 from memory_service.domain.errors import NotFound
 from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
@@ -294,10 +294,16 @@ class MemoryService:
 
     async def memory_write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None,
                            actor: str | None = None) -> MemoryRecord:
-        record = await self.tools.write(agent_id, body, guard)
-        if actor is not None:
+        return (await self.memory_write_answer(agent_id, body, guard, actor))[0]
+
+    async def memory_write_answer(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None,
+                                  actor: str | None = None) -> tuple[MemoryRecord, bool]:
+        """(the memory, whether it was already stored: its idempotency key used before; then
+        nothing changed and nothing is audited)."""
+        record, already = await self.tools.write(agent_id, body, guard)
+        if actor is not None and not already:
             await self.audit.append(actor, "memory.write", agent_id, record.id, after=_audited(record))
-        return record
+        return record, already
 
     async def memory_update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
                             guard: NamespaceGuard = None, actor: str | None = None) -> MemoryRecord:
@@ -325,13 +331,15 @@ class MemoryService:
 
     async def parse_writes(self, agent_id: str, text: str, namespace: str, session_id: str | None = None,
                            message_id: str | None = None, guard: NamespaceGuard = None,
-                           actor: str | None = None) -> tuple[int, list[MemoryRecord]]:
-        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/curation/write_blocks.py)."""
-        blocks, records = await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
-        if records and actor is not None:
+                           actor: str | None = None) -> tuple[int, Written]:
+        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/curation/write_blocks.py).
+        Idempotent per message: what a repeated parse finds already stored is not audited again."""
+        blocks, written = await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
+        new = [r for r in written.records if r.id not in set(written.already_stored)]
+        if new and actor is not None:
             await self.audit.append(actor, "memory.write_blocks", agent_id, message_id,
-                                    after={"blocks": blocks, "memories": [_audited(r) for r in records]})
-        return blocks, records
+                                    after={"blocks": blocks, "memories": [_audited(r) for r in new]})
+        return blocks, written
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()

@@ -84,6 +84,22 @@ async def test_agents_and_shards(http):
     assert shards == [{"name": "food", "extraction_focus": "", "active": False, "agent_id": AGENT, "shard_id": "food"}]
 
 
+@pytest.mark.parametrize("settings", [
+    {"agent_extras": {"experimental_memory_backend": "graphiti", "tone": "warm"}},  # the seeds' flag
+    {"memory_backend": "graphiti"},
+])
+async def test_graphiti_selects_the_graph_backend(http, settings):
+    put = await http.put(f"/v1/agents/{AGENT}", json=settings)
+    assert put.status_code == 200, put.text
+    agent = (await http.get(f"/v1/agents/{AGENT}")).json()
+    assert agent["effective_backend"] == "graph"
+    assert {k: agent[k] for k in settings} == settings  # stored as given
+    await post_chat(http, chat=CHAT[:2])
+    assert (await http.post("/v1/sessions/s1/form")).status_code == 200
+    context = await http.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1"})
+    assert context.status_code == 200 and context.json()["source"] == "graph", context.text
+
+
 @pytest.mark.parametrize(
     "method, path, payload, status, words",
     [
@@ -102,6 +118,14 @@ async def test_agents_and_shards(http):
         ("post", "/v1/sessions/nobody/form", None, 404, "no recorded messages"),
         ("put", f"/v1/agents/{AGENT}", {"memory_backend": "cassandra"}, 422, "unknown memory backend"),
         ("put", f"/v1/agents/{AGENT}", {"memory_backend": ""}, 422, "memory_backend"),
+        ("put", f"/v1/agents/{AGENT}", {"agent_extras": {"experimental_memory_backend": "neo4j"}}, 422,
+         "agent_extras.experimental_memory_backend: unknown memory backend 'neo4j'; registered backends: graph"),
+        ("put", f"/v1/agents/{AGENT}", {"agent_extras": {"experimental_memory_backend": "Graphiti "}}, 422,
+         "(aliases: 'graphiti' for 'graph')"),
+        ("put", f"/v1/agents/{AGENT}", {"agent_extras": {"experimental_memory_backend": 1}}, 422,
+         "agent_extras.experimental_memory_backend: a memory backend's name"),
+        ("put", f"/v1/agents/{AGENT}", {"memory_backend": "graph", "agent_extras": {"experimental_memory_backend": "x"}},
+         422, "agent_extras.experimental_memory_backend: unknown memory backend 'x'"),
         ("put", f"/v1/agents/{AGENT}/shards/s", {"name": ""}, 422, "name"),
         ("put", f"/v1/agents/{AGENT}/shards/a:b", {"name": "x"}, 422, "must not contain ':'"),
         ("get", "/v1/context?agent_id=a&user_id=u", None, 422, "session_id"),

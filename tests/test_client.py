@@ -35,10 +35,12 @@ from memory_service.client import (
     ServiceUnavailable,
 )
 from memory_service.client._common import BACKOFF_BASE, retry_delay
+from memory_service.domain.models import Provenance
 from memory_service.http.app import create_app
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary, GateStatus
+from memory_service.schemas.memories import MemoryRecord
 from memory_service.schemas.records import RecordOut
 from memory_service.schemas.search import SearchResult
 from memory_service.stores.loopback import LoopbackServer
@@ -311,6 +313,19 @@ async def test_calls_that_may_not_be_repeated_are_not_retried_after_a_503(call):
             else:
                 await client.memory_write(AGENT, content="x", namespace="agent:trip", kind="fact")
     assert len(flaky.seen) == 1
+
+
+async def test_a_memory_write_with_an_idempotency_key_is_retried_with_the_same_body():
+    flaky = Flaky(failures=1, retry_after="0")
+    now = datetime.now(UTC)
+    flaky.ok = MemoryRecord(id="k" * 32, kind="fact", namespace="agent:trip", content="x", valid_at=now, created_at=now,
+                            provenance=Provenance(agent_id=AGENT)).model_dump(mode="json")
+    async with LoopbackServer(flaky.app) as server, AsyncMemoryClient(server.base_url, max_retries=3) as client:
+        written = await client.memory_write(AGENT, content="x", namespace="agent:trip", kind="fact",
+                                            idempotency_key="turn-1")
+    bodies = [json.loads(seen[3]) for seen in flaky.seen]
+    assert written.id == "k" * 32 and len(bodies) == 2 and bodies[0] == bodies[1]
+    assert bodies[0]["idempotency_key"] == "turn-1"
 
 
 async def test_a_429_is_retried_on_every_call_and_other_errors_never():

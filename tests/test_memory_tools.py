@@ -175,6 +175,9 @@ async def test_formed_memories_and_messages_can_be_deleted_too(http):
     ({"namespace": "session:never-recorded"}, 404, "namespace"),
     ({"namespace": "session:s-other"}, 404, "namespace"),
     ({"surprise": 1}, 422, "surprise"),
+    ({"idempotency_key": ""}, 422, "idempotency_key"),
+    ({"idempotency_key": "   "}, 422, "idempotency_key"),
+    ({"idempotency_key": "k" * 201}, 422, "idempotency_key"),
 ])
 async def test_bad_input_names_the_field_and_stores_nothing(http, falkordb_url, body, status, field):
     await record(http, "s-other", "Someone else's session.", agent=OTHER)
@@ -206,6 +209,27 @@ async def test_a_bad_update_names_the_field_and_changes_nothing(http, falkordb_u
     assert answer.status_code == 422, answer.text
     assert answer.json()["detail"].startswith(field), answer.text
     assert snapshot(falkordb_url, worker_running=True) == before
+
+
+async def test_a_write_is_repeatable_with_an_idempotency_key_only(http, falkordb_url):
+    plain = [await write(http), await write(http)]  # no key: every write is a new memory, as ever
+    assert plain[0]["id"] != plain[1]["id"]
+    first = await write(http, content="Alice's marmoset is called Pip.", idempotency_key="turn-7/pip")
+    await wait_embedding_idle(falkordb_url, AGENT)
+    before = snapshot(falkordb_url, worker_running=True)
+    body = {"namespace": f"user:{AGENT}:alice", "kind": "observation", "content": "Alice's marmoset is called Pip.",
+            "idempotency_key": "turn-7/pip"}
+    again = await http.post(f"/v1/agents/{AGENT}/memories", json=body)
+    assert again.status_code == 200 and again.json()["id"] == first["id"], again.text
+    assert again.json()["valid_at"] == first["valid_at"]  # the memory stored the first time
+    for change in ({"content": "Pip is a parrot."}, {"kind": "fact"}, {"namespace": f"agent:{AGENT}"}):
+        reused = await http.post(f"/v1/agents/{AGENT}/memories", json={**body, **change})
+        assert reused.status_code == 409 and reused.json()["detail"].startswith("idempotency_key"), reused.text
+    assert snapshot(falkordb_url, worker_running=True) == before
+    assert len(await audit(http, "memory.write")) == 3  # the repeat is not audited: it changed nothing
+    assert [h["id"] for h in await search(http, "marmoset Pip")].count(first["id"]) == 1
+    theirs = await write(http, agent=OTHER, content="Alice's marmoset is called Pip.", idempotency_key="turn-7/pip")
+    assert theirs["id"] != first["id"]  # a key is the agent's own
 
 
 async def test_writes_are_off_unless_the_operator_lists_the_agent(http, falkordb_url):

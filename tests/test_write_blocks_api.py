@@ -75,5 +75,56 @@ async def test_writes_off_another_agents_namespace_or_session_store_nothing(http
 
 async def test_text_without_blocks_stores_nothing(http):
     answer = await parse(http, "Just an answer, <b>no</b> blocks.")
-    assert answer.status_code == 200 and answer.json() == {"blocks": 0, "written": []}
+    assert answer.status_code == 200 and answer.json() == {"blocks": 0, "written": [], "already_stored": []}
     assert await audit(http, "memory.write_blocks") == []
+
+
+async def test_the_same_block_of_the_same_message_is_stored_once(http, falkordb_url):
+    await record(http, "s1", "I am allergic to hazelnuts and I live in Lyon.", mid="m1")
+    first = await parse(http, BLOCKS, session_id="s1", message_id="m1")
+    assert first.status_code == 200 and first.json()["already_stored"] == [], first.text
+    ids = [m["id"] for m in first.json()["written"]]
+    assert len(set(ids)) == 3
+    await wait_embedding_idle(falkordb_url, AGENT)
+    before = snapshot(falkordb_url, worker_running=True)
+
+    again = await parse(http, BLOCKS, session_id="s1", message_id="m1")
+    assert again.status_code == 200, again.text
+    assert [m["id"] for m in again.json()["written"]] == ids and again.json()["already_stored"] == ids
+    def stored(answer) -> list[dict]:  # served_by says which store answered: only a read has one
+        return [{k: v for k, v in m.items() if k != "served_by"} for m in answer.json()["written"]]
+    assert stored(again) == stored(first)  # the memories as stored then, not new copies
+    assert snapshot(falkordb_url, worker_running=True).contents == before.contents
+    assert [h["content"] for h in await search(http, "hazelnuts", tags=["health"])] == ["Alice is allergic to hazelnuts"]
+    assert len(await audit(http, "memory.write_blocks")) == 1  # the repeat changed nothing, so audits nothing
+
+
+async def test_another_message_block_or_namespace_stores_new_memories(http):
+    await record(http, "s1", "I am allergic to hazelnuts.", mid="m1")
+    await record(http, "s1", "I said it again.", mid="m2")
+    first = (await parse(http, BLOCKS, session_id="s1", message_id="m1")).json()
+    other_message = (await parse(http, BLOCKS, session_id="s1", message_id="m2")).json()
+    moved = (await parse(http, '<memory_write>{"entities": ["Oslo"]}</memory_write>' + BLOCKS,
+                         session_id="s1", message_id="m1")).json()
+    elsewhere = (await http.post(f"/v1/agents/{AGENT}/writes/parse", json={
+        "text": BLOCKS, "namespace": f"agent:{AGENT}", "session_id": "s1", "message_id": "m1"})).json()
+    seen: set[str] = set()
+    for answer in (first, other_message, moved, elsewhere):
+        ids = {m["id"] for m in answer["written"]}
+        assert answer["already_stored"] == [] and not ids & seen, answer
+        seen |= ids
+    assert len(seen) == 3 + 3 + 4 + 3
+    hits = await search(http, "hazelnuts", tags=["health"])
+    assert len(hits) == 4  # one copy per message, block position and namespace
+
+
+async def test_a_bad_block_after_a_good_parse_changes_nothing(http, falkordb_url):
+    await record(http, "s1", "hello", mid="m1")
+    first = await parse(http, BLOCKS, session_id="s1", message_id="m1")
+    assert first.status_code == 200, first.text
+    await wait_embedding_idle(falkordb_url, AGENT)
+    before = snapshot(falkordb_url, worker_running=True)
+    bad = await parse(http, BLOCKS + '\n<memory_write>{"observations": [{"text": ""}]}</memory_write>',
+                      session_id="s1", message_id="m1")
+    assert bad.status_code == 422 and "block 3" in bad.json()["detail"], bad.text
+    assert snapshot(falkordb_url, worker_running=True).contents == before.contents

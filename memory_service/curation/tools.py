@@ -6,11 +6,19 @@ field, header or stored state turns them on, and nothing here hard-deletes (the 
 policy purges, memory_service/curation/retention.py). A memory of another agent is answered as one
 that does not exist. Every change bumps the write generation of the memory's namespace and
 of the agent, so no cached memory block shows what it was before.
+
+Writes may be idempotent: a write with an idempotency key gets an id derived from the agent
+and the key, so repeating it stores nothing new and answers the memory already there. Write
+blocks (memory_service/curation/write_blocks.py) key every memory by the message, the block
+and the item; a plain memory_write is keyed only when its caller gives ``idempotency_key``
+(docs/memory-tools.md).
 """
 
 from __future__ import annotations
 
+import hashlib
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -39,6 +47,7 @@ from memory_service.stores.base import MemoryBackend
 
 TITLE_CHARS = 200
 MEMORY_ID_CHARS = 64
+IDEMPOTENCY_KEY_CHARS = 200
 # Kinds a tool may write: messages are recorded (POST /messages), consolidated memories
 # are made by consolidation, whose latest version the memory block shows.
 WRITABLE_KINDS = (MemoryKind.OBSERVATION, MemoryKind.FACT, MemoryKind.DIRECTIVE, MemoryKind.SUGGESTION,
@@ -73,11 +82,21 @@ class MemoryWrite(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=TAGS_CEILING,
                             description="at most MAX_MEMORY_TAGS, each at most MAX_TAG_CHARS characters")
     confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    idempotency_key: str | None = Field(
+        default=None, min_length=1, max_length=IDEMPOTENCY_KEY_CHARS,
+        description="makes the write repeatable: the same key for the same agent stores one memory and answers it "
+                    "again (409 if the key was used for another content, namespace or kind); without it every "
+                    "write stores a new memory")
 
     @field_validator("content")
     @classmethod
     def _content(cls, value: str) -> str:
         return _check_text(value, "content") or value
+
+    @field_validator("idempotency_key")
+    @classmethod
+    def _key(cls, value: str | None) -> str | None:
+        return _check_text(value, "idempotency_key")
 
     @field_validator("title")
     @classmethod
@@ -105,6 +124,21 @@ class MemoryUpdate(BaseModel):
     @classmethod
     def _title(cls, value: str | None) -> str | None:
         return _check_text(value, "title")
+
+
+def keyed_id(agent_id: str, key: str) -> str:
+    """The memory id of an idempotent write: the same agent and key, the same id (the width
+    of a random one, within MEMORY_ID_CHARS). The agent is in it, so two agents' keys never meet."""
+    return hashlib.sha256(f"{agent_id}\x1f{key}".encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a write stored: every memory asked for, in order, and the ids of those that were
+    already stored (idempotent writes repeated), which this write did not change."""
+
+    records: list[MemoryRecord]
+    already_stored: list[str]
 
 
 def _now() -> datetime:
@@ -136,26 +170,40 @@ class MemoryTools:
 
     # Writes -----------------------------------------------------------------------------
 
-    async def write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> MemoryRecord:
-        return (await self.write_many(agent_id, [body], guard))[0]
+    async def write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> tuple[MemoryRecord, bool]:
+        """(the memory, whether it was already stored: an idempotency key used before)."""
+        written = await self.write_many(agent_id, [body], guard)
+        return written.records[0], bool(written.already_stored)
 
     async def write_many(self, agent_id: str, bodies: list[MemoryWrite], guard: NamespaceGuard = None,
-                         session_id: str | None = None, message_id: str | None = None) -> list[MemoryRecord]:
+                         session_id: str | None = None, message_id: str | None = None) -> Written:
         """Store ``bodies`` all or none: every one is checked before any is written, and they
         are written in one batch. ``session_id``/``message_id``: where they were said (a
-        session of the agent), kept in their provenance."""
+        session of the agent), kept in their provenance. A body with an ``idempotency_key``
+        already stored is answered as stored and not written again (its id in ``already_stored``)."""
         self.require_writes(agent_id)
         reach = guard or Reach(self.state, agent_id)
         if session_id is not None and not await reach.sees_session(session_id):
             raise NotFound(f"session_id: session {session_id!r} has no messages recorded by agent {agent_id!r}")
         memories = [await self._prepare(agent_id, body, reach, session_id, message_id) for body in bodies]
         if not memories:
-            return []
+            return Written([], [])
         _, backend = await self.agents.backend_for(agent_id)
-        await embed_memories(self.embedder, memories)
-        await backend.write(memories)
-        await self._changed(agent_id, *memories)
-        return [self.record(memory) for memory in memories]
+        keyed = [m.id for m, body in zip(memories, bodies) if body.idempotency_key is not None]
+        stored = {m.id: m for m in await backend.find(agent_id, keyed) if m.metadata.agent_id == agent_id} \
+            if keyed else {}
+        for memory in memories:
+            if (old := stored.get(memory.id)) is not None and \
+                    (old.content, old.namespace, old.kind) != (memory.content, memory.namespace, memory.kind):
+                raise Conflict(f"idempotency_key: memory {memory.id!r} was written with this key and another content, "
+                               "namespace or kind")
+        new = list({m.id: m for m in memories if m.id not in stored}.values())  # a key twice in a batch: once
+        if new:
+            await embed_memories(self.embedder, new)
+            await backend.write(new)
+            await self._changed(agent_id, *new)
+        return Written([self.record(stored.get(m.id, m)) for m in memories],
+                       list(dict.fromkeys(m.id for m in memories if m.id in stored)))
 
     async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
                        message_id: str | None) -> Memory:
@@ -171,7 +219,8 @@ class MemoryTools:
             provenance.user_id = namespace.fields[1]
         elif namespace.kind is NamespaceKind.SESSION:
             provenance.session_id = namespace.fields[0]
-        return Memory(id=uuid.uuid4().hex, kind=body.kind, namespace=str(namespace), content=body.content,
+        memory_id = uuid.uuid4().hex if body.idempotency_key is None else keyed_id(agent_id, body.idempotency_key)
+        return Memory(id=memory_id, kind=body.kind, namespace=str(namespace), content=body.content,
                       metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
 
     async def update(self, agent_id: str, memory_id: str, body: MemoryUpdate,

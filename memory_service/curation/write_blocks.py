@@ -12,10 +12,17 @@ nothing: a block that is not closed, a block inside a block, JSON that is not pl
 a field that is missing, unknown, of the wrong type or out of bounds fails the whole text
 with an error that says which block, where it starts (line and column) and which field;
 nothing is returned, so nothing is stored. Text outside the blocks is ignored.
+
+Parsing is idempotent: every memory a block stores gets an idempotency key derived from the
+namespace, the message it came in (session_id and message_id, when given), the block's
+position in the text and the item's kind, position and content. Parsing the same text for
+the same message again stores nothing new and answers the same ids (``already_stored``):
+a client that retries, or re-posts a message's output, never stores a second copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -23,11 +30,10 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
-from memory_service.curation.tools import TITLE_CHARS, MemoryTools, MemoryWrite, NamespaceGuard
+from memory_service.curation.tools import TITLE_CHARS, MemoryTools, MemoryWrite, NamespaceGuard, Written
 from memory_service.domain.errors import InvalidInput, preview
 from memory_service.domain.limits import check_message_chars, json_problem, unique_keys
 from memory_service.domain.models import MemoryKind
-from memory_service.schemas.memories import MemoryRecord
 
 TAGS = ("memory_write", "shadow_write")
 MAX_BLOCKS = 20
@@ -174,33 +180,51 @@ def _path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
-def memory_writes(block: WriteBlock, namespace: str) -> list[MemoryWrite]:
+def block_key(namespace: str, session_id: str | None, message_id: str | None, block: int, kind: str, item: int,
+              content: str) -> str:
+    """The idempotency key of one item of a block: where it was said and what it says."""
+    parts = (namespace, session_id or "", message_id or "", str(block), kind, str(item), content)
+    return "write-block:" + hashlib.sha256("\x1f".join(parts).encode()).hexdigest()
+
+
+def memory_writes(block: WriteBlock, namespace: str, number: int = 1, session_id: str | None = None,
+                  message_id: str | None = None) -> list[MemoryWrite]:
     """What a block stores, as the memory tools write it: an observation each; an entity as
     a fact titled with its name and tagged ``entity``; an edge as a fact ``source rel target``
-    tagged ``relation`` (the graph signal that would link them is not built).
+    tagged ``relation`` (the graph signal that would link them is not built). ``number``: the
+    block's position in its text (1-based), which with the message keys every write.
 
     A parsed block always makes valid MemoryWrites: the block's bounds are within theirs
     (non-blank stripped texts, confidence in [0, 1], names within TITLE_CHARS). The
     service's own settings (MAX_TAG_CHARS, MAX_MESSAGE_CHARS) are checked when they are
     written, with the field named."""
+    def key(kind: str, item: int, content: str) -> str:
+        return block_key(namespace, session_id, message_id, number, kind, item, content)
+
     writes = [MemoryWrite(content=o.text, namespace=namespace, kind=MemoryKind.OBSERVATION, tags=o.tags,
-                          confidence=o.confidence) for o in block.observations]
-    for entity in block.entities:
+                          confidence=o.confidence, idempotency_key=key("observation", i, o.text))
+              for i, o in enumerate(block.observations)]
+    for i, entity in enumerate(block.entities):
         described = f"{entity.name} ({entity.type})" if entity.type else entity.name
-        writes.append(MemoryWrite(content=f"{described}: {entity.description}" if entity.description else described,
-                                  namespace=namespace, kind=MemoryKind.FACT, title=entity.name[:TITLE_CHARS],
-                                  tags=["entity"]))
-    for edge in block.edges:
-        writes.append(MemoryWrite(content=f"{edge.source} {edge.rel_type} {edge.target}", namespace=namespace,
-                                  kind=MemoryKind.FACT, title=edge.rel_type[:TITLE_CHARS], tags=["relation"]))
+        content = f"{described}: {entity.description}" if entity.description else described
+        writes.append(MemoryWrite(content=content, namespace=namespace, kind=MemoryKind.FACT,
+                                  title=entity.name[:TITLE_CHARS], tags=["entity"],
+                                  idempotency_key=key("entity", i, content)))
+    for i, edge in enumerate(block.edges):
+        content = f"{edge.source} {edge.rel_type} {edge.target}"
+        writes.append(MemoryWrite(content=content, namespace=namespace, kind=MemoryKind.FACT,
+                                  title=edge.rel_type[:TITLE_CHARS], tags=["relation"],
+                                  idempotency_key=key("edge", i, content)))
     return writes
 
 
 async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, namespace: str,
                              session_id: str | None = None, message_id: str | None = None,
-                             guard: NamespaceGuard = None) -> tuple[int, list[MemoryRecord]]:
-    """Parse ``text`` and store its blocks' memories, all or none: (blocks found, memories stored)."""
+                             guard: NamespaceGuard = None) -> tuple[int, Written]:
+    """Parse ``text`` and store its blocks' memories, all or none: (blocks found, what was
+    stored, with the ids a previous parse of the same message had stored already)."""
     check_message_chars(text, tools.settings.max_message_chars)
     parsed = parse_write_blocks(text)
-    writes = [write for located in parsed for write in memory_writes(located.block, namespace)]
+    writes = [write for number, located in enumerate(parsed, 1)
+              for write in memory_writes(located.block, namespace, number, session_id, message_id)]
     return len(parsed), await tools.write_many(agent_id, writes, guard, session_id, message_id)

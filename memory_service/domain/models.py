@@ -218,10 +218,23 @@ class StoreQuery:
     tags: Sequence[str] = ()  # only memories carrying every one of these tags
 
 
+# Other names of a backend: the seed systems' agent flag
+# ``agent_extras.experimental_memory_backend = "graphiti"`` selects the graph backend (Graphiti's
+# model on FalkorDB), so agents configured for them keep their memories in the graph.
+BACKEND_ALIASES = {"graphiti": "graph"}
+LEGACY_BACKEND_FLAG = "experimental_memory_backend"  # in agent_extras
+
+
+def backend_name(name: str) -> str:
+    """The registered name a backend is asked for by: an alias resolved, any other name as given."""
+    return BACKEND_ALIASES.get(name, name)
+
+
 class AgentSettings(BaseModel):
     """Per-agent settings. ``memory_backend`` routes the agent; None means the default.
 
-    ``agent_extras.experimental_memory_backend`` is the legacy spelling of the same switch.
+    ``agent_extras.experimental_memory_backend`` is the legacy spelling of the same switch;
+    either may name a backend by an alias (BACKEND_ALIASES: "graphiti" is the graph backend).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -236,8 +249,9 @@ class AgentSettings(BaseModel):
     agent_extras: dict[str, Any] = Field(default_factory=dict)
 
     def requested_backend(self) -> str | None:
-        legacy = self.agent_extras.get("experimental_memory_backend")
-        return self.memory_backend or (legacy if isinstance(legacy, str) and legacy else None)
+        legacy = self.agent_extras.get(LEGACY_BACKEND_FLAG)
+        requested = self.memory_backend or (legacy if isinstance(legacy, str) and legacy else None)
+        return backend_name(requested) if requested else None
 
 
 class Agent(AgentSettings):

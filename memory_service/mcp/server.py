@@ -103,10 +103,13 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
         title: Annotated[str | None, Field(description="a short title")] = None,
         tags: Tags = None,
         confidence: Annotated[float | None, Field(ge=0, le=1, description="how sure, 0 to 1")] = None,
+        idempotency_key: Annotated[str | None, Field(description="the same key writes one memory and answers "
+                                                                 "it again (a safe retry)")] = None,
     ) -> MemoryRecord:
         """Write a new memory for the agent."""
         return await call(lambda: api(ctx).memory_write(agent_id, content=content, namespace=namespace, kind=kind,
-                                                        title=title, tags=tags, confidence=confidence))
+                                                        title=title, tags=tags, confidence=confidence,
+                                                        idempotency_key=idempotency_key))
 
     @server.tool()
     async def memory_update(

@@ -7,7 +7,15 @@ import logging
 from memory_service.config import Settings
 from memory_service.domain import limits
 from memory_service.domain.errors import InvalidInput, NotFound, preview
-from memory_service.domain.models import Agent, AgentSettings, Shard, ShardIn
+from memory_service.domain.models import (
+    BACKEND_ALIASES,
+    LEGACY_BACKEND_FLAG,
+    Agent,
+    AgentSettings,
+    Shard,
+    ShardIn,
+    backend_name,
+)
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 from memory_service.stores.registry import BackendRegistry
@@ -25,12 +33,24 @@ class AgentDirectory:
     async def replace_agent(self, agent_id: str, settings: AgentSettings) -> tuple[AgentSettings | None, Agent]:
         """Create or replace the agent's settings: (the settings replaced, the agent now)."""
         limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
-        requested = settings.requested_backend()
-        if requested and requested not in self.registry.factories:
-            known = ", ".join(sorted(self.registry.factories))
-            raise InvalidInput(f"unknown memory backend {preview(requested)}; registered backends: {known}")
+        self._check_backends(settings)
         previous = await self.state.put_agent(agent_id, settings)
         return previous, await self.get_agent(agent_id)
+
+    def _check_backends(self, settings: AgentSettings) -> None:
+        """Each backend the settings name (the field, and the seeds' flag in agent_extras) must be
+        registered or an alias of one; settings stored before this check still read."""
+        legacy_field = f"agent_extras.{LEGACY_BACKEND_FLAG}"
+        legacy = settings.agent_extras.get(LEGACY_BACKEND_FLAG)
+        if legacy is not None and not isinstance(legacy, str):
+            raise InvalidInput(f"{legacy_field}: a memory backend's name, not {preview(legacy)}")
+        for field, name in (("memory_backend", settings.memory_backend), (legacy_field, legacy)):
+            if name and backend_name(name) not in self.registry.factories:
+                known = ", ".join(sorted(self.registry.factories))
+                aliases = ", ".join(f"{alias!r} for {target!r}" for alias, target in sorted(BACKEND_ALIASES.items())
+                                    if target in self.registry.factories)
+                raise InvalidInput(f"{field}: unknown memory backend {preview(name)}; registered backends: {known}"
+                                   + (f" (aliases: {aliases})" if aliases else ""))
 
     async def get_agent(self, agent_id: str) -> Agent:
         settings = await self.state.get_agent(agent_id)

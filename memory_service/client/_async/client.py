@@ -154,10 +154,14 @@ class AsyncMemoryClient:
         return result
 
     async def memory_write(self, agent_id: str, *, content: str, namespace: str, kind: str, title: str | None = None,
-                           tags: list[str] | None = None, confidence: float | None = None) -> MemoryRecord:
-        """Write a new memory. Not retried after a 503: it might have been stored."""
-        request = body(content=content, namespace=namespace, kind=kind, title=title, tags=tags, confidence=confidence)
-        answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/memories", json=request, idempotent=False)
+                           tags: list[str] | None = None, confidence: float | None = None,
+                           idempotency_key: str | None = None) -> MemoryRecord:
+        """Write a new memory. Not retried after a 503 (it might have been stored), unless an
+        ``idempotency_key`` is given: the same key writes one memory and answers it again."""
+        request = body(content=content, namespace=namespace, kind=kind, title=title, tags=tags, confidence=confidence,
+                       idempotency_key=idempotency_key)
+        answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/memories", json=request,
+                                  idempotent=idempotency_key is not None)
         result: MemoryRecord = parse(MemoryRecord, answer)
         return result
 

@@ -51,10 +51,12 @@ async def memory_get(agent_id: AgentId, service: ServiceDep, principal: CallerDe
 @router.post("/v1/agents/{agent_id}/memories", response_model=MemoryRecord, status_code=201)
 async def memory_write(agent_id: AgentId, body: MemoryWrite, service: ServiceDep, principal: CallerDep) -> JSONResponse:
     """memory_write: store a memory the agent writes itself, in one of its namespaces.
-    Needs `write`, and the operator's MEMORY_WRITE_AGENTS listing the agent."""
+    201; with an `idempotency_key` already used, 200 and the memory stored then (409 if it
+    was another content, namespace or kind). Needs `write`, and the operator's
+    MEMORY_WRITE_AGENTS listing the agent."""
     guard = _allow(service, principal, Role.WRITE, agent_id)
-    record = await service.memory_write(agent_id, body, guard, actor=principal.key_id)
-    return JSONResponse(status_code=201, content=record.model_dump(mode="json"))
+    record, already = await service.memory_write_answer(agent_id, body, guard, actor=principal.key_id)
+    return JSONResponse(status_code=200 if already else 201, content=record.model_dump(mode="json"))
 
 
 @router.patch("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)
@@ -101,6 +103,9 @@ class WriteBlocksIn(BaseModel):
 class WriteBlocksOut(BaseModel):
     blocks: int = Field(description="write blocks found")
     written: list[MemoryRecord] = Field(description="the memories stored: observations, then entities, then edges")
+    already_stored: list[str] = Field(default_factory=list,
+                                      description="ids in `written` that a previous parse of the same text for the "
+                                                  "same message had stored: not written again")
 
 
 @router.post("/v1/agents/{agent_id}/writes/parse", response_model=WriteBlocksOut)
@@ -108,9 +113,11 @@ async def parse_writes(agent_id: AgentId, body: WriteBlocksIn, service: ServiceD
                        principal: CallerDep) -> WriteBlocksOut:
     """Store the <memory_write> / <shadow_write> blocks of a model's output. All or nothing:
     a malformed block fails the call with 422 saying which block, where (line, column) and
-    which field, and nothing is stored. Needs `write` and MEMORY_WRITE_AGENTS."""
+    which field, and nothing is stored. Idempotent: the same text parsed again for the same
+    message (session_id, message_id) and namespace stores nothing new and answers the same ids,
+    listed in `already_stored`. Needs `write` and MEMORY_WRITE_AGENTS."""
     guard = _allow(service, principal, Role.WRITE, agent_id)
-    blocks, records = await service.parse_writes(agent_id, body.text, body.namespace, body.session_id,
+    blocks, written = await service.parse_writes(agent_id, body.text, body.namespace, body.session_id,
                                                  body.message_id, guard, actor=principal.key_id)
-    return WriteBlocksOut(blocks=blocks, written=records)
+    return WriteBlocksOut(blocks=blocks, written=written.records, already_stored=written.already_stored)
 
