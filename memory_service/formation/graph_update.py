@@ -1,0 +1,139 @@
+"""A window's entities and facts into the agent's graph: resolved, linked, and replacing the
+facts they contradict (issue 16; docs/graph.md).
+
+Runs in the window's write step (memory_service/formation/steps.py), after its memories are
+written and before the window is marked written, so a failure leaves the window to be
+written again, and every operation here is idempotent: entities and facts have ids stable
+per namespace (memory_service/domain/graph.py), a mention is a MERGE, and a fact already
+closed by the same newer fact is not closed twice. The order is what a reader may see
+half-way: entities first, then the facts between them, then the mentions, and last the
+old facts the new ones supersede.
+
+Resolution stays inside one namespace: an extracted name is looked up among the entities
+of its own namespace (by normalised name and aliases), never another user's, shard's or
+agent's, so two users' "Bob" are two entities. A name found is the same entity (its new
+aliases are added); a name not found is a new entity.
+
+A fact with a single-valued predicate (``SINGLE_VALUED``: lives_in, works_at...) closes
+the subject's current fact of that predicate whose object differs: ``invalid_at`` = when
+the new fact became true (its ``valid_at``, else the window's last message), and
+``superseded_by`` the new fact's id. Only the subject's own facts of that predicate in that
+namespace are read, never the graph.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from memory_service.domain.graph import (
+    SINGLE_VALUED,
+    Entity,
+    ExtractedEntity,
+    ExtractedFact,
+    Fact,
+    entity_id,
+    fact_id,
+    normalise_name,
+)
+from memory_service.domain.models import utcnow
+from memory_service.stores.base import MemoryBackend
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GraphChanges:
+    """What one window changed in the graph (counted for the formation summary and metrics)."""
+
+    entities: int = 0
+    facts: int = 0
+    mentions: int = 0
+    superseded: list[str] = field(default_factory=list)  # ids of the facts closed
+
+
+@dataclass(slots=True)
+class Mention:
+    """A memory that names entities (by name, in the namespace they live in)."""
+
+    memory_id: str
+    text: str
+
+
+async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[ExtractedEntity]) -> dict[tuple[str, str], Entity]:
+    """Each extracted entity as the graph's entity, keyed by (namespace, normalised name or
+    alias): the stored one where its namespace holds that name, else a new one."""
+    by_namespace: dict[str, list[ExtractedEntity]] = {}
+    for item in extracted:
+        by_namespace.setdefault(item.namespace, []).append(item)
+    resolved: dict[tuple[str, str], Entity] = {}
+    for namespace, items in by_namespace.items():
+        names = sorted({normalise_name(n) for item in items for n in (item.name, *item.aliases)} - {""})
+        known: dict[str, Entity] = {}
+        for entity in await backend.find_entities(agent_id, namespace, names):
+            for name in (entity.name, *entity.aliases):
+                known.setdefault(normalise_name(name), entity)
+        for item in items:
+            keys = [k for k in (normalise_name(n) for n in (item.name, *item.aliases)) if k]
+            found = next((known[k] for k in keys if k in known), None)
+            if found is None:
+                found = Entity(id=entity_id(namespace, item.name, item.type), name=item.name, type=item.type,
+                               namespace=namespace, summary=item.summary)
+            aliases = sorted({*found.aliases, *(n for n in (item.name, *item.aliases) if normalise_name(n) != normalise_name(found.name))})
+            found = found.model_copy(update={"aliases": aliases})
+            for key in (normalise_name(found.name), *keys):
+                known[key] = found
+                resolved[(namespace, key)] = found
+    return resolved
+
+
+async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
+                facts: Sequence[ExtractedFact], mentions: Sequence[Mention], *,
+                memory_ids: Sequence[str] = (), observed_at: datetime | None = None) -> GraphChanges:
+    """Write one window's entities, facts and mentions; close the facts they replace."""
+    changes = GraphChanges()
+    if not entities:
+        return changes
+    resolved = await resolve(backend, agent_id, entities)
+    unique = {e.id: e for e in resolved.values()}
+    changes.entities = await backend.upsert_entities(agent_id, list(unique.values()))
+
+    new_facts: list[Fact] = []
+    for item in facts:
+        subject = resolved.get((item.namespace, normalise_name(item.subject)))
+        obj = resolved.get((item.namespace, normalise_name(item.object)))
+        if subject is None or obj is None or subject.id == obj.id:
+            log.debug("fact %r left out: an end is not among the window's entities", item.text)
+            continue
+        new_facts.append(Fact(
+            id=fact_id(item.namespace, subject.id, item.predicate, obj.id), namespace=item.namespace,
+            subject_id=subject.id, object_id=obj.id, predicate=item.predicate, text=item.text,
+            valid_at=item.valid_at or observed_at, memory_ids=list(memory_ids), message_ids=item.message_ids,
+        ))
+    if new_facts:
+        changes.facts = await backend.add_facts(agent_id, new_facts)
+
+    for mention in mentions:
+        text = normalise_name(mention.text)
+        named = sorted({e.id for (_, key), e in resolved.items() if key and f" {key} " in f" {text} "})
+        if named:
+            changes.mentions += await backend.mention(agent_id, mention.memory_id, named)
+
+    # One value per (subject, predicate): the window's last statement of it wins, and closes
+    # every other current one (the store's, and the window's own earlier statements).
+    winners = {(f.namespace, f.subject_id, f.predicate): f for f in new_facts if f.predicate in SINGLE_VALUED}
+    for (namespace, subject_id, predicate), winner in winners.items():
+        for old in await backend.current_facts(agent_id, namespace, [subject_id], predicate=predicate):
+            if old.id == winner.id or old.subject_id != subject_id or old.object_id == winner.object_id:
+                continue
+            if old.valid_at and winner.valid_at and winner.valid_at < old.valid_at:
+                # A statement about the past ("I lived in Paris in 2019"): history, not news.
+                await backend.invalidate_fact(agent_id, winner.id, old.valid_at, superseded_by=old.id)
+                changes.superseded.append(winner.id)
+                break
+            await backend.invalidate_fact(agent_id, old.id, winner.valid_at or observed_at or utcnow(),
+                                          superseded_by=winner.id)
+            changes.superseded.append(old.id)
+    return changes

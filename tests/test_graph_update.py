@@ -1,0 +1,136 @@
+"""A window's entities and facts into the graph (memory_service/formation/graph_update.py),
+against the real embedded FalkorDB: resolution inside one namespace, idempotent writes,
+mentions, and single-valued facts that replace each other."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact
+from memory_service.domain.models import Memory, MemoryKind, Provenance
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.graph_update import Mention, apply
+from memory_service.stores.graph import GraphBackend
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def store(settings):
+    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=4)
+    await backend.start()
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture
+def agent() -> str:
+    return f"gu-{uuid.uuid4().hex[:8]}"
+
+
+def person(ns: Namespace, name: str, *aliases: str) -> ExtractedEntity:
+    return ExtractedEntity(name=name, type=EntityType.PERSON, aliases=list(aliases), namespace=str(ns))
+
+
+def place(ns: Namespace, name: str) -> ExtractedEntity:
+    return ExtractedEntity(name=name, type=EntityType.PLACE, namespace=str(ns))
+
+
+def lives_in(ns: Namespace, who: str, where: str, when: datetime | None = None) -> ExtractedFact:
+    return ExtractedFact(subject=who, predicate="lives_in", object=where, text=f"{who} lives in {where}",
+                         valid_at=when, namespace=str(ns), message_ids=["m1"])
+
+
+async def edges(store: GraphBackend, agent: str) -> int:
+    rows = await store._read(agent, "MATCH ()-[e]->() RETURN count(e) AS c")
+    return rows[0]["c"] if rows else 0
+
+
+async def test_the_same_window_twice_changes_nothing_the_second_time(store, agent):
+    alice = Namespace.user(agent, "alice")
+    window = ([person(alice, "alice"), place(alice, "Lyon")], [lives_in(alice, "alice", "Lyon", T0)])
+    first = await apply(store, agent, *window, [])
+    assert (first.entities, first.facts) == (2, 1)
+    before = await edges(store, agent)
+    await apply(store, agent, *window, [])
+    assert await edges(store, agent) == before
+    listed, _ = await store.list_entities(agent, alice)
+    assert sorted(e.name for e in listed) == ["Lyon", "alice"]
+
+
+async def test_a_name_resolves_only_inside_its_namespace(store, agent):
+    alice, bob = Namespace.user(agent, "alice"), Namespace.user(agent, "bob")
+    await apply(store, agent, [person(alice, "Tom", "my brother")], [], [])
+    await apply(store, agent, [person(bob, "Tom")], [], [])
+    in_alice = await store.find_entities(agent, alice, ["tom"])
+    in_bob = await store.find_entities(agent, bob, ["tom"])
+    assert len(in_alice) == len(in_bob) == 1 and in_alice[0].id != in_bob[0].id
+    # An alias seen before resolves to the same entity in its namespace, and only there.
+    await apply(store, agent, [person(alice, "my brother")], [], [])
+    assert [e.id for e in await store.find_entities(agent, alice, ["my brother"])] == [in_alice[0].id]
+    assert await store.find_entities(agent, bob, ["my brother"]) == []
+
+
+async def test_a_move_closes_the_old_home(store, agent):
+    alice = Namespace.user(agent, "alice")
+    await apply(store, agent, [person(alice, "alice"), place(alice, "Paris")], [lives_in(alice, "alice", "Paris", T0)], [])
+    moved = T0 + timedelta(days=90)
+    changes = await apply(store, agent, [person(alice, "alice"), place(alice, "Lyon")],
+                          [lives_in(alice, "alice", "Lyon", moved)], [])
+    assert len(changes.superseded) == 1
+    [me] = await store.find_entities(agent, alice, ["alice"])
+    current = await store.current_facts(agent, alice, [me.id], predicate="lives_in")
+    assert [f.text for f in current] == ["alice lives in Lyon"]
+    history = await store.current_facts(agent, alice, [me.id], predicate="lives_in", include_superseded=True)
+    old = next(f for f in history if f.text == "alice lives in Paris")
+    assert old.invalid_at == moved and old.superseded_by == current[0].id
+    then = await store.current_facts(agent, alice, [me.id], predicate="lives_in", as_of=T0 + timedelta(days=1))
+    assert [f.text for f in then] == ["alice lives in Paris"]
+
+
+async def test_a_statement_about_the_past_does_not_close_the_present(store, agent):
+    alice = Namespace.user(agent, "alice")
+    await apply(store, agent, [person(alice, "alice"), place(alice, "Lyon")], [lives_in(alice, "alice", "Lyon", T0)], [])
+    past = await apply(store, agent, [person(alice, "alice"), place(alice, "Paris")],
+                       [lives_in(alice, "alice", "Paris", T0 - timedelta(days=400))], [])
+    [me] = await store.find_entities(agent, alice, ["alice"])
+    assert [f.text for f in await store.current_facts(agent, alice, [me.id], predicate="lives_in")] == ["alice lives in Lyon"]
+    assert len(past.superseded) == 1
+
+
+async def test_the_last_statement_of_a_window_wins(store, agent):
+    alice = Namespace.user(agent, "alice")
+    await apply(store, agent, [person(alice, "alice"), place(alice, "Paris"), place(alice, "Lyon")],
+                [lives_in(alice, "alice", "Paris"), lives_in(alice, "alice", "Lyon")], [], observed_at=T0)
+    [me] = await store.find_entities(agent, alice, ["alice"])
+    assert [f.text for f in await store.current_facts(agent, alice, [me.id], predicate="lives_in")] == ["alice lives in Lyon"]
+
+
+async def test_accumulating_predicates_close_nothing(store, agent):
+    alice = Namespace.user(agent, "alice")
+    likes = [ExtractedFact(subject="alice", predicate="visited", object=city, text=f"alice visited {city}",
+                           namespace=str(alice)) for city in ("Paris", "Lyon")]
+    changes = await apply(store, agent, [person(alice, "alice"), place(alice, "Paris"), place(alice, "Lyon")], likes, [])
+    assert changes.superseded == [] and changes.facts == 2
+
+
+async def test_memories_mention_the_entities_they_name(store, agent):
+    alice = Namespace.user(agent, "alice")
+    session = Namespace.session("s-gu")
+    memory = Memory(id="mem-1", kind=MemoryKind.MESSAGE, namespace=str(session), content="I moved to Lyon with Tom",
+                    metadata=Provenance(agent_id=agent, user_id="alice", session_id="s-gu"), valid_at=T0)
+    await store.write([memory])
+    changes = await apply(store, agent, [person(alice, "Tom"), place(alice, "Lyon"), place(alice, "Paris")], [],
+                          [Mention("mem-1", memory.content)])
+    assert changes.mentions == 2
+    rows = await store._read(agent, "MATCH (:Episodic {uuid: 'mem-1'})-[:MENTIONS]->(e:Entity) RETURN e.name AS n ORDER BY n")
+    assert [r["n"] for r in rows] == ["Lyon", "Tom"]
+
+
+async def test_a_fact_whose_end_is_unknown_is_left_out(store, agent):
+    alice = Namespace.user(agent, "alice")
+    changes = await apply(store, agent, [person(alice, "alice")], [lives_in(alice, "alice", "Atlantis")], [])
+    assert changes.facts == 0 and await edges(store, agent) == 0
