@@ -206,10 +206,10 @@ class _Sentence:
             if type_ is None and _PERSON_AFTER.match(text[name.end:]):
                 type_ = EntityType.PERSON
             if previous is not None and re.fullmatch(r"\s*(?:,|and|,\s*and|&)\s*", lower[previous[2]:name.start]):
-                subject, predicate_, _ = previous  # "two cats, Pepper and Salt"
-                facts.append(self._fact(subject, predicate_, name.text, when, namespace))
-                mentions.append(_Mention(name.text, _object_type(predicate_), self.owner, self.number, False))
-                previous = (subject, predicate_, name.end)
+                listed_subject, listed, _ = previous  # "two cats, Pepper and Salt"
+                facts.append(self._fact(listed_subject, listed, name.text, when, namespace))
+                mentions.append(_Mention(name.text, _object_type(listed), self.owner, self.number, False))
+                previous = (listed_subject, listed, name.end)
                 continue
             mentions.append(_Mention(name.text, type_, self.owner, self.number, name.initial and type_ is None))
             if type_ == EntityType.PERSON:
@@ -260,12 +260,11 @@ class _Sentence:
                                                           r"(?:just\s+)?married", prefix):
             named = _named_subject(prefix, mentions, self.number)
             return named
-        # the clause that holds the cue: from the last clause break
-        clause = re.split(r"[,;:]|\b(?:and|but|so|then|because|while)\b", prefix)[-1] if predicate != "works_at" else prefix
-        head = clause.strip()
+        # the clause that holds the cue: from the last clause break ("I live in Leeds, my sister Kate works at…")
+        head = re.split(r"[,;:]|\b(?:and|but|so|then|because|while)\b", prefix)[-1].strip()
         if by_user and (re.match(_FIRST + r"\b", head) or re.search(r"(?:^|\s)" + _FIRST + r"\s+" + _ADVERBS + r"\w+", head)
                         or re.match(r"^\s*" + _ADVERBS + r"(?:moved|moving|started|joined|still|living|born|went|visited|studied|"
-                                    r"worked|working|grew|lived)\b", head)
+                                    r"worked|working|work|live|study|teach|grew|lived)\b", head)
                         or re.match(r"^\s*(?:my\s+)?(?:first|second|third|last)\s+(?:day|week|month|year)\s+at\b", head)
                         or re.search(r"\bmy\s+(?:new\s+)?(?:job|shift|boss)\b", head)):
             if not re.search(r"\b(?:she|he|they|you)\b", head):
@@ -339,8 +338,8 @@ def _type(prefix: str, name: str) -> tuple[EntityType | None, str | None]:
         if pattern.search(prefix):
             if by_head is not None:
                 type_ = by_head
-            if predicate == "attended" and type_ != EntityType.EVENT:
-                return type_ if type_ != EntityType.EVENT else EntityType.PLACE, "visited" if type_ == EntityType.PLACE else None
+            if predicate == "attended" and by_head != EntityType.EVENT:
+                return by_head or EntityType.PLACE, None  # "going to Paris": a place, no claim of a visit yet
             if predicate in ("lives_in", "born_in", "visited") and type_ != EntityType.PLACE:
                 return type_, None
             return type_, predicate
