@@ -1,7 +1,8 @@
 """Offline graph extraction (memory_service.formation.entities) measured on a labelled set.
 
-tests/data/graph_labelled.json holds 48 chat windows written by hand for this project
-(no benchmark data). Entities are scored by normalised name (or a labelled alias) and type,
+tests/data/graph_labelled.json holds 60 chat windows written by hand for this project
+(no benchmark data): 48 "dev" windows the rules were developed against, 12 "holdout" ones
+written after the rules were frozen and scored once. Entities are scored by normalised name (or a labelled alias) and type,
 facts by (subject, predicate, object). The thresholds sit just under what the rules
 measure (docs/extraction.md, "Entities and facts"); the issue's target is entity precision
 >= 0.85.
@@ -57,10 +58,12 @@ class Score:
         return self.tp / (self.tp + self.fn) if self.tp + self.fn else 1.0
 
 
-def _score() -> tuple[Score, Score, dict[str, Score], list[tuple[datetime | None, str]]]:
+def _score(split: str | None = None) -> tuple[Score, Score, dict[str, Score], list[tuple[datetime | None, str]]]:
     entities, facts, by_type = Score(), Score(), {t.value: Score() for t in EntityType}
     dates: list[tuple[datetime | None, str]] = []  # (extracted valid_at, labelled) for matched dated facts
     for item in WINDOWS:
+        if split is not None and item["split"] != split:
+            continue
         got_entities, got_facts = extract_graph(_window(item))
         canon = {normalise_name(a): normalise_name(e["name"]) for e in item["entities"] for a in [e["name"], *e["aliases"]]}
 
@@ -93,14 +96,22 @@ def test_the_labelled_set_is_large_and_varied() -> None:
 
 def test_precision_and_recall_on_the_labelled_set() -> None:
     entities, facts, by_type, dates = _score()
-    assert entities.precision >= 0.95  # measured 0.983; the issue's target is 0.85
-    assert entities.recall >= 0.88  # measured 0.903
+    assert entities.precision >= 0.95  # measured 0.964; the issue's target is 0.85
+    assert entities.recall >= 0.87  # measured 0.889
     assert facts.precision >= 0.95  # measured 1.000
-    assert facts.recall >= 0.74  # measured 0.765
-    assert by_type["person"].precision >= 0.95 and by_type["place"].precision >= 0.9
+    assert facts.recall >= 0.69  # measured 0.710
+    assert by_type["person"].precision >= 0.95 and by_type["place"].precision >= 0.88
     assert by_type["organisation"].precision >= 0.95
     matched = [(got, want) for got, want in dates if got is not None and got.date().isoformat() == want]
     assert len(dates) >= 8 and len(matched) / len(dates) >= 0.9  # a stated date becomes valid_at
+
+
+def test_the_holdout_meets_the_target() -> None:
+    entities, facts, _, _ = _score("holdout")
+    assert entities.precision >= 0.88  # measured 0.913, blind
+    assert entities.recall >= 0.83  # measured 0.857
+    assert facts.precision >= 0.95  # measured 1.000
+    assert facts.recall >= 0.45  # measured 0.474
 
 
 def test_namespaces_are_the_speakers_own() -> None:
