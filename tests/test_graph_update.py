@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact
-from memory_service.domain.models import Memory, MemoryKind, Provenance
+from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance
 from memory_service.domain.namespaces import Namespace
-from memory_service.formation.graph_update import Mention, apply
+from memory_service.formation.graph_update import apply, mentions
 from memory_service.stores.graph import GraphBackend
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -123,8 +123,8 @@ async def test_memories_mention_the_entities_they_name(store, agent):
     memory = Memory(id="mem-1", kind=MemoryKind.MESSAGE, namespace=str(session), content="I moved to Lyon with Tom",
                     metadata=Provenance(agent_id=agent, user_id="alice", session_id="s-gu"), valid_at=T0)
     await store.write([memory])
-    changes = await apply(store, agent, [person(alice, "Tom"), place(alice, "Lyon"), place(alice, "Paris")], [],
-                          [Mention("mem-1", memory.content)])
+    entities = [person(alice, "Tom"), place(alice, "Lyon"), place(alice, "Paris")]
+    changes = await apply(store, agent, entities, [], mentions({"mem-1": memory.content, "mem-2": "nothing here"}, entities))
     assert changes.mentions == 2
     rows = await store._read(agent, "MATCH (:Episodic {uuid: 'mem-1'})-[:MENTIONS]->(e:Entity) RETURN e.name AS n ORDER BY n")
     assert [r["n"] for r in rows] == ["Lyon", "Tom"]
@@ -134,3 +134,30 @@ async def test_a_fact_whose_end_is_unknown_is_left_out(store, agent):
     alice = Namespace.user(agent, "alice")
     changes = await apply(store, agent, [person(alice, "alice")], [lives_in(alice, "alice", "Atlantis")], [])
     assert changes.facts == 0 and await edges(store, agent) == 0
+
+
+async def test_formation_builds_the_graph_and_a_later_move_supersedes_the_old_home(service):
+    """Through the facade, as the worker forms windows: a conversation leaves entities,
+    fact edges and mentions in the agent's graph, and a later window that moves the user
+    closes the old fact."""
+    def said(mid: str, text: str) -> MessageIn:
+        return MessageIn(agent_id="ga", user_id="alice", role="user", content=text, message_id=mid)
+
+    await service.record_message("gs1", said("m1", "I live in Paris with my dog Rex."))
+    await service.record_message("gs1", said("m2", "My brother Tom works at Deloitte."))
+    await service.form_memories("gs1")
+    backend = (await service.agents.backend_for("ga"))[1]
+    relationships = await backend._read("ga", "MATCH ()-[e:RELATES_TO]->() RETURN count(e) AS c")
+    mentioned = await backend._read("ga", "MATCH (:Episodic)-[m:MENTIONS]->(:Entity) RETURN count(m) AS c")
+    assert relationships[0]["c"] >= 2 and mentioned[0]["c"] >= 2
+    alice = Namespace.user("ga", "alice")
+    [me] = await backend.find_entities("ga", alice, ["alice"])
+    assert [f.text for f in await backend.current_facts("ga", alice, [me.id], predicate="lives_in")] != []
+
+    await service.record_message("gs2", said("m3", "I moved to Lyon last month."))
+    await service.record_message("gs2", said("m4", "I live in Lyon now."))
+    await service.form_memories("gs2")
+    current = await backend.current_facts("ga", alice, [me.id], predicate="lives_in")
+    history = await backend.current_facts("ga", alice, [me.id], predicate="lives_in", include_superseded=True)
+    assert ["Lyon" in f.text for f in current] == [True]
+    assert any("Paris" in f.text and f.invalid_at is not None for f in history)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
 
@@ -68,6 +69,15 @@ class ExtractedFact(BaseModel):
     valid_at: datetime | None = None  # when it became true, if the window says
     namespace: str
     message_ids: list[str] = Field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Mention:
+    """A memory and the extracted entity names (normalised) its text contains: a MENTIONS
+    edge from the memory to each entity they resolve to."""
+
+    memory_id: str
+    names: tuple[str, ...]
 
 
 class Entity(BaseModel):

@@ -34,6 +34,7 @@ from memory_service.domain.graph import (
     ExtractedEntity,
     ExtractedFact,
     Fact,
+    Mention,
     entity_id,
     fact_id,
     normalise_name,
@@ -54,12 +55,16 @@ class GraphChanges:
     superseded: list[str] = field(default_factory=list)  # ids of the facts closed
 
 
-@dataclass(slots=True)
-class Mention:
-    """A memory that names entities (by name, in the namespace they live in)."""
-
-    memory_id: str
-    text: str
+def mentions(texts: dict[str, str], entities: Sequence[ExtractedEntity]) -> list[Mention]:
+    """Which of ``entities`` each memory's text names (by normalised name or alias, whole
+    words): ``texts`` maps memory ids to their content."""
+    keys = sorted({k for e in entities for k in (normalise_name(n) for n in (e.name, *e.aliases)) if k})
+    found = []
+    for memory_id, text in texts.items():
+        padded = f" {normalise_name(text)} "
+        if named := tuple(k for k in keys if f" {k} " in padded):
+            found.append(Mention(memory_id, named))
+    return found
 
 
 async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[ExtractedEntity]) -> dict[tuple[str, str], Entity]:
@@ -90,7 +95,7 @@ async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[Ext
 
 
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
-                facts: Sequence[ExtractedFact], mentions: Sequence[Mention], *,
+                facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
                 memory_ids: Sequence[str] = (), observed_at: datetime | None = None) -> GraphChanges:
     """Write one window's entities, facts and mentions; close the facts they replace."""
     changes = GraphChanges()
@@ -115,9 +120,8 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     if new_facts:
         changes.facts = await backend.add_facts(agent_id, new_facts)
 
-    for mention in mentions:
-        text = normalise_name(mention.text)
-        named = sorted({e.id for (_, key), e in resolved.items() if key and f" {key} " in f" {text} "})
+    for mention in mentioned:
+        named = sorted({e.id for (_, key), e in resolved.items() if key in mention.names})
         if named:
             changes.mentions += await backend.mention(agent_id, mention.memory_id, named)
 

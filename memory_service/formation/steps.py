@@ -30,10 +30,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from memory_service.domain.errors import NotSupported
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
+from memory_service.formation import graph_update
+from memory_service.formation.entities import extract_graph
 from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
 from memory_service.formation.personal import is_personal, personal_item
 from memory_service.formation.rule_extractor import split_sentences
@@ -64,6 +67,7 @@ class FormationResult:
     extractor: str = ""
     usage: ExtractionUsage | None = None
     already_formed: bool = False  # the window was finished before (by an earlier or a racing run)
+    graph: graph_update.GraphChanges | None = None  # what the write step changed in the knowledge graph
 
     @property
     def formed(self) -> bool:
@@ -126,7 +130,9 @@ async def form_window(
 
     if record.state is WindowState.EXTRACTED:
         await embed_memories(embedder, result.memories)
-        record = await windows.mark_written(record, await backend.write(result.memories))
+        written = await backend.write(result.memories)
+        result.graph = await _write_graph(agent_id, backend, claim, stored)
+        record = await windows.mark_written(record, written)
         if record is None:
             result.already_formed = True
             return result
@@ -151,6 +157,21 @@ async def form_window(
         await post_process(result)
     await windows.finish(record)
     return result
+
+
+async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim,
+                       stored: StoredExtraction) -> graph_update.GraphChanges | None:
+    """The window's entities, facts and mentions into the agent's graph (after its memories,
+    which the mentions link from); None on a store without a graph (Mongo)."""
+    if not stored.entities:
+        return None
+    observed = max((m.valid_at for m in stored.memories), default=None)
+    try:
+        return await graph_update.apply(
+            backend, agent_id, stored.entities, stored.facts, stored.mentions,
+            memory_ids=[m.id for m in stored.memories], observed_at=observed)
+    except NotSupported:
+        return None
 
 
 async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
@@ -187,7 +208,14 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
         json.dumps([extraction.episode, [asdict(item) for item in extraction.items]], default=str).encode()
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
-    return StoredExtraction(tuple(extraction_memories(window, window_key, extraction)), extraction.usage)
+    memories = tuple(extraction_memories(window, window_key, extraction))
+    # The knowledge graph's share of the window (offline, deterministic: stored with the
+    # extraction all the same, so every try of the write step writes the same graph).
+    entities, facts = extract_graph(window)
+    texts = {message_memory_id(session_id, m.message_id): m.content for m in messages}
+    texts |= {m.id: m.content for m in memories}
+    return StoredExtraction(memories, extraction.usage, tuple(entities), tuple(facts),
+                            tuple(graph_update.mentions(texts, entities)))
 
 
 def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:

@@ -40,6 +40,7 @@ from typing import cast
 
 from pydantic import TypeAdapter
 
+from memory_service.domain.graph import ExtractedEntity, ExtractedFact, Mention
 from memory_service.domain.models import Memory
 from memory_service.formation.extractor import ExtractionUsage
 from memory_service.state import keyspace
@@ -163,21 +164,34 @@ _MEMORIES = TypeAdapter(list[Memory])
 
 @dataclass(frozen=True, slots=True)
 class StoredExtraction:
-    """What the extractor made of a window, as memories with their final ids."""
+    """What the extractor made of a window, as memories with their final ids, and the
+    entities, facts and mentions it states for the knowledge graph (written in the same
+    write step, memory_service/formation/graph_update.py)."""
 
     memories: tuple[Memory, ...]
     usage: ExtractionUsage | None = None
+    entities: tuple[ExtractedEntity, ...] = ()
+    facts: tuple[ExtractedFact, ...] = ()
+    mentions: tuple[Mention, ...] = ()
 
     def to_json(self) -> str:
         # Vectors are not stored: the write step embeds (a failing embedder never fails it).
         memories = [m.model_dump(mode="json", exclude={"embedding"}) for m in self.memories]
-        return json.dumps({"memories": memories, "usage": asdict(self.usage) if self.usage else None})
+        return json.dumps({
+            "memories": memories, "usage": asdict(self.usage) if self.usage else None,
+            "entities": [e.model_dump(mode="json") for e in self.entities],
+            "facts": [f.model_dump(mode="json") for f in self.facts],
+            "mentions": [[m.memory_id, list(m.names)] for m in self.mentions],
+        })
 
     @classmethod
     def from_json(cls, raw: str) -> StoredExtraction:
-        data = json.loads(raw)
+        data = json.loads(raw)  # windows stored before the graph existed hold no entities
         usage = ExtractionUsage(**data["usage"]) if data.get("usage") else None
-        return cls(tuple(_MEMORIES.validate_python(data["memories"])), usage)
+        return cls(tuple(_MEMORIES.validate_python(data["memories"])), usage,
+                   tuple(ExtractedEntity.model_validate(e) for e in data.get("entities", ())),
+                   tuple(ExtractedFact.model_validate(f) for f in data.get("facts", ())),
+                   tuple(Mention(memory_id, tuple(names)) for memory_id, names in data.get("mentions", ())))
 
 
 @dataclass(frozen=True, slots=True)
