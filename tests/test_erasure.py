@@ -100,6 +100,12 @@ async def graph_findings(url: str, needles=ALICE_NEEDLES) -> list[str]:
             for row in rows[1]:
                 if found := found_in(json.dumps(row), needles):
                     hits.append(f"{graph}: {found} in {row}")
+            # The knowledge graph's fact edges hold text too (RELATES_TO: the fact, its provenance).
+            rows = await client.execute_command("GRAPH.RO_QUERY", graph,
+                                                "MATCH ()-[e]->() RETURN e.uuid, e.group_id, e.fact, e.episodes, e.message_ids")
+            for row in rows[1]:
+                if found := found_in(json.dumps(row), needles):
+                    hits.append(f"{graph}: {found} in edge {row}")
             for word in (n for n in needles if n.isalpha()):
                 try:
                     rows = await client.execute_command("GRAPH.RO_QUERY", graph,
@@ -214,6 +220,7 @@ async def test_export_then_erase_leaves_nothing_of_the_user_anywhere_and_the_oth
     kinds = {s["kind"] for s in report["shared_removed"]}
     assert "episode" in kinds and "consolidated" in kinds  # the shared window's episode, the shard's merge
     assert report["provenance_rewritten"] >= 1 and report["cached_blocks"] >= 4 and report["user_keys"] >= 3
+    assert report["entities"] >= 2  # her knowledge graph: herself, Zanzibar... (docs/graph.md)
 
     # Nothing of hers through any route ...
     assert (await client.get("/v1/sessions/solo-a")).status_code == 404

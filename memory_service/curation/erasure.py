@@ -269,6 +269,7 @@ class Eraser:
             for start in range(0, len(rewritten), STORE_BATCH):
                 await backend.set_provenance(agent_id, rewritten[start : start + STORE_BATCH])
             report.stores[name] = gone
+            report.entities += await backend.drop_namespace_entities(agent_id, held.own_namespace)
         report.provenance_rewritten = len(rewritten)
         report.memories = count_kinds(held.removed.values())
         report.shared_removed = [SharedRemoval(id=i, kind=held.removed[i].kind, namespace=held.removed[i].namespace,
@@ -285,7 +286,7 @@ class Eraser:
         # 5. Only when something was found: the stores' own logs and files. An unknown user
         #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and
         #    no rewrite; the erasure's reads named only an id nothing was held for.
-        found = bool(held.sessions or held.removed or held.rewritten or report.outbox_entries or report.user_keys
+        found = bool(held.sessions or held.removed or held.rewritten or report.entities or report.outbox_entries or report.user_keys
                      or report.keys_revoked or report.keys_narrowed)
         if found:
             for _, backend in backends:  # last: the erasure's own queries name the user

@@ -32,6 +32,8 @@ class ErasureReport(BaseModel):
     shared_removed: list[SharedRemoval] = Field(
         default_factory=list, description="memories formed from the user's and other users' contributions: removed "
                                           "whole, nothing formed again in their place")
+    entities: int = Field(default=0, description="knowledge-graph entities of the user's namespace deleted, with their facts "
+                          "and mentions")
     provenance_rewritten: int = Field(default=0, description="other users' memories whose provenance listed the user: "
                                                      "the user's id taken out, content kept")
     ledger_entries: int = Field(default=0, description="message ids taken out of session ledgers (Redis)")

@@ -218,6 +218,11 @@ class MemoryBackend(ABC):
         normalised name then id, ``limit`` at a time; pass the returned cursor for the next page."""
         raise self._no_graph()
 
+    async def drop_namespace_entities(self, agent_id: str, namespace: Namespace | str) -> int:
+        """Delete every entity of one namespace with its facts and mentions (an erasure of
+        the namespace's user); how many entities went. A store without a graph holds none: 0."""
+        return 0
+
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False) -> EntityDetail:
         """One entity with its facts (as ``current_facts`` chooses them) and its neighbours

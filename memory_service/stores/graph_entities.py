@@ -192,6 +192,19 @@ class EntityGraph(MemoryBackend):
              "rows": [{"entity": i, "uuid": _mention_id(memory_id, i)} for i in ids]})
         return int(result.relationships_created)
 
+    async def drop_namespace_entities(self, agent_id: str, namespace: Namespace | str) -> int:
+        # Through the group_id index, in batches: one statement holds the graph's write lock.
+        group = _group(agent_id, namespace)
+        dropped = 0
+        while rows := await self._read(agent_id, "MATCH (e:Entity {group_id: $group}) RETURN count(e) AS c", group=group):
+            if not rows[0]["c"]:
+                break
+            graph = await self._entity_graph(agent_id)
+            result = await graph.query("MATCH (e:Entity {group_id: $group}) WITH e LIMIT 500 DETACH DELETE e "
+                                       "RETURN count(e)", {"group": group})
+            dropped += int(result.result_set[0][0]) if result.result_set else 0
+        return dropped
+
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
                               superseded_by: str | None = None) -> Fact:
         fact = await self._fact(agent_id, fact_id)

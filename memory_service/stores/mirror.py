@@ -436,6 +436,9 @@ class MirroredBackend(MemoryBackend):
                             cursor: str | None = None, limit: int = 50) -> Page:
         return await self.primary.list_entities(agent_id, namespace, entity_type, name_prefix, cursor, limit)
 
+    async def drop_namespace_entities(self, agent_id: str, namespace: Namespace | str) -> int:
+        return await self.primary.drop_namespace_entities(agent_id, namespace)
+
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False) -> EntityDetail:
         return await self.primary.get_entity(agent_id, entity_id, as_of, include_superseded)
