@@ -32,7 +32,6 @@ import asyncio
 import json
 import os
 import shlex
-import statistics
 import sys
 import tempfile
 import time
