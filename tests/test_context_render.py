@@ -122,7 +122,7 @@ def test_section_names_and_order():
     assert [c.tag for c in users[1]] == ["Directives"]
     (memory,) = root.iter("Memory")
     assert memory.get("kind") == "fact" and memory.get("age") == "3 days ago" and memory.text == "r1"
-    assert rendered.sections == {"startup": 0, "collective": 5, "user": 3, "conversation": 3, "relevant": 1}
+    assert rendered.sections == {"startup": 0, "collective": 5, "user": 3, "conversation": 3, "facts": 0, "relevant": 1}
     assert rendered.dropped == 0
     assert rendered.chars == len(rendered.xml) and rendered.budget == 10_000
     assert "\n  <CollectiveMemory>\n" in rendered.xml  # readable: one element a line, indented
