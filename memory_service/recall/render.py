@@ -356,8 +356,10 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             dropped += 1
             continue
         room = budget_chars - size - item.parent.unopened_overhead()
+        # The facts' share counts their lines and their own container, not the root's.
+        own_overhead = 0 if item.parent.opened else len(item.parent.open) + len(item.parent.close)
         if item.section == "facts":
-            room = min(room, facts_room - facts_size - item.parent.unopened_overhead())
+            room = min(room, facts_room - facts_size - own_overhead)
         line = item.render(_escape_text(item.text))
         if len(line) > room:
             if item.section not in _SKIPPING:
@@ -368,10 +370,9 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
                 dropped += 1
                 continue
             line = item.render(body)
-        added = len(line) + item.parent.unopened_overhead()
-        size += added
         if item.section == "facts":
-            facts_size += added
+            facts_size += len(line) + own_overhead
+        size += len(line) + item.parent.unopened_overhead()
         item.parent.mark_opened()
         item.line = line
         sections[item.section] += 1
