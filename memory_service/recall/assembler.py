@@ -315,7 +315,9 @@ class ContextAssembler:
                 for e in found.entities}
 
         def about(fact: Fact) -> str:
-            return names_by_id.get(fact.subject_id) or names_by_id.get(fact.object_id) or ""
+            """The entity the fact was found through: the query's (its first named), else the subject."""
+            ends = sorted((rank[i], i) for i in (fact.subject_id, fact.object_id) if i in rank)
+            return names_by_id.get(ends[0][1] if ends else fact.subject_id, "")
 
         def newest_first(fact: Fact) -> float:
             return -(fact.valid_at or fact.created_at).timestamp()
@@ -325,10 +327,11 @@ class ContextAssembler:
         me = {e.id for e in mine.entities if e.type is EntityType.PERSON and normalise_name(e.name) == normalise_name(user_id)}
         shown = {f.id for f in query_facts}
         own = sorted((f for f in mine.facts if f.subject_id in me and f.id not in shown), key=newest_first)[:OWN_FACTS]
-        items = [FactItem(f.text, about(f), f.valid_at, f.invalid_at if as_of else None, own=False)
-                 for f in query_facts[:QUERY_FACTS]]
-        items += [FactItem(f.text, about(f), f.valid_at, f.invalid_at if as_of else None, own=True) for f in own]
-        return items, found, True
+        items: dict[str, FactItem] = {}  # by text: two edges stated by one sentence show it once
+        for fact, is_own in (*((f, False) for f in query_facts[:QUERY_FACTS]), *((f, True) for f in own)):
+            items.setdefault(fact.text, FactItem(fact.text, about(fact), fact.valid_at,
+                                                 fact.invalid_at if as_of else None, own=is_own))
+        return list(items.values()), found, True
 
 
 def _asdict(rendered: RenderedContext) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -39,14 +40,16 @@ HOP_WEIGHT = 0.5
 
 def query_names(text: str, stopwords: frozenset[str] = frozenset()) -> list[str]:
     """The query's candidate names: its normalised words and n-grams of up to ``MAX_NGRAM``
-    words, in query order, leaving out those made of stopwords only ("my brother" stays)."""
-    words = normalise_name(text).split()
+    words, in query order, leaving out those made of stopwords only ("my brother" stays).
+    Words are taken twice: as ``normalise_name`` joins them ("O'Brien" is "obrien") and split
+    at punctuation ("Tom's" is "tom" and "s")."""
     names: dict[str, None] = {}
-    for n in range(1, MAX_NGRAM + 1):
-        for start in range(len(words) - n + 1):
-            gram = words[start:start + n]
-            if not all(w in stopwords for w in gram):
-                names.setdefault(" ".join(gram))
+    for words in (normalise_name(text).split(), normalise_name(" ".join(re.findall(r"\w+", text))).split()):
+        for n in range(1, MAX_NGRAM + 1):
+            for start in range(len(words) - n + 1):
+                gram = words[start:start + n]
+                if not all(w in stopwords for w in gram):
+                    names.setdefault(" ".join(gram))
     return list(names)[:MAX_QUERY_NAMES]
 
 
