@@ -255,9 +255,10 @@ class MemoryService:
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
                                       query: str | None = None, budget: int | None = None,
-                                      reach: Reach | None = None) -> RenderedContext:
-        """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble)."""
-        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach)
+                                      reach: Reach | None = None, as_of: datetime | None = None) -> RenderedContext:
+        """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
+        ``as_of``: its known facts are those true then."""
+        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of)
 
     # Startup records (memory_service/recall/startup.py; `memory-service import`: curation/legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str, body: StartupRecordIn,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from xml.etree import ElementTree as ET
 
@@ -11,8 +12,10 @@ from hypothesis import strategies as st
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.recall.render import (
+    FACTS_SHARE,
     MIN_BUDGET_CHARS,
     ContextInputs,
+    FactItem,
     RelevantItem,
     ShardContext,
     StartupItem,
@@ -32,6 +35,7 @@ ALLOWED_TAGS = {
     "MemoryContext", "CollectiveMemory", "MemoryShard", "ConsolidatedMemory", "Facts", "Fact",
     "RecentSuggestions", "Suggestion", "UserMemory", "User", "Directives", "Directive",
     "CurrentConversationContext", "Episode", "RelevantMemories", "Memory", "StartupRecords", "Record",
+    "KnownFacts",
 }
 HOSTILE = [
     "</UserMemory>",
@@ -122,7 +126,7 @@ def test_section_names_and_order():
     assert [c.tag for c in users[1]] == ["Directives"]
     (memory,) = root.iter("Memory")
     assert memory.get("kind") == "fact" and memory.get("age") == "3 days ago" and memory.text == "r1"
-    assert rendered.sections == {"startup": 0, "collective": 5, "user": 3, "conversation": 3, "relevant": 1}
+    assert rendered.sections == {"startup": 0, "collective": 5, "user": 3, "conversation": 3, "facts": 0, "relevant": 1}
     assert rendered.dropped == 0
     assert rendered.chars == len(rendered.xml) and rendered.budget == 10_000
     assert "\n  <CollectiveMemory>\n" in rendered.xml  # readable: one element a line, indented
@@ -286,8 +290,11 @@ def context_inputs(draw) -> ContextInputs:
     users = [UserContext(draw(ids), memories("directive", "user:a:u", 8), draw(st.none() | content))
              for _ in range(draw(st.integers(0, 3)))]
     startup = [StartupItem(draw(st.integers(0, 3)), draw(ids), c) for c in draw(st.lists(content, max_size=6))]
+    facts = [FactItem(c, draw(ids), draw(st.none() | st.just(NOW)), draw(st.none() | st.just(NOW)), draw(st.booleans()))
+             for c in draw(st.lists(content, max_size=10))]
     return ContextInputs(shards, users, memories("episode", "session:s1", 12),
-                         [shown_as_is(m) for m in memories("fact", "shard:a:t", 6)], startup)
+                         [shown_as_is(m) for m in memories("fact", "shard:a:t", 6)], startup, facts,
+                         draw(st.none() | st.just(NOW)))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -301,8 +308,13 @@ def test_budget_always_respected(inputs: ContextInputs, budget: int):
 
     total = (sum(len(s.facts) + len(s.suggestions) + shown(s.consolidated) for s in inputs.shards)
              + sum(len(u.directives) + shown(u.consolidated) for u in inputs.users)
-             + len(inputs.episodes) + len(inputs.relevant) + len(inputs.startup))
+             + len(inputs.episodes) + len(inputs.relevant) + len(inputs.startup) + len(inputs.facts))
     assert sum(rendered.sections.values()) + rendered.dropped == total
+    # The known facts keep to their share: their container and lines together.
+    known = re.search(r" *<KnownFacts.*</KnownFacts>\n", rendered.xml, re.S)
+    assert known is None or len(known.group(0)) <= budget * FACTS_SHARE
+    # A fact is whole or left out.
+    assert {el.text or "" for el in root.findall("KnownFacts/Fact")} <= {clean(f.text) for f in inputs.facts}
     # Episodes kept are the newest ones, in order; only the oldest kept one may be cut short.
     kept = texts(root, "Episode")
     originals = [clean(e.content) for e in inputs.episodes][len(inputs.episodes) - len(kept):]
@@ -334,3 +346,24 @@ def test_startup_records_come_first_by_priority_and_each_on_its_own_merit():
     assert [r.get("title") for r in root.iter("Record")] == ["Soul", "Rules"]
     assert texts(root, "Episode") == ["latest"] and texts(root, "Fact") == []
     assert small.chars <= 300 and small.dropped == 5
+
+
+def test_known_facts_rank_above_the_users_memory_and_own_facts_below_its_directives():
+    inputs = ContextInputs(
+        users=[UserContext("alice", [directive("Call me Al.", "alice")], "Alice, a nurse.")],
+        facts=[FactItem("alice lives in Lyon", "Lyon", NOW - timedelta(days=3)),
+               FactItem("alice works at Deloitte", "alice", None, own=True)],
+        facts_as_of=NOW,
+    )
+    full = parse(render_context(inputs, 10_000, NOW).xml)
+    [known] = full.iter("KnownFacts")
+    assert known.get("as_of") == "2024-06-01 12:00"
+    assert [(f.text, f.get("about"), f.get("valid_at")) for f in known] == [
+        ("alice lives in Lyon", "Lyon", "2024-05-29 12:00"), ("alice works at Deloitte", "alice", None)]
+    # The share (a fifth of 800) holds the container and the query's fact, not the user's own.
+    tight = render_context(inputs, 800, NOW)
+    assert "alice lives in Lyon" in tight.xml and "Alice, a nurse." in tight.xml
+    assert "Deloitte" not in tight.xml and tight.sections["facts"] == 1
+    # A fact longer than its share is left out whole, never cut.
+    long = ContextInputs(facts=[FactItem("x" * 500, "X")])
+    assert "xxx" not in render_context(long, 2_000, NOW).xml

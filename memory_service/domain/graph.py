@@ -80,6 +80,18 @@ class Mention:
     names: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class EntityMentions:
+    """The memories that mention one entity (at most a reader's limit of them), and the
+    entity's degree: how many mentions and facts it has in all, the input of retrieval's hub
+    penalty (an entity linked to everything says little about any one memory)."""
+
+    entity_id: str
+    name: str
+    degree: int
+    memory_ids: tuple[str, ...]
+
+
 class Entity(BaseModel):
     """A resolved entity: one node of the agent's graph."""
 

@@ -2,7 +2,8 @@
 
 The block is read from the session's episodes, each user's directives, the active shards'
 facts and suggestions, and (with a query, or the latest user message) the most relevant
-memories in the user's scope. Blocks are cached under the generations of everything they
+memories in the user's scope, and the knowledge graph's facts about the entities the query
+names and about the user (memory_service/recall/graph_signal.py). Blocks are cached under the generations of everything they
 read, so any write to those namespaces invalidates them (memory_service/state/cache.py owns
 the cache, its generations and the last good blocks). A store that fails shrinks the block
 or serves the last good one.
@@ -14,17 +15,21 @@ import asyncio
 import logging
 from contextlib import suppress
 from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 from memory_service.access.pseudonyms import for_log, namespace_for_log
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
-from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError
+from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError, NotSupported
+from memory_service.domain.graph import EntityType, Fact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Shard
 from memory_service.domain.namespaces import Namespace
+from memory_service.recall.graph_signal import QueryGraph, query_graph, query_names
 from memory_service.recall.render import (
     MIN_BUDGET_CHARS,
     ContextInputs,
+    FactItem,
     RelevantItem,
     RenderedContext,
     ShardContext,
@@ -33,7 +38,7 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.recall.search import Retriever, SearchRequest, query_terms, snippet
+from memory_service.recall.search import QUERY_STOPWORDS, Retriever, SearchRequest, query_terms, snippet
 from memory_service.recall.startup import StartupRecords
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
@@ -44,6 +49,11 @@ log = logging.getLogger(__name__)
 
 # The CONTEXT_RELEVANT_* counts are per this many characters of budget.
 RELEVANT_COUNTS_PER_CHARS = 4_000
+# The user's own facts shown without a query match: a few, the newest (render.py gives them a
+# low rank and the facts' share of the budget).
+OWN_FACTS = 5
+# The facts of the query's entities passed to the renderer (it keeps what fits their share).
+QUERY_FACTS = 30
 
 
 class ContextAssembler:
@@ -55,6 +65,7 @@ class ContextAssembler:
     async def assemble(
         self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
         query: str | None = None, budget: int | None = None, reach: Reach | None = None,
+        as_of: datetime | None = None,
     ) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget.
 
@@ -67,6 +78,8 @@ class ContextAssembler:
         in) gets exactly the block of an unknown session, and <UserMemory> shows only the
         users it sees. Cached and last-good blocks are kept per reach: a block made for a
         wider key is never served to a narrower one.
+
+        ``as_of``: the block's <KnownFacts> are the facts true then, not the current ones.
         """
         reach = reach or Reach(self.state, agent_id)
         if query is not None and len(query) > self.settings.search_max_query_chars:
@@ -76,6 +89,7 @@ class ContextAssembler:
         if budget is None:
             budget = budget_for_model(model, self.settings.context_budget_chars, self.settings.context_model_budgets)
         query = query.strip() if query else None
+        as_of = as_of if as_of is None or as_of.tzinfo else as_of.replace(tzinfo=UTC)
         last_good_key = identity(agent_id, user_id, session_id, budget, reach.view)
         # Memory reads stop at the deadline and the block is rendered from what arrived; the
         # whole assembly (state reads, caching) stops at twice it: a hung store never holds
@@ -85,7 +99,7 @@ class ContextAssembler:
         try:
             async with asyncio.timeout_at(deadline + allowed):
                 rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query, deadline,
-                                                reach)
+                                                reach, as_of)
         except MemoryServiceError:
             raise  # the caller's mistake (e.g. a bad id), not an outage
         except Exception as exc:
@@ -103,7 +117,7 @@ class ContextAssembler:
         return rendered
 
     async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
-                        query: str | None, deadline: float, reach: Reach) -> RenderedContext:
+                        query: str | None, deadline: float, reach: Reach, as_of: datetime | None) -> RenderedContext:
         # A session the caller does not see is shown as one nobody recorded in: no session
         # content, no other user's memory (nothing tells it from an unknown session).
         seen = await reach.sees_session(session_id)
@@ -119,13 +133,15 @@ class ContextAssembler:
         ]
         dependencies = [agent_wide(agent_id), *map(str, namespaces)]
         # Kept per reach too: a block made for a wider key is never served to a narrower one.
-        key = await self.cache.key_for([agent_id, user_id, session_id, budget, query, reach.view], dependencies)
+        key = await self.cache.key_for([agent_id, user_id, session_id, budget, query, reach.view,
+                                        as_of.isoformat() if as_of else None], dependencies)
         if cached := await self.cache.get(key):
             return RenderedContext(**{**cached, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
         inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id if seen else None,
-                                                                    users, shards, query, budget, deadline, sources)
+                                                                    users, shards, query, budget, deadline, sources,
+                                                                    as_of)
         inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
                                           for r in await self.startup.list(agent_id)])
         rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
@@ -141,7 +157,7 @@ class ContextAssembler:
 
     async def _context_inputs(
         self, agent_id: str, user_id: str, session_id: str | None, users: list[str], shards: list[Shard],
-        query: str | None, budget: int, deadline: float, sources: set[str],
+        query: str | None, budget: int, deadline: float, sources: set[str], as_of: datetime | None = None,
     ) -> tuple[ContextInputs, bool, str]:
         """What the block shows, whether every read succeeded, and the backend read.
         ``session_id`` None: a session the caller does not see, nothing of it is read."""
@@ -199,14 +215,17 @@ class ContextAssembler:
             users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
             episodes=episodes,
         )
-        relevant, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
-                                                           query, budget, deadline, sources)
-        return replace(inputs, relevant=relevant), complete and relevant_complete, backend_name
+        relevant, known, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
+                                                                  query, budget, deadline, sources, as_of)
+        return (replace(inputs, relevant=relevant, facts=known, facts_as_of=as_of), complete and relevant_complete,
+                backend_name)
 
     async def _relevant(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
                         backend: MemoryBackend, shown: ContextInputs, query: str | None,
-                        budget: int, deadline: float, sources: set[str]) -> tuple[list[RelevantItem], bool]:
-        """The block's query-relevant memories, shaped: the best in full, then snippets, then references.
+                        budget: int, deadline: float, sources: set[str],
+                        as_of: datetime | None = None) -> tuple[list[RelevantItem], list[FactItem], bool]:
+        """The block's query-relevant memories, shaped: the best in full, then snippets, then
+        references; and the known facts (``_facts``), read with the same query.
 
         How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
         so a larger budget shows proportionally more (never fewer than the settings say).
@@ -221,8 +240,6 @@ class ContextAssembler:
         wanted = min(round(s.context_relevant_items * scale), s.search_max_top_k)
         full = round(s.context_relevant_full * scale)
         snippets = round(s.context_relevant_snippets * scale)
-        if wanted <= 0:
-            return [], True
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
@@ -232,21 +249,32 @@ class ContextAssembler:
                     said = [] if session_id is None else await backend.recent(
                         agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
                     latest = [m for m in said if m.metadata.role in (None, "user")]
-                    if not latest:
-                        return [], True
-                    query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+                    if latest:
+                        query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+        except MemoryServiceError:
+            raise
+        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+            log.warning("memory context: reading agent %s's latest message failed: %s", agent_id,
+                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
+            return [], [], False
+        facts, found, facts_complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
+        if query is None or wanted <= 0:
+            return [], facts, facts_complete
+        try:
+            async with asyncio.timeout_at(deadline):
                 namespaces = list(dict.fromkeys([
                     *([Namespace.session(session_id)] if session_id else []),
                     *await self.retriever.user_namespaces(agent_id, user_id),
                     *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
-                result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces, resolve_scope=False)
+                result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
+                                                     resolve_scope=False, found=found)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
             log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return [], False
+            return [], facts, False
         hits = [h for h in result.results if h.id not in exclude][:wanted]
         sources.update(h.served_by for h in hits if h.served_by)
         terms = query_terms(query)
@@ -258,7 +286,52 @@ class ContextAssembler:
             elif rank >= full:
                 text = snippet(text, terms, s.context_snippet_chars)
             items.append(RelevantItem(kind=h.kind, valid_at=h.valid_at, text=text))
-        return items, True
+        return items, facts, facts_complete
+
+    async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
+                     query: str | None, as_of: datetime | None,
+                     deadline: float) -> tuple[list[FactItem], QueryGraph | None, bool]:
+        """The known facts: those of the entities ``query`` names, in the namespaces this user's
+        block covers (the user's own, the active shards', the agent's; never another user's),
+        then the user's own facts (the user's person entity as subject; a few, the newest),
+        current ones or those true at ``as_of``. Also the query's entities and facts, for the
+        search's graph signal. A store without a graph shows none; a failing one shrinks the block."""
+        user_ns = Namespace.user(agent_id, user_id)
+        namespaces = [user_ns, *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]
+        names = query_names(query, QUERY_STOPWORDS) if query else []
+        try:
+            async with asyncio.timeout_at(deadline):
+                found, mine = await asyncio.gather(query_graph(backend, agent_id, namespaces, names, as_of),
+                                                   query_graph(backend, agent_id, [user_ns], [user_id], as_of))
+        except NotSupported:
+            return [], None, True
+        except Exception as exc:
+            log.warning("memory context: reading agent %s's graph failed: %s", agent_id,
+                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
+            return [], None, False
+        names_by_id = {e.id: e.name for e in (*found.entities, *mine.entities)}
+        order = {name: i for i, name in enumerate(names)}
+        rank = {e.id: min((order.get(n, len(order)) for n in map(normalise_name, (e.name, *e.aliases))), default=0)
+                for e in found.entities}
+
+        def about(fact: Fact) -> str:
+            """The entity the fact was found through: the query's (its first named), else the subject."""
+            ends = sorted((rank[i], i) for i in (fact.subject_id, fact.object_id) if i in rank)
+            return names_by_id.get(ends[0][1] if ends else fact.subject_id, "")
+
+        def newest_first(fact: Fact) -> float:
+            return -(fact.valid_at or fact.created_at).timestamp()
+
+        query_facts = sorted(found.facts, key=lambda f: (min(rank.get(f.subject_id, len(rank) + 1),
+                                                             rank.get(f.object_id, len(rank) + 1)), newest_first(f)))
+        me = {e.id for e in mine.entities if e.type is EntityType.PERSON and normalise_name(e.name) == normalise_name(user_id)}
+        shown = {f.id for f in query_facts}
+        own = sorted((f for f in mine.facts if f.subject_id in me and f.id not in shown), key=newest_first)[:OWN_FACTS]
+        items: dict[str, FactItem] = {}  # by text: two edges stated by one sentence show it once
+        for fact, is_own in (*((f, False) for f in query_facts[:QUERY_FACTS]), *((f, True) for f in own)):
+            items.setdefault(fact.text, FactItem(fact.text, about(fact), fact.valid_at,
+                                                 fact.invalid_at if as_of else None, own=is_own))
+        return list(items.values()), found, True
 
 
 def _asdict(rendered: RenderedContext) -> dict[str, Any]:

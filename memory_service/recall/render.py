@@ -16,8 +16,15 @@ block, in the element order DESIGN.md fixes::
         <User id="..."><ConsolidatedMemory/><Directives><Directive/></Directives></User>
       </UserMemory>
       <CurrentConversationContext><Episode>...</Episode></CurrentConversationContext>
+      <KnownFacts as_of="..."><Fact about="..." valid_at="..." invalid_at="...">...</Fact></KnownFacts>
       <RelevantMemories><Memory kind="..." date="..." age="...">...</Memory></RelevantMemories>
     </MemoryContext>
+
+``<KnownFacts>`` holds facts of the knowledge graph (docs/graph.md): those of the entities
+the query names, then the requesting user's own (about the user's person entity); current
+ones, or with ``as_of`` (the container says when) those true then. ``valid_at`` is when a
+fact became true (left out when unknown), ``invalid_at`` when it stopped (only shown for a
+fact true at ``as_of`` that later changed).
 
 Empty sections and containers are left out; with nothing to show the block is
 ``<MemoryContext/>``. All text is escaped and characters XML 1.0 forbids are removed,
@@ -30,17 +37,19 @@ are kept greedily in this priority order, highest first:
 1. the agent's P0 (identity), then P1 (operating rules) startup records;
 2. the most recent episode;
 3. the query-relevant memories (best first; the first ``RECENT_ITEMS`` of them);
-4. the requesting user's consolidated memory;
-5. the requesting user's most recent directives;
-6. the P2 (behaviour) startup records;
-7. the shards' consolidated memories;
-8. the other query-relevant memories, best first;
-9. the most recent facts (round-robin over shards);
-10. the other recent episodes;
-11. the recent suggestions (round-robin over shards);
-12. the other users' consolidated memories and recent directives;
-13. the P3 (reference) startup records;
-14. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
+4. the facts of the query's entities (the first ``RECENT_ITEMS``);
+5. the requesting user's consolidated memory;
+6. the requesting user's most recent directives;
+7. the user's own facts (the first ``RECENT_ITEMS``);
+8. the P2 (behaviour) startup records;
+9. the shards' consolidated memories;
+10. the other query-relevant memories, best first;
+11. the most recent facts (round-robin over shards);
+12. the other recent episodes;
+13. the recent suggestions (round-robin over shards);
+14. the other users' consolidated memories and recent directives;
+15. the P3 (reference) startup records;
+16. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
     round-robin over the lists in the order above.
 
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
@@ -50,7 +59,14 @@ whole or not at all, and one that does not fit leaves the room to a shorter one;
 priority rank in its tier, whatever their count): the relevant memories come already shaped (the best in full, the next
 as snippets, the rest as one-line references, see ``RelevantItem``), and a shorter one
 further down still takes the room a longer one left, so unused budget is carried forward.
-Every relevant memory shows its date and age. An item too long for the room left is cut
+Every relevant memory shows its date and age.
+
+The known facts have a share of the budget, ``FACTS_SHARE`` (a fifth): their lines (and
+their container's) never take more, so the facts of an entity-rich query cannot crowd out
+the memories that say more than a fact. A fact is kept whole or not at all (half a fact can
+state a falsehood), and one that does not fit leaves the room to a shorter one. The user's
+own facts come without a query match, so they rank lower (after the user's directives) and
+are few (the assembler passes at most ``OWN_FACTS``): a principle, not a measurement. An item too long for the room left is cut
 with an ellipsis if at least ``MIN_TRUNCATED_CHARS`` of it fit. Sizes are computed incrementally (an item's line, plus the open and close lines of its
 containers the first time one of their items is kept), so rendering is O(n log n).
 """
@@ -70,6 +86,7 @@ from memory_service.domain.models import Memory, MemoryKind
 
 MIN_BUDGET_CHARS = 64
 RECENT_ITEMS = 5
+FACTS_SHARE = 0.2  # of the budget, at most, for <KnownFacts>
 MIN_TRUNCATED_CHARS = 40
 ELLIPSIS = "…"
 EMPTY = "<MemoryContext/>"
@@ -110,6 +127,17 @@ class RelevantItem:
 
 
 @dataclass(frozen=True)
+class FactItem:
+    """A fact of the knowledge graph as the block shows it."""
+
+    text: str
+    about: str  # the name of the entity it was found through
+    valid_at: datetime | None = None
+    invalid_at: datetime | None = None
+    own: bool = False  # about the requesting user, shown without a query match
+
+
+@dataclass(frozen=True)
 class StartupItem:
     """A startup record as the block shows it (memory_service/recall/startup.py)."""
 
@@ -125,6 +153,8 @@ class ContextInputs:
     episodes: Sequence[Memory] = ()  # the session's recent episodes, oldest first
     relevant: Sequence[RelevantItem] = ()  # query-relevant memories, best first
     startup: Sequence[StartupItem] = ()  # the agent's startup records, in the order shown
+    facts: Sequence[FactItem] = ()  # the query's entities' facts (best first), then the user's own
+    facts_as_of: datetime | None = None  # the facts are those true then (None: current ones)
 
 
 @dataclass(frozen=True)
@@ -132,7 +162,7 @@ class RenderedContext:
     xml: str
     chars: int  # len(xml)
     budget: int
-    sections: dict[str, int]  # items kept per section: startup, collective, user, conversation, relevant
+    sections: dict[str, int]  # items kept per section: startup, collective, user, conversation, facts, relevant
     dropped: int  # items left out to fit the budget
     source: str = ""  # where the memories came from: graph, mongo, cache, last-good, none
 
@@ -240,12 +270,15 @@ def memory_date(moment: datetime) -> str:
 
 
 # Tiers, in the priority order the module docstring lists.
-(_STARTUP_P0, _STARTUP_P1, _LATEST_EPISODE, _RELEVANT, _USER_CONSOLIDATED, _USER_DIRECTIVES, _STARTUP_P2,
- _SHARD_CONSOLIDATED, _RELEVANT_MORE, _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS, _STARTUP_P3, _OLDER) = range(15)
+(_STARTUP_P0, _STARTUP_P1, _LATEST_EPISODE, _RELEVANT, _QUERY_FACTS, _USER_CONSOLIDATED, _USER_DIRECTIVES,
+ _OWN_FACTS, _STARTUP_P2, _SHARD_CONSOLIDATED, _RELEVANT_MORE, _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS,
+ _STARTUP_P3, _OLDER) = range(17)
 _STARTUP_TIERS = (_STARTUP_P0, _STARTUP_P1, _STARTUP_P2, _STARTUP_P3)
 # Sections whose items are kept each on its own merit: one that does not fit leaves the
 # room to a shorter one after it (in every other list, the older items go with it).
-_SKIPPING = ("relevant", "startup")
+_SKIPPING = ("relevant", "startup", "facts")
+# Sections whose items are kept whole or not at all.
+_WHOLE = ("startup", "facts")
 
 
 def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | None = None) -> RenderedContext:
@@ -275,6 +308,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
     collective = _Node(root, "CollectiveMemory")
     user_memory = _Node(root, "UserMemory")
     conversation = _Node(root, "CurrentConversationContext")
+    facts_node = _Node(root, "KnownFacts", f" as_of={_attr(memory_date(inputs.facts_as_of))}" if inputs.facts_as_of else "")
     relevant_node = _Node(root, "RelevantMemories")
 
     add(conversation, "Episode", [m.content for m in inputs.episodes], "conversation",
@@ -283,6 +317,12 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         newest_first=True, later_tier=_RELEVANT_MORE,
         attrs=[f" kind={_attr(r.kind.value)} date={_attr(memory_date(r.valid_at))}"
                f" age={_attr(age(r.valid_at, now))}" for r in inputs.relevant])
+
+    for own, tier in ((False, _QUERY_FACTS), (True, _OWN_FACTS)):
+        facts = [f for f in inputs.facts if f.own is own]
+        add(facts_node, "Fact", [f.text for f in facts], "facts", tier, newest_first=True,
+            attrs=[f" about={_attr(f.about)}" + (f" valid_at={_attr(memory_date(f.valid_at))}" if f.valid_at else "")
+                   + (f" invalid_at={_attr(memory_date(f.invalid_at))}" if f.invalid_at else "") for f in facts])
 
     for priority, tier in enumerate(_STARTUP_TIERS):
         records = [r for r in inputs.startup if r.priority == priority]
@@ -307,24 +347,31 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             "collective", _SUGGESTIONS)
 
     # Keep greedily in priority order, counting the exact size as we go.
-    size = dropped = 0
+    size = dropped = facts_size = 0
+    facts_room = int(budget_chars * FACTS_SHARE)
     closed: set[int] = set()  # lists that already lost an item: their older items go too
-    sections = {"startup": 0, "collective": 0, "user": 0, "conversation": 0, "relevant": 0}
+    sections = {"startup": 0, "collective": 0, "user": 0, "conversation": 0, "facts": 0, "relevant": 0}
     for _, item in sorted(ranked, key=lambda entry: entry[0]):
         if item.group in closed:
             dropped += 1
             continue
         room = budget_chars - size - item.parent.unopened_overhead()
+        # The facts' share counts their lines and their own container, not the root's.
+        own_overhead = 0 if item.parent.opened else len(item.parent.open) + len(item.parent.close)
+        if item.section == "facts":
+            room = min(room, facts_room - facts_size - own_overhead)
         line = item.render(_escape_text(item.text))
         if len(line) > room:
             if item.section not in _SKIPPING:
                 closed.add(item.group)
-            # A startup record is given whole or not at all: half a rule can mislead.
-            body = None if item.section == "startup" else _truncate(item.text, room - item.shell())
+            # A startup record or a fact is given whole or not at all: half a rule can mislead.
+            body = None if item.section in _WHOLE else _truncate(item.text, room - item.shell())
             if body is None:
                 dropped += 1
                 continue
             line = item.render(body)
+        if item.section == "facts":
+            facts_size += len(line) + own_overhead
         size += len(line) + item.parent.unopened_overhead()
         item.parent.mark_opened()
         item.line = line

@@ -1,5 +1,9 @@
-"""Search: scopes, full-text and vector candidates fused by reciprocal rank, a recency
-factor, and an explanation for every result.
+"""Search: scopes, full-text, vector and graph candidates fused by reciprocal rank, a
+recency factor, and an explanation for every result.
+
+The graph signal (memory_service/recall/graph_signal.py) ranks the memories that mention
+the query's entities, or the entities their facts link them to; each result's explanation
+lists those paths.
 
 A search asks the agent's backend for candidates per signal inside a scope (the backend
 filters by namespace in its indexes), fuses the ranked lists by reciprocal rank fusion
@@ -27,7 +31,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
-from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, preview
+from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, NotSupported, preview
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
     MAX_SEARCH_NAMESPACES,
@@ -40,8 +44,9 @@ from memory_service.domain.limits import (
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, SessionId, ShardId, StoreQuery, UserId
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
+from memory_service.recall.graph_signal import GraphHits, QueryGraph, entity_namespaces, graph_hits, query_graph, query_names
 from memory_service.recall.render import age
-from memory_service.schemas.search import Explanation, Scope, SearchHit, SearchResult, SignalScore
+from memory_service.schemas.search import Explanation, GraphPath, Scope, SearchHit, SearchResult, SignalScore
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend, SignalHits
 
@@ -79,8 +84,12 @@ class SearchRequest(BaseModel):
     tags: list[Annotated[str, Field(min_length=1, max_length=TAG_CHARS_CEILING)]] | None = Field(
         default=None, max_length=TAGS_CEILING,
         description="only memories carrying every one of these tags (at most MAX_MEMORY_TAGS, each MAX_TAG_CHARS)")
+    as_of: datetime | None = Field(default=None, description="the graph signal follows the facts true at this time "
+                                                              "(default: the current ones)")
+    include_superseded: bool = Field(default=False, description="the graph signal follows every fact, superseded "
+                                                                "ones included")
 
-    @field_validator("since", "until")
+    @field_validator("since", "until", "as_of")
     @classmethod
     def _timezone(cls, value: datetime | None) -> datetime | None:
         if value is None:
@@ -99,8 +108,9 @@ def recency_factor(age_days: float, half_life_days: float, weight: float) -> flo
     return 1.0 - weight + weight * decay
 
 
-def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None) -> list[tuple[Memory, Explanation]]:
-    """Every candidate once, with its explanation, best first."""
+def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None,
+         paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Memory, Explanation]]:
+    """Every candidate once, with its explanation (and its graph ``paths``), best first."""
     k = settings.search_rrf_k
     memories: dict[str, Memory] = {}
     signals: dict[str, dict[str, SignalScore]] = {}
@@ -120,6 +130,7 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
         explained.append((memory, Explanation(
             signals=found, fused=round(fused, 6), recency=round(recency, 6), age_days=round(age_days, 3),
             score=round(score, 6), activated=min_score is None or score >= min_score,
+            graph=(paths or {}).get(memory_id, []),
         )))
     explained.sort(key=lambda pair: (-pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id))
     return explained
@@ -229,7 +240,10 @@ class Retriever:
 
     async def search(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
                      namespaces: Sequence[Namespace] | None = None, resolve_scope: bool = True,
-                     reach: Reach | None = None) -> SearchResult:
+                     reach: Reach | None = None, found: QueryGraph | None = None) -> SearchResult:
+        """``found``: the query's entities and facts when the caller read them already (the
+        memory block does, to show the facts); else they are read here, in the scope's
+        namespaces that hold entities (every one of the agent's for scope agent)."""
         started = time.perf_counter()
         self.validate(request)
         if resolve_scope:
@@ -241,16 +255,33 @@ class Retriever:
             limit=max(self.settings.search_candidates, request.top_k), tags=tuple(dict.fromkeys(request.tags or ())),
         )
         hits = await backend.search(agent_id, store_query)
+        degraded = []
         if vector is not None and "vector" not in hits:
             why_not = "the store's vector index did not answer (rebuilding after a restart?)"
+        if why_not:
+            degraded.append(f"vector: {why_not}")
+        graph = GraphHits()
+        try:
+            if found is None:
+                found = await query_graph(backend, agent_id, None if namespaces is None else entity_namespaces(namespaces),
+                                          query_names(request.query, QUERY_STOPWORDS), request.as_of,
+                                          request.include_superseded)
+            graph = await graph_hits(backend, agent_id, store_query, found)
+        except NotSupported:
+            pass  # a store without a graph: search runs on its other signals
+        except Exception as exc:  # a failing graph read degrades search, it never fails it
+            log.warning("search without the graph signal: %s", exc)
+            degraded.append(f"graph: {type(exc).__name__}: {exc}")
+        if graph.hits:
+            hits = {**hits, "graph": graph.hits}
         now = datetime.now(UTC)
-        ranked = fuse(hits, self.settings, now, request.min_score)
+        ranked = fuse(hits, self.settings, now, request.min_score, graph.paths)
         results = [hit(m, e, now) for m, e in ranked if e.activated][: request.top_k]
         candidates = [hit(m, e, now) for m, e in ranked if not e.activated][: request.top_k]
         return SearchResult(
             query=request.query, scope=request.scope,
             namespaces=None if namespaces is None else len(namespaces),
-            signals=sorted(hits), degraded=[f"vector: {why_not}"] if why_not else [],
+            signals=sorted(hits), degraded=degraded,
             results=results, candidates=candidates, took_ms=round((time.perf_counter() - started) * 1000, 3),
         )
 

@@ -24,6 +24,16 @@ class SignalScore(BaseModel):
     rank: int = Field(description="1 = the signal's best candidate")
 
 
+class GraphPath(BaseModel):
+    """How the graph signal reached a memory: it mentions ``entity``, one of the query's own
+    (``via`` None) or one a current fact links to one of them (``via`` that fact's text)."""
+
+    entity: str = Field(description="the entity's name")
+    entity_id: str
+    via: str | None = Field(None, description="the fact linking a query entity to this one (one hop), or None")
+    weight: float = Field(description="what the path adds: 1 (0.5 one hop out) divided by log2(2 + the entity's degree)")
+
+
 class Explanation(BaseModel):
     signals: dict[str, SignalScore] = Field(description="each signal that found the memory")
     fused: float = Field(description="reciprocal rank fusion: sum of 1/(k + rank), normalised to the best possible")
@@ -31,6 +41,8 @@ class Explanation(BaseModel):
     age_days: float
     score: float = Field(description="fused x recency")
     activated: bool = Field(description="score >= min_score (always, without a min_score)")
+    graph: list[GraphPath] = Field(default_factory=list,
+                                   description="the graph signal's paths to the memory: which entities, which facts")
 
 
 class SearchHit(BaseModel):

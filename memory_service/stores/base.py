@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from memory_service.domain.errors import NotSupported
-from memory_service.domain.graph import Entity, EntityDetail, EntityType, Fact
+from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 
@@ -227,4 +227,20 @@ class MemoryBackend(ABC):
                          include_superseded: bool = False) -> EntityDetail:
         """One entity with its facts (as ``current_facts`` chooses them) and its neighbours
         through those facts. An unknown id raises NotFound."""
+        raise self._no_graph()
+
+    # Reading the graph for retrieval (memory_service/recall/graph_signal.py) ---------------------
+
+    async def lookup_entities(self, agent_id: str, namespaces: Sequence[Namespace] | None,
+                              names: Sequence[str]) -> list[Entity]:
+        """The entities of any of ``namespaces`` (every one of the agent's when None) whose
+        normalised name or alias is one of ``names``'s normalised forms."""
+        raise self._no_graph()
+
+    async def memories_mentioning(self, agent_id: str, entity_ids: Sequence[str],
+                                  namespaces: Sequence[Namespace] | None, limit: int) -> list[EntityMentions]:
+        """For each stored entity of ``entity_ids``: its degree and the ids of at most ``limit``
+        memories of ``namespaces`` (every one of the agent's when None) that mention it (which
+        ones, past the limit, is the store's choice). The memories may be deleted or evicted:
+        the reader filters them as it filters any candidate."""
         raise self._no_graph()

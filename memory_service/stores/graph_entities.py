@@ -50,7 +50,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, preview
-from memory_service.domain.graph import Entity, EntityDetail, EntityType, Fact, normalise_name
+from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntityType, Fact, normalise_name
 from memory_service.domain.models import utcnow
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.stores.base import MemoryBackend, Page
@@ -287,6 +287,45 @@ class EntityGraph(MemoryBackend):
         neighbours = await self._read(agent_id, f"UNWIND $ids AS id MATCH (n:{ENTITY} {{uuid: id}}) "
                                                 f"RETURN {_ENTITY_FIELDS} ORDER BY n.norm_name, n.uuid", ids=others)
         return EntityDetail(entity=_entity(rows[0]), facts=facts, neighbours=[_entity(r) for r in neighbours])
+
+    async def lookup_entities(self, agent_id: str, namespaces: Sequence[Namespace] | None,
+                              names: Sequence[str]) -> list[Entity]:
+        norms = list(dict.fromkeys(k for k in map(normalise_name, names) if k))
+        if not norms:
+            return []
+        if namespaces is not None:
+            # Sessions hold no entities: their keys would seek for nothing.
+            groups = list(dict.fromkeys(_group(agent_id, ns) for ns in namespaces if ns.kind is not NamespaceKind.SESSION))
+            keys = [f"{g}|{n}" for g in groups for n in norms]
+            if not keys:
+                return []
+            cypher = f"UNWIND $keys AS k MATCH (n:{ENTITY}) WHERE k IN n.name_keys WITH DISTINCT n "
+            params: dict[str, Any] = {"keys": keys}
+        else:  # every namespace of the agent: its entities (a label scan of its own graph)
+            cypher = (f"MATCH (n:{ENTITY}) WHERE any(k IN n.name_keys WHERE substring(k, size(n.group_id) + 1) IN $names) "
+                      "WITH n ")
+            params = {"names": norms}
+        rows = await self._read(agent_id, cypher + f"RETURN {_ENTITY_FIELDS} ORDER BY n.norm_name, n.uuid", **params)
+        return [_entity(r) for r in rows]
+
+    async def memories_mentioning(self, agent_id: str, entity_ids: Sequence[str],
+                                  namespaces: Sequence[Namespace] | None, limit: int) -> list[EntityMentions]:
+        ids = list(dict.fromkeys(entity_ids))
+        if not ids or limit < 1:
+            return []
+        where, params = "", {"ids": ids, "limit": limit}
+        if namespaces is not None:
+            where = "WHERE m.group_id IN $groups "
+            params["groups"] = list(dict.fromkeys(ns.group_id for ns in namespaces))
+        # indegree/outdegree are read from the node (no edge is walked); the subquery stops at
+        # ``limit`` mentions, so a hub costs no more than any other entity.
+        rows = await self._read(
+            agent_id,
+            f"UNWIND $ids AS id MATCH (n:{ENTITY} {{uuid: id}}) "
+            "CALL { WITH n OPTIONAL MATCH (m:Episodic)-[:MENTIONS]->(n) " + where +
+            "WITH m LIMIT $limit RETURN collect(m.uuid) AS memories } "
+            "RETURN id, n.name AS name, indegree(n) + outdegree(n) AS degree, memories", **params)
+        return [EntityMentions(r["id"], r["name"], int(r["degree"]), tuple(r["memories"] or ())) for r in rows]
 
     # Helpers ---------------------------------------------------------------------------
 

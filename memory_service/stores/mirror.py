@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.access.pseudonyms import namespace_for_log
-from memory_service.domain.graph import Entity, EntityDetail, EntityType, Fact
+from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.stores.base import MemoryBackend, Page, SignalHits
@@ -442,3 +442,11 @@ class MirroredBackend(MemoryBackend):
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False) -> EntityDetail:
         return await self.primary.get_entity(agent_id, entity_id, as_of, include_superseded)
+
+    async def lookup_entities(self, agent_id: str, namespaces: Sequence[Namespace] | None,
+                              names: Sequence[str]) -> list[Entity]:
+        return await self.primary.lookup_entities(agent_id, namespaces, names)
+
+    async def memories_mentioning(self, agent_id: str, entity_ids: Sequence[str],
+                                  namespaces: Sequence[Namespace] | None, limit: int) -> list[EntityMentions]:
+        return await self.primary.memories_mentioning(agent_id, entity_ids, namespaces, limit)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from fastapi import Query
 
 from memory_service.access.authorization import authorize
@@ -27,6 +29,8 @@ async def get_context(
     query: str | None = Query(None, description="what the model is asked now; default: the session's latest "
                                                "user message. Adds <RelevantMemories>"),
     budget: int | None = Query(None, le=CONTEXT_BUDGET_CEILING, description="character budget; overrides the model's"),
+    as_of: datetime | None = Query(None, description="<KnownFacts> shows the facts true at this time (UTC unless it "
+                                                     "says), not the current ones"),
 ) -> ContextOut:
     """The memory block for one model call, within its character budget, with the memories
     most relevant to the query (or to the session's latest user message). Needs `read` on
@@ -35,6 +39,7 @@ async def get_context(
     unknown session; such a key's block shows only its users' memory."""
     authorize(principal, Role.READ, agent_id, user_id)
     rendered = await service.assemble_memory_context(agent_id, user_id, session_id, model, query=query,
-                                                     budget=budget, reach=service.reach(principal, agent_id))
+                                                     budget=budget, reach=service.reach(principal, agent_id),
+                                                     as_of=as_of)
     return ContextOut(xml=rendered.xml, chars=rendered.chars, budget=rendered.budget,
                       sections=rendered.sections, dropped=rendered.dropped, source=rendered.source)
