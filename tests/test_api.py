@@ -206,6 +206,9 @@ OPERATION_IDS = {
     ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_delete",
     ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): "memory_undelete",
     ("POST", "/v1/agents/{agent_id}/writes/parse"): "parse_writes",
+    ("GET", "/v1/agents/{agent_id}/entities"): "list_entities",
+    ("GET", "/v1/agents/{agent_id}/entities/{entity_id}"): "get_entity",
+    ("POST", "/v1/agents/{agent_id}/facts/{fact_id}/restore"): "restore_fact",
 }
 
 
