@@ -28,7 +28,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from memory_service.access.audit import AuditLog
+from memory_service.access.audit import AuditLog, audited_fact
 from memory_service.access.authorization import authorize_session
 from memory_service.access.keys import KeyStore, Principal
 from memory_service.access.pseudonyms import Pseudonyms
@@ -40,9 +40,10 @@ from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
 from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard, Written
 from memory_service.curation.write_blocks import store_write_blocks
-from memory_service.domain.errors import NotFound
+from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound
+from memory_service.domain.graph import EntityType
 from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
-from memory_service.domain.namespaces import Namespace, checks_ids
+from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
@@ -57,6 +58,7 @@ from memory_service.recall.search import Retriever, SearchRequest
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary, GateStatus
+from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, FactOut
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord
 from memory_service.schemas.search import SearchResult
@@ -83,8 +85,6 @@ class MemoryService:
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
         self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
-        self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
-                                          extractor, self.consolidator, embedder)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
@@ -92,6 +92,9 @@ class MemoryService:
         digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
+        # The worker's formation logs the facts it closes (``fact.invalidate``) in the same log.
+        self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
+                                          extractor, self.consolidator, embedder, self.audit)
         self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit)
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
@@ -259,6 +262,76 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
         ``as_of``: its known facts are those true then."""
         return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of)
+
+    # The knowledge graph (issue 16; docs/graph.md): entities, their facts, undoing an invalidation.
+    # A caller limited to some users (``reach``) sees the entities and facts of the namespaces
+    # its users may see; an entity of any other namespace is answered as an unknown one.
+    async def list_entities(self, agent_id: str, *, namespace: str | None = None, user_id: str | None = None,
+                            entity_type: EntityType | None = None, name_prefix: str | None = None,
+                            cursor: str | None = None, limit: int = 50, reach: Reach | None = None) -> EntityPage:
+        """One page of the agent's entities ordered by name (``namespace`` or ``user_id``'s
+        namespace, type, name prefix if given); pass the page's ``next`` as ``cursor``."""
+        if namespace is not None and user_id is not None:
+            raise InvalidInput("give namespace or user_id, not both (user_id names the namespace 'user:<agent>:<user>')")
+        chosen = Namespace.user(agent_id, user_id) if user_id is not None else \
+            Namespace.parse(namespace) if namespace is not None else None
+        within: list[Namespace] | None = None
+        if reach is not None and reach.confined:
+            ours = chosen is not None and (chosen.kind is NamespaceKind.SESSION or chosen.fields[0] == agent_id)
+            if chosen is not None and ours and not await reach.sees_namespace(chosen):
+                return EntityPage(entities=[], next=None)  # answered as an empty namespace
+            within = await self._visible_namespaces(agent_id, reach)
+        _, backend = await self.agents.backend_for(agent_id)
+        entities, after = await backend.list_entities(agent_id, chosen, entity_type, name_prefix, cursor, limit,
+                                                      within=within)
+        return EntityPage(entities=[EntityOut.of(e) for e in entities], next=after)
+
+    async def get_entity(self, agent_id: str, entity_id: str, *, as_of: datetime | None = None,
+                         include_superseded: bool = False, reach: Reach | None = None) -> EntityDetailOut:
+        """One entity with its facts (current ones; those true at ``as_of``; or, with
+        ``include_superseded``, all of them) and the entities they link it to."""
+        _, backend = await self.agents.backend_for(agent_id)
+        detail = await backend.get_entity(agent_id, entity_id, as_of, include_superseded)
+        facts, neighbours = detail.facts, detail.neighbours
+        if reach is not None and reach.confined:
+            if not await reach.sees_namespace(Namespace.parse(detail.entity.namespace)):
+                raise NotFound(f"agent {agent_id!r} has no entity {entity_id!r}")
+            facts = [f for f in facts if await reach.sees_namespace(Namespace.parse(f.namespace))]
+            linked = {i for f in facts for i in (f.subject_id, f.object_id)}
+            neighbours = [n for n in neighbours
+                          if n.id in linked and await reach.sees_namespace(Namespace.parse(n.namespace))]
+        return EntityDetailOut(entity=EntityOut.of(detail.entity), facts=[FactOut.of(f) for f in facts],
+                               neighbours=[EntityOut.of(n) for n in neighbours])
+
+    async def restore_fact(self, agent_id: str, fact_id: str, reach: Reach | None = None,
+                           actor: str | None = None) -> FactOut:
+        """Undo an invalidation: the fact is current again (its ``invalid_at``, ``expired_at`` and
+        ``superseded_by`` cleared); nothing else changes, the fact that replaced it stays current.
+        A current fact is a Conflict; audited as ``fact.restore`` for ``actor``."""
+        _, backend = await self.agents.backend_for(agent_id)
+        before = await backend.get_fact(agent_id, fact_id)
+        if reach is not None and reach.confined:
+            namespace = Namespace.parse(before.namespace)
+            if not await reach.sees_namespace(namespace):
+                raise NotFound(f"agent {agent_id!r} has no fact {fact_id!r}")
+            if not reach.may_change(namespace):
+                raise Forbidden(f"fact {fact_id!r} is shared knowledge ({namespace.kind.value}); "
+                                "restoring it needs a key for all of the agent's users")
+        if before.current_at():
+            raise Conflict(f"fact {fact_id!r} is current: there is no invalidation to undo")
+        after = await backend.restore_fact(agent_id, fact_id)
+        if actor is not None:
+            await self.audit.append(actor, "fact.restore", agent_id, fact_id, before=audited_fact(before),
+                                    after=audited_fact(after))
+        return FactOut.of(after)
+
+    async def _visible_namespaces(self, agent_id: str, reach: Reach) -> list[Namespace]:
+        """The namespaces of the agent's graph a caller limited to some users may see: theirs,
+        the shards' and the agent's (entities live in no session's)."""
+        users = sorted(reach.users or ())
+        shards = await self.agents.list_shards(agent_id)
+        return [*(Namespace.user(agent_id, u) for u in users), *(Namespace.shard(agent_id, s.shard_id) for s in shards),
+                Namespace.agent(agent_id)]
 
     # Startup records (memory_service/recall/startup.py; `memory-service import`: curation/legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str, body: StartupRecordIn,

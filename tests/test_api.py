@@ -170,6 +170,8 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/startup/block",
         "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{memory_id}",
         "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
+        "/v1/agents/{agent_id}/entities", "/v1/agents/{agent_id}/entities/{entity_id}",
+        "/v1/agents/{agent_id}/facts/{fact_id}/restore",
     }
     assert (await http.get("/docs")).status_code == 200
 
@@ -206,6 +208,9 @@ OPERATION_IDS = {
     ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_delete",
     ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): "memory_undelete",
     ("POST", "/v1/agents/{agent_id}/writes/parse"): "parse_writes",
+    ("GET", "/v1/agents/{agent_id}/entities"): "list_entities",
+    ("GET", "/v1/agents/{agent_id}/entities/{entity_id}"): "get_entity",
+    ("POST", "/v1/agents/{agent_id}/facts/{fact_id}/restore"): "restore_fact",
 }
 
 

@@ -68,6 +68,12 @@ KEY = {"name": "support-bot prod", "role": "admin", "agents": ["trip"], "users":
        "revoked_at": None}
 EXPORTED = {"id": "mem-2", "kind": "message", "namespace": "session:s-1", "content": "I prefer window seats.",
             "valid_at": AT, "session_id": "s-1", "message_ids": ["m-1"], "role": "user"}
+ENTITY = {"id": "ent_" + "1" * 24, "name": "alice", "type": "person", "namespace": "user:trip:alice", "aliases": [],
+          "summary": "", "created_at": "2026-05-01T09:00:00Z"}
+FACT = {"id": "fact_" + "1" * 24, "namespace": "user:trip:alice", "subject_id": ENTITY["id"], "predicate": "lives_in",
+        "object_id": "ent_" + "2" * 24, "text": "alice lives in Lyon", "valid_at": "2026-05-01T09:00:00Z",
+        "invalid_at": None, "superseded_by": None, "created_at": "2026-05-01T09:00:00Z", "expired_at": None,
+        "current": True, "memory_ids": ["mem-1"], "message_ids": ["m-1"]}
 SAMPLES: dict[str, Any] = {
     "RecordOut": {"session_id": "s-1", "message_id": "m-1", "sequence": 4, "duplicate": False, "gate": GATE,
                   "formation_job": "form:s-1:1"},
@@ -89,6 +95,10 @@ SAMPLES: dict[str, Any] = {
               "active": True},
     "StartupRecord": RECORD,
     "DeletedStartupRecord": {"id": "identity", "deleted": True},
+    "EntityPage": {"entities": [ENTITY], "next": "WyJhbGljZSIsICJlbnRfMSJd"},
+    "EntityDetailOut": {"entity": ENTITY, "facts": [FACT], "neighbours": [{**ENTITY, "id": "ent_" + "2" * 24,
+                                                                          "name": "Lyon", "type": "place"}]},
+    "FactOut": FACT,
     "StartupBlock": {"records": [RECORD], "chars": 26, "budget": 8000, "digest": "9b1f", "sent": True,
                      "dropped": [{"id": "reference", "priority": "P3", "chars": 9000}], "mode": "digest"},
     "NewKey": {**KEY, "key": "msk_3f9c0a7d2b1e4c58_N2m"},

@@ -31,7 +31,8 @@ from .store_state import snapshot
 CLI = str(Path(sys.executable).parent / "memory-service")
 OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, OTHER = "acme", "rival"
-TOOLS = {"memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete"}
+TOOLS = {"memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete",
+         "entity_search", "entity_get"}
 
 
 @pytest.fixture(scope="module")

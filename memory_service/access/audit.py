@@ -29,6 +29,7 @@ from redis.asyncio import Redis
 
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.domain.errors import InvalidInput, preview
+from memory_service.domain.graph import Fact
 from memory_service.schemas.audit import AuditEntry, AuditPage
 from memory_service.state import keyspace
 
@@ -36,6 +37,16 @@ AUDIT_SCAN_LIMIT = 10_000  # entries one read looks at, whatever its filters
 MAX_AUDIT_VALUE_CHARS = 20_000  # of a before/after value: an audit entry never carries a whole store
 
 
+def audited_fact(fact: Fact) -> dict[str, Any]:
+    """What the log keeps of a knowledge-graph fact (``fact.invalidate``, ``fact.restore``): its
+    statement by ids and its times, never its words (the text stays in the graph, which the
+    erasure of a user clears; the log is never rewritten)."""
+    def iso(when: datetime | None) -> str | None:
+        return when.isoformat() if when else None
+
+    return {"id": fact.id, "namespace": fact.namespace, "subject_id": fact.subject_id, "predicate": fact.predicate,
+            "object_id": fact.object_id, "valid_at": iso(fact.valid_at), "invalid_at": iso(fact.invalid_at),
+            "expired_at": iso(fact.expired_at), "superseded_by": fact.superseded_by}
 
 
 def _bounded(value: Any) -> str:

@@ -18,7 +18,11 @@ A fact with a single-valued predicate (``SINGLE_VALUED``: lives_in, works_at...)
 the subject's current fact of that predicate whose object differs: ``invalid_at`` = when
 the new fact became true (its ``valid_at``, else the window's last message), and
 ``superseded_by`` the new fact's id. Only the subject's own facts of that predicate in that
-namespace are read, never the graph.
+namespace are read, never the graph. Each fact closed is logged in the audit log
+(``fact.invalidate``, actor ``formation``, the fact before and after: ids and times, never
+its words) right after it is closed, so every invalidation can be found and undone
+(``POST /v1/agents/{agent}/facts/{fact}/restore``). A retried window finds the fact closed
+already and neither closes nor logs it again.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from memory_service.access.audit import AuditLog, audited_fact
+from memory_service.domain.errors import Conflict
 from memory_service.domain.graph import (
     SINGLE_VALUED,
     Entity,
@@ -43,6 +49,8 @@ from memory_service.domain.models import utcnow
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
+
+FORMATION_ACTOR = "formation"  # the audit log's key_id for what the worker's formation changes
 
 
 @dataclass(slots=True)
@@ -96,8 +104,21 @@ async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[Ext
 
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
                 facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
-                memory_ids: Sequence[str] = (), observed_at: datetime | None = None) -> GraphChanges:
-    """Write one window's entities, facts and mentions; close the facts they replace."""
+                memory_ids: Sequence[str] = (), observed_at: datetime | None = None,
+                audit: AuditLog | None = None) -> GraphChanges:
+    """Write one window's entities, facts and mentions; close the facts they replace (each
+    logged in ``audit``, when given)."""
+
+    async def close(old: Fact, invalid_at: datetime, superseded_by: str) -> None:
+        try:
+            after = await backend.invalidate_fact(agent_id, old.id, invalid_at, superseded_by=superseded_by)
+        except Conflict:  # closed already: by this window's earlier try, or by a racing one
+            return
+        changes.superseded.append(old.id)
+        if audit is not None:
+            await audit.append(FORMATION_ACTOR, "fact.invalidate", agent_id, old.id, before=audited_fact(old),
+                               after=audited_fact(after))
+
     changes = GraphChanges()
     if not entities:
         return changes
@@ -134,10 +155,9 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                 continue
             if old.valid_at and winner.valid_at and winner.valid_at < old.valid_at:
                 # A statement about the past ("I lived in Paris in 2019"): history, not news.
-                await backend.invalidate_fact(agent_id, winner.id, old.valid_at, superseded_by=old.id)
-                changes.superseded.append(winner.id)
+                # (A retried window finds it closed already: the store's copy says.)
+                if (await backend.get_fact(agent_id, winner.id)).current_at():
+                    await close(winner, old.valid_at, old.id)
                 break
-            await backend.invalidate_fact(agent_id, old.id, winner.valid_at or observed_at or utcnow(),
-                                          superseded_by=winner.id)
-            changes.superseded.append(old.id)
+            await close(old, winner.valid_at or observed_at or utcnow(), winner.id)
     return changes

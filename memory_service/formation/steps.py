@@ -30,6 +30,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from memory_service.access.audit import AuditLog
 from memory_service.domain.errors import NotSupported
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
@@ -99,8 +100,12 @@ async def form_window(
     shards: list[Shard],
     embedder: Embedder | None = None,
     post_process: Callable[[FormationResult], Awaitable[None]] | None = None,
+    audit: AuditLog | None = None,
 ) -> FormationResult:
     """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
+
+    ``audit``: where each fact the window closes is logged (``fact.invalidate``, actor
+    ``formation``), so that it can be found and undone (``MemoryService.restore_fact``).
 
     ``post_process`` is the post-completion work; it runs on every run that finds the
     window completed, so it must be idempotent.
@@ -131,7 +136,7 @@ async def form_window(
     if record.state is WindowState.EXTRACTED:
         await embed_memories(embedder, result.memories)
         written = await backend.write(result.memories)
-        result.graph = await _write_graph(agent_id, backend, claim, stored)
+        result.graph = await _write_graph(agent_id, backend, claim, stored, audit)
         record = await windows.mark_written(record, written)
         if record is None:
             result.already_formed = True
@@ -145,7 +150,10 @@ async def form_window(
         if usage := stored.usage:
             metrics.update(llm_calls=usage.calls, llm_attempts=usage.attempts, llm_prompt_tokens=usage.prompt_tokens,
                            llm_completion_tokens=usage.completion_tokens, llm_seconds=usage.latency_seconds)
-        if await windows.complete(record, consolidate, [m.namespace for m in result.memories], metrics) >= 0:
+        # The namespaces whose cached blocks the window changes: its memories', and those of
+        # the entities and facts it wrote (the block shows their facts, memory_service/recall).
+        changed = [m.namespace for m in result.memories] + [e.namespace for e in stored.entities]
+        if await windows.complete(record, consolidate, changed, metrics) >= 0:
             log.info("formed session %s window %d (%d messages): %s (%d new)",
                      session_id, claim.window, len(claim.messages), result.counts(), result.written)
         record = await windows.load(session_id)  # completed, by this run or a racing one
@@ -159,8 +167,8 @@ async def form_window(
     return result
 
 
-async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim,
-                       stored: StoredExtraction) -> graph_update.GraphChanges | None:
+async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stored: StoredExtraction,
+                       audit: AuditLog | None = None) -> graph_update.GraphChanges | None:
     """The window's entities, facts and mentions into the agent's graph (after its memories,
     which the mentions link from); None on a store without a graph (Mongo)."""
     if not stored.entities:
@@ -169,7 +177,7 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim,
     try:
         return await graph_update.apply(
             backend, agent_id, stored.entities, stored.facts, stored.mentions,
-            memory_ids=[m.id for m in stored.memories], observed_at=observed)
+            memory_ids=[m.id for m in stored.memories], observed_at=observed, audit=audit)
     except NotSupported:
         return None
 

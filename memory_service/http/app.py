@@ -31,7 +31,19 @@ from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
 from memory_service.http import access_log, overload
 from memory_service.http import guard as request_guard
-from memory_service.http.routers import agents, audit, context, health, keys, memories, search, sessions, startup, users
+from memory_service.http.routers import (
+    agents,
+    audit,
+    context,
+    entities,
+    health,
+    keys,
+    memories,
+    search,
+    sessions,
+    startup,
+    users,
+)
 from memory_service.runtime import open_service
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.records import RecordOut
@@ -41,7 +53,7 @@ from memory_service.stores import outages
 __all__ = ["ContextOut", "RecordOut", "create_app", "operation_id"]
 
 # In the order their paths appear in the OpenAPI schema.
-ROUTERS = (sessions, context, search, agents, health, users, keys, audit, startup, memories)
+ROUTERS = (sessions, context, search, agents, health, users, keys, audit, startup, memories, entities)
 
 log = logging.getLogger(__name__)
 

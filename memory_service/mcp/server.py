@@ -19,12 +19,15 @@ from typing import Annotated, Any, Literal, TypeVar
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import Field
 
 from memory_service import __version__
 from memory_service.access.authorization import is_loopback
 from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord
+from memory_service.domain.graph import EntityType
 from memory_service.domain.models import MemoryKind
+from memory_service.schemas.graph import ENTITY_ID_PATTERN, MAX_ENTITY_PAGE, EntityDetailOut, EntityPage
 from memory_service.schemas.search import Scope, SearchResult
 
 T = TypeVar("T")
@@ -33,7 +36,9 @@ Transport = Literal["stdio", "http"]
 INSTRUCTIONS = (
     "Long-term memory of agent {agent}. memory_search finds memories (each result explained, best first); "
     "memory_get reads one by id; memory_write, memory_update, memory_delete and memory_undelete curate them, "
-    "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date."
+    "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date. "
+    "entity_search lists the people, places and things the agent knows of; entity_get reads one with its facts "
+    "(current ones, or those true at a time, or their history) and the entities they link it to."
 )
 
 MemoryId = Annotated[str, Field(min_length=1, max_length=512, description="the memory's id, as search or write answered it")]
@@ -146,6 +151,33 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
     async def memory_undelete(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
         """Bring back a deleted memory before its purge date."""
         return await call(lambda: api(ctx).memory_undelete(agent_id, memory_id))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def entity_search(
+        ctx: Context,
+        name: Annotated[str | None, Field(min_length=1, max_length=200,
+                                          description="entities whose name starts with this")] = None,
+        type: Annotated[EntityType | None, Field(description="person, place, organisation, object, event or topic")] = None,  # noqa: A002
+        user_id: Annotated[str | None, Field(description="only this user's entities")] = None,
+        namespace: Annotated[str | None, Field(description="only this namespace's, e.g. 'shard:<agent>:<shard>'")] = None,
+        limit: Annotated[int, Field(ge=1, le=MAX_ENTITY_PAGE, description="entities to return")] = 20,
+        cursor: Annotated[str | None, Field(description="the `next` of the previous answer, for more")] = None,
+    ) -> EntityPage:
+        """List the entities (people, places, organisations, things, events, topics) the agent knows, by name."""
+        return await call(lambda: api(ctx).list_entities(agent_id, namespace=namespace, user_id=user_id,
+                                                         type=type.value if type else None, name=name, cursor=cursor,
+                                                         limit=limit))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def entity_get(
+        ctx: Context,
+        entity_id: Annotated[str, Field(pattern=ENTITY_ID_PATTERN, description="the entity's id, as entity_search answered it")],
+        as_of: Annotated[datetime | None, Field(description="the facts true at this time (default: now)")] = None,
+        include_superseded: Annotated[bool, Field(description="every fact, the ones no longer true too")] = False,
+    ) -> EntityDetailOut:
+        """Read one entity: its facts (each with valid_at, invalid_at and what superseded it) and its neighbours."""
+        return await call(lambda: api(ctx).get_entity(agent_id, entity_id, as_of=as_of,
+                                                      include_superseded=include_superseded))
 
     return server
 

@@ -213,8 +213,10 @@ class MemoryBackend(ABC):
 
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,
-                            cursor: str | None = None, limit: int = 50) -> Page:
-        """The agent's entities (of one namespace, type, name prefix if given) ordered by
+                            cursor: str | None = None, limit: int = 50,
+                            within: Sequence[Namespace | str] | None = None) -> Page:
+        """The agent's entities (of one namespace, type, name prefix if given; of the namespaces
+        ``within`` names, if given: what a caller limited to some users may see) ordered by
         normalised name then id, ``limit`` at a time; pass the returned cursor for the next page."""
         raise self._no_graph()
 
@@ -222,6 +224,10 @@ class MemoryBackend(ABC):
         """Delete every entity of one namespace with its facts and mentions (an erasure of
         the namespace's user); how many entities went. A store without a graph holds none: 0."""
         return 0
+
+    async def get_fact(self, agent_id: str, fact_id: str) -> Fact:
+        """One fact by id, current or not. An unknown id raises NotFound."""
+        raise self._no_graph()
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False) -> EntityDetail:

@@ -252,7 +252,8 @@ class EntityGraph(MemoryBackend):
 
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,
-                            cursor: str | None = None, limit: int = 50) -> Page:
+                            cursor: str | None = None, limit: int = 50,
+                            within: Sequence[Namespace | str] | None = None) -> Page:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidInput(f"limit must be between 1 and {MAX_LIST_LIMIT}, got {limit}")
         filters: list[str] = []
@@ -260,6 +261,9 @@ class EntityGraph(MemoryBackend):
         if namespace is not None:
             filters.append("n.group_id = $g")
             params["g"] = _group(agent_id, namespace)
+        if within is not None:
+            filters.append("n.group_id IN $within")
+            params["within"] = sorted({_group(agent_id, ns) for ns in within})
         if entity_type is not None:
             filters.append("n.type = $type")
             params["type"] = EntityType(entity_type).value
@@ -276,6 +280,9 @@ class EntityGraph(MemoryBackend):
         page = rows[:limit]
         next_cursor = _encode_cursor(page[-1]["norm_name"], page[-1]["uuid"]) if len(rows) > limit else None
         return [_entity(r) for r in page], next_cursor
+
+    async def get_fact(self, agent_id: str, fact_id: str) -> Fact:
+        return await self._fact(agent_id, fact_id)
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False) -> EntityDetail:

@@ -433,8 +433,12 @@ class MirroredBackend(MemoryBackend):
 
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,
-                            cursor: str | None = None, limit: int = 50) -> Page:
-        return await self.primary.list_entities(agent_id, namespace, entity_type, name_prefix, cursor, limit)
+                            cursor: str | None = None, limit: int = 50,
+                            within: Sequence[Namespace | str] | None = None) -> Page:
+        return await self.primary.list_entities(agent_id, namespace, entity_type, name_prefix, cursor, limit, within)
+
+    async def get_fact(self, agent_id: str, fact_id: str) -> Fact:
+        return await self.primary.get_fact(agent_id, fact_id)
 
     async def drop_namespace_entities(self, agent_id: str, namespace: Namespace | str) -> int:
         return await self.primary.drop_namespace_entities(agent_id, namespace)

@@ -37,6 +37,7 @@ from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary
+from memory_service.schemas.graph import EntityDetailOut, EntityPage, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
 from memory_service.schemas.records import RecordOut
 from memory_service.schemas.search import SearchResult
@@ -185,6 +186,32 @@ class MemoryClient:
         """Bring back a soft-deleted memory before its purge date."""
         answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/undelete")
         result: MemoryRecord = parse(MemoryRecord, answer)
+        return result
+
+    # The knowledge graph (issue 16): entities, their facts, undoing an invalidation.
+
+    def list_entities(self, agent_id: str, *, namespace: str | None = None, user_id: str | None = None,
+                            type: str | None = None, name: str | None = None, cursor: str | None = None,
+                            limit: int | None = None) -> EntityPage:
+        """One page of the agent's entities, by name; pass the page's ``next`` as ``cursor`` for the next."""
+        params = query_params(namespace=namespace, user_id=user_id, type=type, name=name, cursor=cursor, limit=limit)
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/entities", params=params)
+        result: EntityPage = parse(EntityPage, answer)
+        return result
+
+    def get_entity(self, agent_id: str, entity_id: str, *, as_of: datetime | None = None,
+                         include_superseded: bool = False) -> EntityDetailOut:
+        """One entity with its current facts (those true ``as_of``; all with ``include_superseded``)
+        and its neighbours."""
+        params = query_params(as_of=as_of, include_superseded=include_superseded or None)
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/entities/{seg(entity_id)}", params=params)
+        result: EntityDetailOut = parse(EntityDetailOut, answer)
+        return result
+
+    def restore_fact(self, agent_id: str, fact_id: str) -> FactOut:
+        """Undo the invalidation of a fact: it is current again (a current fact raises Conflict)."""
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/facts/{seg(fact_id)}/restore")
+        result: FactOut = parse(FactOut, answer)
         return result
 
     # Agents and shards.

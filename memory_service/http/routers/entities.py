@@ -1,0 +1,98 @@
+"""The knowledge graph over HTTP (issue 16; docs/graph.md, "The API"): an agent's entities,
+one entity with its facts and neighbours, and undoing the invalidation of a fact.
+
+Reading needs `read` on the agent, restoring a fact `write` (as undeleting a memory does).
+A key limited to some users sees the entities and facts of the namespaces its users may see
+(theirs, the shards', the agent's: memory_service/access/reach.py); an entity of another
+user's namespace is answered as an unknown one, and the facts and neighbours of an entity
+that come from namespaces it may not see are left out. On an agent whose backend keeps no
+graph (Mongo) every route answers 409 saying so.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from fastapi import Path, Query
+
+from memory_service.access.authorization import authorize
+from memory_service.access.keys import Principal
+from memory_service.access.reach import Reach
+from memory_service.domain.graph import EntityType
+from memory_service.domain.limits import MAX_NAMESPACE_CHARS
+from memory_service.domain.models import AgentId, NamespaceText, UserId
+from memory_service.http.deps import CallerDep, ServiceDep
+from memory_service.http.guard import strict_router
+from memory_service.schemas.graph import (
+    ENTITY_ID_PATTERN,
+    FACT_ID_PATTERN,
+    MAX_ENTITY_PAGE,
+    EntityDetailOut,
+    EntityPage,
+    FactOut,
+)
+from memory_service.schemas.keys import Role
+from memory_service.service import MemoryService
+
+router = strict_router(tags=["knowledge graph"])
+EntityId = Path(pattern=ENTITY_ID_PATTERN, description="the entity's id (`ent_` and 24 hex digits)")
+FactId = Path(pattern=FACT_ID_PATTERN, description="the fact's id (`fact_` and 24 hex digits)")
+
+
+def _reach(service: MemoryService, principal: Principal, role: Role, agent_id: str,
+           user_id: str | None = None) -> Reach:
+    """Authorize the role on the agent (for ``user_id``, when the route names one); the caller's reach."""
+    if principal.users is None:
+        authorize(principal, role, agent_id, user_id)
+    else:
+        authorize(principal, role, agent_id, user_id if user_id is not None else min(principal.users))
+    return service.reach(principal, agent_id)
+
+
+@router.get("/v1/agents/{agent_id}/entities", response_model=EntityPage)
+async def list_entities(
+    agent_id: AgentId,
+    service: ServiceDep,
+    principal: CallerDep,
+    namespace: NamespaceText | None = Query(None, min_length=1, max_length=MAX_NAMESPACE_CHARS,
+                                            description="only this namespace's entities ('user:<agent>:<user>', "
+                                                        "'shard:<agent>:<shard>', 'agent:<agent>')"),
+    user_id: UserId | None = Query(None, description="only this user's entities (their namespace)"),
+    type: EntityType | None = Query(None, description="only entities of this type"),  # noqa: A002 - the API's name
+    name: str | None = Query(None, min_length=1, max_length=200,
+                             description="only entities whose (normalised) name starts with this"),
+    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    limit: int = Query(50, ge=1, le=MAX_ENTITY_PAGE),
+) -> EntityPage:
+    """An agent's entities, ordered by name, one page at a time (pass `next` as `cursor`).
+    Needs `read`; a key limited to some users lists what its users may see."""
+    reach = _reach(service, principal, Role.READ, agent_id, user_id)
+    return await service.list_entities(agent_id, namespace=namespace, user_id=user_id, entity_type=type,
+                                       name_prefix=name, cursor=cursor, limit=limit, reach=reach)
+
+
+@router.get("/v1/agents/{agent_id}/entities/{entity_id}", response_model=EntityDetailOut)
+async def get_entity(
+    agent_id: AgentId,
+    service: ServiceDep,
+    principal: CallerDep,
+    entity_id: str = EntityId,
+    as_of: datetime | None = Query(None, description="the facts true at this time (ISO 8601)"),
+    include_superseded: bool = Query(False, description="every fact, the invalidated ones too (history)"),
+) -> EntityDetailOut:
+    """One entity, its current facts (or those true `as_of`, or all with `include_superseded`)
+    and the entities they link it to. Every fact carries its text, `valid_at`, `invalid_at`
+    and `superseded_by`. Needs `read`."""
+    reach = _reach(service, principal, Role.READ, agent_id)
+    return await service.get_entity(agent_id, entity_id, as_of=as_of, include_superseded=include_superseded,
+                                    reach=reach)
+
+
+@router.post("/v1/agents/{agent_id}/facts/{fact_id}/restore", response_model=FactOut)
+async def restore_fact(agent_id: AgentId, service: ServiceDep, principal: CallerDep,
+                       fact_id: str = FactId) -> FactOut:
+    """Undo an invalidation: the fact is current again; the fact that replaced it stays as it
+    is. 409 if the fact is current. Needs `write`; a key limited to some users restores facts
+    of its users' namespaces only. Audited as `fact.restore`."""
+    reach = _reach(service, principal, Role.WRITE, agent_id)
+    return await service.restore_fact(agent_id, fact_id, reach=reach, actor=principal.key_id)
