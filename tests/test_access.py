@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
+from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact
+from memory_service.formation.graph_update import apply
 from memory_service.http.app import create_app
 from memory_service.stores.loopback import LoopbackServer
 
@@ -22,7 +25,7 @@ from .store_state import snapshot
 OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, OTHER = "acme", "rival"
 # Words only agent AGENT's data holds: no refused answer may carry one of them.
-PRIVATE = ("pelican", "Flights-Secret", "Bo.")
+PRIVATE = ("pelican", "Flights-Secret", "Bo.", "Lyon")
 
 
 def bearer(key: str) -> dict[str, str]:
@@ -37,7 +40,9 @@ async def keyed_server(falkordb_url):
     """A server that requires keys (no worker: nothing writes on its own during a comparison)."""
     settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY,
                               memory_write_agents=[AGENT, OTHER])
-    async with LoopbackServer(create_app(settings, run_worker=False)) as server:
+    app = create_app(settings, run_worker=False)
+    async with LoopbackServer(app) as server:
+        server.state = app.state  # type: ignore[attr-defined]  # the fixture writes a graph through the service
         yield server
 
 
@@ -89,7 +94,24 @@ async def world(keyed_server, falkordb_url):
             "namespace": f"user:{AGENT}:alice", "kind": "observation", "content": "Bo the pelican sleeps at noon."})
         assert memory.status_code == 201, memory.text
         keys.ids["memory"] = memory.json()["id"]
+        keys.ids.update(await alice_moved(keyed_server.state.service))
         yield http, keys
+
+
+async def alice_moved(service: Any) -> dict[str, str]:
+    """Alice's part of AGENT's knowledge graph, written as formation writes it: she lived in
+    Paris, then in Lyon (the Paris fact closed). The ids of her entity and of the closed fact."""
+    alice = f"user:{AGENT}:alice"
+    _, backend = await service.agents.backend_for(AGENT)
+    entities = [ExtractedEntity(name=n, type=t, namespace=alice) for n, t in
+                (("Alice", EntityType.PERSON), ("Paris", EntityType.PLACE), ("Lyon", EntityType.PLACE))]
+    for year, city in ((2020, "Paris"), (2024, "Lyon")):
+        fact = ExtractedFact(subject="Alice", predicate="lives_in", object=city, text=f"Alice lives in {city}",
+                             valid_at=datetime(year, 1, 1, tzinfo=UTC), namespace=alice)
+        changes = await apply(backend, AGENT, entities, [fact], [])
+    (closed,) = changes.superseded
+    (person,) = [e for e in (await backend.find_entities(AGENT, alice, ["alice"]))]
+    return {"entity": person.id, "fact": closed}
 
 
 @dataclass
@@ -149,6 +171,12 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("GET", "/v1/agents/{agent_id}/startup"): Case("GET", f"/v1/agents/{AGENT}/startup", "read"),
         ("DELETE", "/v1/agents/{agent_id}/startup/{record_id}"): Case("DELETE", f"/v1/agents/{AGENT}/startup/rules",
                                                                       "admin"),
+        ("GET", "/v1/agents/{agent_id}/entities"): Case("GET", f"/v1/agents/{AGENT}/entities", "read",
+                                                        params={"user_id": "alice"}),
+        ("GET", "/v1/agents/{agent_id}/entities/{entity_id}"): Case(
+            "GET", f"/v1/agents/{AGENT}/entities/{keys.ids.get('entity', 'none')}", "read"),
+        ("POST", "/v1/agents/{agent_id}/facts/{fact_id}/restore"): Case(
+            "POST", f"/v1/agents/{AGENT}/facts/{keys.ids.get('fact', 'none')}/restore", "write"),
         ("GET", "/v1/agents/{agent_id}/startup/block"): Case(
             "GET", f"/v1/agents/{AGENT}/startup/block", "read",
             params={"session_id": "alice-s1", "mode": "first-run", "model": "gpt-4o-mini"}),

@@ -26,11 +26,15 @@ def test_demo_prints_a_memory_block_with_all_three_sections(tmp_path):
     out = result.stdout
     start, end = out.index("<MemoryContext>"), out.index("</MemoryContext>") + len("</MemoryContext>")
     root = ET.fromstring(out[start:end])
-    assert [e.tag for e in root] == ["CollectiveMemory", "UserMemory", "CurrentConversationContext",
-                                     "RelevantMemories"]
+    sections = [e.tag for e in root]
+    assert [t for t in sections if t != "KnownFacts"] == ["CollectiveMemory", "UserMemory", "CurrentConversationContext",
+                                                          "RelevantMemories"]
     assert len(list(root.iter("Episode"))) >= 1 and len(list(root.iter("Directive"))) >= 1
     assert len(list(root.iter("Fact"))) + len(list(root.iter("Suggestion"))) >= 1
     assert "What was formed" in out
+    # The knowledge graph formation built from the conversation, through the API.
+    graph = out[out.index("the knowledge graph, "):]
+    assert int(graph.split("the knowledge graph, ")[1].split(" ")[0]) >= 2 and "(person)" in graph
 
 
 def test_demo_rejects_a_data_dir_in_use(tmp_path):

@@ -236,6 +236,17 @@ async def _demo(data_dir: Path, model: str | None) -> None:
             console.print(Syntax(ctx["xml"], "xml", word_wrap=True))
             console.print(f"sections: {ctx['sections']}  dropped to fit: {ctx['dropped']}")
             await _show_search(http, script["agent_id"], show["user_id"], script["search"])
+            await _show_graph(http, script["agent_id"], show["user_id"])
+
+
+async def _show_graph(http: httpx.AsyncClient, agent_id: str, user_id: str) -> None:
+    """The user's part of the knowledge graph formation built: entities and their current facts."""
+    page = _ok(await http.get(f"/v1/agents/{agent_id}/entities", params={"user_id": user_id, "limit": 20}))
+    console.rule(f"the knowledge graph, {len(page['entities'])} entities of {user_id} (GET /v1/agents/{agent_id}/entities)")
+    for entity in page["entities"]:
+        detail = _ok(await http.get(f"/v1/agents/{agent_id}/entities/{entity['id']}"))
+        facts = "; ".join(dict.fromkeys(f["text"] for f in detail["facts"] if f["current"])) or "no current fact"
+        console.print(f"[bold]{entity['name']}[/bold] ({entity['type']}): {facts}", highlight=False)
 
 
 async def _show_search(http: httpx.AsyncClient, agent_id: str, user_id: str, query: str) -> None:
