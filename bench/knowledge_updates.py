@@ -74,9 +74,10 @@ def mentions(text: str, value: str) -> bool:
 
 
 def fact_elements(xml: str) -> list[str]:
-    """The text of every element whose tag names a fact and that is not marked closed."""
+    """The text of every element whose tag names a fact and that is not marked closed (its
+    tag prefixed, ``<Fact>text``, for the record of a failing case)."""
     root = ET.fromstring(xml)
-    return ["".join(e.itertext()) for e in root.iter()
+    return [f"<{e.tag}>" + "".join(e.itertext()) for e in root.iter()
             if "Fact" in e.tag and not any(a in e.attrib for a in CLOSED_ATTRS)]
 
 
@@ -84,9 +85,11 @@ def score_block(xml: str, current: str, superseded: list[str]) -> dict:
     has_current = mentions(xml, current)
     old_in_block = [v for v in superseded if mentions(xml, v)]
     facts = fact_elements(xml) if xml.strip() else []
-    old_in_fact = [v for v in superseded for f in facts if mentions(f, v) and not mentions(f, current)]
+    offending = [(v, f) for v in superseded for f in facts if mentions(f, v) and not mentions(f, current)]
+    old_in_fact = [v for v, _ in offending]
     rule_a = bool(old_in_block) and not has_current
     return {"current": has_current, "old_in_block": old_in_block, "old_in_fact": sorted(set(old_in_fact)),
+            "offending_elements": sorted({f[:300] for _, f in offending}),
             "superseded_as_current": rule_a or bool(old_in_fact), "rule_a": rule_a, "rule_b": bool(old_in_fact)}
 
 

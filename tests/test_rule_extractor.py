@@ -376,11 +376,11 @@ async def test_facts_go_to_matching_active_shards_and_name_their_source():
     result = await extract(w)
     facts = [(f.shard_id, f.content, f.message_ids, f.user_id) for f in of_kind(result, MemoryKind.FACT)]
     assert facts == [
-        ("release", "alice: the deadline is May 1st.", ("m0",), "alice"),
-        ("release", "alice: QA signs off on Friday.", ("m0",), "alice"),
+        ("release", "The deadline is May 1st.", ("m0",), "alice"),
+        ("release", "QA signs off on Friday.", ("m0",), "alice"),
         # "booked" meets the travel focus "bookings"; the food shard is inactive
-        ("travel", "bob: the dinner place is booked for eight.", ("m1",), "bob"),
-        ("release", "assistant: the launch checklist has twelve steps.", ("m3",), None),
+        ("travel", "The dinner place is booked for eight.", ("m1",), "bob"),
+        ("release", "The launch checklist has twelve steps.", ("m3",), None),
     ]
     check_invariants(w, result)
 
@@ -396,21 +396,32 @@ async def test_no_facts_from_questions_small_talk_or_unrelated_shards():
     assert result.items == []
 
 
-async def test_a_sentence_on_two_topics_is_a_fact_in_both_shards_once_each():
+async def test_a_sentence_on_two_topics_is_a_fact_once_in_the_shard_it_is_most_about():
     w = window(
         ("alice", "user", "That restaurant is close to the hotel."),
         ("alice", "user", "That restaurant is close to the hotel."),
         shards=(FOOD, TRAVEL),
     )
     facts = of_kind(await extract(w), MemoryKind.FACT)
+    # "restaurant" meets one word of each topic: a tie, kept in each shard once.
     assert sorted((f.shard_id, f.message_ids) for f in facts) == [("food", ("m0",)), ("travel", ("m0",))]
+    # Two food words against one travel word: the food shard alone.
+    w = window(("alice", "user", "That restaurant serves vegan dinner close to the hotel."), shards=(FOOD, TRAVEL))
+    assert [(f.shard_id, f.content) for f in of_kind(await extract(w), MemoryKind.FACT)] == [
+        ("food", "That restaurant serves vegan dinner close to the hotel.")]
+
+
+async def test_a_shard_fact_is_topic_knowledge_without_speaker_or_filler():
+    w = window(("bob", "user", "Oh, yeah, the hotel desk is shut on Mondays."), shards=(TRAVEL,))
+    (fact,) = of_kind(await extract(w), MemoryKind.FACT)
+    assert fact.content == "The hotel desk is shut on Mondays." and fact.user_id == "bob" and fact.message_ids == ("m0",)
 
 
 async def test_long_fact_is_cut_to_30_words():
     sentence = "The deadline " + " ".join(f"depends on item{i}" for i in range(20)) + "."
     (fact,) = of_kind(await extract(window(("alice", "user", sentence), shards=(RELEASE,))), MemoryKind.FACT)
     assert words(fact.content) == 30
-    assert fact.content.startswith("alice: the deadline depends on item0")
+    assert fact.content.startswith("The deadline depends on item0")
 
 
 # --- suggestions ---------------------------------------------------------------------
@@ -523,7 +534,7 @@ async def test_demo_conversation_extracts_the_expected_memories():
     assert not [i for i in result.items if i.shard_id and "vegetarian" in i.content]
     assert (MemoryKind.SUGGESTION, "travel", "bob suggests: we should take the train to Sintra on June 4th because "
             "the palaces are less crowded on weekdays (agreed: alice)") in contents
-    assert (MemoryKind.FACT, "food", "alice: that restaurant is in Chiado, close to the hotel.") in contents
+    assert (MemoryKind.FACT, "food", "That restaurant is in Chiado, close to the hotel.") in contents
     assert result.episode and result.episode.startswith("bob: How about dinner at Ao 26")
 
 

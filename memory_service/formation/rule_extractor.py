@@ -790,8 +790,11 @@ class RuleBasedExtractor:
                 content, message_ids = _suggestion(window, sentence)
             else:
                 kind = MemoryKind.FACT
-                content = limit_words(f"{sentence.speaker}: {_lower_first(sentence.text)}", WORD_LIMITS[kind])
+                content = limit_words(_topic_fact(sentence.text), WORD_LIMITS[kind])
                 message_ids = (sentence.message.message_id,)
+                # Topic knowledge is kept once, in the shard it is most about (ties: each of them).
+                overlap = {shard_id: len(stems & topics[shard_id]) for shard_id in matching}
+                matching = [shard_id for shard_id in matching if overlap[shard_id] == max(overlap.values())]
             for shard_id in matching:
                 seen_on_shard.add((shard_id, key))
                 items.append(
@@ -804,6 +807,14 @@ class RuleBasedExtractor:
                     )
                 )
         return items
+
+
+def _topic_fact(text: str) -> str:
+    """A shard fact as topic knowledge, not as someone's line: no speaker prefix, no leading
+    filler ("Oh, yeah, the museum is shut on Mondays." -> "The museum is shut on Mondays.").
+    Who said it stays in the memory's provenance (its source messages and user)."""
+    body = text[_filler_end(text, 0):].strip() or text.strip()
+    return body[0].upper() + body[1:]
 
 
 def _addressee(window: Window) -> str | None:
