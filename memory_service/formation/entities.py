@@ -276,8 +276,25 @@ class _Sentence:
         return _named_subject(prefix, mentions, self.number)
 
     def _fact(self, subject: str, predicate: str, obj: str, when: datetime | None, namespace: str) -> ExtractedFact:
-        return ExtractedFact(subject=subject, predicate=predicate, object=obj, text=self.text[:2000],
+        return ExtractedFact(subject=subject, predicate=predicate, object=obj, text=fact_text(subject, predicate, obj),
                              valid_at=when, namespace=namespace, message_ids=[self.message.message_id])
+
+
+# How a fact reads: "alice lives in Lyon", not the sentence it came from ("We signed the lease
+# on a place in Lyon, and…"), which may name other things (an old employer, a past city) and
+# would read as current beside them. The sentence stays reachable through the fact's sources.
+_PHRASES = {
+    "lives_in": "lives in", "works_at": "works at", "studies_at": "studies at", "born_in": "was born in",
+    "visited": "visited", "attended": "attended", "likes": "likes", "has_pet": "has a pet called",
+    "married_to": "is married to", "partner_of": "is the partner of", "sibling_of": "is a sibling of",
+    "has_child": "has a child called", "child_of": "is a child of", "friend_of": "is a friend of",
+    "is_named": "is named", "job_title": "works as", "age": "is aged",
+}
+
+
+def fact_text(subject: str, predicate: str, obj: str) -> str:
+    """The fact as a short sentence: subject, the predicate in words, object."""
+    return f"{subject} {_PHRASES.get(predicate, predicate.replace('_', ' '))} {obj}"
 
 
 def _named_subject(prefix: str, mentions: list[_Mention], sentence: int) -> str | None:
