@@ -11,7 +11,8 @@ with ``POST /v1/sessions/{id}/messages`` at its session's date, every session fo
   4,000): **current**: the current value is in the block (a case-insensitive whole-word
   match); **superseded as current**: (a) a superseded value is in the block and the current
   value is not, or (b) a superseded value is in an element whose tag contains ``Fact``
-  (``Fact``, a graph fact element, ...), carries no ``invalid_at``/``superseded``/
+  (``Fact``, a graph fact element, ...) and holds no element itself (a container such as
+  ``<KnownFacts>`` states nothing of its own), carries no ``invalid_at``/``superseded``/
   ``expired_at`` attribute and does not name the current value too; a case counts once.
 - ``GET /v1/search`` (scope user, top 10): the current value is in one of the results' text.
 
@@ -77,8 +78,9 @@ def fact_elements(xml: str) -> list[str]:
     """The text of every element whose tag names a fact and that is not marked closed (its
     tag prefixed, ``<Fact>text``, for the record of a failing case)."""
     root = ET.fromstring(xml)
+    # Leaves only: a container (<KnownFacts>, <Facts>) states nothing itself, its children do.
     return [f"<{e.tag}>" + "".join(e.itertext()) for e in root.iter()
-            if "Fact" in e.tag and not any(a in e.attrib for a in CLOSED_ATTRS)]
+            if "Fact" in e.tag and len(e) == 0 and not any(a in e.attrib for a in CLOSED_ATTRS)]
 
 
 def score_block(xml: str, current: str, superseded: list[str]) -> dict:

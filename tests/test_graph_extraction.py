@@ -201,3 +201,23 @@ def test_odd_messages_do_not_fail(text: str) -> None:
     entities, facts = extract_graph(_msgs((Role.USER, "kim", text)))
     assert all(isinstance(e, ExtractedEntity) for e in entities) and all(isinstance(f, ExtractedFact) for f in facts)
     assert all(len(e.name) <= 200 for e in entities)
+
+
+def test_homes_and_jobs_said_as_people_say_them() -> None:
+    window = _msgs((Role.USER, "kim", "Home is Graz now, the old flat is gone."),
+                   (Role.USER, "ola", "We're renting a tiny flat in Porto until spring."),
+                   (Role.USER, "ben", "Got my ID card from Acme Robotics today, I work there now."),
+                   (Role.USER, "eve", "I'm on the payroll at Globex since May."))
+    _, facts = extract_graph(window)
+    stated = {(f.subject, f.predicate, f.object) for f in facts}
+    assert {("kim", "lives_in", "Graz"), ("ola", "lives_in", "Porto"), ("ben", "works_at", "Acme Robotics"),
+            ("eve", "works_at", "Globex")} <= stated
+    assert all(f.text == f"{f.subject} {'lives in' if f.predicate == 'lives_in' else 'works at'} {f.object}"
+               for f in facts if f.predicate in ("lives_in", "works_at"))
+
+
+def test_there_is_not_guessed_across_sentences_or_negated() -> None:
+    window = _msgs((Role.USER, "kim", "Acme Robotics called me back. I work there now."),
+                   (Role.USER, "ola", "Globex sent an offer, but I don't work there now."))
+    _, facts = extract_graph(window)
+    assert not [f for f in facts if f.predicate == "works_at"]

@@ -92,11 +92,17 @@ _CUES: list[tuple[re.Pattern[str], EntityType, str | None]] = [
     (re.compile(r"\b(?:call\s+me|my\s+name\s+is|my\s+name's)\s+$"), EntityType.PERSON, "is_named"),
     (re.compile(r"\b(?:live|lives|living|lived|moved|moving|move|relocated|relocating|based|settled)\s+(?:\w+\s+)?"
                 r"(?:in|to)\s+$"), EntityType.PLACE, "lives_in"),
+    # Where someone makes a home, said as people say it ("home is Porto now", "we signed the
+    # lease on a flat in Leeds", "renting a little place in Graz").
+    (re.compile(r"\bhome(?:\s+for\s+(?:me|us))?(?:\s+is|'s)\s+(?:now\s+)?$|"
+                r"\b(?:lease|mortgage)\s+(?:on|for)\s+(?:a|an|our|my|the)\s+(?:\w+\s+)?(?:place|flat|apartment|house|"
+                r"home|room)\s+in\s+$|\b(?:renting|rented|rent|bought|buying)\s+(?:a|an|our|my)\s+(?:\w+\s+)?(?:place|"
+                r"flat|apartment|house|home)\s+in\s+$"), EntityType.PLACE, "lives_in"),
     (re.compile(r"\bborn\s+in\s+$|\b(?:i'm|i\s+am|i\s+come)\s+from\s+$"), EntityType.PLACE, "born_in"),
     (re.compile(r"\b(?:stud(?:y|ies|ying|ied)\s+(?:\w+\s+)?at|student\s+at|(?:masters|phd|degree)\s+at)\s+(?:the\s+)?$"),
      EntityType.ORGANISATION, "studies_at"),
     (re.compile(r"\b(?:work(?:s|ing|ed)?\s+(?:at|for)|job\s+at|(?:start(?:ed|s|ing)?|began|begin)\s+(?:a\s+new\s+job\s+)?at|"
-                r"joined|shift\s+at|teach(?:es|ing)?\s+at|boss\s+at|(?:^|,\s*)still\s+at|(?:is|am|'m)\s+an?\s+[a-z]+\s+at|"
+                r"joined|shift\s+at|payroll\s+at|(?:my|our)\s+(?:team|office|employer)\s+at|my\s+employer\s*,?|teach(?:es|ing)?\s+at|boss\s+at|(?:^|,\s*)still\s+at|(?:is|am|'m)\s+an?\s+[a-z]+\s+at|"
                 r"(?:months?|years?|weeks?|days?)\s+at)\s+(?:the\s+)?$"), EntityType.ORGANISATION, "works_at"),
     (re.compile(r"\b(?:is|am|'m|are)\s+at\s+(?:the\s+)?$"), EntityType.ORGANISATION, "_is_at"),
     (re.compile(r"\b(?:left|quit|retired\s+from|resigned\s+from)\s+(?:the\s+)?$"), EntityType.ORGANISATION, None),
@@ -122,6 +128,7 @@ _PERSON_AFTER = re.compile(
     r"^\s+" + _ADVERBS + r"(?:works|worked|lives|lived|said|says|cried|told|loves|runs|got\s+married|is\s+(?:visiting|picking|a\s+\w+\s+at)|"
     r"and\s+i\b)", re.IGNORECASE)
 _NEGATED = re.compile(r"\b(?:not|never|no\s+longer|don't|doesn't|didn't|won't|can't|isn't|aren't|wasn't)\b|n't\b")
+_THERE = re.compile(r"\b(?:i|we)\s+" + _ADVERBS + r"(?:'m\s+|am\s+|are\s+|'re\s+)?(work|working|live|living)\s+there\b")
 _SHE_HE = re.compile(r"\b(?:she|he)\s+" + _ADVERBS + r"$")
 
 
@@ -245,7 +252,26 @@ class _Sentence:
             else:
                 facts.append(self._fact(subject, predicate, name.text, when, namespace))
             previous = (subject, predicate, name.end)
+        if by_user and not question:
+            self._there(lower, mentions, facts, when, namespace)
         return last_person
+
+    def _there(self, lower: str, mentions: list[_Mention], facts: list[ExtractedFact], when: datetime | None,
+               namespace: str) -> None:
+        """"…the Northwind badge arrived: I work there now": "there" is the last thing this
+        sentence named that is not a person (a stated fact, not a guess across sentences)."""
+        said = _THERE.search(lower)
+        if said is None or _NEGATED.search(lower[max(0, said.start() - 20):said.end()]):
+            return
+        named = [m for m in mentions if m.sentence == self.number and m.type != EntityType.PERSON
+                 and lower.find(m.name.lower()) < said.start()]
+        if not named:
+            return
+        predicate = "works_at" if said.group(1).startswith("work") else "lives_in"
+        target = named[-1]
+        if any(f.predicate == predicate and f.subject == self.owner and f.object == target.name for f in facts):
+            return
+        facts.append(self._fact(self.owner, predicate, target.name, when, namespace))
 
     def _subject(self, prefix: str, predicate: str, last_person: str | None, mentions: list[_Mention],
                  by_user: bool) -> str | None:
@@ -266,7 +292,8 @@ class _Sentence:
                         or re.match(r"^\s*" + _ADVERBS + r"(?:moved|moving|started|joined|still|living|born|went|visited|studied|"
                                     r"worked|working|work|live|study|teach|grew|lived)\b", head)
                         or re.match(r"^\s*(?:my\s+)?(?:first|second|third|last)\s+(?:day|week|month|year)\s+at\b", head)
-                        or re.search(r"\bmy\s+(?:new\s+)?(?:job|shift|boss)\b", head)):
+                        or re.search(r"\bmy\s+(?:new\s+)?(?:job|shift|boss|employer)\b", head)
+                        or re.match(r"^\s*(?:(?:my|our)\s+(?:team|office)\b|(?:my\s+)?home\b)", head)):
             if not re.search(r"\b(?:she|he|they|you)\b", head):
                 return self.owner
         if not by_user and re.search(r"\byou\b|\byour\b", head):
