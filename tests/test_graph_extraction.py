@@ -221,3 +221,13 @@ def test_there_is_not_guessed_across_sentences_or_negated() -> None:
                    (Role.USER, "ola", "Globex sent an offer, but I don't work there now."))
     _, facts = extract_graph(window)
     assert not [f for f in facts if f.predicate == "works_at"]
+
+
+def test_leaving_and_transferring_are_stated() -> None:
+    window = _msgs((Role.USER, "kim", "I handed in my notice at Globex; the last day is Friday."),
+                   (Role.USER, "ola", "I transferred from Bocconi to Trinity College this term."),
+                   (Role.USER, "ben", "We moved out of Leeds in May."))
+    _, facts = extract_graph(window)
+    stated = {(f.subject, f.predicate, f.object) for f in facts}
+    assert {("kim", "left", "Globex"), ("ola", "left", "Bocconi"), ("ola", "studies_at", "Trinity College"),
+            ("ben", "moved_out_of", "Leeds")} <= stated, stated

@@ -163,3 +163,28 @@ async def test_formation_builds_the_graph_and_a_later_move_supersedes_the_old_ho
     history = await backend.current_facts("ga", alice, [me.id], predicate="lives_in", include_superseded=True)
     assert ["Lyon" in f.text for f in current] == [True]
     assert any("Paris" in f.text and f.invalid_at is not None for f in history)
+
+
+async def test_leaving_closes_what_it_ends_and_nothing_else(store, agent):
+    alice = Namespace.user(agent, "alice")
+    globex = ExtractedEntity(name="Globex", type=EntityType.ORGANISATION, namespace=str(alice))
+    works = ExtractedFact(subject="alice", predicate="works_at", object="Globex", text="alice works at Globex",
+                          valid_at=T0 - timedelta(days=300), namespace=str(alice))
+    await apply(store, agent, [person(alice, "alice"), place(alice, "Lyon"), globex],
+                [works, lives_in(alice, "alice", "Lyon", T0 - timedelta(days=300))], [])
+    left = ExtractedFact(subject="alice", predicate="left", object="Globex", text="alice left Globex", valid_at=T0,
+                         namespace=str(alice))
+    changes = await apply(store, agent, [person(alice, "alice"), globex], [left], [])
+    [me] = await store.find_entities(agent, alice, ["alice"])
+    current = {f.text for f in await store.current_facts(agent, alice, [me.id])}
+    assert current == {"alice lives in Lyon", "alice left Globex"}
+    [closed] = changes.superseded
+    old = await store.get_fact(agent, closed)
+    assert old.text == "alice works at Globex" and old.invalid_at == T0
+    # Leaving before the stint began ("I left Globex in 2019", said after rejoining) closes nothing.
+    bob = Namespace.user(agent, "bob")
+    bob_globex = globex.model_copy(update={"namespace": str(bob)})
+    await apply(store, agent, [person(bob, "bob"), bob_globex],
+                [works.model_copy(update={"subject": "bob", "namespace": str(bob), "valid_at": T0})], [])
+    early = left.model_copy(update={"subject": "bob", "namespace": str(bob), "valid_at": T0 - timedelta(days=900)})
+    assert (await apply(store, agent, [person(bob, "bob"), bob_globex], [early], [])).superseded == []

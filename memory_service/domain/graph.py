@@ -45,7 +45,11 @@ class EntityType(StrEnum):
 # Predicates that hold one value at a time for a subject: a new value replaces the old one
 # (someone lives in one city, works at one employer, is married to one person, is named one
 # name). Any other predicate accumulates (likes, visited, has_child...).
-SINGLE_VALUED = frozenset({"lives_in", "works_at", "is_named", "married_to", "partner_of", "job_title", "age"})
+SINGLE_VALUED = frozenset({"lives_in", "works_at", "studies_at", "is_named", "married_to", "partner_of", "job_title",
+                           "age"})
+# Predicates that end a fact without a new value: "alice left Globex" closes "alice works at
+# Globex" (or studies at it); "alice moved out of Leeds" closes "alice lives in Leeds".
+ENDS: dict[str, frozenset[str]] = {"left": frozenset({"works_at", "studies_at"}), "moved_out_of": frozenset({"lives_in"})}
 
 
 class ExtractedEntity(BaseModel):

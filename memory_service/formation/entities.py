@@ -105,7 +105,10 @@ _CUES: list[tuple[re.Pattern[str], EntityType, str | None]] = [
                 r"joined|shift\s+at|payroll\s+at|(?:my|our)\s+(?:team|office|employer)\s+at|my\s+employer\s*,?|teach(?:es|ing)?\s+at|boss\s+at|(?:^|,\s*)still\s+at|(?:is|am|'m)\s+an?\s+[a-z]+\s+at|"
                 r"(?:months?|years?|weeks?|days?)\s+at)\s+(?:the\s+)?$"), EntityType.ORGANISATION, "works_at"),
     (re.compile(r"\b(?:is|am|'m|are)\s+at\s+(?:the\s+)?$"), EntityType.ORGANISATION, "_is_at"),
-    (re.compile(r"\b(?:left|quit|retired\s+from|resigned\s+from)\s+(?:the\s+)?$"), EntityType.ORGANISATION, None),
+    (re.compile(r"\b(?:left|quit|retired\s+from|resigned\s+from|(?:handed|handing|hand)\s+in\s+(?:my\s+)?notice\s+at|"
+                r"transferred\s+(?:away\s+)?from)\s+(?:the\s+)?$"), EntityType.ORGANISATION, "left"),
+    (re.compile(r"\bmoved\s+(?:away\s+from|out\s+of)\s+$"), EntityType.PLACE, "moved_out_of"),
+    (re.compile(r"\btransferred\s+(?:from\s+[^,.;:]+?\s+)?to\s+(?:the\s+)?$"), EntityType.ORGANISATION, "_transferred"),
     (re.compile(r"\b(?:visited|visiting|went\s+to|been\s+to|trip\s+to|holiday\s+in|(?:i|we)\s+was\s+in)\s+(?:the\s+)?$"),
      EntityType.PLACE, "visited"),
     (re.compile(r"\b(?:going|go|went|coming|come|attend(?:ed|ing)?)\s+to\s+(?:the\s+)?$|\b(?:was|were)\s+at\s+(?:the\s+)?$"),
@@ -128,6 +131,7 @@ _PERSON_AFTER = re.compile(
     r"^\s+" + _ADVERBS + r"(?:works|worked|lives|lived|said|says|cried|told|loves|runs|got\s+married|is\s+(?:visiting|picking|a\s+\w+\s+at)|"
     r"and\s+i\b)", re.IGNORECASE)
 _NEGATED = re.compile(r"\b(?:not|never|no\s+longer|don't|doesn't|didn't|won't|can't|isn't|aren't|wasn't)\b|n't\b")
+_SCHOOL_HEADS = frozenset({"university", "college", "school", "academy", "primary"})
 _THERE = re.compile(r"\b(?:i|we)\s+" + _ADVERBS + r"(?:'m\s+|am\s+|are\s+|'re\s+)?(work|working|live|living)\s+there\b")
 _SHE_HE = re.compile(r"\b(?:she|he)\s+" + _ADVERBS + r"$")
 
@@ -232,9 +236,11 @@ class _Sentence:
                     aliases[subject].append(name.text)
                 mentions.pop()
             if predicate == "_is_at":
-                if _head(name.text) not in ("university", "college", "school", "academy", "primary"):
+                if _head(name.text) not in _SCHOOL_HEADS:
                     continue
                 predicate = "studies_at"
+            if predicate == "_transferred":  # to a school, or to another employer
+                predicate = "studies_at" if _head(name.text) in _SCHOOL_HEADS else "works_at"
             if predicate == "_relative":
                 predicate = _relative_predicate(prefix)
             if predicate == "works_at" and _head(name.text) in {"school", "primary", "academy"} and \
@@ -315,7 +321,8 @@ _PHRASES = {
     "visited": "visited", "attended": "attended", "likes": "likes", "has_pet": "has a pet called",
     "married_to": "is married to", "partner_of": "is the partner of", "sibling_of": "is a sibling of",
     "has_child": "has a child called", "child_of": "is a child of", "friend_of": "is a friend of",
-    "is_named": "is named", "job_title": "works as", "age": "is aged",
+    "is_named": "is named", "job_title": "works as", "age": "is aged", "left": "left",
+    "moved_out_of": "moved out of",
 }
 
 

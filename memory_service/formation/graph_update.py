@@ -35,6 +35,7 @@ from datetime import datetime
 from memory_service.access.audit import AuditLog, audited_fact
 from memory_service.domain.errors import Conflict
 from memory_service.domain.graph import (
+    ENDS,
     SINGLE_VALUED,
     Entity,
     ExtractedEntity,
@@ -160,4 +161,12 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                     await close(winner, old.valid_at, old.id)
                 break
             await close(old, winner.valid_at or observed_at or utcnow(), winner.id)
+
+    # An ending ("I left Globex", "I moved out of Leeds") closes what it ends, with no new value.
+    for ending in (f for f in new_facts if f.predicate in ENDS):
+        for old in await backend.current_facts(agent_id, ending.namespace, [ending.subject_id]):
+            if old.predicate in ENDS[ending.predicate] and old.object_id == ending.object_id and old.subject_id == ending.subject_id:
+                if old.valid_at and ending.valid_at and ending.valid_at < old.valid_at:
+                    continue  # left before it started: an older stint, not this one
+                await close(old, ending.valid_at or observed_at or utcnow(), ending.id)
     return changes
