@@ -208,9 +208,11 @@ async def test_one_graph_per_agent_and_reads_create_nothing(service, settings):
         await service.record_message("s4", msg("a2", "bob", "hello"))
         assert sorted(await client.list_graphs()) == ["ms_agent__a1", "ms_agent__a2"]
         # What may change on a read: the context cache, its last-good copy, metrics, and the
-        # worker's own queue keys (arq). Nothing else, and no graph.
+        # worker's own queue keys (arq, and the embedding queue the recorded messages left,
+        # which the worker drains in the background). Nothing else, and no graph.
         def stored(keys) -> set[str]:
-            return {k for k in keys if not k.startswith(("ms:ctx:", "ms:metrics", "arq:", "memory-service:"))}
+            return {k for k in keys if not k.startswith(("ms:ctx:", "ms:metrics", "arq:", "memory-service:",
+                                                         "ms:embed:"))}
 
         keys_before = stored(await client.connection.keys("*"))
         await service.search("ghost", "anything at all")
