@@ -177,10 +177,11 @@ async def test_leaving_closes_what_it_ends_and_nothing_else(store, agent):
     changes = await apply(store, agent, [person(alice, "alice"), globex], [left], [])
     [me] = await store.find_entities(agent, alice, ["alice"])
     current = {f.text for f in await store.current_facts(agent, alice, [me.id])}
-    assert current == {"alice lives in Lyon", "alice left Globex"}
+    assert current == {"alice lives in Lyon"}  # the ending is no fact of its own: the closed one records it
     [closed] = changes.superseded
     old = await store.get_fact(agent, closed)
-    assert old.text == "alice works at Globex" and old.invalid_at == T0
+    assert old.text == "alice works at Globex" and old.invalid_at == T0 and old.superseded_by is None
+    assert (await apply(store, agent, [person(alice, "alice"), globex], [left], [])).superseded == []  # a retry
     # Leaving before the stint began ("I left Globex in 2019", said after rejoining) closes nothing.
     bob = Namespace.user(agent, "bob")
     bob_globex = globex.model_copy(update={"namespace": str(bob)})

@@ -110,7 +110,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     """Write one window's entities, facts and mentions; close the facts they replace (each
     logged in ``audit``, when given)."""
 
-    async def close(old: Fact, invalid_at: datetime, superseded_by: str) -> None:
+    async def close(old: Fact, invalid_at: datetime, superseded_by: str | None) -> None:
         try:
             after = await backend.invalidate_fact(agent_id, old.id, invalid_at, superseded_by=superseded_by)
         except Conflict:  # closed already: by this window's earlier try, or by a racing one
@@ -139,6 +139,10 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             subject_id=subject.id, object_id=obj.id, predicate=item.predicate, text=item.text,
             valid_at=item.valid_at or observed_at, memory_ids=list(memory_ids), message_ids=item.message_ids,
         ))
+    # An ending is not a relation that holds: it closes one (below), and the closed fact's
+    # invalid_at is its record.
+    endings = [f for f in new_facts if f.predicate in ENDS]
+    new_facts = [f for f in new_facts if f.predicate not in ENDS]
     if new_facts:
         changes.facts = await backend.add_facts(agent_id, new_facts)
 
@@ -163,10 +167,10 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             await close(old, winner.valid_at or observed_at or utcnow(), winner.id)
 
     # An ending ("I left Globex", "I moved out of Leeds") closes what it ends, with no new value.
-    for ending in (f for f in new_facts if f.predicate in ENDS):
+    for ending in endings:
         for old in await backend.current_facts(agent_id, ending.namespace, [ending.subject_id]):
             if old.predicate in ENDS[ending.predicate] and old.object_id == ending.object_id and old.subject_id == ending.subject_id:
                 if old.valid_at and ending.valid_at and ending.valid_at < old.valid_at:
                     continue  # left before it started: an older stint, not this one
-                await close(old, ending.valid_at or observed_at or utcnow(), ending.id)
+                await close(old, ending.valid_at or observed_at or utcnow(), None)
     return changes
