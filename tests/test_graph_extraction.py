@@ -231,3 +231,8 @@ def test_leaving_and_transferring_are_stated() -> None:
     stated = {(f.subject, f.predicate, f.object) for f in facts}
     assert {("kim", "left", "Globex"), ("ola", "left", "Bocconi"), ("ola", "studies_at", "Trinity College"),
             ("ben", "moved_out_of", "Leeds")} <= stated, stated
+
+
+def test_an_ampersand_joins_a_name() -> None:
+    _, facts = extract_graph(_msgs((Role.USER, "kim", "I started a new job at Marlowe & Finch on Monday!")))
+    assert [(f.subject, f.predicate, f.object) for f in facts] == [("kim", "works_at", "Marlowe & Finch")]

@@ -412,7 +412,7 @@ def _names(text: str, lowercase: bool) -> list[_Name]:
         while j < len(tokens):
             nxt = tokens[j].group()
             gap = text[tokens[j - 1].end():tokens[j].start()]
-            if gap.strip() not in ("", "'", "."):
+            if gap.strip() not in ("", "'", ".") and not (gap.strip() == "&" and _capitalised(nxt)):  # Marlowe & Finch
                 break
             if _capitalised(nxt) and nxt.lower().rstrip(".") not in _NOT_NAMES - {"st"}:
                 j += 1
