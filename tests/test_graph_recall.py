@@ -45,6 +45,14 @@ async def test_a_query_naming_an_entity_brings_its_current_fact_into_the_block(s
     assert '<Fact about="Tom"' in block.xml
 
 
+async def test_a_fact_shows_when_the_query_asks_about_it_not_merely_names_its_end(service):
+    await brother(service, "alice", "Deloitte", "s1")
+    about_music = await service.assemble_memory_context("gr", "alice", "s1", query="Does Tom like jazz?")
+    assert "Tom works at Deloitte" not in known_facts(about_music.xml), about_music.xml
+    only_named = await service.assemble_memory_context("gr", "alice", "s1", query="Tom?")
+    assert "Tom works at Deloitte" in known_facts(only_named.xml)
+
+
 async def test_after_a_move_the_old_home_is_no_current_fact_and_as_of_shows_it(service):
     then = NOW - timedelta(days=200)
     await service.record_message("m1", said("carol", "m1-1", "I live in Paris.", then))

@@ -25,6 +25,7 @@ from memory_service.domain.errors import BackendUnavailable, InvalidInput, Memor
 from memory_service.domain.graph import EntityType, Fact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Shard
 from memory_service.domain.namespaces import Namespace
+from memory_service.domain.text import stem
 from memory_service.recall.graph_signal import QueryGraph, query_graph, query_names
 from memory_service.recall.render import (
     MIN_BUDGET_CHARS,
@@ -322,7 +323,14 @@ class ContextAssembler:
         def newest_first(fact: Fact) -> float:
             return -(fact.valid_at or fact.created_at).timestamp()
 
-        query_facts = sorted(found.facts, key=lambda f: (min(rank.get(f.subject_id, len(rank) + 1),
+        # A fact earns its room when the query asks about it, not merely names one of its ends:
+        # "Where does Tom work?" wants "Tom works at Deloitte", not every fact about Tom (a
+        # speaker named in every question would fill the facts' share with his whole profile).
+        # A query that only names ("Tom?", "tell me about Tom") asks about all of them.
+        named = {stem(w) for e in found.entities for n in (e.name, *e.aliases) for w in query_terms(n)}
+        asked = {stem(w) for w in query_terms(query or "")} - named
+        asked_about = [f for f in found.facts if not asked or asked & {stem(w) for w in query_terms(f.text)}]
+        query_facts = sorted(asked_about, key=lambda f: (min(rank.get(f.subject_id, len(rank) + 1),
                                                              rank.get(f.object_id, len(rank) + 1)), newest_first(f)))
         me = {e.id for e in mine.entities if e.type is EntityType.PERSON and normalise_name(e.name) == normalise_name(user_id)}
         shown = {f.id for f in query_facts}
