@@ -10,25 +10,24 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory_service.domain.graph import EntityType, normalise_name
-
 from memory_service.curation.write_blocks import (
-    TYPE_WORDS,
-    GraphPlan,
-    graph_plan,
     MAX_BLOCKS,
     MAX_TAGS,
     TAGS,
+    TYPE_WORDS,
     Edge,
     EdgeItem,
     Entity,
     EntityItem,
+    GraphPlan,
     Observation,
     ObservationItem,
     WriteBlock,
     WriteBlockError,
+    graph_plan,
     parse_write_blocks,
 )
+from memory_service.domain.graph import EntityType, normalise_name
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "200"))
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow])

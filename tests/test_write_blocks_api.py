@@ -16,11 +16,11 @@ import pytest
 import redis
 from pydantic import SecretStr
 
-from memory_service.domain.errors import BackendUnavailable
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
 from memory_service.stores.graph import graph_name
 from memory_service.stores.loopback import LoopbackServer
+from memory_service.stores.outages import is_unavailable
 
 from .conftest import flush, suite_settings
 from .helpers import msg, wait_embedding_idle
@@ -243,3 +243,68 @@ async def test_a_bad_block_after_a_good_parse_changes_nothing(http, falkordb_url
                       session_id="s1", message_id="m1")
     assert bad.status_code == 422 and "block 3" in bad.json()["detail"], bad.text
     assert snapshot(falkordb_url, worker_running=True).contents == before.contents
+
+
+@pytest.fixture(scope="module")
+async def mongo_tools_server(falkordb_url, mongo_server_uri):
+    settings = suite_settings(falkordb_url, memory_write_agents=["*"]).model_copy(update={
+        "mongodb_uri": SecretStr(mongo_server_uri), "mongodb_database": f"ms_test_{uuid.uuid4().hex[:10]}"})
+    async with LoopbackServer(create_app(settings, run_worker=True)) as server:
+        yield server
+
+
+async def test_a_mongo_agent_refuses_graph_items_and_stores_nothing(mongo_tools_server, falkordb_url):
+    """Chosen: 409 (the Mongo backend keeps no graph), never entities flattened into facts;
+    a block of observations alone is stored as on any backend."""
+    await flush(falkordb_url)
+    async with httpx.AsyncClient(base_url=mongo_tools_server.base_url, timeout=30) as client:
+        assert (await client.put("/v1/agents/mongo-a", json={"memory_backend": "mongo"})).status_code == 200
+        before = snapshot(falkordb_url, worker_running=True)
+        for text in (BLOCKS, '<memory_write>[{"kind": "observation", "text": "t", "name": "Tom"}]</memory_write>'):
+            answer = await client.post("/v1/agents/mongo-a/writes/parse",
+                                       json={"text": text, "namespace": "user:mongo-a:alice"})
+            assert answer.status_code == 409 and "mongo backend keeps no knowledge graph" in answer.json()["detail"], \
+                answer.text
+        assert snapshot(falkordb_url, worker_running=True).contents == before.contents
+        hits = await client.post("/v1/agents/mongo-a/search", json={"query": "hazelnuts"})
+        assert hits.json()["results"] == []
+        plain = await client.post("/v1/agents/mongo-a/writes/parse", json={
+            "text": '<memory_write>{"observations": [{"text": "Alice is allergic to hazelnuts"}]}</memory_write>',
+            "namespace": "user:mongo-a:alice"})
+        assert plain.status_code == 200 and len(plain.json()["written"]) == 1 and plain.json()["entities"] == []
+
+
+async def test_a_store_outage_half_way_is_completed_by_the_retry(settings):
+    """The store cut as the facts are written: memories and entities are in, the facts not;
+    the same call again writes what is missing (the facts, the mention) and nothing twice."""
+    parts = urlsplit(settings.falkordb_url)
+    proxy = ThreadedTcpProxy(parts.hostname, parts.port).start()
+    proxy.proxy.password = parts.password
+    config = settings.model_copy(update={"falkordb_url": proxy.url, "redis_url": settings.falkordb_url,
+                                         "memory_write_agents": [AGENT]})
+    try:  # memories and graph through the proxy, state on the shared store directly
+        async with open_service(config, run_worker=False) as service:
+            await service.record_message("s1", msg(AGENT, "alice", "I live in Lyon.", mid="m1"))
+
+            def cut_at_facts(connection: int, direction: str, chunk: bytes) -> bool:
+                return not (direction == "up" and b"MERGE (s)-[e:RELATES_TO" in chunk)
+            proxy.proxy.tap = cut_at_facts
+            with pytest.raises(Exception) as cut:  # noqa: PT011 (the store's client's error: the API answers it 503)
+                await service.parse_writes(AGENT, BLOCKS, ALICE_NS, "s1", "m1", actor="k1")
+            assert is_unavailable(cut.value), cut.value
+            proxy.proxy.tap = None
+            url = settings.falkordb_url
+            assert graph_rows(url, "MATCH (n:Entity) RETURN n.name ORDER BY n.name") == [[b"Alice"], [b"Lyon"]]
+            assert graph_rows(url, "MATCH ()-[e:RELATES_TO]->() RETURN count(e)") == [[0]]
+            assert mentions(url) == set()
+
+            retried = await service.parse_writes(AGENT, BLOCKS, ALICE_NS, "s1", "m1", actor="k1")
+            [memory] = retried.written
+            assert retried.already_stored == [memory.id, *(e.id for e in retried.entities)]  # the fact is new
+            assert [f.text for f in retried.facts] == ["Alice lives in Lyon"]
+            assert mentions(url) == {(memory.id, "Alice")}
+            again = await service.parse_writes(AGENT, BLOCKS, ALICE_NS, "s1", "m1", actor="k1")
+            assert again.already_stored == [memory.id, *(e.id for e in again.entities), again.facts[0].id]
+            assert graph_rows(url, "MATCH ()-[e:RELATES_TO]->() RETURN count(e)") == [[1]]
+    finally:
+        proxy.close()
