@@ -38,8 +38,8 @@ from memory_service.curation.erasure import Eraser
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
-from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard, Written
-from memory_service.curation.write_blocks import store_write_blocks
+from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.curation.write_blocks import WRITE_BLOCKS_ACTOR, store_write_blocks
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memory_service.domain.graph import EntityType
 from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
@@ -60,7 +60,7 @@ from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, FactOut
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
-from memory_service.schemas.memories import DeletedOut, MemoryRecord
+from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state.store import StateStore
@@ -405,15 +405,23 @@ class MemoryService:
 
     async def parse_writes(self, agent_id: str, text: str, namespace: str, session_id: str | None = None,
                            message_id: str | None = None, guard: NamespaceGuard = None,
-                           actor: str | None = None) -> tuple[int, Written]:
-        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/curation/write_blocks.py).
-        Idempotent per message: what a repeated parse finds already stored is not audited again."""
-        blocks, written = await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard)
-        new = [r for r in written.records if r.id not in set(written.already_stored)]
-        if new and actor is not None:
-            await self.audit.append(actor, "memory.write_blocks", agent_id, message_id,
-                                    after={"blocks": blocks, "memories": [_audited(r) for r in new]})
-        return blocks, written
+                           actor: str | None = None) -> WriteBlocksOut:
+        """Store the <memory_write>/<shadow_write> blocks of ``text`` (memory_service/curation/write_blocks.py):
+        memories, and entities and facts in the knowledge graph. Idempotent per message: what a
+        repeated parse finds already stored is not audited again. Audited as ``memory.write_blocks``
+        (ids only: the memories' audited fields, the new entities' and facts' ids); each fact a
+        block closes as ``fact.invalidate``."""
+        done = await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard,
+                                        audit=self.audit, actor=actor or WRITE_BLOCKS_ACTOR)
+        memories = done.new_memories
+        entities, facts = done.new([e.id for e in done.entities]), done.new([f.id for f in done.facts])
+        if (memories or entities or facts) and actor is not None:
+            await self.audit.append(actor, "memory.write_blocks", agent_id, message_id, after={
+                "blocks": done.blocks, "memories": [_audited(r) for r in done.memories.records if r.id in set(memories)],
+                "entities": entities, "facts": facts})
+        return WriteBlocksOut(blocks=done.blocks, written=done.memories.records,
+                              entities=[EntityOut.of(e) for e in done.entities], facts=[FactOut.of(f) for f in done.facts],
+                              superseded=done.superseded, already_stored=done.already_stored)
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()

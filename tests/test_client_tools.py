@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -98,3 +100,43 @@ async def test_the_sync_client_reaches_the_tools_too(tools_server, client):
 
     written, got = await asyncio.to_thread(curate)
     assert got.id == written.id and got.content == written.content
+
+
+async def test_write_blocks_then_search_and_context_as_of_and_with_history(client, tools_server):
+    """The typed client writes the graph (write_blocks) and reads it at a time: search's
+    ``as_of``/``include_superseded`` and the block's ``as_of``, against the real routes."""
+    namespace = f"user:{AGENT}:alice"
+    await client.record("s1", agent_id=AGENT, user_id="alice", role="user", content="Hello again.", message_id="m0")
+    written = {}
+    for city, note in (("Paris", "Paris has a lovely old town"), ("Lyon", "Lyon has wonderful food markets")):
+        items = [{"kind": "entity", "name": "Alice", "type": "person"},
+                 {"kind": "edge", "source": "Alice", "target": city, "rel_type": "lives_in"},
+                 {"kind": "observation", "name": city, "text": note}]
+        written[city] = await client.write_blocks(AGENT, f"<memory_write>{json.dumps(items)}</memory_write>",
+                                                  namespace=namespace)
+        if city == "Paris":
+            between = datetime.now(UTC)
+            await asyncio.sleep(0.05)
+    paris, lyon = written["Paris"].facts[0], written["Lyon"].facts[0]
+    assert written["Lyon"].superseded == [paris.id] and lyon.current
+    again = await client.write_blocks(AGENT, f"<memory_write>{json.dumps(items)}</memory_write>", namespace=namespace)
+    assert set(again.already_stored) == {again.written[0].id, *(e.id for e in again.entities), lyon.id}
+
+    def reached(result) -> set[str]:  # the memories the graph signal reached, by their first words
+        return {hit.content.split()[0] for hit in result.results if hit.explanation.graph}
+    query = "Where does Alice live?"
+    now = await client.search(AGENT, query, scope="user", user_id="alice")
+    then = await client.search(AGENT, query, scope="user", user_id="alice", as_of=between)
+    history = await client.search(AGENT, query, scope="user", user_id="alice", include_superseded=True)
+    assert (reached(now), reached(then), reached(history)) == ({"Lyon"}, {"Paris"}, {"Paris", "Lyon"})
+
+    block_now = (await client.context(agent_id=AGENT, user_id="alice", session_id="s1", query=query)).xml
+    block_then = (await client.context(agent_id=AGENT, user_id="alice", session_id="s1", query=query,
+                                       as_of=between)).xml
+    assert "Alice lives in Lyon" in block_now and "Alice lives in Paris" not in block_now
+    assert "Alice lives in Paris" in block_then and "<KnownFacts as_of=" in block_then
+
+    def sync_search() -> set[str]:
+        with MemoryClient(tools_server.base_url) as sync_client:
+            return reached(sync_client.search(AGENT, query, scope="user", user_id="alice", as_of=between))
+    assert await asyncio.to_thread(sync_search) == {"Paris"}

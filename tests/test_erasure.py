@@ -177,7 +177,8 @@ async def bob_holdings(service) -> dict[str, str]:
 
 @pytest.fixture
 async def erase_service(settings):
-    async with open_service(settings.model_copy(update=OVERRIDES), run_worker=True) as service:
+    async with open_service(settings.model_copy(update={**OVERRIDES, "memory_write_agents": [AGENT]}),
+                            run_worker=True) as service:
         yield service
 
 
@@ -197,6 +198,9 @@ async def test_export_then_erase_leaves_nothing_of_the_user_anywhere_and_the_oth
     for user, session in ((ALICE, "shared-1"), (BOB, "shared-1"), (ALICE, "solo-a"), (BOB, "solo-b")):
         assert (await client.get("/v1/context", params={"agent_id": AGENT, "user_id": user, "session_id": session,
                                                         "query": "zanzibar flight"})).status_code == 200
+    # A fact of hers the agent wrote itself (a write block): her namespace's graph.
+    await service.parse_writes(AGENT, '<memory_write>{"edges": [{"source": "%s", "target": "Zanzibar", '
+                                      '"rel_type": "visited"}]}</memory_write>' % ALICE, f"user:{AGENT}:{ALICE}")
     assert await graph_findings(url) and await redis_findings(url)  # the checks find her before
     bob_before = await bob_holdings(service)
     assert any("Icelandic" in c for c in bob_before.values()) and len(bob_before) >= len(BOB_IDS) + 2
@@ -210,6 +214,10 @@ async def test_export_then_erase_leaves_nothing_of_the_user_anywhere_and_the_oth
     assert not found_in(dumped, (*BOB_WORDS, BOB, *BOB_IDS)), "the export holds the other user's data"
     assert export["directives"] and export["consolidations"] and export["shard_contributions"] and export["shared"]
     assert {s["session_id"]: s["other_speakers"] for s in export["sessions"]} == {"shared-1": 1, "solo-a": 0}
+    # Her knowledge graph: the entities of her namespace and their facts (docs/erasure.md).
+    assert {e["namespace"] for e in export["entities"]} == {f"user:{AGENT}:{ALICE}"}
+    assert export["facts"] and {f["namespace"] for f in export["facts"]} == {f"user:{AGENT}:{ALICE}"}
+    assert {i for f in export["facts"] for i in (f["subject_id"], f["object_id"])} <= {e["id"] for e in export["entities"]}
 
     answer = await client.delete(f"/v1/agents/{AGENT}/users/{ALICE}")
     assert answer.status_code == 200, answer.text
@@ -236,7 +244,7 @@ async def test_export_then_erase_leaves_nothing_of_the_user_anywhere_and_the_oth
             assert not found_in(json.dumps(hits["results"] + hits["candidates"])), (word, scope, hits)
     export = (await client.get(f"/v1/agents/{AGENT}/users/{ALICE}/export")).json()
     assert not any(export[k] for k in ("sessions", "messages", "episodes", "directives", "consolidations",
-                                       "shard_contributions", "other", "shared"))
+                                       "shard_contributions", "other", "shared", "entities", "facts"))
     # ... nor in any store, read directly.
     assert await graph_findings(url) == []
     assert await redis_findings(url) == []

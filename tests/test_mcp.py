@@ -32,7 +32,7 @@ CLI = str(Path(sys.executable).parent / "memory-service")
 OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, OTHER = "acme", "rival"
 TOOLS = {"memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete",
-         "entity_search", "entity_get"}
+         "entity_search", "entity_get", "entity_write"}
 
 
 @pytest.fixture(scope="module")
@@ -179,6 +179,25 @@ async def test_stdio_curates_a_memory_through_the_write_tools(api, keys, falkord
         assert memory_id not in json.dumps(gone.structured_content["results"])
         back = await client.call_tool("memory_undelete", {"memory_id": memory_id})
         assert back.structured_content["deleted_at"] is None
+
+
+async def test_stdio_writes_the_graph_through_entity_write(api, keys, falkordb_url):
+    items = [{"kind": "entity", "name": "Bo", "type": "pet", "text": "a pelican"},
+             {"kind": "edge", "source": "Alice", "target": "Bo", "rel_type": "has_pet"},
+             {"kind": "observation", "name": "Bo", "text": "Bo eats sardines", "tags": ["pets"]}]
+    async with stdio(api.base_url, keys["agent"]) as client:
+        written = await client.call_tool("entity_write", {"items": items, "namespace": f"user:{AGENT}:alice"})
+        assert not written.is_error, text(written)
+        answer = written.structured_content
+        assert [(e["name"], e["type"]) for e in answer["entities"]] == [("Bo", "object"), ("Alice", "person")]
+        assert [f["text"] for f in answer["facts"]] == ["Alice has pet Bo"] and answer["already_stored"] == []
+        again = await client.call_tool("entity_write", {"items": items, "namespace": f"user:{AGENT}:alice"})
+        assert len(again.structured_content["already_stored"]) == 1 + 2 + 1  # the memory, the entities, the fact
+        before = snapshot(falkordb_url, worker_running=True)
+        bad = await client.call_tool("entity_write", {"items": [{"kind": "edge", "source": "Alice"}],
+                                                      "namespace": f"user:{AGENT}:alice"})
+        assert bad.is_error and "422" in text(bad) and "items[0].target" in text(bad), text(bad)
+        assert snapshot(falkordb_url, worker_running=True) == before
 
 
 async def test_write_tools_with_a_key_of_another_agent_change_nothing(api, keys, falkordb_url):

@@ -17,11 +17,11 @@ from memory_service.client.errors import (
                      ServerError,
                      ServiceUnavailable,
 )
-from memory_service.client.tool_models import DeletedMemory, MemoryRecord
+from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 __all__ = [
     "AsyncMemoryClient", "MemoryClient", "MemoryApiError", "InvalidRequest", "AuthenticationError", "PermissionDenied",
     "NotFoundError", "ConflictError", "RateLimitError", "ServerError", "ServiceUnavailable", "MemoryRecord",
-    "DeletedMemory", "StartupRecord", "StartupBlock", "DeletedStartupRecord",
+    "DeletedMemory", "StartupRecord", "StartupBlock", "DeletedStartupRecord", "WriteBlocksOut",
 ]

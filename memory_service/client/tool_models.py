@@ -4,6 +4,6 @@ under the names the client gives them."""
 from __future__ import annotations
 
 from memory_service.schemas.memories import DeletedOut as DeletedMemory
-from memory_service.schemas.memories import MemoryRecord
+from memory_service.schemas.memories import MemoryRecord, WriteBlocksOut
 
-__all__ = ["DeletedMemory", "MemoryRecord"]
+__all__ = ["DeletedMemory", "MemoryRecord", "WriteBlocksOut"]

@@ -37,7 +37,8 @@ from memory_service.access.audit import AuditLog
 from memory_service.access.keys import KeyStore
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.curation.removal import Removal
-from memory_service.domain.errors import BackendUnavailable
+from memory_service.domain.errors import BackendUnavailable, NotSupported
+from memory_service.domain.graph import Entity, Fact
 from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import JobQueue
@@ -49,6 +50,7 @@ from memory_service.schemas.erasure import (
     SharedRemoval,
     UserExport,
 )
+from memory_service.schemas.graph import EntityOut, FactOut
 from memory_service.state.persistence import rewrite as rewrite_persistence
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
@@ -59,6 +61,7 @@ log = logging.getLogger(__name__)
 
 # Memories per delete or provenance call to a store.
 STORE_BATCH = 500
+GRAPH_PAGE = 200  # entities per listing call of an export
 
 
 @dataclass(slots=True)
@@ -211,7 +214,8 @@ class Eraser:
         return held
 
     async def export_user(self, agent_id: str, user_id: str) -> UserExport:
-        held = await self.holdings(agent_id, user_id, await self._backends(agent_id, []))
+        backends = await self._backends(agent_id, [])
+        held = await self.holdings(agent_id, user_id, backends)
         out = UserExport(agent_id=agent_id, user_id=user_id, exported_at=utcnow())
         for session_id, memories in sorted(held.sessions.items()):
             mine = sum(1 for m in memories if m.kind is MemoryKind.MESSAGE and m.metadata.user_id == user_id)
@@ -230,7 +234,35 @@ class Eraser:
                 id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content,
                 valid_at=memory.valid_at, session_id=p.session_id, role=p.role.value if p.role else None,
                 message_ids=[m for m in p.message_ids if (p.session_id, m) in held.message_keys]))
+        entities, facts = await self._graph_of(agent_id, Namespace.user(agent_id, user_id), backends)
+        out.entities, out.facts = [EntityOut.of(e) for e in entities], [FactOut.of(f) for f in facts]
         return out
+
+    @staticmethod
+    async def _graph_of(agent_id: str, namespace: Namespace,
+                        backends: list[tuple[str, MemoryBackend]]) -> tuple[list[Entity], list[Fact]]:
+        """The entities of ``namespace`` and their facts there (superseded ones too), from every
+        store that keeps a graph (the others answer NotSupported: they hold none)."""
+        entities: dict[str, Entity] = {}
+        facts: dict[str, Fact] = {}
+        for _, backend in backends:
+            try:
+                found: list[Entity] = []
+                cursor: str | None = None
+                while True:
+                    page, cursor = await backend.list_entities(agent_id, namespace, cursor=cursor, limit=GRAPH_PAGE)
+                    found += page
+                    if cursor is None:
+                        break
+                for start in range(0, len(found), STORE_BATCH):
+                    ids = [e.id for e in found[start : start + STORE_BATCH]]
+                    for fact in await backend.current_facts(agent_id, namespace, ids, include_superseded=True):
+                        facts.setdefault(fact.id, fact)
+            except NotSupported:
+                continue
+            for entity in found:
+                entities.setdefault(entity.id, entity)
+        return list(entities.values()), sorted(facts.values(), key=lambda f: (f.created_at, f.id))
 
     async def erase_user(self, agent_id: str, user_id: str, actor: str = "erasure") -> ErasureReport:
         """``actor``: the key id the audit log records for the key changes (the erasure's caller)."""

@@ -181,10 +181,7 @@ class MemoryTools:
         are written in one batch. ``session_id``/``message_id``: where they were said (a
         session of the agent), kept in their provenance. A body with an ``idempotency_key``
         already stored is answered as stored and not written again (its id in ``already_stored``)."""
-        self.require_writes(agent_id)
-        reach = guard or Reach(self.state, agent_id)
-        if session_id is not None and not await reach.sees_session(session_id):
-            raise NotFound(f"session_id: session {session_id!r} has no messages recorded by agent {agent_id!r}")
+        reach = await self._writer(agent_id, guard, session_id)
         memories = [await self._prepare(agent_id, body, reach, session_id, message_id) for body in bodies]
         if not memories:
             return Written([], [])
@@ -204,6 +201,25 @@ class MemoryTools:
             await self._changed(agent_id, *new)
         return Written([self.record(stored.get(m.id, m)) for m in memories],
                        list(dict.fromkeys(m.id for m in memories if m.id in stored)))
+
+    async def writable_target(self, agent_id: str, namespace: str, guard: NamespaceGuard = None,
+                              session_id: str | None = None, message_id: str | None = None) -> Namespace:
+        """The namespace a write of the caller goes to, checked as ``write_many`` checks each
+        body's (writes on, the agent's own namespace, the caller's reach, the session and
+        the cited message), for a writer whose writes are not all memories (write blocks'
+        entities and edges)."""
+        reach = await self._writer(agent_id, guard, session_id)
+        target = await self._writable_namespace(agent_id, namespace, reach)
+        if message_id is not None:
+            await self._cited(agent_id, message_id, session_id, target)
+        return target
+
+    async def _writer(self, agent_id: str, guard: NamespaceGuard, session_id: str | None) -> Reach:
+        self.require_writes(agent_id)
+        reach = guard or Reach(self.state, agent_id)
+        if session_id is not None and not await reach.sees_session(session_id):
+            raise NotFound(f"session_id: session {session_id!r} has no messages recorded by agent {agent_id!r}")
+        return reach
 
     async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
                        message_id: str | None) -> Memory:

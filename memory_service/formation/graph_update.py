@@ -62,6 +62,7 @@ class GraphChanges:
     facts: int = 0
     mentions: int = 0
     superseded: list[str] = field(default_factory=list)  # ids of the facts closed
+    stated: list[str] = field(default_factory=list)  # ids of the facts written (new or stated again)
 
 
 def mentions(texts: dict[str, str], entities: Sequence[ExtractedEntity]) -> list[Mention]:
@@ -76,9 +77,20 @@ def mentions(texts: dict[str, str], entities: Sequence[ExtractedEntity]) -> list
     return found
 
 
-async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[ExtractedEntity]) -> dict[tuple[str, str], Entity]:
+Resolved = dict[tuple[str, str], Entity]  # (namespace, normalised name or alias) -> the graph's entity
+
+
+async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[ExtractedEntity]) -> Resolved:
     """Each extracted entity as the graph's entity, keyed by (namespace, normalised name or
     alias): the stored one where its namespace holds that name, else a new one."""
+    return (await resolve_stored(backend, agent_id, extracted))[0]
+
+
+async def resolve_stored(backend: MemoryBackend, agent_id: str,
+                         extracted: Sequence[ExtractedEntity]) -> tuple[Resolved, set[str]]:
+    """``resolve``, and the ids of the resolved entities the store held already (a writer
+    that reports what it created, memory_service/curation/write_blocks.py, needs them)."""
+    stored: set[str] = set()
     by_namespace: dict[str, list[ExtractedEntity]] = {}
     for item in extracted:
         by_namespace.setdefault(item.namespace, []).append(item)
@@ -87,6 +99,7 @@ async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[Ext
         names = sorted({normalise_name(n) for item in items for n in (item.name, *item.aliases)} - {""})
         known: dict[str, Entity] = {}
         for entity in await backend.find_entities(agent_id, namespace, names):
+            stored.add(entity.id)
             for name in (entity.name, *entity.aliases):
                 known.setdefault(normalise_name(name), entity)
         for item in items:
@@ -100,15 +113,17 @@ async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[Ext
             for key in (normalise_name(found.name), *keys):
                 known[key] = found
                 resolved[(namespace, key)] = found
-    return resolved
+    return resolved, stored
 
 
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
                 facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
                 memory_ids: Sequence[str] = (), observed_at: datetime | None = None,
-                audit: AuditLog | None = None) -> GraphChanges:
+                audit: AuditLog | None = None, actor: str = FORMATION_ACTOR,
+                resolved: Resolved | None = None) -> GraphChanges:
     """Write one window's entities, facts and mentions; close the facts they replace (each
-    logged in ``audit``, when given)."""
+    logged in ``audit`` under ``actor``, when given). ``resolved``: ``entities`` resolved
+    already (``resolve``), by a caller that looked before writing anything else."""
 
     async def close(old: Fact, invalid_at: datetime, superseded_by: str | None) -> None:
         try:
@@ -117,13 +132,14 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             return
         changes.superseded.append(old.id)
         if audit is not None:
-            await audit.append(FORMATION_ACTOR, "fact.invalidate", agent_id, old.id, before=audited_fact(old),
+            await audit.append(actor, "fact.invalidate", agent_id, old.id, before=audited_fact(old),
                                after=audited_fact(after))
 
     changes = GraphChanges()
     if not entities:
         return changes
-    resolved = await resolve(backend, agent_id, entities)
+    if resolved is None:
+        resolved = await resolve(backend, agent_id, entities)
     unique = {e.id: e for e in resolved.values()}
     changes.entities = await backend.upsert_entities(agent_id, list(unique.values()))
 
@@ -145,6 +161,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     new_facts = [f for f in new_facts if f.predicate not in ENDS]
     if new_facts:
         changes.facts = await backend.add_facts(agent_id, new_facts)
+    changes.stated = [f.id for f in new_facts]
 
     for mention in mentioned:
         named = sorted({e.id for (_, key), e in resolved.items() if key in mention.names})

@@ -12,6 +12,7 @@ See docs/mcp.md.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
@@ -24,7 +25,7 @@ from pydantic import Field
 
 from memory_service import __version__
 from memory_service.access.authorization import is_loopback
-from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord
+from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord, WriteBlocksOut
 from memory_service.domain.graph import EntityType
 from memory_service.domain.models import MemoryKind
 from memory_service.schemas.graph import ENTITY_ID_PATTERN, MAX_ENTITY_PAGE, EntityDetailOut, EntityPage
@@ -38,7 +39,8 @@ INSTRUCTIONS = (
     "memory_get reads one by id; memory_write, memory_update, memory_delete and memory_undelete curate them, "
     "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date. "
     "entity_search lists the people, places and things the agent knows of; entity_get reads one with its facts "
-    "(current ones, or those true at a time, or their history) and the entities they link it to."
+    "(current ones, or those true at a time, or their history) and the entities they link it to; entity_write "
+    "writes entities, observations about them and edges between them (with memory writes on)."
 )
 
 MemoryId = Annotated[str, Field(min_length=1, max_length=512, description="the memory's id, as search or write answered it")]
@@ -87,12 +89,14 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
         tags: Tags = None,
         since: Annotated[datetime | None, Field(description="only memories at or after this time")] = None,
         until: Annotated[datetime | None, Field(description="only memories at or before this time")] = None,
+        as_of: Annotated[datetime | None, Field(description="follow the facts true at this time (default: now)")] = None,
+        include_superseded: Annotated[bool, Field(description="follow every fact, the ones no longer true too")] = False,
     ) -> SearchResult:
         """Search the agent's memories: full-text and vector signals fused, with recency; each result explained."""
         return await call(lambda: api(ctx).search(
             agent_id, query, scope=scope.value, user_id=user_id, session_id=session_id, shard_id=shard_id,
             namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=[k.value for k in kinds] if kinds else None,
-            tags=tags, since=since, until=until))
+            tags=tags, since=since, until=until, as_of=as_of, include_superseded=include_superseded))
 
     @server.tool()
     async def memory_get(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
@@ -151,6 +155,22 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
     async def memory_undelete(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
         """Bring back a deleted memory before its purge date."""
         return await call(lambda: api(ctx).memory_undelete(agent_id, memory_id))
+
+    @server.tool()
+    async def entity_write(
+        ctx: Context,
+        items: Annotated[list[dict[str, Any]], Field(min_length=1, description=(
+            "what to write, each with a kind: {kind: 'entity', name, type (person, place, organisation, object, "
+            "event, topic), text (a description)}; {kind: 'observation', text, name (the entity it is about), tags, "
+            "confidence}; {kind: 'edge', source, target, rel_type (e.g. lives_in, works_at), text}"))],
+        namespace: Annotated[str, Field(min_length=1, description="where they live, e.g. 'user:<agent>:<user>' or "
+                                                                 "'agent:<agent>' (not a session)")],
+    ) -> WriteBlocksOut:
+        """Write entities, observations about them and edges between them to the knowledge graph, resolved by
+        name in the namespace (a new value of lives_in, works_at... replaces the current one). Writing the same
+        items again stores nothing new."""
+        block = f"<memory_write>{json.dumps({'items': items}, ensure_ascii=False)}</memory_write>"
+        return await call(lambda: api(ctx).write_blocks(agent_id, block, namespace=namespace))
 
     @server.tool(annotations=ToolAnnotations(read_only_hint=True))
     async def entity_search(

@@ -10,6 +10,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from memory_service.domain.models import MemoryKind
+from memory_service.schemas.graph import EntityOut, FactOut
 
 
 class SharedRemoval(BaseModel):
@@ -108,3 +109,7 @@ class UserExport(BaseModel):
     shard_contributions: list[ExportedMemory] = Field(default_factory=list, description="facts and suggestions")
     other: list[ExportedMemory] = Field(default_factory=list)
     shared: list[SharedReference] = Field(default_factory=list)
+    entities: list[EntityOut] = Field(default_factory=list, description="the knowledge graph's entities of the user's "
+                                      "namespace (the erasure deletes them)")
+    facts: list[FactOut] = Field(default_factory=list, description="their facts in the user's namespace, superseded "
+                                 "ones too")

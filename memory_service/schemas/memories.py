@@ -8,6 +8,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from memory_service.domain.models import MemoryKind, Provenance
+from memory_service.schemas.graph import EntityOut, FactOut
 
 
 class MemoryRecord(BaseModel):
@@ -33,3 +34,18 @@ class DeletedOut(BaseModel):
     id: str
     deleted_at: datetime
     purge_at: datetime | None = Field(description="when the retention job purges it (None: PURGE_AFTER_DAYS is 0)")
+
+
+class WriteBlocksOut(BaseModel):
+    """What POST /v1/agents/{agent_id}/writes/parse stored (memory_service/curation/write_blocks.py)."""
+
+    blocks: int = Field(description="write blocks found")
+    written: list[MemoryRecord] = Field(description="the memories stored: the blocks' observations, in order")
+    entities: list[EntityOut] = Field(default_factory=list, description="the knowledge-graph entities the blocks "
+                                      "name (entities, edges' ends, observations' `name`), as stored now")
+    facts: list[FactOut] = Field(default_factory=list, description="the facts the blocks' edges state, as stored now")
+    superseded: list[str] = Field(default_factory=list, description="ids of the facts this call closed: a "
+                                  "single-valued relation (lives_in, works_at...) replaced by the blocks' edge")
+    already_stored: list[str] = Field(default_factory=list,
+                                      description="ids in `written`, `entities` and `facts` that were stored before "
+                                                  "this call (the same text parsed again for the same message: all)")

@@ -30,7 +30,7 @@ from memory_service.client._common import (
     retryable,
     seg,
 )
-from memory_service.client.tool_models import DeletedMemory, MemoryRecord
+from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
 from memory_service.domain.models import Agent, Shard
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.context import ContextOut
@@ -125,10 +125,12 @@ class AsyncMemoryClient:
         return result
 
     async def context(self, *, agent_id: str, user_id: str, session_id: str, model: str | None = None,
-                      query: str | None = None, budget: int | None = None) -> ContextOut:
-        """The memory block for one model call (``query``: what the model is asked now)."""
+                      query: str | None = None, budget: int | None = None,
+                      as_of: datetime | None = None) -> ContextOut:
+        """The memory block for one model call (``query``: what the model is asked now; ``as_of``:
+        its <KnownFacts> are the facts true then)."""
         params = query_params(agent_id=agent_id, user_id=user_id, session_id=session_id, model=model, query=query,
-                       budget=budget)
+                              budget=budget, as_of=as_of)
         result: ContextOut = parse(ContextOut, await self._send("GET", "/v1/context", params=params))
         return result
 
@@ -136,17 +138,29 @@ class AsyncMemoryClient:
                      session_id: str | None = None, shard_id: str | None = None, namespaces: list[str] | None = None,
                      top_k: int | None = None, min_score: float | None = None, kinds: list[str] | None = None,
                      since: datetime | None = None, until: datetime | None = None,
-                     tags: list[str] | None = None) -> SearchResult:
-        """Search the agent's memories (memory_search): every result explained."""
+                     tags: list[str] | None = None, as_of: datetime | None = None,
+                     include_superseded: bool = False) -> SearchResult:
+        """Search the agent's memories (memory_search): every result explained. ``as_of``: the
+        graph signal follows the facts true then; ``include_superseded``: every fact, history too."""
         request = body(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                        namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds,
                        since=since.isoformat() if since else None, until=until.isoformat() if until else None,
-                       tags=tags)
+                       tags=tags, as_of=as_of.isoformat() if as_of else None,
+                       include_superseded=include_superseded or None)
         answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/search", json=request)
         result: SearchResult = parse(SearchResult, answer)
         return result
 
     # The memory tools (issue 10): an agent reads and curates its own memories.
+
+    async def write_blocks(self, agent_id: str, text: str, *, namespace: str, session_id: str | None = None,
+                           message_id: str | None = None) -> WriteBlocksOut:
+        """Store the <memory_write>/<shadow_write> blocks of a model's output: observations as
+        memories, entities and edges in the knowledge graph (repeatable for the same message)."""
+        request = body(text=text, namespace=namespace, session_id=session_id, message_id=message_id)
+        answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/writes/parse", json=request)
+        result: WriteBlocksOut = parse(WriteBlocksOut, answer)
+        return result
 
     async def memory_get(self, agent_id: str, memory_id: str) -> MemoryRecord:
         """One memory (counts an access)."""

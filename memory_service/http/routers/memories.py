@@ -22,7 +22,7 @@ from memory_service.domain.models import AgentId, MessageId, NamespaceText, Opaq
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
 from memory_service.schemas.keys import Role
-from memory_service.schemas.memories import DeletedOut, MemoryRecord
+from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.service import MemoryService
 
 router = strict_router(tags=["memory tools"])
@@ -100,24 +100,17 @@ class WriteBlocksIn(BaseModel):
     message_id: MessageId | None = Field(default=None, description="the message that carried it (provenance)")
 
 
-class WriteBlocksOut(BaseModel):
-    blocks: int = Field(description="write blocks found")
-    written: list[MemoryRecord] = Field(description="the memories stored: observations, then entities, then edges")
-    already_stored: list[str] = Field(default_factory=list,
-                                      description="ids in `written` that a previous parse of the same text for the "
-                                                  "same message had stored: not written again")
-
-
 @router.post("/v1/agents/{agent_id}/writes/parse", response_model=WriteBlocksOut)
 async def parse_writes(agent_id: AgentId, body: WriteBlocksIn, service: ServiceDep,
                        principal: CallerDep) -> WriteBlocksOut:
     """Store the <memory_write> / <shadow_write> blocks of a model's output. All or nothing:
     a malformed block fails the call with 422 saying which block, where (line, column) and
-    which field, and nothing is stored. Idempotent: the same text parsed again for the same
-    message (session_id, message_id) and namespace stores nothing new and answers the same ids,
+    which field, and nothing is stored. Observations are memories; entities and edges are
+    written to the knowledge graph in the namespace given (a Mongo agent keeps no graph:
+    409, nothing stored). Idempotent: the same text parsed again for the same message
+    (session_id, message_id) and namespace stores nothing new and answers the same ids,
     listed in `already_stored`. Needs `write` and MEMORY_WRITE_AGENTS."""
     guard = _allow(service, principal, Role.WRITE, agent_id)
-    blocks, written = await service.parse_writes(agent_id, body.text, body.namespace, body.session_id,
-                                                 body.message_id, guard, actor=principal.key_id)
-    return WriteBlocksOut(blocks=blocks, written=written.records, already_stored=written.already_stored)
+    return await service.parse_writes(agent_id, body.text, body.namespace, body.session_id, body.message_id, guard,
+                                      actor=principal.key_id)
 
