@@ -189,3 +189,23 @@ async def test_leaving_closes_what_it_ends_and_nothing_else(store, agent):
                 [works.model_copy(update={"subject": "bob", "namespace": str(bob), "valid_at": T0})], [])
     early = left.model_copy(update={"subject": "bob", "namespace": str(bob), "valid_at": T0 - timedelta(days=900)})
     assert (await apply(store, agent, [person(bob, "bob"), bob_globex], [early], [])).superseded == []
+
+
+async def test_moving_back_is_a_new_stint_and_the_old_one_stays_history(store, agent):
+    alice = Namespace.user(agent, "alice")
+    world = [person(alice, "alice"), place(alice, "Paris"), place(alice, "Lyon")]
+    for days, city, mid in ((300, "Paris", "m1"), (200, "Lyon", "m2"), (100, "Paris", "m3")):
+        fact = lives_in(alice, "alice", city, T0 - timedelta(days=days)).model_copy(update={"message_ids": [mid]})
+        await apply(store, agent, world, [fact], [])
+        again = await apply(store, agent, world, [fact], [])  # a retried window changes nothing
+        assert again.superseded == []
+    [me] = await store.find_entities(agent, alice, ["alice"])
+    now = await store.current_facts(agent, alice, [me.id], predicate="lives_in")
+    assert [(f.text, f.valid_at) for f in now] == [("alice lives in Paris", T0 - timedelta(days=100))]
+    history = await store.current_facts(agent, alice, [me.id], predicate="lives_in", include_superseded=True)
+    assert sorted((f.text, f.invalid_at is None) for f in history) == [
+        ("alice lives in Lyon", False), ("alice lives in Paris", False), ("alice lives in Paris", True)]
+    # Restating the first stint's time ("I lived in Paris back then") is that old fact, not news.
+    past = lives_in(alice, "alice", "Paris", T0 - timedelta(days=250)).model_copy(update={"message_ids": ["m4"]})
+    assert (await apply(store, agent, world, [past], [])).superseded == []
+    assert len(await store.current_facts(agent, alice, [me.id], predicate="lives_in", include_superseded=True)) == 3

@@ -159,8 +159,10 @@ def entity_id(namespace: str, name: str, type_: EntityType) -> str:
     return "ent_" + hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
-def fact_id(namespace: str, subject_id: str, predicate: str, object_id: str) -> str:
+def fact_id(namespace: str, subject_id: str, predicate: str, object_id: str, stint: str = "") -> str:
     """The id of one (subject, predicate, object) in one namespace: the same statement made
-    again is the same fact (its provenance grows), not a second edge."""
-    key = f"{namespace}\x1f{subject_id}\x1f{predicate}\x1f{object_id}"
+    again is the same fact (its provenance grows), not a second edge. ``stint`` tells apart a
+    fact that became true again after it was closed (moving back to Paris): a new edge, the
+    old one kept as history."""
+    key = f"{namespace}\x1f{subject_id}\x1f{predicate}\x1f{object_id}" + (f"\x1f{stint}" if stint else "")
     return "fact_" + hashlib.sha256(key.encode()).hexdigest()[:24]

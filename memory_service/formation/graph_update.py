@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from memory_service.access.audit import AuditLog, audited_fact
-from memory_service.domain.errors import Conflict
+from memory_service.domain.errors import Conflict, NotFound
 from memory_service.domain.graph import (
     ENDS,
     SINGLE_VALUED,
@@ -51,6 +51,7 @@ from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 
+MAX_STINTS = 50  # times one statement may become true again (a bound on the lookups, not a rule of the world)
 FORMATION_ACTOR = "formation"  # the audit log's key_id for what the worker's formation changes
 
 
@@ -116,6 +117,26 @@ async def resolve_stored(backend: MemoryBackend, agent_id: str,
     return resolved, stored
 
 
+async def _again(backend: MemoryBackend, agent_id: str, fact: Fact) -> Fact:
+    """``fact`` as it is stored: when the same statement was true once and closed before this
+    one became true (moved to Lyon, then back to Paris), a new stint with its own id (named by
+    the statement's messages, so a retried window finds the same one); the old edge stays
+    history. A statement about the closed time itself is the old fact."""
+    stints = 0
+    while True:
+        try:
+            stored = await backend.get_fact(agent_id, fact.id)
+        except NotFound:
+            return fact
+        closed = stored.invalid_at or stored.expired_at
+        if closed is None or fact.valid_at is None or fact.valid_at < closed or stints >= MAX_STINTS:
+            return fact
+        stints += 1
+        stint = ",".join(sorted(fact.message_ids)) or fact.valid_at.isoformat()
+        fact = fact.model_copy(update={"id": fact_id(fact.namespace, fact.subject_id, fact.predicate, fact.object_id,
+                                                      f"{stint}#{stints}")})
+
+
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
                 facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
                 memory_ids: Sequence[str] = (), observed_at: datetime | None = None,
@@ -155,6 +176,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             subject_id=subject.id, object_id=obj.id, predicate=item.predicate, text=item.text,
             valid_at=item.valid_at or observed_at, memory_ids=list(memory_ids), message_ids=item.message_ids,
         ))
+    new_facts = [await _again(backend, agent_id, f) for f in new_facts]
     # An ending is not a relation that holds: it closes one (below), and the closed fact's
     # invalid_at is its record.
     endings = [f for f in new_facts if f.predicate in ENDS]
