@@ -85,7 +85,7 @@ class Settings(BaseSettings):
 
     # Entity resolution (issue 16; docs/extraction.md "Resolution").
     entity_name_similarity: float = Field(
-        default=0.6, ge=0, le=1,
+        default=0.55, ge=0, le=1,
         description="Cosine of two entity names' embeddings from which a weak lexical form (extension, initial, "
                     "truncation, typo) is the same entity; measured for the local model")
     entity_resolve_candidates: int = Field(

@@ -32,13 +32,16 @@ P = EntityType.PERSON
     ("max", "maximilian", P, "truncation"),
     ("deloite", "deloitte", EntityType.ORGANISATION, "typo"),
     ("bbc", "british broadcasting corporation", EntityType.ORGANISATION, "acronym"),
-    ("new york", "new york city", EntityType.PLACE, "extension"),
+    ("the hobbit", "hobbit", EntityType.OBJECT, "extension"),
+    ("acme", "acme ltd", EntityType.ORGANISATION, "extension"),
     # Not one entity by their form, whatever their embeddings say:
     ("tom", "tim", P, None),
     ("anna", "anne", P, None),
     ("smith", "john smith", P, None),
     ("j", "john", P, None),
     ("manchester", "manchester airport", EntityType.PLACE, None),
+    ("mexico", "mexico city", EntityType.PLACE, None),
+    ("ivan", "ivana", P, None),
     ("paris", "lyon", EntityType.PLACE, None),
     ("bob", "robert", EntityType.OBJECT, None),  # nicknames are people's
 ])

@@ -184,7 +184,7 @@ async def _fuzzy(backend: MemoryBackend, agent_id: str, item: ExtractedEntity, k
     candidates = [resolution.Candidate(e.id, tuple(k for k in (normalise_name(n) for n in (e.name, *e.aliases)) if k))
                   for e in pool.values()]
     passed = resolution.guarded(keys, item.type, candidates)
-    if not passed:
+    if len(passed) != 1:  # none, or two entities it may mean: resolution.choose
         return None
     similarity: dict[str, float | None] = {}
     mine = vectors.get(normalise_name(item.name))

@@ -21,8 +21,9 @@ be one (``name_match``), and then:
   apart in cosine (a setting, ``ENTITY_NAME_SIMILARITY``, chosen by measurement on
   tests/data/resolution_labelled.json).
 
-Only one candidate may pass: a name that fits two stored entities ("Tom" beside "Tom
-Baker" and "Tom Hanks") is not merged with either. Candidates are always of the same type
+Only one candidate may pass the guard: a name that fits two stored entities ("Tom" beside
+"Tom Baker" and "Tom Hanks", "Chris" beside "Christopher" and "Christine") is merged with
+neither. Candidates are always of the same type
 and the same namespace: nothing here ever sees another namespace's or agent's entities.
 """
 
@@ -36,7 +37,7 @@ from memory_service.domain.graph import EntityType
 
 # Cosine similarity of the local model's name embeddings that a weak form needs (measured,
 # docs/extraction.md "Resolution"); a setting, ENTITY_NAME_SIMILARITY.
-DEFAULT_THRESHOLD = 0.6
+DEFAULT_THRESHOLD = 0.55
 # At most this many entities of one type in one namespace are read as candidates per window
 # (ENTITY_RESOLVE_CANDIDATES): the read stays bounded however large a namespace grows.
 DEFAULT_MAX_CANDIDATES = 1000
@@ -123,11 +124,11 @@ def _nickname_index(text: str) -> dict[str, frozenset[int]]:
 
 NICKNAMES = _nickname_index(_NICKNAME_GROUPS)
 
-# Words that add nothing to a place's or an organisation's name: "New York" is "New York
-# City", "Acme" is "Acme Ltd". Any other extra word may name another thing ("Manchester"
-# and "Manchester Airport"), so only a person's name may grow by other words.
-_DESIGNATORS = frozenset({"city", "town", "inc", "ltd", "plc", "llc", "co", "corp", "corporation", "company",
-                          "group", "the", "gmbh", "sa", "ag"})
+# Words that add nothing to an organisation's name: "Acme" is "Acme Ltd". Any other extra
+# word may name another thing ("Manchester" and "Manchester Airport"; "Mexico" and "Mexico
+# City", which is why "city" is not one), so only a person's name may grow by other words.
+_DESIGNATORS = frozenset({"inc", "ltd", "plc", "llc", "co", "corp", "corporation", "company", "group", "the",
+                          "gmbh", "sa", "ag"})
 _ACRONYM_SKIP = frozenset({"of", "the", "and", "for", "de", "la", "&"})
 
 
@@ -160,8 +161,8 @@ def _word(a: str, b: str, person: bool) -> str | None:
     short, long = (a, b) if len(a) <= len(b) else (b, a)
     if len(short) == 1 and long.startswith(short):
         return "initial"
-    if person and len(short) >= 3 and long.startswith(short):
-        return "truncation"
+    if person and len(short) >= 3 and len(long) - len(short) >= 2 and long.startswith(short):
+        return "truncation"  # a one-letter ending is often another name: Ivan/Ivana, Paul/Paula, Alex/Alexa
     if _typo(a, b):
         return "typo"
     return None
@@ -172,8 +173,9 @@ def name_match(new: str, old: str, entity_type: EntityType) -> str | None:
 
     The kinds: 'nickname' (every word equal or in the nickname table, as many words),
     'acronym' (an organisation's initials), both strong; 'extension' (one name is the
-    other's words and more: "Tom"/"Tom Baker"; for places and organisations only designators
-    such as "city" or "ltd"), 'initial' ("J Smith"/"John Smith"), 'truncation', 'typo', weak.
+    other's words and more: "Tom"/"Tom Baker"; for an organisation only designators such as
+    "ltd"; for other things only "the"), 'initial' ("J Smith"/"John Smith"), 'truncation'
+    (a given name cut by two letters or more), 'typo', weak.
     The first words must match each other (a surname alone is not read as a person)."""
     a, b = new.split(), old.split()
     if not a or not b or a == b:
@@ -250,14 +252,13 @@ def guarded(names: Sequence[str], entity_type: EntityType, candidates: Sequence[
 
 
 def choose(passed: dict[str, str], similarity: dict[str, float | None], threshold: float) -> Match | None:
-    """The one candidate a name resolves to: the single strong one, else the single weak one
-    whose names' embeddings are ``threshold`` close; None when none or two qualify."""
-    strong = [i for i, how in passed.items() if how in STRONG]
-    if len(strong) == 1:
-        return Match(strong[0], passed[strong[0]], similarity.get(strong[0]))
-    if strong:
+    """The one candidate a name resolves to: the only one that passes the guard, when its form
+    is strong or its names' embeddings are ``threshold`` close; None otherwise. Two candidates
+    passing the guard are two entities the name may mean, and it means neither for sure."""
+    if len(passed) != 1:
         return None
-    close = [i for i in passed if (s := similarity.get(i)) is not None and s >= threshold]
-    if len(close) == 1:
-        return Match(close[0], passed[close[0]], similarity[close[0]])
+    [(chosen, how)] = passed.items()
+    close = similarity.get(chosen)
+    if how in STRONG or (close is not None and close >= threshold):
+        return Match(chosen, how, close)
     return None
