@@ -99,6 +99,8 @@ SAMPLES: dict[str, Any] = {
     "EntityDetailOut": {"entity": ENTITY, "facts": [FACT], "neighbours": [{**ENTITY, "id": "ent_" + "2" * 24,
                                                                           "name": "Lyon", "type": "place"}]},
     "FactOut": FACT,
+    "EntitySplitOut": {"entity": ENTITY, "split_off": {**ENTITY, "id": "ent_" + "3" * 24, "name": "Ally"},
+                       "facts": {FACT["id"]: "fact_" + "3" * 24}, "mentions": 2},
     "StartupBlock": {"records": [RECORD], "chars": 26, "budget": 8000, "digest": "9b1f", "sent": True,
                      "dropped": [{"id": "reference", "priority": "P3", "chars": 9000}], "mode": "digest"},
     "NewKey": {**KEY, "key": "msk_3f9c0a7d2b1e4c58_N2m"},
