@@ -10,9 +10,14 @@ half-way: entities first, then the facts between them, then the mentions, and la
 old facts the new ones supersede.
 
 Resolution stays inside one namespace: an extracted name is looked up among the entities
-of its own namespace (by normalised name and aliases), never another user's, shard's or
-agent's, so two users' "Bob" are two entities. A name found is the same entity (its new
-aliases are added); a name not found is a new entity.
+of its own namespace, never another user's, shard's or agent's, so two users' "Bob" are two
+entities. A name or alias found is the same entity; a name not found may still be the one
+entity of its type that a lexical guard and the names' embeddings say it is
+(memory_service/formation/resolution.py: "Bob" for "Robert", "Tom" for "Tom Baker"); else
+it is a new entity. Every name attached to a stored entity is a merge, logged
+(``entity.merge``) after it is stored; the facts and mentions record the names they came
+through (``subject_via``, ``object_via``, ``via``), so a split can undo it (docs/graph.md,
+"Merges and splits").
 
 A fact with a single-valued predicate (``SINGLE_VALUED``: lives_in, works_at...) closes
 the subject's current fact of that predicate whose object differs: ``invalid_at`` = when
