@@ -83,6 +83,15 @@ class Settings(BaseSettings):
     shard_memory_words: int = Field(default=1000, ge=10, description="Word limit of a shard's consolidated memory")
     facts_per_shard: int = Field(default=100, ge=1, description="Facts kept per shard, and personal facts per user, oldest evicted first")
 
+    # Entity resolution (issue 16; docs/extraction.md "Resolution").
+    entity_name_similarity: float = Field(
+        default=0.55, ge=0, le=1,
+        description="Cosine of two entity names' embeddings from which a weak lexical form (extension, initial, "
+                    "truncation, typo) is the same entity; measured for the local model")
+    entity_resolve_candidates: int = Field(
+        default=1000, ge=0, description="Entities of one type and namespace read per window as candidates for a name "
+                                        "not found exactly")
+
     # Extraction: the offline rule-based extractor, or one call per window to an LLM.
     extractor: Literal["rules", "llm"] = Field(default="rules", description="rules (offline, no model) or llm")
     llm_base_url: str | None = Field(default=None, description="OpenAI-compatible endpoint, e.g. http://localhost:11434/v1")

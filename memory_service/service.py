@@ -58,7 +58,7 @@ from memory_service.recall.search import Retriever, SearchRequest
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary, GateStatus
-from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, FactOut
+from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.search import SearchResult
@@ -324,6 +324,27 @@ class MemoryService:
             await self.audit.append(actor, "fact.restore", agent_id, fact_id, before=audited_fact(before),
                                     after=audited_fact(after))
         return FactOut.of(after)
+
+    async def split_entity(self, agent_id: str, entity_id: str, alias: str, reach: Reach | None = None,
+                           actor: str | None = None) -> EntitySplitOut:
+        """Undo a merge: ``alias`` becomes an entity of its own again, with the facts and
+        mentions that came through that name (docs/graph.md, "Merges and splits"). Audited
+        as ``entity.split`` for ``actor``: ids and counts, never the name."""
+        _, backend = await self.agents.backend_for(agent_id)
+        if reach is not None and reach.confined:
+            for entity in await backend.entities_by_id(agent_id, [entity_id]):
+                namespace = Namespace.parse(entity.namespace)
+                if not await reach.sees_namespace(namespace):
+                    raise NotFound(f"agent {agent_id!r} has no entity {entity_id!r}")
+                if not reach.may_change(namespace):
+                    raise Forbidden(f"entity {entity_id!r} is shared knowledge ({namespace.kind.value}); "
+                                    "splitting it needs a key for all of the agent's users")
+        split = await backend.split_entity(agent_id, entity_id, alias)
+        if actor is not None:
+            await self.audit.append(actor, "entity.split", agent_id, entity_id,
+                                    after={"namespace": split.entity.namespace, "split_off": split.split_off.id,
+                                           "facts": split.facts, "mentions": split.mentions})
+        return EntitySplitOut.of(split)
 
     async def _visible_namespaces(self, agent_id: str, reach: Reach) -> list[Namespace]:
         """The namespaces of the agent's graph a caller limited to some users may see: theirs,

@@ -100,10 +100,11 @@ async def world(keyed_server, falkordb_url):
 
 async def alice_moved(service: Any) -> dict[str, str]:
     """Alice's part of AGENT's knowledge graph, written as formation writes it: she lived in
-    Paris, then in Lyon (the Paris fact closed). The ids of her entity and of the closed fact."""
+    Paris, then in Lyon (the Paris fact closed); she is also called Ally (an alias a split
+    takes off). The ids of her entity and of the closed fact."""
     alice = f"user:{AGENT}:alice"
     _, backend = await service.agents.backend_for(AGENT)
-    entities = [ExtractedEntity(name=n, type=t, namespace=alice) for n, t in
+    entities = [ExtractedEntity(name=n, type=t, namespace=alice, aliases=["Ally"] if n == "Alice" else []) for n, t in
                 (("Alice", EntityType.PERSON), ("Paris", EntityType.PLACE), ("Lyon", EntityType.PLACE))]
     for year, city in ((2020, "Paris"), (2024, "Lyon")):
         fact = ExtractedFact(subject="Alice", predicate="lives_in", object=city, text=f"Alice lives in {city}",
@@ -177,6 +178,9 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
             "GET", f"/v1/agents/{AGENT}/entities/{keys.ids.get('entity', 'none')}", "read"),
         ("POST", "/v1/agents/{agent_id}/facts/{fact_id}/restore"): Case(
             "POST", f"/v1/agents/{AGENT}/facts/{keys.ids.get('fact', 'none')}/restore", "write"),
+        ("POST", "/v1/agents/{agent_id}/entities/{entity_id}/split"): Case(
+            "POST", f"/v1/agents/{AGENT}/entities/{keys.ids.get('entity', 'none')}/split", "write",
+            json={"alias": "Ally"}),
         ("GET", "/v1/agents/{agent_id}/startup/block"): Case(
             "GET", f"/v1/agents/{AGENT}/startup/block", "read",
             params={"session_id": "alice-s1", "mode": "first-run", "model": "gpt-4o-mini"}),

@@ -171,7 +171,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{memory_id}",
         "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
         "/v1/agents/{agent_id}/entities", "/v1/agents/{agent_id}/entities/{entity_id}",
-        "/v1/agents/{agent_id}/facts/{fact_id}/restore",
+        "/v1/agents/{agent_id}/facts/{fact_id}/restore", "/v1/agents/{agent_id}/entities/{entity_id}/split",
     }
     assert (await http.get("/docs")).status_code == 200
 
@@ -211,6 +211,7 @@ OPERATION_IDS = {
     ("GET", "/v1/agents/{agent_id}/entities"): "list_entities",
     ("GET", "/v1/agents/{agent_id}/entities/{entity_id}"): "get_entity",
     ("POST", "/v1/agents/{agent_id}/facts/{fact_id}/restore"): "restore_fact",
+    ("POST", "/v1/agents/{agent_id}/entities/{entity_id}/split"): "split_entity",
 }
 
 

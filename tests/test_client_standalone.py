@@ -101,6 +101,8 @@ SAMPLES: dict[str, Any] = {
     "FactOut": FACT,
     "WriteBlocksOut": {"blocks": 1, "written": [], "entities": [ENTITY], "facts": [FACT], "superseded": [],
                        "already_stored": []},
+    "EntitySplitOut": {"entity": ENTITY, "split_off": {**ENTITY, "id": "ent_" + "3" * 24, "name": "Ally"},
+                       "facts": {FACT["id"]: "fact_" + "3" * 24}, "mentions": 2},
     "StartupBlock": {"records": [RECORD], "chars": 26, "budget": 8000, "digest": "9b1f", "sent": True,
                      "dropped": [{"id": "reference", "priority": "P3", "chars": 9000}], "mode": "digest"},
     "NewKey": {**KEY, "key": "msk_3f9c0a7d2b1e4c58_N2m"},

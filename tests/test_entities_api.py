@@ -175,6 +175,49 @@ async def test_formation_audits_the_invalidation_and_restore_undoes_it(world):
                          params={"agent_id": AGENT, "action": "fact.restore"}))["entries"]) == 1
 
 
+async def test_a_merged_name_is_logged_and_split_off_again(world):
+    """Alice says her name is Ally: formation attaches the name to her entity (logged as
+    entity.merge); a split makes Ally an entity of her own; bad splits change nothing."""
+    http, admin = world["http"], world["admin"]
+    await ok(http, "POST", "/v1/sessions/gs4/messages", admin, json={
+        "agent_id": AGENT, "user_id": "alice", "role": "user", "content": "My name is Ally.", "message_id": "gs4-0"})
+    assert (await ok(http, "POST", "/v1/sessions/gs4/form", admin, params={"wait": "true"}))["formed"]
+    me = await alice(world)
+    assert me["aliases"] == ["Ally"]
+    [merged] = (await ok(http, "GET", "/v1/audit", admin, params={"agent_id": AGENT, "action": "entity.merge"}))["entries"]
+    assert (merged["key_id"], merged["target"], merged["after"]["how"]) == ("formation", me["id"], "alias")
+    assert "Ally" not in str(merged)
+
+    url = f"/v1/agents/{AGENT}/entities/{me['id']}/split"
+    before = await graph_state(world)
+    for target, body, status in (
+        (f"/v1/agents/{AGENT}/entities/{UNKNOWN_ENTITY}/split", {"alias": "Ally"}, 404),
+        (url, {"alias": "ALICE"}, 409),  # her own name
+        (url, {"alias": "Al"}, 422),  # not one of her aliases
+        (url, {"alias": "?!"}, 422),
+        (url, {"alias": ""}, 422),
+        (url, {"alias": "Ally", "into": "x"}, 422),
+        (url, {}, 422),
+        (f"/v1/agents/{AGENT}/entities/alice/split", {"alias": "Ally"}, 422),
+    ):
+        answer = await http.post(target, headers=admin, json=body)
+        assert answer.status_code == status, (body, answer.text)
+        assert answer.json()["detail"]
+    assert (await http.post(url, headers=world["reader"], json={"alias": "Ally"})).status_code == 403
+    assert (await http.post(url, headers=world["bob"], json={"alias": "Ally"})).status_code == 404  # not his user
+    assert await graph_state(world) == before
+
+    async with AsyncMemoryClient(world["url"], world["keys"]["admin"]["key"]) as client:
+        split = await client.split_entity(AGENT, me["id"], "ally")
+    assert split.entity.aliases == [] and split.split_off.name == "Ally" and split.split_off.namespace == ALICE_NS
+    assert split.split_off.id in {e["id"] for e in await entities(world, user_id="alice")}
+    [entry] = (await ok(http, "GET", "/v1/audit", admin, params={"agent_id": AGENT, "action": "entity.split"}))["entries"]
+    assert (entry["key_id"], entry["target"]) == (world["keys"]["admin"]["key_id"], me["id"])
+    assert entry["after"]["split_off"] == split.split_off.id and "Ally" not in str(entry)
+    again = await http.post(url, headers=admin, json={"alias": "Ally"})
+    assert again.status_code == 422 and "no alias" in again.json()["detail"]
+
+
 @pytest.mark.parametrize(("path", "params"), [
     ("entities", {"type": "planet"}),
     ("entities", {"limit": 0}),

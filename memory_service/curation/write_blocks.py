@@ -455,8 +455,11 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
                            "a session's; write the block's entities, edges and observations naming an entity there")
 
     _, backend = await tools.agents.backend_for(agent_id)
-    resolved, stored_entities = await graph_update.resolve_stored(backend, agent_id, plan.entities)  # 409 on Mongo
-    resolved, described = _described(resolved, plan.entities)
+    resolution = await graph_update.resolve(  # 409 on Mongo
+        backend, agent_id, plan.entities, embedder=tools.embedder, threshold=tools.settings.entity_name_similarity,
+        max_candidates=tools.settings.entity_resolve_candidates)
+    resolution.entities, described = _described(resolution.entities, plan.entities)
+    resolved, stored_entities = resolution.entities, resolution.stored
     entity_ids = list(dict.fromkeys(resolved[(str(target), normalise_name(e.name))].id for e in plan.entities))
     statements = list(dict.fromkeys(
         fact_id(str(target), resolved[(str(target), normalise_name(f.subject))].id, f.predicate,
@@ -473,7 +476,7 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
         named.setdefault(memory_ids[i], set()).add(normalise_name(about))
     changes = await graph_update.apply(
         backend, agent_id, plan.entities, plan.facts, [Mention(m, tuple(sorted(n))) for m, n in named.items()],
-        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolved)
+        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolution)
     if changes.entities or changes.facts or changes.mentions or changes.superseded or described:
         await tools.state.cache.bump(str(target), agent_wide(agent_id))
 
@@ -481,8 +484,11 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
     facts = {f.id: f for f in await backend.current_facts(agent_id, target, subjects, include_superseded=True)}
     already = [*written.already_stored, *(i for i in entity_ids if i in stored_entities),
                *(i for i in statements if i in stored_facts)]
+    # The facts as written: a statement true again after it was closed is a new stint (graph_update).
+    stated = list(dict.fromkeys([*changes.stated, *(i for i in statements if i not in changes.stated)]))
     return BlockWrites(len(parsed), written, [by_id[i] for i in entity_ids if i in by_id],
-                       [facts[i] for i in statements if i in facts], changes.superseded, already)
+                       [facts[i] for i in stated if i in facts and (i in changes.stated or facts[i].current_at())],
+                       changes.superseded, already)
 
 
 def _described(resolved: graph_update.Resolved,

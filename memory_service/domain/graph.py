@@ -126,6 +126,10 @@ class Fact(BaseModel):
     memory_ids: list[str] = Field(default_factory=list)
     message_ids: list[str] = Field(default_factory=list)
     fact_embedding: list[float] | None = Field(default=None, repr=False)
+    # The normalised names the statement gave its subject and object: which facts came
+    # through an alias, so that splitting the alias off (a merge undone) takes them along.
+    subject_via: list[str] = Field(default_factory=list)
+    object_via: list[str] = Field(default_factory=list)
 
     def current_at(self, when: datetime | None = None) -> bool:
         """Whether the fact held at ``when`` (now, if None): not yet invalidated then."""
@@ -142,6 +146,16 @@ class EntityDetail(BaseModel):
     entity: Entity
     facts: list[Fact] = Field(default_factory=list)
     neighbours: list[Entity] = Field(default_factory=list)
+
+
+class EntitySplit(BaseModel):
+    """What splitting an alias off an entity did: the entity without the alias, the alias's own
+    entity, the facts moved to it (old id -> new id) and how many mentions it took along."""
+
+    entity: Entity
+    split_off: Entity
+    facts: dict[str, str] = Field(default_factory=dict)
+    mentions: int = 0
 
 
 def normalise_name(name: str) -> str:

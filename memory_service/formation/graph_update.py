@@ -10,9 +10,14 @@ half-way: entities first, then the facts between them, then the mentions, and la
 old facts the new ones supersede.
 
 Resolution stays inside one namespace: an extracted name is looked up among the entities
-of its own namespace (by normalised name and aliases), never another user's, shard's or
-agent's, so two users' "Bob" are two entities. A name found is the same entity (its new
-aliases are added); a name not found is a new entity.
+of its own namespace, never another user's, shard's or agent's, so two users' "Bob" are two
+entities. A name or alias found is the same entity; a name not found may still be the one
+entity of its type that a lexical guard and the names' embeddings say it is
+(memory_service/formation/resolution.py: "Bob" for "Robert", "Tom" for "Tom Baker"); else
+it is a new entity. Every name attached to a stored entity is a merge, logged
+(``entity.merge``) after it is stored; the facts and mentions record the names they came
+through (``subject_via``, ``object_via``, ``via``), so a split can undo it (docs/graph.md,
+"Merges and splits").
 
 A fact with a single-valued predicate (``SINGLE_VALUED``: lives_in, works_at...) closes
 the subject's current fact of that predicate whose object differs: ``invalid_at`` = when
@@ -38,6 +43,7 @@ from memory_service.domain.graph import (
     ENDS,
     SINGLE_VALUED,
     Entity,
+    EntityType,
     ExtractedEntity,
     ExtractedFact,
     Fact,
@@ -47,6 +53,8 @@ from memory_service.domain.graph import (
     normalise_name,
 )
 from memory_service.domain.models import utcnow
+from memory_service.embedding.embedders import Embedder
+from memory_service.formation import resolution
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,14 @@ class GraphChanges:
     mentions: int = 0
     superseded: list[str] = field(default_factory=list)  # ids of the facts closed
     stated: list[str] = field(default_factory=list)  # ids of the facts written (new or stated again)
+    merges: list[str] = field(default_factory=list)  # ids of the stored entities that got a new name
+
+
+def audited_merge(merge: Merge) -> dict[str, object]:
+    """A merge as the audit log keeps it: ids, how and how close, never the name itself (the
+    log outlives an erasure; the entity's aliases show the name while it is stored)."""
+    return {"namespace": merge.namespace, "alias_entity_id": merge.alias_entity_id, "how": merge.how,
+            "similarity": None if merge.similarity is None else round(merge.similarity, 4)}
 
 
 def mentions(texts: dict[str, str], entities: Sequence[ExtractedEntity]) -> list[Mention]:
@@ -78,43 +94,127 @@ def mentions(texts: dict[str, str], entities: Sequence[ExtractedEntity]) -> list
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """A name attached to an existing entity by resolution (beyond its exact name): what the
+    audit log records (``entity.merge``) and ``split`` undoes."""
+
+    entity_id: str
+    namespace: str
+    alias: str  # the name as the window wrote it
+    alias_entity_id: str  # the id the name would have as an entity of its own (what a split makes)
+    how: str  # "alias" (found by another of the window's names for it), or a kind of resolution.name_match
+    similarity: float | None = None
+
+
 Resolved = dict[tuple[str, str], Entity]  # (namespace, normalised name or alias) -> the graph's entity
 
 
-async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[ExtractedEntity]) -> Resolved:
-    """Each extracted entity as the graph's entity, keyed by (namespace, normalised name or
-    alias): the stored one where its namespace holds that name, else a new one."""
-    return (await resolve_stored(backend, agent_id, extracted))[0]
+@dataclass(slots=True)
+class Resolution:
+    """Each extracted name as the graph's entity, keyed by (namespace, normalised name or
+    alias), and the merges that attached new names to stored entities."""
+
+    entities: Resolved = field(default_factory=dict)
+    merges: list[Merge] = field(default_factory=list)
+    stored: set[str] = field(default_factory=set)  # ids of the resolved entities the store held already
 
 
-async def resolve_stored(backend: MemoryBackend, agent_id: str,
-                         extracted: Sequence[ExtractedEntity]) -> tuple[Resolved, set[str]]:
-    """``resolve``, and the ids of the resolved entities the store held already (a writer
-    that reports what it created, memory_service/curation/write_blocks.py, needs them)."""
-    stored: set[str] = set()
+async def _embed(embedder: Embedder | None, names: Sequence[str]) -> dict[str, list[float]]:
+    """The names' embeddings (normalised name -> vector); none when there is no embedder or it
+    fails: resolution then falls back to names, aliases and the strong forms."""
+    todo = sorted(set(names))
+    if embedder is None or not todo:
+        return {}
+    try:
+        return dict(zip(todo, await embedder.embed(todo), strict=True))
+    except Exception as exc:
+        log.warning("could not embed %d entity names; resolving them without embeddings: %s", len(todo), exc)
+        return {}
+
+
+async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[ExtractedEntity], *,
+                  embedder: Embedder | None = None, threshold: float = resolution.DEFAULT_THRESHOLD,
+                  max_candidates: int = resolution.DEFAULT_MAX_CANDIDATES) -> Resolution:
+    """Each extracted entity as the graph's entity: the stored one of its namespace that holds
+    one of its names; else the one stored entity of its namespace and type that its name
+    matches by a strong form, or by a weak form with close name embeddings
+    (memory_service/formation/resolution.py); else a new one. Never across namespaces."""
     by_namespace: dict[str, list[ExtractedEntity]] = {}
     for item in extracted:
         by_namespace.setdefault(item.namespace, []).append(item)
-    resolved: dict[tuple[str, str], Entity] = {}
+    vectors = await _embed(embedder, [normalise_name(item.name) for item in extracted if normalise_name(item.name)])
+    out = Resolution()
     for namespace, items in by_namespace.items():
         names = sorted({normalise_name(n) for item in items for n in (item.name, *item.aliases)} - {""})
         known: dict[str, Entity] = {}
         for entity in await backend.find_entities(agent_id, namespace, names):
-            stored.add(entity.id)
+            out.stored.add(entity.id)
             for name in (entity.name, *entity.aliases):
                 known.setdefault(normalise_name(name), entity)
+        pool: dict[EntityType, dict[str, Entity]] = {}  # candidates by type: stored, then this window's new ones
+        stored_ids: set[str] = set()  # the pool's stored ones
         for item in items:
             keys = [k for k in (normalise_name(n) for n in (item.name, *item.aliases)) if k]
             found = next((known[k] for k in keys if k in known), None)
+            how, similarity = "alias", None
+            if found is None:
+                if item.type not in pool:
+                    candidates = await backend.entity_candidates(agent_id, namespace, item.type, max_candidates)
+                    pool[item.type] = {e.id: e for e in candidates}
+                    stored_ids.update(pool[item.type])
+                match = await _fuzzy(backend, agent_id, item, keys, pool[item.type], vectors, embedder, threshold)
+                if match is not None:
+                    found, how, similarity = pool[item.type][match.entity_id], match.how, match.similarity
+                    if found.id in stored_ids:
+                        out.stored.add(found.id)
             if found is None:
                 found = Entity(id=entity_id(namespace, item.name, item.type), name=item.name, type=item.type,
-                               namespace=namespace, summary=item.summary)
+                               namespace=namespace, summary=item.summary,
+                               name_embedding=vectors.get(normalise_name(item.name)))
+            else:
+                have = {normalise_name(n) for n in (found.name, *found.aliases)}
+                for name in dict.fromkeys(n for n in (item.name, *item.aliases) if normalise_name(n) not in have):
+                    have.add(normalise_name(name))
+                    out.merges.append(Merge(found.id, namespace, name, entity_id(namespace, name, found.type),
+                                            how if normalise_name(name) == normalise_name(item.name) else "alias",
+                                            similarity))
             aliases = sorted({*found.aliases, *(n for n in (item.name, *item.aliases) if normalise_name(n) != normalise_name(found.name))})
             found = found.model_copy(update={"aliases": aliases})
+            if found.name_embedding is None:
+                found.name_embedding = vectors.get(normalise_name(found.name))
+            pool.setdefault(found.type, {})[found.id] = found
             for key in (normalise_name(found.name), *keys):
                 known[key] = found
-                resolved[(namespace, key)] = found
-    return resolved, stored
+                out.entities[(namespace, key)] = found
+    # An entity resolved twice in one window keeps every name it was given.
+    final = {e.id: e for e in out.entities.values()}
+    out.entities = {key: final[e.id] for key, e in out.entities.items()}
+    return out
+
+
+async def _fuzzy(backend: MemoryBackend, agent_id: str, item: ExtractedEntity, keys: list[str],
+                 pool: dict[str, Entity], vectors: dict[str, list[float]], embedder: Embedder | None,
+                 threshold: float) -> resolution.Match | None:
+    """The one candidate of the item's namespace and type its names match (strong form, or
+    weak form with close embeddings), if any."""
+    candidates = [resolution.Candidate(e.id, tuple(k for k in (normalise_name(n) for n in (e.name, *e.aliases)) if k))
+                  for e in pool.values()]
+    passed = resolution.guarded(keys, item.type, candidates)
+    if len(passed) != 1:  # none, or two entities it may mean: resolution.choose
+        return None
+    similarity: dict[str, float | None] = {}
+    mine = vectors.get(normalise_name(item.name))
+    weak = [i for i, how in passed.items() if how not in resolution.STRONG]
+    if mine is not None and weak:
+        # Stored candidates are read without their vectors (a namespace's many); the few that
+        # pass the guard are read again with them, and any stored without one is embedded now.
+        stored = {e.id: e for e in await backend.entities_by_id(agent_id, [i for i in weak if pool[i].name_embedding is None])}
+        for i in weak:
+            if (vector := pool[i].name_embedding or stored.get(i, pool[i]).name_embedding) is None:
+                vector = (await _embed(embedder, [normalise_name(pool[i].name)])).get(normalise_name(pool[i].name))
+            similarity[i] = resolution.cosine(mine, vector) if vector is not None else None
+    return resolution.choose(passed, similarity, threshold)
 
 
 async def _again(backend: MemoryBackend, agent_id: str, fact: Fact) -> Fact:
@@ -140,11 +240,15 @@ async def _again(backend: MemoryBackend, agent_id: str, fact: Fact) -> Fact:
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
                 facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
                 memory_ids: Sequence[str] = (), observed_at: datetime | None = None,
-                audit: AuditLog | None = None, actor: str = FORMATION_ACTOR,
-                resolved: Resolved | None = None) -> GraphChanges:
-    """Write one window's entities, facts and mentions; close the facts they replace (each
-    logged in ``audit`` under ``actor``, when given). ``resolved``: ``entities`` resolved
-    already (``resolve``), by a caller that looked before writing anything else."""
+                audit: AuditLog | None = None, actor: str = FORMATION_ACTOR, embedder: Embedder | None = None,
+                threshold: float = resolution.DEFAULT_THRESHOLD,
+                max_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
+                resolved: Resolution | None = None) -> GraphChanges:
+    """Write one window's entities, facts and mentions; close the facts they replace. Each
+    merge of a new name into a stored entity and each fact closed is logged in ``audit``
+    under ``actor``, when given. ``embedder`` gives entities their name embeddings (resolution
+    compares them). ``resolved``: ``entities`` resolved already (``resolve``), by a caller that
+    looked before writing anything else."""
 
     async def close(old: Fact, invalid_at: datetime, superseded_by: str | None) -> None:
         try:
@@ -159,15 +263,20 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     changes = GraphChanges()
     if not entities:
         return changes
-    if resolved is None:
-        resolved = await resolve(backend, agent_id, entities)
-    unique = {e.id: e for e in resolved.values()}
+    outcome = resolved or await resolve(backend, agent_id, entities, embedder=embedder, threshold=threshold,
+                                        max_candidates=max_candidates)
+    entities_by_name = outcome.entities
+    unique = {e.id: e for e in entities_by_name.values()}
     changes.entities = await backend.upsert_entities(agent_id, list(unique.values()))
+    for merge in outcome.merges:  # after the store holds the name: a retried window finds it and logs nothing
+        changes.merges.append(merge.entity_id)
+        if audit is not None:
+            await audit.append(actor, "entity.merge", agent_id, merge.entity_id, after=audited_merge(merge))
 
     new_facts: list[Fact] = []
     for item in facts:
-        subject = resolved.get((item.namespace, normalise_name(item.subject)))
-        obj = resolved.get((item.namespace, normalise_name(item.object)))
+        subject = entities_by_name.get((item.namespace, normalise_name(item.subject)))
+        obj = entities_by_name.get((item.namespace, normalise_name(item.object)))
         if subject is None or obj is None or subject.id == obj.id:
             log.debug("fact %r left out: an end is not among the window's entities", item.text)
             continue
@@ -175,6 +284,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             id=fact_id(item.namespace, subject.id, item.predicate, obj.id), namespace=item.namespace,
             subject_id=subject.id, object_id=obj.id, predicate=item.predicate, text=item.text,
             valid_at=item.valid_at or observed_at, memory_ids=list(memory_ids), message_ids=item.message_ids,
+            subject_via=[normalise_name(item.subject)], object_via=[normalise_name(item.object)],
         ))
     new_facts = [await _again(backend, agent_id, f) for f in new_facts]
     # An ending is not a relation that holds: it closes one (below), and the closed fact's
@@ -186,9 +296,12 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     changes.stated = [f.id for f in new_facts]
 
     for mention in mentioned:
-        named = sorted({e.id for (_, key), e in resolved.items() if key in mention.names})
-        if named:
-            changes.mentions += await backend.mention(agent_id, mention.memory_id, named)
+        via: dict[str, list[str]] = {}  # entity id -> the names the memory named it by
+        for (_, key), e in entities_by_name.items():
+            if key in mention.names:
+                via.setdefault(e.id, []).append(key)
+        if via:
+            changes.mentions += await backend.mention(agent_id, mention.memory_id, sorted(via), via=via)
 
     # One value per (subject, predicate): the window's last statement of it wins, and closes
     # every other current one (the store's, and the window's own earlier statements).

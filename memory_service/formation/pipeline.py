@@ -61,6 +61,8 @@ class FormationPipeline:
         result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
                                    extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
                                    embedder=self.embedder, audit=self.audit,
+                                   name_similarity=self.settings.entity_name_similarity,
+                                   resolve_candidates=self.settings.entity_resolve_candidates,
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))
         if not result.already_formed:  # messages that arrived meanwhile may have opened a gate
             await self.formation.schedule(session_id, gated=True)

@@ -36,7 +36,7 @@ from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, S
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
-from memory_service.formation import graph_update
+from memory_service.formation import graph_update, resolution
 from memory_service.formation.entities import extract_graph
 from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
 from memory_service.formation.personal import is_personal, personal_item
@@ -101,11 +101,16 @@ async def form_window(
     embedder: Embedder | None = None,
     post_process: Callable[[FormationResult], Awaitable[None]] | None = None,
     audit: AuditLog | None = None,
+    name_similarity: float = resolution.DEFAULT_THRESHOLD,
+    resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
 ) -> FormationResult:
     """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
 
     ``audit``: where each fact the window closes is logged (``fact.invalidate``, actor
-    ``formation``), so that it can be found and undone (``MemoryService.restore_fact``).
+    ``formation``), so that it can be found and undone (``MemoryService.restore_fact``),
+    and each name merged into a stored entity (``entity.merge``, undone by
+    ``MemoryService.split_entity``). ``embedder`` also embeds the entities' names, which
+    resolution compares (``name_similarity``, ``resolve_candidates``: graph_update.resolve).
 
     ``post_process`` is the post-completion work; it runs on every run that finds the
     window completed, so it must be idempotent.
@@ -136,7 +141,8 @@ async def form_window(
     if record.state is WindowState.EXTRACTED:
         await embed_memories(embedder, result.memories)
         written = await backend.write(result.memories)
-        result.graph = await _write_graph(agent_id, backend, claim, stored, audit)
+        result.graph = await _write_graph(agent_id, backend, claim, stored, audit, embedder, name_similarity,
+                                          resolve_candidates)
         record = await windows.mark_written(record, written)
         if record is None:
             result.already_formed = True
@@ -168,7 +174,9 @@ async def form_window(
 
 
 async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stored: StoredExtraction,
-                       audit: AuditLog | None = None) -> graph_update.GraphChanges | None:
+                       audit: AuditLog | None = None, embedder: Embedder | None = None,
+                       name_similarity: float = resolution.DEFAULT_THRESHOLD,
+                       resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES) -> graph_update.GraphChanges | None:
     """The window's entities, facts and mentions into the agent's graph (after its memories,
     which the mentions link from); None on a store without a graph (Mongo)."""
     if not stored.entities:
@@ -177,7 +185,8 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
     try:
         return await graph_update.apply(
             backend, agent_id, stored.entities, stored.facts, stored.mentions,
-            memory_ids=[m.id for m in stored.memories], observed_at=observed, audit=audit)
+            memory_ids=[m.id for m in stored.memories], observed_at=observed, audit=audit, embedder=embedder,
+            threshold=name_similarity, max_candidates=resolve_candidates)
     except NotSupported:
         return None
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
-from memory_service.domain.graph import Entity, EntityType, Fact
+from memory_service.domain.graph import Entity, EntitySplit, EntityType, Fact
 
 MAX_ENTITY_PAGE = 200  # entities one listing answers at most (the `limit` parameter's ceiling)
 ENTITY_ID_PATTERN = r"^ent_[0-9a-f]{24}$"
@@ -67,3 +67,22 @@ class EntityDetailOut(BaseModel):
     entity: EntityOut
     facts: list[FactOut] = Field(description="its facts, as `as_of`/`include_superseded` chose them, oldest first")
     neighbours: list[EntityOut] = Field(description="the entities those facts link it to")
+
+
+class EntitySplitIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    alias: str = Field(min_length=1, max_length=200,
+                       description="the alias to make an entity of its own again (as listed in the entity's aliases)")
+
+
+class EntitySplitOut(BaseModel):
+    entity: EntityOut = Field(description="the entity, without the alias")
+    split_off: EntityOut = Field(description="the alias's own entity (same type and namespace)")
+    facts: dict[str, str] = Field(description="the facts moved to it: their old id -> their new id")
+    mentions: int = Field(description="how many memories' mentions it took (those that named the entity by the alias)")
+
+    @classmethod
+    def of(cls, split: EntitySplit) -> EntitySplitOut:
+        return cls(entity=EntityOut.of(split.entity), split_off=EntityOut.of(split.split_off), facts=dict(split.facts),
+                   mentions=split.mentions)

@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from memory_service.domain.errors import NotSupported
-from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntityType, Fact
+from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 
@@ -181,9 +181,31 @@ class MemoryBackend(ABC):
         InvalidInput and nothing is written."""
         raise self._no_graph()
 
-    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str]) -> int:
+    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str],
+                      via: Mapping[str, Sequence[str]] | None = None) -> int:
         """Link a stored memory to the stored entities it names (``MENTIONS``); return how many
-        links were new. An unknown memory raises NotFound, unknown entities InvalidInput."""
+        links were new. ``via``: by entity id, the normalised names the memory named it by
+        (kept on the link, so that splitting an alias off takes its mentions along). An
+        unknown memory raises NotFound, unknown entities InvalidInput."""
+        raise self._no_graph()
+
+    async def entity_candidates(self, agent_id: str, namespace: Namespace | str, entity_type: EntityType,
+                                limit: int) -> list[Entity]:
+        """At most ``limit`` entities of one type in one namespace (which ones, past the limit,
+        is the store's choice), without their name embeddings: what resolution compares a name
+        no exact lookup found with."""
+        raise self._no_graph()
+
+    async def entities_by_id(self, agent_id: str, entity_ids: Sequence[str]) -> list[Entity]:
+        """The stored entities of these ids, with their name embeddings; unknown ids are left out."""
+        raise self._no_graph()
+
+    async def split_entity(self, agent_id: str, entity_id: str, alias: str) -> EntitySplit:
+        """Undo a merge: the alias becomes an entity of its own (same type and namespace, id
+        ``entity_id(namespace, alias, type)``), and the facts and mentions that came through
+        that name alone move to it; the entity loses the alias. An unknown entity raises
+        NotFound; a name that is not one of its aliases InvalidInput; its own name Conflict.
+        A split that died half-way is completed by the same call."""
         raise self._no_graph()
 
     async def find_entities(self, agent_id: str, namespace: Namespace | str, names: Sequence[str]) -> list[Entity]:

@@ -45,12 +45,22 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, preview
-from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntityType, Fact, normalise_name
+from memory_service.domain.graph import (
+    Entity,
+    EntityDetail,
+    EntityMentions,
+    EntitySplit,
+    EntityType,
+    Fact,
+    normalise_name,
+)
+from memory_service.domain.graph import entity_id as _entity_id
+from memory_service.domain.graph import fact_id as _fact_id
 from memory_service.domain.models import utcnow
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.stores.base import MemoryBackend, Page
@@ -81,7 +91,8 @@ _ENTITY_FIELDS = ("n.uuid AS uuid, n.name AS name, n.type AS type, n.group_id AS
 _FACT_FIELDS = ("e.uuid AS uuid, e.group_id AS group_id, startNode(e).uuid AS s, endNode(e).uuid AS o, "
                 "e.name AS name, e.fact AS fact, e.valid_at AS valid_at, e.invalid_at AS invalid_at, "
                 "e.created_at AS created_at, e.expired_at AS expired_at, e.superseded_by AS superseded_by, "
-                "e.episodes AS episodes, e.message_ids AS message_ids, e.created_ts AS created_ts")
+                "e.episodes AS episodes, e.message_ids AS message_ids, e.created_ts AS created_ts, "
+                "e.subject_via AS subject_via, e.object_via AS object_via")
 _CURRENT = "e.invalid_ts IS NULL AND e.expired_ts IS NULL"
 _HELD_AT = "(e.valid_ts IS NULL OR e.valid_ts <= $as_of) AND (e.invalid_ts IS NULL OR $as_of < e.invalid_ts)"
 
@@ -170,12 +181,15 @@ class EntityGraph(MemoryBackend):
             "MERGE (s)-[e:RELATES_TO {uuid: row.uuid}]->(o) "
             "ON CREATE SET e += row.props "
             "ON MATCH SET e.episodes = e.episodes + [x IN row.props.episodes WHERE NOT x IN e.episodes], "
-            "e.message_ids = e.message_ids + [x IN row.props.message_ids WHERE NOT x IN e.message_ids] "
+            "e.message_ids = e.message_ids + [x IN row.props.message_ids WHERE NOT x IN e.message_ids], "
+            "e.subject_via = coalesce(e.subject_via, []) + [x IN row.props.subject_via WHERE NOT x IN coalesce(e.subject_via, [])], "
+            "e.object_via = coalesce(e.object_via, []) + [x IN row.props.object_via WHERE NOT x IN coalesce(e.object_via, [])] "
             "WITH e, row WHERE row.embedding IS NOT NULL SET e.fact_embedding = vecf32(row.embedding)",
             {"rows": [_fact_row(agent_id, f) for f in by_id.values()]})
         return int(result.relationships_created)
 
-    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str]) -> int:
+    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str],
+                      via: Mapping[str, Sequence[str]] | None = None) -> int:
         ids = list(dict.fromkeys(entity_ids))
         if not ids:
             raise InvalidInput(f"memory {memory_id!r}: a mention names at least one entity")
@@ -187,9 +201,11 @@ class EntityGraph(MemoryBackend):
         result = await graph.query(
             "MATCH (m:Episodic {uuid: $mid}) UNWIND $rows AS row "
             f"MATCH (n:{ENTITY} {{uuid: row.entity}}) MERGE (m)-[r:MENTIONS {{uuid: row.uuid}}]->(n) "
-            "ON CREATE SET r.group_id = m.group_id, r.created_at = $now",
+            "ON CREATE SET r.group_id = m.group_id, r.created_at = $now, r.via = row.via "
+            "ON MATCH SET r.via = coalesce(r.via, []) + [x IN row.via WHERE NOT x IN coalesce(r.via, [])]",
             {"mid": memory_id, "now": utcnow().isoformat(),
-             "rows": [{"entity": i, "uuid": _mention_id(memory_id, i)} for i in ids]})
+             "rows": [{"entity": i, "uuid": _mention_id(memory_id, i), "via": list((via or {}).get(i, ()))}
+                      for i in ids]})
         return int(result.relationships_created)
 
     async def drop_namespace_entities(self, agent_id: str, namespace: Namespace | str) -> int:
@@ -230,7 +246,94 @@ class EntityGraph(MemoryBackend):
                           "e.expired_at = NULL, e.expired_ts = NULL, e.superseded_by = NULL", {"id": fact_id})
         return await self._fact(agent_id, fact_id)
 
+    async def split_entity(self, agent_id: str, entity_id: str, alias: str) -> EntitySplit:
+        rows = await self._read(agent_id, f"MATCH (n:{ENTITY} {{uuid: $id}}) RETURN {_ENTITY_FIELDS}", id=entity_id)
+        if not rows:
+            raise NotFound(f"agent {agent_id!r} has no entity {entity_id!r}")
+        entity = _entity(rows[0])
+        key = normalise_name(alias)
+        if not key:
+            raise InvalidInput(f"alias {preview(alias)} has no letter or digit")
+        if key == normalise_name(entity.name):
+            raise Conflict(f"{preview(alias)} is entity {entity_id!r}'s own name, not an alias merged into it; "
+                           "split off one of its aliases")
+        spelled = [a for a in entity.aliases if normalise_name(a) == key]
+        if not spelled:
+            shown = ", ".join(repr(a) for a in entity.aliases[:20]) or "none"
+            raise InvalidInput(f"entity {entity_id!r} has no alias {preview(alias)} (its aliases: {shown}); nothing changed")
+        group = _group(agent_id, entity.namespace)
+        split_off = Entity(id=_entity_id(entity.namespace, spelled[0], entity.type), name=spelled[0],
+                           type=entity.type, namespace=entity.namespace)
+        # In this order, each step idempotent: a split that dies half-way leaves the alias on
+        # the entity, so the same call finds it and completes the split.
+        await self.upsert_entities(agent_id, [split_off])
+        graph = await self._entity_graph(agent_id)
+        moving = await self._read(
+            agent_id,
+            f"MATCH (n:{ENTITY} {{uuid: $id}})-[e:RELATES_TO]-(:{ENTITY}) WITH DISTINCT n, e "
+            "WITH e, startNode(e) = n AS out WHERE "
+            "(out AND size(coalesce(e.subject_via, [])) > 0 AND all(v IN e.subject_via WHERE v = $key)) OR "
+            "(NOT out AND size(coalesce(e.object_via, [])) > 0 AND all(v IN e.object_via WHERE v = $key)) "
+            "RETURN e.uuid AS uuid, e.group_id AS g, e.name AS p, startNode(e).uuid AS s, endNode(e).uuid AS o, out",
+            id=entity_id, key=key)
+        moved: dict[str, str] = {}
+        rows_out = []
+        for row in moving:
+            s, o = (split_off.id, row["o"]) if row["out"] else (row["s"], split_off.id)
+            new_id = _fact_id(str(Namespace.from_group_id(row["g"])), s, row["p"], o)
+            moved[row["uuid"]] = new_id
+            rows_out.append({"old": row["uuid"], "new": new_id, "s": s, "o": o})
+        if rows_out:
+            await graph.query(
+                "UNWIND $rows AS row MATCH ()-[e:RELATES_TO {uuid: row.old}]->() "
+                f"MATCH (s:{ENTITY} {{uuid: row.s}}) MATCH (o:{ENTITY} {{uuid: row.o}}) "
+                "CREATE (s)-[c:RELATES_TO]->(o) SET c = properties(e) SET c.uuid = row.new DELETE e",
+                {"rows": rows_out})
+            # The facts these ones closed, or that closed them, name them by id.
+            await graph.query(
+                f"UNWIND $rows AS row MATCH (n:{ENTITY})-[x:RELATES_TO]-() WHERE n.uuid IN $ids "
+                "AND x.superseded_by = row.old SET x.superseded_by = row.new",
+                {"rows": rows_out, "ids": [entity_id, split_off.id]})
+        # A memory that named the entity by this name alone mentions the new one instead; one
+        # that named it by another name too mentions both.
+        named = await self._read(agent_id, f"MATCH (m:Episodic)-[r:MENTIONS]->(:{ENTITY} {{uuid: $id}}) "
+                                           "WHERE $key IN coalesce(r.via, []) RETURN m.uuid AS m", id=entity_id, key=key)
+        mentions = 0
+        if named:
+            result = await graph.query(
+                f"MATCH (x:{ENTITY} {{uuid: $new}}) UNWIND $rows AS row "
+                f"MATCH (m:Episodic {{uuid: row.m}})-[r:MENTIONS]->(:{ENTITY} {{uuid: $id}}) "
+                "MERGE (m)-[c:MENTIONS {uuid: row.uuid}]->(x) "
+                "ON CREATE SET c.group_id = r.group_id, c.created_at = r.created_at, c.via = [$key] "
+                "SET r.via = [v IN r.via WHERE v <> $key] WITH r WHERE size(r.via) = 0 DELETE r",
+                {"id": entity_id, "new": split_off.id, "key": key,
+                 "rows": [{"m": r["m"], "uuid": _mention_id(r["m"], split_off.id)} for r in named]})
+            mentions = int(result.relationships_created)
+        await graph.query(f"MATCH (n:{ENTITY} {{uuid: $id}}) SET n.aliases = [a IN n.aliases WHERE NOT a IN $spelled], "
+                          "n.name_keys = [k IN n.name_keys WHERE k <> $key]",
+                          {"id": entity_id, "spelled": spelled, "key": f"{group}|{key}"})
+        after = await self.entities_by_id(agent_id, [entity_id, split_off.id])
+        by_id = {e.id: e for e in after}
+        return EntitySplit(entity=by_id[entity_id], split_off=by_id[split_off.id], facts=moved, mentions=mentions)
+
     # Reads -----------------------------------------------------------------------------
+
+    async def entity_candidates(self, agent_id: str, namespace: Namespace | str, entity_type: EntityType,
+                                limit: int) -> list[Entity]:
+        # Through the group_id index; the embeddings stay in the store (a namespace's many).
+        rows = await self._read(agent_id, f"MATCH (n:{ENTITY}) WHERE n.group_id = $g AND n.type = $type "
+                                          f"WITH n LIMIT $limit RETURN {_ENTITY_FIELDS}",
+                                g=_group(agent_id, namespace), type=EntityType(entity_type).value, limit=max(0, limit))
+        return [_entity(r) for r in rows]
+
+    async def entities_by_id(self, agent_id: str, entity_ids: Sequence[str]) -> list[Entity]:
+        ids = list(dict.fromkeys(entity_ids))
+        if not ids:
+            return []
+        rows = await self._read(agent_id, f"UNWIND $ids AS id MATCH (n:{ENTITY} {{uuid: id}}) "
+                                          f"RETURN {_ENTITY_FIELDS}, n.name_embedding AS name_embedding", ids=ids)
+        return [_entity(r) for r in rows]
+
 
     async def find_entities(self, agent_id: str, namespace: Namespace | str, names: Sequence[str]) -> list[Entity]:
         group = _group(agent_id, namespace)
@@ -423,7 +526,7 @@ def _fact_row(agent_id: str, fact: Fact) -> dict[str, Any]:
         "valid_at": _iso(fact.valid_at), "valid_ts": _ts(fact.valid_at),
         "invalid_at": _iso(fact.invalid_at), "invalid_ts": _ts(fact.invalid_at),
         "expired_at": _iso(fact.expired_at), "expired_ts": _ts(fact.expired_at),
-        "superseded_by": fact.superseded_by,
+        "superseded_by": fact.superseded_by, "subject_via": list(fact.subject_via), "object_via": list(fact.object_via),
     }
     return {"s": fact.subject_id, "o": fact.object_id, "uuid": fact.id, "props": props,
             "embedding": fact.fact_embedding}
@@ -445,7 +548,8 @@ def _fact(row: Row) -> Fact:
                 object_id=row["o"], predicate=row["name"], text=row["fact"], valid_at=_time(row["valid_at"]),
                 invalid_at=_time(row["invalid_at"]), created_at=_time(row["created_at"]) or utcnow(),
                 expired_at=_time(row["expired_at"]), superseded_by=row["superseded_by"],
-                memory_ids=list(row["episodes"] or []), message_ids=list(row["message_ids"] or []))
+                memory_ids=list(row["episodes"] or []), message_ids=list(row["message_ids"] or []),
+                subject_via=list(row.get("subject_via") or []), object_via=list(row.get("object_via") or []))
 
 
 def _encode_cursor(norm_name: str, uuid: str) -> str:

@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.access.pseudonyms import namespace_for_log
-from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntityType, Fact
+from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.stores.base import MemoryBackend, Page, SignalHits
@@ -413,8 +413,19 @@ class MirroredBackend(MemoryBackend):
     async def add_facts(self, agent_id: str, facts: Sequence[Fact]) -> int:
         return await self.primary.add_facts(agent_id, facts)
 
-    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str]) -> int:
-        return await self.primary.mention(agent_id, memory_id, entity_ids)
+    async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str],
+                      via: Mapping[str, Sequence[str]] | None = None) -> int:
+        return await self.primary.mention(agent_id, memory_id, entity_ids, via)
+
+    async def entity_candidates(self, agent_id: str, namespace: Namespace | str, entity_type: EntityType,
+                                limit: int) -> list[Entity]:
+        return await self.primary.entity_candidates(agent_id, namespace, entity_type, limit)
+
+    async def entities_by_id(self, agent_id: str, entity_ids: Sequence[str]) -> list[Entity]:
+        return await self.primary.entities_by_id(agent_id, entity_ids)
+
+    async def split_entity(self, agent_id: str, entity_id: str, alias: str) -> EntitySplit:
+        return await self.primary.split_entity(agent_id, entity_id, alias)
 
     async def find_entities(self, agent_id: str, namespace: Namespace | str, names: Sequence[str]) -> list[Entity]:
         return await self.primary.find_entities(agent_id, namespace, names)

@@ -36,7 +36,7 @@ from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary
-from memory_service.schemas.graph import EntityDetailOut, EntityPage, FactOut
+from memory_service.schemas.graph import EntityDetailOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
 from memory_service.schemas.records import RecordOut
 from memory_service.schemas.search import SearchResult
@@ -225,6 +225,15 @@ class AsyncMemoryClient:
         """Undo the invalidation of a fact: it is current again (a current fact raises Conflict)."""
         answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/facts/{seg(fact_id)}/restore")
         result: FactOut = parse(FactOut, answer)
+        return result
+
+    async def split_entity(self, agent_id: str, entity_id: str, alias: str) -> EntitySplitOut:
+        """Undo a merge: ``alias`` becomes an entity of its own again, with the facts and
+        mentions that came through it (a name that is not an alias raises InvalidInput, the
+        entity's own name Conflict)."""
+        answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/entities/{seg(entity_id)}/split",
+                                  json={"alias": alias})
+        result: EntitySplitOut = parse(EntitySplitOut, answer)
         return result
 
     # Agents and shards.

@@ -1,7 +1,9 @@
 """The knowledge graph over HTTP (issue 16; docs/graph.md, "The API"): an agent's entities,
-one entity with its facts and neighbours, and undoing the invalidation of a fact.
+one entity with its facts and neighbours, undoing the invalidation of a fact, and undoing a
+merge (splitting an alias off an entity).
 
-Reading needs `read` on the agent, restoring a fact `write` (as undeleting a memory does).
+Reading needs `read` on the agent, restoring a fact or splitting an entity `write` (as
+undeleting a memory does).
 A key limited to some users sees the entities and facts of the namespaces its users may see
 (theirs, the shards', the agent's: memory_service/access/reach.py); an entity of another
 user's namespace is answered as an unknown one, and the facts and neighbours of an entity
@@ -29,6 +31,8 @@ from memory_service.schemas.graph import (
     MAX_ENTITY_PAGE,
     EntityDetailOut,
     EntityPage,
+    EntitySplitIn,
+    EntitySplitOut,
     FactOut,
 )
 from memory_service.schemas.keys import Role
@@ -96,3 +100,15 @@ async def restore_fact(agent_id: AgentId, service: ServiceDep, principal: Caller
     of its users' namespaces only. Audited as `fact.restore`."""
     reach = _reach(service, principal, Role.WRITE, agent_id)
     return await service.restore_fact(agent_id, fact_id, reach=reach, actor=principal.key_id)
+
+
+@router.post("/v1/agents/{agent_id}/entities/{entity_id}/split", response_model=EntitySplitOut)
+async def split_entity(agent_id: AgentId, body: EntitySplitIn, service: ServiceDep, principal: CallerDep,
+                       entity_id: str = EntityId) -> EntitySplitOut:
+    """Undo a merge: the alias becomes an entity of its own again (same type and namespace),
+    and the facts and mentions that came through that name move to it. 404 for an unknown
+    entity, 422 for a name that is not one of its aliases, 409 for its own name. Needs
+    `write`; a key limited to some users splits entities of its users' namespaces only.
+    Audited as `entity.split`."""
+    reach = _reach(service, principal, Role.WRITE, agent_id)
+    return await service.split_entity(agent_id, entity_id, body.alias, reach=reach, actor=principal.key_id)
