@@ -23,6 +23,14 @@ namespace are read, never the graph. Each fact closed is logged in the audit log
 its words) right after it is closed, so every invalidation can be found and undone
 (``POST /v1/agents/{agent}/facts/{fact}/restore``). A retried window finds the fact closed
 already and neither closes nor logs it again.
+
+The LLM extractor also names stored facts the window makes no longer true (``supersedes``:
+the ids of facts it was shown, memory_service/formation/known_graph.py). Each is closed the
+same way, after the single-valued rule: ``invalid_at`` = the replacing fact's ``valid_at``
+(the window's new fact of the same namespace, subject and predicate), else the window's
+time; ``superseded_by`` = that fact, or none when the window states no replacement ("we
+broke up"). A fact already closed, one the window states again, or one that only began
+after the window's time is left as it is.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from memory_service.access.audit import AuditLog, audited_fact
-from memory_service.domain.errors import Conflict
+from memory_service.domain.errors import Conflict, NotFound
 from memory_service.domain.graph import (
     SINGLE_VALUED,
     Entity,
@@ -105,11 +113,11 @@ async def resolve(backend: MemoryBackend, agent_id: str, extracted: Sequence[Ext
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
                 facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
                 memory_ids: Sequence[str] = (), observed_at: datetime | None = None,
-                audit: AuditLog | None = None) -> GraphChanges:
-    """Write one window's entities, facts and mentions; close the facts they replace (each
-    logged in ``audit``, when given)."""
+                audit: AuditLog | None = None, supersedes: Sequence[str] = ()) -> GraphChanges:
+    """Write one window's entities, facts and mentions; close the facts they replace and the
+    ``supersedes`` ones (each logged in ``audit``, when given)."""
 
-    async def close(old: Fact, invalid_at: datetime, superseded_by: str) -> None:
+    async def close(old: Fact, invalid_at: datetime, superseded_by: str | None) -> None:
         try:
             after = await backend.invalidate_fact(agent_id, old.id, invalid_at, superseded_by=superseded_by)
         except Conflict:  # closed already: by this window's earlier try, or by a racing one
@@ -120,7 +128,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                                after=audited_fact(after))
 
     changes = GraphChanges()
-    if not entities:
+    if not entities and not supersedes:
         return changes
     resolved = await resolve(backend, agent_id, entities)
     unique = {e.id: e for e in resolved.values()}
@@ -160,4 +168,21 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                     await close(winner, old.valid_at, old.id)
                 break
             await close(old, winner.valid_at or observed_at or utcnow(), winner.id)
+
+    # The facts the extractor says the window ends (ids of facts it was shown).
+    stated = {f.id for f in new_facts}
+    replacing = {(f.namespace, f.subject_id, f.predicate): f for f in new_facts}
+    for old_id in dict.fromkeys(supersedes):
+        try:
+            old = await backend.get_fact(agent_id, old_id)
+        except NotFound:  # erased since it was shown
+            continue
+        if not old.current_at() or old.id in stated:
+            continue
+        new = replacing.get((old.namespace, old.subject_id, old.predicate))
+        invalid_at = (new.valid_at if new else None) or observed_at or utcnow()
+        if old.valid_at and invalid_at < old.valid_at:
+            log.info("fact %s not closed: the window is older than the fact", old.id)
+            continue
+        await close(old, invalid_at, new.id if new else None)
     return changes

@@ -173,6 +173,7 @@ class StoredExtraction:
     entities: tuple[ExtractedEntity, ...] = ()
     facts: tuple[ExtractedFact, ...] = ()
     mentions: tuple[Mention, ...] = ()
+    supersedes: tuple[str, ...] = ()  # ids of stored facts the window makes no longer true (the LLM says)
 
     def to_json(self) -> str:
         # Vectors are not stored: the write step embeds (a failing embedder never fails it).
@@ -182,6 +183,7 @@ class StoredExtraction:
             "entities": [e.model_dump(mode="json") for e in self.entities],
             "facts": [f.model_dump(mode="json") for f in self.facts],
             "mentions": [[m.memory_id, list(m.names)] for m in self.mentions],
+            "supersedes": list(self.supersedes),
         })
 
     @classmethod
@@ -191,7 +193,8 @@ class StoredExtraction:
         return cls(tuple(_MEMORIES.validate_python(data["memories"])), usage,
                    tuple(ExtractedEntity.model_validate(e) for e in data.get("entities", ())),
                    tuple(ExtractedFact.model_validate(f) for f in data.get("facts", ())),
-                   tuple(Mention(memory_id, tuple(names)) for memory_id, names in data.get("mentions", ())))
+                   tuple(Mention(memory_id, tuple(names)) for memory_id, names in data.get("mentions", ())),
+                   tuple(str(fact_id) for fact_id in data.get("supersedes", ())))
 
 
 @dataclass(frozen=True, slots=True)
