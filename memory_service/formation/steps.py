@@ -190,7 +190,7 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
     without a graph (Mongo)."""
     if not stored.entities and not stored.supersedes:
         return None
-    observed = max((m.valid_at for m in stored.memories), default=None)
+    observed = stored.observed_at or max((m.valid_at for m in stored.memories), default=None)
     try:
         return await graph_update.apply(
             backend, agent_id, stored.entities, stored.facts, stored.mentions,
@@ -249,7 +249,8 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     texts = {message_memory_id(session_id, m.message_id): m.content for m in messages}
     texts |= {m.id: m.content for m in memories}
     return StoredExtraction(memories, extraction.usage, tuple(entities), tuple(facts),
-                            tuple(graph_update.mentions(texts, entities)), tuple(supersedes))
+                            tuple(graph_update.mentions(texts, entities)), tuple(supersedes),
+                            max(m.created_at for m in messages) if messages else None)
 
 
 def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
@@ -418,7 +419,10 @@ class PersonalGuard:
                     keep(end, namespace)
             routed.append(fact.model_copy(update={"namespace": namespace}))
             moved += 1
+        # A fact is kept only with both ends in its namespace (one may have been dropped above).
+        kept_facts = [f for f in routed if all((f.namespace, normalise_name(n)) in kept for n in (f.subject, f.object))]
+        dropped += len(routed) - len(kept_facts)
         if moved or dropped:
             log.info("session %s: %d extracted graph item(s) about a person moved from a shared namespace to "
                      "their user's, %d dropped", self.window.session_id, moved, dropped)
-        return list(kept.values()), routed
+        return list(kept.values()), kept_facts
