@@ -46,6 +46,7 @@ class EchoLLM:
     # directives "(answer k)" and holds k of them (up to the schema's cap).
     drift: bool = False
     extractions: int = 0  # extraction calls answered
+    last_prompt: str = ""  # the user message of the last extraction call (a sample for the benchmark)
 
     def __post_init__(self) -> None:
         self.app = FastAPI()
@@ -81,6 +82,7 @@ class EchoLLM:
             reply = consolidate(prompt)
         else:
             self.extractions += 1
+            self.last_prompt = prompt
             reply = answer(prompt, schema["schema"], take=self.extractions if self.drift else None)
         content = json.dumps(reply)
         prompt_tokens, completion_tokens = len(json.dumps(body)) // 4, len(content) // 4

@@ -82,6 +82,10 @@ MAX_ITEMS = 12
 MAX_GRAPH_ITEMS = 24
 SCHEMA_NAME = "memory_extraction"
 _PREDICATE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# A known fact's text and a known entity's aliases as the prompt shows them: with the caps on
+# how many are shown (known_limits), these bound what the known graph adds to a prompt.
+KNOWN_TEXT_CHARS = 200
+KNOWN_ALIASES = 5
 
 SYSTEM_PROMPT = f"""\
 You turn one window of a conversation between users and an AI assistant into long-term \
@@ -332,16 +336,17 @@ class _Plan:
         if known.entities:
             lines.append("Known entities (name; type; namespace; aliases):")
             lines += [f"- {json.dumps(e.name, ensure_ascii=False)}; {e.type.value}; {self.label(e.namespace)}"
-                      + (f"; {json.dumps(e.aliases, ensure_ascii=False)}" if e.aliases else "")
+                      + (f"; {json.dumps(e.aliases[:KNOWN_ALIASES], ensure_ascii=False)}" if e.aliases else "")
                       for e in known.entities]
         if known.facts:
             names = {e.id: e.name for e in known.entities}
             lines.append("Known facts, current now (fact number: namespace; subject predicate object; since; text):")
             for number, fact in enumerate(known.facts, 1):
                 since = fact.valid_at.date().isoformat() if fact.valid_at else "?"
+                text = fact.text if len(fact.text) <= KNOWN_TEXT_CHARS else fact.text[:KNOWN_TEXT_CHARS] + " [cut]"
                 lines.append(f"fact {number}: {self.label(fact.namespace)}; {names.get(fact.subject_id, '?')} "
                              f"{fact.predicate} {names.get(fact.object_id, '?')}; {since}; "
-                             f"{json.dumps(fact.text, ensure_ascii=False)}")
+                             f"{json.dumps(text, ensure_ascii=False)}")
         else:
             lines.append("Known facts: none, so no supersedes.")
         return "\n".join(lines)
