@@ -19,7 +19,7 @@ must end up in exactly one formed window (the episodes' ``message_ids``), every 
 succeed, and the LLM counters must agree with each other. Any violation exits 1.
 
     .venv/bin/python bench/formation_bench.py [--quick] [--repeat N] [--sessions M] [--messages K]
-                                              [--http] [--json PATH]
+                                              [--http] [--llm-only] [--json PATH]
 """
 
 from __future__ import annotations
@@ -643,6 +643,7 @@ async def llm_flow(url: str, echo: EchoLLM, sizes: Sizes, shards: int, style: st
         "completion_tokens": summary([u.get("completion_tokens", 0) for u in usages]),
         "job_run_seconds": summary([j["run"] for j in run.jobs]),
         "echo": echo_delta, "metrics": metrics, "errors": errors,
+        "sample_prompt": getattr(echo, "last_prompt", ""),  # the flow's last extraction prompt
     }
 
 
@@ -744,7 +745,7 @@ def llm_table(result: dict) -> Table:
 
 # --- main --------------------------------------------------------------------------------
 
-async def run_all(sizes: Sizes, http: bool, console: Console) -> dict:
+async def run_all(sizes: Sizes, http: bool, console: Console, llm_only: bool = False) -> dict:
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="formation-bench-") as tmp:
         global STORE_PID
@@ -753,9 +754,10 @@ async def run_all(sizes: Sizes, http: bool, console: Console) -> dict:
         STORE_PID = int((Path(tmp) / "falkordb.pid").read_text())
         try:
             started = time.perf_counter()
-            results["rules_direct"] = await rules_direct(url, sizes, console)
-            results["rules_direct"]["wall_seconds"] = time.perf_counter() - started
-            if http:
+            if not llm_only:
+                results["rules_direct"] = await rules_direct(url, sizes, console)
+                results["rules_direct"]["wall_seconds"] = time.perf_counter() - started
+            if http and not llm_only:
                 started = time.perf_counter()
                 results["rules_http"] = await rules_http(url, sizes, console)
                 results["rules_http"]["wall_seconds"] = time.perf_counter() - started
@@ -776,6 +778,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sessions", type=int, help=f"M, sessions recorded concurrently (default {FULL.sessions})")
     parser.add_argument("--messages", type=int, help=f"K, messages per session (default {FULL.messages})")
     parser.add_argument("--http", action="store_true", help="also run the rule-based part through the HTTP API")
+    parser.add_argument("--llm-only", action="store_true", help="run the LLM part only (calls and tokens per window)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
@@ -792,7 +795,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     errors: list[str] = []
     try:
-        results = asyncio.run(run_all(sizes, args.http, console))
+        results = asyncio.run(run_all(sizes, args.http, console, args.llm_only))
     except Exception as exc:  # a run that cannot finish is a failed check, reported like one
         log.exception("the benchmark did not finish")
         results, errors = {}, [f"the benchmark did not finish: {type(exc).__name__}: {exc}"]
@@ -814,7 +817,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "benchmark": "formation_bench", "machine": header,
-            "settings": {**vars(sizes), "llm_shards": list(sizes.llm_shards), "quick": args.quick, "http": args.http},
+            "settings": {**vars(sizes), "llm_shards": list(sizes.llm_shards), "quick": args.quick, "http": args.http,
+                         "llm_only": args.llm_only},
             "results": results, "errors": errors,
         }, indent=2, default=str) + "\n")
         console.print(f"results written to {args.json}")

@@ -99,6 +99,8 @@ class Settings(BaseSettings):
     llm_model: str | None = Field(default=None, description="Model name; it must support JSON-schema structured output")
     llm_timeout_seconds: float = Field(default=60, gt=0, description="Read timeout of one LLM call (connect: HTTP_CONNECT_TIMEOUT_SECONDS)")
     llm_max_attempts: int = Field(default=3, ge=1, description="Calls per window on malformed output or a transient error, before the job retries")
+    llm_known_entities: int = Field(default=30, ge=0, le=200, description="Stored entities the window names shown to the LLM extractor (0: none, and no known facts)")
+    llm_known_facts: int = Field(default=40, ge=0, le=200, description="Current facts of those entities shown to the LLM extractor, which may say the window supersedes them")
     consolidator: Literal["rules", "llm"] | None = Field(
         default=None, description="How pending directives and suggestions are merged: rules, or llm (one call per merge); unset: as EXTRACTOR")
 

@@ -80,7 +80,8 @@ def default_extractor(settings: Settings) -> Extractor:
     if settings.extractor == "llm":
         from memory_service.formation.llm_extractor import LLMExtractor
 
-        return LLMExtractor(**_llm_options(settings))
+        return LLMExtractor(**_llm_options(settings), known_entities=settings.llm_known_entities,
+                            known_facts=settings.llm_known_facts)
     from memory_service.formation.rule_extractor import RuleBasedExtractor
 
     return RuleBasedExtractor()

@@ -3,8 +3,11 @@
 The worker tests and the formation benchmark run the real LLM extractor (the real
 ``openai`` client, real HTTP) against it. It reads the numbered message lines the
 extractor sends and answers in the requested JSON schema: an episode, one directive per
-user message that states a preference, and one fact per shard from the messages that
-mention the shard's id. Asked to consolidate, it lists the new items newest first, then
+user message that states a preference, one fact per shard from the messages that
+mention the shard's id, and (when the schema asks for the graph) the entities and facts
+the offline ``extract_graph`` reads in the numbered lines, superseding every known fact
+listed in the prompt whose subject and single-valued predicate a new fact gives another
+object (as a model that follows the prompt would). Asked to consolidate, it lists the new items newest first, then
 the current memory's lines, each once. Faults are scripted: answer the next calls with an HTTP error,
 or hold them until released (to kill a worker in the middle of a call).
 """
@@ -15,10 +18,16 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from memory_service.domain.graph import SINGLE_VALUED, normalise_name
+from memory_service.domain.models import Role
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.entities import extract_graph
+from memory_service.formation.extractor import Window, WindowMessage
 from memory_service.stores.loopback import LoopbackServer
 
 _LINE = re.compile(r'^\[(\d+)\] (user (\S+)|assistant): (".*")$')
@@ -37,6 +46,7 @@ class EchoLLM:
     # directives "(answer k)" and holds k of them (up to the schema's cap).
     drift: bool = False
     extractions: int = 0  # extraction calls answered
+    last_prompt: str = ""  # the user message of the last extraction call (a sample for the benchmark)
 
     def __post_init__(self) -> None:
         self.app = FastAPI()
@@ -72,6 +82,7 @@ class EchoLLM:
             reply = consolidate(prompt)
         else:
             self.extractions += 1
+            self.last_prompt = prompt
             reply = answer(prompt, schema["schema"], take=self.extractions if self.drift else None)
         content = json.dumps(reply)
         prompt_tokens, completion_tokens = len(json.dumps(body)) // 4, len(content) // 4
@@ -107,7 +118,45 @@ def answer(prompt: str, schema: dict, take: int | None = None) -> dict:
                        for n, user, text in messages if shard in text.lower()][:1]}
             for shard in shard_ids
         ]
+    if "entities" in schema["properties"]:
+        reply |= graph(prompt, messages, schema)
     return reply
+
+
+_KNOWN = re.compile(r"^fact (\d+): [^;]+; (.+?) ([a-z][a-z0-9_]*) (.+?); [^;]+; \".*\"$")
+T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
+
+
+def graph(prompt: str, messages: list[tuple[int, str | None, str]], schema: dict) -> dict:
+    """Entities and facts as ``extract_graph`` reads the numbered lines, and the known facts
+    they supersede."""
+    shown, last_user = [], ""
+    for n, user, text in messages:
+        last_user = user or last_user
+        shown.append(WindowMessage(message_id=str(n), sequence=n, role=Role.USER if user else Role.ASSISTANT,
+                                   user_id=user or last_user, content=text, created_at=T0 + timedelta(seconds=n)))
+    entities, facts = extract_graph(Window(agent_id="echo", session_id="echo", messages=tuple(shown)))
+    props = schema["properties"]
+    labels = set(props["entities"]["items"]["properties"]["namespace"].get("enum", ()))
+
+    def label(namespace: str) -> str:
+        return f"user:{Namespace.parse(namespace).fields[-1]}"
+
+    out_entities = [{"name": e.name, "type": e.type.value, "aliases": e.aliases, "summary": e.summary,
+                     "namespace": label(e.namespace)} for e in entities if label(e.namespace) in labels]
+    out_facts = [{"subject": f.subject, "predicate": f.predicate, "object": f.object, "text": f.text,
+                  "valid_at": f.valid_at.date().isoformat() if f.valid_at else "",
+                  "messages": [int(m) for m in f.message_ids]} for f in facts if label(f.namespace) in labels]
+    out_entities = out_entities[: props["entities"]["maxItems"]]
+    out_facts = out_facts[: props["facts"]["maxItems"]]
+    new = {(normalise_name(f["subject"]), f["predicate"]): normalise_name(f["object"]) for f in out_facts}
+    supersedes = []
+    for line in prompt.splitlines():
+        if (match := _KNOWN.match(line)) and match.group(3) in SINGLE_VALUED:
+            obj = new.get((normalise_name(match.group(2)), match.group(3)))
+            if obj is not None and obj != normalise_name(match.group(4)):
+                supersedes.append(int(match.group(1)))
+    return {"entities": out_entities, "facts": out_facts, "supersedes": supersedes[: props["supersedes"]["maxItems"]]}
 
 
 _ITEM = re.compile(r'^\[(\d+)\] (".*")$')

@@ -7,10 +7,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from xml.etree import ElementTree as ET
 
-from memory_service.domain.graph import Entity
+from memory_service.domain.graph import Entity, query_names
 from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance
 from memory_service.domain.namespaces import Namespace
-from memory_service.recall.graph_signal import hub_weight, query_names
+from memory_service.recall.graph_signal import hub_weight
 from memory_service.recall.search import QUERY_STOPWORDS, SearchRequest
 
 NOW = datetime.now(UTC).replace(microsecond=0)

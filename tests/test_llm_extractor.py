@@ -176,8 +176,8 @@ async def test_one_call_per_window_with_a_strict_schema_for_this_window(llm, ext
     assert body["response_format"]["type"] == "json_schema"
     assert body["response_format"]["json_schema"]["strict"] is True
     schema = llm.schema()
-    assert schema["additionalProperties"] is False and set(schema["required"]) == {"episode", "directives", "personal_facts",
-                                                                                "shards"}
+    assert schema["additionalProperties"] is False and set(schema["required"]) == {
+        "episode", "directives", "personal_facts", "shards", "entities", "facts", "supersedes"}
     shards = schema["properties"]["shards"]
     # the inactive shard is not offered
     assert shards["items"]["properties"]["shard_id"]["enum"] == ["travel", "food", "release"]
@@ -194,6 +194,7 @@ async def test_one_call_per_window_with_a_strict_schema_for_this_window(llm, ext
 
     prompt = llm.prompt()
     assert "At most 2 directives and 2 personal facts, and at most 2 facts and 2 suggestions per shard" in prompt
+    assert "at most 8 entities and 8 graph facts" in prompt
     assert '[3] user alice: "The flight to Lisbon leaves on May 3rd at 9am."' in prompt
     assert '[2] assistant: "Noted. How can I help with the trip?"' in prompt
     assert '- travel: "travel logistics"; "flights, trains, hotels, bookings, dates, budget"' in prompt

@@ -166,6 +166,27 @@ def normalise_name(name: str) -> str:
     return " ".join(re.sub(r"[^\w\s]", "", plain.casefold()).split())
 
 
+MAX_NGRAM = 3  # entity names and aliases longer than three words are not found from a text's n-grams
+MAX_QUERY_NAMES = 400  # n-grams looked up per query (a 2,000-character query has about 1,000)
+
+
+def query_names(text: str, stopwords: frozenset[str] = frozenset(), limit: int = MAX_QUERY_NAMES) -> list[str]:
+    """The candidate entity names in a text (a search query, a message): its normalised words
+    and n-grams of up to ``MAX_NGRAM`` words, in text order, leaving out those made of
+    stopwords only ("my brother" stays), at most ``limit``. Words are taken twice: as
+    ``normalise_name`` joins them ("O'Brien" is "obrien") and split at punctuation ("Tom's"
+    is "tom" and "s"). Lookups by these names are exact (``name_keys``), so no name longer
+    than ``MAX_NGRAM`` words is found this way."""
+    names: dict[str, None] = {}
+    for words in (normalise_name(text).split(), normalise_name(" ".join(re.findall(r"\w+", text))).split()):
+        for n in range(1, MAX_NGRAM + 1):
+            for start in range(len(words) - n + 1):
+                gram = words[start:start + n]
+                if not all(w in stopwords for w in gram):
+                    names.setdefault(" ".join(gram))
+    return list(names)[:limit]
+
+
 def entity_id(namespace: str, name: str, type_: EntityType) -> str:
     """The id an entity is created with: stable for one name and type in one namespace, so
     writing the same extraction twice makes no second node."""

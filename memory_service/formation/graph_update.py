@@ -28,6 +28,14 @@ namespace are read, never the graph. Each fact closed is logged in the audit log
 its words) right after it is closed, so every invalidation can be found and undone
 (``POST /v1/agents/{agent}/facts/{fact}/restore``). A retried window finds the fact closed
 already and neither closes nor logs it again.
+
+The LLM extractor also names stored facts the window makes no longer true (``supersedes``:
+the ids of facts it was shown, memory_service/formation/known_graph.py). Each is closed the
+same way, after the single-valued rule: ``invalid_at`` = the replacing fact's ``valid_at``
+(the window's new fact of the same namespace, subject and predicate), else the window's
+time; ``superseded_by`` = that fact, or none when the window states no replacement ("we
+broke up"). A fact already closed, one the window states again, or one that only began
+after the window's time is left as it is.
 """
 
 from __future__ import annotations
@@ -243,12 +251,13 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                 audit: AuditLog | None = None, actor: str = FORMATION_ACTOR, embedder: Embedder | None = None,
                 threshold: float = resolution.DEFAULT_THRESHOLD,
                 max_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
-                resolved: Resolution | None = None) -> GraphChanges:
+                resolved: Resolution | None = None, supersedes: Sequence[str] = ()) -> GraphChanges:
     """Write one window's entities, facts and mentions; close the facts they replace. Each
     merge of a new name into a stored entity and each fact closed is logged in ``audit``
     under ``actor``, when given. ``embedder`` gives entities their name embeddings (resolution
     compares them). ``resolved``: ``entities`` resolved already (``resolve``), by a caller that
-    looked before writing anything else."""
+    looked before writing anything else. ``supersedes``: ids of facts the extractor says the
+    window ends (an LLM shown them), closed too."""
 
     async def close(old: Fact, invalid_at: datetime, superseded_by: str | None) -> None:
         try:
@@ -261,7 +270,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                                after=audited_fact(after))
 
     changes = GraphChanges()
-    if not entities:
+    if not entities and not supersedes:
         return changes
     outcome = resolved or await resolve(backend, agent_id, entities, embedder=embedder, threshold=threshold,
                                         max_candidates=max_candidates)
@@ -325,4 +334,21 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                 if old.valid_at and ending.valid_at and ending.valid_at < old.valid_at:
                     continue  # left before it started: an older stint, not this one
                 await close(old, ending.valid_at or observed_at or utcnow(), None)
+
+    # The facts the extractor says the window ends (ids of facts it was shown).
+    stated = {f.id for f in new_facts}
+    replacing = {(f.namespace, f.subject_id, f.predicate): f for f in new_facts}
+    for old_id in dict.fromkeys(supersedes):
+        try:
+            old = await backend.get_fact(agent_id, old_id)
+        except NotFound:  # erased since it was shown
+            continue
+        if not old.current_at() or old.id in stated:
+            continue
+        new = replacing.get((old.namespace, old.subject_id, old.predicate))
+        invalid_at = (new.valid_at if new else None) or observed_at or utcnow()
+        if old.valid_at and invalid_at < old.valid_at:
+            log.info("fact %s not closed: the window is older than the fact", old.id)
+            continue
+        await close(old, invalid_at, new.id if new else None)
     return changes

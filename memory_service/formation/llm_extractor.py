@@ -1,9 +1,16 @@
 """Extraction by an LLM behind any OpenAI-compatible chat endpoint (OpenAI, vLLM, Ollama, llama.cpp).
 
 One chat.completions call per window returns everything: the episode, the directives, the
-personal facts (what users said about themselves: kept in their own namespace) and, for
-every active shard, its facts and suggestions (the system this reimplements made one
-call per shard plus one). The reply is constrained by a strict JSON schema built for this
+personal facts (what users said about themselves: kept in their own namespace), for
+every active shard its facts and suggestions (the system this reimplements made one
+call per shard plus one), and the window's share of the knowledge graph: entities, the
+facts between them, and which known facts the window makes no longer true.
+
+Known facts: before the call, formation looks up (no model) the stored entities the
+window names in the namespaces it writes to and their current facts
+(memory_service/formation/known_graph.py, bounded by ``known_limits``); the prompt lists
+them numbered, and the reply's ``supersedes`` cites those numbers. Graphiti asks a model
+once per edge whether it contradicts the edges it found; here the same single call does. The reply is constrained by a strict JSON schema built for this
 window (shard ids, message references and user ids are enums; item counts are capped by
 the window's size) and checked again here, because not every endpoint enforces the schema
 and none enforces meaning.
@@ -20,7 +27,12 @@ Failure policy:
   every shard item again and routes one about a person to that person's namespace
   (memory_service.formation.steps.PersonalGuard);
 - an item that is wrong on its own (wrong field types, an unknown shard or message number,
-  a directive of someone who did not speak as a user) is dropped and logged;
+  a directive of someone who did not speak as a user; an entity of an unknown type or
+  namespace, a fact naming no entity or with a predicate that is not snake_case, a
+  ``supersedes`` number no known fact has) is dropped and logged;
+- graph items in a shard are checked as shard items are (PersonalGuard): a fact about a
+  user goes to that user's namespace; a fact whose subject is a speaker is placed in the
+  speaker's namespace here already;
 - a reply that is not JSON of the expected shape, a connection error or timeout, and HTTP
   408, 429 or 5xx are retried with exponential backoff (memory_service.formation.llm_client);
 - any other HTTP error, or running out of attempts, raises ExtractionFailed: formation then
@@ -32,26 +44,32 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError
 
 from memory_service.access.pseudonyms import for_log
+from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import WORD_LIMITS, MemoryKind, Role, Shard
+from memory_service.domain.namespaces import Namespace
 from memory_service.formation.extractor import (
+    ExtractedGraph,
     ExtractedItem,
     Extraction,
     ExtractionFailed,
     ExtractionUsage,
+    KnownLimits,
     Window,
     WindowMessage,
 )
 from memory_service.formation.llm_client import LLMCallFailed, Malformed, StructuredChat, reply_json
 from memory_service.formation.rule_extractor import limit_words
 
-__all__ = ["LLMExtractor", "item_cap"]
+__all__ = ["LLMExtractor", "graph_cap", "item_cap"]
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +78,14 @@ log = logging.getLogger(__name__)
 # Every memory is shown in later prompts, so a long window must not flood them.
 MESSAGES_PER_ITEM = 4
 MAX_ITEMS = 12
+# Entities and facts: one of each per message shown, at least 2, never more than MAX_GRAPH_ITEMS.
+MAX_GRAPH_ITEMS = 24
 SCHEMA_NAME = "memory_extraction"
+_PREDICATE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+# A known fact's text and a known entity's aliases as the prompt shows them: with the caps on
+# how many are shown (known_limits), these bound what the known graph adds to a prompt.
+KNOWN_TEXT_CHARS = 200
+KNOWN_ALIASES = 5
 
 SYSTEM_PROMPT = f"""\
 You turn one window of a conversation between users and an AI assistant into long-term \
@@ -96,6 +121,23 @@ contacts, family, money, their bookings, plans, purchases and experiences; at mo
 May"), with the user_id of the user it belongs to. Kept for that user alone. A claim about \
 the topic framed in the first person ("I think the museum closes at 6") is topic \
 knowledge; a statement about the speaker ("my flight is at 9") is personal.
+- "entities": the people, places, organisations, named things (pets, books, products), \
+events and topics the window names that are worth remembering, each with its "type", the \
+other names it goes by ("aliases", e.g. "Robert", "my brother"), a "summary" of at most \
+{WORD_LIMITS[MemoryKind.FACT]} words of what the window says about it ("" if nothing), and \
+the "namespace" it belongs in: "user:<user_id>" for anything of that user's own life \
+(people close to them, their home, job, pets, bookings), kept for that user alone; \
+"shard:<id>" only for topic knowledge of that shard. A user is the person entity named by \
+their user_id. Use the known entities' names for the entities they are.
+- "facts": relations the window states as true between two entities: "subject" and \
+"object" (names from "entities", known entities or user_ids), a "predicate" in snake_case \
+(lives_in, works_at, studies_at, born_in, is_named, married_to, partner_of, sibling_of, \
+has_child, friend_of, has_pet, likes, visited, attended...), "text": the fact as one \
+sentence, "valid_at": when it became true as an ISO date (YYYY-MM-DD) if the window says, \
+else "", and "messages". A fact is kept in its subject's namespace.
+- "supersedes": the numbers of the known facts (listed with the conversation) that this \
+window makes no longer true: a move, a new job, a break-up, a new name, a changed \
+preference. Not a fact that is only repeated, not mentioned, or doubted. [] if none.
 - "messages" on every item: the numbers of the messages it was taken from, the first \
 being the one that states it.
 
@@ -109,8 +151,14 @@ def item_cap(n_messages: int) -> int:
     return min(MAX_ITEMS, max(1, math.ceil(n_messages / MESSAGES_PER_ITEM)))
 
 
+def graph_cap(n_messages: int) -> int:
+    """Most entities, and most graph facts, for a window of ``n_messages``."""
+    return min(MAX_GRAPH_ITEMS, max(2, n_messages))
+
+
 class LLMExtractor:
-    """Extracts an episode, directives, facts and suggestions from a window with one LLM call."""
+    """Extracts an episode, directives, facts and suggestions, and the window's entities, graph
+    facts and supersessions, from a window with one LLM call."""
 
     name = "llm"
 
@@ -126,6 +174,8 @@ class LLMExtractor:
         temperature: float = 0.0,
         backoff_seconds: float = 0.5,
         max_prompt_chars: int = 60_000,
+        known_entities: int = 30,
+        known_facts: int = 40,
     ) -> None:
         self._chat = StructuredChat(base_url=base_url, model=model, api_key=api_key, timeout_seconds=timeout_seconds,
                                     connect_timeout_seconds=connect_timeout_seconds, max_attempts=max_attempts,
@@ -133,6 +183,8 @@ class LLMExtractor:
         self.model = model
         self.max_attempts = max_attempts
         self.max_prompt_chars = max_prompt_chars
+        # What formation shows the model of the stored graph (memory_service/formation/known_graph.py).
+        self.known_limits = KnownLimits(known_entities, known_facts)
 
     async def aclose(self) -> None:
         await self._chat.aclose()
@@ -178,6 +230,10 @@ class _Reply(BaseModel):
     directives: list[Any]
     shards: list[Any] = Field(default_factory=list)
     personal_facts: list[Any] = Field(default_factory=list)
+    # Not every endpoint enforces the schema: a reply without the graph is a reply without one.
+    entities: list[Any] = Field(default_factory=list)
+    facts: list[Any] = Field(default_factory=list)
+    supersedes: list[Any] = Field(default_factory=list)
 
 
 class _ShardEntry(BaseModel):
@@ -197,6 +253,32 @@ class _UsersOwn(_Item):
     user_id: str
 
 
+class _GraphEntity(BaseModel):
+    name: str
+    type: EntityType
+    aliases: list[str]
+    summary: str
+    namespace: str
+
+
+class _GraphFact(BaseModel):
+    subject: str
+    predicate: str
+    object: str
+    text: str
+    valid_at: str | None = None
+    messages: list[int] = Field(min_length=1)
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """An entity a fact may name: its namespace, name and type."""
+
+    namespace: str
+    name: str
+    type: EntityType
+
+
 @dataclass(frozen=True, slots=True)
 class _Plan:
     """One window as the model sees it, and what its reply may name."""
@@ -206,6 +288,8 @@ class _Plan:
     speakers: tuple[str, ...]  # user ids with a user message in the window, in order of appearance
     shards: tuple[Shard, ...]  # the active shards
     cap: int
+    graph_cap: int
+    namespaces: dict[str, str]  # what the model may name ("user:alice", "shard:travel") -> namespace
 
     @classmethod
     def of(cls, window: Window) -> _Plan:
@@ -214,7 +298,14 @@ class _Plan:
         )
         speakers = tuple(dict.fromkeys(m.user_id for m in shown if m.role == Role.USER and m.user_id))
         shards = tuple(s for s in window.shards if s.active)
-        return cls(window, shown, speakers, shards, item_cap(len(shown)))
+        namespaces = {f"user:{u}": str(Namespace.user(window.agent_id, u)) for u in speakers}
+        namespaces |= {f"shard:{s.shard_id}": str(Namespace.shard(window.agent_id, s.shard_id)) for s in shards}
+        return cls(window, shown, speakers, shards, item_cap(len(shown)), graph_cap(len(shown)), namespaces)
+
+    def label(self, namespace: str) -> str:
+        """A namespace as the model sees it."""
+        labels = {v: k for k, v in self.namespaces.items()}
+        return labels.get(namespace) or ("agent" if namespace == str(Namespace.agent(self.window.agent_id)) else namespace)
 
     # request
 
@@ -222,7 +313,8 @@ class _Plan:
         cut = _fair_share([len(m.content) for m in self.shown], max_chars)
         lines = [
             f"Conversation window of {len(self.shown)} messages. At most {self.cap} directives and "
-            f"{self.cap} personal facts, and at most {self.cap} facts and {self.cap} suggestions per shard.",
+            f"{self.cap} personal facts, and at most {self.cap} facts and {self.cap} suggestions per shard; "
+            f"at most {self.graph_cap} entities and {self.graph_cap} graph facts.",
             "",
             "Messages:",
         ]
@@ -239,6 +331,24 @@ class _Plan:
                              f"{json.dumps(focus, ensure_ascii=False)}")
         else:
             lines.append("Shards: none, so no facts or suggestions.")
+        lines += ["", f"Namespaces: {', '.join(self.namespaces) or 'none, so no entities or facts'}."]
+        known = self.window.known
+        if known.entities:
+            lines.append("Known entities (name; type; namespace; aliases):")
+            lines += [f"- {json.dumps(e.name, ensure_ascii=False)}; {e.type.value}; {self.label(e.namespace)}"
+                      + (f"; {json.dumps(e.aliases[:KNOWN_ALIASES], ensure_ascii=False)}" if e.aliases else "")
+                      for e in known.entities]
+        if known.facts:
+            names = {e.id: e.name for e in known.entities}
+            lines.append("Known facts, current now (fact number: namespace; subject predicate object; since; text):")
+            for number, fact in enumerate(known.facts, 1):
+                since = fact.valid_at.date().isoformat() if fact.valid_at else "?"
+                text = fact.text if len(fact.text) <= KNOWN_TEXT_CHARS else fact.text[:KNOWN_TEXT_CHARS] + " [cut]"
+                lines.append(f"fact {number}: {self.label(fact.namespace)}; {names.get(fact.subject_id, '?')} "
+                             f"{fact.predicate} {names.get(fact.object_id, '?')}; {since}; "
+                             f"{json.dumps(text, ensure_ascii=False)}")
+        else:
+            lines.append("Known facts: none, so no supersedes.")
         return "\n".join(lines)
 
     def schema(self) -> dict[str, Any]:
@@ -287,11 +397,35 @@ class _Plan:
                     "properties": entry,
                 },
             }
+        properties |= self._graph_schema(numbers)
         return {
             "type": "object",
             "additionalProperties": False,
             "required": list(properties),
             "properties": properties,
+        }
+
+    def _graph_schema(self, numbers: list[int]) -> dict[str, Any]:
+        def array(properties: dict[str, Any], max_items: int) -> dict[str, Any]:
+            return {"type": "array", "maxItems": max_items, "items": {
+                "type": "object", "additionalProperties": False, "required": list(properties), "properties": properties}}
+
+        labels = list(self.namespaces)
+        # An enum must not be empty: with no namespace to write to, no entity or fact.
+        namespace = {"type": "string", "enum": labels} if labels else {"type": "string"}
+        cap = self.graph_cap if labels else 0
+        string = {"type": "string"}
+        facts = len(self.window.known.facts)
+        return {
+            "entities": array({"name": string, "type": {"type": "string", "enum": [t.value for t in EntityType]},
+                               "aliases": {"type": "array", "items": string}, "summary": string,
+                               "namespace": namespace}, cap),
+            "facts": array({"subject": string, "predicate": string, "object": string, "text": string,
+                            "valid_at": string,
+                            "messages": {"type": "array", "minItems": 1, "items": {"type": "integer", "enum": numbers}}},
+                           cap),
+            "supersedes": {"type": "array", "maxItems": facts,
+                           "items": {"type": "integer", "enum": list(range(1, facts + 1))} if facts else {"type": "integer"}},
         }
 
     # reply
@@ -328,7 +462,7 @@ class _Plan:
                 facts, suggestions = gathered[shard.shard_id]
                 items += self._collect(MemoryKind.FACT, facts, shard.shard_id)
                 items += self._collect(MemoryKind.SUGGESTION, suggestions, shard.shard_id)
-        return Extraction(episode=episode, items=items)
+        return Extraction(episode=episode, items=items, graph=self._graph(reply))
 
     def _collect(self, kind: MemoryKind, raws: list[Any], shard_id: str | None = None) -> list[ExtractedItem]:
         """The valid, distinct items of one list, at most ``cap`` of them."""
@@ -375,6 +509,127 @@ class _Plan:
         if not content:
             raise _Drop("empty content")
         return ExtractedItem(kind, content, tuple(m.message_id for m in sources), user_id, shard_id)
+
+    # the graph
+
+    def _graph(self, reply: _Reply) -> ExtractedGraph:
+        """The reply's valid entities, facts and supersessions; the rest dropped and logged."""
+        entities: dict[tuple[str, str], ExtractedEntity] = {}
+        for raw in reply.entities:
+            try:
+                entity = self._entity(raw)
+            except _Drop as why:
+                self._dropped("entity", raw, str(why))
+                continue
+            key = (entity.namespace, normalise_name(entity.name))
+            if key in entities:  # named twice: one entity, its aliases joined
+                first = entities[key]
+                aliases = list(dict.fromkeys([*first.aliases, *entity.aliases]))[:20]
+                entities[key] = first.model_copy(update={"aliases": aliases, "summary": first.summary or entity.summary})
+            elif len(entities) < self.graph_cap:
+                entities[key] = entity
+            else:
+                self._dropped("entity", raw, f"over the cap of {self.graph_cap}")
+        ends = self._ends(list(entities.values()))
+        facts: list[ExtractedFact] = []
+        for raw in reply.facts:
+            try:
+                fact, needed = self._fact(raw, ends)
+            except _Drop as why:
+                self._dropped("graph fact", raw, str(why))
+                continue
+            if len(facts) >= self.graph_cap:
+                self._dropped("graph fact", raw, f"over the cap of {self.graph_cap}")
+                continue
+            facts.append(fact)
+            for end in needed:  # a fact's ends are entities of its namespace
+                entities.setdefault((end.namespace, normalise_name(end.name)),
+                                    ExtractedEntity(name=end.name, type=end.type, namespace=end.namespace))
+        given = self.window.known.facts
+        supersedes: list[str] = []
+        for raw in reply.supersedes:
+            if isinstance(raw, int) and not isinstance(raw, bool) and 1 <= raw <= len(given):
+                if given[raw - 1].id not in supersedes:
+                    supersedes.append(given[raw - 1].id)
+            else:
+                self._dropped("supersedes number", raw, f"not the number of a known fact (1 to {len(given)})")
+        return ExtractedGraph(list(entities.values()), facts, supersedes)
+
+    def _entity(self, raw: Any) -> ExtractedEntity:
+        try:
+            parsed = _GraphEntity.model_validate(raw)
+        except ValidationError as exc:
+            raise _Drop(_first_error(exc)) from None
+        namespace = self.namespaces.get(parsed.namespace)
+        if namespace is None:
+            raise _Drop(f"no such namespace {parsed.namespace!r}" if not parsed.namespace.startswith("user:")
+                        else "a user who wrote no user message in this window")
+        name = parsed.name.strip()[:200]
+        if not normalise_name(name):
+            raise _Drop("no name")
+        aliases = [a.strip()[:200] for a in parsed.aliases]
+        aliases = list(dict.fromkeys(a for a in aliases if normalise_name(a) and normalise_name(a) != normalise_name(name)))
+        summary = limit_words(parsed.summary, WORD_LIMITS[MemoryKind.FACT])
+        return ExtractedEntity(name=name, type=parsed.type, aliases=aliases[:20], summary=summary, namespace=namespace)
+
+    def _ends(self, entities: list[ExtractedEntity]) -> dict[str, list[_End]]:
+        """What a name in a fact may be, by normalised name, in order of preference: a speaker
+        (the user's own person entity, in their namespace), the reply's entities, the known ones."""
+        ends: dict[str, list[_End]] = {}
+        for user in self.speakers:
+            ends.setdefault(normalise_name(user), []).append(
+                _End(str(Namespace.user(self.window.agent_id, user)), user, EntityType.PERSON))
+        named = [(e.namespace, e.name, e.type, e.aliases) for e in entities]
+        named += [(e.namespace, e.name, e.type, e.aliases) for e in self.window.known.entities]
+        for namespace, name, type_, aliases in named:
+            for alias in (name, *aliases):
+                ends.setdefault(normalise_name(alias), []).append(_End(namespace, name, type_))
+        return ends
+
+    def _fact(self, raw: Any, ends: dict[str, list[_End]]) -> tuple[ExtractedFact, tuple[_End, _End]]:
+        try:
+            parsed = _GraphFact.model_validate(raw)
+        except ValidationError as exc:
+            raise _Drop(_first_error(exc)) from None
+        predicate = parsed.predicate.strip()
+        if not _PREDICATE.match(predicate):
+            raise _Drop("the predicate is not snake_case")
+        unknown = sorted({n for n in parsed.messages if not 1 <= n <= len(self.shown)})
+        if unknown:
+            raise _Drop(f"unknown message number(s) {unknown}")
+        subjects = ends.get(normalise_name(parsed.subject))
+        objects = ends.get(normalise_name(parsed.object))
+        if not subjects or not objects:
+            raise _Drop("an end names no entity of this window, known entity or speaker")
+        subject = subjects[0]
+        # The object in the subject's namespace: the one there, else the first found, copied.
+        same = next((o for o in objects if o.namespace == subject.namespace), None)
+        obj = same or _End(subject.namespace, objects[0].name, objects[0].type)
+        if normalise_name(subject.name) == normalise_name(obj.name):
+            raise _Drop("subject and object are one entity")
+        text = limit_words(parsed.text, WORD_LIMITS[MemoryKind.FACT])
+        if not text:
+            raise _Drop("empty text")
+        sources = tuple(self.shown[n - 1].message_id for n in sorted(set(parsed.messages)))
+        fact = ExtractedFact(subject=subject.name, predicate=predicate, object=obj.name, text=text,
+                             valid_at=self._date(parsed.valid_at), namespace=subject.namespace,
+                             message_ids=list(sources))
+        return fact, (subject, obj)
+
+    def _date(self, text: str | None) -> datetime | None:
+        """An ISO date or time, a year-month or a year; anything else is no date (logged)."""
+        text = (text or "").strip()
+        if not text:
+            return None
+        for parse in (datetime.fromisoformat, lambda t: datetime.strptime(t, "%Y-%m"),
+                      lambda t: datetime.strptime(t, "%Y")):
+            try:
+                when = parse(text)
+            except ValueError:
+                continue
+            return when if when.tzinfo else when.replace(tzinfo=UTC)
+        log.warning("session %s: an extracted fact's valid_at is not a date; kept without one", self.window.session_id)
+        return None
 
     def _dropped(self, what: str, raw: Any, why: str) -> None:
         # Never the item's words: a log line outlives an erasure (users are named by digest).

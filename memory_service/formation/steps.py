@@ -13,7 +13,13 @@ retry after any failure resumes where the last try stopped:
 Where an item goes: a directive and a personal fact to its user's namespace, a fact or
 suggestion to its shard, unless ``PersonalGuard`` finds it is about a person: shards are
 shared by every user of the agent, so such an item goes to that person's namespace
-(memory_service.formation.personal says how it is judged).
+(memory_service.formation.personal says how it is judged). The same rule holds for the
+entities and facts an LLM puts in a shard (``PersonalGuard.graph``).
+
+The knowledge graph's share: an extractor that states it (the LLM one) is first shown what
+the graph knows of the window (memory_service.formation.known_graph, no model); its
+entities, facts and the ids of the known facts it supersedes are stored with the
+extraction. Otherwise the offline ``extract_graph`` reads the window.
 
 Ids are derived from the window and from the stored extraction's content, and every try
 after the first reads the stored extraction, so memories from two extractions of one
@@ -28,17 +34,27 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from memory_service.access.audit import AuditLog
 from memory_service.domain.errors import NotSupported
+from memory_service.domain.graph import ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.formation import graph_update, resolution
 from memory_service.formation.entities import extract_graph
-from memory_service.formation.extractor import ExtractedItem, Extraction, ExtractionUsage, Extractor, Window, WindowMessage
+from memory_service.formation.extractor import (
+    ExtractedItem,
+    Extraction,
+    ExtractionUsage,
+    Extractor,
+    GraphExtractor,
+    Window,
+    WindowMessage,
+)
+from memory_service.formation.known_graph import known_graph
 from memory_service.formation.personal import is_personal, personal_item
 from memory_service.formation.rule_extractor import split_sentences
 from memory_service.formation.window import Claim, StoredExtraction, WindowState, WindowStore
@@ -178,15 +194,16 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
                        name_similarity: float = resolution.DEFAULT_THRESHOLD,
                        resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES) -> graph_update.GraphChanges | None:
     """The window's entities, facts and mentions into the agent's graph (after its memories,
-    which the mentions link from); None on a store without a graph (Mongo)."""
-    if not stored.entities:
+    which the mentions link from), and the facts it supersedes closed; None on a store
+    without a graph (Mongo)."""
+    if not stored.entities and not stored.supersedes:
         return None
-    observed = max((m.valid_at for m in stored.memories), default=None)
+    observed = stored.observed_at or max((m.valid_at for m in stored.memories), default=None)
     try:
         return await graph_update.apply(
             backend, agent_id, stored.entities, stored.facts, stored.mentions,
             memory_ids=[m.id for m in stored.memories], observed_at=observed, audit=audit, embedder=embedder,
-            threshold=name_similarity, max_candidates=resolve_candidates)
+            threshold=name_similarity, max_candidates=resolve_candidates, supersedes=stored.supersedes)
     except NotSupported:
         return None
 
@@ -217,6 +234,8 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
         for mid, seq in claim.messages
     )
     window = Window(agent_id=agent_id, session_id=session_id, messages=messages, shards=tuple(s for s in shards if s.active))
+    if isinstance(extractor, GraphExtractor):  # shown what the graph knows, to say what the window supersedes
+        window = replace(window, known=await known_graph(backend, window, extractor.known_limits))
     extraction = await extractor.extract(window)
     # The ids name the window AND this extraction: two extractions of one window (an LLM
     # answers differently each time) never share an id, whatever positions their items hold.
@@ -226,13 +245,20 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
     memories = tuple(extraction_memories(window, window_key, extraction))
-    # The knowledge graph's share of the window (offline, deterministic: stored with the
-    # extraction all the same, so every try of the write step writes the same graph).
-    entities, facts = extract_graph(window)
+    # The knowledge graph's share of the window: the extractor's (checked like its shard
+    # items), else read offline. Stored with the extraction, so every try of the write step
+    # writes the same graph.
+    supersedes: list[str] = []
+    if extraction.graph is None:
+        entities, facts = extract_graph(window)
+    else:
+        entities, facts = PersonalGuard(window).graph(extraction.graph.entities, extraction.graph.facts)
+        supersedes = extraction.graph.supersedes
     texts = {message_memory_id(session_id, m.message_id): m.content for m in messages}
     texts |= {m.id: m.content for m in memories}
     return StoredExtraction(memories, extraction.usage, tuple(entities), tuple(facts),
-                            tuple(graph_update.mentions(texts, entities)))
+                            tuple(graph_update.mentions(texts, entities)), tuple(supersedes),
+                            max(m.created_at for m in messages) if messages else None)
 
 
 def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:
@@ -331,3 +357,80 @@ class PersonalGuard:
         if item.user_id in self.users:
             return item.user_id
         return self.users[0] if len(self.users) == 1 else None
+
+    def graph(self, entities: Sequence[ExtractedEntity],
+              facts: Sequence[ExtractedFact]) -> tuple[list[ExtractedEntity], list[ExtractedFact]]:
+        """An extractor's entities and facts, each in a namespace the window may write to and
+        none about a person in a shared one (a shard's, the agent's).
+
+        In a shared namespace: an entity that is a speaker, or whose summary is personal, goes
+        to that user's namespace (the window's one user, for a summary), else is dropped; a
+        fact naming a speaker, or judged personal as a shard item is, goes to the namespace of
+        the speaker it names or of its owner (``owner``), with its two ends, else is dropped.
+        A namespace the window does not write to (another user's, an inactive shard's) is
+        dropped. Logged without content."""
+        agent = self.window.agent_id
+        users = {str(Namespace.user(agent, u)): u for u in self.users}
+        shared = {str(Namespace.shard(agent, s.shard_id)) for s in self.window.shards if s.active}
+        shared.add(str(Namespace.agent(agent)))
+        speakers = {normalise_name(u): u for u in self.users}
+        given = {(e.namespace, normalise_name(e.name)): e for e in entities}
+        kept: dict[tuple[str, str], ExtractedEntity] = {}
+        moved = dropped = 0
+
+        def keep(entity: ExtractedEntity, namespace: str) -> None:
+            kept.setdefault((namespace, normalise_name(entity.name)), entity.model_copy(update={"namespace": namespace}))
+
+        for entity in entities:
+            if entity.namespace in users:
+                keep(entity, entity.namespace)
+                continue
+            if entity.namespace not in shared:
+                dropped += 1
+                continue
+            owner = next((speakers[k] for k in map(normalise_name, (entity.name, *entity.aliases)) if k in speakers), None)
+            personal = owner is not None or bool(entity.summary) and is_personal(entity.summary, names=self.users)
+            if owner is None and personal and len(self.users) == 1:
+                owner = self.users[0]
+            if owner is not None:
+                keep(entity, str(Namespace.user(agent, owner)))
+                moved += 1
+            elif personal:
+                dropped += 1
+            else:
+                keep(entity, entity.namespace)
+
+        routed: list[ExtractedFact] = []
+        for fact in facts:
+            if fact.namespace in users:
+                routed.append(fact)
+                continue
+            if fact.namespace not in shared:
+                dropped += 1
+                continue
+            cited = [m for mid in fact.message_ids if (m := self.by_id.get(mid))]
+            said_by = cited[0].user_id if cited and cited[0].role == Role.USER else None
+            item = ExtractedItem(MemoryKind.FACT, fact.text, tuple(fact.message_ids), said_by)
+            owner = speakers.get(normalise_name(fact.subject)) or speakers.get(normalise_name(fact.object))
+            if owner is None and self.personal(item):
+                owner = self.owner(item) or ""  # personal with no one to keep it for: ""
+            if owner is None:
+                routed.append(fact)
+                continue
+            ends = [given.get((fact.namespace, normalise_name(n))) for n in (fact.subject, fact.object)]
+            if not owner or None in ends:
+                dropped += 1
+                continue
+            namespace = str(Namespace.user(agent, owner))
+            for end in ends:
+                if end is not None:
+                    keep(end, namespace)
+            routed.append(fact.model_copy(update={"namespace": namespace}))
+            moved += 1
+        # A fact is kept only with both ends in its namespace (one may have been dropped above).
+        kept_facts = [f for f in routed if all((f.namespace, normalise_name(n)) in kept for n in (f.subject, f.object))]
+        dropped += len(routed) - len(kept_facts)
+        if moved or dropped:
+            log.info("session %s: %d extracted graph item(s) about a person moved from a shared namespace to "
+                     "their user's, %d dropped", self.window.session_id, moved, dropped)
+        return list(kept.values()), kept_facts

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import cast
 
@@ -173,6 +174,8 @@ class StoredExtraction:
     entities: tuple[ExtractedEntity, ...] = ()
     facts: tuple[ExtractedFact, ...] = ()
     mentions: tuple[Mention, ...] = ()
+    supersedes: tuple[str, ...] = ()  # ids of stored facts the window makes no longer true (the LLM says)
+    observed_at: datetime | None = None  # the window's time: its latest message's
 
     def to_json(self) -> str:
         # Vectors are not stored: the write step embeds (a failing embedder never fails it).
@@ -182,6 +185,8 @@ class StoredExtraction:
             "entities": [e.model_dump(mode="json") for e in self.entities],
             "facts": [f.model_dump(mode="json") for f in self.facts],
             "mentions": [[m.memory_id, list(m.names)] for m in self.mentions],
+            "supersedes": list(self.supersedes),
+            "observed_at": self.observed_at.isoformat() if self.observed_at else None,
         })
 
     @classmethod
@@ -191,7 +196,9 @@ class StoredExtraction:
         return cls(tuple(_MEMORIES.validate_python(data["memories"])), usage,
                    tuple(ExtractedEntity.model_validate(e) for e in data.get("entities", ())),
                    tuple(ExtractedFact.model_validate(f) for f in data.get("facts", ())),
-                   tuple(Mention(memory_id, tuple(names)) for memory_id, names in data.get("mentions", ())))
+                   tuple(Mention(memory_id, tuple(names)) for memory_id, names in data.get("mentions", ())),
+                   tuple(str(fact_id) for fact_id in data.get("supersedes", ())),
+                   datetime.fromisoformat(data["observed_at"]) if data.get("observed_at") else None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,11 @@ from memory_service.access.pseudonyms import for_log, namespace_for_log
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError, NotSupported
-from memory_service.domain.graph import EntityType, Fact, normalise_name
+from memory_service.domain.graph import EntityType, Fact, normalise_name, query_names
 from memory_service.domain.models import Memory, MemoryKind, Shard
 from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
-from memory_service.recall.graph_signal import QueryGraph, query_graph, query_names
+from memory_service.recall.graph_signal import QueryGraph, query_graph
 from memory_service.recall.render import (
     MIN_BUDGET_CHARS,
     ContextInputs,

@@ -1,7 +1,8 @@
 """The knowledge graph in retrieval (issue 16, item 6; docs/graph.md "Reading side").
 
 A query names entities: its words and word n-grams (up to three words, as normalised names
-are compared) are looked up by normalised name and alias among the entities of the
+are compared; ``memory_service.domain.graph.query_names``, which formation's LLM path uses
+too) are looked up by normalised name and alias among the entities of the
 namespaces the reader may see, never by scanning the graph and never in another user's
 namespace. From them:
 
@@ -21,36 +22,18 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from memory_service.domain.graph import Entity, Fact, normalise_name
+from memory_service.domain.graph import Entity, Fact
 from memory_service.domain.models import Memory, StoreQuery
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.schemas.search import GraphPath
 from memory_service.stores.base import MemoryBackend
 
-MAX_NGRAM = 3  # entity names and aliases longer than three words are not found from a query
-MAX_QUERY_NAMES = 400  # n-grams looked up per query (a 2,000-character query has about 1,000)
 MAX_NEIGHBOURS = 20  # entities one hop out whose mentions are read
 HOP_WEIGHT = 0.5
-
-
-def query_names(text: str, stopwords: frozenset[str] = frozenset()) -> list[str]:
-    """The query's candidate names: its normalised words and n-grams of up to ``MAX_NGRAM``
-    words, in query order, leaving out those made of stopwords only ("my brother" stays).
-    Words are taken twice: as ``normalise_name`` joins them ("O'Brien" is "obrien") and split
-    at punctuation ("Tom's" is "tom" and "s")."""
-    names: dict[str, None] = {}
-    for words in (normalise_name(text).split(), normalise_name(" ".join(re.findall(r"\w+", text))).split()):
-        for n in range(1, MAX_NGRAM + 1):
-            for start in range(len(words) - n + 1):
-                gram = words[start:start + n]
-                if not all(w in stopwords for w in gram):
-                    names.setdefault(" ".join(gram))
-    return list(names)[:MAX_QUERY_NAMES]
 
 
 def hub_weight(degree: int) -> float:

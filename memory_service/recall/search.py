@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field, field_validator
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, NotSupported, preview
+from memory_service.domain.graph import query_names
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
     MAX_SEARCH_NAMESPACES,
@@ -44,7 +45,7 @@ from memory_service.domain.limits import (
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, SessionId, ShardId, StoreQuery, UserId
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
-from memory_service.recall.graph_signal import GraphHits, QueryGraph, entity_namespaces, graph_hits, query_graph, query_names
+from memory_service.recall.graph_signal import GraphHits, QueryGraph, entity_namespaces, graph_hits, query_graph
 from memory_service.recall.render import age
 from memory_service.schemas.search import Explanation, GraphPath, Scope, SearchHit, SearchResult, SignalScore
 from memory_service.state.store import StateStore
