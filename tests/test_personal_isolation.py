@@ -35,7 +35,9 @@ BOB = [
     f"My passport number is {SECRET} and it expires in May, right before our travel.",
     "The flight to Lisbon leaves Berlin at 9:40 from gate B12.",
     "Thanks, that is all for the travel plans today.",
+    "I live in Hamburg with my dog Pretzel.",  # the knowledge graph's facts: bob's, never carol's
 ]
+GRAPH_PRIVATE = ("Hamburg", "Pretzel")
 CAROL = [
     "Hello, I am planning a trip too.",
     "The passport office in Berlin opens at 8:30 for travel documents.",
@@ -109,6 +111,15 @@ async def test_bobs_personal_statement_never_reaches_carol(falkordb_url, echo, p
             block = await http.get("/v1/context", headers=carol, params={**params, **({"query": query} if query else {})})
             assert block.status_code == 200, block.text
             assert SECRET not in block.text and "travel" in block.text.lower()
+        for query in ("Where does bob live? Hamburg?", "Is Pretzel bob's dog?"):
+            params = {"agent_id": AGENT, "user_id": "carol", "session_id": "carol-s1", "query": query}
+            block = await http.get("/v1/context", headers=carol, params=params)
+            assert block.status_code == 200 and "<KnownFacts" not in block.text, block.text
+        # carol's key sees none of bob's entities (her own list, and bob's refused).
+        mine = await http.get(f"/v1/agents/{AGENT}/entities", headers=carol, params={"user_id": "carol"})
+        assert mine.status_code == 200 and not [w for w in GRAPH_PRIVATE if w in mine.text], mine.text
+        assert (await http.get(f"/v1/agents/{AGENT}/entities", headers=carol,
+                               params={"user_id": "bob"})).status_code in (403, 404)
 
         # Every search carol's key may run: what it answers holds nothing of bob's.
         searches = [
@@ -120,14 +131,16 @@ async def test_bobs_personal_statement_never_reaches_carol(falkordb_url, echo, p
         ]
         answered = 0
         for scope in searches:
-            for query in ("passport number", SECRET):
+            for query in ("passport number", SECRET, "Hamburg Pretzel"):
                 found = await http.post(f"/v1/agents/{AGENT}/search", headers=carol,
                                         json={"query": query, "top_k": 50, **scope})
                 assert found.status_code in (200, 403, 404), found.text
                 if found.status_code == 200:
                     body = found.json()
                     hits = [h["content"] for h in (*body["results"], *body["candidates"])]
-                    assert not [h for h in hits if SECRET in h], (scope, hits)
+                    assert not [h for h in hits if SECRET in h or any(w in h for w in GRAPH_PRIVATE)], (scope, hits)
+                    paths = [p["entity"] for h in body["results"] for p in h["explanation"].get("graph", [])]
+                    assert not [p for p in paths if p in GRAPH_PRIVATE], (scope, paths)
                     answered += 1
                 else:
                     assert SECRET not in found.text
@@ -145,3 +158,7 @@ async def test_bobs_personal_statement_never_reaches_carol(falkordb_url, echo, p
         found = await http.post(f"/v1/agents/{AGENT}/search", headers=admin, json={
             "query": "passport number", "scope": "namespaces", "namespaces": [f"user:{AGENT}:bob"], "kinds": ["fact"]})
         assert found.status_code == 200 and SECRET in found.json()["results"][0]["content"], found.text
+        # bob's block shows his own fact.
+        block = await http.get("/v1/context", headers=bob, params={
+            "agent_id": AGENT, "user_id": "bob", "session_id": "bob-s1", "query": "Where do I live?"})
+        assert block.status_code == 200 and "bob lives in Hamburg" in block.text, block.text
