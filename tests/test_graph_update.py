@@ -209,3 +209,53 @@ async def test_moving_back_is_a_new_stint_and_the_old_one_stays_history(store, a
     past = lives_in(alice, "alice", "Paris", T0 - timedelta(days=250)).model_copy(update={"message_ids": ["m4"]})
     assert (await apply(store, agent, world, [past], [])).superseded == []
     assert len(await store.current_facts(agent, alice, [me.id], predicate="lives_in", include_superseded=True)) == 3
+
+
+async def test_a_store_cut_during_the_graph_write_shows_nothing_half_written(settings, agent):
+    """The connection to the store is cut as the window's facts go out: the move is not half
+    there (Lyon current beside Paris); the retried window completes it, logged once."""
+    from urllib.parse import urlsplit
+
+    from redis.asyncio import Redis
+
+    from memory_service.access.audit import AuditLog
+
+    from .tcp_proxy import ThreadedTcpProxy
+
+    parts = urlsplit(settings.falkordb_url)
+    proxy = ThreadedTcpProxy(parts.hostname, parts.port).start()
+    proxy.proxy.password = parts.password
+    store = GraphBackend(proxy.url, settings, embedding_dimension=4)
+    await store.start()
+    redis = Redis.from_url(settings.falkordb_url, decode_responses=True)
+    audit = AuditLog(redis)
+    try:
+        alice = Namespace.user(agent, "alice")
+        world = [person(alice, "alice"), place(alice, "Paris"), place(alice, "Lyon")]
+        await apply(store, agent, world, [lives_in(alice, "alice", "Paris", T0 - timedelta(days=30))], [], audit=audit)
+        cut = []
+
+        def cut_the_facts(connection: int, direction: str, chunk: bytes) -> bool:
+            if direction == "up" and b"UNWIND $closes" in chunk and not cut:
+                cut.append(connection)
+                return False
+            return True
+
+        proxy.proxy.tap = cut_the_facts
+        move = ([*world], [lives_in(alice, "alice", "Lyon", T0)], [])
+        with pytest.raises(Exception):
+            await apply(store, agent, *move, audit=audit)
+        assert cut
+        [me] = await store.find_entities(agent, alice, ["alice"])
+        seen = [f.text for f in await store.current_facts(agent, alice, [me.id], predicate="lives_in")]
+        assert seen == ["alice lives in Paris"]  # the old value whole, not both
+        changes = await apply(store, agent, *move, audit=audit)  # the retried window
+        assert len(changes.superseded) == 1
+        seen = [f.text for f in await store.current_facts(agent, alice, [me.id], predicate="lives_in")]
+        assert seen == ["alice lives in Lyon"]
+        assert (await apply(store, agent, *move, audit=audit)).superseded == []
+        assert len((await audit.read(agent, action="fact.invalidate")).entries) == 1
+    finally:
+        await store.close()
+        await redis.aclose()
+        proxy.close()

@@ -76,6 +76,16 @@ class ExtractedFact(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class Closing:
+    """A fact to close as new facts are written: when it stopped being true, and the fact
+    that replaced it (None for an ending: "alice left Globex")."""
+
+    fact_id: str
+    invalid_at: datetime
+    superseded_by: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Mention:
     """A memory and the extracted entity names (normalised) its text contains: a MENTIONS
     edge from the memory to each entity they resolve to."""

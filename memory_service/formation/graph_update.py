@@ -6,8 +6,9 @@ written and before the window is marked written, so a failure leaves the window 
 written again, and every operation here is idempotent: entities and facts have ids stable
 per namespace (memory_service/domain/graph.py), a mention is a MERGE, and a fact already
 closed by the same newer fact is not closed twice. The order is what a reader may see
-half-way: entities first, then the facts between them, then the mentions, and last the
-old facts the new ones supersede.
+half-way: entities first, then the facts together with the closing of the facts they
+replace (one statement, ``MemoryBackend.write_facts``: never the new value beside the old
+one), then the mentions.
 
 Resolution stays inside one namespace: an extracted name is looked up among the entities
 of its own namespace, never another user's, shard's or agent's, so two users' "Bob" are two
@@ -46,10 +47,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from memory_service.access.audit import AuditLog, audited_fact
-from memory_service.domain.errors import Conflict, NotFound
+from memory_service.domain.errors import NotFound
 from memory_service.domain.graph import (
     ENDS,
     SINGLE_VALUED,
+    Closing,
     Entity,
     EntityType,
     ExtractedEntity,
@@ -259,16 +261,6 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     looked before writing anything else. ``supersedes``: ids of facts the extractor says the
     window ends (an LLM shown them), closed too."""
 
-    async def close(old: Fact, invalid_at: datetime, superseded_by: str | None) -> None:
-        try:
-            after = await backend.invalidate_fact(agent_id, old.id, invalid_at, superseded_by=superseded_by)
-        except Conflict:  # closed already: by this window's earlier try, or by a racing one
-            return
-        changes.superseded.append(old.id)
-        if audit is not None:
-            await audit.append(actor, "fact.invalidate", agent_id, old.id, before=audited_fact(old),
-                               after=audited_fact(after))
-
     changes = GraphChanges()
     if not entities and not supersedes:
         return changes
@@ -300,8 +292,16 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     # invalid_at is its record.
     endings = [f for f in new_facts if f.predicate in ENDS]
     new_facts = [f for f in new_facts if f.predicate not in ENDS]
-    if new_facts:
-        changes.facts = await backend.add_facts(agent_id, new_facts)
+    # What the window closes is decided first, then written with its facts in one statement
+    # (MemoryBackend.write_facts): a reader never sees the new value beside the one it replaces.
+    plan = await _closings(backend, agent_id, new_facts, endings, supersedes, observed_at)
+    if new_facts or plan:
+        changes.facts, closed = await backend.write_facts(agent_id, new_facts, [c for c, _ in plan.values()])
+        changes.superseded = closed
+        if audit is not None:  # after the store's change: a retried window finds them closed and logs nothing
+            for fact_id_ in closed:
+                await audit.append(actor, "fact.invalidate", agent_id, fact_id_, before=audited_fact(plan[fact_id_][1]),
+                                   after=audited_fact(await backend.get_fact(agent_id, fact_id_)))
     changes.stated = [f.id for f in new_facts]
 
     for mention in mentioned:
@@ -311,21 +311,44 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                 via.setdefault(e.id, []).append(key)
         if via:
             changes.mentions += await backend.mention(agent_id, mention.memory_id, sorted(via), via=via)
+    return changes
+
+
+async def _closings(backend: MemoryBackend, agent_id: str, new_facts: Sequence[Fact], endings: Sequence[Fact],
+                    supersedes: Sequence[str], observed_at: datetime | None) -> dict[str, tuple[Closing, Fact]]:
+    """The facts the window's facts close, by id, each with the fact as it was: read before
+    anything is written, from the subjects' current facts in their namespace (never the graph)."""
+    plan: dict[str, tuple[Closing, Fact]] = {}
+    when = observed_at or utcnow()
+
+    def close(old: Fact, invalid_at: datetime, by: str | None) -> None:
+        plan.setdefault(old.id, (Closing(old.id, invalid_at, by), old))
+
+    async def still_open(fact: Fact) -> bool:
+        """Whether ``fact`` is current once written: new, or stored and current."""
+        try:
+            return (await backend.get_fact(agent_id, fact.id)).current_at()
+        except NotFound:
+            return True
 
     # One value per (subject, predicate): the window's last statement of it wins, and closes
     # every other current one (the store's, and the window's own earlier statements).
     winners = {(f.namespace, f.subject_id, f.predicate): f for f in new_facts if f.predicate in SINGLE_VALUED}
     for (namespace, subject_id, predicate), winner in winners.items():
-        for old in await backend.current_facts(agent_id, namespace, [subject_id], predicate=predicate):
+        stored = await backend.current_facts(agent_id, namespace, [subject_id], predicate=predicate)
+        ours = [f for f in new_facts if (f.namespace, f.subject_id, f.predicate) == (namespace, subject_id, predicate)]
+        for old in {f.id: f for f in (*stored, *ours)}.values():
             if old.id == winner.id or old.subject_id != subject_id or old.object_id == winner.object_id:
+                continue
+            if old.id in {f.id for f in ours} and not await still_open(old):
                 continue
             if old.valid_at and winner.valid_at and winner.valid_at < old.valid_at:
                 # A statement about the past ("I lived in Paris in 2019"): history, not news.
                 # (A retried window finds it closed already: the store's copy says.)
-                if (await backend.get_fact(agent_id, winner.id)).current_at():
-                    await close(winner, old.valid_at, old.id)
+                if await still_open(winner):
+                    close(winner, old.valid_at, old.id)
                 break
-            await close(old, winner.valid_at or observed_at or utcnow(), winner.id)
+            close(old, winner.valid_at or when, winner.id)
 
     # An ending ("I left Globex", "I moved out of Leeds") closes what it ends, with no new value.
     for ending in endings:
@@ -333,7 +356,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             if old.predicate in ENDS[ending.predicate] and old.object_id == ending.object_id and old.subject_id == ending.subject_id:
                 if old.valid_at and ending.valid_at and ending.valid_at < old.valid_at:
                     continue  # left before it started: an older stint, not this one
-                await close(old, ending.valid_at or observed_at or utcnow(), None)
+                close(old, ending.valid_at or when, None)
 
     # The facts the extractor says the window ends (ids of facts it was shown).
     stated = {f.id for f in new_facts}
@@ -346,9 +369,9 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
         if not old.current_at() or old.id in stated:
             continue
         new = replacing.get((old.namespace, old.subject_id, old.predicate))
-        invalid_at = (new.valid_at if new else None) or observed_at or utcnow()
+        invalid_at = (new.valid_at if new else None) or when
         if old.valid_at and invalid_at < old.valid_at:
             log.info("fact %s not closed: the window is older than the fact", old.id)
             continue
-        await close(old, invalid_at, new.id if new else None)
-    return changes
+        close(old, invalid_at, new.id if new else None)
+    return plan

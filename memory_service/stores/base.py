@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from memory_service.domain.errors import NotSupported
-from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
+from memory_service.domain.graph import Closing, Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 
@@ -179,6 +179,14 @@ class MemoryBackend(ABC):
         already stored is the same statement made again: its memory and message ids are
         added to its provenance, nothing else changes. Unknown subject or object ids raise
         InvalidInput and nothing is written."""
+        raise self._no_graph()
+
+    async def write_facts(self, agent_id: str, facts: Sequence[Fact],
+                          closes: Sequence[Closing] = ()) -> tuple[int, list[str]]:
+        """``add_facts`` and the closing of ``closes`` (those still current: ``invalid_at``,
+        ``expired_at`` now, ``superseded_by``, which may be one of ``facts``) in one atomic
+        step: a reader never sees a new value beside the one it replaces. Returns how many
+        facts were new and the ids of the facts closed (those closed already are left)."""
         raise self._no_graph()
 
     async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str],

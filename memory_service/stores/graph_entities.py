@@ -51,6 +51,7 @@ from typing import Any
 
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, preview
 from memory_service.domain.graph import (
+    Closing,
     Entity,
     EntityDetail,
     EntityMentions,
@@ -158,6 +159,10 @@ class EntityGraph(MemoryBackend):
         return created
 
     async def add_facts(self, agent_id: str, facts: Sequence[Fact]) -> int:
+        return (await self.write_facts(agent_id, facts))[0]
+
+    async def write_facts(self, agent_id: str, facts: Sequence[Fact],
+                          closes: Sequence[Closing] = ()) -> tuple[int, list[str]]:
         by_id: dict[str, Fact] = {}
         for fact in facts:
             _group(agent_id, fact.namespace)
@@ -172,10 +177,14 @@ class EntityGraph(MemoryBackend):
             if first is not fact:
                 by_id[fact.id] = first.model_copy(update={"memory_ids": _union(first.memory_ids, fact.memory_ids),
                                                           "message_ids": _union(first.message_ids, fact.message_ids)})
-        if not by_id:
-            return 0
+        if not by_id and not closes:
+            return 0, []
         await self._require_entities(agent_id, {i for f in by_id.values() for i in (f.subject_id, f.object_id)})
         graph = await self._entity_graph(agent_id)
+        now = utcnow()
+        # One statement: the new facts and the closing of those they replace are seen together
+        # or not at all (a statement is atomic in FalkorDB), never the new value beside the old.
+        # A fact closed already (a retry, a racing window) is left as it is and not returned.
         result = await graph.query(
             f"UNWIND $rows AS row MATCH (s:{ENTITY} {{uuid: row.s}}) MATCH (o:{ENTITY} {{uuid: row.o}}) "
             "MERGE (s)-[e:RELATES_TO {uuid: row.uuid}]->(o) "
@@ -184,9 +193,15 @@ class EntityGraph(MemoryBackend):
             "e.message_ids = e.message_ids + [x IN row.props.message_ids WHERE NOT x IN e.message_ids], "
             "e.subject_via = coalesce(e.subject_via, []) + [x IN row.props.subject_via WHERE NOT x IN coalesce(e.subject_via, [])], "
             "e.object_via = coalesce(e.object_via, []) + [x IN row.props.object_via WHERE NOT x IN coalesce(e.object_via, [])] "
-            "WITH e, row WHERE row.embedding IS NOT NULL SET e.fact_embedding = vecf32(row.embedding)",
-            {"rows": [_fact_row(agent_id, f) for f in by_id.values()]})
-        return int(result.relationships_created)
+            "WITH e, row WHERE row.embedding IS NOT NULL SET e.fact_embedding = vecf32(row.embedding) "
+            "WITH count(*) AS written UNWIND $closes AS c "
+            "MATCH ()-[o:RELATES_TO {uuid: c.id}]->() WHERE o.invalid_at IS NULL AND o.expired_at IS NULL "
+            "SET o.invalid_at = c.invalid_at, o.invalid_ts = c.invalid_ts, o.expired_at = $now, o.expired_ts = $now_ts, "
+            "o.superseded_by = c.by RETURN o.uuid",
+            {"rows": [_fact_row(agent_id, f) for f in by_id.values()], "now": now.isoformat(), "now_ts": now.timestamp(),
+             "closes": [{"id": c.fact_id, "invalid_at": _aware(c.invalid_at).isoformat(),
+                         "invalid_ts": _aware(c.invalid_at).timestamp(), "by": c.superseded_by} for c in closes]})
+        return int(result.relationships_created), [row[0] for row in result.result_set]
 
     async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str],
                       via: Mapping[str, Sequence[str]] | None = None) -> int:

@@ -40,7 +40,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.access.pseudonyms import namespace_for_log
-from memory_service.domain.graph import Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
+from memory_service.domain.graph import Closing, Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.stores.base import MemoryBackend, Page, SignalHits
@@ -412,6 +412,10 @@ class MirroredBackend(MemoryBackend):
 
     async def add_facts(self, agent_id: str, facts: Sequence[Fact]) -> int:
         return await self.primary.add_facts(agent_id, facts)
+
+    async def write_facts(self, agent_id: str, facts: Sequence[Fact],
+                          closes: Sequence[Closing] = ()) -> tuple[int, list[str]]:
+        return await self.primary.write_facts(agent_id, facts, closes)
 
     async def mention(self, agent_id: str, memory_id: str, entity_ids: Sequence[str],
                       via: Mapping[str, Sequence[str]] | None = None) -> int:
