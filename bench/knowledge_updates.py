@@ -8,8 +8,9 @@ with ``POST /v1/sessions/{id}/messages`` at its session's date, every session fo
 ``POST /v1/sessions/{id}/form?wait=true``. Then, per case:
 
 - ``GET /v1/context`` (the user, their last session, the question as ``query``, budget
-  4,000): **current**: the current value is in the block (a case-insensitive whole-word
-  match); **superseded as current**: (a) a superseded value is in the block and the current
+  4,000): **current**: the current value is in the block's text as the model reads it
+  (entities unescaped: "Marlowe &amp; Finch" is "Marlowe & Finch"; a case-insensitive
+  whole-word match); **superseded as current**: (a) a superseded value is in the block and the current
   value is not, or (b) a superseded value is in an element whose tag contains ``Fact``
   (``Fact``, a graph fact element, ...) and holds no element itself (a container such as
   ``<KnownFacts>`` states nothing of its own), carries no ``invalid_at``/``superseded``/
@@ -84,8 +85,12 @@ def fact_elements(xml: str) -> list[str]:
 
 
 def score_block(xml: str, current: str, superseded: list[str]) -> dict:
-    has_current = mentions(xml, current)
-    old_in_block = [v for v in superseded if mentions(xml, v)]
+    # The block's text as the model reads it: entities unescaped ("Marlowe &amp; Finch" is
+    # "Marlowe & Finch"), every element's text and its attributes.
+    text = (" ".join([*ET.fromstring(xml).itertext(), *(v for e in ET.fromstring(xml).iter() for v in e.attrib.values())])
+            if xml.strip() else "")
+    has_current = mentions(text, current)
+    old_in_block = [v for v in superseded if mentions(text, v)]
     facts = fact_elements(xml) if xml.strip() else []
     offending = [(v, f) for v in superseded for f in facts if mentions(f, v) and not mentions(f, current)]
     old_in_fact = [v for v, _ in offending]
