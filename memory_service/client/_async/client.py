@@ -136,12 +136,14 @@ class AsyncMemoryClient:
                      session_id: str | None = None, shard_id: str | None = None, namespaces: list[str] | None = None,
                      top_k: int | None = None, min_score: float | None = None, kinds: list[str] | None = None,
                      since: datetime | None = None, until: datetime | None = None,
-                     tags: list[str] | None = None) -> SearchResult:
-        """Search the agent's memories (memory_search): every result explained."""
+                     tags: list[str] | None = None, centrality_weight: float | None = None,
+                     activation_weight: float | None = None) -> SearchResult:
+        """Search the agent's memories (memory_search): every result explained. The weights
+        re-rank by structure (docs/graph.md; default: the server's settings)."""
         request = body(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                        namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds,
                        since=since.isoformat() if since else None, until=until.isoformat() if until else None,
-                       tags=tags)
+                       tags=tags, centrality_weight=centrality_weight, activation_weight=activation_weight)
         answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/search", json=request)
         result: SearchResult = parse(SearchResult, answer)
         return result
