@@ -183,7 +183,14 @@ async def graph_hits(backend: MemoryBackend, agent_id: str, query: StoreQuery, f
             paths.setdefault(memory_id, []).append(path)
     if not scores:
         return GraphHits(closeness=closeness)
-    memories = [m for m in await backend.find(agent_id, list(scores)) if _admitted(m, query)]
+    # Read by id in score order, twice the limit at a time, until the limit is admitted: a
+    # hub's reach (up to (entities + 2 x fan-out) x limit mentions) is never read whole.
+    ordered = sorted(scores, key=lambda i: (-scores[i], i))
+    memories: list[Memory] = []
+    for start in range(0, len(ordered), 2 * query.limit):
+        memories += [m for m in await backend.find(agent_id, ordered[start:start + 2 * query.limit]) if _admitted(m, query)]
+        if len(memories) >= query.limit:
+            break
     memories.sort(key=lambda m: (-scores[m.id], -m.valid_at.timestamp(), m.id))
     kept = memories[: query.limit]
     return GraphHits([(m, round(scores[m.id], 6)) for m in kept], {m.id: paths[m.id] for m in kept}, closeness)
