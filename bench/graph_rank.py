@@ -69,8 +69,14 @@ async def run(path: Path, store: Path, variants: list[tuple[str, dict[str, Any]]
     store.mkdir(parents=True, exist_ok=True)
     marker = store / FORMED
     out: dict[str, Any] = {"variants": {}}
-    server = LoopbackServer(create_app(settings, data_dir=store, run_worker=True, host="127.0.0.1"))
+    app = create_app(settings, data_dir=store, run_worker=True, host="127.0.0.1")
+    server = LoopbackServer(app)
     await server.start()
+    # The service runs on its own copy of the settings (open_service copies them): the
+    # variants change that copy, which its retriever and block assembler read at each call.
+    live = app.state.service.settings
+    if live is not app.state.service.retriever.settings:
+        raise BenchError("the retriever does not read the service's settings: variants would not apply")
     try:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=settings.form_wait_seconds + 60) as http:
             if marker.exists():
@@ -82,9 +88,11 @@ async def run(path: Path, store: Path, variants: list[tuple[str, dict[str, Any]]
                 if errors := await check_formed(http, samples):
                     raise BenchError(f"not every session was formed: {errors[:5]}")
                 marker.write_text(json.dumps(out["ingest"]))
+            for q in samples[0].questions[:20]:  # warm-up: the store's first reads after a restart
+                await http.get("/v1/search", params={"agent_id": samples[0].sample_id, "query": q.question})
             for name, overrides in variants:
                 for key, value in {**{k: defaults[k] for k, _ in _all_overrides(variants)}, **overrides}.items():
-                    setattr(settings, key, value)
+                    setattr(live, key, value)
                 console.print(f"variant {name}: {overrides}")
                 errors: list[str] = []
                 started = time.perf_counter()

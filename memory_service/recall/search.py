@@ -127,22 +127,54 @@ def recency_factor(age_days: float, half_life_days: float, weight: float) -> flo
     return 1.0 - weight + weight * decay
 
 
+GRAPH = "graph"
+
+
+def tied_ranks(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Each id's rank, equal scores sharing the mean of the ranks they span (1-based): a run
+    of ties carries no order, so none of them gets the first one's place."""
+    out: dict[str, float] = {}
+    start = 0
+    while start < len(ranked):
+        end = start
+        while end + 1 < len(ranked) and ranked[end + 1][1] == ranked[start][1]:
+            end += 1
+        for memory_id, _ in ranked[start:end + 1]:
+            out[memory_id] = (start + end) / 2 + 1
+        start = end + 1
+    return out
+
+
 def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None,
          paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Memory, Explanation]]:
-    """Every candidate once, with its explanation (and its graph ``paths``), best first."""
+    """Every candidate once, with its explanation (and its graph ``paths``), best first.
+
+    The graph signal is fused on its own terms: its score is evidence on a fixed scale (1 =
+    a mention of a query entity nothing else is linked to; a hub's mention weighs
+    1/log2(2 + degree)), so its contribution is multiplied by that score (at most 1), and
+    memories it scores alike share the mean of their ranks. Else a hub's fifty mentions,
+    all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
+    had ranked them, and the hub penalty, uniform across them, would change nothing."""
     k = settings.search_rrf_k
     memories: dict[str, Memory] = {}
     signals: dict[str, dict[str, SignalScore]] = {}
+    places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
+        graph = signal == GRAPH
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
             signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
+            places[(signal, memory.id)] = rank
+        if graph:
+            for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
+                places[(signal, memory_id)] = place
     weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
     best_possible = sum(weights.values()) / (k + 1) if hits else 1.0
     explained = []
     for memory_id, found in signals.items():
         memory = memories[memory_id]
-        fused = sum(weights[name] / (k + s.rank) for name, s in found.items()) / best_possible
+        fused = sum(weights[name] * (min(s.score, 1.0) if name == GRAPH else 1.0) / (k + places[(name, memory_id)])
+                    for name, s in found.items()) / best_possible
         age_days = (now - memory.valid_at).total_seconds() / 86_400
         recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
         score = fused * recency
@@ -318,7 +350,7 @@ class Retriever:
             log.warning("search without the graph signal: %s", exc)
             degraded.append(f"graph: {type(exc).__name__}: {exc}")
         if graph.hits:
-            hits = {**hits, "graph": graph.hits}
+            hits = {**hits, GRAPH: graph.hits}
         now = datetime.now(UTC)
         ranked = fuse(hits, self.settings, now, request.min_score, graph.paths)
         if self.settings.search_graph_signal and any(weights) and ranked:

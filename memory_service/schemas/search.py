@@ -71,7 +71,9 @@ class Structure(BaseModel):
 
 class Explanation(BaseModel):
     signals: dict[str, SignalScore] = Field(description="each signal that found the memory")
-    fused: float = Field(description="reciprocal rank fusion: sum of 1/(k + rank), normalised to the best possible")
+    fused: float = Field(description="reciprocal rank fusion: sum of weight/(k + rank), normalised to the best possible; "
+                                     "the graph's term is multiplied by its score (at most 1), its ties share their "
+                                     "mean rank")
     recency: float = Field(description="factor for age, between 1 - SEARCH_RECENCY_WEIGHT and 1")
     age_days: float
     score: float = Field(description="fused x recency (x structure's factor, when re-ranked)")
