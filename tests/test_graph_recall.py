@@ -257,12 +257,16 @@ async def test_rerank_weights_at_zero_change_nothing_and_weights_are_explained(s
         assert 1 / 4 - 1e-6 <= s.factor <= 1 + 1e-6
         assert abs(s.factor - (1 + 2 * s.centrality + s.activation) / 4) < 1e-5
         assert abs(h.score - h.explanation.fused * h.explanation.recency * s.factor) < 1e-4
-    # Tom's own mention is the closest to the query: the best centrality, its entity named.
+    # Tom's own mention: a query entity (closeness 1) of degree 3, nobody else mentions it.
     tom = found["m-tom"].explanation.structure
-    assert tom.centrality == 1.0 and [(e.entity, e.closeness) for e in tom.entities] == [("Tom", 1.0)]
-    # The hub's memories share Alice with one another: activation, and only that.
+    assert (tom.centrality, tom.activation) == (round(hub_weight(3), 6), 0.0)
+    assert [(e.entity, e.closeness, e.shared) for e in tom.entities] == [("Tom", 1.0, 0)]
+    # The hub's memories share Alice (one hop from Tom) with one another: some of both, on
+    # fixed scales, Alice's degree weighing them down.
     hub = found["m-hub-0"].explanation.structure
-    assert hub.activation == 1.0 and [(e.entity.lower(), e.shared) for e in hub.entities] == [("alice", 2)]
+    [alice] = hub.entities
+    assert (alice.entity.lower(), alice.closeness, alice.shared) == ("alice", 0.5, 2)
+    assert hub.centrality == round(0.5 * hub_weight(alice.degree), 6) < tom.centrality and 0 < hub.activation < 1
     # A memory that mentions no entity keeps the floor factor.
     plain_note = found["m-plain"].explanation.structure
     assert plain_note.entities == [] and plain_note.factor == 0.25 and "fulltext" in found["m-plain"].explanation.signals

@@ -246,28 +246,28 @@ def _admitted(memory: Memory, query: StoreQuery) -> bool:
 async def structure(backend: MemoryBackend, agent_id: str, memory_ids: Sequence[str], closeness: dict[str, float],
                     centrality_weight: float, activation_weight: float) -> dict[str, Structure]:
     """The structural re-rank of the candidates ``memory_ids``: for each, its centrality and
-    activation (each relative to the best candidate's; 0 for one that mentions no entity)
-    and the factor they make of them. ``closeness``: the graph signal's, by entity id."""
+    activation (0 for one that mentions no entity) and the factor they make of them.
+    ``closeness``: the graph signal's, by entity id.
+
+    Both are on fixed scales, capped at 1, never relative to the best candidate: scaled to
+    the best, a hub's faint evidence would become a full 1 whenever nothing better is there
+    (every candidate that names the user would win a factor over every other)."""
     mentioned = await backend.entities_mentioned(agent_id, memory_ids, ENTITIES_PER_MEMORY)
+    candidates = len(dict.fromkeys(memory_ids))
     sharing: dict[str, int] = {}
     for entities in mentioned.values():
         for e in {e.entity_id: e for e in entities}.values():
             sharing[e.entity_id] = sharing.get(e.entity_id, 0) + 1
-    raw: dict[str, tuple[float, float, list[EntityWeight]]] = {}
+    out = {}
     for memory_id in dict.fromkeys(memory_ids):
         central = active = 0.0
         counted = []
         for e in {e.entity_id: e for e in mentioned.get(memory_id, ())}.values():
             near, shared = closeness.get(e.entity_id, 0.0), sharing[e.entity_id] - 1
             central += near * hub_weight(e.degree)
-            active += shared * hub_weight(e.degree)
+            active += shared / max(candidates - 1, 1) * hub_weight(e.degree)
             counted.append(_entity_weight(e, near, shared))
-        raw[memory_id] = (central, active, counted)
-    best_central = max((c for c, _, _ in raw.values()), default=0.0) or 1.0
-    best_active = max((a for _, a, _ in raw.values()), default=0.0) or 1.0
-    out = {}
-    for memory_id, (central, active, counted) in raw.items():
-        c, a = central / best_central, active / best_active
+        c, a = min(central, 1.0), min(active, 1.0)
         factor = (1 + centrality_weight * c + activation_weight * a) / (1 + centrality_weight + activation_weight)
         out[memory_id] = Structure(centrality=round(c, 6), activation=round(a, 6),
                                    centrality_weight=centrality_weight, activation_weight=activation_weight,

@@ -56,12 +56,12 @@ class EntityWeight(BaseModel):
 
 
 class Structure(BaseModel):
-    """The structural re-rank of a result: centrality and activation, each in [0, 1] (relative
-    to the best candidate of the search), and the factor they make of them."""
+    """The structural re-rank of a result: centrality and activation, each on a fixed scale
+    capped at 1, and the factor they make of them."""
 
-    centrality: float = Field(description="sum over its entities of closeness x hub penalty, over the candidates' best")
-    activation: float = Field(description="sum over its entities of hub penalty x other candidates sharing the entity, "
-                                          "over the candidates' best")
+    centrality: float = Field(description="sum over its entities of closeness x hub penalty (at most 1)")
+    activation: float = Field(description="sum over its entities of hub penalty x the share of the other candidates "
+                                          "that mention the entity (at most 1)")
     centrality_weight: float
     activation_weight: float
     factor: float = Field(description="(1 + wc x centrality + wa x activation) / (1 + wc + wa): 1 for the best "
