@@ -235,6 +235,15 @@ async def test_a_hub_says_less_than_a_rare_entity(service):
     assert tom_path.weight == round(hub_weight(3), 6) > 2 * hub_path.weight  # one mention, two facts
     ranked = [h.id for h in result.results]
     assert ranked.index("m-tom") < min(ranked.index(f"m-hub-{i}") for i in range(30) if f"m-hub-{i}" in ranked)
+    # In the fusion, the hub's mentions (all scored alike) share one rank, and their term is
+    # weighed by their score: the graph signal alone puts them level, and far below Tom's.
+    hub_only = [found[f"m-hub-{i}"].explanation for i in range(30) if f"m-hub-{i}" in found]
+    assert len(hub_only) == 30 and all(set(e.signals) == {"graph"} for e in hub_only)
+    assert len({e.fused for e in hub_only}) == 1 and len({e.signals["graph"].rank for e in hub_only}) == 30
+    k, signals = service.settings.search_rrf_k, len(result.signals)
+    first = sorted(e.signals["graph"].rank for e in hub_only)
+    mean_rank = (first[0] + first[-1]) / 2
+    assert abs(hub_only[0].fused - hub_path.weight / (k + mean_rank) / (signals / (k + 1))) < 1e-5
     # Through a hub, a path says little too: Tom's facts from Alice are weighed down by her degree.
     graph = by_id(await service.search("gr", SearchRequest(query="Alice", scope="user", user_id="alice", top_k=40)))
     [via_tom] = graph["m-deloitte"].explanation.graph
