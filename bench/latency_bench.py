@@ -368,6 +368,7 @@ async def graph_share(service, calls: ServiceCalls, queries: list[Query], budget
         on, off = summarize_ms(by[True]), summarize_ms(by[False])
         rows.append({"case": {"agent": "search, scope agent", "session": "search, scope session",
                               "context": "context, with a query"}[case], "on": on, "off": off,
+                     "on_ms": [round(x * 1000, 2) for x in by[True]], "off_ms": [round(x * 1000, 2) for x in by[False]],
                      "share_of_median": (on["median_ms"] - off["median_ms"]) / on["median_ms"],
                      "graph_signal_ran": graph_hits / len(queries) if case == "agent" else None})
     return rows

@@ -160,12 +160,11 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     signals: dict[str, dict[str, SignalScore]] = {}
     places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
-        graph = signal == GRAPH
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
             signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
             places[(signal, memory.id)] = rank
-        if graph:
+        if signal == GRAPH:
             for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
                 places[(signal, memory_id)] = place
     weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
