@@ -27,7 +27,19 @@ violation prints FAIL and exits 1): every message recorded once with the right s
 search results within top_k and inside the scope, every block within its budget and
 parseable, the cached call served from the cache.
 
-    .venv/bin/python bench/latency_bench.py [--sizes 1000,10000,100000] [--quick] [--repeat N] [--form] [--json PATH]
+``--graph`` (issue 16, item 9) also writes a knowledge graph over the filled messages
+through the store's own API (``add_graph``): per session, its first three topic words as
+entities in its first speaker's namespace, each speaker a person entity, facts (the speaker
+likes each, each relates to the next) and a MENTIONS edge from every message naming one;
+so a query (four words of a message) names entities about as often as a topic word is
+drawn, the speakers are hubs, and two hops reach other sessions' words. Then the graph
+signal's own share is timed: every query runs search (scope agent and session) and the
+context with a query with the signal on and off (``SEARCH_GRAPH_SIGNAL``), alternating
+which goes first, blocks uncached, in the same process: median and p95 of each, and the
+difference.
+
+    .venv/bin/python bench/latency_bench.py [--sizes 1000,10000,100000] [--quick] [--repeat N] [--form] [--graph]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -257,6 +269,111 @@ class ServiceCalls:
         return await self.service.assemble_memory_context(AGENT, user_id, session_id, **kwargs)
 
 
+# --- the knowledge graph (--graph) ---------------------------------------------------------
+
+GRAPH_TOPICS_PER_SESSION = 3
+
+
+async def add_graph(service, corpus: list[Message], concurrency: int, console: Console) -> dict:
+    """Entities, facts and mentions over ``corpus``, written with the store's API (module docstring)."""
+    from memory_service.domain.graph import Entity, EntityType, Fact, entity_id, fact_id
+    from memory_service.domain.namespaces import Namespace
+    from memory_service.formation.steps import message_memory_id
+
+    backend = (await service.agents.backend_for(AGENT))[1]
+    started = time.perf_counter()
+    entities: dict[str, Entity] = {}
+    facts: dict[str, Fact] = {}
+    mentions: dict[str, set[str]] = {}
+
+    def entity(ns: str, name: str, type_: EntityType) -> Entity:
+        made = Entity(id=entity_id(ns, name, type_), name=name, type=type_, namespace=ns)
+        return entities.setdefault(made.id, made)
+
+    def fact(ns: str, subject: Entity, predicate: str, obj: Entity, text: str) -> None:
+        made = Fact(id=fact_id(ns, subject.id, predicate, obj.id), namespace=ns, subject_id=subject.id,
+                    object_id=obj.id, predicate=predicate, text=text)
+        facts.setdefault(made.id, made)
+
+    by_session: dict[str, list[Message]] = {}
+    for m in corpus:
+        by_session.setdefault(m.session_id, []).append(m)
+    fillers = set(FILLERS)
+    for sid, messages in by_session.items():
+        owner = messages[0].user_id
+        ns = str(Namespace.user(AGENT, owner))
+        person = entity(ns, owner, EntityType.PERSON)
+        counts: dict[str, int] = {}
+        for m in messages:
+            for w in m.text.lower().strip(".").split():
+                if w not in fillers:
+                    counts[w] = counts.get(w, 0) + 1
+        topics = [w for w, _ in sorted(counts.items(), key=lambda kv: -kv[1])[:GRAPH_TOPICS_PER_SESSION]]
+        named = [entity(ns, w.capitalize(), EntityType.OBJECT) for w in topics]
+        for e in named:
+            fact(ns, person, "likes", e, f"{owner} likes {e.name}.")
+        for a, b in zip(named, named[1:], strict=False):
+            fact(ns, a, "related_to", b, f"{a.name} goes with {b.name}.")
+        for m in messages:
+            words = set(m.text.lower().strip(".").split())
+            if hit := [e.id for e, w in zip(named, topics, strict=True) if w in words]:
+                mentions[message_memory_id(sid, m.message_id)] = set(hit)
+    batch = list(entities.values())
+    for i in range(0, len(batch), 500):
+        await backend.upsert_entities(AGENT, batch[i:i + 500])
+    fact_list = list(facts.values())
+    for i in range(0, len(fact_list), 500):
+        await backend.add_facts(AGENT, fact_list[i:i + 500])
+    gate = asyncio.Semaphore(concurrency)
+
+    async def one(memory_id: str, ids: set[str]) -> None:
+        async with gate:
+            await backend.mention(AGENT, memory_id, sorted(ids))
+
+    await asyncio.gather(*(one(mid, ids) for mid, ids in mentions.items()))
+    out = {"entities": len(entities), "facts": len(facts), "memories_mentioning": len(mentions),
+           "mentions": sum(len(v) for v in mentions.values()), "seconds": time.perf_counter() - started}
+    console.print(f"  graph: {out['entities']:,} entities, {out['facts']:,} facts, {out['mentions']:,} mentions "
+                  f"from {out['memories_mentioning']:,} messages in {out['seconds']:.1f} s")
+    return out
+
+
+async def graph_share(service, calls: ServiceCalls, queries: list[Query], budget: int, errors: list[str]) -> list[dict]:
+    """Search (agent and session scope) and the context with a query, each with the graph
+    signal on and off, interleaved (alternating which goes first), blocks uncached."""
+    settings = service.settings
+    saved = (settings.search_graph_signal, settings.context_cache_ttl_seconds)
+    settings.context_cache_ttl_seconds = 0
+    times: dict[str, dict[bool, list[float]]] = {c: {True: [], False: []} for c in ("agent", "session", "context")}
+    graph_hits = 0
+    try:
+        for i, q in enumerate(queries):
+            for on in ((True, False) if i % 2 == 0 else (False, True)):
+                settings.search_graph_signal = on
+                res, t = await timed(calls.search(q.text, scope="agent"))
+                times["agent"][on].append(t)
+                graph_hits += on and "graph" in res.signals
+                check_results(res, TOP_K, f"graph share, search agent {i}", errors)
+                res, t = await timed(calls.search(q.text, scope="session", session_id=q.target.session_id))
+                times["session"][on].append(t)
+                res, t = await timed(calls.context(q.target.user_id, q.target.session_id, q.text, budget))
+                times["context"][on].append(t)
+                check_block(res, budget, f"graph share, context {i}", errors)
+                if res.source == "cache" or not res.sections.get("relevant"):
+                    errors.append(f"graph share, context {i}: served from {res.source} with sections {res.sections}")
+    finally:
+        settings.search_graph_signal, settings.context_cache_ttl_seconds = saved
+    rows = []
+    for case, by in times.items():
+        on, off = summarize_ms(by[True]), summarize_ms(by[False])
+        rows.append({"case": {"agent": "search, scope agent", "session": "search, scope session",
+                              "context": "context, with a query"}[case], "on": on, "off": off,
+                     "on_ms": [round(x * 1000, 2) for x in by[True]], "off_ms": [round(x * 1000, 2) for x in by[False]],
+                     "share_of_median": (on["median_ms"] - off["median_ms"]) / on["median_ms"],
+                     "graph_signal_ran": graph_hits / len(queries) if case == "agent" else None})
+    return rows
+
+
 # --- baselines ------------------------------------------------------------------------------
 
 def pack(texts: list[str], budget: int) -> str:
@@ -322,7 +439,7 @@ def check_results(result, top_k: int, where: str, errors: list[str], session_id:
 
 
 async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: bool, use_dense: bool,
-                   console: Console, errors: list[str]) -> dict:
+                   console: Console, errors: list[str], graph: bool = False) -> dict:
     from memory_service.runtime import open_service
 
     console.rule(f"N = {n:,} messages")
@@ -365,6 +482,8 @@ async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: boo
                 out["formation"] = await form_all(service, sessions, concurrency)
                 console.print(f"  formed every session in {out['formation']['seconds']:.1f} s: "
                               f"{out['formation']['memories']}")
+            if graph:
+                out["graph"] = await add_graph(service, corpus, concurrency, console)
 
             queries = make_queries(corpus, repeat, SEED + n)
             rng = random.Random(SEED + 1)
@@ -468,6 +587,10 @@ async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: boo
             cases.append(Case("context, no query, uncached", svc_u, base, "session's last messages packed",
                               {"served_from_cache": cached_first}))
             cases.append(Case("context, no query, cached", svc_c, base, "session's last messages packed", {}))
+            if graph:
+                # Queries of their own: the blocks of ``queries`` are cached already.
+                out["graph_share"] = await graph_share(service, calls, make_queries(corpus, repeat, SEED + n + 1),
+                                                       budget, errors)
 
     await close_embedder(embedder)
     out["cases"] = [c.row() for c in cases]
@@ -504,6 +627,18 @@ def size_table(result: dict, repeat: int) -> Table:
     return t
 
 
+def graph_table(result: dict) -> Table:
+    g = result["graph"]
+    t = Table(title=f"N = {result['n']:,}: the graph signal's share ({g['entities']:,} entities, {g['facts']:,} facts, "
+                    f"{g['mentions']:,} mentions); on / off interleaved, same queries")
+    for col in ("case", "on median ms", "on p95 ms", "off median ms", "off p95 ms", "graph's share of the median"):
+        t.add_column(col, justify="left" if col == "case" else "right")
+    for row in result["graph_share"]:
+        t.add_row(row["case"], ms(row["on"]["median_ms"]), ms(row["on"]["p95_ms"]), ms(row["off"]["median_ms"]),
+                  ms(row["off"]["p95_ms"]), f"{row['share_of_median']:.0%}")
+    return t
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="1000,10000,100000", help="memories per run, comma-separated")
@@ -513,6 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="sessions recorded at once (default 16)")
     parser.add_argument("--form", action="store_true", help="form every session after the fill")
     parser.add_argument("--no-dense", action="store_true", help="no dense baseline even if an embedder exists")
+    parser.add_argument("--graph", action="store_true",
+                        help="write a knowledge graph over the messages and time the graph signal's share")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
     try:
@@ -536,11 +673,13 @@ def main(argv: list[str] | None = None) -> int:
     for n in sizes:
         try:
             results.append(asyncio.run(run_size(n, repeat, args.budget, args.concurrency, args.form,
-                                                not args.no_dense, console, errors)))
+                                                not args.no_dense, console, errors, args.graph)))
         except BenchError as exc:
             failure = str(exc)
             break
         console.print(size_table(results[-1], repeat))
+        if "graph_share" in results[-1]:
+            console.print(graph_table(results[-1]))
         for note in results[-1]["notes"]:
             console.print(f"  note: {note}")
     header["load_avg_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -551,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps({
             "benchmark": "latency_bench", "machine": header,
             "settings": {"sizes": sizes, "repeat": repeat, "budget": args.budget, "concurrency": args.concurrency,
-                         "form": args.form, "messages_per_session": MESSAGES_PER_SESSION, "seed": SEED, "top_k": TOP_K},
+                         "form": args.form, "graph": args.graph, "messages_per_session": MESSAGES_PER_SESSION, "seed": SEED, "top_k": TOP_K},
             "results": results, "errors": errors, "failure": failure,
         }, indent=1, default=str) + "\n")
         console.print(f"results written to {args.json}")

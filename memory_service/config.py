@@ -13,7 +13,13 @@ from typing import Annotated, Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from memory_service.domain.limits import MAX_TOP_K_CEILING, MESSAGE_CHARS_CEILING
+from memory_service.domain.limits import (
+    MAX_GRAPH_FANOUT,
+    MAX_GRAPH_HOPS,
+    MAX_RANK_WEIGHT,
+    MAX_TOP_K_CEILING,
+    MESSAGE_CHARS_CEILING,
+)
 
 MIN_CONTEXT_BUDGET = 64
 
@@ -147,6 +153,26 @@ class Settings(BaseSettings):
         description="Most a score loses to age: an old memory still wins with a fused score 1/(1-weight) times a newer one's")
     search_max_query_chars: int = Field(default=2000, ge=1, description="Longest query accepted; longer ones answer 422")
     search_max_top_k: int = Field(default=100, ge=1, le=MAX_TOP_K_CEILING, description="Largest top_k a search may ask for")
+    # The graph signal and the structural re-rank (memory_service/recall/graph_signal.py, docs/graph.md).
+    search_graph_signal: bool = Field(
+        default=True, description="Search reads the knowledge graph: the graph signal and the structural re-rank")
+    search_graph_hops: int = Field(
+        default=2, ge=0, le=MAX_GRAPH_HOPS,
+        description="How far the graph signal follows facts out of the query's entities (0: their own mentions only)")
+    search_graph_hop_decay: float = Field(
+        default=0.5, gt=0, le=1, description="A path's weight is multiplied by this for each fact it follows")
+    search_graph_fanout: int = Field(
+        default=20, ge=0, le=MAX_GRAPH_FANOUT, description="Most entities the graph signal follows out at each hop")
+    search_graph_topic_weight: float = Field(
+        default=0.5, ge=0, le=1,
+        description="Weight of a shared topic: the namesake, in a shard or the agent namespace of the search, of an "
+                    "entity the signal reached (0: not looked up)")
+    search_rank_centrality: float = Field(
+        default=0.0, ge=0, le=MAX_RANK_WEIGHT,
+        description="Re-rank weight of centrality: how close a candidate's entities are to the query's (hub penalty)")
+    search_rank_activation: float = Field(
+        default=0.0, ge=0, le=MAX_RANK_WEIGHT,
+        description="Re-rank weight of activation: how many other candidates share a candidate's entities (hub penalty)")
     context_relevant_items: int = Field(default=40, ge=0, description="Query-relevant memories the block may show per 4,000 characters of budget, best first")
     context_relevant_full: int = Field(default=3, ge=0, description="How many of the best are shown in full, per 4,000 characters of budget")
     context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next as snippets around the match, per 4,000 characters")

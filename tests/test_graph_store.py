@@ -127,6 +127,12 @@ async def test_mentions_link_memories_to_entities_once(store):
     rows = await store._read(A, "MATCH (m:Episodic)-[r:MENTIONS]->(n:Entity) "
                                 "RETURN m.uuid AS memory, n.uuid AS entity, r.group_id AS g ORDER BY n.name")
     assert [(r["memory"], r["entity"], r["g"]) for r in rows] == [("m1", bob.id, ALICE.group_id), ("m1", lyon.id, ALICE.group_id)]
+    # Read back from the memory's end (search's structural re-rank): its entities with their
+    # degrees (here one mention each), at most the limit; unknown memories left out.
+    both = await store.entities_mentioned(A, ["m1", "nope"], 5)
+    assert set(both) == {"m1"} and {(e.name, e.degree) for e in both["m1"]} == {("Bob", 1), ("Lyon", 1)}
+    assert len((await store.entities_mentioned(A, ["m1"], 1))["m1"]) == 1
+    assert await store.entities_mentioned(A, [], 5) == {} and await store.entities_mentioned(A, ["m1"], 0) == {}
     # The memory's erasure takes its mentions with it; the entities stay.
     assert await store.delete(A, ["m1"]) == 1
     assert await counts(store) == (2, 0)
@@ -293,6 +299,7 @@ async def test_the_mirror_sends_graph_calls_to_the_graph_alone(store, mongo_uri,
         assert await mirrored.upsert_entities(A, [alice]) == 1
         assert [e.id for e in await mirrored.find_entities(A, ALICE, ["alice"])] == [alice.id]
         assert (await mirrored.get_entity(A, alice.id)).entity.name == "Alice"
+        assert await mirrored.entities_mentioned(A, ["m-unknown"], 5) == {}
         assert await mirrored.outbox.depth() == {t: 0 for t in TARGETS}  # nothing queued for MongoDB
     finally:
         await redis.aclose()

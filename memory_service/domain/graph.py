@@ -106,6 +106,16 @@ class EntityMentions:
     memory_ids: tuple[str, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class MentionedEntity:
+    """An entity one memory mentions, with its degree (as in ``EntityMentions``): what the
+    structural re-rank of search reads of each candidate (memory_service/recall/graph_signal.py)."""
+
+    entity_id: str
+    name: str
+    degree: int
+
+
 class Entity(BaseModel):
     """A resolved entity: one node of the agent's graph."""
 

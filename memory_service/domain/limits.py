@@ -25,6 +25,9 @@ MAX_TOP_K_CEILING = 10_000  # SEARCH_MAX_TOP_K may not be set higher
 CONTEXT_BUDGET_CEILING = 10_000_000  # characters; a memory block's budget may not be larger
 TAGS_CEILING = 1_000  # MAX_MEMORY_TAGS may not be set higher
 TAG_CHARS_CEILING = 1_000  # nor MAX_TAG_CHARS
+MAX_GRAPH_HOPS = 2  # facts search's graph signal may follow out of the query's entities
+MAX_GRAPH_FANOUT = 200  # entities it may follow out at each hop
+MAX_RANK_WEIGHT = 10.0  # a structural re-rank weight (centrality, activation), per request or in Settings
 
 # A time a caller gives must survive conversion to UTC and a day's arithmetic either way:
 # 0001-01-01T00:00+14:00 is stored fine but breaks every later read of its session.

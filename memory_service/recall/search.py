@@ -2,8 +2,11 @@
 recency factor, and an explanation for every result.
 
 The graph signal (memory_service/recall/graph_signal.py) ranks the memories that mention
-the query's entities, or the entities their facts link them to; each result's explanation
-lists those paths.
+the query's entities, the entities their facts link them to (one or two hops), or those
+entities' namesakes in the search's shards (shared topics); each result's explanation lists
+those paths. After fusion, the candidates may be re-ranked by structure (centrality,
+activation; weights in Settings or per request): a factor between 1 / (1 + weights) and 1
+multiplies each score, and each result's explanation shows its contributions.
 
 A search asks the agent's backend for candidates per signal inside a scope (the backend
 filters by namespace in its indexes), fuses the ranked lists by reciprocal rank fusion
@@ -35,6 +38,7 @@ from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, NotS
 from memory_service.domain.graph import query_names
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
+    MAX_RANK_WEIGHT,
     MAX_SEARCH_NAMESPACES,
     MAX_TOP_K_CEILING,
     TAG_CHARS_CEILING,
@@ -45,9 +49,17 @@ from memory_service.domain.limits import (
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, SessionId, ShardId, StoreQuery, UserId
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
-from memory_service.recall.graph_signal import GraphHits, QueryGraph, entity_namespaces, graph_hits, query_graph
+from memory_service.recall.graph_signal import (
+    GraphHits,
+    GraphOptions,
+    QueryGraph,
+    entity_namespaces,
+    graph_hits,
+    query_graph,
+    structure,
+)
 from memory_service.recall.render import age
-from memory_service.schemas.search import Explanation, GraphPath, Scope, SearchHit, SearchResult, SignalScore
+from memory_service.schemas.search import Explanation, GraphPath, Scope, SearchHit, SearchResult, SignalScore, Structure
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend, SignalHits
 
@@ -89,6 +101,12 @@ class SearchRequest(BaseModel):
                                                               "(default: the current ones)")
     include_superseded: bool = Field(default=False, description="the graph signal follows every fact, superseded "
                                                                 "ones included")
+    centrality_weight: float | None = Field(
+        default=None, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+        description="the structural re-rank's weight of centrality (default SEARCH_RANK_CENTRALITY; 0: none)")
+    activation_weight: float | None = Field(
+        default=None, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+        description="the structural re-rank's weight of activation (default SEARCH_RANK_ACTIVATION; 0: none)")
 
     @field_validator("since", "until", "as_of")
     @classmethod
@@ -109,22 +127,53 @@ def recency_factor(age_days: float, half_life_days: float, weight: float) -> flo
     return 1.0 - weight + weight * decay
 
 
+GRAPH = "graph"
+
+
+def tied_ranks(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
+    """Each id's rank, equal scores sharing the mean of the ranks they span (1-based): a run
+    of ties carries no order, so none of them gets the first one's place."""
+    out: dict[str, float] = {}
+    start = 0
+    while start < len(ranked):
+        end = start
+        while end + 1 < len(ranked) and ranked[end + 1][1] == ranked[start][1]:
+            end += 1
+        for memory_id, _ in ranked[start:end + 1]:
+            out[memory_id] = (start + end) / 2 + 1
+        start = end + 1
+    return out
+
+
 def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None,
          paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Memory, Explanation]]:
-    """Every candidate once, with its explanation (and its graph ``paths``), best first."""
+    """Every candidate once, with its explanation (and its graph ``paths``), best first.
+
+    The graph signal is fused on its own terms: its score is evidence on a fixed scale (1 =
+    a mention of a query entity nothing else is linked to; a hub's mention weighs
+    1/log2(2 + degree)), so its contribution is multiplied by that score (at most 1), and
+    memories it scores alike share the mean of their ranks. Else a hub's fifty mentions,
+    all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
+    had ranked them, and the hub penalty, uniform across them, would change nothing."""
     k = settings.search_rrf_k
     memories: dict[str, Memory] = {}
     signals: dict[str, dict[str, SignalScore]] = {}
+    places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
             signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
+            places[(signal, memory.id)] = rank
+        if signal == GRAPH:
+            for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
+                places[(signal, memory_id)] = place
     weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
     best_possible = sum(weights.values()) / (k + 1) if hits else 1.0
     explained = []
     for memory_id, found in signals.items():
         memory = memories[memory_id]
-        fused = sum(weights[name] / (k + s.rank) for name, s in found.items()) / best_possible
+        fused = sum(weights[name] * (min(s.score, 1.0) if name == GRAPH else 1.0) / (k + places[(name, memory_id)])
+                    for name, s in found.items()) / best_possible
         age_days = (now - memory.valid_at).total_seconds() / 86_400
         recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
         score = fused * recency
@@ -135,6 +184,22 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
         )))
     explained.sort(key=lambda pair: (-pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id))
     return explained
+
+
+def restructure(ranked: list[tuple[Memory, Explanation]], structures: dict[str, Structure],
+                min_score: float | None) -> list[tuple[Memory, Explanation]]:
+    """``ranked`` with each score multiplied by its structure's factor, best first again."""
+    out = []
+    for memory, explanation in ranked:
+        found = structures.get(memory.id)
+        if found is None:
+            out.append((memory, explanation))
+            continue
+        score = round(explanation.score * found.factor, 6)
+        out.append((memory, explanation.model_copy(update={
+            "score": score, "structure": found, "activated": min_score is None or score >= min_score})))
+    out.sort(key=lambda pair: (-pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id))
+    return out
 
 
 def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
@@ -163,6 +228,11 @@ class Retriever:
         self.settings = settings
         self.state = state
         self.embedder = embedder
+
+    def graph_options(self) -> GraphOptions:
+        s = self.settings
+        return GraphOptions(hops=s.search_graph_hops, decay=s.search_graph_hop_decay, fanout=s.search_graph_fanout,
+                            topic_weight=s.search_graph_topic_weight)
 
     def validate(self, request: SearchRequest) -> None:
         s = self.settings
@@ -262,21 +332,35 @@ class Retriever:
         if why_not:
             degraded.append(f"vector: {why_not}")
         graph = GraphHits()
+        weights = (self.settings.search_rank_centrality if request.centrality_weight is None else request.centrality_weight,
+                   self.settings.search_rank_activation if request.activation_weight is None else request.activation_weight)
         try:
-            if found is None:
-                found = await query_graph(backend, agent_id, None if namespaces is None else entity_namespaces(namespaces),
-                                          query_names(request.query, QUERY_STOPWORDS), request.as_of,
-                                          request.include_superseded)
-            graph = await graph_hits(backend, agent_id, store_query, found)
+            if self.settings.search_graph_signal:
+                if found is None:
+                    found = await query_graph(backend, agent_id,
+                                              None if namespaces is None else entity_namespaces(namespaces),
+                                              query_names(request.query, QUERY_STOPWORDS), request.as_of,
+                                              request.include_superseded)
+                graph = await graph_hits(backend, agent_id, store_query, found, self.graph_options(), request.as_of,
+                                         request.include_superseded)
         except NotSupported:
             pass  # a store without a graph: search runs on its other signals
         except Exception as exc:  # a failing graph read degrades search, it never fails it
             log.warning("search without the graph signal: %s", exc)
             degraded.append(f"graph: {type(exc).__name__}: {exc}")
         if graph.hits:
-            hits = {**hits, "graph": graph.hits}
+            hits = {**hits, GRAPH: graph.hits}
         now = datetime.now(UTC)
         ranked = fuse(hits, self.settings, now, request.min_score, graph.paths)
+        if self.settings.search_graph_signal and any(weights) and ranked:
+            try:
+                structures = await structure(backend, agent_id, [m.id for m, _ in ranked], graph.closeness, *weights)
+                ranked = restructure(ranked, structures, request.min_score)
+            except NotSupported:
+                pass
+            except Exception as exc:  # as the signal: the fused order stands
+                log.warning("search without the structural re-rank: %s", exc)
+                degraded.append(f"structure: {type(exc).__name__}: {exc}")
         results = [hit(m, e, now) for m, e in ranked if e.activated][: request.top_k]
         candidates = [hit(m, e, now) for m, e in ranked if not e.activated][: request.top_k]
         return SearchResult(

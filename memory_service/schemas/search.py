@@ -26,23 +26,62 @@ class SignalScore(BaseModel):
 
 class GraphPath(BaseModel):
     """How the graph signal reached a memory: it mentions ``entity``, one of the query's own
-    (``via`` None) or one a current fact links to one of them (``via`` that fact's text)."""
+    (``hops`` 0), one that facts link to one of them (``hops`` 1 or 2: ``path`` names the
+    entities from the query's one, ``facts`` the facts followed), or the namesake of one of
+    those in a shard or the agent namespace (``topic``: a shared topic)."""
 
     entity: str = Field(description="the entity's name")
     entity_id: str
-    via: str | None = Field(None, description="the fact linking a query entity to this one (one hop), or None")
-    weight: float = Field(description="what the path adds: 1 (0.5 one hop out) divided by log2(2 + the entity's degree)")
+    via: str | None = Field(None, description="the last fact followed to reach the entity (None: a query entity or a topic)")
+    hops: int = Field(0, description="facts followed from the query's entity: 0, 1 or 2")
+    path: list[str] = Field(default_factory=list,
+                            description="the entities' names from the query's entity to this one")
+    facts: list[str] = Field(default_factory=list, description="the facts followed, in order (one per hop)")
+    topic: bool = Field(False, description="reached as the namesake, in a shard or the agent namespace, of the last "
+                                           "entity of ``path``")
+    weight: float = Field(description="what the path adds: SEARCH_GRAPH_HOP_DECAY per hop (x SEARCH_GRAPH_TOPIC_WEIGHT "
+                                      "for a topic), divided by log2(2 + degree) of the entity and of any entity "
+                                      "passed through")
+
+
+class EntityWeight(BaseModel):
+    """One of a result's entities as the structural re-rank counted it."""
+
+    entity: str = Field(description="the entity's name")
+    entity_id: str
+    degree: int = Field(description="its mentions and facts: the hub penalty is 1 / log2(2 + degree)")
+    closeness: float = Field(description="its closeness to the query: its best path's weight before the hub penalty "
+                                         "(1 for a query entity; 0 when the graph signal did not reach it)")
+    shared: int = Field(description="how many other candidates mention it")
+
+
+class Structure(BaseModel):
+    """The structural re-rank of a result: centrality and activation, each on a fixed scale
+    capped at 1, and the factor they make of them."""
+
+    centrality: float = Field(description="sum over its entities of closeness x hub penalty (at most 1)")
+    activation: float = Field(description="sum over its entities of hub penalty x the share of the other candidates "
+                                          "that mention the entity (at most 1)")
+    centrality_weight: float
+    activation_weight: float
+    factor: float = Field(description="(1 + wc x centrality + wa x activation) / (1 + wc + wa): 1 for the best "
+                                      "on both, never below 1 / (1 + wc + wa)")
+    entities: list[EntityWeight] = Field(default_factory=list, description="the entities it mentions that were counted")
 
 
 class Explanation(BaseModel):
     signals: dict[str, SignalScore] = Field(description="each signal that found the memory")
-    fused: float = Field(description="reciprocal rank fusion: sum of 1/(k + rank), normalised to the best possible")
+    fused: float = Field(description="reciprocal rank fusion: sum of weight/(k + rank), normalised to the best possible; "
+                                     "the graph's term is multiplied by its score (at most 1), its ties share their "
+                                     "mean rank")
     recency: float = Field(description="factor for age, between 1 - SEARCH_RECENCY_WEIGHT and 1")
     age_days: float
-    score: float = Field(description="fused x recency")
+    score: float = Field(description="fused x recency (x structure's factor, when re-ranked)")
     activated: bool = Field(description="score >= min_score (always, without a min_score)")
     graph: list[GraphPath] = Field(default_factory=list,
                                    description="the graph signal's paths to the memory: which entities, which facts")
+    structure: Structure | None = Field(default=None, description="the structural re-rank's contributions (None: no re-rank ran, "
+                                                          "both weights being 0 or the store having no graph)")
 
 
 class SearchHit(BaseModel):

@@ -8,7 +8,16 @@ from datetime import datetime
 from typing import Any
 
 from memory_service.domain.errors import NotSupported
-from memory_service.domain.graph import Closing, Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
+from memory_service.domain.graph import (
+    Closing,
+    Entity,
+    EntityDetail,
+    EntityMentions,
+    EntitySplit,
+    EntityType,
+    Fact,
+    MentionedEntity,
+)
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 
@@ -279,4 +288,11 @@ class MemoryBackend(ABC):
         memories of ``namespaces`` (every one of the agent's when None) that mention it (which
         ones, past the limit, is the store's choice). The memories may be deleted or evicted:
         the reader filters them as it filters any candidate."""
+        raise self._no_graph()
+
+    async def entities_mentioned(self, agent_id: str, memory_ids: Sequence[str],
+                                 limit: int) -> dict[str, list[MentionedEntity]]:
+        """For each stored memory of ``memory_ids`` that mentions entities: at most ``limit`` of
+        them, with their degrees (which ones, past the limit, is the store's choice). Memories
+        that mention none, or are unknown, are left out."""
         raise self._no_graph()

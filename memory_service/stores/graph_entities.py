@@ -34,6 +34,10 @@ the entities of the namespace listed; never the graph's size):
 * list_entities: the namespace's N entities through the ``group_id`` index, sorted, one
   page returned (a name prefix filters them, it is not an index range); without a
   namespace, the agent's entities (a label scan of one agent's graph).
+* memories_mentioning: a seek per entity, its degree read from the node, at most a limit of
+  its mentions.
+* entities_mentioned: a seek per memory (the ``Episodic`` uuid index), at most a limit of
+  its mentions, each entity's degree read from the node.
 
 The queries of the memories (memory_service/stores/graph.py) do not change: they read the
 ``Episodic`` label only. Deleting a memory's node deletes its ``MENTIONS`` edges with it.
@@ -58,6 +62,7 @@ from memory_service.domain.graph import (
     EntitySplit,
     EntityType,
     Fact,
+    MentionedEntity,
     normalise_name,
 )
 from memory_service.domain.graph import entity_id as _entity_id
@@ -451,6 +456,21 @@ class EntityGraph(MemoryBackend):
             "WITH m LIMIT $limit RETURN collect(m.uuid) AS memories } "
             "RETURN id, n.name AS name, indegree(n) + outdegree(n) AS degree, memories", **params)
         return [EntityMentions(r["id"], r["name"], int(r["degree"]), tuple(r["memories"] or ())) for r in rows]
+
+    async def entities_mentioned(self, agent_id: str, memory_ids: Sequence[str],
+                                 limit: int) -> dict[str, list[MentionedEntity]]:
+        ids = list(dict.fromkeys(memory_ids))
+        if not ids or limit < 1:
+            return {}
+        # A seek per memory in the Episodic uuid index, then at most ``limit`` of its mentions.
+        rows = await self._read(
+            agent_id,
+            "UNWIND $ids AS id MATCH (m:Episodic {uuid: id}) "
+            f"CALL {{ WITH m MATCH (m)-[:MENTIONS]->(n:{ENTITY}) WITH n LIMIT $limit "
+            "RETURN collect([n.uuid, n.name, indegree(n) + outdegree(n)]) AS entities } "
+            "RETURN id, entities", ids=ids, limit=limit)
+        return {r["id"]: [MentionedEntity(e[0], e[1], int(e[2])) for e in r["entities"]]
+                for r in rows if r["entities"]}
 
     # Helpers ---------------------------------------------------------------------------
 

@@ -40,7 +40,16 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.access.pseudonyms import namespace_for_log
-from memory_service.domain.graph import Closing, Entity, EntityDetail, EntityMentions, EntitySplit, EntityType, Fact
+from memory_service.domain.graph import (
+    Closing,
+    Entity,
+    EntityDetail,
+    EntityMentions,
+    EntitySplit,
+    EntityType,
+    Fact,
+    MentionedEntity,
+)
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.stores.base import MemoryBackend, Page, SignalHits
@@ -469,3 +478,7 @@ class MirroredBackend(MemoryBackend):
     async def memories_mentioning(self, agent_id: str, entity_ids: Sequence[str],
                                   namespaces: Sequence[Namespace] | None, limit: int) -> list[EntityMentions]:
         return await self.primary.memories_mentioning(agent_id, entity_ids, namespaces, limit)
+
+    async def entities_mentioned(self, agent_id: str, memory_ids: Sequence[str],
+                                 limit: int) -> dict[str, list[MentionedEntity]]:
+        return await self.primary.entities_mentioned(agent_id, memory_ids, limit)

@@ -140,14 +140,17 @@ class MemoryClient:
                      top_k: int | None = None, min_score: float | None = None, kinds: list[str] | None = None,
                      since: datetime | None = None, until: datetime | None = None,
                      tags: list[str] | None = None, as_of: datetime | None = None,
-                     include_superseded: bool = False) -> SearchResult:
+                     include_superseded: bool = False, centrality_weight: float | None = None,
+                     activation_weight: float | None = None) -> SearchResult:
         """Search the agent's memories (memory_search): every result explained. ``as_of``: the
-        graph signal follows the facts true then; ``include_superseded``: every fact, history too."""
+        graph signal follows the facts true then; ``include_superseded``: every fact, history too.
+        The weights re-rank by structure (docs/graph.md; default: the server's settings)."""
         request = body(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                        namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds,
                        since=since.isoformat() if since else None, until=until.isoformat() if until else None,
                        tags=tags, as_of=as_of.isoformat() if as_of else None,
-                       include_superseded=include_superseded or None)
+                       include_superseded=include_superseded or None, centrality_weight=centrality_weight,
+                       activation_weight=activation_weight)
         answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/search", json=request)
         result: SearchResult = parse(SearchResult, answer)
         return result

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from memory_service.access.authorization import authorize
 from memory_service.access.keys import Principal
-from memory_service.domain.limits import MAX_TOP_K_CEILING
+from memory_service.domain.limits import MAX_RANK_WEIGHT, MAX_TOP_K_CEILING
 from memory_service.domain.models import AgentId, MemoryKind, SessionId, UserId
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
@@ -39,15 +39,20 @@ async def search_memories(
     since: datetime | None = Query(None),
     until: datetime | None = Query(None),
     tags: list[str] | None = Query(None, description="repeat for each tag: only memories carrying all of them"),
+    centrality_weight: float | None = Query(None, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+                                            description="re-rank weight of centrality (default SEARCH_RANK_CENTRALITY)"),
+    activation_weight: float | None = Query(None, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+                                            description="re-rank weight of activation (default SEARCH_RANK_ACTIVATION)"),
 ) -> SearchResult:
-    """Search an agent's memories: full-text and vector signals fused by reciprocal rank,
-    with recency; every result explained. Needs `read` on the agent; a key limited to
+    """Search an agent's memories: full-text, vector and graph signals fused by reciprocal
+    rank, with recency and, when weighted, a structural re-rank; every result explained. Needs `read` on the agent; a key limited to
     users searches what they may see: scope user (one of them), session (one they took
     part in), shard, or namespaces of those; not scope agent."""
     try:
         body = SearchRequest(query=query, scope=scope, user_id=user_id, session_id=session_id, shard_id=shard_id,
                              namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=kinds, since=since,
-                             until=until, tags=tags)
+                             until=until, tags=tags, centrality_weight=centrality_weight,
+                             activation_weight=activation_weight)
     except ValidationError as exc:  # e.g. too many namespaces: the caller's mistake, answered as such
         raise RequestValidationError(exc.errors()) from None
     _authorize_search(principal, agent_id, body)
