@@ -66,8 +66,13 @@ async def test_after_a_move_the_old_home_is_no_current_fact_and_as_of_shows_it(s
     facts = known_facts(block.xml)
     assert any("Lyon" in f for f in facts) and not any("Paris" in f for f in facts), block.xml
     # The user's own facts show without naming anything.
-    plain = await service.assemble_memory_context("gr", "carol", "m2", query="hello there")
+    # The user's own facts show without a query; with one, those it asks about.
+    plain = await service.assemble_memory_context("gr", "carol", "m2")
     assert any("Lyon" in f for f in known_facts(plain.xml)) and "Paris" not in "".join(known_facts(plain.xml))
+    unrelated = await service.assemble_memory_context("gr", "carol", "m2", query="hello there")
+    assert not known_facts(unrelated.xml), unrelated.xml
+    asked = await service.assemble_memory_context("gr", "carol", "m2", query="where do I live these days?")
+    assert [f for f in known_facts(asked.xml) if "Lyon" in f] and "Paris" not in "".join(known_facts(asked.xml))
     past = await service.assemble_memory_context("gr", "carol", "m2", query="Where do I live, Paris or Lyon?",
                                                  as_of=then + timedelta(days=1))
     assert any("Paris" in f for f in known_facts(past.xml)) and not any("Lyon" in f for f in known_facts(past.xml))

@@ -334,7 +334,10 @@ class ContextAssembler:
                                                              rank.get(f.object_id, len(rank) + 1)), newest_first(f)))
         me = {e.id for e in mine.entities if e.type is EntityType.PERSON and normalise_name(e.name) == normalise_name(user_id)}
         shown = {f.id for f in query_facts}
-        own = sorted((f for f in mine.facts if f.subject_id in me and f.id not in shown), key=newest_first)[:OWN_FACTS]
+        # The user's own facts: without a query, the newest few (who they are); with one, those
+        # it asks about, as for the query's facts (else they are padding the block pays for).
+        own = sorted((f for f in mine.facts if f.subject_id in me and f.id not in shown
+                      and (not asked or asked & {stem(w) for w in query_terms(f.text)})), key=newest_first)[:OWN_FACTS]
         items: dict[str, FactItem] = {}  # by text: two edges stated by one sentence show it once
         for fact, is_own in (*((f, False) for f in query_facts[:QUERY_FACTS]), *((f, True) for f in own)):
             items.setdefault(fact.text, FactItem(fact.text, about(fact), fact.valid_at,
