@@ -25,27 +25,18 @@ from memory_service.formation.steps import PersonalGuard, _extract, _write_graph
 from memory_service.formation.window import StoredExtraction
 from memory_service.runtime import open_service
 
-from .conftest import LiveServer
 from .helpers import msg
-from .test_llm_extractor import MODEL, TRIP, ScriptedLLM, completion, empty_reply, window
+from .test_llm_extractor import (  # endpoint and llm: the scripted endpoint's fixtures
+    MODEL,
+    TRIP,
+    completion,
+    empty_reply,
+    endpoint,  # noqa: F401
+    llm,  # noqa: F401
+    window,
+)
 
 AGENT = "lg"
-
-
-@pytest.fixture(scope="module")
-async def endpoint():
-    fake = ScriptedLLM()
-    server = LiveServer(fake.app)
-    await server.start()
-    fake.base_url = server.base_url + "/v1"
-    yield fake
-    await server.stop()
-
-
-@pytest.fixture
-def llm(endpoint) -> ScriptedLLM:
-    endpoint.reset()
-    return endpoint
 
 
 @pytest.fixture
