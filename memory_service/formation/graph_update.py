@@ -30,6 +30,10 @@ its words) right after it is closed, so every invalidation can be found and undo
 (``POST /v1/agents/{agent}/facts/{fact}/restore``). A retried window finds the fact closed
 already and neither closes nor logs it again.
 
+An ending (``ENDS``: "alice left Globex", "moved out of Leeds") closes the fact it ends and
+is not stored as a fact of its own. A statement true again after its fact was closed
+(moving back to Paris) is a new stint: a new edge (``_again``), the old one kept as history.
+
 The LLM extractor also names stored facts the window makes no longer true (``supersedes``:
 the ids of facts it was shown, memory_service/formation/known_graph.py). Each is closed the
 same way, after the single-valued rule: ``invalid_at`` = the replacing fact's ``valid_at``
