@@ -310,13 +310,8 @@ class MemoryService:
         A current fact is a Conflict; audited as ``fact.restore`` for ``actor``."""
         _, backend = await self.agents.backend_for(agent_id)
         before = await backend.get_fact(agent_id, fact_id)
-        if reach is not None and reach.confined:
-            namespace = Namespace.parse(before.namespace)
-            if not await reach.sees_namespace(namespace):
-                raise NotFound(f"agent {agent_id!r} has no fact {fact_id!r}")
-            if not reach.may_change(namespace):
-                raise Forbidden(f"fact {fact_id!r} is shared knowledge ({namespace.kind.value}); "
-                                "restoring it needs a key for all of the agent's users")
+        await _may_change_graph(reach, before.namespace, f"agent {agent_id!r} has no fact {fact_id!r}",
+                                f"fact {fact_id!r}", "restoring it")
         if before.current_at():
             raise Conflict(f"fact {fact_id!r} is current: there is no invalidation to undo")
         after = await backend.restore_fact(agent_id, fact_id)
@@ -333,12 +328,8 @@ class MemoryService:
         _, backend = await self.agents.backend_for(agent_id)
         if reach is not None and reach.confined:
             for entity in await backend.entities_by_id(agent_id, [entity_id]):
-                namespace = Namespace.parse(entity.namespace)
-                if not await reach.sees_namespace(namespace):
-                    raise NotFound(f"agent {agent_id!r} has no entity {entity_id!r}")
-                if not reach.may_change(namespace):
-                    raise Forbidden(f"entity {entity_id!r} is shared knowledge ({namespace.kind.value}); "
-                                    "splitting it needs a key for all of the agent's users")
+                await _may_change_graph(reach, entity.namespace, f"agent {agent_id!r} has no entity {entity_id!r}",
+                                        f"entity {entity_id!r}", "splitting it")
         split = await backend.split_entity(agent_id, entity_id, alias)
         if actor is not None:
             await self.audit.append(actor, "entity.split", agent_id, entity_id,
@@ -506,3 +497,16 @@ def _audited(record: MemoryRecord) -> dict[str, object]:
     the log would otherwise keep after the retention job purged them (no route edits it)."""
     return {"id": record.id, "kind": record.kind.value, "namespace": record.namespace,
             "content_chars": len(record.content), "deleted_at": record.deleted_at.isoformat() if record.deleted_at else None}
+
+
+async def _may_change_graph(reach: Reach | None, namespace: str, unknown: str, what: str, doing: str) -> None:
+    """A key limited to some users changes the graph of their namespaces only: another user's
+    is answered as unknown, shared knowledge (a shard's, the agent's) is refused."""
+    if reach is None or not reach.confined:
+        return
+    parsed = Namespace.parse(namespace)
+    if not await reach.sees_namespace(parsed):
+        raise NotFound(unknown)
+    if not reach.may_change(parsed):
+        raise Forbidden(f"{what} is shared knowledge ({parsed.kind.value}); {doing} needs a key for all of the "
+                        "agent's users")
