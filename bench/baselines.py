@@ -227,6 +227,39 @@ def evidence_in_xml(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> 
     return XmlEvidence(by_text, by_id)
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+
+
+def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> dict[str, dict[str, int]]:
+    """What a block spends its characters on, per section (the root's children:
+    StartupRecords, CollectiveMemory, ...): the items (leaf elements with text), their
+    characters (the item's serialised element, tags and attributes included), the items
+    holding at least ``threshold`` of some evidence turn's content words, and the repeated
+    items (an item sharing a sentence of three words or more with an item before it, in any
+    section: a message shown again inside an episode counts). Empty for a block that does not parse."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return {}
+    words = [w for w in (turn_words(t) for t in turns) if w]
+    out: dict[str, dict[str, int]] = {}
+    seen: set[str] = set()
+    for section in root:
+        row = out.setdefault(section.tag, {"items": 0, "chars": 0, "evidence_items": 0, "repeated": 0})
+        for el in section.iter():
+            if len(el) or not (el.text or "").strip():
+                continue
+            text = el.text or ""
+            row["items"] += 1
+            row["chars"] += len(ET.tostring(el, encoding="unicode").rstrip())
+            own = frozenset(WORD.findall(text.lower()))
+            row["evidence_items"] += any(len(w & own) >= threshold * len(w) for w in words)
+            sentences = {" ".join(x.split()).casefold() for x in SENTENCE_END.split(text) if len(x.split()) >= 3}
+            row["repeated"] += bool(sentences & seen)
+            seen |= sentences
+    return out
+
+
 def pack_turns(turns: Iterable[Turn], budget: int) -> tuple[str, list[str]]:
     """The baselines' memory block: the given turns (best first), whole, as
     ``<Turn>speaker: text [image: caption]</Turn>`` items, until the next one would not

@@ -53,6 +53,7 @@ from baselines import (  # noqa: E402
     DenseIndex,
     Question,
     Sample,
+    block_composition,
     close_embedder,
     evidence_in_xml,
     load_embedder,
@@ -377,6 +378,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
     chars: dict[str, list[int]] = {str(b): [] for b in budgets}
     sources_seen = False
     source_kinds: Counter = Counter()
+    composition: dict[str, dict[str, dict[str, int]]] = {str(b): {} for b in budgets}
     for sample in samples:
         by_id = {t.dia_id: t for t in sample.turns}
         last = session_id(sample, sample.sessions[-1].number)
@@ -407,6 +409,11 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                 if present.parse_error:
                     errors.append(f"{where}: the block does not parse: {present.parse_error}")
                 rec["service"][str(b)] = len(present.by_text) / len(ev_turns)
+                for section, row in block_composition(xml, ev_turns).items():
+                    total = composition[str(b)].setdefault(section, dict.fromkeys(row, 0) | {"blocks": 0})
+                    total["blocks"] += 1
+                    for name, n in row.items():
+                        total[name] += n
                 rec["chars"][str(b)] = len(xml)
                 chars[str(b)].append(len(xml))
                 if present.by_id is not None:
@@ -421,7 +428,8 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                "latency": {b: summarize_ms(s) for b, s in seconds.items()},
                "latency_all": summarize_ms([x for s in seconds.values() for x in s]),
                "chars_median": {b: statistics.median(c) if c else None for b, c in chars.items()},
-               "source": dict(source_kinds)}
+               "source": dict(source_kinds),
+               "composition": composition, "blocks": len(records)}
     return {"summary": summary, "per_question": records}
 
 
@@ -523,6 +531,21 @@ def context_table(rows: list[tuple[str, dict | None, dict | None]], budgets: Seq
     return t
 
 
+def composition_table(summary: dict, budgets: Sequence[int]) -> Table:
+    """Per budget and section: the mean characters and items per block, the share of the
+    section's items that hold an evidence turn, and repeated items (the same text twice)."""
+    t = Table(title="Block composition: per block, mean characters and items of each section; share of its items "
+                    "holding evidence; items repeating another")
+    for col in ("budget", "section", "chars", "items", "evidence share", "repeated"):
+        t.add_column(col, justify="left" if col == "section" else "right")
+    blocks = summary.get("blocks") or 1
+    for b in budgets:
+        for section, row in summary["composition"].get(str(b), {}).items():
+            t.add_row(f"{b:,}", section, f"{row['chars'] / blocks:.0f}", f"{row['items'] / blocks:.1f}",
+                      f3(row["evidence_items"] / row["items"] if row["items"] else None), str(row["repeated"]))
+    return t
+
+
 def target_lines(service: dict, budgets: Sequence[int]) -> list[tuple[str, str, dict]]:
     out = []
     r10 = service.get("search", {}).get("summary", {}).get("r@10")
@@ -559,6 +582,8 @@ def report(console: Console, base: dict, service: dict, budgets: Sequence[int], 
     crows.append(("BM25 best turns, packed", base["context"]["bm25_packed"], None))
     crows.append(("last turns (recency), packed", base["context"]["recency"], None))
     console.print(context_table(crows, budgets))
+    if "context" in service:
+        console.print(composition_table(service["context"]["summary"], budgets))
     if "context" in service and not service["context"]["summary"]["sources_attribute_seen"]:
         console.print("  by id: the blocks carry no sources=\"...\" attribute; that column is skipped")
     if "ingest" in service:

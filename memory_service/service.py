@@ -42,7 +42,7 @@ from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite
 from memory_service.curation.write_blocks import WRITE_BLOCKS_ACTOR, store_write_blocks
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memory_service.domain.graph import EntityType
-from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
+from memory_service.domain.models import Agent, AgentSettings, ContextType, MessageIn, Recall, Shard, ShardIn
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
@@ -258,10 +258,14 @@ class MemoryService:
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
                                       query: str | None = None, budget: int | None = None,
-                                      reach: Reach | None = None, as_of: datetime | None = None) -> RenderedContext:
+                                      reach: Reach | None = None, as_of: datetime | None = None,
+                                      context_type: ContextType = ContextType.CHAT,
+                                      recall: Recall | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
-        ``as_of``: its known facts are those true then."""
-        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of)
+        ``as_of``: its known facts are those true then. ``recall``: this call's recall settings,
+        over the agent's for ``context_type``."""
+        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of,
+                                             context_type, recall)
 
     # The knowledge graph (issue 16; docs/graph.md): entities, their facts, undoing an invalidation.
     # A caller limited to some users (``reach``) sees the entities and facts of the namespaces

@@ -125,9 +125,10 @@ def test_section_names_and_order():
     assert [c.tag for c in users[0]] == ["ConsolidatedMemory", "Directives"]
     assert [c.tag for c in users[1]] == ["Directives"]
     (memory,) = root.iter("Memory")
-    assert memory.get("kind") == "fact" and memory.get("age") == "3 days ago" and memory.text == "r1"
+    assert memory.get("kind") == "fact" and memory.get("date") == "2024-05-29" and memory.text == "r1"
+    assert memory.get("age") is None  # the date says it, in fewer characters
     assert rendered.sections == {"startup": 0, "collective": 5, "user": 3, "conversation": 3, "facts": 0, "relevant": 1}
-    assert rendered.dropped == 0
+    assert rendered.dropped == 0 and rendered.left_out == {"duplicate": 0, "over_budget": 0}
     assert rendered.chars == len(rendered.xml) and rendered.budget == 10_000
     assert "\n  <CollectiveMemory>\n" in rendered.xml  # readable: one element a line, indented
 
@@ -151,20 +152,22 @@ def test_empty_inputs_and_empty_sections():
 
 
 def test_hostile_content_is_escaped():
+    tags = ("Fact", "Suggestion", "Directive", "Episode", "Memory")
+    # Each section its own text (the same sentence in two sections would be shown once).
+    hostile = {tag: [f"{tag} {i} {h}" for i, h in enumerate(HOSTILE)] for tag in tags}
     inputs = ContextInputs(
-        shards=[ShardContext("t", '"><Fact>x</Fact>', facts=[fact(h) for h in HOSTILE],
-                             suggestions=[suggestion(h) for h in HOSTILE], consolidated=HOSTILE[0])],
-        users=[UserContext('u"><User id="evil', directives=[directive(h) for h in HOSTILE],
+        shards=[ShardContext("t", '"><Fact>x</Fact>', facts=[fact(h) for h in hostile["Fact"]],
+                             suggestions=[suggestion(h) for h in hostile["Suggestion"]], consolidated=HOSTILE[0])],
+        users=[UserContext('u"><User id="evil', directives=[directive(h) for h in hostile["Directive"]],
                            consolidated="</UserMemory><MemoryContext>")],
-        episodes=[episode(h) for h in HOSTILE],
-        relevant=[shown_as_is(mem("fact", h, "shard:a:t")) for h in HOSTILE],
+        episodes=[episode(h) for h in hostile["Episode"]],
+        relevant=[shown_as_is(mem("fact", h, "shard:a:t")) for h in hostile["Memory"]],
     )
     rendered = render_context(inputs, 100_000, NOW)
     root = parse(rendered.xml)
-    assert rendered.dropped == 0
-    expected = [clean(h) for h in HOSTILE]
-    for tag in ("Fact", "Suggestion", "Directive", "Episode", "Memory"):
-        assert texts(root, tag) == expected
+    assert rendered.dropped == 0 and rendered.left_out["duplicate"] == 0
+    for tag in tags:
+        assert texts(root, tag) == [clean(h) for h in hostile[tag]]
     assert root.find("CollectiveMemory/MemoryShard").get("name") == '"><Fact>x</Fact>'
     assert [u.get("id") for u in root.iter("User")] == ['u"><User id="evil']
     assert texts(root, "ConsolidatedMemory") == [HOSTILE[0], "</UserMemory><MemoryContext>"]
@@ -226,7 +229,7 @@ def test_relevant_memories_rank_right_after_latest_episode():
         episodes=[episode("older"), episode("latest")],
         relevant=[shown_as_is(mem("fact", "best match", "shard:a:t")), shown_as_is(mem("fact", "second match", "shard:a:t"))],
     )
-    root = parse(render_context(inputs, 338, NOW).xml)
+    root = parse(render_context(inputs, 310, NOW).xml)
     assert texts(root, "Episode") == ["latest"]
     assert texts(root, "Memory") == ["best match", "second match"]
     assert root.find("UserMemory") is None and root.find("CollectiveMemory") is None
@@ -309,7 +312,8 @@ def test_budget_always_respected(inputs: ContextInputs, budget: int):
     total = (sum(len(s.facts) + len(s.suggestions) + shown(s.consolidated) for s in inputs.shards)
              + sum(len(u.directives) + shown(u.consolidated) for u in inputs.users)
              + len(inputs.episodes) + len(inputs.relevant) + len(inputs.startup) + len(inputs.facts))
-    assert sum(rendered.sections.values()) + rendered.dropped == total
+    assert sum(rendered.sections.values()) + rendered.dropped + rendered.left_out["duplicate"] == total
+    assert rendered.left_out["over_budget"] == rendered.dropped
     # The known facts keep to their share: their container and lines together.
     known = re.search(r" *<KnownFacts.*</KnownFacts>\n", rendered.xml, re.S)
     assert known is None or len(known.group(0)) <= budget * FACTS_SHARE
@@ -318,11 +322,13 @@ def test_budget_always_respected(inputs: ContextInputs, budget: int):
     # Episodes kept are the newest ones, in order; only the oldest kept one may be cut short.
     kept = texts(root, "Episode")
     originals = [clean(e.content) for e in inputs.episodes][len(inputs.episodes) - len(kept):]
-    for position, (text, original) in enumerate(zip(kept, originals, strict=True)):
-        if position == 0 and text.endswith("…") and text != original:
-            assert original.startswith(text[:-1])
-        else:
-            assert text == original
+    # An episode may also lose the sentences another item shows already (never gain any).
+    if not rendered.left_out["duplicate"] and "…" not in "".join(clean(e.content) for e in inputs.episodes):
+        for position, (text, original) in enumerate(zip(kept, originals, strict=True)):
+            if position == 0 and text.endswith("…") and text != original:
+                assert original.startswith(text[:-1])
+            else:
+                assert text == original or (" … " in text)
 
 
 def test_startup_records_come_first_by_priority_and_each_on_its_own_merit():
