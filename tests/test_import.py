@@ -1,8 +1,12 @@
-"""`memory-service import`: legacy markdown memory files into startup records and memories.
+"""`memory-service import`: legacy markdown memory files into startup records and memories, kept in
+step with the files.
 
-The mapping by file and heading, deterministic ids (a second import changes nothing), a
-changed file replacing its records, bad input refused before anything is stored, and the
-command itself against a running `serve` and on its own. Real stores throughout."""
+The mapping by file and heading, deterministic ids (a second import changes nothing; the same
+note in two files is one memory), a changed line replacing its memory and a deleted section
+removing its memories (and nothing another file, a conversation or the tools gave), emptied
+and missing files kept unless --prune, imported notes found by search and in the memory
+block, bad input refused before anything is stored, and the command itself against a running
+`serve` (its search and context over HTTP) and on its own. Real stores throughout."""
 
 from __future__ import annotations
 
@@ -339,37 +343,66 @@ def row(output: str, what: str) -> list[str]:
 
 async def test_the_command_imports_into_a_running_server(tmp_path):
     data_dir, port = tmp_path / "data", free_port()
+    files = Path(shutil.copytree(SAMPLE, tmp_path / "legacy"))
     proc = subprocess.Popen([CLI, "serve", "--port", str(port), "--data-dir", str(data_dir), "--no-worker"],
                             env={**clean_env(), **HASH_EMBEDDER}, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
         await _wait_healthy(base, proc)
-        done = await asyncio.to_thread(cli, "import", str(SAMPLE), "--agent", AGENT, "--user", USER,
+        done = await asyncio.to_thread(cli, "import", str(files), "--agent", AGENT, "--user", USER,
                                        "--data-dir", str(data_dir))
         assert done.returncode == 0, done.stdout + done.stderr
-        assert "7 startup records (2 P0, 2 P1, 1 P2, 2 P3), 7 memories; skipped notes/scan.txt" in done.stdout
-        assert row(done.stdout, "startup records") == ["7", "0", "0", "0"]
+        assert "5 startup records (2 P0, 2 P1, 1 P2), 9 memories; skipped notes/scan.txt" in done.stdout
+        assert row(done.stdout, "startup records") == ["5", "0", "0", "0"]
+        assert row(done.stdout, "memories") == ["9", "0", "0", "0"]
         async with httpx.AsyncClient(base_url=base, timeout=30) as http:
             listed = (await http.get(f"/v1/agents/{AGENT}/startup")).json()
-            assert len(listed) == 7 and {r["source"] for r in listed} >= {"SOUL.md", "notes/airports.md"}
+            assert len(listed) == 5 and {r["source"] for r in listed} == {"SOUL.md", "IDENTITY.md", "MEMORY.md"}
             block = (await http.get(f"/v1/agents/{AGENT}/startup/block", params={"model": "phi-3"})).json()
             assert block["budget"] == 1000 and block["records"][0]["title"] in ("Identity", "Soul")
-            found = (await http.get("/v1/search", params={"agent_id": AGENT, "query": "window seats", "scope": "user",
-                                                          "user_id": USER})).json()
-            assert found["results"][0]["content"] == "Ada Okafor prefers window seats on long flights."
 
-            again = await asyncio.to_thread(cli, "import", str(SAMPLE), "--agent", AGENT, "--user", USER,
+            async def search(query: str) -> list[str]:
+                answer = await http.get("/v1/search", params={"agent_id": AGENT, "query": query, "scope": "user",
+                                                              "user_id": USER})
+                return [r["content"] for r in answer.json()["results"]]
+
+            assert (await search("window seats"))[0] == "Ada Okafor prefers window seats on long flights."
+            assert (await search("winter packing list"))[0].startswith("Packing list for winter trips")  # a note
+            context = (await http.get("/v1/context", params={"agent_id": AGENT, "user_id": USER, "session_id": "s-1",
+                                                             "query": "What goes in the suitcase for winter?"})).json()
+            assert "thermal layers" in context["xml"]
+
+            again = await asyncio.to_thread(cli, "import", str(files), "--agent", AGENT, "--user", USER,
                                             "--data-dir", str(data_dir))
             assert again.returncode == 0, again.stdout + again.stderr
-            assert row(again.stdout, "startup records") == ["0", "0", "7", "0"]
-            assert row(again.stdout, "memories") == ["0", "-", "7", "-"]
+            assert row(again.stdout, "startup records") == ["0", "0", "5", "0"]
+            assert row(again.stdout, "memories") == ["0", "0", "9", "0"]
             assert (await http.get(f"/v1/agents/{AGENT}/startup")).json() == listed
+
+            # A line changed, a note emptied: one memory replaced, the emptied note kept and said so.
+            memory_md = files / "MEMORY.md"
+            memory_md.write_text(memory_md.read_text().replace("window seats", "aisle seats"))
+            (files / "notes/airports.md").write_text("")
+            edited = await asyncio.to_thread(cli, "import", str(files), "--agent", AGENT, "--user", USER,
+                                             "--data-dir", str(data_dir))
+            assert edited.returncode == 0, edited.stdout + edited.stderr
+            assert row(edited.stdout, "memories") == ["0", "1", "7", "0"]
+            assert "kept what 1 files gave before, empty or missing now (--prune removes it): notes/airports.md" \
+                in edited.stdout
+            found = await search("window seats on long flights")
+            assert "Ada Okafor prefers aisle seats on long flights." in found and not any("window" in c for c in found)
+            pruned = await asyncio.to_thread(cli, "import", str(files), "--agent", AGENT, "--user", USER, "--prune",
+                                             "--data-dir", str(data_dir))
+            assert row(pruned.stdout, "memories") == ["0", "0", "8", "1"], pruned.stdout
+            assert "pruned (empty or missing now, what they gave removed): notes/airports.md" in pruned.stdout
 
             refused = await asyncio.to_thread(cli, "import", str(tmp_path / "nowhere"), "--agent", AGENT,
                                               "--data-dir", str(data_dir))
             assert refused.returncode == 2 and "does not exist" in refused.stdout
             audit = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "startup.import"})).json()
-            assert [e["key_id"] for e in audit["entries"]] == ["cli", "cli"]
+            assert [e["key_id"] for e in audit["entries"]] == ["cli"] * 4
+            deletes = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.delete"})).json()
+            assert [e["key_id"] for e in deletes["entries"]] == ["cli", "cli"]
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
