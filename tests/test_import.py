@@ -387,7 +387,7 @@ async def test_the_command_imports_into_a_running_server(tmp_path):
                                              "--data-dir", str(data_dir))
             assert edited.returncode == 0, edited.stdout + edited.stderr
             assert row(edited.stdout, "memories") == ["0", "1", "7", "0"]
-            assert "kept what 1 files gave before, empty or missing now (--prune removes it): notes/airports.md" \
+            assert "kept what these files gave before (empty or missing now; --prune removes it): notes/airports.md" \
                 in edited.stdout
             found = await search("window seats on long flights")
             assert "Ada Okafor prefers aisle seats on long flights." in found and not any("window" in c for c in found)

@@ -60,7 +60,7 @@ def import_command(
     if report.pruned:
         console.print(f"pruned (empty or missing now, what they gave removed): {', '.join(report.pruned)}")
     if report.kept:
-        console.print(f"kept what {len(report.kept)} files gave before, empty or missing now (--prune removes it): "
+        console.print(f"kept what these files gave before (empty or missing now; --prune removes it): "
                       f"{', '.join(report.kept)}")
 
 
