@@ -245,6 +245,19 @@ async def test_a_deleted_section_removes_its_memories_and_nothing_else(quiet_ser
     assert [m.deleted_at for m in await backend.find(AGENT, ["conv-1"])] == [None]
 
 
+async def test_a_line_another_file_still_gives_stays_when_one_file_is_imported_alone(quiet_service, sample):
+    service = quiet_service
+    (sample / "notes/family.md").write_text("- The family lives in Porto, near the São Bento station.\n")
+    await _import(service, sample)
+    memory_md = sample / "MEMORY.md"
+    memory_md.write_text(memory_md.read_text().replace("- The family lives in Porto, near the São Bento station.\n", ""))
+    alone = await _import(service, memory_md)  # notes/family.md is not imported now, and still lists the line
+    assert _changes(alone) == ((0, 0, 3, 0), (0, 0, 6, 0))  # MEMORY.md's records and memories
+    assert any("São Bento" in c for c in await _found(service, "Sao Bento station Porto"))
+    memory_md.write_text(memory_md.read_text().replace("The kids' passports expire in March 2027.\n", ""))
+    assert _changes(await _import(service, memory_md)) == ((0, 0, 3, 0), (0, 0, 5, 1))  # a line only MEMORY.md gave
+
+
 async def test_an_emptied_file_keeps_what_it_gave_unless_pruned(quiet_service, sample):
     service = quiet_service
     await _import(service, sample)
@@ -275,8 +288,14 @@ async def test_memories_of_a_first_release_import_are_adopted(quiet_service, sam
     legacy = {i.memory_id: i.legacy_id for items in plan.items.values() for i in items}
     _, backend = await service.agents.backend_for(AGENT)
     await backend.write([m.model_copy(update={"id": legacy[m.id]}) for m in plan.memories])
+    # ... and a note was a P3 record: the note's memory replaces it.
+    from memory_service.schemas.startup import StartupRecordIn
+
+    note = StartupRecordIn(priority=Priority.P3, title="Airports we use", content="OPO is Porto, ...")
+    await service.startup.put(AGENT, "imp-oldnote", note, source="notes/airports.md")
     report = await service.import_legacy(plan)
-    assert _changes(report)[1] == (0, 9, 0, 0)
+    assert _changes(report) == ((5, 0, 0, 1), (0, 9, 0, 0))
+    assert "imp-oldnote" not in {r.id for r in await service.list_startup_records(AGENT)}
     assert await backend.count(AGENT, Namespace.user(AGENT, USER)) == 9
     assert sorted(await _found(service, "window seats")).count("Ada Okafor prefers window seats on long flights.") == 1
 
