@@ -375,9 +375,9 @@ class MemoryService:
         return await self.startup.block(agent_id, model, session_id, mode, reach)
 
     async def import_legacy(self, plan: ImportPlan, key_id: str = "cli", on_progress: Progress | None = None) -> ImportReport:
-        """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""
-        _, backend = await self.agents.backend_for(plan.agent_id)
-        return await apply_import(plan, self.startup, backend, self.state, self.embedder, self.audit, key_id, on_progress)
+        """Bring the agent in step with a planned import (``legacy_import.plan_import``): records and
+        memories added, replaced and removed, audited under ``key_id``."""
+        return await apply_import(plan, self.startup, self.tools, self.audit, key_id, on_progress)
     # The memory tools (memory_service/curation/tools.py; search is ``search`` with ``tags``) and retention
     async def memory_get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
         return await self.tools.get(agent_id, memory_id, guard)
