@@ -306,15 +306,18 @@ MIN_EXCERPT_CHARS = 80
 MIN_DUPLICATE_WORDS = 3
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
 _WORDS = re.compile(r"\w+")
+_SPEAKER = re.compile(r"^\s*[^\s:<>]{1,40}:\s")
 
 
 def _sentences(text: str) -> list[tuple[str, str | None]]:
-    """``text``'s sentences, each with its key for "shown already" (None: too short to count)."""
+    """``text``'s sentences, each with its key for "shown already" (None: too short to count).
+    A message's "speaker: " prefix is not part of the key: the directive formed from it is
+    the same sentence."""
     out: list[tuple[str, str | None]] = []
     for piece in _SENTENCE_END.split(text):
         if not piece.strip():
             continue
-        words = _WORDS.findall(piece.casefold())
+        words = _WORDS.findall(_SPEAKER.sub("", piece, count=1).casefold())
         out.append((piece.strip(), " ".join(words) if len(words) >= MIN_DUPLICATE_WORDS else None))
     return out
 
