@@ -812,8 +812,8 @@ class RuleBasedExtractor:
                 continue
             if user and statement == ABOUT_USER:
                 # About the user, not how to act: a fact about them, in their namespace only.
-                if fact := third_person(sentence.text, user):
-                    keep_for_user(MemoryKind.FACT, user, fact, sentence.message.message_id)
+                if about := third_person(sentence.text, user):
+                    keep_for_user(MemoryKind.FACT, user, about, sentence.message.message_id)
                 continue
             suggestion = bool(_SUGGESTION.search(sentence.norm))
             fact = not (suggestion or sentence.is_question or refers_back(sentence.text) or _imperative(sentence.norm)) and (
@@ -891,7 +891,7 @@ _IMPERATIVE_VERBS = _SERVICE | _MANNER | _NAMING | frozenset(
 
 def _imperative(text: str) -> bool:
     first = re.match(r"\W*(?:please\s+|just\s+)*([a-z]+(?:'[a-z]+)?)(?![\w-])", text, re.IGNORECASE)
-    return bool(first) and first.group(1).lower() in _IMPERATIVE_VERBS
+    return first is not None and first.group(1).lower() in _IMPERATIVE_VERBS
 
 
 def _topic_fact(text: str) -> str:
