@@ -372,7 +372,7 @@ async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: lis
 
 
 async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: Sequence[int],
-                      errors: list[str]) -> dict:
+                      errors: list[str], recall: dict[str, str] | None = None) -> dict:
     records = []
     seconds: dict[str, list[float]] = {str(b): [] for b in budgets}
     chars: dict[str, list[int]] = {str(b): [] for b in budgets}
@@ -389,7 +389,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                    "service": {}, "service_by_id": {}, "chars": {}}
             for b in budgets:
                 params = {"agent_id": sample.sample_id, "user_id": user, "session_id": last, "query": q.question,
-                          "budget": b}
+                          "budget": b, **(recall or {})}
                 start = time.perf_counter()
                 r = await http.get("/v1/context", params=params)
                 seconds[str(b)].append(time.perf_counter() - start)
@@ -434,7 +434,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
 
 
 async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency: int, console: Console,
-                      out: dict) -> None:
+                      out: dict, recall_grid: Sequence[str] = ()) -> None:
     """Fills ``out`` as it goes, so that a failure keeps what was measured before it."""
     from memory_service.config import Settings
     from memory_service.http.app import create_app
@@ -454,13 +454,13 @@ async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency
             raise BenchError(f"the service did not start ({type(exc).__name__}: {exc}); "
                              "its start-up error is in the log above") from None
         try:
-            await _run_on(server, settings, tmp, samples, budgets, concurrency, console, out, errors)
+            await _run_on(server, settings, tmp, samples, budgets, concurrency, console, out, errors, recall_grid)
         finally:
             await server.stop()
 
 
 async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Sequence[int], concurrency: int,
-                  console: Console, out: dict, errors: list[str]) -> None:
+                  console: Console, out: dict, errors: list[str], recall_grid: Sequence[str] = ()) -> None:
     warnings: Counter = Counter()
     async with httpx.AsyncClient(base_url=server.base_url, timeout=settings.form_wait_seconds + 60) as http:
         shape = ApiShape.of((await http.get("/openapi.json")).json())
@@ -489,6 +489,10 @@ async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Se
                              "service yet: evidence-in-context cannot be measured")
         console.print(f"  context: {questions} queries x {len(budgets)} budgets ...")
         out["context"] = await run_context(http, samples, budgets, errors)
+        for spec in recall_grid:
+            console.print(f"  context with {spec}: {questions} queries x {len(budgets)} budgets ...")
+            run = await run_context(http, samples, budgets, errors, recall_params(spec))
+            out.setdefault("recall_grid", {})[spec] = run["summary"]
 
 
 # --- reporting --------------------------------------------------------------------------
@@ -546,6 +550,26 @@ def composition_table(summary: dict, budgets: Sequence[int]) -> Table:
     return t
 
 
+def recall_params(spec: str) -> dict[str, str]:
+    """'min_similarity=0.3;top_k=20' -> {"min_similarity": "0.3", "top_k": "20"}."""
+    pairs = [p.split("=", 1) for p in spec.split(";") if p.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise BenchError(f"--recall {spec!r}: not name=value;name=value")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def recall_table(grid: dict[str, dict], budgets: Sequence[int]) -> Table:
+    t = Table(title="Evidence in context per recall setting (same ingest; the default first)")
+    t.add_column("recall")
+    for b in budgets:
+        t.add_column(f"{b:,} chars", justify="right")
+        t.add_column(f"median chars @{b:,}", justify="right")
+    for spec, summary in grid.items():
+        t.add_row(spec, *(x for b in budgets for x in (f3(summary["text_rule"][str(b)]["share"]),
+                                                       f"{summary['chars_median'][str(b)]:.0f}")))
+    return t
+
+
 def target_lines(service: dict, budgets: Sequence[int]) -> list[tuple[str, str, dict]]:
     out = []
     r10 = service.get("search", {}).get("summary", {}).get("r@10")
@@ -584,6 +608,8 @@ def report(console: Console, base: dict, service: dict, budgets: Sequence[int], 
     console.print(context_table(crows, budgets))
     if "context" in service:
         console.print(composition_table(service["context"]["summary"], budgets))
+    if service.get("recall_grid"):
+        console.print(recall_table({"(default)": service["context"]["summary"], **service["recall_grid"]}, budgets))
     if "context" in service and not service["context"]["summary"]["sources_attribute_seen"]:
         console.print("  by id: the blocks carry no sources=\"...\" attribute; that column is skipped")
     if "ingest" in service:
@@ -607,6 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="2000,4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=5, help="samples ingested at once (default 5)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
+    parser.add_argument("--recall", action="append", default=[], metavar="SPEC",
+                        help="also measure the block with these /v1/context recall parameters, e.g. "
+                             "'min_similarity=0.3;top_k=20' (repeatable: one run each, same ingest)")
     args = parser.parse_args(argv)
     try:
         budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
@@ -638,7 +667,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            asyncio.run(run_service(samples, budgets, args.concurrency, console, service))
+            asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall))
         except BenchError as exc:
             failure = str(exc)
         except httpx.HTTPError as exc:

@@ -373,3 +373,62 @@ def test_known_facts_rank_above_the_users_memory_and_own_facts_below_its_directi
     # A fact longer than its share is left out whole, never cut.
     long = ContextInputs(facts=[FactItem("x" * 500, "X")])
     assert "xxx" not in render_context(long, 2_000, NOW).xml
+
+
+def relevant(text: str, score: float, kind: str = "message") -> RelevantItem:
+    return RelevantItem(MemoryKind(kind), NOW, text, score=score, terms=("seat",))
+
+
+def test_relevant_memories_share_the_budget_by_score_and_short_ones_leave_room_to_the_next():
+    long = "I asked about the seat again and " + "then talked about other things " * 20
+    inputs = ContextInputs(relevant=[relevant(f"{i} {long}", score) for i, score in enumerate((1.0, 0.8, 0.5, 0.2))],
+                           asked=True)
+    shown = texts(parse(render_context(inputs, 1200, NOW).xml), "Memory")
+    lengths = [len(t) for t in shown]
+    assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
+    assert all("seat" in t for t in shown)  # each cut keeps the query's word
+    # A short item takes only what it needs: the next gets the rest of its share.
+    short = ContextInputs(relevant=[relevant("The seat is 14C.", 1.0), relevant(f"x {long}", 0.2)], asked=True)
+    alone = ContextInputs(relevant=[relevant("other words", 1.0), relevant(f"x {long}", 0.2)], asked=True)
+    assert len(texts(parse(render_context(short, 900, NOW).xml), "Memory")[1]) > \
+        len(texts(parse(render_context(ContextInputs(relevant=[relevant("The seat is 14C. " * 8, 1.0),
+                                                                relevant(f"x {long}", 0.2)], asked=True),
+                                          900, NOW).xml), "Memory")[1])
+    assert texts(parse(render_context(alone, 900, NOW).xml), "Memory")[0] == "other words"
+
+
+def test_with_a_query_relevant_memories_come_before_the_background():
+    inputs = ContextInputs(
+        shards=[ShardContext("t", "Topic", facts=[fact("a shard fact about nothing asked")], consolidated="summary " * 20)],
+        users=[UserContext("u", directives=[directive("Always answer briefly.")], consolidated="likes tea " * 20)],
+        episodes=[episode("the latest episode " * 5)],
+        relevant=[relevant("The window seat is 14C.", 1.0), relevant("Aisle seats are for long flights.", 0.9)],
+        asked=True,
+    )
+    root = parse(render_context(inputs, 420, NOW).xml)
+    assert texts(root, "Memory") == ["The window seat is 14C.", "Aisle seats are for long flights."]
+    assert texts(root, "Directive") == ["Always answer briefly."]  # how to act: before everything
+    assert root.find("CollectiveMemory") is None and root.find("UserMemory/User/ConsolidatedMemory") is None
+
+
+def test_each_sentence_is_shown_once_and_the_other_forms_are_named():
+    said = "I prefer aisle seats on long flights."
+    inputs = ContextInputs(
+        users=[UserContext("u", directives=[directive(said)])],
+        episodes=[episode(f"We talked about trains. {said} Then we said goodbye to everyone.")],
+        relevant=[relevant(f"alice: {said}", 1.0), relevant(f"alice: {said}", 0.5, "fact")],
+        asked=True,
+    )
+    rendered = render_context(inputs, 10_000, NOW)
+    assert rendered.xml.count("aisle seats on long flights") == 1
+    root = parse(rendered.xml)
+    (kept,) = root.iter("Directive")
+    assert set(kept.get("also").split()) == {"message", "fact"}
+    # The episode keeps what it says beyond the repeated sentence.
+    (episode_text,) = texts(root, "Episode")
+    assert "We talked about trains." in episode_text and "goodbye" in episode_text and "…" in episode_text
+    assert rendered.left_out["duplicate"] == 2
+    # Short sentences are never duplicates ("Thanks!" said twice).
+    thanks = render_context(ContextInputs(relevant=[relevant("Thanks!", 1.0), relevant("Thanks!", 0.9)], asked=True),
+                            1000, NOW)
+    assert texts(parse(thanks.xml), "Memory") == ["Thanks!", "Thanks!"]

@@ -17,7 +17,7 @@ block, in the element order DESIGN.md fixes::
       </UserMemory>
       <CurrentConversationContext><Episode>...</Episode></CurrentConversationContext>
       <KnownFacts as_of="..."><Fact about="..." valid_at="..." invalid_at="...">...</Fact></KnownFacts>
-      <RelevantMemories><Memory kind="..." date="..." age="...">...</Memory></RelevantMemories>
+      <RelevantMemories><Memory kind="..." date="..." also="...">...</Memory></RelevantMemories>
     </MemoryContext>
 
 ``<KnownFacts>`` holds facts of the knowledge graph (docs/graph.md): those of the entities
@@ -30,9 +30,11 @@ Empty sections and containers are left out; with nothing to show the block is
 ``<MemoryContext/>``. All text is escaped and characters XML 1.0 forbids are removed,
 so no memory can close, forge or break an element.
 
-Budget: ``len(xml) <= budget_chars`` always (newlines and indentation included). The
-minimum budget is 64 characters; below that ``render_context`` raises ValueError. Items
-are kept greedily in this priority order, highest first:
+Budget: ``len(xml) <= budget_chars`` always (newlines and indentation included): a
+ceiling, not a target (the assembler leaves out what falls below the relevance threshold,
+and an empty list shows nothing). The minimum budget is 64 characters; below that
+``render_context`` raises ValueError. Items are kept greedily in a priority order, highest
+first. Without a query (``ContextInputs.asked`` False):
 
 1. the agent's P0 (identity), then P1 (operating rules) startup records;
 2. the most recent episode;
@@ -52,14 +54,32 @@ are kept greedily in this priority order, highest first:
 16. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
     round-robin over the lists in the order above.
 
+With a query, the sections compete by relevance: what says how to act (P0, P1, the user's
+recent directives), then what matches the query (its entities' facts, then every relevant
+memory, best first), then the background in the order above (the latest episode, the
+consolidated memories, ...): ``_ASKED_ORDER``.
+
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
 items go first: once an item of a list is left out, every older item of it is too. The
 relevant memories and the startup records are the exception (a startup record is kept
 whole or not at all, and one that does not fit leaves the room to a shorter one; all of a
-priority rank in its tier, whatever their count): the relevant memories come already shaped (the best in full, the next
-as snippets, the rest as one-line references, see ``RelevantItem``), and a shorter one
-further down still takes the room a longer one left, so unused budget is carried forward.
-Every relevant memory shows its date and age.
+priority rank in its tier, whatever their count).
+
+**The relevant memories share a sliding budget** (seed 002's accordion): when the first of
+them comes, the room left is theirs; each gets a share of what remains in proportion to its
+search score among the ones still to come, and what a short one leaves goes to the next. One
+of at most ``WHOLE_CHARS`` characters is shown whole while the room lasts (a message cut to
+its share loses what it said); a longer one (an episode) is cut to its share, at least
+``MIN_EXCERPT_CHARS``, around the query's words (``excerpt``). One that does not fit leaves
+the room to a shorter one after it. Each shows its ``date`` (the day, UTC) and its ``kind``
+unless it is a message: about 40 characters of markup an item, half what a kind, a minute
+and an age cost.
+
+**Each thing once.** A sentence (of ``MIN_DUPLICATE_WORDS`` words or more; a message's
+"speaker: " prefix aside) is shown once: an item all of whose sentences an item kept before
+it shows is left out as a duplicate, and its form (message, directive, episode, fact...) is
+named in the keeping item's ``also`` attribute; an item that repeats some of them shows the
+rest, an ellipsis where they were. The priority order decides which form is kept.
 
 The known facts have a share of the budget, ``FACTS_SHARE`` (a fifth): their lines (and
 their container's) never take more, so the facts of an entity-rich query cannot crowd out
@@ -69,6 +89,9 @@ own facts come without a query match, so they rank lower (after the user's direc
 are few (the assembler passes at most ``OWN_FACTS``): a principle, not a measurement. An item too long for the room left is cut
 with an ellipsis if at least ``MIN_TRUNCATED_CHARS`` of it fit. Sizes are computed incrementally (an item's line, plus the open and close lines of its
 containers the first time one of their items is kept), so rendering is O(n log n).
+
+``RenderedContext.left_out`` counts what was left out: ``duplicate`` and ``over_budget``
+here, ``below_threshold`` by the assembler.
 """
 
 from __future__ import annotations
@@ -299,9 +322,12 @@ _STARTUP_TIERS = ("startup_p0", "startup_p1", "startup_p2", "startup_p3")
 _SKIPPING = ("relevant", "startup", "facts")
 # Sections whose items are kept whole or not at all.
 _WHOLE = ("startup", "facts")
-# A relevant item cut to its share keeps at least this many characters of text (else a share
-# too small to say anything takes the room of the next item's whole text).
-MIN_EXCERPT_CHARS = 80
+# A relevant item no longer than this is shown whole, whatever its share, while the room
+# lasts (a message cut to its share loses what it said; the next item loses its room instead).
+WHOLE_CHARS = 400
+# A longer one is cut to its share around the query's words, never below this many characters
+# (a share too small to say anything would take the room of a next item's whole text).
+MIN_EXCERPT_CHARS = 200
 # A sentence of fewer words is never a duplicate ("Thanks!" said twice is not repetition).
 MIN_DUPLICATE_WORDS = 3
 _SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
@@ -457,7 +483,8 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
                 relevant_room = room
             share = int(relevant_room * item.weight / relevant_weight) if relevant_weight > 0 else relevant_room
             relevant_weight -= item.weight
-            room = min(room, max(share, item.shell() + MIN_EXCERPT_CHARS))
+            whole = len(text) <= WHOLE_CHARS
+            room = min(room, max(share, item.shell() + (len(_escape_text(text)) if whole else MIN_EXCERPT_CHARS)))
         body = _escape_text(text)
         line = item.render(body)
         if len(line) > room:
