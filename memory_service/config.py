@@ -133,6 +133,11 @@ class Settings(BaseSettings):
         description="none (fusion alone) or local (nanoranker's query-and-candidate model, shipped in the "
                     "nanoranker wheel: pip install 'memory-service[rerank]'); none by default: measured, it "
                     "lowers recall on the LoCoMo dev split (docs/ranking.md)")
+    reranker_model_dir: Path | None = Field(
+        default=None,
+        description="RERANKER=local: a directory holding the model's two ONNX files "
+                    "(universal-sentence-encoder-multilingual.onnx, reranker_nn_v2.onnx) instead of the "
+                    "nanoranker wheel's")
     rerank_candidates: int = Field(
         default=20, ge=0, le=200,
         description="How many of the best fused candidates the re-ranker reads (0 or 1: none)")

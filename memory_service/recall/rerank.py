@@ -178,9 +178,12 @@ class LocalReranker:
         self._cache: OrderedDict[str, npt.NDArray[numpy.float32]] = OrderedDict()
         self._pool: ThreadPoolExecutor | None = None
         self._start_lock = asyncio.Lock()
+        self._closed = False
 
     async def start(self) -> None:
         async with self._start_lock:
+            if self._closed:
+                raise RerankerUnavailable("the local re-ranker was closed")
             if self._sessions is not None:
                 return
             self._pool = self._pool or ThreadPoolExecutor(max_workers=1, thread_name_prefix="local-reranker")
@@ -279,6 +282,8 @@ class LocalReranker:
             raise RerankerUnavailable(f"the local re-ranker failed: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
+        """Frees the model and its thread; the re-ranker cannot be started again."""
+        self._closed = True
         pool, self._pool = self._pool, None
         self._sessions = None
         if pool is not None:
@@ -293,7 +298,7 @@ def build_reranker(settings: Settings) -> Reranker | None:
     """The re-ranker ``settings`` configure (not started), or None for ``RERANKER=none``."""
     if settings.reranker == "none" or settings.rerank_candidates < 2:
         return None
-    return LocalReranker()
+    return LocalReranker(model_dir=settings.reranker_model_dir)
 
 
 async def start_reranker(settings: Settings) -> Reranker | None:
