@@ -142,7 +142,7 @@ class Settings(BaseSettings):
         default=20, ge=0, le=200,
         description="How many of the best fused candidates the re-ranker reads (0 or 1: none)")
     rerank_weight: float = Field(
-        default=1.0, ge=0, le=100, allow_inf_nan=False,
+        default=0.5, ge=0, le=100, allow_inf_nan=False,
         description="The re-ranker's order against the fused order in their reciprocal rank fusion "
                     "(weight/(SEARCH_RRF_K + rank) against 1/(SEARCH_RRF_K + rank)); 0 changes nothing")
 
