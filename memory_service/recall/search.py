@@ -16,6 +16,9 @@ scores 1.0. The recency factor falls from 1 toward ``1 - weight`` with a half-li
 age can cost a memory at most ``weight`` of its score: an old memory still wins over a
 newer one whose fused score is less than ``1 - weight`` of its own.
 
+A re-ranker (RERANKER, memory_service/recall/rerank.py; off by default, docs/ranking.md)
+may then read the best RERANK_CANDIDATES with the query and re-order them (``rerank``).
+
 Results at or above ``min_score`` are "activated" and returned best first; the best of
 those below it stay "candidates" and come back separately, explained, so a caller can
 see what almost made it.
