@@ -127,6 +127,25 @@ class Settings(BaseSettings):
     embedding_batch_size: int = Field(default=32, ge=1, le=2048, description="Texts per model run (local) or per request (openai)")
     # End of embeddings.
 
+    # The re-ranker after fusion (memory_service/recall/rerank.py; the choice: docs/ranking.md).
+    reranker: Literal["none", "local"] = Field(
+        default="none",
+        description="none (fusion alone) or local (nanoranker's query-and-candidate model, shipped in the "
+                    "nanoranker wheel: pip install 'memory-service[rerank]'); none by default: measured, it "
+                    "lowers recall on the LoCoMo dev split (docs/ranking.md)")
+    reranker_model_dir: Path | None = Field(
+        default=None,
+        description="RERANKER=local: a directory holding the model's two ONNX files "
+                    "(universal-sentence-encoder-multilingual.onnx, reranker_nn_v2.onnx) instead of the "
+                    "nanoranker wheel's")
+    rerank_candidates: int = Field(
+        default=20, ge=0, le=200,
+        description="How many of the best fused candidates the re-ranker reads (0 or 1: none)")
+    rerank_weight: float = Field(
+        default=0.5, ge=0, le=100, allow_inf_nan=False,
+        description="The re-ranker's order against the fused order in their reciprocal rank fusion "
+                    "(weight/(SEARCH_RRF_K + rank) against 1/(SEARCH_RRF_K + rank)); 0 changes nothing")
+
     # Memory context.
     context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)
     context_model_budgets: dict[str, int] = Field(

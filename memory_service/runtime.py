@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from memory_service.config import Settings
 from memory_service.formation.jobs import JobQueue
+from memory_service.recall.rerank import start_reranker
 from memory_service.service import MemoryService
 from memory_service.state.store import StateStore
 from memory_service.stores.embedded import EmbeddedFalkorDB
@@ -153,8 +154,9 @@ async def open_service(
             await state.close()
             await queue.close()
             raise
+        reranker = await start_reranker(settings)  # None when it cannot load: search runs on fusion alone
         service = MemoryService(settings, state, default_extractor(settings), queue,
-                                default_consolidator(settings), embedder=embedder)
+                                default_consolidator(settings), embedder=embedder, reranker=reranker)
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
         if settings.mongodb_uri:

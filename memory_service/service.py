@@ -54,6 +54,7 @@ from memory_service.formation.schedule import FormationSchedule
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
+from memory_service.recall.rerank import Reranker
 from memory_service.recall.search import Retriever, SearchRequest
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
@@ -73,7 +74,8 @@ __all__ = ["MemoryService", "RecordResult"]
 @checks_ids  # ids enter here in process: every method checks its id arguments, the parts take them checked
 class MemoryService:
     def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
-                 consolidator: Consolidator | None = None, embedder: Embedder | None = None):
+                 consolidator: Consolidator | None = None, embedder: Embedder | None = None,
+                 reranker: Reranker | None = None):
         self.settings = settings
         self.state = state
         self.extractor = extractor
@@ -81,7 +83,8 @@ class MemoryService:
         self.consolidator = consolidator or RuleBasedConsolidator()
         self.embedder = embedder
         self.registry = BackendRegistry(settings)
-        self.retriever = Retriever(settings, state, embedder)
+        self.reranker = reranker
+        self.retriever = Retriever(settings, state, embedder, reranker)
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
         self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
@@ -109,7 +112,7 @@ class MemoryService:
         await self.registry.close()
         await self.queue.close()
         await self.state.close()
-        for llm_user in (self.extractor, self.consolidator, self.embedder):
+        for llm_user in (self.extractor, self.consolidator, self.embedder, self.reranker):
             if aclose := getattr(llm_user, "aclose", None):
                 await aclose()
 
