@@ -228,6 +228,9 @@ def evidence_in_xml(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> 
 
 
 SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+SPEAKER = re.compile(r"^\s*[^\s:<>]{1,40}:\s")  # "caroline: " before a message's text
+WORD_OR_NUMBER = re.compile(r"\w+")
+REPEATED_EXAMPLES: list[str] = []  # the first few repeated sentences seen, for a look
 
 
 def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> dict[str, dict[str, int]]:
@@ -235,8 +238,8 @@ def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -
     StartupRecords, CollectiveMemory, ...): the items (leaf elements with text), their
     characters (the item's serialised element, tags and attributes included), the items
     holding at least ``threshold`` of some evidence turn's content words, and the repeated
-    items (an item sharing a sentence of three words or more with an item before it, in any
-    section: a message shown again inside an episode counts). Empty for a block that does not parse."""
+    items (an item sharing a sentence of three words or more, a message's "speaker: " aside,
+    with an item before it, in any section: a message shown again inside an episode counts). Empty for a block that does not parse."""
     try:
         root = ET.fromstring(xml)
     except ET.ParseError:
@@ -254,8 +257,11 @@ def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -
             row["chars"] += len(ET.tostring(el, encoding="unicode").rstrip())
             own = frozenset(WORD.findall(text.lower()))
             row["evidence_items"] += any(len(w & own) >= threshold * len(w) for w in words)
-            sentences = {" ".join(x.split()).casefold() for x in SENTENCE_END.split(text) if len(x.split()) >= 3}
+            sentences = {" ".join(w) for x in SENTENCE_END.split(text)
+                         if len(w := WORD_OR_NUMBER.findall(SPEAKER.sub("", x, count=1).casefold())) >= 3}
             row["repeated"] += bool(sentences & seen)
+            if sentences & seen and len(REPEATED_EXAMPLES) < 20:
+                REPEATED_EXAMPLES.append(f"{section.tag}/{el.tag}: {sorted(sentences & seen)[0]!r} in {text[:200]!r}")
             seen |= sentences
     return out
 

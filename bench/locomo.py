@@ -49,6 +49,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from baselines import (  # noqa: E402
+    REPEATED_EXAMPLES,
     BM25Index,
     DenseIndex,
     Question,
@@ -429,7 +430,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                "latency_all": summarize_ms([x for s in seconds.values() for x in s]),
                "chars_median": {b: statistics.median(c) if c else None for b, c in chars.items()},
                "source": dict(source_kinds),
-               "composition": composition, "blocks": len(records)}
+               "composition": composition, "blocks": len(records), "repeated_examples": list(REPEATED_EXAMPLES)}
     return {"summary": summary, "per_question": records}
 
 
