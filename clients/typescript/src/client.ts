@@ -287,7 +287,8 @@ export class MemoryClient {
   }
 
   /** The Prometheus counters, as text (an operator key). */
-  getMetrics() {
-    return this.unwrap("GET", this.api.GET("/metrics", { parseAs: "text" }));
+  async getMetrics(): Promise<string> {
+    const text = await this.unwrap("GET", this.api.GET("/metrics", { parseAs: "text" }));
+    return text ?? ""; // an empty answer (no counter yet) has no body to parse
   }
 }
