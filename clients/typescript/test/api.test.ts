@@ -5,6 +5,10 @@
  */
 
 import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { promisify } from "node:util";
 import { after, before, describe, test } from "node:test";
 
 import {
@@ -199,5 +203,26 @@ describe("operations", () => {
     assert.ok(Object.keys(detailed).length > 1, JSON.stringify(detailed));
     await assert.rejects(client.checkHealth({ detail: true }), PermissionDenied);
     assert.match(await operator.getMetrics(), /# TYPE memory_service_/);
+  });
+});
+
+describe("the documentation", () => {
+  const PACKAGE = join(import.meta.dirname, "..", "..");
+  const example = readFileSync(join(PACKAGE, "examples", "quickstart.mjs"), "utf8");
+
+  test("the quickstart runs against the server", async () => {
+    // It imports the package by its name: Node resolves that to this package's dist/ (built by `npm run build`).
+    const { stdout } = await promisify(execFile)(process.execPath, [join(PACKAGE, "examples", "quickstart.mjs")], {
+      env: { ...process.env, MEMORY_SERVICE_URL: server.baseUrl, MEMORY_SERVICE_API_KEY: server.operatorKey },
+    });
+    assert.match(stdout, /formed: \{.*\d/);
+    assert.match(stdout, /memory block, \d+ of \d+ chars:\n</);
+    assert.match(stdout, /9am/);
+  });
+
+  test("both READMEs show the quickstart as it is", () => {
+    for (const readme of [join(PACKAGE, "README.md"), join(PACKAGE, "..", "..", "README.md")]) {
+      assert.ok(readFileSync(readme, "utf8").includes(example), `${readme} shows examples/quickstart.mjs`);
+    }
   });
 });
