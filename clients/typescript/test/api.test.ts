@@ -13,6 +13,7 @@ import { after, before, describe, test } from "node:test";
 
 import {
   AuthenticationError, ConflictError, InvalidRequest, MemoryApiError, MemoryClient, NotFoundError, PermissionDenied,
+  RateLimitError,
 } from "../src/index.js";
 import { startServer, type RunningServer } from "./server.js";
 
@@ -90,6 +91,18 @@ describe("the session loop", () => {
       reader.recordMessage(SESSION, { agent_id: AGENT, user_id: USER, role: "user", content: "not stored" }),
       PermissionDenied,
     );
+  });
+
+  test("the server's own 429 raises RateLimitError with its Retry-After once retries are spent", async () => {
+    const made = await operator.createKey({ name: "ts-slow", role: "read", agents: [AGENT], requests_per_minute: 1 });
+    const slow = new MemoryClient(server.baseUrl, { apiKey: made.key, maxRetries: 0 });
+    await slow.getAgent(AGENT);
+    await assert.rejects(slow.getAgent(AGENT), (error: unknown) => {
+      assert.ok(error instanceof RateLimitError, String(error));
+      assert.equal(error.status, 429);
+      assert.ok(error.retryAfter !== undefined && error.retryAfter > 0 && error.retryAfter <= 60, String(error.retryAfter));
+      return true;
+    });
   });
 
   test("a wrong key is refused", async () => {
