@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint serve bench clean
+.PHONY: install demo test lint serve bench clean ts-client test-ts
 
 install: $(STAMP)
 
@@ -27,6 +27,25 @@ test: lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The TypeScript client (clients/typescript, README "TypeScript client"): npm packages from the
+# registry, pinned by its package-lock.json.
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+
+$(TS_STAMP): $(TS)/package-lock.json $(TS)/package.json
+	cd $(TS) && npm ci --no-audit --no-fund
+	@touch $@
+
+# Regenerate the client after a route or wire model changed: the OpenAPI schema from the app
+# (not started), the types from the schema, then the build. Commit openapi.json and src/schema.ts.
+ts-client: $(STAMP) $(TS_STAMP)
+	$(PY) scripts/openapi-schema
+	cd $(TS) && npm run generate && npm run build
+
+# The generated types match the committed schema; the Node tests against a real server.
+test-ts: $(STAMP) $(TS_STAMP)
+	cd $(TS) && npm run check-generated && npm run build && MEMORY_SERVICE_PYTHON="$(abspath $(PY))" npm test
 
 serve: $(STAMP)
 	$(VENV)/bin/memory-service serve
