@@ -11,7 +11,7 @@ store. So the new vectors are *staged* beside the searched ones (the stores'
 switches. The model is the embedder this process runs: configure the new model
 (``EMBEDDER``, ``EMBEDDING_MODEL``) for the command, not for the running service.
 
-Resumable: the agent's record in Redis (``ms:reembed:<agent>``) holds the target model, the
+Resumable: the agent's record in Redis (``keyspace.reembed``) holds the target model, the
 cursor of the pass and the counts, saved after every page; a run that stops (interrupted,
 the embedder down, a page budget) is continued by the next run for the same model. The
 stores' own state makes it safe whatever happens to the record: a memory that has a vector
