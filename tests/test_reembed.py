@@ -26,6 +26,7 @@ from memory_service.stores.graph import GraphBackend
 from .conftest import clean_env, flush, free_port, suite_settings
 from .helpers import msg, record_all, wait_embedded
 from .test_cli import CLI
+from .test_mongo import graph, mongo_settings  # noqa: F401 (fixtures)
 
 OLD, NEW = "hash:64", "hash:v2:64"
 TOPICS = ["garden shed key", "violin lesson tuesday", "passport renewal office", "sourdough starter feeding",
@@ -240,3 +241,22 @@ async def test_the_command(service, settings):
     code, out = await run_cli(settings, "--batch", "2")
     assert code == 0 and f"every agent now searches with {NEW}" in out, out
     assert set((await tags(settings)).values()) == {(NEW, None)}
+
+
+async def test_a_mirrored_mongodb_copy_takes_the_new_models_vectors(mongo_settings):
+    """With MIRROR_TO_MONGO, the MongoDB copy (read while the graph fails) gets the new
+    model's vectors through the outbox, tagged with their model: like with like there too."""
+    from .test_mongo import settle
+
+    async with open_service(mongo_settings, run_worker=True) as old:
+        await fill(old)
+        await settle(old)
+        async with open_service(mongo_settings.model_copy(update={"embedding_model": "v2"}), run_worker=False) as new:
+            report = await new.reembed(batch=8)
+            assert report.complete and report.deployment_switched
+            await settle(new)
+            _, mirrored = await new.agents.backend_for("a1")
+            mongo = mirrored.mirror.memories
+            assert await mongo.distinct("embedding_model", {"agent_id": "a1"}) == [NEW]
+            assert await mongo.count_documents({"agent_id": "a1", "embedding": {"$exists": False}}) == 0
+            assert vector_hits(await new.search("a1", "violin lesson tuesday"))
