@@ -117,7 +117,7 @@ class Settings(BaseSettings):
                     "openai (any OpenAI-compatible /v1/embeddings endpoint) or hash (deterministic, no model: tests)")
     embedding_base_url: str | None = Field(
         default=None, description="EMBEDDER=openai: the endpoint's base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1")
-    embedding_model: str | None = Field(default=None, description="EMBEDDER=openai: the model name, e.g. text-embedding-3-small")
+    embedding_model: str | None = Field(default=None, description="EMBEDDER=openai: the model name, e.g. text-embedding-3-small; EMBEDDER=hash: a variant, another model of the same dimension (tests)")
     embedding_api_key: SecretStr | None = Field(default=None, description="EMBEDDER=openai: API key of the endpoint, if it needs one")
     embedding_dimension: int | None = Field(
         default=None, ge=8, le=65536,

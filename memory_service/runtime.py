@@ -25,13 +25,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None) -> MemoryBackend:
+def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None,
+                   untagged_model: str | None = None) -> MemoryBackend:
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
     from memory_service.stores.graph import GraphBackend
 
     if not settings.falkordb_url:
         raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
-    graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
+    graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension,
+                         untagged_model=untagged_model)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
     from memory_service.stores.breaker import CircuitBreaker
@@ -42,13 +44,14 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
                     alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
     breaker = CircuitBreaker("mongo", failures=settings.mongo_breaker_failures,
                              window=settings.mongo_breaker_window_seconds, cooloff=settings.mongo_breaker_cooloff_seconds)
-    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), outbox,
+    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension, untagged_model), outbox,
                            drain_seconds=settings.outbox_drain_seconds, breaker=breaker,
                            fallback_timeout=settings.mongo_fallback_timeout_seconds,
                            mongo_only=lambda agent_id: state.named_backend(agent_id, "mongo"))
 
 
-def _mongo_backend(settings: Settings, embedding_dimension: int | None = None) -> MongoBackend:
+def _mongo_backend(settings: Settings, embedding_dimension: int | None = None,
+                   untagged_model: str | None = None) -> MongoBackend:
     from memory_service.stores.mongo import MongoBackend
 
     if settings.mongodb_uri is None:  # registered only when it is set
@@ -57,7 +60,8 @@ def _mongo_backend(settings: Settings, embedding_dimension: int | None = None) -
                         server_selection_timeout_ms=_ms(settings.mongo_server_selection_timeout_seconds),
                         connect_timeout_ms=_ms(settings.mongo_connect_timeout_seconds),
                         socket_timeout_ms=_ms(settings.mongo_socket_timeout_seconds),
-                        facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension)
+                        facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension,
+                        untagged_model=untagged_model)
 
 
 def _ms(seconds: float) -> int:
@@ -104,7 +108,9 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
     """The configured embedder, started, and checked against the vectors already stored.
 
     Stored vectors of another dimension cannot be searched with this embedder's: refuse to
-    start (loudly) rather than store vectors that no index can hold.
+    start (loudly) rather than store vectors that no index can hold. Another model of the
+    same dimension starts, with a warning: each vector carries its model's name and search
+    compares like with like (docs/embeddings.md, "Changing the model").
     """
     from memory_service.embedding.embedders import build_embedder
 
@@ -122,7 +128,9 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
             )
         if name != embedder.name:
             log.warning("the configured embedder %s differs from %s, which embedded the stored memories: vector "
-                        "search compares vectors of two models until they are embedded again", embedder.name, name)
+                        "search compares a query only with vectors of its own model, so until `memory-service "
+                        "reembed` has converted them, memories embedded by %s are found by full text alone",
+                        embedder.name, name, name)
     return embedder
 
 
@@ -157,10 +165,11 @@ async def open_service(
         reranker = await start_reranker(settings)  # None when it cannot load: search runs on fusion alone
         service = MemoryService(settings, state, default_extractor(settings), queue,
                                 default_consolidator(settings), embedder=embedder, reranker=reranker)
-        service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
+        untagged = await state.untagged_model()
+        service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension, untagged))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
         if settings.mongodb_uri:
-            service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension))
+            service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension, untagged))
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
             if run_worker:

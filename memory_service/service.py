@@ -45,6 +45,7 @@ from memory_service.domain.graph import EntityType
 from memory_service.domain.models import Agent, AgentSettings, ContextType, MessageIn, Recall, Shard, ShardIn
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.gates import CHARS_PER_TOKEN
@@ -66,6 +67,7 @@ from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
 from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
@@ -244,6 +246,26 @@ class MemoryService:
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
         return await self.pipeline.backfill_embeddings(batch, limit, on_progress)
+
+    async def reembed(self, agent_id: str | None = None, *, batch: int = 64, budget: int | None = None,
+                      on_progress: ReembedProgress | None = None) -> ReembedReport:
+        """Give every memory of ``agent_id`` (of every agent when None) a vector of the
+        configured embedder, staged beside the searched one, and switch each agent when all
+        of its memories have one (memory_service/embedding/reembed.py). Online and resumable;
+        ``budget`` stops after that many vectors. An unknown agent is NotFound; nothing is
+        written for it."""
+        if self.embedder is None:
+            raise InvalidInput("no embedder is configured: set EMBEDDER (and EMBEDDING_MODEL) to the new model")
+        held: dict[str, MemoryBackend] = {}
+        for backend in await self.registry.live():
+            for known in await backend.agents():
+                held.setdefault(known, backend)
+        if agent_id is not None and agent_id not in held:
+            raise NotFound(f"unknown agent {agent_id}: no store holds memories of it")
+        chosen = [agent_id] if agent_id is not None else sorted(held)
+        agents = [(a, (await self.agents.backend_for(a))[1]) for a in chosen]
+        return await Reembedder(self.state, self.embedder, batch).run(agents, budget=budget, on_progress=on_progress,
+                                                                      all_agents=sorted(held))
 
     # Reading memory
     async def search(self, agent_id: str, query: str | SearchRequest, reach: Reach | None = None,

@@ -480,13 +480,38 @@ class StateStore:
         return sorted(cast(set[str], await self.redis.smembers(keyspace.agent_sessions(agent_id))))
 
     async def record_embedder(self, name: str, dimension: int) -> tuple[str, int] | None:
-        """Remember which embedder filled the store; the one remembered before, if any."""
+        """Remember which embedder filled the store; the one remembered before, if any.
+
+        The first name remembered is also kept as ``untagged``: the model of the vectors
+        stored before each vector carried its model's name (``untagged_model``)."""
         key = keyspace.EMBEDDER
         if await self.redis.hsetnx(key, "dimension", dimension):
             await self.redis.hset(key, "name", name)
+            await self.redis.hsetnx(key, "untagged", name)
             return None
         stored = cast(dict[str, str], await self.redis.hgetall(key))
+        await self.redis.hsetnx(key, "untagged", stored.get("name", name))
         return stored.get("name", "?"), int(stored["dimension"])
+
+    async def untagged_model(self) -> str | None:
+        """The model of vectors stored without their model's name (``record_embedder``)."""
+        return cast(str | None, await self.redis.hget(keyspace.EMBEDDER, "untagged"))
+
+    async def switch_embedder(self, name: str) -> None:
+        """Every agent's vectors are of ``name`` now (a re-embed switched the last one)."""
+        await self.redis.hset(keyspace.EMBEDDER, "name", name)
+
+    async def reembed_state(self, agent_id: str) -> dict[str, str]:
+        """The agent's re-embed record (memory_service/embedding/reembed.py): empty if none."""
+        return cast(dict[str, str], await self.redis.hgetall(keyspace.reembed(agent_id)))
+
+    async def set_reembed_state(self, agent_id: str, **fields: str | int | float | None) -> None:
+        """Set fields of the agent's re-embed record; a None removes the field."""
+        key = keyspace.reembed(agent_id)
+        if drop := [name for name, value in fields.items() if value is None]:
+            await self.redis.hdel(key, *drop)
+        if keep := {name: str(value) for name, value in fields.items() if value is not None}:
+            await self.redis.hset(key, items=[part for pair in keep.items() for part in pair])
 
     async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
         """The sessions of ``agent_id`` in which ``user_id`` spoke (as role user)."""
