@@ -28,10 +28,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar, cast
 
-from arq import Retry
-from arq.cron import cron
-from arq.worker import Worker, func
-
+from memory_service._vendor.arq import Retry
+from memory_service._vendor.arq.cron import cron
+from memory_service._vendor.arq.worker import Worker, func
 from memory_service.access.pseudonyms import install_log_filter, namespace_for_log
 from memory_service.config import Settings
 from memory_service.formation.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME

@@ -13,10 +13,9 @@ import logging
 import time
 from typing import Any
 
-from arq.connections import ArqRedis
-from arq.constants import result_key_prefix, retry_key_prefix
-from arq.jobs import Job, JobStatus
-
+from memory_service._vendor.arq.connections import ArqRedis
+from memory_service._vendor.arq.constants import result_key_prefix, retry_key_prefix
+from memory_service._vendor.arq.jobs import Job, JobStatus
 from memory_service.access.pseudonyms import scrub_text
 from memory_service.config import Settings
 from memory_service.domain.namespaces import Namespace
