@@ -63,6 +63,7 @@ from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.registry import BackendFactory, BackendRegistry
@@ -207,7 +208,8 @@ class MemoryService:
 
     # Sessions
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
-        return await self.sessions.record_message(session_id, message, reach)
+        with metrics.timed("record"), tracing.span("memory_service.record"):
+            return await self.sessions.record_message(session_id, message, reach)
 
     async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)
@@ -253,15 +255,19 @@ class MemoryService:
         namespaces, nor, with a ``reach`` limited to some users, what they may not see.
         """
         request = query if isinstance(query, SearchRequest) else SearchRequest(query=query, **options)
-        _, backend = await self.agents.backend_for(agent_id)
-        return await self.retriever.search(agent_id, backend, request, reach=reach)
+        with metrics.timed("search"), tracing.span("memory_service.search", scope=str(request.scope)):
+            _, backend = await self.agents.backend_for(agent_id)
+            return await self.retriever.search(agent_id, backend, request, reach=reach)
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
                                       query: str | None = None, budget: int | None = None,
                                       reach: Reach | None = None, as_of: datetime | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
         ``as_of``: its known facts are those true then."""
-        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of)
+        with metrics.timed("context"), tracing.span("memory_service.context") as span:
+            block = await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of)
+            span.set_attribute("memory_service.context.source", block.source)
+            return block
 
     # The knowledge graph (issue 16; docs/graph.md): entities, their facts, undoing an invalidation.
     # A caller limited to some users (``reach``) sees the entities and facts of the namespaces

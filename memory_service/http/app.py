@@ -29,7 +29,7 @@ from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
-from memory_service.http import access_log, overload
+from memory_service.http import access_log, overload, telemetry
 from memory_service.http import guard as request_guard
 from memory_service.http.routers import (
     agents,
@@ -67,19 +67,23 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     """
     configured = settings or (service.settings if service else None) or Settings()
     mode = resolve_mode(configured.api_auth, host)
+    probes = telemetry.StoreProbes(configured.store_probe_timeout_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.access_mode = mode
-        if service is not None:
-            app.state.service = service
-            await _announce_access(service, mode, host)
-            yield
-            return
-        async with open_service(settings, data_dir, run_worker=run_worker) as opened:
-            app.state.service = opened
-            await _announce_access(opened, mode, host)
-            yield
+        try:
+            if service is not None:
+                app.state.service = service
+                await _announce_access(service, mode, host)
+                yield
+                return
+            async with open_service(settings, data_dir, run_worker=run_worker) as opened:
+                app.state.service = opened
+                await _announce_access(opened, mode, host)
+                yield
+        finally:
+            await probes.aclose()
 
     app = FastAPI(
         title="memory-service",
@@ -104,11 +108,15 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return request_guard.invalid_input_answer(exc.errors())
 
+    # A frozen store: 503 at once (inside admission: only the request's own work is timed).
+    app.add_middleware(telemetry.StallGuard, probes=probes, stall_seconds=configured.store_stall_seconds,
+                       retry_after_seconds=configured.overload_retry_after_seconds)
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
     # (memory_service/http/overload.py).
     overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
                      configured.api_queue_timeout_seconds, describe=_public_detail)
-    access_log.install(app)  # outermost: access-log lines show route templates, not ids or queries
+    access_log.install(app)  # access-log lines show route templates, not ids or queries
+    app.add_middleware(telemetry.RequestTelemetry)  # outermost: request id, span, latency (memory_service/http/telemetry.py)
     for resource in ROUTERS:
         app.include_router(resource.router)
     return app
