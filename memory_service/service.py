@@ -48,7 +48,7 @@ from memory_service.embedding.embedders import Embedder
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.gates import CHARS_PER_TOKEN
-from memory_service.formation.jobs import JobQueue
+from memory_service.formation.jobs import QUEUE_NAME, JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
 from memory_service.ingest.sessions import RecordResult, SessionLedger
@@ -464,8 +464,13 @@ class MemoryService:
         return await self.state.metrics()
 
     async def gauges(self) -> dict[str, float]:
-        """The live backends' current values (outbox depth and dead letters, breakers), by sample name."""
+        """The live backends' current values (outbox depth and dead letters, breakers) and the job
+        queue's depth and lag, by sample name."""
         values: dict[str, float] = {}
+        try:
+            values.update(await metrics.queue_gauges(self.queue.pool, QUEUE_NAME))
+        except Exception:  # Redis is down: /health says so
+            pass
         try:
             backends = await self.registry.live()
         except Exception:  # the default backend cannot start: /health says why

@@ -15,6 +15,7 @@ API change."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -48,6 +49,7 @@ from memory_service.runtime import open_service
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.records import RecordOut
 from memory_service.service import MemoryService
+from memory_service.state import metrics as process_metrics
 from memory_service.stores import outages
 
 __all__ = ["ContextOut", "RecordOut", "create_app", "operation_id"]
@@ -81,7 +83,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
             async with open_service(settings, data_dir, run_worker=run_worker) as opened:
                 app.state.service = opened
                 await _announce_access(opened, mode, host)
-                yield
+                async with metrics_port(opened, configured.metrics_port):
+                    yield
         finally:
             await probes.aclose()
 
@@ -120,6 +123,41 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     for resource in ROUTERS:
         app.include_router(resource.router)
     return app
+
+
+@asynccontextmanager
+async def metrics_port(service: MemoryService, port: int | None) -> AsyncIterator[None]:
+    """METRICS_PORT: the registry served without a key on a port of its own (a thread of
+    prometheus_client's), its store gauges refreshed every STORE_GAUGES_REFRESH_SECONDS."""
+    if not port:
+        yield
+        return
+    from prometheus_client import start_http_server
+
+    from memory_service.http.routers.health import refresh_store_gauges
+
+    server, thread = start_http_server(port, addr="0.0.0.0", registry=process_metrics.REGISTRY)
+    log.info("metrics on port %d (GET /metrics, no key)", port)
+
+    async def refresh() -> None:
+        while True:
+            try:
+                await refresh_store_gauges(service)
+            except Exception as exc:  # the store is down: the last values stay, /health says why
+                log.debug("store gauges not refreshed: %s", exc)
+            await asyncio.sleep(STORE_GAUGES_REFRESH_SECONDS)
+
+    task = asyncio.create_task(refresh())
+    try:
+        yield
+    finally:
+        task.cancel()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+STORE_GAUGES_REFRESH_SECONDS = 15
 
 
 def operation_id(route: APIRoute) -> str:

@@ -15,7 +15,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from memory_service.access.authorization import require_operator
 from memory_service.config import redact_addresses
-from memory_service.formation.jobs import QUEUE_NAME
 from memory_service.http.deps import CallerDep, ServiceDep, caller
 from memory_service.http.guard import strict_router
 from memory_service.state import metrics
@@ -36,10 +35,6 @@ async def get_metrics(service: ServiceDep, principal: CallerDep) -> PlainTextRes
 async def refresh_store_gauges(service: Any) -> None:
     """Read the gauges that are facts about the whole deployment from the stores, for the next scrape."""
     values = await service.gauges()
-    try:
-        values.update(await metrics.queue_gauges(service.queue.pool, QUEUE_NAME))
-    except Exception:  # Redis is down: /health says so; the rest still answers
-        pass
     try:
         totals = await service.counters()
     except Exception:
