@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# The embedded store (falkordblite) for `demo` and `serve` without FALKORDB_URL; OTel for traces.
 	$(PY) -m pip install --quiet -e '.[server,embedded,otel,test]'
+	# arq is vendored (memory_service/_vendor/arq); a venv made before still has it, with its redis<6 pin.
+	-$(PY) -m pip uninstall --quiet --yes arq 2>/dev/null
 	$(PY) -m pip check
 	@touch $@
 
