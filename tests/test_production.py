@@ -348,12 +348,15 @@ async def test_a_backup_restored_into_a_fresh_store_serves_the_same_context(tmp_
             await service.form_memories("s1")
             before = await service.assemble_memory_context("a1", "alice", "s1", query="where does she live")
         client = redis.Redis.from_url(url)
-        saved = client.lastsave()
         client.bgsave()
-        deadline = time.monotonic() + 30
-        while client.lastsave() == saved:
-            assert time.monotonic() < deadline, "BGSAVE did not finish"
+        deadline = time.monotonic() + 60
+        while True:  # LASTSAVE counts seconds: the save's own flags say when it is done
+            persistence = client.info("persistence")
+            if not persistence["rdb_bgsave_in_progress"] and persistence["rdb_changes_since_last_save"] == 0:
+                break
+            assert time.monotonic() < deadline, f"BGSAVE did not finish: {persistence}"
             time.sleep(0.1)
+        assert persistence["rdb_last_bgsave_status"] == "ok"
         client.close()
         backup = tmp_path / "backup"
         backup.mkdir()
