@@ -101,7 +101,9 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=configured.cors_allow_origins,
-                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"], allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "Retry-After"])
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError) -> JSONResponse:
