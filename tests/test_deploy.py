@@ -138,8 +138,16 @@ async def test_the_package_without_the_embedded_store_installs_with_no_compiler_
     for compiler in ("gcc", "cc", "c++", "make", "clang"):
         assert shutil.which(compiler, path=env["PATH"]) is None
     python = str(venv / "bin" / "python")
+    # What the image's build context holds (.dockerignore), copied: pip builds in the source
+    # tree, and a build/ left in the checkout could carry modules deleted since.
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    shutil.copytree(REPO / "memory_service", source / "memory_service",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     install = subprocess.run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                              f"{REPO}[server]"], capture_output=True, text=True, env=env, timeout=1200)
+                              f"{source}[server]"], capture_output=True, text=True, env=env, timeout=1200)
     assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
     check = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, env=env, timeout=120)
     assert check.returncode == 0, check.stdout + check.stderr
