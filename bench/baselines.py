@@ -227,6 +227,48 @@ def evidence_in_xml(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> 
     return XmlEvidence(by_text, by_id)
 
 
+SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+SPEAKER = re.compile(r"^\s*[^\s:<>]{1,40}:\s")  # "caroline: " before a message's text
+WORD_OR_NUMBER = re.compile(r"\w+")
+REPEATED_EXAMPLES: list[str] = []  # the first few repeated sentences seen, for a look
+
+
+def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> dict[str, dict[str, int]]:
+    """What a block spends its characters on, per section (the root's children:
+    StartupRecords, CollectiveMemory, ...): the items (leaf elements with text), their
+    characters (the item's serialised element, tags and attributes included; ``markup``: those
+    characters that are not the item's text), the items
+    holding at least ``threshold`` of some evidence turn's content words, and the repeated
+    items (an item sharing a sentence of three words or more, a message's "speaker: " aside,
+    with an item before it, in any section: a message shown again inside an episode counts). Empty for a block that does not parse."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return {}
+    words = [w for w in (turn_words(t) for t in turns) if w]
+    out: dict[str, dict[str, int]] = {}
+    seen: set[str] = set()
+    for section in root:
+        row = out.setdefault(section.tag, {"items": 0, "chars": 0, "markup": 0, "evidence_items": 0, "repeated": 0})
+        for el in section.iter():
+            if len(el) or not (el.text or "").strip():
+                continue
+            text = el.text or ""
+            row["items"] += 1
+            serialised = len(ET.tostring(el, encoding="unicode").rstrip())
+            row["chars"] += serialised
+            row["markup"] += serialised - len(escape(text))
+            own = frozenset(WORD.findall(text.lower()))
+            row["evidence_items"] += any(len(w & own) >= threshold * len(w) for w in words)
+            sentences = {" ".join(w) for x in SENTENCE_END.split(text)
+                         if len(w := WORD_OR_NUMBER.findall(SPEAKER.sub("", x, count=1).casefold())) >= 3}
+            row["repeated"] += bool(sentences & seen)
+            if sentences & seen and len(REPEATED_EXAMPLES) < 20:
+                REPEATED_EXAMPLES.append(f"{section.tag}/{el.tag}: {sorted(sentences & seen)[0]!r} in {text[:200]!r}")
+            seen |= sentences
+    return out
+
+
 def pack_turns(turns: Iterable[Turn], budget: int) -> tuple[str, list[str]]:
     """The baselines' memory block: the given turns (best first), whole, as
     ``<Turn>speaker: text [image: caption]</Turn>`` items, until the next one would not

@@ -49,10 +49,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from baselines import (  # noqa: E402
+    REPEATED_EXAMPLES,
     BM25Index,
     DenseIndex,
     Question,
     Sample,
+    block_composition,
     close_embedder,
     evidence_in_xml,
     load_embedder,
@@ -371,12 +373,13 @@ async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: lis
 
 
 async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: Sequence[int],
-                      errors: list[str]) -> dict:
+                      errors: list[str], recall: dict[str, str] | None = None) -> dict:
     records = []
     seconds: dict[str, list[float]] = {str(b): [] for b in budgets}
     chars: dict[str, list[int]] = {str(b): [] for b in budgets}
     sources_seen = False
     source_kinds: Counter = Counter()
+    composition: dict[str, dict[str, dict[str, int]]] = {str(b): {} for b in budgets}
     for sample in samples:
         by_id = {t.dia_id: t for t in sample.turns}
         last = session_id(sample, sample.sessions[-1].number)
@@ -387,7 +390,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                    "service": {}, "service_by_id": {}, "chars": {}}
             for b in budgets:
                 params = {"agent_id": sample.sample_id, "user_id": user, "session_id": last, "query": q.question,
-                          "budget": b}
+                          "budget": b, **(recall or {})}
                 start = time.perf_counter()
                 r = await http.get("/v1/context", params=params)
                 seconds[str(b)].append(time.perf_counter() - start)
@@ -407,6 +410,11 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                 if present.parse_error:
                     errors.append(f"{where}: the block does not parse: {present.parse_error}")
                 rec["service"][str(b)] = len(present.by_text) / len(ev_turns)
+                for section, row in block_composition(xml, ev_turns).items():
+                    total = composition[str(b)].setdefault(section, dict.fromkeys(row, 0) | {"blocks": 0})
+                    total["blocks"] += 1
+                    for name, n in row.items():
+                        total[name] += n
                 rec["chars"][str(b)] = len(xml)
                 chars[str(b)].append(len(xml))
                 if present.by_id is not None:
@@ -421,12 +429,13 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                "latency": {b: summarize_ms(s) for b, s in seconds.items()},
                "latency_all": summarize_ms([x for s in seconds.values() for x in s]),
                "chars_median": {b: statistics.median(c) if c else None for b, c in chars.items()},
-               "source": dict(source_kinds)}
+               "source": dict(source_kinds),
+               "composition": composition, "blocks": len(records), "repeated_examples": list(REPEATED_EXAMPLES)}
     return {"summary": summary, "per_question": records}
 
 
 async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency: int, console: Console,
-                      out: dict) -> None:
+                      out: dict, recall_grid: Sequence[str] = ()) -> None:
     """Fills ``out`` as it goes, so that a failure keeps what was measured before it."""
     from memory_service.config import Settings
     from memory_service.http.app import create_app
@@ -446,13 +455,13 @@ async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency
             raise BenchError(f"the service did not start ({type(exc).__name__}: {exc}); "
                              "its start-up error is in the log above") from None
         try:
-            await _run_on(server, settings, tmp, samples, budgets, concurrency, console, out, errors)
+            await _run_on(server, settings, tmp, samples, budgets, concurrency, console, out, errors, recall_grid)
         finally:
             await server.stop()
 
 
 async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Sequence[int], concurrency: int,
-                  console: Console, out: dict, errors: list[str]) -> None:
+                  console: Console, out: dict, errors: list[str], recall_grid: Sequence[str] = ()) -> None:
     warnings: Counter = Counter()
     async with httpx.AsyncClient(base_url=server.base_url, timeout=settings.form_wait_seconds + 60) as http:
         shape = ApiShape.of((await http.get("/openapi.json")).json())
@@ -481,6 +490,10 @@ async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Se
                              "service yet: evidence-in-context cannot be measured")
         console.print(f"  context: {questions} queries x {len(budgets)} budgets ...")
         out["context"] = await run_context(http, samples, budgets, errors)
+        for spec in recall_grid:
+            console.print(f"  context with {spec}: {questions} queries x {len(budgets)} budgets ...")
+            run = await run_context(http, samples, budgets, errors, recall_params(spec))
+            out.setdefault("recall_grid", {})[spec] = run["summary"]
 
 
 # --- reporting --------------------------------------------------------------------------
@@ -523,6 +536,42 @@ def context_table(rows: list[tuple[str, dict | None, dict | None]], budgets: Seq
     return t
 
 
+def composition_table(summary: dict, budgets: Sequence[int]) -> Table:
+    """Per budget and section: the mean characters and items per block, the share of the
+    section's items that hold an evidence turn, and repeated items (the same text twice)."""
+    t = Table(title="Block composition: per block, mean characters and items of each section; share of its items "
+                    "holding evidence; items repeating another")
+    for col in ("budget", "section", "chars", "items", "markup / item", "evidence share", "repeated"):
+        t.add_column(col, justify="left" if col == "section" else "right")
+    blocks = summary.get("blocks") or 1
+    for b in budgets:
+        for section, row in summary["composition"].get(str(b), {}).items():
+            t.add_row(f"{b:,}", section, f"{row['chars'] / blocks:.0f}", f"{row['items'] / blocks:.1f}",
+                      f"{row['markup'] / row['items']:.0f}" if row["items"] else "-",
+                      f3(row["evidence_items"] / row["items"] if row["items"] else None), str(row["repeated"]))
+    return t
+
+
+def recall_params(spec: str) -> dict[str, str]:
+    """'min_similarity=0.3;top_k=20' -> {"min_similarity": "0.3", "top_k": "20"}."""
+    pairs = [p.split("=", 1) for p in spec.split(";") if p.strip()]
+    if any(len(p) != 2 for p in pairs):
+        raise BenchError(f"--recall {spec!r}: not name=value;name=value")
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def recall_table(grid: dict[str, dict], budgets: Sequence[int]) -> Table:
+    t = Table(title="Evidence in context per recall setting (same ingest; the default first)")
+    t.add_column("recall")
+    for b in budgets:
+        t.add_column(f"{b:,} chars", justify="right")
+        t.add_column(f"median chars @{b:,}", justify="right")
+    for spec, summary in grid.items():
+        t.add_row(spec, *(x for b in budgets for x in (f3(summary["text_rule"][str(b)]["share"]),
+                                                       f"{summary['chars_median'][str(b)]:.0f}")))
+    return t
+
+
 def target_lines(service: dict, budgets: Sequence[int]) -> list[tuple[str, str, dict]]:
     out = []
     r10 = service.get("search", {}).get("summary", {}).get("r@10")
@@ -559,6 +608,10 @@ def report(console: Console, base: dict, service: dict, budgets: Sequence[int], 
     crows.append(("BM25 best turns, packed", base["context"]["bm25_packed"], None))
     crows.append(("last turns (recency), packed", base["context"]["recency"], None))
     console.print(context_table(crows, budgets))
+    if "context" in service:
+        console.print(composition_table(service["context"]["summary"], budgets))
+    if service.get("recall_grid"):
+        console.print(recall_table({"(default)": service["context"]["summary"], **service["recall_grid"]}, budgets))
     if "context" in service and not service["context"]["summary"]["sources_attribute_seen"]:
         console.print("  by id: the blocks carry no sources=\"...\" attribute; that column is skipped")
     if "ingest" in service:
@@ -582,6 +635,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="2000,4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=5, help="samples ingested at once (default 5)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
+    parser.add_argument("--recall", action="append", default=[], metavar="SPEC",
+                        help="also measure the block with these /v1/context recall parameters, e.g. "
+                             "'min_similarity=0.3;top_k=20' (repeatable: one run each, same ingest)")
     args = parser.parse_args(argv)
     try:
         budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
@@ -613,7 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            asyncio.run(run_service(samples, budgets, args.concurrency, console, service))
+            asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall))
         except BenchError as exc:
             failure = str(exc)
         except httpx.HTTPError as exc:

@@ -127,6 +127,25 @@ class Settings(BaseSettings):
     embedding_batch_size: int = Field(default=32, ge=1, le=2048, description="Texts per model run (local) or per request (openai)")
     # End of embeddings.
 
+    # The re-ranker after fusion (memory_service/recall/rerank.py; the choice: docs/ranking.md).
+    reranker: Literal["none", "local"] = Field(
+        default="none",
+        description="none (fusion alone) or local (nanoranker's query-and-candidate model, shipped in the "
+                    "nanoranker wheel: pip install 'memory-service[rerank]'); none by default: measured, it "
+                    "lowers recall on the LoCoMo dev split (docs/ranking.md)")
+    reranker_model_dir: Path | None = Field(
+        default=None,
+        description="RERANKER=local: a directory holding the model's two ONNX files "
+                    "(universal-sentence-encoder-multilingual.onnx, reranker_nn_v2.onnx) instead of the "
+                    "nanoranker wheel's")
+    rerank_candidates: int = Field(
+        default=20, ge=0, le=200,
+        description="How many of the best fused candidates the re-ranker reads (0 or 1: none)")
+    rerank_weight: float = Field(
+        default=0.5, ge=0, le=100, allow_inf_nan=False,
+        description="The re-ranker's order against the fused order in their reciprocal rank fusion "
+                    "(weight/(SEARCH_RRF_K + rank) against 1/(SEARCH_RRF_K + rank)); 0 changes nothing")
+
     # Memory context.
     context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)
     context_model_budgets: dict[str, int] = Field(
@@ -173,11 +192,18 @@ class Settings(BaseSettings):
     search_rank_activation: float = Field(
         default=0.0, ge=0, le=MAX_RANK_WEIGHT,
         description="Re-rank weight of activation: how many other candidates share a candidate's entities (hub penalty)")
-    context_relevant_items: int = Field(default=40, ge=0, description="Query-relevant memories the block may show per 4,000 characters of budget, best first")
-    context_relevant_full: int = Field(default=3, ge=0, description="How many of the best are shown in full, per 4,000 characters of budget")
-    context_relevant_snippets: int = Field(default=12, ge=0, description="How many of the next as snippets around the match, per 4,000 characters")
-    context_snippet_chars: int = Field(default=320, ge=40, description="Length of a snippet around the matching text")
-    context_reference_chars: int = Field(default=100, ge=20, description="Length of a one-line reference")
+    # How the block picks the memories relevant to its query: the server's defaults, which an
+    # agent's settings (`context`, per context type too) and each call override.
+    context_top_k: int = Field(
+        default=40, ge=0, description="Most query-relevant memories the block shows, per 4,000 characters of budget")
+    context_min_score: float | None = Field(
+        default=None, ge=0, le=1, description="Fused search score below which a memory is left out of the block")
+    context_min_similarity: float | None = Field(
+        default=None, ge=-1, le=1,
+        description="Cosine similarity below which a memory found by the vector signal alone is left out")
+    context_scope: Literal["session", "user", "shared"] = Field(
+        default="shared", description="Where relevant memories are looked for: the session; the user's memory and "
+                                      "sessions; or those, the active shards and the agent's namespace")
     context_deadline_seconds: float = Field(
         default=1.0, gt=0, le=60,
         description="Memory reads of one memory block stop after this long and the block is built from what arrived "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from memory_service.config import Settings
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation.jobs import JobQueue
+from memory_service.recall.rerank import start_reranker
 from memory_service.service import MemoryService
 from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
@@ -139,9 +140,9 @@ class TimedEmbedder:
         await self.inner.start()
         self.dimension = self.inner.dimension  # an endpoint may learn it at start
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
         with metrics.timed("embedding"), tracing.span("memory_service.embed", texts=len(texts)):
-            return await self.inner.embed(texts)
+            return await self.inner.embed(texts, query=query)
 
     async def aclose(self) -> None:
         await self.inner.aclose()
@@ -225,8 +226,9 @@ async def open_service(
             await state.close()
             await queue.close()
             raise
+        reranker = await start_reranker(settings)  # None when it cannot load: search runs on fusion alone
         service = MemoryService(settings, state, default_extractor(settings), queue,
-                                default_consolidator(settings), embedder=embedder)
+                                default_consolidator(settings), embedder=embedder, reranker=reranker)
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
         if settings.mongodb_uri:

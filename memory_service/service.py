@@ -42,7 +42,7 @@ from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite
 from memory_service.curation.write_blocks import WRITE_BLOCKS_ACTOR, store_write_blocks
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memory_service.domain.graph import EntityType
-from memory_service.domain.models import Agent, AgentSettings, MessageIn, Shard, ShardIn
+from memory_service.domain.models import Agent, AgentSettings, ContextType, MessageIn, Recall, Shard, ShardIn
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
@@ -54,6 +54,7 @@ from memory_service.formation.schedule import FormationSchedule
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
+from memory_service.recall.rerank import Reranker
 from memory_service.recall.search import Retriever, SearchRequest
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
@@ -74,7 +75,8 @@ __all__ = ["MemoryService", "RecordResult"]
 @checks_ids  # ids enter here in process: every method checks its id arguments, the parts take them checked
 class MemoryService:
     def __init__(self, settings: Settings, state: StateStore, extractor: Extractor, queue: JobQueue,
-                 consolidator: Consolidator | None = None, embedder: Embedder | None = None):
+                 consolidator: Consolidator | None = None, embedder: Embedder | None = None,
+                 reranker: Reranker | None = None):
         self.settings = settings
         self.state = state
         self.extractor = extractor
@@ -82,7 +84,8 @@ class MemoryService:
         self.consolidator = consolidator or RuleBasedConsolidator()
         self.embedder = embedder
         self.registry = BackendRegistry(settings)
-        self.retriever = Retriever(settings, state, embedder)
+        self.reranker = reranker
+        self.retriever = Retriever(settings, state, embedder, reranker)
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
         self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
@@ -110,7 +113,7 @@ class MemoryService:
         await self.registry.close()
         await self.queue.close()
         await self.state.close()
-        for llm_user in (self.extractor, self.consolidator, self.embedder):
+        for llm_user in (self.extractor, self.consolidator, self.embedder, self.reranker):
             if aclose := getattr(llm_user, "aclose", None):
                 await aclose()
 
@@ -261,11 +264,15 @@ class MemoryService:
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
                                       query: str | None = None, budget: int | None = None,
-                                      reach: Reach | None = None, as_of: datetime | None = None) -> RenderedContext:
+                                      reach: Reach | None = None, as_of: datetime | None = None,
+                                      context_type: ContextType = ContextType.CHAT,
+                                      recall: Recall | None = None) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
-        ``as_of``: its known facts are those true then."""
+        ``as_of``: its known facts are those true then. ``recall``: this call's recall settings,
+        over the agent's for ``context_type``."""
         with metrics.timed("context"), tracing.span("memory_service.context") as span:
-            block = await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of)
+            block = await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of,
+                                                  context_type, recall)
             span.set_attribute("memory_service.context.source", block.source)
             return block
 
@@ -377,9 +384,9 @@ class MemoryService:
         return await self.startup.block(agent_id, model, session_id, mode, reach)
 
     async def import_legacy(self, plan: ImportPlan, key_id: str = "cli", on_progress: Progress | None = None) -> ImportReport:
-        """Store a planned import (``legacy_import.plan_import``): records, memories, one audit entry."""
-        _, backend = await self.agents.backend_for(plan.agent_id)
-        return await apply_import(plan, self.startup, backend, self.state, self.embedder, self.audit, key_id, on_progress)
+        """Bring the agent in step with a planned import (``legacy_import.plan_import``): records and
+        memories added, replaced and removed, audited under ``key_id``."""
+        return await apply_import(plan, self.startup, self.tools, self.audit, key_id, on_progress)
     # The memory tools (memory_service/curation/tools.py; search is ``search`` with ``tags``) and retention
     async def memory_get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
         return await self.tools.get(agent_id, memory_id, guard)

@@ -133,3 +133,18 @@ async def test_facts_per_shard_are_capped_oldest_first(settings):
         facts = await backend.recent(ns.fields[0], ns, [MemoryKind.FACT], 100)
         assert len(facts) == await backend.count(ns.fields[0], ns, [MemoryKind.FACT]) == 3
         assert "train" in facts[-1].content and "number 3" in facts[0].content
+
+
+async def test_rule_merge_keeps_one_of_two_near_identical_items_and_never_joins_two():
+    async def merge(previous, items, limit):
+        return (await RuleBasedConsolidator().merge(previous, items, limit)).content
+
+    merged = await merge(None, ["Please always answer in French.", "I prefer aisle seats.",
+                                "Always answer in French, please!"], 100)
+    # the newer wording of the same point wins; the other point stays its own line
+    assert merged.splitlines() == ["- Always answer in French, please!", "- I prefer aisle seats."]
+    facts = await merge(None, ["alice plays the clarinet.", "alice plays the clarinet!"], 100)
+    assert facts.splitlines() == ["- alice plays the clarinet!"]
+    # numbers tell points apart; different points are never one
+    assert len((await merge(None, ["I prefer seat 1 on every flight.", "I prefer seat 2 on every flight."], 100))
+               .splitlines()) == 2

@@ -39,6 +39,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("embed_due", ("a1",), "ms:embed:a1:due"),
     ("embed_lock", ("a1",), "ms:embed:a1:job"),
     ("startup_records", ("a1",), "ms:startup:a1"),
+    ("import_manifest", ("a1",), "ms:import:a1"),
     ("memory_access", ("a1",), "ms:memaccess:a1"),
     ("audit_stream", ("a1",), "ms:audit:agent:a1"),
     ("audit_stream", (None,), "ms:audit:system"),

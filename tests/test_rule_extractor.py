@@ -252,35 +252,88 @@ async def test_tool_and_system_messages_are_not_read():
 @pytest.mark.parametrize("sentence", [
     "I prefer window seats on flights.",
     "I really like short answers with bullet points.",
-    "I love spicy food.",
-    "I hate early mornings.",
-    "I don't like long emails.",
     "Please always answer in French.",
     "Never book anything before 10am for me.",
     "Always use metric units.",
     "Call me Bobby.",
-    "My name is Carol Jensen.",
-    "I'm a nurse on night shifts.",
-    "I am an early riser.",
-    "I work at Siemens as an engineer.",
-    "I work as a teacher.",
-    "I live in Porto.",
     "Remember that my daughter is five.",
     "From now on, reply in Portuguese.",
-    "I'm allergic to peanuts.",
-    "I'm vegetarian.",
-    "I love hiking.",
     "Keep answers short.",
     "You can call me Liz.",
-    "I have two kids.",
-    "I work night shifts, so don't message before noon.",
+    "I work night shifts, so don't message before noon.",  # about the user AND how to act: a directive
     "Could you always answer in bullet points?",
     "Whenever you suggest a restaurant, include the price range.",
+    "I prefer aisle seats when you book my flights.",
 ])
-async def test_directive_phrasings_become_directives_of_their_speaker(sentence):
+async def test_instructions_become_directives_of_their_speaker(sentence):
     result = await extract(window(("carol", "user", f"Hello there. {sentence}")))
     directives = of_kind(result, MemoryKind.DIRECTIVE)
     assert [(d.content, d.user_id, d.message_ids) for d in directives] == [(sentence, "carol", ("m0",))]
+    assert of_kind(result, MemoryKind.FACT) == []
+
+
+@pytest.mark.parametrize(("sentence", "fact"), [
+    ("I love spicy food.", "carol loves spicy food."),
+    ("I hate early mornings.", "carol hates early mornings."),
+    ("I don't like long emails.", "carol doesn't like long emails."),
+    ("My name is Carol Jensen.", "carol's name is Carol Jensen."),
+    ("I'm a nurse on night shifts.", "carol is a nurse on night shifts."),
+    ("I am an early riser.", "carol is an early riser."),
+    ("I work at Siemens as an engineer.", "carol works at Siemens as an engineer."),
+    ("I live in Porto.", "carol lives in Porto."),
+    ("I'm allergic to peanuts.", "carol is allergic to peanuts."),
+    ("I'm vegetarian, just so you know.", "carol is vegetarian."),  # the aside to the listener goes
+    ("Yeah, I play the clarinet!", "carol plays the clarinet."),
+    ("I love camping trips with my family.", "carol loves camping trips with their family."),
+    ("I have two kids.", "carol has two kids."),
+    ("My wife is allergic to nuts.", "carol's wife is allergic to nuts."),
+    ("I just started learning the violin.", "carol just started learning the violin."),
+])
+async def test_a_first_person_statement_becomes_a_third_person_fact_about_the_user(sentence, fact):
+    result = await extract(window(("carol", "user", sentence)))
+    facts = of_kind(result, MemoryKind.FACT)
+    assert [(f.content, f.user_id, f.shard_id, f.message_ids) for f in facts] == [(fact, "carol", None, ("m0",))]
+    assert of_kind(result, MemoryKind.DIRECTIVE) == []
+
+
+@pytest.mark.parametrize("sentence", [
+    "Hi there! How are you today?",
+    "Sounds good. Ok thanks, bye!",
+    "Yeah, I love to.",
+    "Me too!",
+    "Thank you so much, that means a lot!",
+    "Congrats on the new job!",
+    "Have a lovely trip!",
+])
+async def test_pleasantries_and_answers_cut_short_yield_nothing(sentence):
+    result = await extract(window(("carol", "user", sentence), ("alice", "assistant", sentence), shards=(TRAVEL, FOOD)))
+    assert result.items == []
+
+
+@pytest.mark.parametrize("sentence", [
+    "They were an important part of my wedding decor and always remind me of that day.",
+    "That hotel fits the budget well.",
+    "It closes at 6pm on weekdays.",
+    "Those flights were the cheapest option.",
+    "She loves the train to Porto.",
+])
+async def test_a_sentence_that_refers_back_to_another_turn_is_not_stored(sentence):
+    result = await extract(window(("carol", "user", sentence), ("alice", "assistant", sentence), shards=(TRAVEL,)))
+    assert result.items == []
+
+
+@pytest.mark.parametrize("sentence", ["Do you like hotels near the station?", "What's my name again?",
+                                      "Could you book the hotel?"])
+async def test_a_question_yields_nothing(sentence):
+    assert (await extract(window(("carol", "user", sentence), shards=(TRAVEL,)))).items == []
+
+
+async def test_the_assistants_words_about_the_user_are_a_fact_about_that_user():
+    w = window(("vic", "user", "When do I land?"), ("alice", "assistant", "Your flight TP1342 lands in Lisbon at 10:05."),
+               shards=(TRAVEL,))
+    (fact,) = (await extract(w)).items
+    assert (fact.kind, fact.user_id, fact.shard_id, fact.content) == (
+        MemoryKind.FACT, "vic", None, "vic's flight TP1342 lands in Lisbon at 10:05.")
 
 
 async def test_directive_inside_a_longer_sentence_keeps_the_whole_sentence():
@@ -298,6 +351,7 @@ async def test_directive_inside_a_longer_sentence_keeps_the_whole_sentence():
     "Call me tomorrow about the tickets.",
     "I like it.",
     "I love that idea!",
+    "I love hiking.",  # about the user: a fact, not a directive
     "Never mind.",
     "I'm a bit tired today.",
     "The hotel is booked.",
@@ -328,20 +382,20 @@ async def test_no_directives_from_the_assistant():
     assert of_kind(result, MemoryKind.DIRECTIVE) == []
 
 
-async def test_directives_are_attributed_to_each_speaker_and_deduplicated():
+async def test_directives_and_facts_are_attributed_to_each_speaker_and_deduplicated():
     result = await extract(window(
         ("alice", "user", "I'm vegetarian."),
         ("bob", "user", "Call me Bobby. I hate early mornings."),
         ("alice", "assistant", "Noted."),
-        ("alice", "user", "I'm  vegetarian!"),  # the same directive again, differently spelled
-        ("bob", "user", "I'm vegetarian."),  # the same words from someone else: their own directive
+        ("alice", "user", "I'm  vegetarian!"),  # the same fact again, differently spelled
+        ("bob", "user", "I'm vegetarian."),  # the same words from someone else: their own fact
     ))
-    got = [(d.user_id, d.content, d.message_ids) for d in of_kind(result, MemoryKind.DIRECTIVE)]
+    got = [(d.kind, d.user_id, d.content, d.message_ids) for d in result.items]
     assert got == [
-        ("alice", "I'm vegetarian.", ("m0", "m3")),
-        ("bob", "Call me Bobby.", ("m1",)),
-        ("bob", "I hate early mornings.", ("m1",)),
-        ("bob", "I'm vegetarian.", ("m4",)),
+        (MemoryKind.FACT, "alice", "alice is vegetarian.", ("m0", "m3")),
+        (MemoryKind.DIRECTIVE, "bob", "Call me Bobby.", ("m1",)),
+        (MemoryKind.FACT, "bob", "bob hates early mornings.", ("m1",)),
+        (MemoryKind.FACT, "bob", "bob is vegetarian.", ("m4",)),
     ]
 
 
@@ -354,11 +408,10 @@ async def test_long_directive_is_cut_to_25_words():
     assert directive.content.endswith("word20…")
 
 
-async def test_directive_is_not_also_a_shard_fact():
+async def test_a_fact_about_the_user_is_not_also_a_shard_fact():
     # a user's personal context stays in the user's namespace, not the shared shard
     result = await extract(window(("alice", "user", "I'm allergic to peanuts at dinner."), shards=(FOOD,)))
-    assert [d.content for d in of_kind(result, MemoryKind.DIRECTIVE)] == ["I'm allergic to peanuts at dinner."]
-    assert of_kind(result, MemoryKind.FACT) == []
+    assert [(f.content, f.shard_id) for f in result.items] == [("alice is allergic to peanuts at dinner.", None)]
 
 
 # --- facts ---------------------------------------------------------------------------
@@ -398,17 +451,17 @@ async def test_no_facts_from_questions_small_talk_or_unrelated_shards():
 
 async def test_a_sentence_on_two_topics_is_a_fact_once_in_the_shard_it_is_most_about():
     w = window(
-        ("alice", "user", "That restaurant is close to the hotel."),
-        ("alice", "user", "That restaurant is close to the hotel."),
+        ("alice", "user", "The restaurant is close to the hotel."),
+        ("alice", "user", "The restaurant is close to the hotel."),
         shards=(FOOD, TRAVEL),
     )
     facts = of_kind(await extract(w), MemoryKind.FACT)
     # "restaurant" meets one word of each topic: a tie, kept in each shard once.
     assert sorted((f.shard_id, f.message_ids) for f in facts) == [("food", ("m0",)), ("travel", ("m0",))]
     # Two food words against one travel word: the food shard alone.
-    w = window(("alice", "user", "That restaurant serves vegan dinner close to the hotel."), shards=(FOOD, TRAVEL))
+    w = window(("alice", "user", "The restaurant serves vegan dinner close to the hotel."), shards=(FOOD, TRAVEL))
     assert [(f.shard_id, f.content) for f in of_kind(await extract(w), MemoryKind.FACT)] == [
-        ("food", "That restaurant serves vegan dinner close to the hotel.")]
+        ("food", "The restaurant serves vegan dinner close to the hotel.")]
 
 
 async def test_a_shard_fact_is_topic_knowledge_without_speaker_or_filler():
@@ -439,7 +492,7 @@ async def test_suggestion_keeps_rationale_and_who_agreed_or_disagreed():
     result = await extract(w)
     (suggestion,) = of_kind(result, MemoryKind.SUGGESTION)
     assert suggestion.content == (
-        "bob suggests: we should ship on Friday because QA is done (agreed: carol; disagreed: dave)")
+        "bob suggested that the group should ship on Friday because QA is done (carol agreed; dave disagreed).")
     assert suggestion.shard_id == "release" and suggestion.user_id == "bob"
     assert suggestion.message_ids == ("m0", "m1", "m3")
     assert of_kind(result, MemoryKind.FACT) == []  # a suggestion is not also a fact
@@ -458,9 +511,9 @@ async def test_suggestion_keeps_rationale_and_who_agreed_or_disagreed():
 async def test_suggestion_cues(cue):
     result = await extract(window(("bob", "user", cue), ("erin", "user", "+1"), shards=(RELEASE,)))
     (suggestion,) = of_kind(result, MemoryKind.SUGGESTION)
-    assert suggestion.content.startswith("bob suggests: ")
+    assert suggestion.content.startswith(("bob suggested that the group ", "bob recommended "))
     assert "ship the release on Friday" in suggestion.content or "shipping the release" in suggestion.content
-    assert suggestion.content.endswith("(agreed: erin)")
+    assert suggestion.content.endswith("(erin agreed).")
     assert suggestion.message_ids == ("m0", "m1")
 
 
@@ -475,8 +528,8 @@ async def test_reactions_belong_to_the_latest_suggestion():
     )
     got = [(s.content, s.message_ids) for s in of_kind(await extract(w), MemoryKind.SUGGESTION)]
     assert got == [
-        ("bob suggests: how about dinner at the vegan place on Friday? (agreed: alice)", ("m0", "m1")),
-        ("bob suggests: we should book lunch at the market too (disagreed: alice, carol)", ("m2", "m3", "m4")),
+        ("bob suggested dinner at the vegan place on Friday (alice agreed).", ("m0", "m1")),
+        ("bob suggested that the group should book lunch at the market too (alice, carol disagreed).", ("m2", "m3", "m4")),
     ]
 
 
@@ -488,7 +541,7 @@ async def test_a_negated_proposal_is_a_reaction_not_a_suggestion():
     )
     result = await extract(w)
     assert [(s.content, s.message_ids) for s in of_kind(result, MemoryKind.SUGGESTION)] == [
-        ("bob suggests: we should take the train to Sintra on June 4th (disagreed: alice)", ("m0", "m1"))]
+        ("bob suggested that the group should take the train to Sintra on June 4th (alice disagreed).", ("m0", "m1"))]
 
 
 async def test_suggestions_only_for_matching_active_shards():
@@ -511,8 +564,8 @@ async def test_long_suggestion_keeps_its_verdicts_within_35_words():
     )
     (suggestion,) = of_kind(await extract(w), MemoryKind.SUGGESTION)
     assert words(suggestion.content) <= 35
-    assert suggestion.content.startswith("bob suggests: we should ship on Friday because reason0")
-    assert suggestion.content.endswith("(agreed: carol, erin; disagreed: dave)")
+    assert suggestion.content.startswith("bob suggested that the group should ship on Friday because reason0")
+    assert suggestion.content.endswith("(carol, erin agreed; dave disagreed).")
     assert suggestion.message_ids == ("m0", "m1", "m2", "m3")
 
 
@@ -529,12 +582,14 @@ async def test_demo_conversation_extracts_the_expected_memories():
     contents = {(i.kind, i.shard_id or i.user_id, i.content) for i in result.items}
     assert (MemoryKind.DIRECTIVE, "bob", "Remember that I'm allergic to peanuts when you pick restaurants.") in contents
     # It tells alice's diet, so it is kept for bob, who said it, not in the shared food shard.
-    assert (MemoryKind.FACT, "bob", "bob: how about dinner at Ao 26 Vegan Food Project on the first evening, since "
-            "Alice is vegetarian?") in contents
+    assert (MemoryKind.FACT, "bob", "bob suggested dinner at Ao 26 Vegan Food Project on the first evening, since "
+            "Alice is vegetarian.") in contents
     assert not [i for i in result.items if i.shard_id and "vegetarian" in i.content]
-    assert (MemoryKind.SUGGESTION, "travel", "bob suggests: we should take the train to Sintra on June 4th because "
-            "the palaces are less crowded on weekdays (agreed: alice)") in contents
-    assert (MemoryKind.FACT, "food", "That restaurant is in Chiado, close to the hotel.") in contents
+    assert (MemoryKind.SUGGESTION, "travel", "bob suggested that the group should take the train to Sintra on June 4th "
+            "because the palaces are less crowded on weekdays (alice agreed).") in contents
+    # "That restaurant…" answers the turn before it: which restaurant is in that turn, so it is not stored.
+    assert not [i for i in result.items if "Chiado" in i.content]
+    assert (MemoryKind.FACT, "travel", "The 10:41 train from Rossio station works, and tickets cost 2.40 euros each way.") in contents
     assert result.episode and result.episode.startswith("bob: How about dinner at Ao 26")
 
 

@@ -162,8 +162,9 @@ async def test_context_with_a_query_shows_relevant_memories_with_dates(service):
     root = ET.fromstring(rendered.xml)
     memories = root.findall("RelevantMemories/Memory")
     assert memories[0].text == "alice: My sister Carla lives in Porto and keeps bees."
-    assert memories[0].get("date") == (T0 + timedelta(minutes=3)).strftime("%Y-%m-%d %H:%M")
-    assert memories[0].get("age") and memories[0].get("kind") == "message"
+    assert memories[0].get("date") == (T0 + timedelta(minutes=3)).strftime("%Y-%m-%d")
+    assert memories[0].get("kind") is None  # a message, the kind most are: not said
+    assert memories[0].get("age") is None
     assert rendered.sections["relevant"] == len(memories)
     # The same block without a query: the session's latest user message is the query, and
     # is itself left out.
@@ -176,7 +177,6 @@ async def test_context_relevant_part_respects_every_budget(service):
     lines = [("alice", "user", f"Fact number {i}: the locker code for gym {i} is {1000 + i}, " + "padding " * 30)
              for i in range(30)]
     await record_all(service, "gym", "a1", lines)
-    service.settings.context_relevant_full, service.settings.context_relevant_snippets = 1, 2
     previous, shown = -1, {}
     for budget in (64, 200, 600, 1500, 4000, 16000):
         rendered = await service.assemble_memory_context("a1", "alice", "gym", query="locker code for gym", budget=budget)
@@ -185,12 +185,14 @@ async def test_context_relevant_part_respects_every_budget(service):
         assert len(shown[budget]) >= previous
         previous = len(shown[budget])
     every = {f"alice: {text}" for _, _, text in lines}
-    assert shown[4000][0] in every  # the best in full ...
-    assert all(len(t) <= 102 and t.endswith("…") for t in shown[4000][3:])  # ... after 1 + 2, references
+    # The sliding budget: the best whole, the next cut to their share (by score) around the
+    # query's words, and what is left goes to the next.
+    lengths = [len(t) for t in shown[4000]]
+    assert all("locker code" in t for t in shown[4000]) and lengths[0] == max(lengths)
+    assert any(t.endswith("…") for t in shown[4000])
     assert len(shown[4000]) >= 10
-    # Four times the budget: four times as many in full and as snippets (these turns are
-    # shorter than a snippet, so whole), every turn shown.
-    assert sum(t in every for t in shown[16000]) == 4 * (1 + 2) and len(shown[16000]) == 30
+    # Room for all: every turn whole.
+    assert sorted(shown[16000]) == sorted(every)
 
 
 async def test_context_query_bad_input(service):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -276,16 +277,10 @@ class MemoryTools:
         """Soft delete; (the answer, whether this call deleted it). A second call answers the same dates."""
         self.require_writes(agent_id)
         backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
-        changed = memory.deleted_at is None
-        deleted_at = memory.deleted_at or _now()
-        if changed:
-            memory = memory.model_copy(update={"deleted_at": deleted_at})
-            # Indexed first: a crash after it leaves an entry the purge checks against the store.
-            await self.index.mark_deleted(agent_id, memory.id, deleted_at)
-            await backend.replace(agent_id, [memory])
-            await self._changed(agent_id, memory)
-        return DeletedOut(id=memory.id, deleted_at=deleted_at,
-                          purge_at=purge_at(deleted_at, self.settings.purge_after_days)), changed
+        if memory.deleted_at is None:
+            return (await self.retire(agent_id, backend, [memory]))[0], True
+        return DeletedOut(id=memory.id, deleted_at=memory.deleted_at,
+                          purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days)), False
 
     async def undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[MemoryRecord, bool]:
         """The memory, live again; (the record, whether this call changed it)."""
@@ -293,12 +288,37 @@ class MemoryTools:
         backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         changed = memory.deleted_at is not None
         if changed:
-            memory = memory.model_copy(update={"deleted_at": None})
-            await backend.replace(agent_id, [memory])
-            await self.index.unmark_deleted(agent_id, memory.id)
-            await self._changed(agent_id, memory)
+            memory = (await self.revive(agent_id, backend, [memory]))[0]
         access = await self.index.access(agent_id, memory.id)
         return self.record(memory, access.count, access.last), changed
+
+    # The soft delete and its undoing, without a caller to check: ``delete`` and ``undelete``
+    # above after their checks, and the operator's import that follows its files
+    # (memory_service/curation/legacy_import.py), which removes what a file no longer holds.
+
+    async def retire(self, agent_id: str, backend: MemoryBackend, memories: Sequence[Memory]) -> list[DeletedOut]:
+        """Soft-delete live ``memories`` of ``agent_id``: read by id only until the purge."""
+        deleted_at = _now()
+        retired = [m.model_copy(update={"deleted_at": deleted_at}) for m in memories]
+        if not retired:
+            return []
+        for memory in retired:  # indexed first: a crash after it leaves an entry the purge checks against the store
+            await self.index.mark_deleted(agent_id, memory.id, deleted_at)
+        await backend.replace(agent_id, retired)
+        await self._changed(agent_id, *retired)
+        return [DeletedOut(id=m.id, deleted_at=deleted_at, purge_at=purge_at(deleted_at, self.settings.purge_after_days))
+                for m in retired]
+
+    async def revive(self, agent_id: str, backend: MemoryBackend, memories: Sequence[Memory]) -> list[Memory]:
+        """Soft-deleted ``memories`` of ``agent_id`` live again."""
+        revived = [m.model_copy(update={"deleted_at": None}) for m in memories]
+        if not revived:
+            return []
+        await backend.replace(agent_id, revived)
+        for memory in revived:
+            await self.index.unmark_deleted(agent_id, memory.id)
+        await self._changed(agent_id, *revived)
+        return revived
 
     # Helpers ----------------------------------------------------------------------------
 

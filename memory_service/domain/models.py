@@ -230,6 +230,49 @@ def backend_name(name: str) -> str:
     return BACKEND_ALIASES.get(name, name)
 
 
+class ContextType(StrEnum):
+    """What the query of a memory block is: each type may carry its own recall settings."""
+
+    CHAT = "chat"  # a chat turn (the default)
+    TASK = "task"  # a task the agent is to carry out
+    DOCUMENT = "document"  # a document the agent reads
+
+
+class RecallScope(StrEnum):
+    """Where a memory block looks for the memories relevant to its query."""
+
+    SESSION = "session"  # the session alone
+    USER = "user"  # the user's memory and every session of the agent they spoke in
+    SHARED = "shared"  # those, the agent's active shards and its own namespace (the default)
+
+
+class Recall(BaseModel):
+    """How a memory block picks the memories relevant to its query. Set per agent, per
+    context type and per call; a field left None takes the wider level's value, and the
+    server's CONTEXT_* settings at the end (memory_service/recall/assembler.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_score: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False,
+                                    description="fused score below which a memory is left out (0 to 1)")
+    min_similarity: float | None = Field(
+        default=None, ge=-1, le=1, allow_inf_nan=False,
+        description="a memory found by the vector signal alone is left out below this cosine similarity")
+    top_k: int | None = Field(default=None, ge=0, le=1000, description="most query-relevant memories the block shows")
+    scope: RecallScope | None = Field(default=None, description="where relevant memories are looked for")
+
+    def over(self, wider: Recall) -> Recall:
+        """These settings, with ``wider``'s where these leave one unset."""
+        mine = self.model_dump(exclude_none=True, include=set(Recall.model_fields))
+        return Recall(**{**wider.model_dump(include=set(Recall.model_fields)), **mine})
+
+
+class ContextSettings(Recall):
+    """An agent's recall settings, and those of each context type (over the agent's)."""
+
+    types: dict[ContextType, Recall] = Field(default_factory=dict)
+
+
 class AgentSettings(BaseModel):
     """Per-agent settings. ``memory_backend`` routes the agent; None means the default.
 
@@ -244,6 +287,8 @@ class AgentSettings(BaseModel):
         default=False, description="whether a key limited to some users may record into a session other users of the "
                                    "agent started (and from then on see it); off: it is refused as a session of "
                                    "another agent. Keys for all users are not limited by it")
+    context: ContextSettings = Field(default_factory=ContextSettings,
+                                     description="how its memory blocks pick the memories relevant to a query")
     # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
     # so that settings stored before the check was made still read.
     agent_extras: dict[str, Any] = Field(default_factory=dict)

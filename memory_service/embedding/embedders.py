@@ -61,8 +61,12 @@ class Embedder(Protocol):
     async def start(self) -> None:
         """Load the model or probe the endpoint; raises EmbedderUnavailable with a clear sentence."""
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        """Unit-normalised vectors, one per text, in order; raises EmbedderUnavailable."""
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
+        """Unit-normalised vectors, one per text, in order; raises EmbedderUnavailable.
+
+        ``query``: the texts are search queries, not the memories searched. An asymmetric
+        model (the e5 family: "query: " / "passage: " prefixes) embeds the two sides
+        differently; the symmetric ones here embed both alike and ignore it."""
 
     async def aclose(self) -> None: ...
 
@@ -103,7 +107,7 @@ class HashEmbedder:
     async def aclose(self) -> None:
         return None
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
         return [self.vector(text) for text in _as_texts(texts)]
 
     def vector(self, text: str) -> list[float]:
@@ -230,7 +234,7 @@ class LocalEmbedder:
                 out[i] = vector
         return out
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
         texts = _as_texts(texts)
         if not texts:
             return []
@@ -321,7 +325,7 @@ class OpenAIEmbedder:
                 "(on an empty store) or configure the model that gives "
                 f"{self.expected_dimension or self.dimension} dimensions")
 
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
         texts = _as_texts(texts)
         out: list[list[float]] = []
         for start in range(0, len(texts), self.batch_size):

@@ -15,6 +15,7 @@ raises; the job is retried and the items stay pending (and shown) until one succ
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
@@ -25,7 +26,7 @@ from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.formation.extractor import ExtractionUsage
-from memory_service.formation.rule_extractor import limit_words
+from memory_service.formation.rule_extractor import content_words, limit_words
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 
@@ -53,9 +54,14 @@ class Consolidator(Protocol):
 
 
 class RuleBasedConsolidator:
-    """No model: one line per item, newest first, duplicates dropped, oldest cut at the limit.
+    """No model: one line per item, newest first, near-duplicates dropped, oldest cut at the limit.
 
-    Newer items win because a user's latest statement of a preference supersedes older ones.
+    Each item stays its own line: merging never concatenates two statements into one. Newer
+    items win because a user's latest statement of a preference supersedes older ones. Two
+    items are the same point when their content words and numbers (stemmed, function words
+    and chat filler set aside) share at least ``NEAR_DUPLICATE`` of their union ("Please
+    always answer in French." and "Always answer in French, please!"; not "seat 1" and
+    "seat 2"); the newer one is kept.
     """
 
     name = "rules"
@@ -63,10 +69,24 @@ class RuleBasedConsolidator:
     async def merge(self, previous: str | None, items: list[str], word_limit: int, *, subject: str = "") -> Merged:
         lines = [f"- {' '.join(item.split())}" for item in reversed(items)]
         lines += [line for line in (previous or "").splitlines() if line.strip()]
-        newest_first: dict[str, str] = {}
+        kept: list[tuple[str, frozenset[str]]] = []
         for line in lines:
-            newest_first.setdefault(line.casefold().strip("- ."), line)
-        return Merged(fit_lines("\n".join(newest_first.values()), word_limit))
+            words = frozenset([*content_words(line), *re.findall(r"\d+(?:[.:,]\d+)*", line)])
+            words = words or frozenset([line.casefold().strip("- .")])
+            if not any(same_point(words, other) for _, other in kept):
+                kept.append((line, words))
+        return Merged(fit_lines("\n".join(line for line, _ in kept), word_limit))
+
+
+# Share of content words two statements must have in common to be one point.
+NEAR_DUPLICATE = 0.8
+
+
+def same_point(a: frozenset[str], b: frozenset[str]) -> bool:
+    """Whether two statements' content words say the same thing (see RuleBasedConsolidator)."""
+    if not a or not b:
+        return a == b
+    return len(a & b) / len(a | b) >= NEAR_DUPLICATE
 
 
 def fit_lines(text: str, word_limit: int) -> str:

@@ -98,29 +98,34 @@ a JSON string.
 Produce:
 - "episode": what happened in this window, at most {WORD_LIMITS[MemoryKind.EPISODE]} words, \
 naming who said what; "" if nothing happened worth remembering.
-- "directives": a user's persistent rules and preferences for the assistant and stable \
-personal context (name, diet, job, home, how they want answers), at most \
-{WORD_LIMITS[MemoryKind.DIRECTIVE]} words each, with the user_id of the user they belong \
-to. Only what users said about themselves, never the assistant; not one-off requests.
+- "directives": how the assistant should act for a user: their instructions and their \
+preferences about what it does or how it replies ("always answer in French", "I prefer \
+aisle seats when you book"), at most {WORD_LIMITS[MemoryKind.DIRECTIVE]} words each, with \
+the user_id of the user they belong to. Only what users said, never the assistant; not \
+one-off requests. A statement about the user (name, diet, job, home, family, hobbies, what \
+they like) is not a directive: it is a personal fact.
 - "shards": one entry per shard listed below, each with
   - "facts": knowledge on the shard's topic and extraction focus, at most \
-{WORD_LIMITS[MemoryKind.FACT]} words each, naming the source, e.g. \
-"alice: the deadline is May 1st";
+{WORD_LIMITS[MemoryKind.FACT]} words each, phrased as a fact with its own subject and no \
+speaker prefix, e.g. "The release deadline is May 1st";
   - "suggestions": proposals, plans and recommendations on the topic, at most \
-{WORD_LIMITS[MemoryKind.SUGGESTION]} words each, keeping the rationale and who agreed or \
-disagreed, e.g. "bob suggests: take the night train to save a hotel night (agreed: alice; \
-disagreed: carol)".
+{WORD_LIMITS[MemoryKind.SUGGESTION]} words each, phrased as a fact naming who proposed it, \
+keeping the rationale and who agreed or disagreed, e.g. "bob suggested taking the night \
+train to save a hotel night (alice agreed; carol disagreed)".
   Shards are shared by everyone who talks to the assistant, so they hold topic knowledge \
-only ("the restaurant is in Chiado", "the museum closes at 6pm"): a user's personal rules \
-and preferences are directives, and anything else about a person is a personal fact; \
-neither is ever a shard item.
-- "personal_facts": what a user said about themself or the people close to them that is \
-not a directive: identity and document numbers, health, where they live or stay, \
-contacts, family, money, their bookings, plans, purchases and experiences; at most \
-{WORD_LIMITS[MemoryKind.FACT]} words each, naming the source ("bob: my passport expires in \
-May"), with the user_id of the user it belongs to. Kept for that user alone. A claim about \
-the topic framed in the first person ("I think the museum closes at 6") is topic \
-knowledge; a statement about the speaker ("my flight is at 9") is personal.
+only ("the restaurant is in Chiado", "the museum closes at 6pm"): a user's instructions \
+are directives, and anything about a person is a personal fact; neither is ever a shard \
+item.
+- "personal_facts": what a user said about themself or the people close to them: identity \
+and document numbers, health, diet, name, job, where they live or stay, contacts, family, \
+money, likes and hobbies, their bookings, plans, purchases and experiences; at most \
+{WORD_LIMITS[MemoryKind.FACT]} words each, in the third person with the user as subject \
+("bob's passport expires in May", "gina plays the clarinet"), with the user_id of the \
+user it belongs to. Kept for that user alone. A claim about the topic framed in the first \
+person ("I think the museum closes at 6") is topic knowledge; a statement about the \
+speaker ("my flight is at 9") is personal.
+- Every fact, suggestion and personal fact must make sense on its own, read later without \
+the conversation: name what "it", "they" or "that" stood for, or leave the item out.
 - "entities": the people, places, organisations, named things (pets, books, products), \
 events and topics the window names that are worth remembering, each with its "type", the \
 other names it goes by ("aliases", e.g. "Robert", "my brother"), a "summary" of at most \
@@ -141,8 +146,8 @@ preference. Not a fact that is only repeated, not mentioned, or doubted. [] if n
 - "messages" on every item: the numbers of the messages it was taken from, the first \
 being the one that states it.
 
-Keep less rather than more: skip greetings, small talk, and anything uncertain or only \
-asked about. Stay within the item limits given with the conversation. Write in the \
+Keep less rather than more: skip greetings, thanks, small talk, reactions ("Yeah, I love \
+to", "Wow, amazing!"), questions, and anything uncertain or only asked about. Stay within the item limits given with the conversation. Write in the \
 language of the conversation."""
 
 

@@ -188,18 +188,27 @@ def is_personal(text: str, *, names: Iterable[str] = (), assistant: bool = False
 
 
 _PREFIX = re.compile(r"^\s*(?P<speaker>[^:\s][^:]{0,255}?)(?:\s+suggests)?\s*:\s+")
-# A suggestion's verdicts name who agreed: they say nothing about its content.
-_VERDICTS = re.compile(r"\s*\((?:agreed|disagreed):[^()]*\)\s*$")
+# A suggestion phrased as a fact names its proposer first: "bob suggested that the group…",
+# "The assistant recommended…" (memory_service.formation.phrasing).
+_PROPOSER = re.compile(r"^\s*(?P<speaker>the\s+assistant|[^\s:]{1,255}?)\s+(?:suggested|recommended)(?:\s+that)?\s+",
+                       re.IGNORECASE)
+# A suggestion's verdicts name who agreed: they say nothing about its content. Both forms:
+# "(agreed: alice; disagreed: carol)" and "(alice agreed; carol disagreed)."
+_VERDICTS = re.compile(r"\s*\((?:(?:agreed|disagreed):[^()]*|[^()]*\b(?:agreed|disagreed))\)\s*\.?\s*$")
 
 
 def split_speaker(content: str, speakers: Iterable[str]) -> tuple[str | None, str]:
-    """``("bob", "my passport…")`` for ``"bob: my passport…"`` or ``"bob suggests: …"`` when bob
-    is one of ``speakers`` (or "assistant"), a suggestion's closing "(agreed: …)" dropped;
+    """``("bob", "my passport…")`` for ``"bob: my passport…"``, ``"bob suggests: …"`` or ``"bob
+    suggested that …"`` when bob is one of ``speakers`` (or "assistant"), a suggestion's closing
+    verdicts ("(agreed: …)", "(alice agreed)") dropped;
     ``(None, content)`` otherwise. Facts and suggestions name their source this way."""
     content = _VERDICTS.sub("", content)
-    m = _PREFIX.match(content)
-    if m and (m.group("speaker") in set(speakers) or m.group("speaker").lower() == "assistant"):
-        return m.group("speaker"), content[m.end():]
+    known = set(speakers)
+    for pattern in (_PREFIX, _PROPOSER):
+        m = pattern.match(content)
+        if m and (m.group("speaker") in known or m.group("speaker").lower() in ("assistant", "the assistant")):
+            speaker = "assistant" if m.group("speaker").lower() == "the assistant" else m.group("speaker")
+            return speaker, content[m.end():]
     return None, content
 
 

@@ -28,8 +28,10 @@ from memory_service.domain.models import WORD_LIMITS, MemoryKind, Role, Shard
 from memory_service.domain.text import stem
 from memory_service.formation.extractor import ExtractedItem, Extraction, Window, WindowMessage
 from memory_service.formation.personal import is_personal
+from memory_service.formation.phrasing import is_pleasantry, proposal_as_fact, refers_back, third_person
 
-__all__ = ["RuleBasedExtractor", "content_words", "is_directive", "limit_words", "split_sentences", "stem"]
+__all__ = ["RuleBasedExtractor", "about_user", "content_words", "is_directive", "limit_words", "split_sentences",
+           "statement_kind", "stem"]
 
 
 def limit_words(text: str, n: int) -> str:
@@ -326,6 +328,14 @@ _I_AM_A = re.compile(
     r"disaster|legend|natural|lucky|happy|proud)\b|(?:big\s+|huge\s+)?fan\b(?!\s+of))(?P<rest>.*)",
     re.IGNORECASE,
 )
+# An activity taken up and still going on: "I just started learning the violin", "I'm
+# training for a marathon", "I took up pottery".
+_TAKEN_UP = re.compile(
+    r"(?:i\s+(?:(?:just|recently|finally|also)\s+)*(?:started|began|took\s+up|have\s+started|'ve\s+started)\s+"
+    r"(?:learning|taking|playing|studying|training|practi[cs]ing|going\s+to|doing|(?!(?:it|that|this|to)\b)[a-z]+\b(?<!ed))|"
+    + _I_AM + r"(?:(?:now|currently|still|also)\s+)*(?:learning|training\s+for|studying)\b)",
+    re.IGNORECASE,
+)
 _OF_PARTICULAR = re.compile(r"\bof\s+(?:it|that|this|these|those|them|your|yours|the|you)\b", re.IGNORECASE)
 _HOUSEHOLD_TRAIT = re.compile(
     r"my\s+" + _HOUSEHOLD + r"(?:\s+(?-i:[A-Z])\w+)?\s*(?:\s+is|\s+are|'s)\s+"
@@ -385,6 +395,11 @@ _REPLY_FORM = re.compile(
     r"headings|formatting|code\s+(?:examples?|snippets?|samples?)|exclamation\s+marks?|swearing|"
     r"profanity|caveats|disclaimers|with\s+me|in\s+" + _LANGUAGE + r")\b",
     re.IGNORECASE,
+)
+# A preference about the assistant's doings or replies is how it should act.
+_ABOUT_ASSISTANT = re.compile(r"\b(?:you|your|yours)\b|" + _REPLY_FORM.pattern, re.IGNORECASE)
+_ADDRESS_ME = re.compile(
+    r"(?:(?:you\s+(?:can|may)|just|please)\s+)*call\s+me\b|(?:address|refer\s+to)\s+me\s+as\b", re.IGNORECASE
 )
 _ABOUT_ME = re.compile(r"\b(?:me|my|i|i'm|mine)\b", re.IGNORECASE)
 _PARTICULAR_OBJECT = re.compile(r"^\s*(?:\w+\s+)?(?:the|this|that|these|those|it)\b", re.IGNORECASE)
@@ -484,67 +499,106 @@ def _clause_starts(text: str) -> list[int]:
     return sorted({_filler_end(text, s) for s in starts})
 
 
-def _directive_clause(clause: str) -> bool:
-    """Whether a clause, as it starts, states a preference, stable context or standing rule."""
+DIRECTIVE = "directive"  # how the assistant should act
+ABOUT_USER = "fact"  # a standing statement about the user: a fact in the user's namespace
+
+
+def _clause_kind(clause: str) -> str | None:
+    """What a clause states as it starts: how the assistant should act (``DIRECTIVE``),
+    something lasting about the user (``ABOUT_USER``), or neither (None)."""
     if m := _REQUEST.match(clause):  # "I'd like you to…", "I'd prefer it if you…": for every reply?
-        return _standing_instruction(clause[m.end():])
+        return DIRECTIVE if _standing_instruction(clause[m.end():]) else None
     if m := _PREFERENCE.match(clause):
         negated = bool(re.search(r"\b(?:can't|cant|cannot)\s+stand\b", clause[: m.end()], re.IGNORECASE))
         if m.group("verb").lower() == "stand" and not negated:
-            return False
-        return _kind_of_thing(clause[m.end():])
+            return None
+        if not _kind_of_thing(clause[m.end():]):
+            return None
+        # "prefer" chooses between options the assistant picks from; a like or dislike of
+        # the assistant's replies or doings ("I like short answers", "…when you book") is
+        # about how it acts; any other like is about the user ("I love hiking").
+        if m.group("verb").lower() == "prefer" or _ABOUT_ASSISTANT.search(clause):
+            return DIRECTIVE
+        return ABOUT_USER
     if m := _WOULD_RATHER.match(clause):
         rest = clause[m.end():]
-        if _first_word(rest) == "not":  # "I'd rather not." answers a proposal
-            return len(rest.split()) >= 3
-        return _kind_of_thing(rest)
+        if _first_word(rest) == "not":  # "I'd rather not." / "I'd rather not, it's late" answer a proposal
+            return DIRECTIVE if re.match(r"\s*not\s+[a-z]", rest, re.IGNORECASE) else None
+        return DIRECTIVE if _kind_of_thing(rest) else None
     if m := _INTO.match(clause):
-        return _kind_of_thing(clause[m.end():])
+        return ABOUT_USER if _kind_of_thing(clause[m.end():]) else None
     if m := _IS_MY_FAVOURITE.match(clause):
-        return m.group("subject").lower() not in _PARTICULAR | {"he", "she", "we", "they", "you"}
+        return ABOUT_USER if m.group("subject").lower() not in _PARTICULAR | {"he", "she", "we", "they", "you"} else None
     if m := _HABIT.match(clause):
         # "I fly to Rome" is a trip; "I never fly at night", "I always travel light" are habits.
         if m.group("verb").lower() in ("fly", "travel") and len(clause[: m.start("verb")].split()) < 2:
-            return False
-        return _first_word(clause[m.end():]) not in _REFERS_BACK
-    if _HAVE.match(clause) or _STATE.match(clause) or _I_AM_AGE.match(clause):
-        return True
+            return None
+        return ABOUT_USER if _first_word(clause[m.end():]) not in _REFERS_BACK else None
+    if _HAVE.match(clause) or _STATE.match(clause) or _I_AM_AGE.match(clause) or _TAKEN_UP.match(clause):
+        return ABOUT_USER
     if m := _I_AM_A.match(clause):
-        return not _OF_PARTICULAR.search(m.group("rest")) and not clause.rstrip("\"') ").endswith("!")
+        if _OF_PARTICULAR.search(m.group("rest")) or clause.rstrip("\"') ").endswith("!"):
+            return None
+        return ABOUT_USER
+    if _ADDRESS_ME.match(clause):  # "call me Sam": how to address the user
+        return DIRECTIVE
     if _HOUSEHOLD_TRAIT.match(clause) or _NAME.match(clause) or _MY_FACT.match(clause):
-        return True
+        return ABOUT_USER
     if _REMEMBER.match(clause) or _NO_MORE.match(clause):
-        return True
+        return DIRECTIVE
     if m := _EVERY_TIME.match(clause):
         verb = m.group("verb").lower()
-        return verb in _SERVICE or verb in _MANNER or verb in _NAMING
-    return _standing_instruction(clause)
+        return DIRECTIVE if verb in _SERVICE or verb in _MANNER or verb in _NAMING else None
+    return DIRECTIVE if _standing_instruction(clause) else None
 
 
-def is_directive(sentence: str) -> bool:
-    """Whether one sentence of a user states a rule, preference or stable personal context.
+def _follows_from(clause: str) -> bool:
+    """After something about the user, an instruction it leads to: "I work night shifts, so
+    don't message before noon" (no "me" needed: the user's context says whom it is for)."""
+    m = _IMPERATIVE.match(clause)
+    return bool(m and m.group("mod") and (m.group("verb") or "").lower() in _SERVICE | _MANNER)
 
-    The extractor asks this of every user sentence; see the comment above for the rule.
+
+def statement_kind(sentence: str) -> str | None:
+    """``DIRECTIVE``, ``ABOUT_USER`` or None for one sentence of a user (the rule above).
+
+    A sentence with both ("I work night shifts, so don't message before noon") is a
+    directive: it says how to act, and why.
     """
     text = " ".join(_normalise(sentence).split())
-    if not text:
-        return False
+    if not text or refers_back(text):
+        return None
     if text.rstrip("\"')] ").endswith("?"):
         # Only a request about every later reply: "Could you always answer in bullet points?"
         start = _filler_end(text)
         m = _REQUEST.match(text, start)
-        return m is not None and not _hypothetical(text) and _standing_instruction(text[m.end():m.end() + CLAUSE_CHARS])
+        standing = m is not None and not _hypothetical(text) and _standing_instruction(text[m.end():m.end() + CLAUSE_CHARS])
+        return DIRECTIVE if standing else None
     if _hypothetical(text) or _ONE_OCCASION.search(text):
-        return False
+        return None
     if _DATE.search(text) and not _RECURRING.search(text):
-        return False
+        return None
     reported = _REPORTED.search(text)
+    found = None
     for start in _clause_starts(text):
         if reported and reported.start() < start:
             break  # everything from here on may be someone else's words
-        if _directive_clause(text[start:start + CLAUSE_CHARS]):
-            return True
-    return False
+        clause = text[start:start + CLAUSE_CHARS]
+        kind = _clause_kind(clause)
+        if kind == DIRECTIVE or (found == ABOUT_USER and _follows_from(clause)):
+            return DIRECTIVE
+        found = found or kind
+    return found
+
+
+def is_directive(sentence: str) -> bool:
+    """Whether one sentence of a user says how the assistant should act."""
+    return statement_kind(sentence) == DIRECTIVE
+
+
+def about_user(sentence: str) -> bool:
+    """Whether one sentence of a user states something lasting about them (and no directive)."""
+    return statement_kind(sentence) == ABOUT_USER
 
 
 # --- cues ----------------------------------------------------------------------------
@@ -728,36 +782,41 @@ class RuleBasedExtractor:
 
     @staticmethod
     def _items(window: Window, sentences: list[_Sentence]) -> list[ExtractedItem]:
+        """Directives, the users' facts, and the shards' facts and suggestions (docs/extraction.md,
+        "Formation that keeps meaning"): pleasantries, questions and sentences that refer
+        back to another turn yield nothing; facts and suggestions are phrased as facts."""
         shards = [s for s in window.shards if s.active]
         topics = {s.shard_id: _shard_words(s) for s in shards}
         items: list[ExtractedItem] = []
-        directive_index: dict[tuple[str, str], int] = {}
+        user_index: dict[tuple[str, str], int] = {}  # (user, key) -> index of a directive or user fact
         seen_on_shard: set[tuple[str, str]] = set()
-        seen_personal: set[tuple[str, str]] = set()
         speakers = sorted({m.user_id for m in window.messages if m.role == Role.USER and m.user_id})
 
-        for sentence in sentences:
-            suggestion = bool(_SUGGESTION.search(sentence.norm))
-            directive = sentence.is_user and bool(sentence.message.user_id) and is_directive(sentence.text)
-            if directive:
-                said = (sentence.message.user_id, _key(sentence.text))
-                if said in directive_index:  # said twice: one directive, both messages as its source
-                    i = directive_index[said]
-                    items[i] = _with_source(items[i], sentence.message.message_id)
-                else:
-                    directive_index[said] = len(items)
-                    items.append(
-                        ExtractedItem(
-                            kind=MemoryKind.DIRECTIVE,
-                            content=limit_words(sentence.text, WORD_LIMITS[MemoryKind.DIRECTIVE]),
-                            message_ids=(sentence.message.message_id,),
-                            user_id=sentence.message.user_id,
-                        )
-                    )
+        def keep_for_user(kind: MemoryKind, user: str, content: str, message_id: str) -> None:
+            said = (user, _key(content))
+            if said in user_index:  # said twice: one memory, both messages as its source
+                i = user_index[said]
+                items[i] = _with_source(items[i], message_id)
+                return
+            user_index[said] = len(items)
+            items.append(ExtractedItem(kind=kind, content=limit_words(content, WORD_LIMITS[kind]),
+                                       message_ids=(message_id,), user_id=user))
 
-            # A user's rules and personal context belong in the user's namespace only: a
-            # shard is shared by everyone who talks to the agent.
-            fact = not (suggestion or directive or sentence.is_question) and (
+        for sentence in sentences:
+            if is_pleasantry(sentence.text):
+                continue
+            user = sentence.message.user_id if sentence.is_user else None
+            statement = statement_kind(sentence.text) if user else None
+            if user and statement == DIRECTIVE:
+                keep_for_user(MemoryKind.DIRECTIVE, user, sentence.text, sentence.message.message_id)
+                continue
+            if user and statement == ABOUT_USER:
+                # About the user, not how to act: a fact about them, in their namespace only.
+                if about := third_person(sentence.text, user):
+                    keep_for_user(MemoryKind.FACT, user, about, sentence.message.message_id)
+                continue
+            suggestion = bool(_SUGGESTION.search(sentence.norm))
+            fact = not (suggestion or sentence.is_question or refers_back(sentence.text) or _imperative(sentence.norm)) and (
                 sentence.is_user or not _ASSISTANT_SMALL_TALK.match(sentence.norm)
             )
             if not (suggestion or fact):
@@ -773,24 +832,24 @@ class RuleBasedExtractor:
                 continue
             if is_personal(sentence.text, names=speakers, assistant=not sentence.is_user):
                 # About a person, not the topic: a shard is shared by every user of the
-                # agent, so it is kept for the person alone (memory_service.formation.personal).
-                owner = sentence.message.user_id if sentence.is_user else _addressee(window)
-                if owner and (owner, key) not in seen_personal:
-                    seen_personal.add((owner, key))
-                    items.append(ExtractedItem(
-                        kind=MemoryKind.FACT,
-                        content=limit_words(f"{sentence.speaker}: {_lower_first(sentence.text)}",
-                                            WORD_LIMITS[MemoryKind.FACT]),
-                        message_ids=(sentence.message.message_id,),
-                        user_id=owner,
-                    ))
+                # agent, so it is kept for the person alone (memory_service.formation.personal),
+                # said of them in the third person.
+                owner = user if sentence.is_user else _addressee(window)
+                personal = _personal_fact(sentence, owner, suggestion) if owner else None
+                if owner and personal:
+                    keep_for_user(MemoryKind.FACT, owner, personal, sentence.message.message_id)
                 continue
             if suggestion:
+                proposed = _suggestion(window, sentence)
+                if proposed is None:
+                    continue
                 kind = MemoryKind.SUGGESTION
-                content, message_ids = _suggestion(window, sentence)
+                content, message_ids = proposed
             else:
                 kind = MemoryKind.FACT
                 content = limit_words(_topic_fact(sentence.text), WORD_LIMITS[kind])
+                if _word_count(content) < 3:  # "Booked.", "Done, all set": no subject, nothing stated
+                    continue
                 message_ids = (sentence.message.message_id,)
                 # Topic knowledge is kept once, in the shard it is most about (ties: each of them).
                 overlap = {shard_id: len(stems & topics[shard_id]) for shard_id in matching}
@@ -802,11 +861,37 @@ class RuleBasedExtractor:
                         kind=kind,
                         content=content,
                         message_ids=message_ids,
-                        user_id=sentence.message.user_id if sentence.is_user else None,
+                        user_id=user,
                         shard_id=shard_id,
                     )
                 )
         return items
+
+
+def _personal_fact(sentence: _Sentence, owner: str, suggestion: bool) -> str | None:
+    """A personal sentence as a fact about ``owner``: a proposal as what its speaker suggested
+    ("bob suggested dinner at Ao 26, since Alice is vegetarian"), else in the third person."""
+    if not suggestion:
+        return third_person(sentence.text, owner, assistant=not sentence.is_user)
+    proposed = proposal_as_fact(sentence.text, sentence.speaker)
+    if proposed and _FIRST_PERSON_LEFT.search(proposed):
+        proposed = third_person(proposed, owner) if sentence.is_user else None
+    return proposed and proposed.rstrip(".?!") + "."
+
+
+_FIRST_PERSON_LEFT = re.compile(r"\b(?:i|i'm|i've|i'd|i'll|me|my|mine|myself|we|our|ours)\b", re.IGNORECASE)
+
+
+# A sentence that opens with a bare verb asks for something ("Book the 9am train for me");
+# it states nothing, so it is no fact.
+_IMPERATIVE_VERBS = _SERVICE | _MANNER | _NAMING | frozenset(
+    "find get help let look take go come see bring buy pay pick remember do don't".split()
+)
+
+
+def _imperative(text: str) -> bool:
+    first = re.match(r"\W*(?:please\s+|just\s+)*([a-z]+(?:'[a-z]+)?)(?![\w-])", text, re.IGNORECASE)
+    return first is not None and first.group(1).lower() in _IMPERATIVE_VERBS
 
 
 def _topic_fact(text: str) -> str:
@@ -824,21 +909,21 @@ def _addressee(window: Window) -> str | None:
     return users.pop() if len(users) == 1 else None
 
 
-def _suggestion(window: Window, sentence: _Sentence) -> tuple[str, tuple[str, ...]]:
-    """'bob suggests: <the sentence> (agreed: …; disagreed: …)' and its source message ids."""
-    agreed, disagreed, reaction_ids = _reactions(window, sentence)
-    notes = []
-    if agreed:
-        notes.append("agreed: " + ", ".join(agreed))
-    if disagreed:
-        notes.append("disagreed: " + ", ".join(disagreed))
-    note = f" ({'; '.join(notes)})" if notes else ""
-    head = f"{sentence.speaker} suggests:"
+def _suggestion(window: Window, sentence: _Sentence) -> tuple[str, tuple[str, ...]] | None:
+    """'bob suggested that the group take the night train (alice agreed; carol disagreed)' and
+    its source message ids; None when nothing is proposed ("Let's do it!")."""
     limit = WORD_LIMITS[MemoryKind.SUGGESTION]
+    agreed, disagreed, reaction_ids = _reactions(window, sentence)
+    notes = [f"{', '.join(agreed)} agreed"] if agreed else []
+    if disagreed:
+        notes.append(f"{', '.join(disagreed)} disagreed")
+    note = f" ({'; '.join(notes)})" if notes else ""
+    body = proposal_as_fact(sentence.text, sentence.speaker)
+    if body is None:
+        return None
     # Cut the rationale, not the verdicts: who agreed is what makes a suggestion useful.
-    room = max(limit - _word_count(head) - _word_count(note), 8)
-    body = limit_words(_lower_first(sentence.text.rstrip(".! ")), room)
-    return limit_words(f"{head} {body}{note}", limit), (sentence.message.message_id, *reaction_ids)
+    room = max(limit - _word_count(note), 8)
+    return limit_words(f"{limit_words(body, room)}{note}.", limit), (sentence.message.message_id, *reaction_ids)
 
 
 def _render(chosen: list[_Sentence]) -> str:

@@ -23,7 +23,7 @@ from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError, NotSupported
 from memory_service.domain.graph import EntityType, Fact, normalise_name, query_names
-from memory_service.domain.models import Memory, MemoryKind, Shard
+from memory_service.domain.models import AgentSettings, ContextType, Memory, MemoryKind, Recall, RecallScope, Shard
 from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
 from memory_service.recall.graph_signal import QueryGraph, query_graph
@@ -39,8 +39,9 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.recall.search import QUERY_STOPWORDS, Retriever, SearchRequest, query_terms, snippet
+from memory_service.recall.search import QUERY_STOPWORDS, Retriever, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
+from memory_service.schemas.search import SearchHit
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
@@ -48,7 +49,7 @@ from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 
-# The CONTEXT_RELEVANT_* counts are per this many characters of budget.
+# CONTEXT_TOP_K is per this many characters of budget (when neither the agent nor the call sets top_k).
 RELEVANT_COUNTS_PER_CHARS = 4_000
 # The user's own facts shown without a query match: a few, the newest (render.py gives them a
 # low rank and the facts' share of the budget).
@@ -66,7 +67,7 @@ class ContextAssembler:
     async def assemble(
         self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
         query: str | None = None, budget: int | None = None, reach: Reach | None = None,
-        as_of: datetime | None = None,
+        as_of: datetime | None = None, context_type: ContextType = ContextType.CHAT, recall: Recall | None = None,
     ) -> RenderedContext:
         """The XML memory block for one model call; it fits the budget.
 
@@ -81,6 +82,10 @@ class ContextAssembler:
         wider key is never served to a narrower one.
 
         ``as_of``: the block's <KnownFacts> are the facts true then, not the current ones.
+
+        How the relevant memories are picked (threshold, top_k, scope): ``recall`` (this
+        call's), over the agent's settings for ``context_type``, over the agent's, over the
+        server's CONTEXT_* settings (``effective_recall``).
         """
         reach = reach or Reach(self.state, agent_id)
         if query is not None and len(query) > self.settings.search_max_query_chars:
@@ -100,7 +105,7 @@ class ContextAssembler:
         try:
             async with asyncio.timeout_at(deadline + allowed):
                 rendered = await self._assemble(agent_id, user_id, session_id, budget, last_good_key, query, deadline,
-                                                reach, as_of)
+                                                reach, as_of, context_type, recall or Recall())
         except MemoryServiceError:
             raise  # the caller's mistake (e.g. a bad id), not an outage
         except Exception as exc:
@@ -117,11 +122,23 @@ class ContextAssembler:
                 await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
         return rendered
 
+    def effective_recall(self, agent: AgentSettings, context_type: ContextType, call: Recall, budget: int) -> Recall:
+        """Every recall setting, from the narrowest level that sets it: the call, the agent's
+        for the context type, the agent's, the server's (CONTEXT_TOP_K scaled by the budget)."""
+        s = self.settings
+        server = Recall(min_score=s.context_min_score, min_similarity=s.context_min_similarity,
+                        top_k=min(round(s.context_top_k * max(1.0, budget / RELEVANT_COUNTS_PER_CHARS)), s.search_max_top_k),
+                        scope=RecallScope(s.context_scope))
+        return call.over(agent.context.types.get(context_type, Recall()).over(agent.context.over(server)))
+
     async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
-                        query: str | None, deadline: float, reach: Reach, as_of: datetime | None) -> RenderedContext:
+                        query: str | None, deadline: float, reach: Reach, as_of: datetime | None,
+                        context_type: ContextType, call: Recall) -> RenderedContext:
         # A session the caller does not see is shown as one nobody recorded in: no session
         # content, no other user's memory (nothing tells it from an unknown session).
         seen = await reach.sees_session(session_id)
+        agent = await self.state.get_agent(agent_id) or AgentSettings()
+        recall = self.effective_recall(agent, context_type, call, budget)
         shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
         spoken = await self.state.session_users(session_id) if seen else []
         users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
@@ -135,17 +152,19 @@ class ContextAssembler:
         dependencies = [agent_wide(agent_id), *map(str, namespaces)]
         # Kept per reach too: a block made for a wider key is never served to a narrower one.
         key = await self.cache.key_for([agent_id, user_id, session_id, budget, query, reach.view,
-                                        as_of.isoformat() if as_of else None], dependencies)
+                                        as_of.isoformat() if as_of else None, recall.model_dump_json()], dependencies)
         if cached := await self.cache.get(key):
             return RenderedContext(**{**cached, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
-        inputs, complete, backend_name = await self._context_inputs(agent_id, user_id, session_id if seen else None,
-                                                                    users, shards, query, budget, deadline, sources,
-                                                                    as_of)
+        inputs, complete, backend_name, below = await self._context_inputs(
+            agent_id, agent, user_id, session_id if seen else None, users, shards, query, deadline, sources, recall, as_of)
         inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
                                           for r in await self.startup.list(agent_id)])
-        rendered = replace(render_context(inputs, budget), source="+".join(sorted(sources)) or backend_name)
+        rendered = render_context(inputs, budget)
+        rendered = replace(rendered, source="+".join(sorted(sources)) or backend_name,
+                           left_out={"below_threshold": below, **rendered.left_out},
+                           recall=recall.model_dump(mode="json"))
         if complete and cacheable:  # never cache a block shrunk by an outage
             await self.cache.put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
             await self.cache.keep_last_good(last_good_key, _asdict(rendered), agent_id)
@@ -157,17 +176,19 @@ class ContextAssembler:
         return rendered
 
     async def _context_inputs(
-        self, agent_id: str, user_id: str, session_id: str | None, users: list[str], shards: list[Shard],
-        query: str | None, budget: int, deadline: float, sources: set[str], as_of: datetime | None = None,
-    ) -> tuple[ContextInputs, bool, str]:
-        """What the block shows, whether every read succeeded, and the backend read.
+        self, agent_id: str, agent: AgentSettings, user_id: str, session_id: str | None, users: list[str],
+        shards: list[Shard], query: str | None, deadline: float, sources: set[str], recall: Recall,
+        as_of: datetime | None = None,
+    ) -> tuple[ContextInputs, bool, str, int]:
+        """What the block shows, whether every read succeeded, the backend read, and how many
+        relevant candidates fell below the thresholds.
         ``session_id`` None: a session the caller does not see, nothing of it is read."""
         s = self.settings
         try:
-            backend_name, backend = await self.agents.backend_for(agent_id)
+            backend_name, backend = await self.agents.backend_for(agent_id, agent)
         except BackendUnavailable as exc:
             log.warning("memory context for agent %s without memories: %s", agent_id, exc)
-            return ContextInputs(), False, "none"
+            return ContextInputs(), False, "none", 0
 
         async def read(namespace: Namespace | None, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
             if namespace is None:
@@ -216,31 +237,30 @@ class ContextAssembler:
             users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
             episodes=episodes,
         )
-        relevant, known, relevant_complete = await self._relevant(agent_id, user_id, session_id, shards, backend, inputs,
-                                                                  query, budget, deadline, sources, as_of)
-        return (replace(inputs, relevant=relevant, facts=known, facts_as_of=as_of), complete and relevant_complete,
-                backend_name)
+        relevant, known, relevant_complete, asked, below = await self._relevant(
+            agent_id, user_id, session_id, shards, backend, inputs, query, deadline, sources, recall, as_of)
+        return (replace(inputs, relevant=relevant, facts=known, facts_as_of=as_of, asked=asked),
+                complete and relevant_complete, backend_name, below)
 
     async def _relevant(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
-                        backend: MemoryBackend, shown: ContextInputs, query: str | None,
-                        budget: int, deadline: float, sources: set[str],
-                        as_of: datetime | None = None) -> tuple[list[RelevantItem], list[FactItem], bool]:
-        """The block's query-relevant memories, shaped: the best in full, then snippets, then
-        references; and the known facts (``_facts``), read with the same query.
+                        backend: MemoryBackend, shown: ContextInputs, query: str | None, deadline: float,
+                        sources: set[str], recall: Recall,
+                        as_of: datetime | None = None) -> tuple[list[RelevantItem], list[FactItem], bool, bool, int]:
+        """The block's query-relevant memories, best first, each with its score (the renderer
+        gives each its share of the budget by it); the known facts (``_facts``), read with the
+        same query; whether every read succeeded; whether there was a query; and how many
+        candidates fell below the thresholds.
 
-        How many of each: the CONTEXT_RELEVANT_* settings per 4,000 characters of budget,
-        so a larger budget shows proportionally more (never fewer than the settings say).
-
-        The scope is what this user may see: the session (if the caller sees it), the user's
-        memory and every session they spoke in, the active shards and the agent's own namespace. Memories
-        the block already shows elsewhere are left out. Without a query, the session's
-        latest user message is the query (and is itself left out).
+        The candidates are the search's best ``recall.top_k`` in ``recall.scope``, within what
+        this user may see: the session (if the caller sees it); the user's memory and every
+        session they spoke in (scope user and shared); the active shards and the agent's own
+        namespace (scope shared). A candidate below ``recall.min_score``, or found by the vector
+        signal alone below ``recall.min_similarity``, is left out: the budget is a ceiling,
+        not a target. Memories the block already shows elsewhere are left out. Without a
+        query, the session's latest user message is the query (and is itself left out).
         """
         s = self.settings
-        scale = max(1.0, budget / RELEVANT_COUNTS_PER_CHARS)
-        wanted = min(round(s.context_relevant_items * scale), s.search_max_top_k)
-        full = round(s.context_relevant_full * scale)
-        snippets = round(s.context_relevant_snippets * scale)
+        wanted = recall.top_k or 0
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
@@ -257,17 +277,22 @@ class ContextAssembler:
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
             log.warning("memory context: reading agent %s's latest message failed: %s", agent_id,
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return [], [], False
+            return [], [], False, False, 0
         facts, found, facts_complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
         if query is None or wanted <= 0:
-            return [], facts, facts_complete
+            return [], facts, facts_complete, query is not None, 0
         try:
             async with asyncio.timeout_at(deadline):
                 namespaces = list(dict.fromkeys([
                     *([Namespace.session(session_id)] if session_id else []),
-                    *await self.retriever.user_namespaces(agent_id, user_id),
-                    *(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id)]))
-                request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k))
+                    *(await self.retriever.user_namespaces(agent_id, user_id)
+                      if recall.scope is not RecallScope.SESSION else []),
+                    *((*(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id))
+                      if recall.scope is RecallScope.SHARED else ())]))
+                if not namespaces:
+                    return [], facts, facts_complete, True, 0
+                request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
+                                        min_score=recall.min_score)
                 result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
                                                      resolve_scope=False, found=found)
         except MemoryServiceError:
@@ -275,19 +300,22 @@ class ContextAssembler:
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
             log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return [], facts, False
-        hits = [h for h in result.results if h.id not in exclude][:wanted]
-        sources.update(h.served_by for h in hits if h.served_by)
-        terms = query_terms(query)
-        items = []
-        for rank, h in enumerate(hits):
-            text = h.content
-            if rank >= full + snippets:
-                text = snippet(text, terms, s.context_reference_chars)
-            elif rank >= full:
-                text = snippet(text, terms, s.context_snippet_chars)
-            items.append(RelevantItem(kind=h.kind, valid_at=h.valid_at, text=text))
-        return items, facts, facts_complete
+            return [], facts, False, True, 0
+
+        def similar_enough(h: SearchHit) -> bool:
+            signals = h.explanation.signals
+            return recall.min_similarity is None or set(signals) != {"vector"} or \
+                signals["vector"].score >= recall.min_similarity
+
+        hits = [h for h in result.results if h.id not in exclude]
+        similar = [h for h in hits if similar_enough(h)]
+        below = len([h for h in result.candidates if h.id not in exclude]) + len(hits) - len(similar)
+        kept = similar[:wanted]
+        sources.update(h.served_by for h in kept if h.served_by)
+        terms = tuple(query_terms(query))
+        items = [RelevantItem(kind=h.kind, valid_at=h.valid_at, text=h.content, score=h.score, terms=terms)
+                 for h in kept]
+        return items, facts, facts_complete, True, below
 
     async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
                      query: str | None, as_of: datetime | None,

@@ -17,7 +17,7 @@ block, in the element order DESIGN.md fixes::
       </UserMemory>
       <CurrentConversationContext><Episode>...</Episode></CurrentConversationContext>
       <KnownFacts as_of="..."><Fact about="..." valid_at="..." invalid_at="...">...</Fact></KnownFacts>
-      <RelevantMemories><Memory kind="..." date="..." age="...">...</Memory></RelevantMemories>
+      <RelevantMemories><Memory kind="..." date="..." also="...">...</Memory></RelevantMemories>
     </MemoryContext>
 
 ``<KnownFacts>`` holds facts of the knowledge graph (docs/graph.md): those of the entities
@@ -30,9 +30,11 @@ Empty sections and containers are left out; with nothing to show the block is
 ``<MemoryContext/>``. All text is escaped and characters XML 1.0 forbids are removed,
 so no memory can close, forge or break an element.
 
-Budget: ``len(xml) <= budget_chars`` always (newlines and indentation included). The
-minimum budget is 64 characters; below that ``render_context`` raises ValueError. Items
-are kept greedily in this priority order, highest first:
+Budget: ``len(xml) <= budget_chars`` always (newlines and indentation included): a
+ceiling, not a target (the assembler leaves out what falls below the relevance threshold,
+and an empty list shows nothing). The minimum budget is 64 characters; below that
+``render_context`` raises ValueError. Items are kept greedily in a priority order, highest
+first. Without a query (``ContextInputs.asked`` False):
 
 1. the agent's P0 (identity), then P1 (operating rules) startup records;
 2. the most recent episode;
@@ -52,14 +54,32 @@ are kept greedily in this priority order, highest first:
 16. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
     round-robin over the lists in the order above.
 
+With a query, the sections compete by relevance: what says how to act (P0, P1, the user's
+consolidated directives and every directive read), then what matches the query (its entities'
+facts, then every relevant memory, best first), then the background in the order above (the
+latest episode, the shards' consolidated memories, ...): ``_ASKED_ORDER``.
+
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
 items go first: once an item of a list is left out, every older item of it is too. The
 relevant memories and the startup records are the exception (a startup record is kept
 whole or not at all, and one that does not fit leaves the room to a shorter one; all of a
-priority rank in its tier, whatever their count): the relevant memories come already shaped (the best in full, the next
-as snippets, the rest as one-line references, see ``RelevantItem``), and a shorter one
-further down still takes the room a longer one left, so unused budget is carried forward.
-Every relevant memory shows its date and age.
+priority rank in its tier, whatever their count).
+
+**The relevant memories share a sliding budget** (seed 002's accordion): when the first of
+them comes, the room left is theirs; each gets a share of what remains in proportion to its
+search score among the ones still to come, and what a short one leaves goes to the next. One
+of at most ``WHOLE_CHARS`` characters is shown whole while the room lasts (a message cut to
+its share loses what it said); a longer one (an episode) is cut to its share, at least
+``MIN_EXCERPT_CHARS``, around the query's words (``excerpt``). One that does not fit leaves
+the room to a shorter one after it. Each shows its ``date`` (the day, UTC) and its ``kind``
+unless it is a message: about 40 characters of markup an item, half what a kind, a minute
+and an age cost.
+
+**Each thing once.** A sentence (of ``MIN_DUPLICATE_WORDS`` words or more; a message's
+"speaker: " prefix aside) is shown once: an item all of whose sentences an item kept before
+it shows is left out as a duplicate, and its form (message, directive, episode, fact...) is
+named in the keeping item's ``also`` attribute; an item that repeats some of them shows the
+rest, an ellipsis where they were. The priority order decides which form is kept.
 
 The known facts have a share of the budget, ``FACTS_SHARE`` (a fifth): their lines (and
 their container's) never take more, so the facts of an entity-rich query cannot crowd out
@@ -69,18 +89,21 @@ own facts come without a query match, so they rank lower (after the user's direc
 are few (the assembler passes at most ``OWN_FACTS``): a principle, not a measurement. An item too long for the room left is cut
 with an ellipsis if at least ``MIN_TRUNCATED_CHARS`` of it fit. Sizes are computed incrementally (an item's line, plus the open and close lines of its
 containers the first time one of their items is kept), so rendering is O(n log n).
+
+``RenderedContext.left_out`` counts what was left out: ``duplicate`` and ``over_budget``
+here, ``below_threshold`` by the assembler.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from itertools import count
-from typing import TypeGuard
-from xml.sax.saxutils import escape, quoteattr
+from typing import Any, TypeGuard
+from xml.sax.saxutils import escape, quoteattr, unescape
 
 from memory_service.domain.models import Memory, MemoryKind
 
@@ -119,7 +142,9 @@ class RelevantItem:
 
     kind: MemoryKind
     valid_at: datetime
-    text: str
+    text: str  # whole: the renderer cuts it to its share of the budget
+    score: float = 1.0  # the search's score (0 to 1]: the item's weight in the sliding budget
+    terms: tuple[str, ...] = ()  # the query's words: a cut item keeps the text around them
 
     @classmethod
     def whole(cls, memory: Memory) -> RelevantItem:
@@ -155,6 +180,7 @@ class ContextInputs:
     startup: Sequence[StartupItem] = ()  # the agent's startup records, in the order shown
     facts: Sequence[FactItem] = ()  # the query's entities' facts (best first), then the user's own
     facts_as_of: datetime | None = None  # the facts are those true then (None: current ones)
+    asked: bool = False  # the block answers a query: what matches it comes before the background
 
 
 @dataclass(frozen=True)
@@ -165,6 +191,9 @@ class RenderedContext:
     sections: dict[str, int]  # items kept per section: startup, collective, user, conversation, facts, relevant
     dropped: int  # items left out to fit the budget
     source: str = ""  # where the memories came from: graph, mongo, cache, last-good, none
+    # Candidates left out, by why: below_threshold (the assembler's), duplicate, over_budget.
+    left_out: dict[str, int] = field(default_factory=dict)
+    recall: dict[str, Any] | None = None  # the resolved recall settings (the assembler's)
 
 
 def clean(text: str) -> str:
@@ -224,19 +253,24 @@ class _Item:
     text: str  # already cleaned
     section: str
     group: int  # the list it belongs to, for "drop oldest first"
+    form: str = ""  # what it is, named in the ``also`` of an item that shows its content
+    weight: float = 1.0  # a relevant item's score: its share of the sliding budget
+    terms: tuple[str, ...] = ()  # a relevant item's query words: its cut keeps them
     line: str | None = None  # set when kept
+    body: str = ""  # the escaped text of ``line``
+    also: tuple[str, ...] = ()  # the forms of left-out duplicates whose content it shows
 
     def __post_init__(self) -> None:
         self.parent.children.append(self)
-        pad = _INDENT * (self.parent.depth + 1)
-        self._head = f"{pad}<{self.tag}{self.attrs}>"
+        self._pad = _INDENT * (self.parent.depth + 1)
         self._tail = f"</{self.tag}>\n"
 
-    def render(self, body: str) -> str:
-        return self._head + body + self._tail
+    def render(self, body: str, also: tuple[str, ...] = ()) -> str:
+        folded = f" also={_attr(' '.join(also))}" if also else ""
+        return f"{self._pad}<{self.tag}{self.attrs}{folded}>{body}{self._tail}"
 
     def shell(self) -> int:
-        return len(self._head) + len(self._tail)
+        return len(self.render(""))
 
 
 def _truncate(text: str, room: int) -> str | None:
@@ -264,21 +298,74 @@ def age(then: datetime, now: datetime) -> str:
     return "just now"  # also for the (clock-skewed) future
 
 
+def item_date(moment: datetime) -> str:
+    """The date a relevant memory shows: the day (the block's items are seldom about the hour)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%d")
+
+
 def memory_date(moment: datetime) -> str:
     """The date a memory shows, so that questions about when can be answered."""
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M")
 
 
-# Tiers, in the priority order the module docstring lists.
-(_STARTUP_P0, _STARTUP_P1, _LATEST_EPISODE, _RELEVANT, _QUERY_FACTS, _USER_CONSOLIDATED, _USER_DIRECTIVES,
- _OWN_FACTS, _STARTUP_P2, _SHARD_CONSOLIDATED, _RELEVANT_MORE, _FACTS, _EPISODES, _SUGGESTIONS, _OTHER_USERS,
- _STARTUP_P3, _OLDER) = range(17)
-_STARTUP_TIERS = (_STARTUP_P0, _STARTUP_P1, _STARTUP_P2, _STARTUP_P3)
+# The block's lists, and the order they are kept in: without a query, the docstring's;
+# with one, what matches the query comes before the background (``_ASKED_ORDER``).
+_RECENT_ORDER = ("startup_p0", "startup_p1", "latest_episode", "relevant", "query_facts", "user_consolidated",
+                 "user_directives", "own_facts", "startup_p2", "shard_consolidated", "relevant_more", "facts",
+                 "episodes", "suggestions", "other_users", "startup_p3", "older")
+_ASKED_ORDER = ("startup_p0", "startup_p1", "user_consolidated", "user_directives", "query_facts", "relevant",
+                "relevant_more", "latest_episode", "own_facts", "startup_p2", "shard_consolidated", "facts",
+                "episodes", "suggestions", "other_users", "startup_p3", "older")
+_STARTUP_TIERS = ("startup_p0", "startup_p1", "startup_p2", "startup_p3")
 # Sections whose items are kept each on its own merit: one that does not fit leaves the
 # room to a shorter one after it (in every other list, the older items go with it).
 _SKIPPING = ("relevant", "startup", "facts")
 # Sections whose items are kept whole or not at all.
 _WHOLE = ("startup", "facts")
+# A relevant item no longer than this is shown whole, whatever its share, while the room
+# lasts (a message cut to its share loses what it said; the next item loses its room instead).
+WHOLE_CHARS = 400
+# A longer one is cut to its share around the query's words, never below this many characters
+# (a share too small to say anything would take the room of a next item's whole text).
+MIN_EXCERPT_CHARS = 200
+# A sentence of fewer words is never a duplicate ("Thanks!" said twice is not repetition).
+MIN_DUPLICATE_WORDS = 3
+_SENTENCE_END = re.compile(r"(?<=[.!?…])\s+|\n+")
+_WORDS = re.compile(r"\w+")
+_SPEAKER = re.compile(r"^\s*[^\s:<>]{1,40}:\s")
+
+
+def _sentences(text: str) -> list[tuple[str, str | None]]:
+    """``text``'s sentences, each with its key for "shown already" (None: too short to count).
+    A message's "speaker: " prefix is not part of the key: the directive formed from it is
+    the same sentence."""
+    out: list[tuple[str, str | None]] = []
+    for piece in _SENTENCE_END.split(text):
+        if not piece.strip():
+            continue
+        words = _WORDS.findall(_SPEAKER.sub("", piece, count=1).casefold())
+        out.append((piece.strip(), " ".join(words) if len(words) >= MIN_DUPLICATE_WORDS else None))
+    return out
+
+
+def excerpt(text: str, terms: Sequence[str], chars: int) -> str:
+    """``text`` cut to at most ``chars`` characters around its first matching term, at word
+    boundaries, with an ellipsis at each cut end (whole when short enough)."""
+    if len(text) <= chars:
+        return text
+    lowered = text.lower()
+    positions = [p for t in terms if (p := lowered.find(t)) >= 0]
+    center = min(positions) if positions else 0
+    room = chars - 2 * len(ELLIPSIS)
+    start = max(0, min(center - room // 3, len(text) - room))
+    if start:  # start at a word
+        space = text.find(" ", start, center if center > start else start + room // 4)
+        start = space + 1 if space >= 0 else start
+    end = min(len(text), start + room)
+    if end < len(text):  # end at a word
+        space = text.rfind(" ", start + room // 2, end)
+        end = space if space > 0 else end
+    return (ELLIPSIS if start else "") + text[start:end].strip() + (ELLIPSIS if end < len(text) else "")
 
 
 def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | None = None) -> RenderedContext:
@@ -286,23 +373,28 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         raise ValueError(f"the context budget must be at least {MIN_BUDGET_CHARS} characters, got {budget_chars}")
     now = now or datetime.now(UTC)
     now = now if now.tzinfo else now.replace(tzinfo=UTC)
+    tier_of = {name: i for i, name in enumerate(_ASKED_ORDER if inputs.asked else _RECENT_ORDER)}
 
     # Build the full tree in document order, and each item's priority key beside it.
     root = _Node(None, "MemoryContext")
     ranked: list[tuple[tuple[int, int, int, int], _Item]] = []
     groups = count()  # one id per list, for "drop oldest first" and as the last tie-breaker
 
-    def add(parent: _Node, tag: str, texts: Sequence[str], section: str, tier: int,
-            newest_first: bool = False, attrs: Sequence[str] = (), first_tier: int | None = None,
-            later_tier: int = _OLDER) -> None:
+    def add(parent: _Node, tag: str, texts: Sequence[str], section: str, tier: str,
+            newest_first: bool = False, attrs: Sequence[str] = (), first_tier: str | None = None,
+            later_tier: str = "older", forms: Sequence[str] = (), weights: Sequence[float] = (),
+            terms: Sequence[tuple[str, ...]] = ()) -> None:
         group = next(groups)
         for pos, text in enumerate(texts):
             rank = pos if newest_first else len(texts) - 1 - pos  # 0 = the newest (or the best)
-            item = _Item(parent, tag, attrs[pos] if attrs else "", clean(text), section, group)
-            item_tier = first_tier if rank == 0 and first_tier is not None else tier
+            item = _Item(parent, tag, attrs[pos] if attrs else "", clean(text), section, group,
+                         form=forms[pos] if forms else tag.lower(), weight=weights[pos] if weights else 1.0,
+                         terms=terms[pos] if terms else ())
+            item_tier = tier_of[first_tier if rank == 0 and first_tier is not None else tier]
             # Equal ranks across lists (round-robin) are broken by the list's own tier, so
             # older items of every list go in the docstring's order too.
-            ranked.append(((item_tier if rank < RECENT_ITEMS else later_tier, rank, tier, group), item))
+            ranked.append(((item_tier if rank < RECENT_ITEMS else tier_of[later_tier], rank, tier_of[tier], group),
+                           item))
 
     startup = _Node(root, "StartupRecords")
     collective = _Node(root, "CollectiveMemory")
@@ -312,13 +404,16 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
     relevant_node = _Node(root, "RelevantMemories")
 
     add(conversation, "Episode", [m.content for m in inputs.episodes], "conversation",
-        _EPISODES, first_tier=_LATEST_EPISODE)
-    add(relevant_node, "Memory", [r.text for r in inputs.relevant], "relevant", _RELEVANT,
-        newest_first=True, later_tier=_RELEVANT_MORE,
-        attrs=[f" kind={_attr(r.kind.value)} date={_attr(memory_date(r.valid_at))}"
-               f" age={_attr(age(r.valid_at, now))}" for r in inputs.relevant])
+        "episodes", first_tier="latest_episode")
+    # A relevant memory says its date; its kind unless it is a message (most are).
+    add(relevant_node, "Memory", [r.text for r in inputs.relevant], "relevant", "relevant",
+        newest_first=True, later_tier="relevant_more",
+        attrs=[(f" kind={_attr(r.kind.value)}" if r.kind is not MemoryKind.MESSAGE else "")
+               + f" date={_attr(item_date(r.valid_at))}" for r in inputs.relevant],
+        forms=[r.kind.value for r in inputs.relevant], weights=[max(r.score, 1e-6) for r in inputs.relevant],
+        terms=[r.terms for r in inputs.relevant])
 
-    for own, tier in ((False, _QUERY_FACTS), (True, _OWN_FACTS)):
+    for own, tier in ((False, "query_facts"), (True, "own_facts")):
         facts = [f for f in inputs.facts if f.own is own]
         add(facts_node, "Fact", [f.text for f in facts], "facts", tier, newest_first=True,
             attrs=[f" about={_attr(f.about)}" + (f" valid_at={_attr(memory_date(f.valid_at))}" if f.valid_at else "")
@@ -334,54 +429,109 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         requesting = index == 0
         if _shown(user.consolidated):
             add(node, "ConsolidatedMemory", [user.consolidated], "user",
-                _USER_CONSOLIDATED if requesting else _OTHER_USERS)
+                "user_consolidated" if requesting else "other_users")
+        # With a query, every directive of the requesting user says how to act: all before the matches.
         add(_Node(node, "Directives"), "Directive", [m.content for m in user.directives], "user",
-            _USER_DIRECTIVES if requesting else _OTHER_USERS)
+            "user_directives" if requesting else "other_users",
+            later_tier="user_directives" if requesting and inputs.asked else "older")
 
     for shard in inputs.shards:
         node = _Node(collective, "MemoryShard", f" name={_attr(shard.name)}")
         if _shown(shard.consolidated):
-            add(node, "ConsolidatedMemory", [shard.consolidated], "collective", _SHARD_CONSOLIDATED)
-        add(_Node(node, "Facts"), "Fact", [m.content for m in shard.facts], "collective", _FACTS)
+            add(node, "ConsolidatedMemory", [shard.consolidated], "collective", "shard_consolidated")
+        add(_Node(node, "Facts"), "Fact", [m.content for m in shard.facts], "collective", "facts")
         add(_Node(node, "RecentSuggestions"), "Suggestion", [m.content for m in shard.suggestions],
-            "collective", _SUGGESTIONS)
+            "collective", "suggestions")
 
     # Keep greedily in priority order, counting the exact size as we go.
-    size = dropped = facts_size = 0
+    size = dropped = duplicates = facts_size = 0
     facts_room = int(budget_chars * FACTS_SHARE)
+    # The relevant memories share what is left when the first of them comes: each its part of
+    # the rest by its score; what a short one leaves goes to the next (the sliding budget).
+    relevant_room: int | None = None
+    relevant_weight = sum(item.weight for _, item in ranked if item.section == "relevant")
+    shown_by: dict[str, _Item] = {}  # each sentence key shown, and the item showing it
     closed: set[int] = set()  # lists that already lost an item: their older items go too
     sections = {"startup": 0, "collective": 0, "user": 0, "conversation": 0, "facts": 0, "relevant": 0}
     for _, item in sorted(ranked, key=lambda entry: entry[0]):
         if item.group in closed:
             dropped += 1
             continue
+        # Each thing once: an item all of whose sentences are shown already is left out, its
+        # form folded into the item that shows them; one that repeats some shows the rest.
+        sentences = _sentences(item.text)
+        keys = [key for _, key in sentences if key]
+        if keys and all(key in shown_by for key in keys):
+            duplicates += 1
+            if item.section == "relevant":
+                relevant_weight -= item.weight
+            holder = shown_by[keys[0]]
+            if item.form != holder.form and item.form not in holder.also and holder.line is not None:
+                folded = holder.render(holder.body, (*holder.also, item.form))
+                if size + len(folded) - len(holder.line) <= budget_chars:
+                    size += len(folded) - len(holder.line)
+                    holder.line, holder.also = folded, (*holder.also, item.form)
+            continue
+        text = item.text
+        if item.section not in _WHOLE and any(key in shown_by for key in keys):
+            text = f" {ELLIPSIS} ".join(piece for piece, key in sentences if key is None or key not in shown_by)
         room = budget_chars - size - item.parent.unopened_overhead()
         # The facts' share counts their lines and their own container, not the root's.
         own_overhead = 0 if item.parent.opened else len(item.parent.open) + len(item.parent.close)
         if item.section == "facts":
             room = min(room, facts_room - facts_size - own_overhead)
-        line = item.render(_escape_text(item.text))
+        if item.section == "relevant":
+            if relevant_room is None:
+                relevant_room = room
+            share = int(relevant_room * item.weight / relevant_weight) if relevant_weight > 0 else relevant_room
+            relevant_weight -= item.weight
+            whole = len(text) <= WHOLE_CHARS
+            room = min(room, max(share, item.shell() + (len(_escape_text(text)) if whole else MIN_EXCERPT_CHARS)))
+        body = _escape_text(text)
+        line = item.render(body)
         if len(line) > room:
             if item.section not in _SKIPPING:
                 closed.add(item.group)
             # A startup record or a fact is given whole or not at all: half a rule can mislead.
-            body = None if item.section in _WHOLE else _truncate(item.text, room - item.shell())
-            if body is None:
+            cut = None if item.section in _WHOLE else (
+                _excerpt_escaped(text, item.terms, room - item.shell()) if item.section == "relevant"
+                else _truncate(text, room - item.shell()))
+            if cut is None:
                 dropped += 1
                 continue
-            line = item.render(body)
+            body, line = cut, item.render(cut)
         if item.section == "facts":
             facts_size += len(line) + own_overhead
+        if item.section == "relevant" and relevant_room is not None:
+            relevant_room -= len(line)
         size += len(line) + item.parent.unopened_overhead()
         item.parent.mark_opened()
-        item.line = line
+        item.line, item.body = line, body
+        for key in (k for _, k in _sentences(_unescape(item.body)) if k):
+            shown_by.setdefault(key, item)
         sections[item.section] += 1
 
     xml = "".join(_emit(root)) if root.opened else EMPTY
     # The incremental count must equal the real length; the budget guarantee rests on it.
     if len(xml) != (size or len(EMPTY)) or len(xml) > budget_chars:
         raise AssertionError(f"context renderer miscounted: {len(xml)} chars, counted {size}, budget {budget_chars}")
-    return RenderedContext(xml=xml, chars=len(xml), budget=budget_chars, sections=sections, dropped=dropped)
+    return RenderedContext(xml=xml, chars=len(xml), budget=budget_chars, sections=sections, dropped=dropped,
+                           left_out={"duplicate": duplicates, "over_budget": dropped})
+
+
+def _excerpt_escaped(text: str, terms: Sequence[str], room: int) -> str | None:
+    """The escaped excerpt of ``text`` around ``terms`` that fits ``room`` characters."""
+    chars = room
+    while chars >= MIN_TRUNCATED_CHARS:
+        body = _escape_text(excerpt(text, terms, chars))
+        if len(body) <= room:
+            return body
+        chars -= max(1, len(body) - room)
+    return None
+
+
+def _unescape(body: str) -> str:
+    return unescape(body, {"&#13;": "\r"})
 
 
 def _emit(node: _Node) -> Iterator[str]:

@@ -16,6 +16,9 @@ scores 1.0. The recency factor falls from 1 toward ``1 - weight`` with a half-li
 age can cost a memory at most ``weight`` of its score: an old memory still wins over a
 newer one whose fused score is less than ``1 - weight`` of its own.
 
+A re-ranker (RERANKER, memory_service/recall/rerank.py; off by default, docs/ranking.md)
+may then read the best RERANK_CANDIDATES with the query and re-order them (``rerank``).
+
 Results at or above ``min_score`` are "activated" and returned best first; the best of
 those below it stay "candidates" and come back separately, explained, so a caller can
 see what almost made it.
@@ -59,7 +62,17 @@ from memory_service.recall.graph_signal import (
     structure,
 )
 from memory_service.recall.render import age
-from memory_service.schemas.search import Explanation, GraphPath, Scope, SearchHit, SearchResult, SignalScore, Structure
+from memory_service.recall.rerank import Reranker
+from memory_service.schemas.search import (
+    Explanation,
+    GraphPath,
+    Rerank,
+    Scope,
+    SearchHit,
+    SearchResult,
+    SignalScore,
+    Structure,
+)
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend, SignalHits
 
@@ -202,6 +215,34 @@ def restructure(ranked: list[tuple[Memory, Explanation]], structures: dict[str, 
     return out
 
 
+def rerank(ranked: list[tuple[Memory, Explanation]], scores: Sequence[float], model: str, k: int, weight: float,
+           min_score: float | None) -> list[tuple[Memory, Explanation]]:
+    """``ranked`` with its first ``len(scores)`` in a new order: the reciprocal rank fusion of
+    their fused order (weight 1) and the re-ranker's order of ``scores`` (weight ``weight``),
+    ``k`` as fusion's. The rest follow as they were.
+
+    The re-ranker's scores are on a scale of their own, so only its order enters, as the
+    signals' orders enter fusion: a pair it is sure of moves up, but one model's opinion
+    does not erase what the signals agreed on. The re-ordered results keep the set of
+    scores they had, given out again in the new order: scores stay in descending order and
+    on fusion's scale, so ``min_score`` means what it meant, and as many are activated."""
+    n = len(scores)
+    head, tail = ranked[:n], ranked[n:]
+    by_model = sorted(range(n), key=lambda i: (-scores[i], i))
+    model_rank = {i: place for place, i in enumerate(by_model, start=1)}
+    best = (1 + weight) / (k + 1)
+    combined = [(1 / (k + i + 1) + weight / (k + model_rank[i])) / best for i in range(n)]
+    values = sorted((e.score for _, e in head), reverse=True)
+    out = []
+    for value, i in zip(values, sorted(range(n), key=lambda i: (-combined[i], i)), strict=True):
+        memory, explanation = head[i]
+        out.append((memory, explanation.model_copy(update={
+            "score": value, "activated": min_score is None or value >= min_score,
+            "rerank": Rerank(model=model, score=round(float(scores[i]), 6), rank=model_rank[i], fused_rank=i + 1,
+                             combined=round(combined[i], 6))})))
+    return out + tail
+
+
 def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
     meta = memory.metadata
     return SearchHit(
@@ -222,12 +263,14 @@ def _needed[T](value: T | None, scope: Scope, name: str) -> T:
 
 
 class Retriever:
-    """Runs searches for the service: scope checks, the query's embedding, fusion."""
+    """Runs searches for the service: scope checks, the query's embedding, fusion, the re-ranker."""
 
-    def __init__(self, settings: Settings, state: StateStore, embedder: Embedder | None = None):
+    def __init__(self, settings: Settings, state: StateStore, embedder: Embedder | None = None,
+                 reranker: Reranker | None = None):
         self.settings = settings
         self.state = state
         self.embedder = embedder
+        self.reranker = reranker
 
     def graph_options(self) -> GraphOptions:
         s = self.settings
@@ -304,7 +347,7 @@ class Retriever:
         if self.embedder is None:
             return None, "no embedder configured"
         try:
-            return (await self.embedder.embed([text]))[0], None
+            return (await self.embedder.embed([text], query=True))[0], None
         except Exception as exc:  # a failing embedder degrades search, it never fails it
             log.warning("search without vectors: the embedder failed: %s", exc)
             return None, f"{type(exc).__name__}: {exc}"
@@ -361,6 +404,7 @@ class Retriever:
             except Exception as exc:  # as the signal: the fused order stands
                 log.warning("search without the structural re-rank: %s", exc)
                 degraded.append(f"structure: {type(exc).__name__}: {exc}")
+        ranked = await self.reranked(request, ranked, degraded)
         results = [hit(m, e, now) for m, e in ranked if e.activated][: request.top_k]
         candidates = [hit(m, e, now) for m, e in ranked if not e.activated][: request.top_k]
         return SearchResult(
@@ -369,6 +413,25 @@ class Retriever:
             signals=sorted(hits), degraded=degraded,
             results=results, candidates=candidates, took_ms=round((time.perf_counter() - started) * 1000, 3),
         )
+
+
+    async def reranked(self, request: SearchRequest, ranked: list[tuple[Memory, Explanation]],
+                       degraded: list[str]) -> list[tuple[Memory, Explanation]]:
+        """``ranked`` after the re-ranker read its best RERANK_CANDIDATES (as it was without one,
+        or when it fails: a failing re-ranker degrades search, it never fails it)."""
+        s = self.settings
+        n = min(s.rerank_candidates, len(ranked))
+        if self.reranker is None or s.reranker == "none" or n < 2 or s.rerank_weight <= 0:
+            return ranked
+        try:
+            scores = await self.reranker.score(request.query, [m.search_text for m, _ in ranked[:n]])
+            if len(scores) != n:
+                raise RuntimeError(f"{len(scores)} scores for {n} candidates")
+        except Exception as exc:
+            log.warning("search without the re-ranker: %s", exc)
+            degraded.append(f"rerank: {type(exc).__name__}: {exc}")
+            return ranked
+        return rerank(ranked, scores, self.reranker.name, s.search_rrf_k, s.rerank_weight, request.min_score)
 
 
 def snippet(text: str, terms: Sequence[str], chars: int) -> str:

@@ -69,6 +69,17 @@ class Structure(BaseModel):
     entities: list[EntityWeight] = Field(default_factory=list, description="the entities it mentions that were counted")
 
 
+class Rerank(BaseModel):
+    """What the re-ranker (RERANKER, memory_service/recall/rerank.py) made of a result it read."""
+
+    model: str = Field(description='the re-ranker, e.g. "local:nanoranker-1.2"')
+    score: float = Field(description="the model's own score of the (query, memory) pair: higher is more relevant")
+    rank: int = Field(description="the model's rank of the memory among the candidates it read (1 = best)")
+    fused_rank: int = Field(description="the memory's rank before the re-ranker (1 = best)")
+    combined: float = Field(description="weight/(k + rank) + 1/(k + fused_rank), normalised to the best possible "
+                                        "(RERANK_WEIGHT, SEARCH_RRF_K): the order the results are in")
+
+
 class Explanation(BaseModel):
     signals: dict[str, SignalScore] = Field(description="each signal that found the memory")
     fused: float = Field(description="reciprocal rank fusion: sum of weight/(k + rank), normalised to the best possible; "
@@ -76,12 +87,15 @@ class Explanation(BaseModel):
                                      "mean rank")
     recency: float = Field(description="factor for age, between 1 - SEARCH_RECENCY_WEIGHT and 1")
     age_days: float
-    score: float = Field(description="fused x recency (x structure's factor, when re-ranked)")
+    score: float = Field(description="fused x recency (x structure's factor, when re-ranked); the candidates the "
+                                     "re-ranker read keep their scores' values, given out again in its order")
     activated: bool = Field(description="score >= min_score (always, without a min_score)")
     graph: list[GraphPath] = Field(default_factory=list,
                                    description="the graph signal's paths to the memory: which entities, which facts")
     structure: Structure | None = Field(default=None, description="the structural re-rank's contributions (None: no re-rank ran, "
                                                           "both weights being 0 or the store having no graph)")
+    rerank: Rerank | None = Field(default=None, description="the re-ranker's score and ranks (None: no re-ranker read "
+                                                            "this result)")
 
 
 class SearchHit(BaseModel):

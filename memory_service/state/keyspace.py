@@ -33,6 +33,10 @@ Agents (memory_service/state/store.py unless named)::
     ms:startup:<agent>                      hash    record id -> JSON startup record, at most
                                                     STARTUP_MAX_RECORDS (memory_service/recall/
                                                     startup.py)                                      per record (bounded)
+    ms:import:<agent>                       hash    file (its path relative to the imported PATH) ->
+                                                    JSON [[section digest, memory id], ...]: the
+                                                    memories the file gave at its last import
+                                                    (memory_service/curation/legacy_import.py)       per imported file
     ms:memaccess:<agent>                    hash    'n:<id>' -> memory_get calls, 't:<id>' -> the last
                                                     one's time (memory_service/curation/retention.py) per memory read by
                                                                                                      memory_get
@@ -176,6 +180,10 @@ def embed_lock(agent_id: str) -> str:
 
 def startup_records(agent_id: str) -> str:
     return f"ms:startup:{agent_id}"
+
+
+def import_manifest(agent_id: str) -> str:
+    return f"ms:import:{agent_id}"
 
 
 def memory_access(agent_id: str) -> str:
