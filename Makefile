@@ -11,10 +11,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[server,rerank,test]'
-	# arq pins redis < 6 while falkordb needs redis >= 7.1; arq runs on redis 8 (the worker
-	# tests prove it), so it is installed without its pin. See README, "Dependencies".
-	$(PY) -m pip install --quiet --no-deps 'arq==0.28.0'
+	# The embedded store (falkordblite) for `demo` and `serve` without FALKORDB_URL; OTel for traces.
+	$(PY) -m pip install --quiet -e '.[server,embedded,otel,rerank,test]'
+	# arq is vendored (memory_service/_vendor/arq); a venv made before still has it, with its redis<6 pin.
+	-$(PY) -m pip uninstall --quiet --yes arq 2>/dev/null
+	$(PY) -m pip check
 	@touch $@
 
 demo: $(STAMP)

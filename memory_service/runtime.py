@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memory_service.config import Settings
+from memory_service.embedding.embedders import Embedder
 from memory_service.formation.jobs import JobQueue
 from memory_service.recall.rerank import start_reranker
 from memory_service.service import MemoryService
+from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.embedded import EmbeddedFalkorDB
 
 if TYPE_CHECKING:
-    from memory_service.embedding.embedders import Embedder
     from memory_service.formation.consolidation import Consolidator
     from memory_service.formation.extractor import Extractor
     from memory_service.stores.base import MemoryBackend
@@ -114,7 +117,7 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
     """
     from memory_service.embedding.embedders import build_embedder
 
-    embedder = build_embedder(settings)
+    embedder: Embedder = TimedEmbedder(build_embedder(settings))
     await embedder.start()
     stored = await state.record_embedder(embedder.name, embedder.dimension)
     if stored is not None:
@@ -132,6 +135,73 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
                         "reembed` has converted them, memories embedded by %s are found by full text alone",
                         embedder.name, name, name)
     return embedder
+
+
+class TimedEmbedder:
+    """The configured embedder, each call observed (operation ``embedding``) and spanned."""
+
+    def __init__(self, inner: Embedder):
+        self.inner = inner
+        self.name, self.dimension = inner.name, inner.dimension
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self.dimension = self.inner.dimension  # an endpoint may learn it at start
+
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
+        with metrics.timed("embedding"), tracing.span("memory_service.embed", texts=len(texts)):
+            return await self.inner.embed(texts, query=query)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:  # batch sizes and the like of the embedder itself
+        return getattr(self.inner, name)
+
+
+async def wait_for_stores(settings: Settings) -> None:
+    """Wait until FalkorDB and Redis answer PING, retrying with backoff (0.25 s doubling to
+    5 s) for up to STORE_STARTUP_WAIT_SECONDS; a line per failed try says what is awaited.
+    A store that refuses the connection's credentials, or answers with an error other than
+    LOADING, is not waited for: that does not get better by waiting."""
+    from redis.exceptions import BusyLoadingError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from memory_service.config import redact_url
+    from memory_service.domain.errors import BackendUnavailable
+    from memory_service.state.pools import redis_client
+
+    stores = {"graph (FALKORDB_URL)": settings.falkordb_url, "state (REDIS_URL)": settings.redis_url}
+    deadline = time.monotonic() + settings.store_startup_wait_seconds
+    seen: set[str] = set()
+    for name, url in stores.items():
+        if not url or url in seen:
+            continue
+        seen.add(url)
+        client = redis_client(url, settings)
+        delay, attempt = 0.25, 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    await client.ping()
+                    if attempt > 1:
+                        log.info("the %s store at %s answers (after %d tries)", name, redact_url(url), attempt)
+                    break
+                except (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError) as exc:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BackendUnavailable(
+                            f"the {name} store at {redact_url(url)} did not answer within STORE_STARTUP_WAIT_SECONDS="
+                            f"{settings.store_startup_wait_seconds:g} ({attempt} tries): {type(exc).__name__}: {exc}") from exc
+                    wait = min(delay, left)
+                    log.warning("waiting for the %s store at %s: try %d failed (%s: %s); next try in %.2fs, giving up "
+                                "in %.0fs", name, redact_url(url), attempt, type(exc).__name__, exc, wait, left)
+                    await asyncio.sleep(wait)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            await client.aclose()
 
 
 @asynccontextmanager
@@ -154,6 +224,8 @@ async def open_service(
     settings.redis_url = settings.redis_url or settings.falkordb_url
     worker = None
     try:
+        if embedded is None:  # configured stores may start after this process (compose, Kubernetes)
+            await wait_for_stores(settings)
         queue = await JobQueue.connect(settings.redis_url, settings)
         state = StateStore.from_url(settings.redis_url, settings)
         try:

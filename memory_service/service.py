@@ -49,7 +49,7 @@ from memory_service.embedding.reembed import Reembedder, ReembedProgress, Reembe
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.gates import CHARS_PER_TOKEN
-from memory_service.formation.jobs import JobQueue
+from memory_service.formation.jobs import QUEUE_NAME, JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
 from memory_service.ingest.sessions import RecordResult, SessionLedger
@@ -65,6 +65,7 @@ from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend
@@ -212,7 +213,8 @@ class MemoryService:
 
     # Sessions
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
-        return await self.sessions.record_message(session_id, message, reach)
+        with metrics.timed("record"), tracing.span("memory_service.record"):
+            return await self.sessions.record_message(session_id, message, reach)
 
     async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)
@@ -278,8 +280,9 @@ class MemoryService:
         namespaces, nor, with a ``reach`` limited to some users, what they may not see.
         """
         request = query if isinstance(query, SearchRequest) else SearchRequest(query=query, **options)
-        _, backend = await self.agents.backend_for(agent_id)
-        return await self.retriever.search(agent_id, backend, request, reach=reach)
+        with metrics.timed("search"), tracing.span("memory_service.search", scope=str(request.scope)):
+            _, backend = await self.agents.backend_for(agent_id)
+            return await self.retriever.search(agent_id, backend, request, reach=reach)
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
                                       query: str | None = None, budget: int | None = None,
@@ -289,8 +292,11 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
         ``as_of``: its known facts are those true then. ``recall``: this call's recall settings,
         over the agent's for ``context_type``."""
-        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of,
-                                             context_type, recall)
+        with metrics.timed("context"), tracing.span("memory_service.context") as span:
+            block = await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of,
+                                                  context_type, recall)
+            span.set_attribute("memory_service.context.source", block.source)
+            return block
 
     # The knowledge graph (issue 16; docs/graph.md): entities, their facts, undoing an invalidation.
     # A caller limited to some users (``reach``) sees the entities and facts of the namespaces
@@ -487,8 +493,13 @@ class MemoryService:
         return await self.state.metrics()
 
     async def gauges(self) -> dict[str, float]:
-        """The live backends' current values (outbox depth and dead letters, breakers), by sample name."""
+        """The live backends' current values (outbox depth and dead letters, breakers) and the job
+        queue's depth and lag, by sample name."""
         values: dict[str, float] = {}
+        try:
+            values.update(await metrics.queue_gauges(self.queue.pool, QUEUE_NAME))
+        except Exception:  # Redis is down: /health says so
+            pass
         try:
             backends = await self.registry.live()
         except Exception:  # the default backend cannot start: /health says why

@@ -315,9 +315,9 @@ async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it
         assert health["dead_letters"] == {"graph": 0, "mongo": 1}
         assert any("1 dead letter(s) for mongo" in alarm for alarm in health["alarms"])
         metrics = (await http.get("/metrics")).text
-        assert 'memory_service_outbox_dead_letters{target="mongo"} 1\n' in metrics
-        assert 'memory_service_outbox_alarm{target="mongo"} 1\n' in metrics
-        assert "memory_service_outbox_dead_lettered_mongo_total 1\n" in metrics
+        assert 'memory_service_outbox_dead_letters{target="mongo"} 1.0\n' in metrics
+        assert 'memory_service_outbox_alarm{target="mongo"} 1.0\n' in metrics
+        assert 'memory_service_deployment_counter{name="outbox_dead_lettered_mongo"} 1.0\n' in metrics
 
         # Replayed: queued again at the end, refused again, dead again.
         assert await backend.outbox.replay("mongo", [dead.entry_id, "no-such-entry"]) == 1
@@ -329,7 +329,7 @@ async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it
         assert await backend.outbox.drop("mongo", [dead.entry_id]) == 1
         assert await service.state.redis.hget("ms:outbox:entries", dead.entry_id) is None
         assert await backend.outbox.dead_letter_counts() == {"graph": 0, "mongo": 0}
-        assert 'memory_service_outbox_alarm{target="mongo"} 0\n' in (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
 
 
 async def test_an_outage_of_mongo_never_counts_as_a_failed_delivery(mongo_settings, mongo_proxy):
@@ -373,8 +373,8 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         assert health["outbox"] == {"graph": 0, "mongo": 3}
         assert any("refuses new writes" in alarm for alarm in health["alarms"])
         metrics = (await http.get("/metrics")).text
-        assert 'memory_service_outbox_alarm{target="mongo"} 1\n' in metrics
-        assert 'memory_service_outbox_pending{target="mongo"} 3\n' in metrics
+        assert 'memory_service_outbox_alarm{target="mongo"} 1.0\n' in metrics
+        assert 'memory_service_outbox_pending{target="mongo"} 3.0\n' in metrics
         for _ in range(600):
             if any("outbox alarm" in r.getMessage() for r in caplog.records):
                 break
@@ -383,7 +383,7 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         await mongo_proxy.start()
         await settle(service)
         assert (await post(3)).status_code == 200
-        assert 'memory_service_outbox_alarm{target="mongo"} 0\n' in (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
 
 
 async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):

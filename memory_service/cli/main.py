@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import os
 import secrets
 import tempfile
 from datetime import datetime, timedelta
@@ -27,6 +27,7 @@ from memory_service.cli.mcp import mcp_command
 from memory_service.cli.outbox import outbox_app
 from memory_service.config import Settings
 from memory_service.domain.errors import MemoryServiceError
+from memory_service.state import metrics, tracing
 
 if TYPE_CHECKING:
     import httpx
@@ -37,8 +38,12 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Long-term memory for LLM agents.", no_args_is_help=True, add_completion=False)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(level: str, settings: Settings | None = None) -> None:
+    """One format for the service, uvicorn and arq (LOG_FORMAT: text or json; memory_service/state/logs.py)."""
+    from memory_service.state import logs
+
+    fmt = settings.log_format if settings is not None else os.environ.get("LOG_FORMAT", "text").lower()
+    logs.configure(level, "json" if fmt == "json" else "text")
 
 
 @app.command()
@@ -58,9 +63,12 @@ def serve(
 
     from memory_service.http.app import create_app
 
-    _setup_logging(log_level)
     settings = load_settings()
-    uvicorn.run(create_app(settings, data_dir, run_worker=worker, host=host), host=host, port=port, log_level=log_level.lower())
+    _setup_logging(log_level, settings)
+    tracing.configure(settings)
+    # log_config=None: uvicorn's lines (the access log too) go through the service's handler and format.
+    uvicorn.run(create_app(settings, data_dir, run_worker=worker, host=host), host=host, port=port,
+                log_level=log_level.lower(), log_config=None)
 
 
 @app.command("worker")
@@ -72,8 +80,13 @@ def worker_command(
 
     Start as many as you like on one REDIS_URL; each window is formed by exactly one.
     """
-    _setup_logging(log_level)
     settings = attached_settings(data_dir)
+    _setup_logging(log_level, settings)
+    tracing.configure(settings)
+    if settings.metrics_port:  # the worker's only /metrics: its own registry, on its own port
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, registry=metrics.REGISTRY)
     try:
         asyncio.run(_run_worker(settings))
     except KeyboardInterrupt:

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from memory_service.config import Settings
 from memory_service.domain.errors import session_taken
 from memory_service.domain.models import AgentSettings, ShardIn
-from memory_service.state import keyspace
+from memory_service.state import keyspace, metrics
 from memory_service.state.cache import BlockCache, agent_wide, generation_key
 from memory_service.state.pools import redis_client
 
@@ -467,6 +467,9 @@ class StateStore:
     # Metrics -----------------------------------------------------------------------
 
     async def add_metrics(self, **counters: float) -> None:
+        """Add to this process's series (memory_service/state/metrics.py) and to the deployment's
+        totals in Redis (``ms:metrics``, served as gauges)."""
+        metrics.count_all(counters)
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, value in counters.items():
                 pipe.hincrbyfloat(keyspace.METRICS, name, value)

@@ -46,6 +46,7 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
+from memory_service.state import metrics, tracing
 from memory_service.stores.base import SignalHits
 from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
@@ -217,7 +218,8 @@ class GraphBackend(EntityGraph):
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
-            result = await graph.ro_query(cypher, params)
+            with tracing.span("falkordb.ro_query", **{"db.system.name": "falkordb"}):
+                result = await graph.ro_query(cypher, params)
         except Exception as exc:
             if _is_missing_graph(exc):
                 return []
@@ -608,7 +610,8 @@ class GraphBackend(EntityGraph):
         where = " AND ".join(filters)
         hits: SignalHits = {}
         if queries := fulltext_queries(query.terms, groups):
-            hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
+            with metrics.SEARCH_SIGNALS.labels("fulltext").time():
+                hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
         # None without a query vector or without vectors in this store.
         if (vector := self._checked(query.vector)) is not None:
             # Like with like: a query is compared only with vectors of its own model.
@@ -630,7 +633,8 @@ class GraphBackend(EntityGraph):
                           "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
                           f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
             try:
-                rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
+                with metrics.SEARCH_SIGNALS.labels("vector").time():
+                    rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
             except Exception as exc:
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.
