@@ -218,8 +218,9 @@ export interface paths {
         };
         /**
          * Get Metrics
-         * @description Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations.
-         *     Needs an operator key (they span every agent).
+         * @description This process's metrics in the Prometheus text format (latency histograms, counters with
+         *     labels) and the stores' gauges (outbox, job queue, deployment totals); docs/deploy.md
+         *     lists them. Needs an operator key; METRICS_PORT serves the same without one.
          */
         get: operations["get_metrics"];
         put?: never;
