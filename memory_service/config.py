@@ -199,7 +199,7 @@ class Settings(BaseSettings):
     context_min_score: float | None = Field(
         default=None, ge=0, le=1, description="Fused search score below which a memory is left out of the block")
     context_min_similarity: float | None = Field(
-        default=None, ge=-1, le=1,
+        default=0.3, ge=-1, le=1,
         description="Cosine similarity below which a memory found by the vector signal alone is left out")
     context_scope: Literal["session", "user", "shared"] = Field(
         default="shared", description="Where relevant memories are looked for: the session; the user's memory and "
