@@ -159,6 +159,7 @@ async def open_service(
                                 default_consolidator(settings), embedder=embedder, reranker=reranker)
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
+        await service.index_for_browsing()  # what an older release stored, once
         if settings.mongodb_uri:
             service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension))
         try:
