@@ -579,11 +579,13 @@ class GraphBackend(EntityGraph):
         rows = await self._read(
             agent_id,
             f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}WITH collect(n) AS raw "
-            f"RETURN size(raw) AS scanned, [n IN raw WHERE {' AND '.join(rest)} | [n.ts, n.uuid]] AS hits",
+            f"RETURN size(raw) AS scanned, [n IN raw WHERE {' AND '.join(rest)} | [n.valid_at, n.uuid]] AS hits",
             cap=cap, **params)
         if not rows:
             return 0, []
-        return int(rows[0]["scanned"]), [(float(ts), str(i)) for ts, i in rows[0]["hits"]]
+        # The time from ``valid_at`` (what ``ts`` was computed from): FalkorDB answers a float
+        # with 15 significant digits, and a cursor must name the stored value exactly.
+        return int(rows[0]["scanned"]), [(_timestamp(at), str(i)) for at, i in rows[0]["hits"]]
 
     async def _any_below(self, agent_id: str, indexed: list[str], params: dict[str, Any], top: float) -> bool:
         rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {' AND '.join([*indexed, 'n.ts < $top'])} "
@@ -711,6 +713,12 @@ def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
     for memory in memories:
         first.setdefault(memory.id, memory)
     return list(first.values())
+
+
+def _timestamp(valid_at: str) -> float:
+    """``ts`` as the write computed it from the memory's ``valid_at`` (naive times are UTC)."""
+    moment = datetime.fromisoformat(valid_at)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _memory(row: Row) -> Memory:
