@@ -635,7 +635,9 @@ class StateStore:
             if ":" not in rest:
                 agents.add(rest)
         async for key in self.redis.scan_iter(match=keyspace.agent_sessions("*"), count=1000):
-            agents.add(str(key)[len(keyspace.agent_settings("")):].rsplit(":", 1)[0])
+            agent_id = str(key)[len(keyspace.agent_settings("")):].rsplit(":", 1)[0]
+            if ":" not in agent_id:  # not a user's sessions (ms:agent:<agent>:user:<user>:sessions)
+                agents.add(agent_id)
         for agent_id in sorted(agents):
             await self.redis.zadd(keyspace.AGENTS, {agent_id: 0})
             sessions = await self.agent_sessions(agent_id)
