@@ -295,3 +295,23 @@ async def test_data_stored_before_the_indexes_is_indexed_once_at_start(api, falk
     assert flat(await walk(api, f"/v1/agents/{AGENT}/users", "users"), "user_id") == ["alice", "bob"]
     assert flat(await walk(api, f"/v1/agents/{AGENT}/sessions", "sessions"), "session_id") == \
         [f"{AGENT}-old2", f"{AGENT}-old1"]
+
+
+async def test_the_client_lists_and_iterates_every_page(api, server):
+    from memory_service.client import AsyncMemoryClient
+
+    for i in range(7):
+        await write(api, f"user:{AGENT}:alice", f"note {i}", kind="fact" if i % 2 else "observation", tags=["t"])
+    await record(api, f"{AGENT}-s1", "alice", "Hello.", "m1")
+    async with AsyncMemoryClient(server.base_url, OPERATOR_KEY) as client:
+        assert [a.agent_id async for a in client.iter_agents(page_size=1)] == [AGENT]
+        assert [u.user_id async for u in client.iter_users(AGENT)] == ["alice"]
+        assert [s.session_id async for s in client.iter_sessions(AGENT, user_id="alice")] == [f"{AGENT}-s1"]
+        facts = [m async for m in client.iter_memories(AGENT, kinds=["fact"], tags=["t"], page_size=2)]
+        assert len(facts) == 3 and all(m.kind == "fact" for m in facts)
+        everything = [m.id async for m in client.iter_memories(AGENT, page_size=3)]
+        assert len(everything) == len(set(everything)) == 8
+        page = await client.list_memories(AGENT, user_id="alice", limit=5)
+        assert len(page.memories) == 5 and page.next
+        detail = await client.memory_detail(AGENT, facts[0].id)
+        assert detail.memory.id == facts[0].id and [e.action for e in detail.history] == ["memory.write"]
