@@ -315,3 +315,51 @@ async def test_the_client_lists_and_iterates_every_page(api, server):
         assert len(page.memories) == 5 and page.next
         detail = await client.memory_detail(AGENT, facts[0].id)
         assert detail.memory.id == facts[0].id and [e.action for e in detail.history] == ["memory.write"]
+
+
+async def cli(server: Any, *args: str, key: str = OPERATOR_KEY) -> tuple[int, str]:
+    """`memory-service ARGS` against the server, as its console script runs (a process of its own)."""
+    import asyncio
+    import os
+    import sys
+
+    from .conftest import REPO, clean_env
+
+    env = {**clean_env(), "MEMORY_SERVICE_API_KEY": key, "COLUMNS": "250", "PYTHONPATH": str(REPO)}
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "memory_service.cli", *args, "--api", server.base_url, cwd=REPO, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await asyncio.wait_for(process.communicate(), 120)
+    assert os.path.isdir(REPO)
+    return int(process.returncode or 0), out.decode()
+
+
+async def test_the_cli_lists_and_shows_memories_and_sessions(api, server):
+    for i in range(5):
+        await write(api, f"user:{AGENT}:alice", f"Alice note number {i}.", tags=["notes"])
+    await record(api, f"{AGENT}-s1", "alice", "I live in Lyon now.", "m1")
+    await record(api, f"{AGENT}-s1", "alice", "My sister is called Ana.", "m2", minute=1)
+    assert (await api.post(f"/v1/sessions/{AGENT}-s1/form")).status_code == 200
+    code, out = await cli(server, "memories", "list", "--agent", AGENT, "--user", "alice", "--limit", "3")
+    assert code == 0, out
+    assert out.count("Alice note number") == 3 and "3 shown; more with --cursor" in out  # written in one second
+    code, out = await cli(server, "memories", "list", "--agent", AGENT, "--user", "alice", "--limit", "3", "--all",
+                          "--json")
+    assert code == 0, out
+    listed = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert len(listed) == len({m["id"] for m in listed}) >= 5
+    episode = next(m for m in (await api.get(f"/v1/agents/{AGENT}/memories", params={"kind": "episode"})
+                               ).json()["memories"])
+    code, out = await cli(server, "memories", "show", episode["id"], "--agent", AGENT)
+    assert code == 0, out
+    assert "formed from" in out and "I live in Lyon now." in out and "extractor" in out
+    code, out = await cli(server, "sessions", "list", "--agent", AGENT)
+    assert code == 0, out
+    assert f"{AGENT}-s1" in out and "no more" in out
+    code, out = await cli(server, "sessions", "show", f"{AGENT}-s1")
+    assert code == 0, out
+    assert "formed_windows" in out
+    code, out = await cli(server, "memories", "list", "--agent", AGENT, "--kind", "gossip")
+    assert code == 1 and "422" in out and "kind" in out
+    code, out = await cli(server, "memories", "show", "nope", "--agent", AGENT)
+    assert code == 1 and "404" in out
