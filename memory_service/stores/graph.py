@@ -544,6 +544,7 @@ class GraphBackend(EntityGraph):
             top, top_id = None, _TOP_ID
         width = listing.hint if listing.hint and listing.hint > 0 else LIST_FIRST_WINDOW
         found: list[Position] = []
+        too_wide = float("inf")  # the narrowest width seen holding more than a probe reads: never grow back to it
         for _ in range(LIST_MAX_PROBES):
             low = (top if top is not None else time.time()) - width
             last = floor is not None and low <= floor
@@ -554,6 +555,7 @@ class GraphBackend(EntityGraph):
                                               LIST_PROBE_ROWS)
             if scanned >= LIST_PROBE_ROWS:
                 if width > LIST_MIN_WINDOW:
+                    too_wide = min(too_wide, width)
                     width /= 4  # too dense: a narrower window
                     continue
                 _, hits = await self._probe(agent_id, where, rest, dict(params, low=low, top=top), None)
@@ -568,7 +570,7 @@ class GraphBackend(EntityGraph):
             if scanned == 0 and not await self._any_below(agent_id, indexed, params, top):
                 return await self._page(agent_id, found, None, width)
             if scanned < LIST_PROBE_ROWS // 4:
-                width *= 4
+                width = min(width * 4, too_wide / 2)
         return await self._page(agent_id, found, (top, top_id) if top is not None else None, width)
 
     async def _probe(self, agent_id: str, where: list[str], rest: list[str], params: dict[str, Any],
@@ -576,6 +578,11 @@ class GraphBackend(EntityGraph):
         """At most ``cap`` nodes matching ``where`` (through the index), unsorted: how many were
         read, and the (time, id) of those that pass ``rest``."""
         limit = "WITH n LIMIT $cap " if cap is not None else ""
+        if cap is not None:  # counted first, without reading the nodes: a window too dense costs little
+            counted = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}"
+                                                 "RETURN count(n) AS scanned", cap=cap, **params)
+            if counted and int(counted[0]["scanned"]) >= cap:
+                return cap, []
         rows = await self._read(
             agent_id,
             f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}WITH collect(n) AS raw "
