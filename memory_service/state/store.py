@@ -636,7 +636,7 @@ class StateStore:
                 agents.add(rest)
         async for key in self.redis.scan_iter(match=keyspace.agent_sessions("*"), count=1000):
             agent_id = str(key)[len(keyspace.agent_settings("")):].rsplit(":", 1)[0]
-            if ":" not in agent_id:  # not a user's sessions (ms:agent:<agent>:user:<user>:sessions)
+            if ":" not in agent_id:  # not the sessions of one of its users (keyspace.user_sessions)
                 agents.add(agent_id)
         for agent_id in sorted(agents):
             await self.redis.zadd(keyspace.AGENTS, {agent_id: 0})
