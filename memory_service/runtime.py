@@ -240,6 +240,7 @@ async def open_service(
         untagged = await state.untagged_model()
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension, untagged))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
+        await service.index_for_browsing()  # what an older release stored, once
         if settings.mongodb_uri:
             service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension, untagged))
         try:

@@ -6,6 +6,7 @@ changes; the role it needs then succeeds. A real server, real Redis and FalkorDB
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -124,6 +125,8 @@ class Case:
     params: dict[str, Any] | None = None
     out_of_reach: int = 403  # the answer to another agent's key
     ok: tuple[int, ...] = (200,)
+    lists_reach: bool = False  # a list any key may read: it answers what the key reaches (no refusal by scope)
+    lists_users: bool = False  # a key for some users is answered with theirs (test_lists_show_only_what_a_key_reaches)
 
 
 def cases(keys: Keys) -> dict[tuple[str, str], Case]:
@@ -181,6 +184,13 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("POST", "/v1/agents/{agent_id}/entities/{entity_id}/split"): Case(
             "POST", f"/v1/agents/{AGENT}/entities/{keys.ids.get('entity', 'none')}/split", "write",
             json={"alias": "Ally"}),
+        ("GET", "/v1/agents"): Case("GET", "/v1/agents", "read", lists_reach=True),
+        ("GET", "/v1/agents/{agent_id}/users"): Case("GET", f"/v1/agents/{AGENT}/users", "read", lists_users=True),
+        ("GET", "/v1/agents/{agent_id}/sessions"): Case("GET", f"/v1/agents/{AGENT}/sessions", "read",
+                                                        params={"user_id": "alice"}),
+        ("GET", "/v1/agents/{agent_id}/memories"): Case("GET", f"/v1/agents/{AGENT}/memories", "read",
+                                                        params={"user_id": "alice"}),
+        ("GET", "/v1/agents/{agent_id}/memories/{memory_id}/detail"): Case("GET", f"{memory}/detail", "read"),
         ("GET", "/v1/agents/{agent_id}/startup/block"): Case(
             "GET", f"/v1/agents/{AGENT}/startup/block", "read",
             params={"session_id": "alice-s1", "mode": "first-run", "model": "gpt-4o-mini"}),
@@ -212,12 +222,14 @@ def refusals(case: Case, keys: Keys) -> list[tuple[str, dict[str, str], set[int]
     if case.needs == "public":
         return []
     found = list(unauthenticated)
+    if case.lists_reach:
+        return found
     if case.out_of_reach != 200:
         found.append(("another agent's admin", bearer(keys.other_admin), {case.out_of_reach}))
     ranks = ["read", "write", "admin", "operator"]
     for role in ranks[: ranks.index(case.needs)]:
         found.append((f"role {role}", bearer(getattr(keys, role)), {403}))
-    if case.needs in ("read", "write"):
+    if case.needs in ("read", "write") and not case.lists_users:
         found.append(("a key for another user", bearer(keys.bob_writer), {403, 404}))
     return found
 
@@ -289,6 +301,21 @@ async def test_a_key_for_some_users_reaches_only_them(world):
     shard = await http.get("/v1/search", headers=bob, params={"agent_id": AGENT, "query": "pelican", "scope": "shard",
                                                               "shard_id": "travel"})
     assert shard.status_code == 200, shard.text
+
+
+async def test_lists_show_only_what_a_key_reaches(world):
+    http, keys = world
+    agents = (await http.get("/v1/agents", headers=bearer(keys.other_admin))).json()["agents"]
+    assert [a["agent_id"] for a in agents] == [OTHER]
+    everyone = (await http.get("/v1/agents", headers=OPERATOR)).json()["agents"]
+    assert [a["agent_id"] for a in everyone] == [AGENT, OTHER]
+    bob = bearer(keys.bob_writer)
+    assert [u["user_id"] for u in (await http.get(f"/v1/agents/{AGENT}/users", headers=bob)).json()["users"]] == ["bob"]
+    assert [u["user_id"] for u in (await http.get(f"/v1/agents/{AGENT}/users", headers=bearer(keys.read))
+                                   ).json()["users"]] == ["alice"]
+    assert (await http.get(f"/v1/agents/{AGENT}/sessions", headers=bob)).json()["sessions"] == []
+    memories = (await http.get(f"/v1/agents/{AGENT}/memories", headers=bob)).json()["memories"]
+    assert not any(word.lower() in json.dumps(memories).lower() for word in PRIVATE)
 
 
 async def test_a_session_of_another_agent_is_refused_without_naming_it(world):

@@ -61,6 +61,11 @@ HIT = {"id": "mem-1", "kind": "directive", "namespace": "user:trip:alice", "cont
        "session_id": "s-1", "user_id": "alice", "role": "user", "served_by": "graph", "tags": ["seats"],
        "explanation": {"signals": {"fulltext": {"score": 2.1, "rank": 1}, "vector": {"score": 0.8, "rank": 2}},
                        "fused": 0.95, "recency": 0.96, "age_days": 5.0, "score": 0.91, "activated": True}}
+AGENT_ROW = {"agent_id": "trip", "configured": True, "users": 2, "sessions": 5}
+USER_ROW = {"user_id": "alice", "sessions": 3}
+SESSION_ROW = {"session_id": "s-1", "agent_id": "trip", "created_at": AT, "last_activity": AT, "messages": 4,
+               "cursor": 2, "formed_windows": 1, "formed_messages": 2, "incognito": False, "gate": GATE,
+               "pending_window": {"window": 2, "messages": 2, "state": "claimed"}}
 RECORD = {"id": "identity", "priority": "P0", "title": "Who you are", "content": "A trip planner.", "source": None,
           "updated_at": AT}
 KEY = {"name": "support-bot prod", "role": "admin", "agents": ["trip"], "users": None, "requests_per_minute": None,
@@ -117,6 +122,18 @@ SAMPLES: dict[str, Any] = {
     "UserExport": {"agent_id": "trip", "user_id": "alice", "exported_at": AT,
                    "sessions": [{"session_id": "s-1", "messages": 3, "other_speakers": 1}], "messages": [EXPORTED],
                    "shared": [{"id": "mem-9", "kind": "episode", "namespace": "session:s-2", "valid_at": AT}]},
+    "AgentSummary": AGENT_ROW,
+    "AgentPage": {"agents": [AGENT_ROW], "next": "eyJ2IjoxfQ"},
+    "UserSummary": USER_ROW,
+    "UserPage": {"users": [USER_ROW], "next": None},
+    "SessionSummary": SESSION_ROW,
+    "SessionPage": {"sessions": [SESSION_ROW], "next": None},
+    "MemoryPage": {"memories": [], "next": "eyJ2IjoxfQ"},
+    "MemoryDetail": {"memory": {"id": "mem-1", "kind": "fact", "namespace": "user:trip:alice", "content": "Lyon.",
+                                "valid_at": AT, "created_at": AT, "provenance": PROVENANCE},
+                     "messages": [], "window": {"window": 1, "extractor": "rules", "first_sequence": 1,
+                                                "last_sequence": 3, "messages": 3, "memories": 2, "formed_at": AT},
+                     "history": [], "history_complete": True},
 }
 
 PROBE = """

@@ -1,6 +1,6 @@
 """The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings`,
-`reembed` and `demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (imports.py,
-keys.py, outbox.py, mcp.py), registered here. What they share, the console and
+`reembed` and `demo` here; `import`, `keys`, `outbox`, `mcp`, `memories` and `sessions` in their own
+modules (imports.py, keys.py, outbox.py, mcp.py, browse.py), registered here. What they share, the console and
 the settings, is in common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pydantic import SecretStr
 from rich.syntax import Syntax
 from rich.table import Table
 
+from memory_service.cli.browse import memories_app, sessions_app
 from memory_service.cli.common import attached_settings, console, load_settings
 from memory_service.cli.imports import import_command
 from memory_service.cli.keys import keys_app
@@ -387,6 +388,9 @@ def _counts(counts: dict[str, int]) -> str:
 
 # `memory-service outbox dead|replay|drop`: the outbox's dead letters (memory_service/cli/outbox.py).
 app.add_typer(outbox_app, name="outbox")
+# `memory-service memories list|show`, `sessions list|show`: browsing, over HTTP (memory_service/cli/browse.py).
+app.add_typer(memories_app, name="memories")
+app.add_typer(sessions_app, name="sessions")
 # `memory-service keys create|list|revoke`: API keys (memory_service/cli/keys.py).
 app.add_typer(keys_app, name="keys")
 # `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/cli/imports.py).

@@ -104,6 +104,7 @@ class ErasureState:
                         generation_key(f"session:{session_id}"))
             pipe.zrem(keyspace.ACTIVE, session_id)
             pipe.srem(keyspace.agent_sessions(agent_id), session_id)
+            pipe.zrem(keyspace.agent_session_order(agent_id), session_id)
             await pipe.execute()
         return SessionCleanup(ledger_entries=entries, window_dropped=True, job_results=results)
 
@@ -144,6 +145,7 @@ class ErasureState:
             await pool.zrem(QUEUE_NAME, *batch)
             jobs += int(await pool.delete(*(p + j for j in batch for p in (job_key_prefix, result_key_prefix,
                                                                             retry_key_prefix))))
+        await self.redis.zrem(keyspace.agent_users(agent_id), user_id)  # the browse index of users
         keys = int(await self.redis.delete(
             keyspace.user_recorded(agent_id, user_id), keyspace.user_sessions(agent_id, user_id),
             keyspace.cons_pending(namespace), keyspace.cons_version(namespace), generation_key(namespace)))

@@ -115,6 +115,18 @@ class RetentionIndex:
         times = await self.redis.hmget(keyspace.memory_access(agent_id), [f"t:{i}" for i in memory_ids])
         return {i: datetime.fromtimestamp(float(t), UTC) for i, t in zip(memory_ids, times) if t}
 
+    async def accesses(self, agent_id: str, memory_ids: Sequence[str]) -> dict[str, Access]:
+        """``access`` of each of these memories, in one round trip (never-read ones count 0)."""
+        if not memory_ids:
+            return {}
+        raw = cast(list[str | None], await self.redis.hmget(keyspace.memory_access(agent_id),
+                                                             [f"{p}:{i}" for i in memory_ids for p in "nt"]))
+        found = {}
+        for k, memory_id in enumerate(memory_ids):
+            count, last = raw[2 * k], raw[2 * k + 1]
+            found[memory_id] = Access(int(count or 0), datetime.fromtimestamp(float(last), UTC) if last else None)
+        return found
+
     async def access(self, agent_id: str, memory_id: str) -> Access:
         count, last = await self.redis.hmget(keyspace.memory_access(agent_id), [f"n:{memory_id}", f"t:{memory_id}"])
         return Access(int(count or 0), datetime.fromtimestamp(float(last), UTC) if last else None)

@@ -17,6 +17,15 @@ Agents (memory_service/state/store.py unless named)::
 
     ms:agent:<agent>                        string  the agent's settings (JSON AgentSettings)       per agent
     ms:agent:<agent>:sessions               set     every session the agent recorded in              per session
+    ms:agent:<agent>:session-order          zset    session id -> its creation number (the browse
+                                                    API's list of sessions, newest first: a keyset
+                                                    page is one ZRANGE, memory_service/recall/
+                                                    browse.py)                                       per session
+    ms:agent:<agent>:session-count          string  the last creation number given to a session    per agent
+    ms:agent:<agent>:users                  zset    user id -> 0: every user who spoke, had a message
+                                                    recorded under their id, or had a memory written
+                                                    in their namespace (the browse API's list, by id,
+                                                    ZRANGE BYLEX)                                    per user
     ms:agent:<agent>:backends               set     the backends its settings named since its last
                                                     migration (the graph reads MongoDB for an agent
                                                     that named mongo)                                per agent (a few)
@@ -57,6 +66,10 @@ Sessions (the ledger, memory_service/state/store.py; the window, memory_service/
     ms:s:<session>:pending                  zset    message id -> seq: recorded, not yet formed      per pending message
     ms:s:<session>:tokens                   hash    message id -> weighted tokens, while pending     per pending message
     ms:s:<session>:users                    set     the user ids who spoke in the session            per speaker
+    ms:s:<session>:formed                   zset    one JSON entry per formed window (its number,
+                                                    extractor, first and last sequence, message count,
+                                                    time) -> its last sequence: which window and
+                                                    extractor formed a memory (the browse API), kept per formed window
     ms:s:<session>:startup                  string  the startup digest last sent to the session
                                                     (modes first-run and digest, ~70 bytes), expiring
                                                     STARTUP_SESSION_TTL_SECONDS after its last block per session asking
@@ -132,6 +145,12 @@ Global::
     ms:retention:deleted                    zset    '<agent>\\x00<memory id>' -> the soft delete's
                                                     time (memory_service/curation/retention.py)      per soft-deleted memory
     ms:audit:system                         stream  changes spanning every agent (operator keys)     per change
+    ms:agents                               zset    agent id -> 0: every agent that recorded a message,
+                                                    got settings or had a memory written (the browse
+                                                    API's list, by id, ZRANGE BYLEX)                 per agent
+    ms:browse-index                         string  the version of the browse indexes the stored data
+                                                    was last indexed for (a start-up indexes what an
+                                                    older release stored, once)                      global
 
 Not built here, in the same Redis: the job queue (``memory-service:jobs``,
 memory_service/formation/jobs.py) and arq's own ``arq:*`` keys; each agent's FalkorDB graph
@@ -149,6 +168,8 @@ METRICS = "ms:metrics"
 EMBEDDER = "ms:embedder"
 USER_DIGEST_KEY = "ms:user-digest-key"
 RETENTION_DELETED = "ms:retention:deleted"
+AGENTS = "ms:agents"
+BROWSE_INDEX = "ms:browse-index"
 
 # Agents ------------------------------------------------------------------------------
 
@@ -159,6 +180,18 @@ def agent_settings(agent_id: str) -> str:
 
 def agent_sessions(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:sessions"
+
+
+def agent_session_order(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:session-order"
+
+
+def agent_session_count(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:session-count"
+
+
+def agent_users(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:users"
 
 
 def agent_backends(agent_id: str) -> str:
@@ -210,7 +243,7 @@ def audit_stream(agent_id: str | None) -> str:
 
 # The parts of a session's ledger, all under ``ms:s:<session>:`` (the in-flight hash under
 # the session's hash tag, like its window).
-SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup")
+SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "formed")
 
 
 def session_keys(session_id: str) -> dict[str, str]:

@@ -12,6 +12,7 @@ memory blocks belong to memory_service/state/cache.py (``StateStore.cache``).
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -33,6 +34,8 @@ from memory_service.state.pools import redis_client
 
 # Reserve a sequence number for a message id, or return the one it already has; with it,
 # the agent's settings (KEYS[4]), which say which backend stores the message: one round trip.
+# A new session is indexed for browsing: its agent in the agents' index (KEYS[8]), itself in
+# the agent's sessions by creation number (KEYS[9], the number from KEYS[10]).
 # A reservation this call will act on (new, or known with the same digest ARGV[3] and not
 # committed) is held in the session's in-flight hash (KEYS[6]): the holders count goes up
 # and the time is ARGV[5]; the session joins the in-flight index (KEYS[7]) if it was not in.
@@ -52,8 +55,10 @@ if value then
   if entry then holders = tonumber(string.match(entry, '^%S+ %S+ (%d+)')) end
 else
   if not owner then
-    redis.call('HSET', KEYS[1], 'agent_id', ARGV[2])
+    redis.call('HSET', KEYS[1], 'agent_id', ARGV[2], 'created_at', ARGV[5])
     redis.call('SADD', KEYS[3], ARGV[4])
+    redis.call('ZADD', KEYS[8], 0, ARGV[2])
+    redis.call('ZADD', KEYS[9], 'NX', redis.call('INCR', KEYS[10]), ARGV[4])
   end
   status = 'new'
   seq = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1))
@@ -74,6 +79,7 @@ return {status, value, settings}
 # holds it sees the mark before it lets go (_EMBED_RELEASE), so no message is left behind.
 # The message leaves the session's in-flight hash (KEYS[13]), and the session the in-flight
 # index (KEYS[14]) when nothing else of it is in flight.
+# The speaker and the user it was recorded under join the agent's users' index (KEYS[15]).
 # The answer also carries the session's counters, read as ``counters`` reads them.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
@@ -86,9 +92,13 @@ if first then
     redis.call('SADD', KEYS[4], ARGV[4])
     redis.call('SADD', KEYS[7], ARGV[7])
     redis.call('INCR', KEYS[9])
+    redis.call('ZADD', KEYS[15], 0, ARGV[4])
   end
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'incognito', '1') end
-  if ARGV[9] ~= '' then redis.call('SADD', KEYS[12], ARGV[7]) end
+  if ARGV[9] ~= '' then
+    redis.call('SADD', KEYS[12], ARGV[7])
+    redis.call('ZADD', KEYS[15], 0, ARGV[9])
+  end
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
@@ -237,6 +247,9 @@ class SessionCounters:
     formed_messages: int
     incognito: bool
     last_activity: float | None
+    created_at: float | None = None  # the first reservation's time (sessions recorded before it was kept: None)
+    messages: int = 0  # sequence numbers given (recorded messages, and a few released reservations)
+    claimed_windows: int = 0
 
     @classmethod
     def of(cls, meta: dict[str, str], pending: int) -> SessionCounters:
@@ -250,6 +263,9 @@ class SessionCounters:
             formed_messages=int(meta.get("formed_messages", 0)),
             incognito=meta.get("incognito") == "1",
             last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
+            created_at=float(meta["created_at"]) if "created_at" in meta else None,
+            messages=int(meta.get("next_seq", 0)),
+            claimed_windows=int(meta.get("claimed_windows", 0)),
         )
 
 
@@ -302,6 +318,7 @@ class StateStore:
                 pass
         # Every backend the agent's settings named (the replaced ones too: settings stored
         # before this set existed) may hold memories the others lack, until a migration.
+        await self.redis.zadd(keyspace.AGENTS, {agent_id: 0})
         named = {settings.requested_backend(), previous.requested_backend() if previous else None}
         backends = sorted(name for name in named if name is not None)
         if backends:
@@ -348,7 +365,8 @@ class StateStore:
         k = keyspace.session_keys(session_id)
         status, value, *rest = await self._reserve(
             keys=[k["meta"], k["ids"], keyspace.agent_sessions(agent_id), keyspace.agent_settings(agent_id), k["committed"],
-                  k["inflight"], keyspace.IN_FLIGHT],
+                  k["inflight"], keyspace.IN_FLIGHT, keyspace.AGENTS, keyspace.agent_session_order(agent_id),
+                  keyspace.agent_session_count(agent_id)],
             args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
         if status == "conflict":
             # Never the owner's name: ids of other tenants are not the caller's to learn.
@@ -371,7 +389,7 @@ class StateStore:
                   keyspace.user_sessions(agent_id, speaker or "-"), generation_key(f"session:{session_id}"),
                   generation_key(f"user:{agent_id}:{speaker or '-'}"), keyspace.embed_due(agent_id),
                   keyspace.embed_lock(agent_id), keyspace.user_recorded(agent_id, user_id or "-"), k["inflight"],
-                  keyspace.IN_FLIGHT],
+                  keyspace.IN_FLIGHT, keyspace.agent_users(agent_id)],
             args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
                   "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
         )
@@ -536,3 +554,132 @@ class StateStore:
     async def has_message(self, session_id: str, message_id: str) -> bool:
         """Whether ``message_id`` was recorded in the session."""
         return bool(await self.redis.hexists(keyspace.session_keys(session_id)["ids"], message_id))
+
+    # Browsing (memory_service/recall/browse.py): the indexes of agents, users and sessions ----
+    # Every list is a keyset page of a sorted set: ZRANGE from the cursor, one command, whatever
+    # the page's depth.
+
+    async def index_agent(self, agent_id: str, user_id: str | None = None) -> None:
+        """Put the agent (and ``user_id`` among its users) in the browse indexes: for what is
+        written without a recorded message (a memory the agent writes itself)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(keyspace.AGENTS, {agent_id: 0})
+            if user_id is not None:
+                pipe.zadd(keyspace.agent_users(agent_id), {user_id: 0})
+            await pipe.execute()
+
+    async def agents_after(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` agent ids in id order, after ``after``."""
+        start = f"({after}" if after is not None else "-"
+        return cast(list[str], await self.redis.zrange(keyspace.AGENTS, start, "+", bylex=True, offset=0, num=limit))
+
+    async def agents_known(self, agent_ids: Sequence[str]) -> list[bool]:
+        """Whether each agent is in the agents' index."""
+        if not agent_ids:
+            return []
+        scores = await self.redis.zmscore(keyspace.AGENTS, list(agent_ids))
+        return [score is not None for score in scores]
+
+    async def agent_sizes(self, agent_ids: Sequence[str]) -> list[tuple[int, int, bool]]:
+        """(users, sessions, has settings) of each agent: one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in agent_ids:
+                pipe.zcard(keyspace.agent_users(agent_id))
+                pipe.zcard(keyspace.agent_session_order(agent_id))
+                pipe.exists(keyspace.agent_settings(agent_id))
+            raw = await pipe.execute()
+        return [(int(raw[i]), int(raw[i + 1]), bool(raw[i + 2])) for i in range(0, len(raw), 3)]
+
+    async def users_after(self, agent_id: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` of the agent's user ids in id order, after ``after``."""
+        start = f"({after}" if after is not None else "-"
+        return cast(list[str], await self.redis.zrange(keyspace.agent_users(agent_id), start, "+", bylex=True,
+                                                       offset=0, num=limit))
+
+    async def sessions_before(self, agent_id: str, before: int | None, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` of the agent's sessions, newest first: (id, creation number), those
+        created before number ``before`` if given."""
+        top = f"({before}" if before is not None else "+inf"
+        rows = await self.redis.zrange(keyspace.agent_session_order(agent_id), top, "-inf", byscore=True, desc=True,
+                                       offset=0, num=limit, withscores=True)
+        return [(sid, int(score)) for sid, score in cast(list[tuple[str, float]], rows)]
+
+    async def session_numbers(self, agent_id: str, session_ids: Sequence[str]) -> dict[str, int]:
+        """The creation numbers of these sessions of the agent (those not indexed are left out)."""
+        if not session_ids:
+            return {}
+        scores = await self.redis.zmscore(keyspace.agent_session_order(agent_id), list(session_ids))
+        return {sid: int(score) for sid, score in zip(session_ids, scores) if score is not None}
+
+    async def sessions_of_users(self, agent_id: str, users: Sequence[str]) -> list[str]:
+        """The sessions any of ``users`` took part in (spoke in, or had a message recorded under
+        their id): what a key limited to them may see. Cost: their sessions."""
+        keys = [k for u in users for k in (keyspace.user_sessions(agent_id, u), keyspace.user_recorded(agent_id, u))]
+        return sorted(cast(set[str], await self.redis.sunion(keys))) if keys else []
+
+    async def counters_of(self, session_ids: Sequence[str]) -> list[SessionCounters]:
+        """``counters`` of each session, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                k = keyspace.session_keys(session_id)
+                pipe.hgetall(k["meta"])
+                pipe.zcard(k["pending"])
+            raw = await pipe.execute()
+        return [SessionCounters.of(raw[i], raw[i + 1]) for i in range(0, len(raw), 2)]
+
+    async def message_sequences(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+        """The sequence numbers of these messages of the session (unknown ids are left out)."""
+        if not message_ids:
+            return {}
+        values = await self.redis.hmget(keyspace.session_keys(session_id)["ids"], list(message_ids))
+        return {mid: int(str(v).split(" ", 1)[0]) for mid, v in zip(message_ids, values) if v}
+
+    async def record_formed_window(self, session_id: str, entry: dict[str, object], last_sequence: int) -> None:
+        """Remember a formed window (its number, extractor, sequences): see ``formed_window``."""
+        await self.redis.zadd(keyspace.session_keys(session_id)["formed"],
+                              {json.dumps(entry, sort_keys=True): last_sequence})
+
+    async def formed_window(self, session_id: str, sequence: int) -> dict[str, object] | None:
+        """The formed window that held the message of ``sequence``, as ``record_formed_window``
+        kept it; None if none did (not formed yet, or formed before windows were kept)."""
+        rows = await self.redis.zrange(keyspace.session_keys(session_id)["formed"], sequence, "+inf", byscore=True,
+                                       offset=0, num=1)
+        if not rows:
+            return None
+        entry = cast(dict[str, object], json.loads(cast(list[str], rows)[0]))
+        first = entry.get("first_sequence")
+        return entry if isinstance(first, int) and first <= sequence else None
+
+    async def index_stored_data(self, version: int) -> bool:
+        """Index for browsing what a release before the browse indexes stored, once per
+        ``version``: agents (their settings and their sessions' sets), their sessions (in
+        the order of their last activity) and users (the per-user session sets). A SCAN of
+        the keyspace, run at start-up until it completes. True if this call did it."""
+        if int(await self.redis.get(keyspace.BROWSE_INDEX) or 0) >= version:
+            return False
+        agents: set[str] = set()
+        async for key in self.redis.scan_iter(match=keyspace.agent_settings("*"), count=1000):
+            rest = str(key)[len(keyspace.agent_settings("")):]
+            if ":" not in rest:
+                agents.add(rest)
+        async for key in self.redis.scan_iter(match=keyspace.agent_sessions("*"), count=1000):
+            agent_id = str(key)[len(keyspace.agent_settings("")):].rsplit(":", 1)[0]
+            if ":" not in agent_id:  # not the sessions of one of its users (keyspace.user_sessions)
+                agents.add(agent_id)
+        for agent_id in sorted(agents):
+            await self.redis.zadd(keyspace.AGENTS, {agent_id: 0})
+            sessions = await self.agent_sessions(agent_id)
+            unindexed = [s for s in sessions if s not in await self.session_numbers(agent_id, [s])]
+            if unindexed:
+                counters = await self.counters_of(unindexed)
+                for session_id, c in sorted(zip(unindexed, counters), key=lambda p: (p[1].last_activity or 0, p[0])):
+                    number = int(await self.redis.incr(keyspace.agent_session_count(agent_id)))
+                    await self.redis.zadd(keyspace.agent_session_order(agent_id), {session_id: number}, nx=True)
+            prefix = keyspace.user_sessions(agent_id, "").removesuffix(":sessions")
+            for pattern in (keyspace.user_sessions(agent_id, "*"), keyspace.user_recorded(agent_id, "*")):
+                async for key in self.redis.scan_iter(match=pattern, count=1000):
+                    user = str(key)[len(prefix):].rsplit(":", 1)[0]
+                    if user and user != "-" and ":" not in user:
+                        await self.redis.zadd(keyspace.agent_users(agent_id), {user: 0})
+        await self.redis.set(keyspace.BROWSE_INDEX, version)
+        return True

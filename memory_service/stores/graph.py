@@ -37,6 +37,7 @@ import asyncio
 import hashlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -47,7 +48,7 @@ from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.state import metrics, tracing
-from memory_service.stores.base import SignalHits
+from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, SignalHits
 from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
 
@@ -73,6 +74,20 @@ _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
 # What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
 _LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
+_STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
+           MemoryState.EVICTED: "n.evicted = true", MemoryState.ALL: None}
+
+# Listing memories (``list_memories``). FalkorDB sorts every row a query matches before its
+# LIMIT (no ordered index scan), so a page is read from a window of time below the cursor,
+# through the ``ts`` index: each probe reads at most LIST_PROBE_ROWS nodes of the window; a
+# window that holds more is narrowed, one that holds few widened, and a page reads at most
+# LIST_MAX_PROBES windows (then it ends early, its cursor where the scan stopped). The
+# window's width rides in the cursor, so the next page starts at the right scale.
+LIST_PROBE_ROWS = 2000
+LIST_MAX_PROBES = 24
+LIST_FIRST_WINDOW = 3600.0  # seconds
+LIST_MIN_WINDOW = 0.001  # below this, memories sharing a time are read together (their count)
+_TOP_ID = "\U0010ffff"  # above every id: a position (t, _TOP_ID) keeps every memory of time t
 
 
 def _disable_telemetry_unless_asked(settings: Settings) -> None:
@@ -575,6 +590,98 @@ class GraphBackend(EntityGraph):
         )
         return [_memory(row) for row in rows]
 
+    async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
+        """See MemoryBackend.list_memories, and LIST_PROBE_ROWS above for how a page is read."""
+        groups = [ns.group_id for ns in listing.namespaces] if listing.namespaces is not None else None
+        if groups == [] or listing.limit <= 0:
+            return ListedPage([])
+        indexed, rest, params = [], ["n.kind IS NOT NULL"], {}  # what the index answers; what is checked after
+        if groups is not None and listing.kinds:
+            indexed.append("n.group_kind IN $gks")
+            params["gks"] = [_group_kind(g, k) for g in groups for k in listing.kinds]
+        elif groups is not None:
+            indexed.append("n.group_id IN $groups")
+            params["groups"] = groups
+        elif listing.kinds:
+            rest.append("n.kind IN $kinds")
+            params["kinds"] = [k.value for k in listing.kinds]
+        if listing.tags:
+            rest.append("all(t IN $tags WHERE t IN n.tags)")
+            params["tags"] = list(listing.tags)
+        if (state := _STATES[listing.state]) is not None:
+            rest.append(state)
+        floor = listing.since.timestamp() if listing.since else None
+        top: float | None
+        if listing.after is not None:
+            top, top_id = listing.after
+        elif listing.until is not None:
+            top, top_id = listing.until.timestamp(), _TOP_ID
+        else:
+            top, top_id = None, _TOP_ID
+        width = listing.hint if listing.hint and listing.hint > 0 else LIST_FIRST_WINDOW
+        found: list[Position] = []
+        too_wide = float("inf")  # the narrowest width seen holding more than a probe reads: never grow back to it
+        for _ in range(LIST_MAX_PROBES):
+            low = (top if top is not None else time.time()) - width
+            last = floor is not None and low <= floor
+            if floor is not None and last:
+                low = floor
+            where = [*indexed, "n.ts >= $low", *(["n.ts <= $top"] if top is not None else [])]
+            scanned, hits = await self._probe(agent_id, where, rest, dict(params, low=low, top=top),
+                                              LIST_PROBE_ROWS)
+            if scanned >= LIST_PROBE_ROWS:
+                if width > LIST_MIN_WINDOW:
+                    too_wide = min(too_wide, width)
+                    width /= 4  # too dense: a narrower window
+                    continue
+                _, hits = await self._probe(agent_id, where, rest, dict(params, low=low, top=top), None)
+            below = sorted(((float(ts), str(i)) for ts, i in hits
+                            if top is None or ts < top or (ts == top and i < top_id)), reverse=True)
+            found.extend(below[: listing.limit - len(found)])
+            if len(found) >= listing.limit:
+                return await self._page(agent_id, found, found[-1], width)
+            if last:
+                return await self._page(agent_id, found, None, width)
+            top, top_id = low, ""  # below the window: every memory of time ``low`` was in it
+            if scanned == 0 and not await self._any_below(agent_id, indexed, params, top):
+                return await self._page(agent_id, found, None, width)
+            if scanned < LIST_PROBE_ROWS // 4:
+                width = min(width * 4, too_wide / 2)
+        return await self._page(agent_id, found, (top, top_id) if top is not None else None, width)
+
+    async def _probe(self, agent_id: str, where: list[str], rest: list[str], params: dict[str, Any],
+                     cap: int | None) -> tuple[int, list[tuple[float, str]]]:
+        """At most ``cap`` nodes matching ``where`` (through the index), unsorted: how many were
+        read, and the (time, id) of those that pass ``rest``."""
+        limit = "WITH n LIMIT $cap " if cap is not None else ""
+        if cap is not None:  # counted first, without reading the nodes: a window too dense costs little
+            counted = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}"
+                                                 "RETURN count(n) AS scanned", cap=cap, **params)
+            if counted and int(counted[0]["scanned"]) >= cap:
+                return cap, []
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}WITH collect(n) AS raw "
+            f"RETURN size(raw) AS scanned, [n IN raw WHERE {' AND '.join(rest)} | [n.valid_at, n.uuid]] AS hits",
+            cap=cap, **params)
+        if not rows:
+            return 0, []
+        # The time from ``valid_at`` (what ``ts`` was computed from): FalkorDB answers a float
+        # with 15 significant digits, and a cursor must name the stored value exactly.
+        return int(rows[0]["scanned"]), [(_timestamp(at), str(i)) for at, i in rows[0]["hits"]]
+
+    async def _any_below(self, agent_id: str, indexed: list[str], params: dict[str, Any], top: float) -> bool:
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {' AND '.join([*indexed, 'n.ts < $top'])} "
+                                          "RETURN 1 AS one LIMIT 1", **params, top=top)
+        return bool(rows)
+
+    async def _page(self, agent_id: str, found: list[Position], resume: Position | None, width: float) -> ListedPage:
+        """The memories of ``found``, in its order."""
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
+                                ids=[i for _, i in found]) if found else []
+        by_id = {row["uuid"]: _memory(row) for row in rows}
+        return ListedPage([by_id[i] for _, i in found if i in by_id], resume, width)
+
     async def agents(self) -> list[str]:
         names = await self.client.list_graphs()
         return sorted(a for a in map(agent_of_graph, names) if a is not None)
@@ -696,6 +803,12 @@ def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
     for memory in memories:
         first.setdefault(memory.id, memory)
     return list(first.values())
+
+
+def _timestamp(valid_at: str) -> float:
+    """``ts`` as the write computed it from the memory's ``valid_at`` (naive times are UTC)."""
+    moment = datetime.fromisoformat(valid_at)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _memory(row: Row) -> Memory:

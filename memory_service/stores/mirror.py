@@ -52,7 +52,7 @@ from memory_service.domain.graph import (
 )
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import MemoryBackend, Page, SignalHits
+from memory_service.stores.base import ListedPage, MemoryBackend, MemoryListing, Page, SignalHits
 from memory_service.stores.breaker import OPEN, CircuitBreaker
 from memory_service.stores.outages import is_unavailable
 from memory_service.stores.outbox import (
@@ -426,6 +426,10 @@ class MirroredBackend(MemoryBackend):
                              after: tuple[float, str] | None = None) -> list[Memory]:
         # The graph's, as ``export``: MongoDB mirrors it, and what is purged leaves both.
         return await self.primary.written_before(agent_id, before, limit, after)
+
+    async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
+        # The graph's, as ``export``: a cursor names a position in one store's order.
+        return await self.primary.list_memories(agent_id, listing)
 
     async def agents(self) -> list[str]:
         return await self.primary.agents()

@@ -1,4 +1,5 @@
-"""Sessions: recording messages, forming a session's pending window, a session's state.
+"""Sessions: recording messages, forming a session's pending window, a session's state, and
+an agent's sessions (the browse API, memory_service/curation/browse.py).
 
 Recording needs `write` on the message's agent (and, for a key limited to users, its
 user) and is charged against the key's token budget; the routes named by a session id
@@ -12,15 +13,15 @@ from typing import Any
 from fastapi import Query
 
 from memory_service.access.authorization import authorize
-from memory_service.domain.models import MessageIn, SessionId
+from memory_service.domain.models import AgentId, MessageIn, SessionId, UserId
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
+from memory_service.schemas.browse import MAX_BROWSE_PAGE, SessionPage
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.keys import Role
 from memory_service.schemas.records import RecordOut
 
 router = strict_router(tags=["sessions"])
-
 
 
 @router.post("/v1/sessions/{session_id}/messages", response_model=RecordOut)
@@ -63,3 +64,20 @@ async def get_session(session_id: SessionId, service: ServiceDep, principal: Cal
     Needs `read` on the session's agent."""
     await service.authorize_session(principal, session_id, Role.READ)
     return await service.session_status(session_id)
+
+
+@router.get("/v1/agents/{agent_id}/sessions", response_model=SessionPage)
+async def list_sessions(
+    agent_id: AgentId,
+    service: ServiceDep,
+    principal: CallerDep,
+    user_id: UserId | None = Query(None, description="only the sessions this user took part in"),
+    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
+) -> SessionPage:
+    """The agent's sessions, newest first, each with its formation gate, cursor, pending
+    window and last activity; one page at a time (pass `next` as `cursor`). Needs `read`; a
+    key limited to some users lists the sessions they took part in."""
+    authorize(principal, Role.READ, agent_id,
+              user_id if user_id is not None else min(principal.users) if principal.users else None)
+    return await service.list_sessions(agent_id, service.reach(principal, agent_id), user_id, cursor, limit)
