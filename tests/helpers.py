@@ -5,6 +5,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 from memory_service.domain.models import MessageIn
+from memory_service.state import keyspace
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -46,7 +47,7 @@ async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> N
     redis = Redis.from_url(url)
     try:
         for _ in range(int(timeout / 0.05)):
-            if not await redis.exists(f"ms:embed:{agent_id}:due", f"ms:embed:{agent_id}:job"):
+            if not await redis.exists(keyspace.embed_due(agent_id), keyspace.embed_lock(agent_id)):
                 return
             await asyncio.sleep(0.05)
     finally:

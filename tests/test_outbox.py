@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
+from memory_service.state import keyspace
 from memory_service.state.keyspace import OUTBOX_ENTRIES, OUTBOX_REFS
 from memory_service.stores.outbox import Outbox, OutboxFull, TrimOp, WriteOp
 
@@ -76,7 +77,7 @@ async def test_a_failing_entry_is_dead_lettered_after_its_attempts_and_can_be_re
     assert json.loads(dead.op)["memories"][0]["id"] == "m1"
     assert await outbox.dead_letter_counts() == {"graph": 0, "mongo": 1}
     assert await outbox.failed("mongo", bad, "late") == (-1, False)  # no longer queued: nothing counted
-    assert float(await redis.hget("ms:metrics", "outbox_dead_lettered_mongo")) == 1
+    assert float(await redis.hget(keyspace.OUTBOX_METRICS, "outbox_dead_lettered_mongo")) == 1
 
     assert await outbox.replay("mongo", [bad]) == 1
     assert await ids(outbox, "mongo") == [good, bad]  # at the end, attempts reset
@@ -132,10 +133,10 @@ async def test_queues_of_the_first_outbox_are_adopted_ahead_of_new_entries(redis
     new = await outbox.append(write(9))
     for i in (1, 2):  # as the first outbox queued them: the operation, and the id on a list
         await redis.hset(OUTBOX_ENTRIES, f"old{i}", write(i).model_dump_json())
-        await redis.rpush("ms:outbox:mongo", f"old{i}")
+        await redis.rpush(keyspace.outbox_legacy_queue("mongo"), f"old{i}")
     assert await outbox.depth() == {"graph": 1, "mongo": 3}
     assert await ids(outbox, "mongo") == ["old1", "old2", new]
-    assert not await redis.exists("ms:outbox:mongo")
+    assert not await redis.exists(keyspace.outbox_legacy_queue("mongo"))
     await outbox.delivered("mongo", "old1")
     assert not await redis.hexists(OUTBOX_ENTRIES, "old1")  # its only target had it
 
