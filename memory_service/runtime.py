@@ -146,7 +146,7 @@ async def open_service(
     settings.redis_url = settings.redis_url or settings.falkordb_url
     worker = None
     try:
-        queue = await JobQueue.connect(settings.redis_url, settings)
+        queue = await JobQueue.connect(settings.job_queue_url(), settings)
         state = StateStore.from_url(settings.redis_url, settings)
         try:
             embedder = await start_embedder(settings, state)

@@ -302,7 +302,6 @@ async def test_the_sweep_gets_past_a_thousand_sessions_that_cannot_form(url):
         await _record_many(service, secret[5:], incognito=True)
         for i in range(4):
             await service.record_message("formable", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"f{i}"))
-        redis = service.state.redis
         assert len(await service.state.active_sessions()) == 1002
 
         runs = []
