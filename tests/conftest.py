@@ -83,6 +83,34 @@ def store_overrides(falkordb_url: str) -> dict[str, object]:
     return {"redis_url": url, "queue_redis_url": falkordb_url} if url else {}
 
 
+def state_redis(url: str, **kwargs) -> Redis:
+    """A client of the Redis holding the service's state: ``url``'s, or the cluster's when
+    the suite runs on one (a cluster client, typed as the service types it)."""
+    from memory_service.config import Settings as _Settings
+    from memory_service.state.pools import cluster_client
+
+    if (cluster := cluster_url()) is not None:
+        return cluster_client(cluster, _Settings(_env_file=None), decode_responses=kwargs.get("decode_responses", False))
+    return Redis.from_url(url, **kwargs)
+
+
+async def state_keys(url: str) -> list[bytes]:
+    """Every key of the Redis holding the state (every master's, on a cluster)."""
+    if (cluster := cluster_url()) is None:
+        client = Redis.from_url(url)
+        try:
+            return [key async for key in client.scan_iter(count=1000)]
+        finally:
+            await client.aclose()
+    from redis.asyncio import RedisCluster
+
+    nodes = RedisCluster.from_url(cluster.replace("+cluster", ""))
+    try:
+        return [key async for key in nodes.scan_iter(count=1000)]
+    finally:
+        await nodes.aclose()
+
+
 @pytest.fixture(scope="session")
 def falkordb_url(tmp_path_factory) -> str:
     if url := os.environ.get("FALKORDB_URL"):

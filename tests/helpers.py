@@ -42,9 +42,9 @@ async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> N
     compares the store before and after a request must not see that job's writes."""
     import asyncio
 
-    from redis.asyncio import Redis
+    from .conftest import state_redis
 
-    redis = Redis.from_url(url)
+    redis = state_redis(url)  # the cluster's, when the suite's state is on one
     try:
         for _ in range(int(timeout / 0.05)):
             if not await redis.exists(keyspace.embed_due(agent_id), keyspace.embed_lock(agent_id)):
