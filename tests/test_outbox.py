@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
@@ -21,7 +20,7 @@ from memory_service.state import keyspace
 from memory_service.state.keyspace import OUTBOX_ENTRIES, OUTBOX_REFS
 from memory_service.stores.outbox import Outbox, OutboxFull, TrimOp, WriteOp
 
-from .conftest import clean_env
+from .conftest import clean_env, state_redis
 from .helpers import T0
 
 CLI = str(Path(sys.executable).parent / "memory-service")
@@ -29,7 +28,7 @@ CLI = str(Path(sys.executable).parent / "memory-service")
 
 @pytest.fixture
 async def redis(settings):
-    client = Redis.from_url(settings.falkordb_url, decode_responses=True)
+    client = state_redis(settings.falkordb_url, decode_responses=True)  # the cluster, on one
     yield client
     await client.aclose()
 
