@@ -141,7 +141,8 @@ async def test_queues_of_the_first_outbox_are_adopted_ahead_of_new_entries(redis
 
 
 def cli(settings, *args: str) -> subprocess.CompletedProcess:
-    env = {**clean_env(), "FALKORDB_URL": settings.falkordb_url, "COLUMNS": "200"}
+    env = {**clean_env(), "FALKORDB_URL": settings.falkordb_url, "COLUMNS": "200",
+           **({"REDIS_URL": settings.redis_url} if settings.redis_url else {})}  # the cluster, on one
     return subprocess.run([CLI, "outbox", *args], capture_output=True, text=True, timeout=120, env=env)
 
 
