@@ -126,6 +126,21 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
     return embedder
 
 
+async def check_keyspace(state: StateStore) -> None:
+    """Warn when the state holds keys of an older layout (memory_service/state/upgrade.py);
+    else record the current one."""
+    from memory_service.state import upgrade
+
+    try:
+        if await upgrade.stale_layout(state.redis):
+            log.error("the state store holds keys of an older layout, which this release does not read: stop "
+                      "the service and run `memory-service upgrade-keyspace` (docs/operations.md)")
+        else:
+            await upgrade.mark_current(state.redis)
+    except Exception as exc:  # Redis down at start: the service degrades on its own
+        log.warning("could not check the keyspace's layout: %s", exc)
+
+
 @asynccontextmanager
 async def open_service(
     settings: Settings | None = None, data_dir: Path | None = None, run_worker: bool | None = None
@@ -148,6 +163,7 @@ async def open_service(
     try:
         queue = await JobQueue.connect(settings.job_queue_url(), settings)
         state = StateStore.from_url(settings.redis_url, settings)
+        await check_keyspace(state)
         try:
             embedder = await start_embedder(settings, state)
         except BaseException:
