@@ -125,6 +125,37 @@ def migrate(
                       f"agent {agent} now uses the {to} backend.")
 
 
+@app.command("upgrade-keyspace")
+def upgrade_keyspace(
+    data_dir: Annotated[Path | None, typer.Option(help="Attach to the embedded store a `serve` runs on this data directory")] = None,
+) -> None:
+    """Rename the state's Redis keys of an older release to this release's layout.
+
+    Run it with the service stopped (every API replica and worker), on the Redis holding the
+    state (REDIS_URL, a plain Redis: before moving the data into a cluster). Idempotent: a
+    second run finds nothing to move (memory_service/state/upgrade.py).
+    """
+    from memory_service.state import upgrade
+    from memory_service.state.keyspace import KEYSPACE_VERSION
+    from memory_service.state.pools import redis_client
+
+    _setup_logging("warning")
+    settings = attached_settings(data_dir)
+    url = settings.redis_url or settings.falkordb_url
+    assert url is not None  # attached_settings exits when there is no store
+
+    async def main() -> dict[str, int]:
+        redis = redis_client(url, settings)
+        try:
+            return await upgrade.upgrade(redis, lambda n: console.print(f"{n} keys looked at"))
+        finally:
+            await redis.aclose()
+
+    report = asyncio.run(main())
+    console.print(f"keyspace at version {KEYSPACE_VERSION}: {report['renamed']} keys renamed, "
+                  f"{report['merged']} merged, {report['split']} entries of single keys spread out")
+
+
 @app.command("backfill-embeddings")
 def backfill_embeddings(
     batch: Annotated[int, typer.Option(help="Memories embedded per call to the embedder", min=1, max=2048)] = 64,
