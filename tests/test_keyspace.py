@@ -49,6 +49,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("embed_lock", ("a1",), "ms:embed:{embed:a1}:job"),
     ("startup_records", ("a1",), "ms:startup:{agent:a1}"),
     ("reembed", ("a1",), "ms:reembed:a1"),
+    ("trace_job", ("j1",), "ms:trace:job:j1"),
     ("import_manifest", ("a1",), "ms:import:a1"),
     ("memory_access", ("a1",), "ms:memaccess:{retention:a1}"),
     ("retention_deleted", ("a1",), "ms:retention:{retention:a1}:deleted"),
@@ -85,12 +86,13 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
 ]
 
 # keyspace's functions that build hash tags, not keys.
-TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags"}
+# Helpers that build tags or read keys, not keys.
+TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags", "user_of"}
 
 # How the map writes each builder's parameters.
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
-                "target": "<target>", "tag": "s:<b>"}
+                "target": "<target>", "tag": "s:<b>", "job_id": "<job id>"}
 
 
 def _builders() -> dict[str, object]:
@@ -134,6 +136,14 @@ def test_the_check_finds_a_key_literal():
 def test_keys_are_the_ones_of_the_keyspace_version(name, args, expected):
     value = getattr(keyspace, name)
     assert (value(*args) if callable(value) else value) == expected
+
+
+def test_user_of_reads_the_user_back():
+    for user in ("alice", "bob-2", "a.b"):
+        assert keyspace.user_of("a1", keyspace.user_sessions("a1", user)) == user
+        assert keyspace.user_of("a1", keyspace.user_recorded("a1", user)) == user
+    assert keyspace.user_of("a2", keyspace.user_sessions("a1", "alice")) is None
+    assert keyspace.user_of("a1", keyspace.agent_sessions("a1")) is None
 
 
 def test_every_key_has_an_example():

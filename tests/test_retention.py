@@ -20,6 +20,7 @@ from memory_service.domain.models import MemoryKind
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.state.metrics import REGISTRY
 from memory_service.stores.loopback import LoopbackServer
 from memory_service.worker import retention
 
@@ -89,7 +90,7 @@ async def test_a_purge_leaves_no_trace_anywhere_and_is_counted(service):
     async with LoopbackServer(create_app(service=service)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
             metrics = (await http.get("/metrics")).text
-            assert "memory_service_purged_memories_total 1\n" in metrics
+            assert "memory_service_purged_memories_total 1.0\n" in metrics  # this process's counter
             entries = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.purge"})).json()["entries"]
     assert [(e["key_id"], e["after"]["purged"], e["after"]["kinds"]) for e in entries] == [
         ("retention", 1, {"observation": 1})]
@@ -254,6 +255,9 @@ async def test_a_stale_memory_is_purged_everywhere_and_what_was_read_updated_or_
     assert named["m1"] in [r.id for r in (await service.search(AGENT, "narwhal")).results]
     assert "narwhal" in (await service.assemble_memory_context(AGENT, "alice", "s1", query="narwhal please")).xml.lower()
 
+    # This process's counters (one registry for the whole test run): what this test adds.
+    counted_before = {name: REGISTRY.get_sample_value(f"memory_service_{name}_total") or 0.0
+                      for name in ("stale_purged_memories", "purged_memories")}
     report = await service.retention.purge()
     purged = {"m0", "m1", "m2", "m4", "m5", "e0", "d0", "d2", "v1"}
     assert (report.stale, report.purged, report.agents) == (len(purged), 0, {AGENT: len(purged)})
@@ -279,8 +283,10 @@ async def test_a_stale_memory_is_purged_everywhere_and_what_was_read_updated_or_
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
             metrics = (await http.get("/metrics")).text
             entries = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.purge"})).json()["entries"]
-    assert f"memory_service_stale_purged_memories_total {len(purged) + 2}\n" in metrics
-    assert "memory_service_purged_memories_total" not in metrics
+    stale_total = counted_before["stale_purged_memories"] + len(purged) + 2
+    assert f"memory_service_stale_purged_memories_total {stale_total}\n" in metrics
+    purged_total = REGISTRY.get_sample_value("memory_service_purged_memories_total") or 0.0
+    assert purged_total == counted_before["purged_memories"]  # no retention purge
     assert [(e["key_id"], e["after"]["reason"], e["after"]["purged"], e["after"]["kinds"]) for e in entries] == [
         ("retention", "stale", 2, {"message": 1, "episode": 1}),  # newest first
         ("retention", "stale", len(purged), {"message": 5, "episode": 1, "directive": 2, "consolidated": 1})]

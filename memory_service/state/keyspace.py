@@ -184,6 +184,9 @@ Global::
     ms:browse-index                         string  the version of the browse indexes the stored data
                                                     was last indexed for (a start-up indexes what an
                                                     older release stored, once)                      global
+    ms:trace:job:<job id>                   string  the trace context of the request that enqueued
+                                                    the job (W3C traceparent), while tracing is on;
+                                                    expires with the job                             per queued job
     ms:keyspace                             string  the keyspace's version (KEYSPACE_VERSION), written
                                                     by the service's start and by upgrade-keyspace   global
 
@@ -292,6 +295,19 @@ def user_sessions(agent_id: str, user_id: str) -> str:
 
 def user_recorded(agent_id: str, user_id: str) -> str:
     return f"ms:u:{{user:{agent_id}:{user_id}}}:recorded"
+
+
+def user_of(agent_id: str, key: str) -> str | None:
+    """The user id in one of ``agent_id``'s per-user keys (``user_sessions``, ``user_recorded``)."""
+    head = f"ms:u:{{user:{agent_id}:"
+    if not key.startswith(head) or "}" not in key[len(head):]:
+        return None
+    return key[len(head):].split("}", 1)[0] or None
+
+
+def trace_job(job_id: str) -> str:
+    """The trace context a request left for the job it enqueued (memory_service/state/tracing.py)."""
+    return f"ms:trace:job:{job_id}"
 
 
 def embed_due(agent_id: str) -> str:

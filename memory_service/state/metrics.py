@@ -5,7 +5,7 @@ once per replica when Prometheus sums them (and the old /metrics did just that).
 process counts what it did, in its own registry (``REGISTRY``, not prometheus_client's
 global one, so that libraries' metrics and a second app in a test process do not mix in),
 and Prometheus sums the replicas. Totals that are facts about the whole deployment (what
-the Redis hash ``ms:metrics`` holds, the outbox's depth, the job queue) are gauges read
+the Redis hashes ``keyspace.metrics`` shards hold, the outbox's depth, the job queue) are gauges read
 from the store at scrape time: the same on every replica, to be aggregated with ``max``.
 
 Labels are bounded: route templates (never raw paths: ids would make one series per user),
@@ -169,7 +169,7 @@ class StoreGauges(Collector):
         yield from families.values()
         totals = GaugeMetricFamily(
             f"{PREFIX}deployment_counter",
-            "Totals kept in Redis (ms:metrics) for the whole deployment since its store was created, by name; the same "
+            "Totals kept in Redis (the sharded metrics hashes) for the whole deployment since its store was created, by name; the same "
             "on every replica: aggregate with max, not sum", labels=["name"])
         for name, value in sorted(self.totals.items()):
             totals.add_metric([name], value)

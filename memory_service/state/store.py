@@ -736,10 +736,9 @@ class StateStore:
                 for session_id, c in sorted(zip(unindexed, counters), key=lambda p: (p[1].last_activity or 0, p[0])):
                     number = int(await self.redis.incr(keyspace.agent_session_count(agent_id)))
                     await self.redis.zadd(keyspace.agent_session_order(agent_id), {session_id: number}, nx=True)
-            prefix = keyspace.user_sessions(agent_id, "").removesuffix(":sessions")
             for pattern in (keyspace.user_sessions(agent_id, "*"), keyspace.user_recorded(agent_id, "*")):
                 async for key in self.redis.scan_iter(match=pattern, count=1000):
-                    user = str(key)[len(prefix):].rsplit(":", 1)[0]
+                    user = keyspace.user_of(agent_id, str(key))
                     if user and user != "-" and ":" not in user:
                         await self.redis.zadd(keyspace.agent_users(agent_id), {user: 0})
         await self.redis.set(keyspace.BROWSE_INDEX, version)

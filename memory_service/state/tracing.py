@@ -25,6 +25,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.propagate import extract, inject
 
+from memory_service.state import keyspace
+
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
 
@@ -86,7 +88,7 @@ def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
 
 
 def _job_key(job_id: str) -> str:
-    return f"ms:trace:job:{job_id}"
+    return keyspace.trace_job(job_id)
 
 
 async def remember_job(redis: Any, job_id: str) -> None:
