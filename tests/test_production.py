@@ -24,6 +24,7 @@ import httpx
 import pytest
 import redis
 from falkordb.asyncio import FalkorDB
+from openai.types.chat import ChatCompletion
 from opentelemetry.instrumentation.redis import RedisInstrumentor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -32,6 +33,7 @@ from opentelemetry.trace import SpanKind
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role
 from memory_service.domain.namespaces import Namespace
+from memory_service.formation.llm_client import Malformed, _reply_text
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service, wait_for_stores
 from memory_service.state import logs, tracing
@@ -259,6 +261,19 @@ async def test_served_logs_are_json_lines_with_request_ids_and_keep_no_user_word
     assert not any(session in line["message"] for line in access)
 
 
+def test_an_llm_refusal_reaches_the_log_without_its_words():
+    """A refusal may quote the conversation; the error (logged, kept in the job's result) says
+    only that the model refused, and how long its answer was."""
+    completion = ChatCompletion.model_validate({
+        "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": None,
+                                 "refusal": "I cannot store that zelda-7781 likes marmalade."}}]})
+    with pytest.raises(Malformed) as refused:
+        _reply_text(completion)
+    assert str(refused.value) == "the model refused (47 characters)"
+
+
 # Metrics ------------------------------------------------------------------------------------
 
 
@@ -346,6 +361,25 @@ async def test_memories_stored_is_the_stores_label_count_kept_for_the_refresh_in
         assert await backend.gauges() == {'memories_stored{store="graph"}': 6.0, "graph_entities_stored": 2.0}
         assert await episodes_in(settings.falkordb_url) == 6
     finally:
+        await backend.close()
+
+
+async def test_a_frozen_graph_store_does_not_hold_a_scrape_the_last_count_answers(store):
+    """Counting waits at most COUNT_WAIT_SECONDS: with FalkorDB stopped (SIGSTOP), the gauges
+    answer at once with the last count instead of waiting out the read timeout (10 s), which
+    would make Prometheus's scrape time out and lose every metric."""
+    proc, url = store
+    backend = GraphBackend(url, suite_settings(url, metrics_stored_refresh_seconds=0))
+    await backend.start()
+    try:
+        await backend.write([stored_memory(i, "a1") for i in range(3)])
+        assert (await backend.gauges())['memories_stored{store="graph"}'] == 3
+        proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert (await backend.gauges())['memories_stored{store="graph"}'] == 3
+        assert time.monotonic() - started < 3
+    finally:
+        proc.send_signal(signal.SIGCONT)
         await backend.close()
 
 

@@ -40,6 +40,7 @@ import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,7 @@ FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the i
 QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
 DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
 COUNT_BATCH = 500  # agent graphs per pipeline when the gauges count what is stored
+COUNT_WAIT_SECONDS = 1.0  # how long a scrape waits for that count before it answers with the last one
 
 _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
@@ -198,13 +200,15 @@ class GraphBackend(EntityGraph):
         self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
         self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
         self._stored: tuple[float, dict[str, float]] | None = None  # (when, gauges) of the last count
-        self._stored_lock = asyncio.Lock()
+        self._counting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.client.connection.ping()
         await migrate_layout(self.client, self)
 
     async def close(self) -> None:
+        if self._counting is not None:
+            self._counting.cancel()
         await self.client.aclose()
         if (pool := getattr(self.client.connection, "connection_pool", None)) is not None:
             await pool.disconnect()  # the client does not own the pool it was given
@@ -217,13 +221,26 @@ class GraphBackend(EntityGraph):
             return {"ok": False, "url": redact_url(self.url), "error": str(exc)}
 
     async def gauges(self) -> dict[str, float]:
-        """``memories_stored{store="graph"}`` and ``graph_entities_stored``, as of at most
-        METRICS_STORED_REFRESH_SECONDS ago (one count per process and interval, however often
-        /metrics is asked)."""
-        async with self._stored_lock:
-            if self._stored is None or time.monotonic() - self._stored[0] >= self.settings.metrics_stored_refresh_seconds:
-                self._stored = (time.monotonic(), await self._count_stored())
-            return dict(self._stored[1])
+        """``memories_stored{store="graph"}`` and ``graph_entities_stored``, counted at most once
+        per METRICS_STORED_REFRESH_SECONDS by this process, however often /metrics is asked.
+
+        A scrape waits for a count it started for at most COUNT_WAIT_SECONDS, then answers
+        with the last count (none before the first) while the count goes on: a frozen or
+        busy FalkorDB must not make /metrics miss Prometheus's scrape timeout, which would
+        lose every other metric just when they matter."""
+        stale = self._stored is None or time.monotonic() - self._stored[0] >= self.settings.metrics_stored_refresh_seconds
+        if stale and (self._counting is None or self._counting.done()):
+            self._counting = asyncio.create_task(self._recount())
+        if self._counting is not None and not self._counting.done():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._counting), COUNT_WAIT_SECONDS)
+        return dict(self._stored[1]) if self._stored is not None else {}
+
+    async def _recount(self) -> None:
+        try:
+            self._stored = (time.monotonic(), await self._count_stored())
+        except Exception as exc:  # the store is down: /health says so; the last count stands
+            log.debug("memories stored not counted: %s: %s", type(exc).__name__, exc)
 
     async def _count_stored(self) -> dict[str, float]:
         """Every agent graph's ``Episodic`` and ``Entity`` nodes, summed. Cheap at any size:
