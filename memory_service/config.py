@@ -351,6 +351,10 @@ class Settings(BaseSettings):
         default=None, ge=1, le=65535,
         description="A port of its own for /metrics without a key (for Prometheus inside the cluster); the worker's "
                     "only /metrics. Unset: the API's GET /metrics (operator key) only")
+    metrics_stored_refresh_seconds: float = Field(
+        default=60.0, ge=0,
+        description="How long a process keeps its count of the memories stored (memory_service_memories_stored) "
+                    "before /metrics counts again (one tiny query per agent graph)")
     otel_traces: Literal["off", "otlp", "console"] = Field(
         default="off", description="Trace spans: off, exported over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, the "
                                    "`otel` extra), or printed (console)")

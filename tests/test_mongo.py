@@ -354,7 +354,8 @@ async def test_an_outage_of_mongo_never_counts_as_a_failed_delivery(mongo_settin
 
 async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_mongo_is_back(
         mongo_settings, mongo_proxy, caplog):
-    settings = mongo_settings.model_copy(update={"outbox_alarm_pending": 2, "outbox_max_pending": 3})
+    settings = mongo_settings.model_copy(update={"outbox_alarm_pending": 2, "outbox_max_pending": 3,
+                                                 "metrics_stored_refresh_seconds": 0})
     async with open_service(settings, run_worker=False) as service, \
             LoopbackServer(create_app(service=service)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
@@ -384,7 +385,12 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         await mongo_proxy.start()
         await settle(service)
         assert (await post(3)).status_code == 200
-        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
+        await settle(service)
+        metrics = (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in metrics
+        # What each store holds, counted by the store: the mirror holds the same four messages.
+        assert 'memory_service_memories_stored{store="graph"} 4.0\n' in metrics
+        assert 'memory_service_memories_stored{store="mongo"} 4.0\n' in metrics
 
 
 async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):
