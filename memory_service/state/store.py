@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
 
@@ -208,6 +208,7 @@ class Reservation:
     digest: str
     is_new: bool
     agent_settings: AgentSettings | None = None  # the agent's settings, read in the same step
+    committed: bool = False  # reserve_messages only: the id was committed before (nothing held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,6 +266,71 @@ def _now_text() -> str:
     later than a reader's time.time() taken after it (rounding to nearest made a session
     recorded in the last half millisecond not yet idle to a sweep with no idle time)."""
     return f"{math.floor(time.time() * 1000) / 1000:.3f}"
+
+class ReserveCall(NamedTuple):
+    """The arguments of one ``reserve_message``, for ``reserve_messages``."""
+
+    session_id: str
+    agent_id: str
+    message_id: str
+    digest: str
+    incognito: bool = False
+
+
+class CommitCall(NamedTuple):
+    """The arguments of one ``commit_message``, for ``commit_messages``."""
+
+    session_id: str
+    message_id: str
+    sequence: int
+    weighted_tokens: float
+    speaker: str | None
+    incognito: bool
+    agent_id: str
+    embed_lock_ms: int = 0
+    user_id: str | None = None
+
+
+def _reserve_call(session_id: str, agent_id: str, message_id: str, digest: str,
+                  incognito: bool) -> tuple[list[str], list[str]]:
+    """The keys and arguments of ``_RESERVE``."""
+    k = keyspace.session_keys(session_id)
+    return ([k["meta"], k["ids"], keyspace.agent_sessions(agent_id), keyspace.agent_settings(agent_id), k["committed"],
+             k["inflight"], keyspace.IN_FLIGHT],
+            [message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
+
+
+def _reservation(session_id: str, reply: list[str]) -> Reservation:
+    """``_RESERVE``'s answer read; session_taken if another agent owns the session."""
+    status, value, *rest = reply
+    if status == "conflict":
+        # Never the owner's name: ids of other tenants are not the caller's to learn.
+        raise session_taken(session_id)
+    seq_text, _, known_digest = value.partition(" ")
+    settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
+    return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+
+
+def _commit_call(session_id: str, message_id: str, sequence: int, weighted_tokens: float, speaker: str | None,
+                 incognito: bool, agent_id: str, embed_lock_ms: int = 0,
+                 user_id: str | None = None) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of ``_COMMIT``."""
+    k = keyspace.session_keys(session_id)
+    return ([k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.ACTIVE,
+             keyspace.user_sessions(agent_id, speaker or "-"), generation_key(f"session:{session_id}"),
+             generation_key(f"user:{agent_id}:{speaker or '-'}"), keyspace.embed_due(agent_id),
+             keyspace.embed_lock(agent_id), keyspace.user_recorded(agent_id, user_id or "-"), k["inflight"],
+             keyspace.IN_FLIGHT],
+            [message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
+             "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""])
+
+
+def _commit_of(reply: list[Any]) -> Commit:
+    """``_COMMIT``'s answer read."""
+    first, embed, pending, meta = reply
+    counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
+    return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
+
 
 class StateStore:
     def __init__(self, redis: Redis):
@@ -345,17 +411,8 @@ class StateStore:
         and read the agent's settings in the same step. Unless the id is committed or was
         reserved with another digest, the call holds the reservation (in flight) until its
         ``commit_message`` or ``release_message``."""
-        k = keyspace.session_keys(session_id)
-        status, value, *rest = await self._reserve(
-            keys=[k["meta"], k["ids"], keyspace.agent_sessions(agent_id), keyspace.agent_settings(agent_id), k["committed"],
-                  k["inflight"], keyspace.IN_FLIGHT],
-            args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
-        if status == "conflict":
-            # Never the owner's name: ids of other tenants are not the caller's to learn.
-            raise session_taken(session_id)
-        seq_text, _, known_digest = value.partition(" ")
-        settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
-        return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+        keys, args = _reserve_call(session_id, agent_id, message_id, digest, incognito)
+        return _reservation(session_id, await self._reserve(keys=keys, args=args))
 
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
@@ -365,18 +422,47 @@ class StateStore:
 
         With ``embed_lock_ms`` > 0 the message waits for its embedding: see ``_COMMIT``.
         """
-        k = keyspace.session_keys(session_id)
-        first, embed, pending, meta = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.ACTIVE,
-                  keyspace.user_sessions(agent_id, speaker or "-"), generation_key(f"session:{session_id}"),
-                  generation_key(f"user:{agent_id}:{speaker or '-'}"), keyspace.embed_due(agent_id),
-                  keyspace.embed_lock(agent_id), keyspace.user_recorded(agent_id, user_id or "-"), k["inflight"],
-                  keyspace.IN_FLIGHT],
-            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
-                  "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
-        )
-        counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
-        return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
+        keys, args = _commit_call(session_id, message_id, sequence, weighted_tokens, speaker, incognito, agent_id,
+                                  embed_lock_ms, user_id)
+        return _commit_of(await self._commit(keys=keys, args=args))
+
+    # A batch of messages (memory_service/ingest/batch.py): the same scripts, many calls in
+    # one round trip. A pipeline runs its commands in order, so a session's messages get
+    # their sequence numbers in the batch's order.
+
+    async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
+        """``reserve_message`` for each call, in one round trip; each answer is a Reservation
+        (``committed`` set if the id was committed before the call: nothing is held for it)
+        or the error that call raised (e.g. session_taken)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                pipe.sismember(keyspace.session_keys(call.session_id)["committed"], call.message_id)
+                keys, args = _reserve_call(*call)
+                await self._reserve(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        answers: list[Reservation | Exception] = []
+        for call, committed, reply in zip(calls, replies[::2], replies[1::2], strict=True):
+            if isinstance(reply, Exception):
+                answers.append(reply)
+                continue
+            try:
+                reservation = _reservation(call.session_id, reply)
+            except Exception as exc:
+                answers.append(exc)
+                continue
+            committed = committed is True or committed == 1
+            answers.append(replace(reservation, committed=committed) if committed else reservation)
+        return answers
+
+    async def commit_messages(self, calls: Sequence[CommitCall]) -> list[Commit | Exception]:
+        """``commit_message`` for each call, in one round trip (in order); each answer is a
+        Commit or the error that call raised."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                keys, args = _commit_call(*call)
+                await self._commit(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        return [reply if isinstance(reply, Exception) else _commit_of(reply) for reply in replies]
 
     async def release_message(self, session_id: str, message_id: str, sequence: int, mode: str,
                               entry: str = "") -> bool:
