@@ -1,6 +1,6 @@
 """The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings` and
-`demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (imports.py,
-keys.py, outbox.py, mcp.py), registered here. What they share, the console and
+`demo` here; `import`, `import-history`, `keys`, `outbox` and `mcp` in their own modules
+(imports.py, history.py, keys.py, outbox.py, mcp.py), registered here. What they share, the console and
 the settings, is in common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from memory_service.cli.common import attached_settings, console, load_settings
+from memory_service.cli.history import import_history_command
 from memory_service.cli.imports import import_command
 from memory_service.cli.keys import keys_app
 from memory_service.cli.mcp import mcp_command
@@ -315,6 +316,8 @@ app.add_typer(outbox_app, name="outbox")
 app.add_typer(keys_app, name="keys")
 # `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/cli/imports.py).
 app.command("import")(import_command)
+# `memory-service import-history FILE.jsonl`: a conversation history through the batch route (cli/history.py).
+app.command("import-history")(import_history_command)
 # `memory-service mcp`: the memory tools over MCP (memory_service/cli/mcp.py, memory_service/mcp/server.py).
 app.command("mcp")(mcp_command)
 
