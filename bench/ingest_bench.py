@@ -30,6 +30,13 @@ what it was sent. Speed never changes the exit status.
     .venv/bin/python bench/ingest_bench.py                          # local and hash, 3 repetitions
     .venv/bin/python bench/ingest_bench.py --embedders hash --repeat 1 --messages 2000 --sessions 64
     .venv/bin/python bench/ingest_bench.py --quick                  # smoke run
+    .venv/bin/python bench/ingest_bench.py --route batch --clients 4 --batch-size 500 --embedders hash
+
+With ``--route batch`` the same messages go through POST /v1/agents/{id}/messages/batch:
+each client sends the batches of its own sessions (many sessions a batch, one agent's),
+one after the other, so each session's messages arrive in order; messages/s counts
+messages, latency is per request, and every item must come back ``recorded`` with its
+session's next sequence number.
     .venv/bin/python bench/ingest_bench.py --code before=/tmp/old-checkout --code after=.   # two versions
 
 With ``--code NAME=DIR`` (repeatable) each named checkout's server runs (the same venv,
