@@ -257,6 +257,13 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024,
         description="Largest request body, in bytes; a larger one answers 413 before it is read further or parsed")
+    max_batch_messages: int = Field(
+        default=1000, ge=1, le=100_000,
+        description="Most messages one batch (POST /v1/agents/{id}/messages/batch) may carry; more answers 413")
+    max_batch_bytes: int = Field(
+        default=8_388_608, ge=1024,
+        description="Largest body of a batch of messages, in bytes (MAX_REQUEST_BYTES holds for every other route); "
+                    "larger answers 413 before it is parsed")
     max_message_chars: int = Field(
         default=32_000, ge=1, le=MESSAGE_CHARS_CEILING, description="Longest message content, in characters")
     max_extras_bytes: int = Field(

@@ -1,6 +1,6 @@
 """The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings`,
-`reembed` and `demo` here; `import`, `keys`, `outbox`, `mcp`, `memories` and `sessions` in their own
-modules (imports.py, keys.py, outbox.py, mcp.py, browse.py), registered here. What they share, the console and
+`reembed` and `demo` here; `import`, `import-history`, `keys`, `outbox`, `mcp`, `memories` and
+`sessions` in their own modules (imports.py, history.py, keys.py, outbox.py, mcp.py, browse.py), registered here. What they share, the console and
 the settings, is in common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from rich.table import Table
 
 from memory_service.cli.browse import memories_app, sessions_app
 from memory_service.cli.common import attached_settings, console, load_settings
+from memory_service.cli.history import import_history_command
 from memory_service.cli.imports import import_command
 from memory_service.cli.keys import keys_app
 from memory_service.cli.mcp import mcp_command
@@ -426,6 +427,8 @@ app.add_typer(sessions_app, name="sessions")
 app.add_typer(keys_app, name="keys")
 # `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/cli/imports.py).
 app.command("import")(import_command)
+# `memory-service import-history FILE.jsonl`: a conversation history through the batch route (cli/history.py).
+app.command("import-history")(import_history_command)
 # `memory-service mcp`: the memory tools over MCP (memory_service/cli/mcp.py, memory_service/mcp/server.py).
 app.command("mcp")(mcp_command)
 

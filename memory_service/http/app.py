@@ -99,7 +99,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         **_without_native_telemetry(),
     )
     # Before the routes: they take its strict JSON route class.
-    request_guard.install(app, configured.max_request_bytes)
+    request_guard.install(app, configured.max_request_bytes, [
+        request_guard.LargerBodies(sessions.BATCH_PATH, configured.max_batch_bytes, "MAX_BATCH_BYTES")])
     if configured.cors_allow_origins:  # off unless configured: browsers may not call the API from other origins
         from fastapi.middleware.cors import CORSMiddleware
 

@@ -29,8 +29,8 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
 
@@ -200,6 +200,7 @@ class Reservation:
     digest: str
     is_new: bool
     agent_settings: AgentSettings | None = None  # the agent's settings, read in the same step
+    committed: bool = False  # reserve_messages only: the id was committed before (nothing held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +264,66 @@ def _now_text() -> str:
     later than a reader's time.time() taken after it (rounding to nearest made a session
     recorded in the last half millisecond not yet idle to a sweep with no idle time)."""
     return f"{math.floor(time.time() * 1000) / 1000:.3f}"
+
+class ReserveCall(NamedTuple):
+    """The arguments of one ``reserve_message``, for ``reserve_messages``."""
+
+    session_id: str
+    agent_id: str
+    message_id: str
+    digest: str
+    incognito: bool = False
+
+
+class CommitCall(NamedTuple):
+    """The arguments of one ``commit_message``, for ``commit_messages``."""
+
+    session_id: str
+    message_id: str
+    sequence: int
+    weighted_tokens: float
+    speaker: str | None
+    incognito: bool
+    agent_id: str
+    embed_lock_ms: int = 0
+    user_id: str | None = None
+
+
+def _reserve_call(session_id: str, agent_id: str, message_id: str, digest: str,
+                  incognito: bool = False) -> tuple[list[str], list[str]]:
+    """The keys and arguments of ``_RESERVE`` (all under the session's tag)."""
+    k = keyspace.session_keys(session_id)
+    return ([k["meta"], k["ids"], k["committed"], k["inflight"], keyspace.in_flight(keyspace.session_tag(session_id))],
+            [message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
+
+
+def _reservation(session_id: str, reply: list[str], raw_settings: str | None) -> Reservation:
+    """``_RESERVE``'s answer read, with the agent's settings read beside it; session_taken
+    if another agent owns the session."""
+    status, value = reply
+    if status == "conflict":
+        # Never the owner's name: ids of other tenants are not the caller's to learn.
+        raise session_taken(session_id)
+    seq_text, _, known_digest = value.partition(" ")
+    settings = AgentSettings.model_validate_json(raw_settings) if raw_settings else None
+    return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+
+
+def _commit_call(call: CommitCall) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of ``_COMMIT`` (all under the session's tag)."""
+    k, tag = keyspace.session_keys(call.session_id), keyspace.session_tag(call.session_id)
+    return ([k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.active(tag),
+             generation_key(f"session:{call.session_id}"), k["inflight"], keyspace.in_flight(tag)],
+            [call.message_id, call.sequence, f"{call.weighted_tokens:.3f}", call.speaker or "", _now_text(),
+             "1" if call.incognito else "0", call.session_id])
+
+
+def _commit_of(reply: list[Any], enqueue_embedding: bool) -> Commit:
+    """``_COMMIT``'s answer read."""
+    first, pending, meta = reply
+    counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
+    return Commit(first=bool(first), counters=counters, enqueue_embedding=enqueue_embedding)
+
 
 class StateStore:
     def __init__(self, redis: Redis):
@@ -344,21 +405,13 @@ class StateStore:
         and read the agent's settings in the same step. Unless the id is committed or was
         reserved with another digest, the call holds the reservation (in flight) until its
         ``commit_message`` or ``release_message``."""
-        k = keyspace.session_keys(session_id)
-        reserved, raw_settings = await asyncio.gather(
-            self._reserve(keys=[k["meta"], k["ids"], k["committed"], k["inflight"],
-                                keyspace.in_flight(keyspace.session_tag(session_id))],
-                          args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"]),
-            self.redis.get(keyspace.agent_settings(agent_id)))
-        status, value = reserved
-        if status == "conflict":
-            # Never the owner's name: ids of other tenants are not the caller's to learn.
-            raise session_taken(session_id)
-        seq_text, _, known_digest = value.partition(" ")
-        if seq_text == "1":  # the session's first message (again, on a retry): the agent's indexes
+        keys, args = _reserve_call(session_id, agent_id, message_id, digest, incognito)
+        reply, raw_settings = await asyncio.gather(self._reserve(keys=keys, args=args),
+                                                   self.redis.get(keyspace.agent_settings(agent_id)))
+        reservation = _reservation(session_id, reply, cast(str | None, raw_settings))
+        if reservation.sequence == 1:  # the session's first message (again, on a retry): the agent's indexes
             await self._index_new_session(agent_id, session_id)
-        settings = AgentSettings.model_validate_json(raw_settings) if raw_settings else None
-        return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+        return reservation
 
     async def _index_new_session(self, agent_id: str, session_id: str) -> None:
         """A new session in the agent's set of sessions and in the browse API's indexes: its
@@ -388,34 +441,89 @@ class StateStore:
         Three steps (see the module's docstring): the user's indexes, the session's atomic
         commit (``_COMMIT``), then the user's generation and the embedding mark.
         """
-        k, tag = keyspace.session_keys(session_id), keyspace.session_tag(session_id)
-        if speaker or user_id:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                if speaker:
-                    pipe.sadd(keyspace.user_sessions(agent_id, speaker), session_id)
-                if user_id:
-                    pipe.sadd(keyspace.user_recorded(agent_id, user_id), session_id)
-                # The browse API's index of the agent's users (the speaker, and whom it was recorded under).
-                pipe.zadd(keyspace.agent_users(agent_id), dict.fromkeys(filter(None, (speaker, user_id)), 0))
-                await pipe.execute()
-        first, pending, meta = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.active(tag),
-                  generation_key(f"session:{session_id}"), k["inflight"], keyspace.in_flight(tag)],
-            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
-                  "1" if incognito else "0", session_id],
-        )
-        embed = bool(first) and embed_lock_ms > 0
-        taken = None
-        if speaker or embed:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                if speaker:  # a retry bumps it again: the crash it follows may have come before
-                    pipe.incr(generation_key(f"user:{agent_id}:{speaker}"))
-                if embed:
-                    pipe.set(keyspace.embed_due(agent_id), "1")
-                    pipe.set(keyspace.embed_lock(agent_id), "1", nx=True, px=int(embed_lock_ms))
-                taken = (await pipe.execute())[-1] if embed else None
-        counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
-        return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(taken))
+        (answer,) = await self.commit_messages([CommitCall(session_id, message_id, sequence, weighted_tokens, speaker,
+                                                           incognito, agent_id, embed_lock_ms, user_id)])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    # A batch of messages (memory_service/ingest/batch.py): the same scripts, many calls in
+    # one round trip each step. A pipeline runs its commands in order, so a session's
+    # messages get their sequence numbers in the batch's order.
+
+    async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
+        """``reserve_message`` for each call, in one round trip (and one for the new
+        sessions' indexes); each answer is a Reservation (``committed`` set if the id was
+        committed before the call: nothing is held for it) or the error that call raised
+        (e.g. session_taken)."""
+        agents = list(dict.fromkeys(call.agent_id for call in calls))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in agents:
+                pipe.get(keyspace.agent_settings(agent_id))
+            for call in calls:
+                pipe.sismember(keyspace.session_keys(call.session_id)["committed"], call.message_id)
+                keys, args = _reserve_call(*call)
+                await self._reserve(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        settings = dict(zip(agents, replies[: len(agents)], strict=True))
+        answers: list[Reservation | Exception] = []
+        new_sessions: dict[str, str] = {}
+        rest = replies[len(agents):]
+        for call, committed, reply in zip(calls, rest[::2], rest[1::2], strict=True):
+            if isinstance(reply, Exception):
+                answers.append(reply)
+                continue
+            raw = settings[call.agent_id]
+            try:
+                reservation = _reservation(call.session_id, reply, None if isinstance(raw, Exception) else raw)
+            except Exception as exc:
+                answers.append(exc)
+                continue
+            if reservation.sequence == 1:
+                new_sessions[call.session_id] = call.agent_id
+            committed = committed is True or committed == 1
+            answers.append(replace(reservation, committed=committed) if committed else reservation)
+        for session_id, agent_id in new_sessions.items():
+            await self._index_new_session(agent_id, session_id)
+        return answers
+
+    async def commit_messages(self, calls: Sequence[CommitCall]) -> list[Commit | Exception]:
+        """``commit_message`` for each call, in order, in three round trips (see the module's
+        docstring): the users' indexes, the sessions' atomic commits, then the users'
+        generations and the embedding marks. Each answer is a Commit or the error that call
+        raised."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                users = [u for u in (call.speaker, call.user_id) if u]
+                if call.speaker:
+                    pipe.sadd(keyspace.user_sessions(call.agent_id, call.speaker), call.session_id)
+                if call.user_id:
+                    pipe.sadd(keyspace.user_recorded(call.agent_id, call.user_id), call.session_id)
+                if users:  # the browse API's index of the agent's users
+                    pipe.zadd(keyspace.agent_users(call.agent_id), dict.fromkeys(users, 0))
+            await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                keys, args = _commit_call(call)
+                await self._commit(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        locks: dict[int, int] = {}  # call -> the place of its lock's answer
+        async with self.redis.pipeline(transaction=False) as pipe:
+            place = 0
+            for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+                if isinstance(reply, Exception):
+                    continue
+                if call.speaker:  # a retry bumps it again: the crash it follows may have come before
+                    pipe.incr(generation_key(f"user:{call.agent_id}:{call.speaker}"))
+                    place += 1
+                if bool(reply[0]) and call.embed_lock_ms > 0:
+                    pipe.set(keyspace.embed_due(call.agent_id), "1")
+                    pipe.set(keyspace.embed_lock(call.agent_id), "1", nx=True, px=int(call.embed_lock_ms))
+                    locks[i] = place + 1
+                    place += 2
+            after = await pipe.execute()
+        return [reply if isinstance(reply, Exception) else _commit_of(reply, bool(after[locks[i]]) if i in locks else False)
+                for i, reply in enumerate(replies)]
 
     async def release_message(self, session_id: str, message_id: str, sequence: int, mode: str,
                               entry: str = "") -> bool:
