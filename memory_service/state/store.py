@@ -513,7 +513,11 @@ class StateStore:
             for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
                 if isinstance(reply, Exception):
                     continue
-                if call.speaker:  # a retry bumps it again: the crash it follows may have come before
+                # Only a first commit: a duplicate changes nothing, so it invalidates no cached
+                # block. (A crash between the commit and this step leaves the speaker's other
+                # sessions' blocks without the message until their next write or CONTEXT_CACHE_TTL;
+                # this session's blocks were invalidated by the commit itself.)
+                if call.speaker and bool(reply[0]):
                     pipe.incr(generation_key(f"user:{call.agent_id}:{call.speaker}"))
                     place += 1
                 if bool(reply[0]) and call.embed_lock_ms > 0:
