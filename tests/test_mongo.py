@@ -199,10 +199,11 @@ async def test_an_agent_that_just_opted_in_reads_its_memories_from_mongo(mongo_s
         await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
         await converse(service, "s1")
         assert (await service.form_memories("s1")).formed
-        on_mongo = await service.assemble_memory_context("a1", "alice", "s1")
+        asked = "which window seats does alice prefer on the flight"  # words of the chat: full text finds them
+        on_mongo = await service.assemble_memory_context("a1", "alice", "s1", query=asked)
         assert on_mongo.source == "mongo" and "window seats" in on_mongo.xml
         await service.put_agent("a1", AgentSettings(memory_backend="graph"))  # opted in, nothing migrated
-        on_graph = await service.assemble_memory_context("a1", "alice", "s1")
+        on_graph = await service.assemble_memory_context("a1", "alice", "s1", query=asked)
         # Namespaces empty in both stores count as served by the graph.
         # Search falls back too (the graph found nothing), so the relevant memories match.
         assert "mongo" in on_graph.source.split("+") and on_graph.xml == on_mongo.xml

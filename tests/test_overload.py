@@ -247,7 +247,8 @@ async def test_past_the_admission_limit_requests_wait_then_answer_503_and_metric
     answers, both go through."""
     settings = settings.model_copy(update={
         "falkordb_url": own_graph.url, "redis_url": settings.falkordb_url, "store_read_timeout_seconds": 60,
-        "api_max_concurrent_requests": 1, "api_queue_timeout_seconds": 0.1, "overload_retry_after_seconds": 2})
+        "api_max_concurrent_requests": 1, "api_queue_timeout_seconds": 0.1, "overload_retry_after_seconds": 2,
+        "store_stall_seconds": 60})  # admission's answer, not the stall guard's (on a loaded machine it came first)
     async with open_service(settings, run_worker=False) as service, \
             LoopbackServer(create_app(service=service)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:

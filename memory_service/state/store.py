@@ -22,7 +22,6 @@ by a retry, whose commit is not ``first``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import random
@@ -406,8 +405,10 @@ class StateStore:
         reserved with another digest, the call holds the reservation (in flight) until its
         ``commit_message`` or ``release_message``."""
         keys, args = _reserve_call(session_id, agent_id, message_id, digest, incognito)
-        reply, raw_settings = await asyncio.gather(self._reserve(keys=keys, args=args),
-                                                   self.redis.get(keyspace.agent_settings(agent_id)))
+        # One after the other, not gathered: a record holds one pooled connection at a time,
+        # so a full pool makes it wait its turn, never deadlock against itself.
+        reply = await self._reserve(keys=keys, args=args)
+        raw_settings = await self.redis.get(keyspace.agent_settings(agent_id))
         reservation = _reservation(session_id, reply, cast(str | None, raw_settings))
         if reservation.sequence == 1:  # the session's first message (again, on a retry): the agent's indexes
             await self._index_new_session(agent_id, session_id)
