@@ -32,6 +32,7 @@ from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
 from memory_service.http import access_log, overload, telemetry
 from memory_service.http import guard as request_guard
+from memory_service.http import inspector
 from memory_service.http.routers import (
     agents,
     audit,
@@ -124,6 +125,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     app.add_middleware(telemetry.RequestTelemetry)  # outermost: request id, span, latency (memory_service/http/telemetry.py)
     for resource in ROUTERS:
         app.include_router(resource.router)
+    # The web inspector (INSPECTOR; on loopback by default): a page over the same API, no data of its own.
+    inspector.install(app, configured.inspector, host)
     return app
 
 
