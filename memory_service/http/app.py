@@ -30,9 +30,8 @@ from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
-from memory_service.http import access_log, overload, telemetry
+from memory_service.http import access_log, inspector, overload, telemetry
 from memory_service.http import guard as request_guard
-from memory_service.http import inspector
 from memory_service.http.routers import (
     agents,
     audit,

@@ -412,11 +412,11 @@
       const rows = page.sessions.map((s, i) => ({ s, status: statuses[i] }));
       for (const { s, status } of rows) {
         formationCounts.formed += s.formed_windows;
-        if (s.pending_window) formationCounts.pending += 1;
+        if (s.pending_window || s.gate.pending_messages > 0) formationCounts.pending += 1;
         if (failed(status)) formationCounts.failed += 1;
       }
       $("#formation-summary").textContent = `Windows formed: ${formationCounts.formed}; pending: ${formationCounts.pending}; `
-        + `failed: ${formationCounts.failed} (of the sessions listed)`;
+        + `failed: ${formationCounts.failed} (sessions listed: ${rows.length}${pages.formation ? ", more below" : ""})`;
       fillTable($("#formation-table"), [
         ["session", (r) => r.s.session_id], ["messages", (r) => r.s.messages], ["cursor", (r) => r.s.cursor],
         ["windows formed", (r) => r.s.formed_windows], ["messages formed", (r) => r.s.formed_messages],
@@ -438,6 +438,9 @@
     if (failed(status)) return h("span", { class: "badge off" }, `failed: ${status.pending_job.error || "see the job"}`);
     if (s.pending_window) return h("span", { class: "badge pending" }, `pending: window ${s.pending_window.window} `
       + `(${s.pending_window.state}, ${s.pending_window.messages} messages)`);
+    if (s.gate.pending_messages > 0) {
+      return h("span", { class: "badge pending" }, `pending: ${s.gate.pending_messages} message(s) waiting for the gate`);
+    }
     return s.formed_windows ? h("span", { class: "badge on" }, "formed") : "";
   }
 
