@@ -139,6 +139,8 @@ def seed(base_url: str, operator: str) -> World:
         (ids["alice_entity"],) = [e["id"] for e in entities if e["name"].lower() == "alice"]
         read = ok(http.post("/v1/keys", json={"name": "viewer", "role": "read", "agents": [AGENT]}))["key"]
         write = ok(http.post("/v1/keys", json={"name": "editor", "role": "write", "agents": [AGENT]}))["key"]
+        ids["bob_key"] = ok(http.post("/v1/keys", json={"name": "bob's", "role": "read", "agents": [AGENT],
+                                                        "users": ["bob"]}))["key"]
     return World(base_url, operator, read, write, ids)
 
 
@@ -234,8 +236,11 @@ class Page:
             self.driver.set_window_size(1440, 1000)
 
     def errors(self) -> list[str]:
-        """The browser console's errors (a Content-Security-Policy refusal is one)."""
-        return [entry["message"] for entry in self.driver.get_log("browser") if entry["level"] == "SEVERE"]
+        """The browser console's errors (a Content-Security-Policy refusal is one, a script's
+        error another), but the API's refusals (the page loads before a key is typed: 401)."""
+        return [entry["message"] for entry in self.driver.get_log("browser") if entry["level"] == "SEVERE"
+                and not re.search(r"/v1/\S+ - Failed to load resource: the server responded with a status of 4\d\d",
+                                  entry["message"])]
 
 
 @pytest.fixture
@@ -330,6 +335,7 @@ def test_the_search_playground_explains_as_the_api_does(page, world):
     bars = page.driver.execute_script(
         "const c = Chart.getChart('search-chart'); return c.data.datasets.map(d => d.data.length)")
     assert bars == [len(hits)] * 3
+    assert page.errors() == []  # the library drew within the Content-Security-Policy
     page.shot("search")
 
 
@@ -385,7 +391,23 @@ def test_the_graph_around_an_entity_with_a_superseded_fact(page, world):
     assert {"Acme", "alice", "Lyon", "Paris"} <= set(drawn["nodes"]), drawn
     assert ["lives_in", True, "dashed"] in drawn["edges"] and ["lives_in", False, "solid"] in drawn["edges"]
     assert ["works_at", False, "solid"] in drawn["edges"]
+    assert page.errors() == []  # the library drew within the Content-Security-Policy
     page.shot("graph")
+
+
+def test_a_key_for_one_user_shows_only_theirs(page, world):
+    page.open(world.ids["bob_key"])
+    assert page.shows("#users-table", "bob")
+    assert "alice" not in page.text("#users-table") and "alice" not in page.text("#sessions-table")
+    page.view("memories")
+    listed = page.shows("#memories-table", "peanuts")
+    assert "alice" not in listed.lower()
+    page.view("search")
+    page.fill('#search-form input[name="query"]', "paris")
+    page.click('#search-form button[type="submit"]')
+    page.settle()
+    assert "403" in page.shows("#view-search [data-error]", "Refused")  # scope agent spans every user
+    assert page.els("#search-table tbody tr") == []
 
 
 def test_a_read_key_cannot_delete(page, world):

@@ -80,7 +80,8 @@
       const row = h("tr", { "data-id": rowId ? rowId(item) : null, class: onRow ? "clickable" : null },
         columns.map(([, cell]) => {
           const value = cell(item);
-          return h("td", {}, value instanceof Node ? value : fmt(value));
+          const isWhen = typeof value === "string" && /^\d{4}-\d\d-\d\d \d\d:/.test(value);
+          return h("td", { class: isWhen ? "when" : null }, value instanceof Node ? value : fmt(value));
         }));
       if (onRow) row.addEventListener("click", () => onRow(item, row));
       body.append(row);
@@ -391,7 +392,7 @@
       };
       fillTable($("#context-left-out"), [["why", ([name]) => name], ["how many", ([, n]) => n],
         ["meaning", ([name]) => why[name] || ""]], Object.entries(block.left_out));
-      keyValues($("#context-recall"), Object.entries(block.recall || {}));
+      keyValues($("#context-recall"), Object.entries(block.recall || {}).map(([name, v]) => [name, v === null ? "(none)" : v]));
     });
   }
 
