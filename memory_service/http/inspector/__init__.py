@@ -32,7 +32,9 @@ from memory_service.access.authorization import is_loopback
 STATIC = Path(__file__).resolve().parent / "static"
 PATH = "/inspector"
 
-# The page's own origin only: scripts, styles, images, and the API it calls. No frames.
+# The page's own origin only: scripts, styles, images, and the API it calls. No inline script
+# or style element (Cytoscape.js adds one unless the page has its id: index.html gives it to
+# inspector.css, which holds its rule), no frames.
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
