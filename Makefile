@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor
+.PHONY: install demo test test-cluster lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor
 
 install: $(STAMP)
 
@@ -23,6 +23,13 @@ demo: $(STAMP)
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The suite's cluster part (marker cluster: recording, formation, the outbox, keys, rate
+# limits, retention, erasure, the scripts' slots) with the state store on a Redis Cluster of
+# three masters that the session starts on loopback from the shipped redis-server and stops
+# (tests/redis_cluster.py); the job queue and the graphs stay on the embedded server.
+test-cluster: $(STAMP)
+	TEST_REDIS_CLUSTER=start $(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
 # ruff over the whole project; mypy --strict over the service's packages (pyproject.toml, [tool.mypy]).
 lint: $(STAMP)

@@ -24,7 +24,7 @@ never did.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -46,10 +46,12 @@ from memory_service.domain.graph import EntityType
 from memory_service.domain.models import (
     Agent,
     AgentSettings,
+    BatchMessageIn,
     ContextType,
     MemoryKind,
     MessageIn,
     Recall,
+    RefusedItem,
     Shard,
     ShardIn,
 )
@@ -62,6 +64,7 @@ from memory_service.formation.gates import CHARS_PER_TOKEN
 from memory_service.formation.jobs import QUEUE_NAME, JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
+from memory_service.ingest.batch import BatchLedger
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
@@ -74,6 +77,7 @@ from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
+from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state import metrics, tracing
@@ -102,6 +106,7 @@ class MemoryService:
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
         self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
+        self.batches = BatchLedger(self.sessions)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
@@ -227,6 +232,19 @@ class MemoryService:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         with metrics.timed("record"), tracing.span("memory_service.record"):
             return await self.sessions.record_message(session_id, message, reach)
+
+    async def record_batch(self, agent_id: str, messages: Sequence[BatchMessageIn | RefusedItem],
+                           principal: Principal | None = None) -> BatchOut:
+        """Record many messages of ``agent_id``'s sessions at once, each as ``record_message``
+        would, each answered on its own (memory_service/ingest/batch.py). For ``principal``
+        the batch's tokens are charged first (RateLimited: nothing is recorded) and its
+        ``Reach`` applies to each session; its role and users are the caller's to check
+        (``authorize_users``), and the messages it refused come in as RefusedItem."""
+        if principal is not None:
+            tokens = sum(math.ceil(len(m.content) / CHARS_PER_TOKEN) for m in messages if isinstance(m, BatchMessageIn))
+            await self.keys.charge_tokens(principal, tokens)
+        reach = self.reach(principal, agent_id) if principal is not None else None
+        return await self.batches.record_batch(agent_id, messages, reach)
 
     async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)

@@ -143,6 +143,9 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): Case("DELETE", memory, "write"),
         ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): Case("POST", f"{memory}/undelete", "write"),
         ("POST", "/v1/sessions/{session_id}/messages"): Case("POST", "/v1/sessions/alice-s1/messages", "write", message),
+        ("POST", "/v1/agents/{agent_id}/messages/batch"): Case(
+            "POST", f"/v1/agents/{AGENT}/messages/batch", "write",
+            {"messages": [{k: v for k, v in message.items() if k != "agent_id"} | {"session_id": "alice-s1"}]}),
         ("POST", "/v1/sessions/{session_id}/form"): Case("POST", "/v1/sessions/alice-s1/form", "write",
                                                          params={"wait": "false"}, out_of_reach=404),
         ("GET", "/v1/sessions/{session_id}"): Case("GET", "/v1/sessions/alice-s1", "read", out_of_reach=404),

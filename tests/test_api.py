@@ -172,6 +172,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
         "/v1/agents/{agent_id}/entities", "/v1/agents/{agent_id}/entities/{entity_id}",
         "/v1/agents/{agent_id}/facts/{fact_id}/restore", "/v1/agents/{agent_id}/entities/{entity_id}/split",
+        "/v1/agents/{agent_id}/messages/batch",
     }
     assert (await http.get("/docs")).status_code == 200
 
@@ -180,6 +181,7 @@ async def test_openapi_documents_every_route(http):
 # renames a method in every client generated from /openapi.json, so make it on purpose.
 OPERATION_IDS = {
     ("POST", "/v1/sessions/{session_id}/messages"): "record_message",
+    ("POST", "/v1/agents/{agent_id}/messages/batch"): "record_batch",
     ("POST", "/v1/sessions/{session_id}/form"): "form_memories",
     ("GET", "/v1/sessions/{session_id}"): "get_session",
     ("GET", "/v1/context"): "get_context",

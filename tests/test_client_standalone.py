@@ -82,6 +82,12 @@ FACT = {"id": "fact_" + "1" * 24, "namespace": "user:trip:alice", "subject_id": 
 SAMPLES: dict[str, Any] = {
     "RecordOut": {"session_id": "s-1", "message_id": "m-1", "sequence": 4, "duplicate": False, "gate": GATE,
                   "formation_job": "form:s-1:1"},
+    "BatchOut": {"recorded": 1, "duplicate": 0, "refused": 1, "failed": 0,
+                 "items": [{"index": 0, "status": "recorded", "session_id": "s-1", "message_id": "m-1", "sequence": 5,
+                            "code": None, "detail": None},
+                           {"index": 1, "status": "refused", "session_id": None, "message_id": None, "sequence": None,
+                            "code": 422, "detail": "messages.1.role: Field required"}],
+                 "sessions": [{"session_id": "s-1", "gate": GATE, "formation_job": None}]},
     "FormationSummary": {"session_id": "s-1", "window": 1, "formed": True, "message_ids": ["m-1", "m-2"],
                          "memories": {"episode": 1, "directive": 1}, "written": 2, "extractor": "rules",
                          "usage": None, "job_id": "form:s-1:1", "reason": "formed"},

@@ -28,6 +28,7 @@ from memory_service.curation.tools import MemoryWrite
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.http.app import create_app
 from memory_service.runtime import default_extractor, open_service
+from memory_service.state import keyspace
 from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.loopback import LoopbackServer
@@ -253,7 +254,7 @@ async def test_past_the_admission_limit_requests_wait_then_answer_503_and_metric
         assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
         own_graph.stall()
         holding = asyncio.create_task(http.post("/v1/sessions/s1/messages", json=message(2)))
-        while not await service.state.redis.hexists("ms:s:s1:ids", "m2"):  # reserved: now at its graph write
+        while not await service.state.redis.hexists(keyspace.session_keys("s1")["ids"], "m2"):  # reserved: now at its graph write
             await asyncio.sleep(0.02)
         refused = await guard(http.post("/v1/sessions/s2/messages", json=message(3)))
         assert refused.status_code == 503 and refused.headers["retry-after"] == "2"

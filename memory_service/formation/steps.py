@@ -191,6 +191,7 @@ async def form_window(
             result.already_formed = True
             return result
 
+    record = await windows.apply_effects(record)  # also on a retry that finds the window completed
     if post_process is not None:
         await post_process(result)
     await windows.finish(record)

@@ -8,16 +8,29 @@ Its keys (sessions' ledgers, agents' settings and shards, the sweep's and the re
 indexes, consolidation queues, metrics, the embedding locks) are built by
 memory_service/state/keyspace.py, whose docstring maps them all; the generations and cached
 memory blocks belong to memory_service/state/cache.py (``StateStore.cache``).
+
+On a Redis Cluster a script may only name keys of one slot (keyspace.py, "Hash tags"). The
+scripts here name a session's keys and its bucket's shards of the active set, the in-flight
+index and the metrics, all under the session's tag. What a record also changes elsewhere
+(the user's session indexes, the user's generation, the agent's embedding mark and lock, the
+agent's session set) is written in separate commands, each idempotent, placed so that a
+crash between two steps leaves something extra rather than something missing: the user's
+indexes are written before the commit (an index naming a session is harmless, one missing
+would hide it from an erasure), the generation and the embedding mark after it (and again
+by a retry, whose commit is not ``first``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
+import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis
 
@@ -32,54 +45,43 @@ from memory_service.state.pools import redis_client
 # redis-py types every reply as ``bytes | str`` whatever the client does, so the replies
 # read below are cast to ``str`` where they come in.
 
-# Reserve a sequence number for a message id, or return the one it already has; with it,
-# the agent's settings (KEYS[4]), which say which backend stores the message: one round trip.
-# A new session is indexed for browsing: its agent in the agents' index (KEYS[8]), itself in
-# the agent's sessions by creation number (KEYS[9], the number from KEYS[10]).
+# Reserve a sequence number for a message id, or return the one it already has (KEYS:
+# meta, ids, committed, inflight, the bucket's in-flight index). The caller reads the
+# agent's settings, which say which backend stores the message, in the same round trip.
 # A reservation this call will act on (new, or known with the same digest ARGV[3] and not
-# committed) is held in the session's in-flight hash (KEYS[6]): the holders count goes up
-# and the time is ARGV[5]; the session joins the in-flight index (KEYS[7]) if it was not in.
+# committed) is held in the session's in-flight hash (KEYS[4]): the holders count goes up
+# and the time is ARGV[5]; the session joins the in-flight index (KEYS[5]) if it was not in.
 _RESERVE = """
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
-local settings = redis.call('GET', KEYS[4])
 local status, value = 'known', redis.call('HGET', KEYS[2], ARGV[1])
 local seq, holders = nil, 0
 if value then
   local known_seq, known_digest = string.match(value, '^(%S+) (.*)$')
-  if known_digest ~= ARGV[3] or redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
-    return {status, value, settings}
+  if known_digest ~= ARGV[3] or redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
+    return {status, value}
   end
   seq = known_seq
-  local entry = redis.call('HGET', KEYS[6], ARGV[1])
+  local entry = redis.call('HGET', KEYS[4], ARGV[1])
   if entry then holders = tonumber(string.match(entry, '^%S+ %S+ (%d+)')) end
 else
-  if not owner then
-    redis.call('HSET', KEYS[1], 'agent_id', ARGV[2], 'created_at', ARGV[5])
-    redis.call('SADD', KEYS[3], ARGV[4])
-    redis.call('ZADD', KEYS[8], 0, ARGV[2])
-    redis.call('ZADD', KEYS[9], 'NX', redis.call('INCR', KEYS[10]), ARGV[4])
-  end
+  if not owner then redis.call('HSET', KEYS[1], 'agent_id', ARGV[2]) end
   status = 'new'
   seq = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1))
   value = seq .. ' ' .. ARGV[3]
   redis.call('HSET', KEYS[2], ARGV[1], value)
 end
-redis.call('HSET', KEYS[6], ARGV[1], seq .. ' ' .. ARGV[5] .. ' ' .. (holders + 1) .. ' ' .. ARGV[6])
-redis.call('ZADD', KEYS[7], 'NX', ARGV[5], ARGV[4])
-return {status, value, settings}
+redis.call('HSET', KEYS[4], ARGV[1], seq .. ' ' .. ARGV[5] .. ' ' .. (holders + 1) .. ' ' .. ARGV[6])
+redis.call('ZADD', KEYS[5], 'NX', ARGV[5], ARGV[4])
+return {status, value}
 """
 
 # Mark a stored message pending (once) and return whether this call did it. A new message
-# is searchable at once, so it bumps the write generation of its session and of its
-# speaker's user namespace: cached memory blocks that could show it are stale.
-# A new message also waits for its embedding (ARGV[8] > 0: the lock's lifetime in ms): the
-# agent's embedding is marked due (KEYS[10]) and, if no embedding job holds the agent's lock
-# (KEYS[11]), this call takes it and answers 1: the caller enqueues the job. A job that
-# holds it sees the mark before it lets go (_EMBED_RELEASE), so no message is left behind.
-# The message leaves the session's in-flight hash (KEYS[13]), and the session the in-flight
-# index (KEYS[14]) when nothing else of it is in flight.
-# The speaker and the user it was recorded under join the agent's users' index (KEYS[15]).
+# is searchable at once, so it bumps the write generation of its session (KEYS[7]): cached
+# memory blocks that could show it are stale (its speaker's user namespace: the caller).
+# The message leaves the session's in-flight hash (KEYS[8]), and the session the bucket's
+# in-flight index (KEYS[9]) when nothing else of it is in flight; the session goes to the
+# back of the bucket's active set (KEYS[6]).
 # The answer also carries the session's counters, read as ``counters`` reads them.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
@@ -87,29 +89,15 @@ if first then
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
   redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', ARGV[3])
-  redis.call('INCR', KEYS[8])
-  if ARGV[4] ~= '' then
-    redis.call('SADD', KEYS[4], ARGV[4])
-    redis.call('SADD', KEYS[7], ARGV[7])
-    redis.call('INCR', KEYS[9])
-    redis.call('ZADD', KEYS[15], 0, ARGV[4])
-  end
+  redis.call('INCR', KEYS[7])
+  if ARGV[4] ~= '' then redis.call('SADD', KEYS[4], ARGV[4]) end
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'incognito', '1') end
-  if ARGV[9] ~= '' then
-    redis.call('SADD', KEYS[12], ARGV[7])
-    redis.call('ZADD', KEYS[15], 0, ARGV[9])
-  end
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
-redis.call('HDEL', KEYS[13], ARGV[1])
-if redis.call('HLEN', KEYS[13]) == 0 then redis.call('ZREM', KEYS[14], ARGV[7]) end
-local embed = 0
-if first and tonumber(ARGV[8]) > 0 then
-  redis.call('SET', KEYS[10], '1')
-  if redis.call('SET', KEYS[11], '1', 'NX', 'PX', ARGV[8]) then embed = 1 end
-end
-return {first and 1 or 0, embed, redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
+redis.call('HDEL', KEYS[8], ARGV[1])
+if redis.call('HLEN', KEYS[8]) == 0 then redis.call('ZREM', KEYS[9], ARGV[7]) end
+return {first and 1 or 0, redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
 """
 
 # A record whose store write failed lets go of its reservation (KEYS: ids, committed,
@@ -175,7 +163,8 @@ redis.call('DEL', KEYS[2])
 return 0
 """
 
-# After a cold sweep looked at sessions: ARGV[1] is now, ARGV[2] how many of the (session,
+# After a cold sweep looked at sessions of one bucket (KEYS[1], its active set): ARGV[1] is
+# now, ARGV[2] how many of the (session,
 # score) pairs that follow it enqueued; those go to the back of the active set (due again
 # after another idle period), the rest (that cannot form) leave it. Each only if its score
 # is still the one the sweep read: a message recorded meanwhile moved it (and keeps it).
@@ -205,19 +194,13 @@ return redis.call('INCR', KEYS[2])
 """
 
 
-def key_index(keys: list[str], key: str) -> int:
-    """``key``'s 1-based index in ``keys`` (a Lua script's KEYS), appending it if new."""
-    if key not in keys:
-        keys.append(key)
-    return keys.index(key) + 1
-
-
 @dataclass(frozen=True, slots=True)
 class Reservation:
     sequence: int
     digest: str
     is_new: bool
     agent_settings: AgentSettings | None = None  # the agent's settings, read in the same step
+    committed: bool = False  # reserve_messages only: the id was committed before (nothing held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,6 +264,66 @@ def _now_text() -> str:
     later than a reader's time.time() taken after it (rounding to nearest made a session
     recorded in the last half millisecond not yet idle to a sweep with no idle time)."""
     return f"{math.floor(time.time() * 1000) / 1000:.3f}"
+
+class ReserveCall(NamedTuple):
+    """The arguments of one ``reserve_message``, for ``reserve_messages``."""
+
+    session_id: str
+    agent_id: str
+    message_id: str
+    digest: str
+    incognito: bool = False
+
+
+class CommitCall(NamedTuple):
+    """The arguments of one ``commit_message``, for ``commit_messages``."""
+
+    session_id: str
+    message_id: str
+    sequence: int
+    weighted_tokens: float
+    speaker: str | None
+    incognito: bool
+    agent_id: str
+    embed_lock_ms: int = 0
+    user_id: str | None = None
+
+
+def _reserve_call(session_id: str, agent_id: str, message_id: str, digest: str,
+                  incognito: bool = False) -> tuple[list[str], list[str]]:
+    """The keys and arguments of ``_RESERVE`` (all under the session's tag)."""
+    k = keyspace.session_keys(session_id)
+    return ([k["meta"], k["ids"], k["committed"], k["inflight"], keyspace.in_flight(keyspace.session_tag(session_id))],
+            [message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
+
+
+def _reservation(session_id: str, reply: list[str], raw_settings: str | None) -> Reservation:
+    """``_RESERVE``'s answer read, with the agent's settings read beside it; session_taken
+    if another agent owns the session."""
+    status, value = reply
+    if status == "conflict":
+        # Never the owner's name: ids of other tenants are not the caller's to learn.
+        raise session_taken(session_id)
+    seq_text, _, known_digest = value.partition(" ")
+    settings = AgentSettings.model_validate_json(raw_settings) if raw_settings else None
+    return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+
+
+def _commit_call(call: CommitCall) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of ``_COMMIT`` (all under the session's tag)."""
+    k, tag = keyspace.session_keys(call.session_id), keyspace.session_tag(call.session_id)
+    return ([k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.active(tag),
+             generation_key(f"session:{call.session_id}"), k["inflight"], keyspace.in_flight(tag)],
+            [call.message_id, call.sequence, f"{call.weighted_tokens:.3f}", call.speaker or "", _now_text(),
+             "1" if call.incognito else "0", call.session_id])
+
+
+def _commit_of(reply: list[Any], enqueue_embedding: bool) -> Commit:
+    """``_COMMIT``'s answer read."""
+    first, pending, meta = reply
+    counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
+    return Commit(first=bool(first), counters=counters, enqueue_embedding=enqueue_embedding)
+
 
 class StateStore:
     def __init__(self, redis: Redis):
@@ -362,18 +405,27 @@ class StateStore:
         and read the agent's settings in the same step. Unless the id is committed or was
         reserved with another digest, the call holds the reservation (in flight) until its
         ``commit_message`` or ``release_message``."""
-        k = keyspace.session_keys(session_id)
-        status, value, *rest = await self._reserve(
-            keys=[k["meta"], k["ids"], keyspace.agent_sessions(agent_id), keyspace.agent_settings(agent_id), k["committed"],
-                  k["inflight"], keyspace.IN_FLIGHT, keyspace.AGENTS, keyspace.agent_session_order(agent_id),
-                  keyspace.agent_session_count(agent_id)],
-            args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
-        if status == "conflict":
-            # Never the owner's name: ids of other tenants are not the caller's to learn.
-            raise session_taken(session_id)
-        seq_text, _, known_digest = value.partition(" ")
-        settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
-        return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+        keys, args = _reserve_call(session_id, agent_id, message_id, digest, incognito)
+        reply, raw_settings = await asyncio.gather(self._reserve(keys=keys, args=args),
+                                                   self.redis.get(keyspace.agent_settings(agent_id)))
+        reservation = _reservation(session_id, reply, cast(str | None, raw_settings))
+        if reservation.sequence == 1:  # the session's first message (again, on a retry): the agent's indexes
+            await self._index_new_session(agent_id, session_id)
+        return reservation
+
+    async def _index_new_session(self, agent_id: str, session_id: str) -> None:
+        """A new session in the agent's set of sessions and in the browse API's indexes: its
+        agent among the agents, itself in the agent's sessions by creation number (kept on a
+        retry: ZADD NX), its creation time. Each key under its own tag: separate, repeatable."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(keyspace.agent_sessions(agent_id), session_id)
+            pipe.zadd(keyspace.AGENTS, {agent_id: 0})
+            pipe.hsetnx(keyspace.session_keys(session_id)["meta"], "created_at", _now_text())
+            pipe.zscore(keyspace.agent_session_order(agent_id), session_id)
+            *_, numbered = await pipe.execute()
+        if numbered is None:
+            number = int(await self.redis.incr(keyspace.agent_session_count(agent_id)))
+            await self.redis.zadd(keyspace.agent_session_order(agent_id), {session_id: number}, nx=True)
 
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
@@ -381,34 +433,137 @@ class StateStore:
     ) -> Commit:
         """Make a stored message pending for formation, once; the session's counters after.
 
-        With ``embed_lock_ms`` > 0 the message waits for its embedding: see ``_COMMIT``.
+        With ``embed_lock_ms`` > 0 the message waits for its embedding: the agent's embedding
+        is marked due and, if no embedding job holds the agent's lock, this call takes it
+        (``enqueue_embedding``: the caller enqueues the job). A job that holds it sees the
+        mark before it lets go (``finish_embedding``), so no message is left behind.
+
+        Three steps (see the module's docstring): the user's indexes, the session's atomic
+        commit (``_COMMIT``), then the user's generation and the embedding mark.
         """
-        k = keyspace.session_keys(session_id)
-        first, embed, pending, meta = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.ACTIVE,
-                  keyspace.user_sessions(agent_id, speaker or "-"), generation_key(f"session:{session_id}"),
-                  generation_key(f"user:{agent_id}:{speaker or '-'}"), keyspace.embed_due(agent_id),
-                  keyspace.embed_lock(agent_id), keyspace.user_recorded(agent_id, user_id or "-"), k["inflight"],
-                  keyspace.IN_FLIGHT, keyspace.agent_users(agent_id)],
-            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
-                  "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
-        )
-        counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
-        return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
+        (answer,) = await self.commit_messages([CommitCall(session_id, message_id, sequence, weighted_tokens, speaker,
+                                                           incognito, agent_id, embed_lock_ms, user_id)])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    # A batch of messages (memory_service/ingest/batch.py): the same scripts, many calls in
+    # one round trip each step. A pipeline runs its commands in order, so a session's
+    # messages get their sequence numbers in the batch's order.
+
+    async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
+        """``reserve_message`` for each call, in one round trip (and one for the new
+        sessions' indexes); each answer is a Reservation (``committed`` set if the id was
+        committed before the call: nothing is held for it) or the error that call raised
+        (e.g. session_taken)."""
+        agents = list(dict.fromkeys(call.agent_id for call in calls))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in agents:
+                pipe.get(keyspace.agent_settings(agent_id))
+            for call in calls:
+                pipe.sismember(keyspace.session_keys(call.session_id)["committed"], call.message_id)
+                keys, args = _reserve_call(*call)
+                await self._reserve(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        settings = dict(zip(agents, replies[: len(agents)], strict=True))
+        answers: list[Reservation | Exception] = []
+        new_sessions: dict[str, str] = {}
+        rest = replies[len(agents):]
+        for call, committed, reply in zip(calls, rest[::2], rest[1::2], strict=True):
+            if isinstance(reply, Exception):
+                answers.append(reply)
+                continue
+            raw = settings[call.agent_id]
+            try:
+                reservation = _reservation(call.session_id, reply, None if isinstance(raw, Exception) else raw)
+            except Exception as exc:
+                answers.append(exc)
+                continue
+            if reservation.sequence == 1:
+                new_sessions[call.session_id] = call.agent_id
+            committed = committed is True or committed == 1
+            answers.append(replace(reservation, committed=committed) if committed else reservation)
+        for session_id, agent_id in new_sessions.items():
+            await self._index_new_session(agent_id, session_id)
+        return answers
+
+    async def commit_messages(self, calls: Sequence[CommitCall]) -> list[Commit | Exception]:
+        """``commit_message`` for each call, in order, in three round trips (see the module's
+        docstring): the users' indexes, the sessions' atomic commits, then the users'
+        generations and the embedding marks. Each answer is a Commit or the error that call
+        raised."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                users = [u for u in (call.speaker, call.user_id) if u]
+                if call.speaker:
+                    pipe.sadd(keyspace.user_sessions(call.agent_id, call.speaker), call.session_id)
+                if call.user_id:
+                    pipe.sadd(keyspace.user_recorded(call.agent_id, call.user_id), call.session_id)
+                if users:  # the browse API's index of the agent's users
+                    pipe.zadd(keyspace.agent_users(call.agent_id), dict.fromkeys(users, 0))
+            await pipe.execute()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                keys, args = _commit_call(call)
+                await self._commit(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+        locks: dict[int, int] = {}  # call -> the place of its lock's answer
+        async with self.redis.pipeline(transaction=False) as pipe:
+            place = 0
+            for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+                if isinstance(reply, Exception):
+                    continue
+                if call.speaker:  # a retry bumps it again: the crash it follows may have come before
+                    pipe.incr(generation_key(f"user:{call.agent_id}:{call.speaker}"))
+                    place += 1
+                if bool(reply[0]) and call.embed_lock_ms > 0:
+                    pipe.set(keyspace.embed_due(call.agent_id), "1")
+                    pipe.set(keyspace.embed_lock(call.agent_id), "1", nx=True, px=int(call.embed_lock_ms))
+                    locks[i] = place + 1
+                    place += 2
+            after = await pipe.execute()
+        return [reply if isinstance(reply, Exception) else _commit_of(reply, bool(after[locks[i]]) if i in locks else False)
+                for i, reply in enumerate(replies)]
 
     async def release_message(self, session_id: str, message_id: str, sequence: int, mode: str,
                               entry: str = "") -> bool:
         """Let go of a reservation whose store write failed; True if the id was released
         (free again for any content). ``mode``: refused, unhold or expired (see ``_RELEASE``)."""
         k = keyspace.session_keys(session_id)
-        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], keyspace.IN_FLIGHT],
+        index = keyspace.in_flight(keyspace.session_tag(session_id))
+        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], index],
                                         args=[message_id, sequence, session_id, mode, entry]))
+
+    async def _due(self, index: Callable[[str], str], before: float, limit: int) -> list[tuple[str, float]]:
+        """The ``limit`` members of every bucket's shard of ``index`` with the lowest scores,
+        if below ``before``: (member, score), lowest first. One pipeline over the buckets."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.bucket_tags():
+                pipe.zrangebyscore(index(tag), "-inf", before, start=0, num=limit, withscores=True)
+            shards = cast(list[list[tuple[str, float]]], await pipe.execute())
+        rows = sorted(((member, float(score)) for shard in shards for member, score in shard), key=lambda r: r[1])
+        return rows[:limit]
 
     async def sessions_in_flight(self, reserved_before: float, limit: int) -> list[str]:
         """Up to ``limit`` sessions holding a reservation made before ``reserved_before``
         (or that the recovery has not looked at since one was)."""
-        return cast(list[str], await self.redis.zrangebyscore(keyspace.IN_FLIGHT, "-inf", reserved_before,
-                                                              start=0, num=limit))
+        return [sid for sid, _ in await self._due(keyspace.in_flight, reserved_before, limit)]
+
+    async def active_sessions(self) -> dict[str, float]:
+        """Every session of the active set (every bucket's share) with its score; for
+        operators and tests: it reads the whole set."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.bucket_tags():
+                pipe.zrange(keyspace.active(tag), 0, -1, withscores=True)
+            shards = cast(list[list[tuple[str, float]]], await pipe.execute())
+        return {sid: float(score) for shard in shards for sid, score in shard}
+
+    async def in_flight_count(self) -> int:
+        """How many sessions the in-flight index holds (every bucket's)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.bucket_tags():
+                pipe.zcard(keyspace.in_flight(tag))
+            return sum(int(n) for n in await pipe.execute())
 
     async def in_flight(self, session_id: str) -> list[InFlight]:
         """The session's reservations not committed yet, in sequence order."""
@@ -417,7 +572,8 @@ class StateStore:
 
     async def settle_in_flight(self, session_id: str) -> None:
         """After the recovery looked at the session: see ``_SETTLE_IN_FLIGHT``."""
-        await self._settle_in_flight(keys=[keyspace.session_keys(session_id)["inflight"], keyspace.IN_FLIGHT],
+        await self._settle_in_flight(keys=[keyspace.session_keys(session_id)["inflight"],
+                                           keyspace.in_flight(keyspace.session_tag(session_id))],
                                      args=[session_id])
 
     async def counters(self, session_id: str) -> SessionCounters:
@@ -452,18 +608,21 @@ class StateStore:
 
         A session's score is its last activity, or the cold sweep's last visit if later.
         """
-        due = await self.redis.zrangebyscore(keyspace.ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)
-        return [(sid, float(score)) for sid, score in cast(list[tuple[str, float]], due)]
+        return await self._due(keyspace.active, idle_before, limit)
 
     async def settle_swept(self, visited: Sequence[tuple[str, float]], unformable: Sequence[tuple[str, float]],
                            now: float) -> None:
         """After a sweep looked at sessions (as ``idle_sessions`` gave them): those it
         enqueued go to the back of the active set, those that cannot form leave it, each
         only if no message arrived meanwhile (a message re-adds its session)."""
-        if visited or unformable:
-            args: list[str | int] = [repr(now), len(visited),
-                                     *(v for sid, score in (*visited, *unformable) for v in (sid, repr(score)))]
-            await self._settle_swept(keys=[keyspace.ACTIVE], args=args)
+        by_bucket: dict[str, tuple[list[tuple[str, float]], list[tuple[str, float]]]] = defaultdict(lambda: ([], []))
+        for rows, which in ((visited, 0), (unformable, 1)):
+            for sid, score in rows:
+                by_bucket[keyspace.session_tag(sid)][which].append((sid, score))
+        for tag, (seen, cannot) in by_bucket.items():  # one script per bucket: its keys share a slot
+            args: list[str | int] = [repr(now), len(seen),
+                                     *(v for sid, score in (*seen, *cannot) for v in (sid, repr(score)))]
+            await self._settle_swept(keys=[keyspace.active(tag)], args=args)
 
     # Consolidation -----------------------------------------------------------------
 
@@ -486,15 +645,25 @@ class StateStore:
 
     async def add_metrics(self, **counters: float) -> None:
         """Add to this process's series (memory_service/state/metrics.py) and to the deployment's
-        totals in Redis (``ms:metrics``, served as gauges)."""
+        totals in Redis (served as gauges), in one of their shards (any: ``metrics`` sums them)."""
         metrics.count_all(counters)
+        key = keyspace.metrics(random.choice(keyspace.bucket_tags()))
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, value in counters.items():
-                pipe.hincrbyfloat(keyspace.METRICS, name, value)
+                pipe.hincrbyfloat(key, name, value)
             await pipe.execute()
 
     async def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in cast(dict[str, str], await self.redis.hgetall(keyspace.METRICS)).items()}
+        """The service's counters: the sum of their shards (one pipeline)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.metric_tags():
+                pipe.hgetall(keyspace.metrics(tag))
+            shards = cast(list[dict[str, str]], await pipe.execute())
+        totals: dict[str, float] = defaultdict(float)
+        for shard in shards:
+            for name, value in shard.items():
+                totals[name] += float(value)
+        return dict(totals)
 
     async def agent_sessions(self, agent_id: str) -> list[str]:
         """Every session the agent has recorded in (for migration)."""
@@ -675,10 +844,9 @@ class StateStore:
                 for session_id, c in sorted(zip(unindexed, counters), key=lambda p: (p[1].last_activity or 0, p[0])):
                     number = int(await self.redis.incr(keyspace.agent_session_count(agent_id)))
                     await self.redis.zadd(keyspace.agent_session_order(agent_id), {session_id: number}, nx=True)
-            prefix = keyspace.user_sessions(agent_id, "").removesuffix(":sessions")
             for pattern in (keyspace.user_sessions(agent_id, "*"), keyspace.user_recorded(agent_id, "*")):
                 async for key in self.redis.scan_iter(match=pattern, count=1000):
-                    user = str(key)[len(prefix):].rsplit(":", 1)[0]
+                    user = keyspace.user_of(agent_id, str(key))
                     if user and user != "-" and ":" not in user:
                         await self.redis.zadd(keyspace.agent_users(agent_id), {user: 0})
         await self.redis.set(keyspace.BROWSE_INDEX, version)

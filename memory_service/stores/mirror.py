@@ -155,6 +155,16 @@ class MirroredBackend(MemoryBackend):
             out[f"outbox_dead_letters{label}"] = dead[target]
             out[f"outbox_alarm{label}"] = float(depth[target] >= self.outbox.alarm_pending or dead[target] > 0)
         out['circuit_breaker_open{store="mongo"}'] = float(self.breaker.state == OPEN)
+        try:
+            out.update(await self.primary.gauges())
+        except Exception:  # the graph is down: the outbox's gauges above matter most then
+            pass
+        if self.breaker.state != OPEN:  # no call while it cools off: it would wait out the timeouts
+            try:
+                async with asyncio.timeout(self.fallback_timeout):
+                    out.update(await self.mirror.gauges())
+            except Exception:  # MongoDB down: the breaker and /health say so
+                pass
         return out
 
     # Writes ----------------------------------------------------------------------------

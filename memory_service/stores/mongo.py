@@ -182,6 +182,11 @@ class MongoBackend(MemoryBackend):
         except PyMongoError as exc:
             return {"ok": False, "uri": redact_url(self.uri), "error": str(exc)}
 
+    async def gauges(self) -> dict[str, float]:
+        """``memories_stored{store="mongo"}``: the collection's count from its metadata
+        (``estimated_document_count``, no document read), soft-deleted memories included."""
+        return {'memories_stored{store="mongo"}': float(await self.memories.estimated_document_count())}
+
     # Writes ----------------------------------------------------------------------------
 
     async def write(self, memories: Sequence[Memory]) -> int:

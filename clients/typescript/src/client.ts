@@ -81,6 +81,14 @@ export class MemoryClient {
     }));
   }
 
+  /** Record many messages of the agent's sessions in one request
+   * (POST /v1/agents/{agent_id}/messages/batch); each answered on its own in `items`. */
+  recordBatch(agentId: string, batch: BodyOf<"record_batch">) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/messages/batch", {
+      params: { path: { agent_id: agentId } }, body: batch,
+    }));
+  }
+
   /** Form the session's pending window now; with `wait` (the default), answer once it is stored. */
   formMemories(sessionId: string, query: QueryOf<"form_memories"> = {}) {
     return this.unwrap("POST", this.api.POST("/v1/sessions/{session_id}/form", {

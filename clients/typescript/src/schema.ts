@@ -95,6 +95,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/messages/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record Batch
+         * @description Record many messages of the agent's sessions in one request: each item as the
+         *     single-message route records it (idempotent by its required `message_id`, in order per
+         *     session, the same gates and formation), each answered on its own: `recorded`,
+         *     `duplicate`, `refused` (with the status the single route would answer, and why) or
+         *     `failed` (an outage: send it again). One bad item does not fail the others.
+         *
+         *     Needs `write` on the agent; a key limited to users records only its users' messages
+         *     (the others are refused, 403; a batch of none of them answers 403). At most
+         *     MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413).
+         */
+        post: operations["record_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/context": {
         parameters: {
             query?: never;
@@ -910,6 +938,76 @@ export interface components {
              * @description entries looked at to answer (at most AUDIT_SCAN_LIMIT)
              */
             scanned: number;
+        };
+        /** BatchItemOut */
+        BatchItemOut: {
+            /**
+             * Index
+             * @description the item's position in the batch, from 0
+             */
+            index: number;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "recorded" | "duplicate" | "refused" | "failed";
+            /**
+             * Session Id
+             * @description as sent (None when the item could not be read)
+             */
+            session_id?: string | null;
+            /** Message Id */
+            message_id?: string | null;
+            /**
+             * Sequence
+             * @description the message's sequence number in its session (recorded, duplicate)
+             */
+            sequence?: number | null;
+            /**
+             * Code
+             * @description refused or failed: the status the single-message route would answer
+             */
+            code?: number | null;
+            /**
+             * Detail
+             * @description refused or failed: why
+             */
+            detail?: string | null;
+        };
+        /** BatchOut */
+        BatchOut: {
+            /** Recorded */
+            recorded: number;
+            /** Duplicate */
+            duplicate: number;
+            /** Refused */
+            refused: number;
+            /** Failed */
+            failed: number;
+            /**
+             * Items
+             * @description one per message sent, in the batch's order
+             */
+            items: components["schemas"]["BatchItemOut"][];
+            /**
+             * Sessions
+             * @description the sessions whose messages were committed, in first-seen order
+             */
+            sessions: components["schemas"]["BatchSessionOut"][];
+        };
+        /**
+         * BatchSessionOut
+         * @description A session the batch recorded in: its formation gate after the batch's last message of it.
+         */
+        BatchSessionOut: {
+            /** Session Id */
+            session_id: string;
+            gate: components["schemas"]["GateStatus"];
+            /**
+             * Formation Job
+             * @description id of the job forming the session's window, when a gate opened
+             */
+            formation_job?: string | null;
         };
         /** ContextOut */
         ContextOut: {
@@ -2586,6 +2684,65 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SessionPage"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    record_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** Messages */
+                    messages: {
+                        /** Session Id */
+                        session_id: string;
+                        /** User Id */
+                        user_id: string;
+                        /**
+                         * Role
+                         * @enum {string}
+                         */
+                        role: "user" | "assistant" | "tool" | "system";
+                        /** Content */
+                        content: string;
+                        /** Message Id */
+                        message_id: string;
+                        /** Created At */
+                        created_at?: string | null;
+                        /**
+                         * Incognito
+                         * @default false
+                         */
+                        incognito?: boolean;
+                    }[];
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchOut"];
                 };
             };
             /** @description Validation Error */

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -33,7 +33,7 @@ from memory_service.client._common import (
     seg,
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
-from memory_service.domain.models import Agent, Shard
+from memory_service.domain.models import Agent, BatchMessageIn, Shard
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.browse import (
     AgentPage,
@@ -50,7 +50,7 @@ from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.graph import EntityDetailOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
-from memory_service.schemas.records import RecordOut
+from memory_service.schemas.records import BatchOut, RecordOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
@@ -123,6 +123,24 @@ class MemoryClient:
                        created_at=created_at.isoformat() if created_at else None, incognito=incognito or None)
         answer = self._send("POST", f"/v1/sessions/{seg(session_id)}/messages", json=message)
         result: RecordOut = parse(RecordOut, answer)
+        return result
+
+    def record_batch(self, agent_id: str, messages: Iterable[BatchMessageIn | Mapping[str, Any]]) -> BatchOut:
+        """Record many messages of the agent's sessions in one request: each a BatchMessageIn,
+        or a mapping of its fields (session_id, user_id, role, content, message_id,
+        created_at, incognito). A message without ``message_id`` gets one here, so that the
+        request sent again (a 503 is retried) is recognised. Each message is answered on its
+        own in ``items`` (recorded, duplicate, refused, failed), in the order sent; at most
+        the server's MAX_BATCH_MESSAGES and MAX_BATCH_BYTES per call."""
+        items = []
+        for message in messages:
+            item = message.model_dump(mode="json", exclude_defaults=True) if isinstance(message, BatchMessageIn) \
+                else {name: value.isoformat() if isinstance(value, datetime) else value
+                      for name, value in message.items() if value is not None}
+            item.setdefault("message_id", uuid.uuid4().hex)
+            items.append(item)
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/messages/batch", json={"messages": items})
+        result: BatchOut = parse(BatchOut, answer)
         return result
 
     def form(self, session_id: str, *, wait: bool = True) -> FormationSummary:
