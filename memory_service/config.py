@@ -304,6 +304,11 @@ class Settings(BaseSettings):
         description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
+    inspector: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="The web inspector at /inspector (docs/inspector.md): auto: served when `serve` is bound to "
+                    "loopback, not on any other address; on: always; off: never. It shows only what the key "
+                    "typed into it may see")
 
     # Startup records and `memory-service import` (docs/startup-records.md).
     startup_budget_chars: int = Field(

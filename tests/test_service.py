@@ -70,6 +70,9 @@ async def test_gate_opens_at_the_message_interval_and_the_worker_forms_the_windo
         status = await service.session_status("g1")
         assert status["pending_job"] is None and status["formed_windows"] == 1 and status["cursor"] == 6
         assert status["gate"]["pending_messages"] == 0
+        last = status["last_window"]  # what the inspector's formation view shows
+        assert (last["window"], last["first_sequence"], last["last_sequence"], last["messages"]) == (1, 1, 6, 6)
+        assert last["extractor"] and last["memories"] >= 0
 
 
 async def test_token_gate_needs_the_minimum_of_messages(settings):

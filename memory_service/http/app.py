@@ -32,7 +32,7 @@ from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
-from memory_service.http import access_log, overload, telemetry
+from memory_service.http import access_log, inspector, overload, telemetry
 from memory_service.http import guard as request_guard
 from memory_service.http.routers import (
     agents,
@@ -128,6 +128,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     app.add_middleware(telemetry.RequestTelemetry)  # outermost: request id, span, latency (memory_service/http/telemetry.py)
     for resource in ROUTERS:
         app.include_router(resource.router)
+    # The web inspector (INSPECTOR; on loopback by default): a page over the same API, no data of its own.
+    inspector.install(app, configured.inspector, host)
     return app
 
 
