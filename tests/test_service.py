@@ -311,7 +311,9 @@ async def test_a_total_outage_still_answers_with_an_empty_block(settings, tmp_pa
     store = EmbeddedFalkorDB(tmp_path / "all")
     url = store.start()
     try:
-        async with open_service(settings.model_copy(update={"falkordb_url": url}), run_worker=True) as service:
+        # Every store on the one server that stops (on a cluster run the state is elsewhere otherwise).
+        everything = {"falkordb_url": url, "redis_url": url, "queue_redis_url": None}
+        async with open_service(settings.model_copy(update=everything), run_worker=True) as service:
             await record_all(service, "o2", "a1", CHAT)
             store.stop()
             rendered = await service.assemble_memory_context("a1", "alice", "o2")

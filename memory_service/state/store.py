@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
 
 from memory_service.config import Settings
 from memory_service.domain.errors import session_taken
@@ -463,14 +464,12 @@ class StateStore:
                 pipe.get(keyspace.agent_settings(agent_id))
             for call in calls:
                 pipe.sismember(keyspace.session_keys(call.session_id)["committed"], call.message_id)
-                keys, args = _reserve_call(*call)
-                await self._reserve(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute(raise_on_error=False)
-        settings = dict(zip(agents, replies[: len(agents)], strict=True))
+            looked_up = await pipe.execute(raise_on_error=False)
+        settings = dict(zip(agents, looked_up[: len(agents)], strict=True))
+        reserved = await self._run_script(self._reserve, [_reserve_call(*call) for call in calls])
         answers: list[Reservation | Exception] = []
         new_sessions: dict[str, str] = {}
-        rest = replies[len(agents):]
-        for call, committed, reply in zip(calls, rest[::2], rest[1::2], strict=True):
+        for call, committed, reply in zip(calls, looked_up[len(agents):], reserved, strict=True):
             if isinstance(reply, Exception):
                 answers.append(reply)
                 continue
@@ -488,6 +487,25 @@ class StateStore:
             await self._index_new_session(agent_id, session_id)
         return answers
 
+    async def _run_script(self, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+                          ) -> list[Any]:
+        """``script`` run for each (keys, args), in order; each answer its reply or the error it
+        raised. One pipeline on a plain Redis; one call after the other on a cluster, whose
+        client refuses scripts in a pipeline (each call names one slot, the calls many)."""
+        if isinstance(self.redis, RedisCluster) or len(calls) == 1:
+            replies: list[Any] = []
+            for keys, args in calls:
+                try:
+                    replies.append(await script(keys=keys, args=args))
+                except Exception as exc:
+                    replies.append(exc)
+            return replies
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+            return replies
+
     async def commit_messages(self, calls: Sequence[CommitCall]) -> list[Commit | Exception]:
         """``commit_message`` for each call, in order, in three round trips (see the module's
         docstring): the users' indexes, the sessions' atomic commits, then the users'
@@ -503,11 +521,7 @@ class StateStore:
                 if users:  # the browse API's index of the agent's users
                     pipe.zadd(keyspace.agent_users(call.agent_id), dict.fromkeys(users, 0))
             await pipe.execute()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for call in calls:
-                keys, args = _commit_call(call)
-                await self._commit(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute(raise_on_error=False)
+        replies = await self._run_script(self._commit, [_commit_call(call) for call in calls])
         locks: dict[int, int] = {}  # call -> the place of its lock's answer
         async with self.redis.pipeline(transaction=False) as pipe:
             place = 0
