@@ -483,14 +483,14 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         own_overhead = 0 if item.parent.opened else len(item.parent.open) + len(item.parent.close)
         if item.section == "facts":
             room = min(room, facts_room - facts_size - own_overhead)
+        body = _escape_text(text)  # escaped once: its length sizes the relevant room, then the line
         if item.section == "relevant":
             if relevant_room is None:
                 relevant_room = room
             share = int(relevant_room * item.weight / relevant_weight) if relevant_weight > 0 else relevant_room
             relevant_weight -= item.weight
             whole = len(text) <= WHOLE_CHARS
-            room = min(room, max(share, item.shell() + (len(_escape_text(text)) if whole else MIN_EXCERPT_CHARS)))
-        body = _escape_text(text)
+            room = min(room, max(share, item.shell() + (len(body) if whole else MIN_EXCERPT_CHARS)))
         line = item.render(body)
         if len(line) > room:
             if item.section not in _SKIPPING:
@@ -503,6 +503,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
                 dropped += 1
                 continue
             body, line = cut, item.render(cut)
+            sentences = _sentences(_unescape(cut))  # what the cut shows, not the whole text
         if item.section == "facts":
             facts_size += len(line) + own_overhead
         if item.section == "relevant" and relevant_room is not None:
@@ -510,8 +511,9 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         size += len(line) + item.parent.unopened_overhead()
         item.parent.mark_opened()
         item.line, item.body = line, body
-        for key in (k for _, k in _sentences(_unescape(item.body)) if k):
-            shown_by.setdefault(key, item)
+        for _, key in sentences:  # the sentences it shows (a repeated one was dropped from it)
+            if key:
+                shown_by.setdefault(key, item)
         sections[item.section] += 1
 
     xml = "".join(_emit(root)) if root.opened else EMPTY
