@@ -19,6 +19,41 @@ from memory_service.domain.text import stem
 K1 = 1.2
 B = 0.75
 _WORD = re.compile(r"\w+", re.UNICODE)
+# Words that carry no topic: the query drops them (memory_service/recall/search.py), and the
+# store's postings (memory_service/stores/postings.py) do not index them. The full-text index
+# drops English stopwords too; these are the question words and fillers a query adds on top.
+QUERY_STOPWORDS = frozenset(
+    """a about after again all also am an and any are as at be been before being both but by can could
+    did do does doing done for from had has have having he her here hers him his how i if in into is it
+    its just me more most my no nor not now of off on once only or other our out over own same she should
+    so some such than that the their them then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your yours did ever
+    something anything thing things get got""".split()
+)
+
+
+def query_words(text: str) -> list[str]:
+    """The words of ``text`` that search looks for, lowercase, in order, repeats kept: neither
+    stopwords nor one letter long (a digit counts)."""
+    words = (w.lower() for w in _WORD.findall(text))
+    return [w for w in words if w not in QUERY_STOPWORDS and len(w) > 1 or w.isdigit()]
+
+
+def term_counts(text: str) -> dict[str, int]:
+    """How often each stem of ``text``'s searchable words (``query_words``) occurs: what the
+    postings index, and what a query's words are matched against once stemmed."""
+    counts: dict[str, int] = {}
+    for word in query_words(text):
+        term = stem(word)
+        counts[term] = counts.get(term, 0) + 1
+    return counts
+
+
+def impact(tf: int, length: int, average_length: float) -> float:
+    """A term's BM25 weight in one text without its idf: ``tf`` occurrences in a text of
+    ``length`` indexed words, where the texts average ``average_length``."""
+    norm = K1 * (1 - B + B * length / max(average_length, 1e-9))
+    return tf * (K1 + 1) / (tf + norm)
 
 
 def idf(n_docs: int, df: int) -> float:

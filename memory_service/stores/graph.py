@@ -28,11 +28,12 @@ nothing (read-only queries; a missing graph reads as empty).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -40,9 +41,11 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
+from memory_service.state import keyspace
 from memory_service.stores.base import SignalHits
 from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
+from memory_service.stores.postings import Postings
 
 if TYPE_CHECKING:
     from falkordb.asyncio.graph import AsyncGraph  # untyped: Any to mypy, named for the reader
@@ -61,6 +64,8 @@ MAX_FULLTEXT_TERMS = 32
 FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
 QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
 DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
+POSTINGS_BUILD_BATCH = 2000  # memories read per statement when building an old graph's postings
+POSTINGS_BUILD_LOCK_SECONDS = 120  # renewed after every batch
 
 _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
@@ -179,12 +184,63 @@ class GraphBackend(EntityGraph):
         self.embedding_dimension = embedding_dimension
         self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
         self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
+        self.postings = Postings(self.client.connection)
+        self._building: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.client.connection.ping()
         await migrate_layout(self.client, self)
+        self._building = asyncio.create_task(self._build_missing_postings())
+
+    async def _build_missing_postings(self) -> None:
+        """Graphs written before the postings existed get theirs, one at a time, in the
+        background; agent-wide search reads the full-text index for them meanwhile."""
+        try:
+            for agent_id in await self.agents():
+                if not await self.postings.built(agent_id):
+                    await self.build_postings(agent_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next start tries again; search works meanwhile
+            log.warning("building the full-text postings failed: %s", exc)
+
+    async def build_postings(self, agent_id: str, batch: int = POSTINGS_BUILD_BATCH) -> int | None:
+        """Index every live memory of the agent's graph into fresh postings; how many, or
+        None when another process holds the agent's build lock. Writes during the build
+        index their own memories; a memory deleted while its batch was in flight is taken
+        out again by the check at the end."""
+        lock = keyspace.postings_build_lock(agent_id)
+        redis = self.client.connection
+        if not await redis.set(lock, "1", nx=True, ex=POSTINGS_BUILD_LOCK_SECONDS):
+            return None
+        try:
+            await self.postings.clear(agent_id)
+            after, indexed = -1, 0
+            while True:
+                rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE ID(n) > $after AND n.kind IS NOT NULL "
+                                                  f"AND {_LIVE} RETURN ID(n) AS i, n.uuid AS uuid, n.text AS text "
+                                                  "ORDER BY i LIMIT $limit", after=after, limit=batch)
+                if not rows:
+                    break
+                indexed += await self.postings.index(agent_id, [(r["uuid"], r["text"] or "") for r in rows])
+                after = int(rows[-1]["i"])
+                await redis.expire(lock, POSTINGS_BUILD_LOCK_SECONDS)
+            await self.postings.mark_built(agent_id)
+            # What was deleted or evicted while the build read it.
+            async for chunk in _chunks(self.postings.indexed_ids(agent_id), batch):
+                live = {r["uuid"] for r in await self._read(
+                    agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND {_LIVE} RETURN n.uuid AS uuid", ids=chunk)}
+                await self.postings.remove(agent_id, [i for i in chunk if i not in live])
+            log.info("full-text postings of agent %s built: %d memories", agent_id, indexed)
+            return indexed
+        finally:
+            await redis.delete(lock)
 
     async def close(self) -> None:
+        if self._building is not None:
+            self._building.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._building
         await self.client.aclose()
         if (pool := getattr(self.client.connection, "connection_pool", None)) is not None:
             await pool.disconnect()  # the client does not own the pool it was given
@@ -258,15 +314,23 @@ class GraphBackend(EntityGraph):
             # It also counts the graph's indexes, so a write that created the graph (new,
             # or deleted under this process) is seen without a round trip of its own; the
             # indexes are then made, and index what was just written.
+            # It returns the live memories' ids and stored texts, which the postings index.
+            firsts = _first_of_each(group)
             result = await graph.query(
                 f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
                 "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END "
-                "WITH count(n) AS rows CALL db.indexes() YIELD label RETURN count(label)",
-                {"rows": [self._row(m) for m in _first_of_each(group)]},
+                f"WITH collect(CASE WHEN {_LIVE} THEN [n.uuid, n.text] END) AS live "
+                "CALL db.indexes() YIELD label RETURN live, count(label)",
+                {"rows": [self._row(m) for m in firsts]},
             )
-            if not (result.result_set and result.result_set[0][0]):  # no index at all: the graph is new
+            fresh = not (result.result_set and result.result_set[0][1])
+            if fresh:  # no index at all: the graph is new, and all of it was written now
                 await self._create_indexes(graph)
+                live = [(m.id, m.search_text) for m in firsts if not m.evicted and m.deleted_at is None]
+            else:
+                live = [(memory_id, text or "") for memory_id, text in result.result_set[0][0]]
+            await self.postings.index(agent_id, live, fresh=fresh)
             written += int(result.nodes_created)
         return written
 
@@ -319,10 +383,12 @@ class GraphBackend(EntityGraph):
         result = await graph.query(
             f"MATCH (n:{LABEL}) WHERE n.group_kind = $gk AND n.evicted IS NULL "
             "WITH n ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC SKIP $keep "
-            "SET n.evicted = true RETURN count(n) AS c",
+            "SET n.evicted = true RETURN collect(n.uuid) AS ids",
             {"gk": _group_kind(namespace.group_id, kind), "keep": keep},
         )
-        return int(result.result_set[0][0]) if result.result_set else 0
+        evicted = list(result.result_set[0][0]) if result.result_set else []
+        await self.postings.remove(agent_id, evicted)
+        return len(evicted)
 
     async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
         if not vectors:
@@ -342,6 +408,9 @@ class GraphBackend(EntityGraph):
         if not ids or not await self.client.connection.exists(graph_name(agent_id)):
             return 0  # nothing stored: a missing graph is not created to delete from it
         graph = self.client.select_graph(graph_name(agent_id))
+        # The postings first: a failure after them leaves a memory the retry deletes, never
+        # a posting (the erased words, as key names) of a memory gone.
+        await self.postings.remove(agent_id, ids)
         deleted = 0
         for start in range(0, len(ids), DELETE_BATCH):
             result = await graph.query(f"UNWIND $ids AS id MATCH (n:{LABEL} {{uuid: id}}) DELETE n",
@@ -385,9 +454,12 @@ class GraphBackend(EntityGraph):
                 "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END, "
                 "n.needs_embedding = CASE WHEN keep THEN n.needs_embedding ELSE row.needs_embedding END "
-                "RETURN count(n)",
+                f"RETURN n.uuid, {_LIVE}, n.text",
                 {"rows": rows[start : start + DELETE_BATCH]})
-            updated += int(result.result_set[0][0]) if result.result_set else 0
+            # Its words may have changed, or it left search (soft-deleted) or came back.
+            await self.postings.remove(agent_id, [memory_id for memory_id, _, _ in result.result_set])
+            await self.postings.index(agent_id, [(i, text or "") for i, live, text in result.result_set if live])
+            updated += len(result.result_set)
         return updated
 
     def redis_servers(self) -> list[Any]:
@@ -533,9 +605,29 @@ class GraphBackend(EntityGraph):
             params["tags"] = list(query.tags)
         where = " AND ".join(filters)
         hits: SignalHits = {}
-        if queries := fulltext_queries(query.terms, groups):
-            hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
-        # None without a query vector or without vectors in this store.
+        # The two signals at once: the store answers each on a thread of its own.
+        vector_hits = asyncio.ensure_future(self._vector(agent_id, query, groups, filters, where, params))
+        try:
+            if queries := fulltext_queries(query.terms, groups):
+                ranked = None
+                if groups is None:  # agent-wide: the postings, once they cover the graph
+                    k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
+                    ranked = await self.postings.top(agent_id, list(queries), k, self.settings.search_postings_budget)
+                if ranked is not None:
+                    hits["fulltext"] = await self._ranked(agent_id, ranked.hits, where, params)
+                else:
+                    hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
+        finally:
+            found = await vector_hits
+        if found is not None:
+            hits["vector"] = found
+        return hits
+
+    async def _vector(self, agent_id: str, query: StoreQuery, groups: list[str] | None, filters: list[str],
+                      where: str, params: dict[str, Any]) -> list[tuple[Memory, float]] | None:
+        """The vector signal's candidates; None without a query vector, without vectors in
+        this store, or while the vector index does not answer."""
+        params = dict(params)
         if (vector := self._checked(query.vector)) is not None:
             if groups is None:
                 # The agent's whole graph: the vector index's nearest neighbours.
@@ -556,10 +648,21 @@ class GraphBackend(EntityGraph):
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.
                 log.warning("vector search of agent %s failed, full text only: %s", agent_id, exc)
-                return hits
+                return None
             # Cosine distance (0 = same direction) as a similarity in [-1, 1].
-            hits["vector"] = [(_memory(r), 1.0 - float(r["d"])) for r in rows]
-        return hits
+            return [(_memory(r), 1.0 - float(r["d"])) for r in rows]
+        return None
+
+    async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
+                      params: dict[str, Any]) -> list[tuple[Memory, float]]:
+        """The postings' best memories (memory_service/stores/postings.py) that pass the
+        search's filters, read in one query, best first, at most the limit."""
+        if not ranked:
+            return []
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND {where} RETURN {_READ_FIELDS}",
+                                ids=[memory_id for memory_id, _ in ranked], **params)
+        by_id = {row["uuid"]: row for row in rows}
+        return [(_memory(by_id[i]), round(score, 6)) for i, score in ranked if i in by_id][: params["limit"]]
 
 
     async def _fulltext(self, agent_id: str, queries: dict[str, str], groups: list[str] | None, where: str,
@@ -604,6 +707,17 @@ async def _create_index(graph: AsyncGraph, statement: str) -> None:
     except Exception as exc:
         if "already" not in str(exc).lower():
             raise
+
+
+async def _chunks(items: AsyncIterator[str], size: int) -> AsyncIterator[list[str]]:
+    chunk: list[str] = []
+    async for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
