@@ -39,7 +39,8 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.recall.search import QUERY_STOPWORDS, Retriever, SearchRequest, query_terms
+from memory_service.domain.bm25 import QUERY_STOPWORDS
+from memory_service.recall.search import Retriever, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
 from memory_service.schemas.search import SearchHit
 from memory_service.state.cache import agent_wide, identity
