@@ -21,6 +21,7 @@ from typing import Any
 from memory_service.access.pseudonyms import for_log, namespace_for_log
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
+from memory_service.domain.bm25 import QUERY_STOPWORDS
 from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError, NotSupported
 from memory_service.domain.graph import EntityType, Fact, normalise_name, query_names
 from memory_service.domain.models import AgentSettings, ContextType, Memory, MemoryKind, Recall, RecallScope, Shard
@@ -39,7 +40,6 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.domain.bm25 import QUERY_STOPWORDS
 from memory_service.recall.search import Retriever, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
 from memory_service.schemas.search import SearchHit
