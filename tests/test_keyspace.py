@@ -71,12 +71,17 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("outbox_dead", ("mongo",), "ms:outbox:dead:mongo"),
     ("outbox_lock", ("graph",), "ms:outbox:lock:graph"),
     ("outbox_legacy_queue", ("mongo",), "ms:outbox:mongo"),
+    ("postings_prefix", ("a1",), "ms:ft:{a1}:"),
+    ("postings_stats", ("a1",), "ms:ft:{a1}:stats"),
+    ("postings_docs", ("a1",), "ms:ft:{a1}:docs"),
+    ("postings_term", ("a1", "flight"), "ms:ft:{a1}:t:flight"),
+    ("postings_build_lock", ("a1",), "ms:ft:{a1}:build"),
 ]
 
 # How the map writes each builder's parameters.
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
-                "target": "<target>"}
+                "target": "<target>", "term": "<stem>"}
 
 
 def _builders() -> dict[str, object]:
