@@ -48,7 +48,7 @@ from memory_service.state import keyspace
 log = logging.getLogger(__name__)
 
 MAX_TERMS = 32  # query words read (as the full-text path)
-CHUNK = 64  # postings read per word and round, at least: the scripts read max(CHUNK, k)
+CHUNK = 256  # postings read per word and step, at least: the script reads max(CHUNK, k)
 
 # KEYS: stats, docs, then one key per distinct word of the batch.
 # ARGV: fresh (1: the graph was created by this write, the postings cover it), then per
@@ -111,12 +111,12 @@ return removed
 """
 
 # KEYS: stats, then one key per query word. ARGV: k, chunk, the cap on memories scored.
-# Returns {docs, complete (0/1), id, score, id, score, ...} best first; {-1, 0} when the
-# postings do not cover the graph yet.
+# Returns {docs, complete (0/1), scored, id, score, id, score, ...} best first; {-1, 0, 0}
+# when the postings do not cover the graph yet.
 _TOP = """
 local k, chunk, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local stats = redis.call('HMGET', KEYS[1], 'docs', 'built')
-if not stats[2] then return {-1, 0} end
+if not stats[2] then return {-1, 0, 0} end
 local n = tonumber(stats[1] or '0')
 local lists = {}
 for i = 2, #KEYS do
@@ -124,14 +124,17 @@ for i = 2, #KEYS do
   if df > 0 then
     local top = redis.call('ZREVRANGE', KEYS[i], 0, 0, 'WITHSCORES')
     local docs = math.max(n, df)
-    lists[#lists + 1] = {key = KEYS[i], idf = math.log(1 + (docs - df + 0.5) / (df + 0.5)), pos = 0,
-                         last = tonumber(top[2]), done = false}
+    local idf = math.log(1 + (docs - df + 0.5) / (df + 0.5))
+    lists[#lists + 1] = {key = KEYS[i], idf = idf, bound = idf * tonumber(top[2])}
   end
 end
-local best = {}
-local seen = {}
-local scored = 0
-local complete = 1
+-- The list that can add the most first; rest[i]: what the lists after i can add at most.
+table.sort(lists, function(a, b) return a.bound > b.bound or (a.bound == b.bound and a.key < b.key) end)
+local rest = {}
+local after = 0
+for i = #lists, 1, -1 do rest[i] = after; after = after + lists[i].bound end
+local best, seen = {}, {}
+local scored, complete = 0, 1
 local function offer(id, score)
   if #best >= k then
     local worst = best[#best]
@@ -145,41 +148,42 @@ local function offer(id, score)
   end
   best[at] = {id, score}
 end
-while true do
-  local bound = 0
-  local open = false
-  for _, l in ipairs(lists) do
-    if not l.done then bound = bound + l.idf * l.last; open = true end
-  end
-  if not open then break end
-  if #best >= k and best[k][2] >= bound then break end
-  if scored >= budget then complete = 0; break end
-  for _, l in ipairs(lists) do
-    if not l.done then
-      local rows = redis.call('ZREVRANGE', l.key, l.pos, l.pos + chunk - 1, 'WITHSCORES')
-      local got = #rows / 2
-      for j = 1, #rows, 2 do
-        local id = rows[j]
-        if not seen[id] then
-          seen[id] = true
-          scored = scored + 1
-          local score = l.idf * tonumber(rows[j + 1])
-          for _, other in ipairs(lists) do
-            if other ~= l then
-              local s = redis.call('ZSCORE', other.key, id)
-              if s then score = score + other.idf * tonumber(s) end
-            end
+local function theta() if #best >= k then return best[k][2] end return -1 end
+for i, l in ipairs(lists) do
+  if l.bound + rest[i] < theta() then break end
+  local pos = 0
+  while true do
+    if scored >= budget then complete = 0; break end
+    local rows = redis.call('ZREVRANGE', l.key, pos, pos + chunk - 1, 'WITHSCORES')
+    if #rows == 0 then break end
+    if l.idf * tonumber(rows[2]) + rest[i] < theta() then break end
+    local ids, scores = {}, {}
+    for j = 1, #rows, 2 do
+      local id = rows[j]
+      if not seen[id] then
+        seen[id] = true
+        ids[#ids + 1] = id
+        scores[#scores + 1] = l.idf * tonumber(rows[j + 1])
+      end
+    end
+    if #ids > 0 then
+      for _, other in ipairs(lists) do
+        if other ~= l then
+          local found = redis.call('ZMSCORE', other.key, unpack(ids))
+          for j = 1, #ids do
+            if found[j] then scores[j] = scores[j] + other.idf * tonumber(found[j]) end
           end
-          offer(id, score)
         end
       end
-      l.pos = l.pos + got
-      if got < chunk then l.done = true; l.last = 0
-      else l.last = tonumber(rows[#rows]) end
+      for j = 1, #ids do offer(ids[j], scores[j]) end
+      scored = scored + #ids
     end
+    pos = pos + #rows / 2
+    if #rows / 2 < chunk then break end
   end
+  if complete == 0 then break end
 end
-local out = {n, complete}
+local out = {n, complete, scored}
 for _, pair in ipairs(best) do
   out[#out + 1] = pair[1]
   out[#out + 1] = tostring(pair[2])
@@ -195,6 +199,7 @@ class Ranked:
     hits: list[tuple[str, float]]  # (memory id, BM25) best first
     docs: int  # memories indexed
     complete: bool  # False: the cap on memories scored stopped the read early
+    scored: int  # memories scored (read in a list and looked up in the others)
 
 
 def entry(counts: dict[str, int]) -> tuple[int, str]:
@@ -261,9 +266,9 @@ class Postings:
         reply = await self._top(keys=keys, args=[max(k, 0), max(CHUNK, k), budget])
         if int(reply[0]) < 0:
             return None
-        pairs = reply[2:]
+        pairs = reply[3:]
         hits = [(str(pairs[i]), float(pairs[i + 1])) for i in range(0, len(pairs), 2)]
-        return Ranked(hits, int(reply[0]), bool(reply[1]))
+        return Ranked(hits, int(reply[0]), bool(reply[1]), int(reply[2]))
 
     async def indexed_ids(self, agent_id: str) -> AsyncIterator[str]:
         """Every memory id the agent's postings hold (a scan: for maintenance)."""
