@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint serve bench clean
+.PHONY: install demo test lint serve bench clean ts-client test-ts
 
 install: $(STAMP)
 
@@ -11,10 +11,11 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || "$$(scripts/find-python)" -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[server,rerank,test]'
-	# arq pins redis < 6 while falkordb needs redis >= 7.1; arq runs on redis 8 (the worker
-	# tests prove it), so it is installed without its pin. See README, "Dependencies".
-	$(PY) -m pip install --quiet --no-deps 'arq==0.28.0'
+	# The embedded store (falkordblite) for `demo` and `serve` without FALKORDB_URL; OTel for traces.
+	$(PY) -m pip install --quiet -e '.[server,embedded,otel,rerank,test]'
+	# arq is vendored (memory_service/_vendor/arq); a venv made before still has it, with its redis<6 pin.
+	-$(PY) -m pip uninstall --quiet --yes arq 2>/dev/null
+	$(PY) -m pip check
 	@touch $@
 
 demo: $(STAMP)
@@ -27,6 +28,25 @@ test: lint
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+
+# The TypeScript client (clients/typescript, README "TypeScript client"): npm packages from the
+# registry, pinned by its package-lock.json.
+TS := clients/typescript
+TS_STAMP := $(TS)/node_modules/.installed
+
+$(TS_STAMP): $(TS)/package-lock.json $(TS)/package.json
+	cd $(TS) && npm ci --no-audit --no-fund
+	@touch $@
+
+# Regenerate the client after a route or wire model changed: the OpenAPI schema from the app
+# (not started), the types from the schema, then the build. Commit openapi.json and src/schema.ts.
+ts-client: $(STAMP) $(TS_STAMP)
+	$(PY) scripts/openapi-schema
+	cd $(TS) && npm run generate && npm run build
+
+# The generated types match the committed schema; the Node tests against a real server.
+test-ts: $(STAMP) $(TS_STAMP)
+	cd $(TS) && npm run check-generated && npm run build && MEMORY_SERVICE_PYTHON="$(abspath $(PY))" npm test
 
 serve: $(STAMP)
 	$(VENV)/bin/memory-service serve

@@ -236,7 +236,8 @@ REPEATED_EXAMPLES: list[str] = []  # the first few repeated sentences seen, for 
 def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> dict[str, dict[str, int]]:
     """What a block spends its characters on, per section (the root's children:
     StartupRecords, CollectiveMemory, ...): the items (leaf elements with text), their
-    characters (the item's serialised element, tags and attributes included), the items
+    characters (the item's serialised element, tags and attributes included; ``markup``: those
+    characters that are not the item's text), the items
     holding at least ``threshold`` of some evidence turn's content words, and the repeated
     items (an item sharing a sentence of three words or more, a message's "speaker: " aside,
     with an item before it, in any section: a message shown again inside an episode counts). Empty for a block that does not parse."""
@@ -248,13 +249,15 @@ def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -
     out: dict[str, dict[str, int]] = {}
     seen: set[str] = set()
     for section in root:
-        row = out.setdefault(section.tag, {"items": 0, "chars": 0, "evidence_items": 0, "repeated": 0})
+        row = out.setdefault(section.tag, {"items": 0, "chars": 0, "markup": 0, "evidence_items": 0, "repeated": 0})
         for el in section.iter():
             if len(el) or not (el.text or "").strip():
                 continue
             text = el.text or ""
             row["items"] += 1
-            row["chars"] += len(ET.tostring(el, encoding="unicode").rstrip())
+            serialised = len(ET.tostring(el, encoding="unicode").rstrip())
+            row["chars"] += serialised
+            row["markup"] += serialised - len(escape(text))
             own = frozenset(WORD.findall(text.lower()))
             row["evidence_items"] += any(len(w & own) >= threshold * len(w) for w in words)
             sentences = {" ".join(w) for x in SENTENCE_END.split(text)

@@ -541,12 +541,13 @@ def composition_table(summary: dict, budgets: Sequence[int]) -> Table:
     section's items that hold an evidence turn, and repeated items (the same text twice)."""
     t = Table(title="Block composition: per block, mean characters and items of each section; share of its items "
                     "holding evidence; items repeating another")
-    for col in ("budget", "section", "chars", "items", "evidence share", "repeated"):
+    for col in ("budget", "section", "chars", "items", "markup / item", "evidence share", "repeated"):
         t.add_column(col, justify="left" if col == "section" else "right")
     blocks = summary.get("blocks") or 1
     for b in budgets:
         for section, row in summary["composition"].get(str(b), {}).items():
             t.add_row(f"{b:,}", section, f"{row['chars'] / blocks:.0f}", f"{row['items'] / blocks:.1f}",
+                      f"{row['markup'] / row['items']:.0f}" if row["items"] else "-",
                       f3(row["evidence_items"] / row["items"] if row["items"] else None), str(row["repeated"]))
     return t
 

@@ -117,7 +117,7 @@ class Settings(BaseSettings):
                     "openai (any OpenAI-compatible /v1/embeddings endpoint) or hash (deterministic, no model: tests)")
     embedding_base_url: str | None = Field(
         default=None, description="EMBEDDER=openai: the endpoint's base URL, e.g. https://api.openai.com/v1 or http://localhost:11434/v1")
-    embedding_model: str | None = Field(default=None, description="EMBEDDER=openai: the model name, e.g. text-embedding-3-small")
+    embedding_model: str | None = Field(default=None, description="EMBEDDER=openai: the model name, e.g. text-embedding-3-small; EMBEDDER=hash: a variant, another model of the same dimension (tests)")
     embedding_api_key: SecretStr | None = Field(default=None, description="EMBEDDER=openai: API key of the endpoint, if it needs one")
     embedding_dimension: int | None = Field(
         default=None, ge=8, le=65536,
@@ -203,7 +203,7 @@ class Settings(BaseSettings):
     context_min_score: float | None = Field(
         default=None, ge=0, le=1, description="Fused search score below which a memory is left out of the block")
     context_min_similarity: float | None = Field(
-        default=None, ge=-1, le=1,
+        default=0.3, ge=-1, le=1,
         description="Cosine similarity below which a memory found by the vector signal alone is left out")
     context_scope: Literal["session", "user", "shared"] = Field(
         default="shared", description="Where relevant memories are looked for: the session; the user's memory and "
@@ -333,6 +333,30 @@ class Settings(BaseSettings):
         description="Days after which a memory neither read by memory_get, updated nor written is purged by the "
                     "daily retention job (messages pending formation, consolidation items not yet merged and a "
                     "namespace's latest consolidated memory are kept); 0: off")
+
+    # Production (docs/deploy.md): waiting for the stores at start, telling a frozen store
+    # from a slow one, metrics, traces and logs.
+    store_startup_wait_seconds: float = Field(
+        default=60.0, ge=0,
+        description="At start, how long `serve` and `worker` wait for FalkorDB and Redis to answer (retrying with "
+                    "backoff) before they give up; 0: fail at once")
+    store_stall_seconds: float = Field(
+        default=0.5, gt=0, le=60,
+        description="A request still waiting on its stores after this long probes them (PING on a connection of its "
+                    "own); a store that does not answer the probe is frozen and the request answers 503 at once")
+    store_probe_timeout_seconds: float = Field(
+        default=0.5, gt=0, le=60, description="How long that probe waits for PONG before it calls the store frozen")
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="A port of its own for /metrics without a key (for Prometheus inside the cluster); the worker's "
+                    "only /metrics. Unset: the API's GET /metrics (operator key) only")
+    otel_traces: Literal["off", "otlp", "console"] = Field(
+        default="off", description="Trace spans: off, exported over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, the "
+                                   "`otel` extra), or printed (console)")
+    otel_service_name: str = Field(default="memory-service", min_length=1, description="service.name of the spans")
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="text, or json: one JSON object per line, for the service's, uvicorn's and "
+                                    "arq's lines alike, each with the request id of its request")
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

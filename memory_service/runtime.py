@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from memory_service.config import Settings
+from memory_service.embedding.embedders import Embedder
 from memory_service.formation.jobs import JobQueue
 from memory_service.recall.rerank import start_reranker
 from memory_service.service import MemoryService
+from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.embedded import EmbeddedFalkorDB
 
 if TYPE_CHECKING:
-    from memory_service.embedding.embedders import Embedder
     from memory_service.formation.consolidation import Consolidator
     from memory_service.formation.extractor import Extractor
     from memory_service.stores.base import MemoryBackend
@@ -25,13 +28,15 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None) -> MemoryBackend:
+def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None,
+                   untagged_model: str | None = None) -> MemoryBackend:
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
     from memory_service.stores.graph import GraphBackend
 
     if not settings.falkordb_url:
         raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
-    graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension)
+    graph = GraphBackend(settings.falkordb_url, settings, embedding_dimension=embedding_dimension,
+                         untagged_model=untagged_model)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
     from memory_service.stores.breaker import CircuitBreaker
@@ -42,13 +47,14 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
                     alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
     breaker = CircuitBreaker("mongo", failures=settings.mongo_breaker_failures,
                              window=settings.mongo_breaker_window_seconds, cooloff=settings.mongo_breaker_cooloff_seconds)
-    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension), outbox,
+    return MirroredBackend(graph, _mongo_backend(settings, embedding_dimension, untagged_model), outbox,
                            drain_seconds=settings.outbox_drain_seconds, breaker=breaker,
                            fallback_timeout=settings.mongo_fallback_timeout_seconds,
                            mongo_only=lambda agent_id: state.named_backend(agent_id, "mongo"))
 
 
-def _mongo_backend(settings: Settings, embedding_dimension: int | None = None) -> MongoBackend:
+def _mongo_backend(settings: Settings, embedding_dimension: int | None = None,
+                   untagged_model: str | None = None) -> MongoBackend:
     from memory_service.stores.mongo import MongoBackend
 
     if settings.mongodb_uri is None:  # registered only when it is set
@@ -57,7 +63,8 @@ def _mongo_backend(settings: Settings, embedding_dimension: int | None = None) -
                         server_selection_timeout_ms=_ms(settings.mongo_server_selection_timeout_seconds),
                         connect_timeout_ms=_ms(settings.mongo_connect_timeout_seconds),
                         socket_timeout_ms=_ms(settings.mongo_socket_timeout_seconds),
-                        facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension)
+                        facts_per_shard=settings.facts_per_shard, embedding_dimension=embedding_dimension,
+                        untagged_model=untagged_model)
 
 
 def _ms(seconds: float) -> int:
@@ -104,11 +111,13 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
     """The configured embedder, started, and checked against the vectors already stored.
 
     Stored vectors of another dimension cannot be searched with this embedder's: refuse to
-    start (loudly) rather than store vectors that no index can hold.
+    start (loudly) rather than store vectors that no index can hold. Another model of the
+    same dimension starts, with a warning: each vector carries its model's name and search
+    compares like with like (docs/embeddings.md, "Changing the model").
     """
     from memory_service.embedding.embedders import build_embedder
 
-    embedder = build_embedder(settings)
+    embedder: Embedder = TimedEmbedder(build_embedder(settings))
     await embedder.start()
     stored = await state.record_embedder(embedder.name, embedder.dimension)
     if stored is not None:
@@ -122,8 +131,77 @@ async def start_embedder(settings: Settings, state: StateStore) -> Embedder:
             )
         if name != embedder.name:
             log.warning("the configured embedder %s differs from %s, which embedded the stored memories: vector "
-                        "search compares vectors of two models until they are embedded again", embedder.name, name)
+                        "search compares a query only with vectors of its own model, so until `memory-service "
+                        "reembed` has converted them, memories embedded by %s are found by full text alone",
+                        embedder.name, name, name)
     return embedder
+
+
+class TimedEmbedder:
+    """The configured embedder, each call observed (operation ``embedding``) and spanned."""
+
+    def __init__(self, inner: Embedder):
+        self.inner = inner
+        self.name, self.dimension = inner.name, inner.dimension
+
+    async def start(self) -> None:
+        await self.inner.start()
+        self.dimension = self.inner.dimension  # an endpoint may learn it at start
+
+    async def embed(self, texts: Sequence[str], *, query: bool = False) -> list[list[float]]:
+        with metrics.timed("embedding"), tracing.span("memory_service.embed", texts=len(texts)):
+            return await self.inner.embed(texts, query=query)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+    def __getattr__(self, name: str) -> Any:  # batch sizes and the like of the embedder itself
+        return getattr(self.inner, name)
+
+
+async def wait_for_stores(settings: Settings) -> None:
+    """Wait until FalkorDB and Redis answer PING, retrying with backoff (0.25 s doubling to
+    5 s) for up to STORE_STARTUP_WAIT_SECONDS; a line per failed try says what is awaited.
+    A store that refuses the connection's credentials, or answers with an error other than
+    LOADING, is not waited for: that does not get better by waiting."""
+    from redis.exceptions import BusyLoadingError
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    from memory_service.config import redact_url
+    from memory_service.domain.errors import BackendUnavailable
+    from memory_service.state.pools import redis_client
+
+    stores = {"graph (FALKORDB_URL)": settings.falkordb_url, "state (REDIS_URL)": settings.redis_url}
+    deadline = time.monotonic() + settings.store_startup_wait_seconds
+    seen: set[str] = set()
+    for name, url in stores.items():
+        if not url or url in seen:
+            continue
+        seen.add(url)
+        client = redis_client(url, settings)
+        delay, attempt = 0.25, 0
+        try:
+            while True:
+                attempt += 1
+                try:
+                    await client.ping()
+                    if attempt > 1:
+                        log.info("the %s store at %s answers (after %d tries)", name, redact_url(url), attempt)
+                    break
+                except (RedisConnectionError, RedisTimeoutError, BusyLoadingError, OSError) as exc:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise BackendUnavailable(
+                            f"the {name} store at {redact_url(url)} did not answer within STORE_STARTUP_WAIT_SECONDS="
+                            f"{settings.store_startup_wait_seconds:g} ({attempt} tries): {type(exc).__name__}: {exc}") from exc
+                    wait = min(delay, left)
+                    log.warning("waiting for the %s store at %s: try %d failed (%s: %s); next try in %.2fs, giving up "
+                                "in %.0fs", name, redact_url(url), attempt, type(exc).__name__, exc, wait, left)
+                    await asyncio.sleep(wait)
+                    delay = min(delay * 2, 5.0)
+        finally:
+            await client.aclose()
 
 
 @asynccontextmanager
@@ -146,6 +224,8 @@ async def open_service(
     settings.redis_url = settings.redis_url or settings.falkordb_url
     worker = None
     try:
+        if embedded is None:  # configured stores may start after this process (compose, Kubernetes)
+            await wait_for_stores(settings)
         queue = await JobQueue.connect(settings.redis_url, settings)
         state = StateStore.from_url(settings.redis_url, settings)
         try:
@@ -157,10 +237,11 @@ async def open_service(
         reranker = await start_reranker(settings)  # None when it cannot load: search runs on fusion alone
         service = MemoryService(settings, state, default_extractor(settings), queue,
                                 default_consolidator(settings), embedder=embedder, reranker=reranker)
-        service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension))
+        untagged = await state.untagged_model()
+        service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension, untagged))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
         if settings.mongodb_uri:
-            service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension))
+            service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension, untagged))
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
             if run_worker:

@@ -45,10 +45,11 @@ from memory_service.domain.graph import EntityType
 from memory_service.domain.models import Agent, AgentSettings, ContextType, MessageIn, Recall, Shard, ShardIn
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.gates import CHARS_PER_TOKEN
-from memory_service.formation.jobs import JobQueue
+from memory_service.formation.jobs import QUEUE_NAME, JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
 from memory_service.ingest.sessions import RecordResult, SessionLedger
@@ -64,8 +65,10 @@ from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.base import MemoryBackend
 from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
@@ -210,7 +213,8 @@ class MemoryService:
 
     # Sessions
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
-        return await self.sessions.record_message(session_id, message, reach)
+        with metrics.timed("record"), tracing.span("memory_service.record"):
+            return await self.sessions.record_message(session_id, message, reach)
 
     async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)
@@ -245,6 +249,26 @@ class MemoryService:
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
         return await self.pipeline.backfill_embeddings(batch, limit, on_progress)
 
+    async def reembed(self, agent_id: str | None = None, *, batch: int = 64, budget: int | None = None,
+                      on_progress: ReembedProgress | None = None) -> ReembedReport:
+        """Give every memory of ``agent_id`` (of every agent when None) a vector of the
+        configured embedder, staged beside the searched one, and switch each agent when all
+        of its memories have one (memory_service/embedding/reembed.py). Online and resumable;
+        ``budget`` stops after that many vectors. An unknown agent is NotFound; nothing is
+        written for it."""
+        if self.embedder is None:
+            raise InvalidInput("no embedder is configured: set EMBEDDER (and EMBEDDING_MODEL) to the new model")
+        held: dict[str, MemoryBackend] = {}
+        for backend in await self.registry.live():
+            for known in await backend.agents():
+                held.setdefault(known, backend)
+        if agent_id is not None and agent_id not in held:
+            raise NotFound(f"unknown agent {agent_id}: no store holds memories of it")
+        chosen = [agent_id] if agent_id is not None else sorted(held)
+        agents = [(a, (await self.agents.backend_for(a))[1]) for a in chosen]
+        return await Reembedder(self.state, self.embedder, batch).run(agents, budget=budget, on_progress=on_progress,
+                                                                      all_agents=sorted(held))
+
     # Reading memory
     async def search(self, agent_id: str, query: str | SearchRequest, reach: Reach | None = None,
                      **options: Any) -> SearchResult:
@@ -256,8 +280,9 @@ class MemoryService:
         namespaces, nor, with a ``reach`` limited to some users, what they may not see.
         """
         request = query if isinstance(query, SearchRequest) else SearchRequest(query=query, **options)
-        _, backend = await self.agents.backend_for(agent_id)
-        return await self.retriever.search(agent_id, backend, request, reach=reach)
+        with metrics.timed("search"), tracing.span("memory_service.search", scope=str(request.scope)):
+            _, backend = await self.agents.backend_for(agent_id)
+            return await self.retriever.search(agent_id, backend, request, reach=reach)
 
     async def assemble_memory_context(self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
                                       query: str | None = None, budget: int | None = None,
@@ -267,8 +292,11 @@ class MemoryService:
         """The XML memory block for one model call; it fits the budget (see ContextAssembler.assemble).
         ``as_of``: its known facts are those true then. ``recall``: this call's recall settings,
         over the agent's for ``context_type``."""
-        return await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of,
-                                             context_type, recall)
+        with metrics.timed("context"), tracing.span("memory_service.context") as span:
+            block = await self.assembler.assemble(agent_id, user_id, session_id, model, query, budget, reach, as_of,
+                                                  context_type, recall)
+            span.set_attribute("memory_service.context.source", block.source)
+            return block
 
     # The knowledge graph (issue 16; docs/graph.md): entities, their facts, undoing an invalidation.
     # A caller limited to some users (``reach``) sees the entities and facts of the namespaces
@@ -465,8 +493,13 @@ class MemoryService:
         return await self.state.metrics()
 
     async def gauges(self) -> dict[str, float]:
-        """The live backends' current values (outbox depth and dead letters, breakers), by sample name."""
+        """The live backends' current values (outbox depth and dead letters, breakers) and the job
+        queue's depth and lag, by sample name."""
         values: dict[str, float] = {}
+        try:
+            values.update(await metrics.queue_gauges(self.queue.pool, QUEUE_NAME))
+        except Exception:  # Redis is down: /health says so
+            pass
         try:
             backends = await self.registry.live()
         except Exception:  # the default backend cannot start: /health says why

@@ -28,14 +28,14 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, NoReturn, TypeVar, cast
 
-from arq import Retry
-from arq.cron import cron
-from arq.worker import Worker, func
-
+from memory_service._vendor.arq import Retry
+from memory_service._vendor.arq.cron import cron
+from memory_service._vendor.arq.worker import Worker, func
 from memory_service.access.pseudonyms import install_log_filter, namespace_for_log
 from memory_service.config import Settings
 from memory_service.formation.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME
 from memory_service.service import MemoryService
+from memory_service.state import metrics, tracing
 from memory_service.state.pools import arq_client
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,11 @@ async def _run(ctx: Ctx, what: str, metric: str, job: Callable[[], Awaitable[T]]
     service = _service(ctx)
     timeout = service.settings.worker_job_timeout_seconds
     limit = asyncio.timeout(timeout)
+    parent = await tracing.job_traceparent(service.queue.pool, ctx.get("job_id"))
     try:
-        async with limit:
-            return await job()
+        with metrics.timed(metric), tracing.job_span(f"memory_service.job.{metric}", parent, job_try=ctx.get("job_try")):
+            async with limit:
+                return await job()
     except Exception as exc:
         error = exc
         counters: dict[str, float] = {f"{metric}_failures": 1}

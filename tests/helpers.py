@@ -100,3 +100,12 @@ async def mirrored_service(settings, mongo_uri: str, mongo_database: str, direct
             yield service, graph.url
     finally:
         graph.stop()
+
+
+def shows_episode(xml: str) -> bool:
+    """Whether a memory block shows an episode: as an <Episode>, or folded into the item that
+    shows its every sentence (``also="... episode"``: each thing is shown once)."""
+    from xml.etree import ElementTree as ET
+
+    root = ET.fromstring(xml)
+    return root.find(".//Episode") is not None or any("episode" in (e.get("also") or "").split() for e in root.iter())

@@ -340,5 +340,11 @@ async def test_cors_is_off_unless_configured(world, falkordb_url):
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as client:
             allowed = await client.options("/v1/context", headers={**preflight, "Origin": "https://app.example"})
             assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+            # A browser may send and read the request id (docs/deploy.md, "Logs").
+            with_id = await client.options("/v1/context", headers={
+                **preflight, "Origin": "https://app.example", "Access-Control-Request-Headers": "x-request-id"})
+            assert with_id.status_code == 200
+            read = await client.get("/health/live", headers={"Origin": "https://app.example"})
+            assert "x-request-id" in read.headers["access-control-expose-headers"].lower()
             refused = await client.options("/v1/context", headers=preflight)
             assert "access-control-allow-origin" not in refused.headers

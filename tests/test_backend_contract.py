@@ -374,3 +374,66 @@ async def test_a_graph_made_before_the_time_index_gets_it_when_first_paged_by_ti
         assert await later.written_before("nobody", T0, 10) == [] and graph_name("nobody") not in await later.client.list_graphs()
     finally:
         await later.close()
+
+
+# Changing the embedding model (docs/embeddings.md): every vector carries its model, a query
+# is compared with vectors of its own model only, and a re-embed stages then promotes.
+
+
+def tagged(mid: str, content: str, minute: int, vector: list[float], model: str | None) -> Memory:
+    return memory(mid, MemoryKind.FACT, SHARD, content, minute, embedding=vector).model_copy(
+        update={"embedding_model": model})
+
+
+async def test_a_query_meets_only_vectors_of_its_own_model(backend):
+    backend.untagged_model = "old"  # what runtime reads from the store's embedder record
+    await backend.write([tagged("untagged", "stored before vectors carried a model", 1, X, None),
+                         tagged("old", "the old model's", 2, X, "old"),
+                         tagged("new", "the new model's", 3, XY, "new")])
+    for scope in (None, [SHARD]):  # the agent's vector index, and a scope's exact scan
+        assert sorted(ids(await backend.search(A1, query(vector=X, namespaces=scope)), "vector")) == ["new", "old",
+                                                                                                      "untagged"]
+        assert ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="new", namespaces=scope)),
+                   "vector") == ["new"]
+        assert sorted(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="old", namespaces=scope)),
+                          "vector")) == ["old", "untagged"]
+        assert ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="third", namespaces=scope)),
+                   "vector") == []
+    assert await backend.set_embeddings(A1, {"old": Y}, model="new") == 1  # the backfill says which model
+    assert sorted(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="new")), "vector")) == ["new", "old"]
+
+
+async def test_a_reembed_stages_beside_the_searched_vector_then_promotes(backend):
+    backend.untagged_model = "old"
+    await backend.write([tagged(f"m{i}", f"memory number {i}", i, X, None if i % 2 else "old") for i in range(5)]
+                        + [tagged("done", "already of the new model", 9, Y, "new"), memory("bare", MemoryKind.FACT,
+                                                                                         SHARD, "no vector", 10)])
+    page, cursor = await backend.reembed_candidates(A1, "new", None, 3)
+    assert len(page) == 3 and cursor is not None
+    rest, end = await backend.reembed_candidates(A1, "new", cursor, 3)
+    assert len(rest) == 3 and end is not None
+    assert (await backend.reembed_candidates(A1, "new", end, 3)) == ([], None)
+    candidates = dict(page + rest)
+    assert sorted(candidates) == ["bare", "m0", "m1", "m2", "m3", "m4"]  # "done" is not one
+    assert candidates["m1"] == "memory number 1"  # the text search indexes, which is embedded
+    # A text that changed since it was read is not staged (it is a candidate again).
+    staged = await backend.stage_embeddings(A1, "new", {i: (text, Z) for i, text in candidates.items()} |
+                                            {"m4": ("an older text", Z)})
+    assert staged == 5
+    assert await backend.reembed_candidates(A1, "new", None, 10) == ([("m4", "memory number 4")], None)
+    # Staged vectors are not searched: the old model still finds everything it did.
+    assert ids(await backend.search(A1, StoreQuery([], vector=Z, vector_model="new")), "vector") == ["done"]
+    assert len(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="old")), "vector")) == 5
+    # A new text drops the staged vector of the old one.
+    [m3] = await backend.find(A1, ["m3"])
+    await backend.replace(A1, [m3.model_copy(update={"content": "memory number three"})])
+    assert sorted(i for i, _ in (await backend.reembed_candidates(A1, "new", None, 10))[0]) == ["m3", "m4"]
+    # Promotion: the staged vectors become the searched ones, in batches.
+    assert await backend.promote_embeddings(A1, "new", 2) == 2
+    assert await backend.promote_embeddings(A1, "new", 10) == 2
+    assert await backend.promote_embeddings(A1, "new", 10) == 0
+    hits = ids(await backend.search(A1, StoreQuery([], vector=Z, vector_model="new")), "vector")
+    assert sorted(hits[:4]) == ["bare", "m0", "m1", "m2"]
+    assert [m.id for m in await backend.unembedded(A1, 10)] == ["m3"]  # only the edited one waits
+    assert sorted(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="old")), "vector")) == ["m4"]
+    assert await backend.reembed_candidates(A2, "new", None, 10) == ([], None)  # another agent: nothing

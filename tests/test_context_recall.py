@@ -42,15 +42,18 @@ async def seats(http, falkordb_url):
     return http
 
 
-async def test_without_threshold_every_candidate_is_shown_and_counted(seats):
+async def test_the_server_defaults_and_a_threshold_turned_off(seats):
     body, memories = await context(seats, scope="user", budget=4000)
-    assert body["left_out"]["below_threshold"] == 0
-    assert body["recall"] == {"min_score": None, "min_similarity": None, "top_k": 40, "scope": "user"}
+    assert body["recall"] == {"min_score": None, "min_similarity": 0.3, "top_k": 40, "scope": "user"}
     assert any("aisle" in m for m in memories)
+    assert not any("Sounds good" in m for m in memories)  # no word of the query, dissimilar: left out
+    everything, shown = await context(seats, scope="user", budget=4000, min_similarity=-1)
+    assert everything["left_out"]["below_threshold"] == 0
+    assert len(shown) > len(memories)
 
 
 async def test_min_similarity_leaves_out_what_only_the_vector_signal_found(seats):
-    everything, shown = await context(seats)
+    everything, shown = await context(seats, min_similarity=-1)
     only_vector = [m for m in shown if "seat" not in m]  # pleasantries: no word of the query
     assert only_vector, "the vector signal makes every memory a candidate"
     body, memories = await context(seats, min_similarity=0.99)
@@ -61,8 +64,8 @@ async def test_min_similarity_leaves_out_what_only_the_vector_signal_found(seats
 
 
 async def test_min_score_is_a_ceiling_not_a_target(seats):
-    full, everything = await context(seats)
-    body, memories = await context(seats, min_score=1.0)
+    full, everything = await context(seats, min_similarity=-1)
+    body, memories = await context(seats, min_score=1.0, min_similarity=-1)
     assert len(memories) < len(everything)
     assert body["chars"] < full["chars"]
     assert body["left_out"]["below_threshold"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from xml.etree import ElementTree as ET
 
@@ -400,15 +401,20 @@ def test_relevant_memories_share_the_budget_by_score_and_short_ones_leave_room_t
 def test_with_a_query_relevant_memories_come_before_the_background():
     inputs = ContextInputs(
         shards=[ShardContext("t", "Topic", facts=[fact("a shard fact about nothing asked")], consolidated="summary " * 20)],
-        users=[UserContext("u", directives=[directive("Always answer briefly.")], consolidated="likes tea " * 20)],
+        users=[UserContext("u", directives=[directive("Always answer briefly.")], consolidated="Use metric units.")],
         episodes=[episode("the latest episode " * 5)],
         relevant=[relevant("The window seat is 14C.", 1.0), relevant("Aisle seats are for long flights.", 0.9)],
         asked=True,
     )
-    root = parse(render_context(inputs, 420, NOW).xml)
+    root = parse(render_context(inputs, 480, NOW).xml)
     assert texts(root, "Memory") == ["The window seat is 14C.", "Aisle seats are for long flights."]
-    assert texts(root, "Directive") == ["Always answer briefly."]  # how to act: before everything
-    assert root.find("CollectiveMemory") is None and root.find("UserMemory/User/ConsolidatedMemory") is None
+    # How to act (the user's directives, and their consolidation) comes before everything.
+    assert texts(root, "Directive") == ["Always answer briefly."]
+    assert texts(root, "ConsolidatedMemory") == ["Use metric units."]
+    assert root.find("CollectiveMemory") is None and root.find(".//Episode") is None
+    # Without a query the same inputs keep the recency order: the latest episode first.
+    recent = parse(render_context(replace(inputs, asked=False), 480, NOW).xml)
+    assert texts(recent, "Episode")
 
 
 def test_each_sentence_is_shown_once_and_the_other_forms_are_named():

@@ -387,8 +387,7 @@ async def test_a_claim_left_by_the_first_layout_is_adopted_not_lost(url):
 async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(url):
     """A window completed but not post-processed (its post-processing failed) does not hold
     the messages pending now: POST /form runs its post-processing AND forms those."""
-    from arq.constants import job_key_prefix
-
+    from memory_service._vendor.arq.constants import job_key_prefix
     from memory_service.formation.steps import form_window
 
     settings = make_settings(url, consolidate_directives_after=4)

@@ -9,9 +9,9 @@ from datetime import timedelta
 from urllib.parse import urlsplit
 
 import pytest
-from arq.constants import in_progress_key_prefix
 from redis.exceptions import ResponseError
 
+from memory_service._vendor.arq.constants import in_progress_key_prefix
 from memory_service.domain.errors import BackendUnavailable, Conflict, InvalidInput
 from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace

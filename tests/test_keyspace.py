@@ -38,6 +38,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("user_recorded", ("a1", "alice"), "ms:agent:a1:user:alice:recorded"),
     ("embed_due", ("a1",), "ms:embed:a1:due"),
     ("embed_lock", ("a1",), "ms:embed:a1:job"),
+    ("reembed", ("a1",), "ms:reembed:a1"),
     ("startup_records", ("a1",), "ms:startup:a1"),
     ("import_manifest", ("a1",), "ms:import:a1"),
     ("memory_access", ("a1",), "ms:memaccess:a1"),

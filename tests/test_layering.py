@@ -103,7 +103,8 @@ def module_name(path: Path, root: Path) -> str:
 
 def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
     """Each module of PACKAGES -> the modules of PACKAGES it imports (read from the source)."""
-    paths = {module_name(p, root): p for package in PACKAGES for p in (root / package).rglob("*.py")}
+    paths = {module_name(p, root): p for package in PACKAGES for p in (root / package).rglob("*.py")
+             if "_vendor" not in p.relative_to(root).parts}  # third-party code (memory_service/_vendor), not a layer
 
     def known(name: str) -> str | None:  # the module itself, or the package that holds the name
         while name and name not in paths:

@@ -28,7 +28,7 @@ from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import clean_env
-from .helpers import msg
+from .helpers import msg, shows_episode
 from .test_overload import guard
 
 CLI = str(Path(sys.executable).parent / "memory-service")
@@ -119,7 +119,7 @@ async def test_mongo_stopped_mid_run_gets_every_write_when_it_returns(mongo_sett
         health = await backend.health()
         assert health["outbox"]["mongo"] > 0 and health["outbox"]["graph"] == 0 and "mongo" in health["undelivered"]
         context = await service.assemble_memory_context("a1", "alice", "s1")
-        assert "<Episode>" in context.xml and context.source == "graph"
+        assert shows_episode(context.xml) and context.source == "graph"
         await mongo_proxy.start()
         await settle(service)
         in_graph, in_mongo = await both_stores(service)
@@ -177,7 +177,7 @@ async def test_graph_stopped_mid_run_keeps_writes_reads_mongo_and_catches_up(mon
         # Recording goes on: the messages wait in the outbox for the graph.
         await converse(service, "s1", start=4, lines=CHAT[4:])
         context = await service.assemble_memory_context("a1", "alice", "s1", model="gpt-4o-mini")
-        assert context.source == "mongo" and "<Episode>" in context.xml
+        assert context.source == "mongo" and shows_episode(context.xml)
         health = await service.health()
         assert health["backends"]["graph"]["fallback_reads"] > 0 and health["backends"]["graph"]["outbox"]["graph"] > 0
         queued = await service.form_memories("s1", wait=False)
@@ -217,7 +217,7 @@ async def test_an_empty_graph_answer_never_waits_for_a_stalled_mongo(mongo_setti
         # s9 holds nothing and alice has no directives: every namespace read of the block is
         # empty in the graph; the search over what alice may see finds her turn in s1.
         block = await guard(service.assemble_memory_context("a1", "alice", "s9", query="window seats"))
-        assert block.source == "graph" and "window seats" in block.xml and "<Episode>" not in block.xml
+        assert block.source == "graph" and "window seats" in block.xml and not shows_episode(block.xml)
         assert backend.mongo_reads == 0 and backend.breaker.state == CLOSED
         await mongo_proxy.resume()
 
@@ -315,9 +315,9 @@ async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it
         assert health["dead_letters"] == {"graph": 0, "mongo": 1}
         assert any("1 dead letter(s) for mongo" in alarm for alarm in health["alarms"])
         metrics = (await http.get("/metrics")).text
-        assert 'memory_service_outbox_dead_letters{target="mongo"} 1\n' in metrics
-        assert 'memory_service_outbox_alarm{target="mongo"} 1\n' in metrics
-        assert "memory_service_outbox_dead_lettered_mongo_total 1\n" in metrics
+        assert 'memory_service_outbox_dead_letters{target="mongo"} 1.0\n' in metrics
+        assert 'memory_service_outbox_alarm{target="mongo"} 1.0\n' in metrics
+        assert 'memory_service_deployment_counter{name="outbox_dead_lettered_mongo"} 1.0\n' in metrics
 
         # Replayed: queued again at the end, refused again, dead again.
         assert await backend.outbox.replay("mongo", [dead.entry_id, "no-such-entry"]) == 1
@@ -329,7 +329,7 @@ async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it
         assert await backend.outbox.drop("mongo", [dead.entry_id]) == 1
         assert await service.state.redis.hget("ms:outbox:entries", dead.entry_id) is None
         assert await backend.outbox.dead_letter_counts() == {"graph": 0, "mongo": 0}
-        assert 'memory_service_outbox_alarm{target="mongo"} 0\n' in (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
 
 
 async def test_an_outage_of_mongo_never_counts_as_a_failed_delivery(mongo_settings, mongo_proxy):
@@ -373,8 +373,8 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         assert health["outbox"] == {"graph": 0, "mongo": 3}
         assert any("refuses new writes" in alarm for alarm in health["alarms"])
         metrics = (await http.get("/metrics")).text
-        assert 'memory_service_outbox_alarm{target="mongo"} 1\n' in metrics
-        assert 'memory_service_outbox_pending{target="mongo"} 3\n' in metrics
+        assert 'memory_service_outbox_alarm{target="mongo"} 1.0\n' in metrics
+        assert 'memory_service_outbox_pending{target="mongo"} 3.0\n' in metrics
         for _ in range(600):
             if any("outbox alarm" in r.getMessage() for r in caplog.records):
                 break
@@ -383,7 +383,7 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         await mongo_proxy.start()
         await settle(service)
         assert (await post(3)).status_code == 200
-        assert 'memory_service_outbox_alarm{target="mongo"} 0\n' in (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
 
 
 async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):
@@ -398,7 +398,7 @@ async def test_with_both_stores_down_the_last_good_block_is_served(mongo_setting
         served = await service.assemble_memory_context("a1", "alice", "s1")
         assert served.source == "last-good" and served.xml == good.xml
         fresh_user = await service.assemble_memory_context("a1", "carol", "s1")  # never assembled: no memories
-        assert fresh_user.source in ("graph", "mongo", "graph+mongo") and "<Episode>" not in fresh_user.xml
+        assert fresh_user.source in ("graph", "mongo", "graph+mongo") and not shows_episode(fresh_user.xml)
 
 
 async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_settings):
@@ -449,7 +449,7 @@ async def test_an_agent_moves_to_the_graph_and_back_with_every_memory(mongo_sett
         assert (travel["name"], travel["extraction_focus"]) == ("travel", "flights, hotels")
         assert (await service.get_agent("a1")).effective_backend == "mongo"
         context = await service.assemble_memory_context("a1", "alice", "s3")
-        assert context.source == "mongo" and "<Episode>" in context.xml
+        assert context.source == "mongo" and shows_episode(context.xml)
 
 
 async def test_the_migrate_command(mongo_settings):

@@ -76,8 +76,10 @@ def message(i: int, content: str = "I prefer window seats.") -> dict:
 
 
 async def test_a_stalled_state_store_answers_503_with_retry_after_and_the_service_recovers(settings, state_proxy):
+    # The stall guard off (STORE_STALL_SECONDS past the read timeout): the store's own timeout
+    # answers here (tests/test_production.py tests the guard).
     settings = settings.model_copy(update={"redis_url": state_proxy.url, "store_read_timeout_seconds": 0.5,
-                                           "overload_retry_after_seconds": 3})
+                                           "overload_retry_after_seconds": 3, "store_stall_seconds": 60})
     async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
         assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
@@ -119,7 +121,8 @@ async def test_an_exhausted_pool_answers_503_with_retry_after_and_recovers(setti
     """Two connections, all busy (their store stalled): the other requests wait the pool
     timeout, then answer 503; once the store answers, the held ones finish and new ones pass."""
     settings = settings.model_copy(update={"redis_url": state_proxy.url, "redis_max_connections": 2,
-                                           "redis_pool_timeout_seconds": 0.1, "store_read_timeout_seconds": 30})
+                                           "redis_pool_timeout_seconds": 0.1, "store_read_timeout_seconds": 30,
+                                           "store_stall_seconds": 60})  # the pool's answer, not the stall guard's
     async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=HANG,
                               limits=httpx.Limits(max_connections=100)) as http:

@@ -16,7 +16,7 @@ from memory_service.runtime import open_service
 from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.graph import GraphBackend
 
-from .helpers import msg, record_all
+from .helpers import msg, record_all, shows_episode
 
 CHAT = [
     ("alice", "user", "I prefer window seats on every flight."),
@@ -183,9 +183,11 @@ async def test_hostile_content_cannot_break_the_memory_xml(service):
     xml = (await service.assemble_memory_context("a1", "alice", "h1")).xml
     root = ET.fromstring(xml)
     assert root.tag == "MemoryContext"
-    assert [e.tag for e in root] == ["UserMemory", "CurrentConversationContext", "RelevantMemories"]
+    assert [e.tag for e in root] in (["UserMemory", "CurrentConversationContext", "RelevantMemories"],
+                                     ["UserMemory", "RelevantMemories"])  # the episode may repeat what is shown
     assert len(list(root.iter("MemoryContext"))) == 1
-    assert any(hostile in (m.text or "") for m in root.iter("Memory"))  # the turn itself, found and escaped
+    # The turn itself (as the directive formed from it, shown once), found and escaped.
+    assert any(hostile in (e.text or "") for e in root.iter())
     texts = " ".join(e.text or "" for e in root.iter())
     assert "</UserMemory><MemoryContext>" in texts  # kept as text, not as structure
 
@@ -284,7 +286,7 @@ async def test_a_graph_outage_shrinks_the_context_instead_of_failing(settings, t
             await record_all(service, "o1", "a1", CHAT)
             await service.form_memories("o1")
             before = await service.assemble_memory_context("a1", "alice", "o1")
-            assert "<Episode>" in before.xml
+            assert shows_episode(before.xml)
             graph.stop()
             # A block cached before the outage is still served: nothing it shows has changed.
             assert (await service.assemble_memory_context("a1", "alice", "o1")).xml == before.xml
@@ -327,19 +329,19 @@ async def test_a_hung_graph_store_costs_the_context_its_deadline_not_the_prompt(
         async with open_service(settings, run_worker=True) as service:
             await record_all(service, "h1", "a1", CHAT)
             await service.form_memories("h1")
-            assert "<Episode>" in (await service.assemble_memory_context("a1", "alice", "h1")).xml
+            assert shows_episode((await service.assemble_memory_context("a1", "alice", "h1")).xml)
             os.kill(graph._process.pid, signal.SIGSTOP)
             try:
                 # Not cached (another budget): every graph read waits until the deadline.
                 degraded = await asyncio.wait_for(
                     service.assemble_memory_context("a1", "alice", "h1", budget=3000, query="garden"), timeout=5)
-                assert "<Episode>" not in degraded.xml and degraded.chars <= degraded.budget
+                assert not shows_episode(degraded.xml) and degraded.chars <= degraded.budget
                 ET.fromstring(degraded.xml)
                 # A block cut short by the deadline is never cached: once the store answers
                 # again, the full block comes back.
             finally:
                 os.kill(graph._process.pid, signal.SIGCONT)
             again = await service.assemble_memory_context("a1", "alice", "h1", budget=3000, query="garden")
-            assert "<Episode>" in again.xml and again.source != "cache"
+            assert shows_episode(again.xml) and again.source != "cache"
     finally:
         graph.stop()

@@ -356,7 +356,9 @@ async def test_serve_without_worker_and_a_separate_worker_attached_to_its_store(
                 await asyncio.sleep(0.1)
             assert status["formed_windows"] == 1 and status["cursor"] == 4
             metrics = (await http.get("/metrics")).text
-            assert "memory_service_formations_total 1" in metrics
+            # The worker process formed it: the API's own counters did not, the deployment's total did.
+            assert 'memory_service_deployment_counter{name="formations"} 1.0' in metrics
+            assert "\nmemory_service_formations_total " not in metrics
     finally:
         for proc in (worker, api):
             if proc:

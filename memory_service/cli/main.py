@@ -1,5 +1,5 @@
-"""The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings` and
-`demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (imports.py,
+"""The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings`,
+`reembed` and `demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (imports.py,
 keys.py, outbox.py, mcp.py), registered here. What they share, the console and
 the settings, is in common.py, so that none of them imports this module back."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+import os
 import secrets
 import tempfile
 from datetime import datetime, timedelta
@@ -27,17 +27,23 @@ from memory_service.cli.mcp import mcp_command
 from memory_service.cli.outbox import outbox_app
 from memory_service.config import Settings
 from memory_service.domain.errors import MemoryServiceError
+from memory_service.state import metrics, tracing
 
 if TYPE_CHECKING:
     import httpx
 
     from memory_service.curation.migration import MigrationReport
+    from memory_service.embedding.reembed import ReembedReport
 
 app = typer.Typer(help="Long-term memory for LLM agents.", no_args_is_help=True, add_completion=False)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+def _setup_logging(level: str, settings: Settings | None = None) -> None:
+    """One format for the service, uvicorn and arq (LOG_FORMAT: text or json; memory_service/state/logs.py)."""
+    from memory_service.state import logs
+
+    fmt = settings.log_format if settings is not None else os.environ.get("LOG_FORMAT", "text").lower()
+    logs.configure(level, "json" if fmt == "json" else "text")
 
 
 @app.command()
@@ -57,9 +63,12 @@ def serve(
 
     from memory_service.http.app import create_app
 
-    _setup_logging(log_level)
     settings = load_settings()
-    uvicorn.run(create_app(settings, data_dir, run_worker=worker, host=host), host=host, port=port, log_level=log_level.lower())
+    _setup_logging(log_level, settings)
+    tracing.configure(settings)
+    # log_config=None: uvicorn's lines (the access log too) go through the service's handler and format.
+    uvicorn.run(create_app(settings, data_dir, run_worker=worker, host=host), host=host, port=port,
+                log_level=log_level.lower(), log_config=None)
 
 
 @app.command("worker")
@@ -71,8 +80,13 @@ def worker_command(
 
     Start as many as you like on one REDIS_URL; each window is formed by exactly one.
     """
-    _setup_logging(log_level)
     settings = attached_settings(data_dir)
+    _setup_logging(log_level, settings)
+    tracing.configure(settings)
+    if settings.metrics_port:  # the worker's only /metrics: its own registry, on its own port
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port, registry=metrics.REGISTRY)
     try:
         asyncio.run(_run_worker(settings))
     except KeyboardInterrupt:
@@ -149,6 +163,68 @@ async def _backfill(settings: Settings, batch: int) -> dict[str, int]:
                 progress.update(task, description=f"embedded {done} (agent {agent_id})")
 
             return await service.backfill_embeddings(batch=batch, on_progress=on_progress)
+
+
+@app.command()
+def reembed(
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent (default: every agent)")] = None,
+    batch: Annotated[int, typer.Option(help="Memories embedded per call to the embedder", min=1, max=2048)] = 64,
+    limit: Annotated[int | None, typer.Option(help="Stop after this many vectors (run again to continue)", min=1)] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Attach to the embedded store a `serve` runs on this data directory")] = None,
+) -> None:
+    """Give every memory a vector of the configured embedder (EMBEDDER, EMBEDDING_MODEL), then
+    switch each agent to it.
+
+    Online: the service keeps serving, and keeps searching with the vectors of the model it
+    runs, while the new ones are staged beside them; an agent switches once all of its
+    memories have one. Resumable: run it again after an interruption and it continues where
+    it stopped. Afterwards, restart the service and workers with the new model.
+    """
+    _setup_logging("warning")
+    settings = attached_settings(data_dir)
+    try:
+        report = asyncio.run(_reembed(settings, agent, batch, limit))
+    except MemoryServiceError as exc:
+        console.print(f"[red]re-embed failed:[/red] {exc}")
+        raise typer.Exit(2) from None
+    except RuntimeError as exc:  # the embedder cannot load, another dimension, no store
+        console.print(f"[red]re-embed failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    table = Table("agent", "staged", "promoted", "switched", "left", title=f"Re-embed with {report.model}")
+    for done in report.agents:
+        table.add_row(done.agent_id, str(done.staged), str(done.promoted), "yes" if done.switched else "no",
+                      str(done.left))
+    console.print(table)
+    stopped = [done for done in report.agents if done.stopped]
+    if stopped:
+        console.print(f"[yellow]stopped[/yellow] at agent {stopped[0].agent_id}: {stopped[0].stopped}. "
+                      "Run the same command again to continue; search keeps using the vectors it used.")
+        raise typer.Exit(1)
+    if any(done.left for done in report.agents):
+        console.print("[yellow]some memories were written with another model during the run[/yellow] (a process "
+                      "still runs it): they are found by full text until a later run converts them.")
+    switched = "every agent now searches" if report.deployment_switched else "the agents above now search"
+    console.print(f"Done: {switched} with {report.model}. Restart the service and the workers with this model "
+                  "(EMBEDDER, EMBEDDING_MODEL) if they run another.")
+
+
+async def _reembed(settings: Settings, agent: str | None, batch: int, limit: int | None) -> ReembedReport:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from memory_service.runtime import open_service
+
+    async with open_service(settings, run_worker=False) as service:
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                      transient=True) as progress:
+            task = progress.add_task("starting", total=None)
+            counts = {"stage": 0, "promote": 0}
+
+            def on_progress(agent_id: str, phase: str, count: int) -> None:
+                counts[phase] += count
+                progress.update(task, description=f"agent {agent_id}: {counts['stage']} vectors staged, "
+                                                  f"{counts['promote']} promoted")
+
+            return await service.reembed(agent, batch=batch, budget=limit, on_progress=on_progress)
 
 
 async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool) -> MigrationReport:

@@ -14,9 +14,8 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from arq.constants import job_key_prefix, result_key_prefix, retry_key_prefix
-from arq.jobs import deserialize_result
-
+from memory_service._vendor.arq.constants import job_key_prefix, result_key_prefix, retry_key_prefix
+from memory_service._vendor.arq.jobs import deserialize_result
 from memory_service.formation.jobs import QUEUE_NAME, JobQueue, consolidation_job_id, formation_job_id
 from memory_service.state import keyspace
 from memory_service.state.cache import generation_key

@@ -122,6 +122,9 @@ class Memory(BaseModel):
     # Of ``search_text``, unit length; None until embedded (a failing embedder never
     # blocks a write: the memory is stored and embedded later).
     embedding: list[float] | None = Field(default=None, repr=False)
+    # The name of the embedder that made ``embedding`` (``Embedder.name``): stored beside the
+    # vector, so that search compares a query only with vectors of its own model.
+    embedding_model: str | None = Field(default=None, repr=False)
     # Written by the memory tools (memory_service/curation/tools.py); formed memories have none.
     title: str | None = None
     tags: list[str] = Field(default_factory=list)
@@ -210,6 +213,9 @@ class StoreQuery:
 
     terms: Sequence[str]  # full-text terms, normalised (lowercase words, stopwords removed)
     vector: Sequence[float] | None = None  # the query's embedding
+    # The model that embedded ``vector``: only stored vectors of this model are compared with
+    # it (None: no filter, for callers that write and search without naming models).
+    vector_model: str | None = None
     namespaces: Sequence[Namespace] | None = None  # None: every namespace of the agent
     kinds: Sequence[MemoryKind] | None = None  # None: every kind
     since: datetime | None = None

@@ -95,11 +95,16 @@ class HashEmbedder:
     WORD_WEIGHT = 1.0
     TRIGRAM_WEIGHT = 0.25
 
-    def __init__(self, dimension: int = 384):
+    def __init__(self, dimension: int = 384, variant: str | None = None):
         if dimension < 8:
             raise ValueError(f"the hash embedder needs at least 8 dimensions, not {dimension}")
         self.dimension = dimension
-        self.name = f"hash:{dimension}"
+        # A variant (EMBEDDING_MODEL with EMBEDDER=hash) salts every feature: another "model"
+        # of the same dimension whose vectors differ, as a new model's would (tests of the
+        # re-embed, docs/embeddings.md).
+        self.variant = variant
+        self._salt = f"{variant}|" if variant else ""
+        self.name = f"hash:{variant}:{dimension}" if variant else f"hash:{dimension}"
 
     async def start(self) -> None:
         return None
@@ -123,7 +128,7 @@ class HashEmbedder:
         return normalise(v)
 
     def _add(self, v: list[float], feature: str, weight: float) -> None:
-        digest = int.from_bytes(hashlib.blake2b(feature.encode(), digest_size=8).digest(), "little")
+        digest = int.from_bytes(hashlib.blake2b((self._salt + feature).encode(), digest_size=8).digest(), "little")
         v[(digest >> 1) % self.dimension] += weight if digest & 1 else -weight
 
 
@@ -412,7 +417,7 @@ def _as_texts(texts: Sequence[str]) -> list[str]:
 def build_embedder(settings: Settings) -> Embedder:
     """The embedder ``settings`` configure (not started: call ``await embedder.start()``)."""
     if settings.embedder == "hash":
-        return HashEmbedder(settings.embedding_dimension or 384)
+        return HashEmbedder(settings.embedding_dimension or 384, variant=settings.embedding_model)
     if settings.embedder == "openai":
         if not (settings.embedding_base_url and settings.embedding_model):
             raise EmbedderUnavailable("EMBEDDER=openai needs EMBEDDING_BASE_URL and EMBEDDING_MODEL")

@@ -1,6 +1,10 @@
 """Memories given their embedding before they are written: the one step every write path
 takes (formation, consolidation, the memory tools, the legacy import, the backfill).
 
+Each vector carries the name of the model that made it (``Memory.embedding_model``): the
+stores keep it beside the vector, and search compares a query only with vectors of its own
+model (docs/embeddings.md, "Changing the model").
+
 A failing embedder never fails a write: the memory is stored without its vector and the
 backfill embeds it later, so this step logs and carries on.
 """
@@ -31,5 +35,5 @@ async def embed_memories(embedder: Embedder | None, memories: Sequence[Memory]) 
         log.warning("could not embed %d memories; they stay stored without, for the backfill: %s", len(todo), exc)
         return 0
     for memory, vector in zip(todo, vectors):
-        memory.embedding = list(vector)
+        memory.embedding, memory.embedding_model = list(vector), embedder.name
     return len(todo)

@@ -13,13 +13,13 @@ import logging
 import time
 from typing import Any
 
-from arq.connections import ArqRedis
-from arq.constants import result_key_prefix, retry_key_prefix
-from arq.jobs import Job, JobStatus
-
+from memory_service._vendor.arq.connections import ArqRedis
+from memory_service._vendor.arq.constants import result_key_prefix, retry_key_prefix
+from memory_service._vendor.arq.jobs import Job, JobStatus
 from memory_service.access.pseudonyms import scrub_text
 from memory_service.config import Settings
 from memory_service.domain.namespaces import Namespace
+from memory_service.state import tracing
 from memory_service.state.pools import arq_client
 
 log = logging.getLogger(__name__)
@@ -62,6 +62,7 @@ class JobQueue:
         await self.pool.aclose()
 
     async def _enqueue(self, job_id: str, function: str, *args: Any) -> str:
+        await tracing.remember_job(self.pool, job_id)  # the worker's span continues this request's trace
         job = await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
         if job is None:
             # arq holds the id: the job is queued or running (a duplicate, nothing to do), or

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -20,6 +21,7 @@ import httpx
 import openai
 
 from memory_service.formation.extractor import ExtractionUsage
+from memory_service.state import metrics, tracing
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +133,10 @@ class StructuredChat:
 
     async def _attempt(self, request: dict[str, Any], parse: Callable[[str], T], usage: ExtractionUsage) -> T:
         """One request and its reply; every failure becomes _Retry or LLMCallFailed."""
+        started = time.perf_counter()  # memory_service_llm_request_duration_seconds, and a span
         try:
-            completion = await self._client.chat.completions.create(**request)
+            with tracing.span("memory_service.llm", model=self.model):
+                completion = await self._client.chat.completions.create(**request)
         except openai.APIStatusError as exc:
             problem = f"HTTP {exc.status_code}: {exc.message}"
             if exc.status_code in RETRYABLE_STATUS or exc.status_code >= 500:
@@ -143,6 +147,8 @@ class StructuredChat:
         except (openai.APIResponseValidationError, json.JSONDecodeError) as exc:
             # HTTP 200 whose body is declared JSON but is not: the SDK raises the bare decode error.
             raise _Retry(f"unusable response body: {exc}") from exc
+        finally:
+            metrics.LLM_REQUESTS.observe(time.perf_counter() - started)
         usage.calls += 1
         prompt_tokens, completion_tokens = _tokens(completion)
         usage.prompt_tokens += prompt_tokens

@@ -166,7 +166,8 @@ class FormationPipeline:
                 await self.state.start_embedding(agent_id)
                 while memories := await backend.unembedded(agent_id, batch):
                     embedded = await self._embed_in_turns(memories)
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded if m.embedding is not None})
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded if m.embedding is not None},
+                                                        model=self.embedder.name if self.embedder else None)
                     report["embedded"] += done
                     if len(embedded) < len(memories):  # the embedder failed (it logged why)
                         return report
@@ -216,7 +217,8 @@ class FormationPipeline:
                     if not await embed_memories(self.embedder, memories):  # it logged why
                         report["failed_batches"] += 1
                         return report
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories if m.embedding is not None})
+                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories if m.embedding is not None},
+                                                        model=self.embedder.name)
                     report["embedded"] += done
                     if on_progress:
                         on_progress(agent_id, done)

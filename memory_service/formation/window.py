@@ -45,6 +45,7 @@ from memory_service.domain.graph import ExtractedEntity, ExtractedFact, Mention
 from memory_service.domain.models import Memory
 from memory_service.formation.extractor import ExtractionUsage
 from memory_service.state import keyspace
+from memory_service.state import metrics as process_metrics
 from memory_service.state.cache import generation_key
 from memory_service.state.store import StateStore, key_index
 
@@ -294,7 +295,10 @@ class WindowStore:
             "bump": [key_index(keys, generation_key(ns)) for ns in sorted(set(written))],
             "metrics": [[name, repr(float(value))] for name, value in (metrics or {}).items()],
         }
-        return int(await self._complete(keys=keys, args=[claim.window, json.dumps(ops), claim.session_id]))
+        completed = int(await self._complete(keys=keys, args=[claim.window, json.dumps(ops), claim.session_id]))
+        if completed >= 0:  # this run completed it: this process's series too (memory_service/state/metrics.py)
+            process_metrics.count_all(metrics or {})
+        return completed
 
     async def finish(self, record: WindowRecord) -> bool:
         """completed → gone, once the post-completion work ran. True if this call did it."""

@@ -15,6 +15,7 @@ API change."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -29,7 +30,7 @@ from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
-from memory_service.http import access_log, overload
+from memory_service.http import access_log, overload, telemetry
 from memory_service.http import guard as request_guard
 from memory_service.http.routers import (
     agents,
@@ -48,6 +49,7 @@ from memory_service.runtime import open_service
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.records import RecordOut
 from memory_service.service import MemoryService
+from memory_service.state import metrics as process_metrics
 from memory_service.stores import outages
 
 __all__ = ["ContextOut", "RecordOut", "create_app", "operation_id"]
@@ -67,19 +69,24 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     """
     configured = settings or (service.settings if service else None) or Settings()
     mode = resolve_mode(configured.api_auth, host)
+    probes = telemetry.StoreProbes(configured.store_probe_timeout_seconds)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.access_mode = mode
-        if service is not None:
-            app.state.service = service
-            await _announce_access(service, mode, host)
-            yield
-            return
-        async with open_service(settings, data_dir, run_worker=run_worker) as opened:
-            app.state.service = opened
-            await _announce_access(opened, mode, host)
-            yield
+        try:
+            if service is not None:
+                app.state.service = service
+                await _announce_access(service, mode, host)
+                yield
+                return
+            async with open_service(settings, data_dir, run_worker=run_worker) as opened:
+                app.state.service = opened
+                await _announce_access(opened, mode, host)
+                async with metrics_port(opened, configured.metrics_port):
+                    yield
+        finally:
+            await probes.aclose()
 
     app = FastAPI(
         title="memory-service",
@@ -94,7 +101,9 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=configured.cors_allow_origins,
-                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"], allow_headers=["Authorization", "Content-Type"])
+                           allow_methods=["GET", "POST", "PUT", "PATCH", "DELETE"],
+                           allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
+                           expose_headers=["X-Request-ID", "Retry-After"])
 
     @app.exception_handler(MemoryServiceError)
     async def _service_error(request: Request, exc: MemoryServiceError) -> JSONResponse:
@@ -104,14 +113,53 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         return request_guard.invalid_input_answer(exc.errors())
 
+    # A frozen store: 503 at once (inside admission: only the request's own work is timed).
+    app.add_middleware(telemetry.StallGuard, probes=probes, stall_seconds=configured.store_stall_seconds,
+                       retry_after_seconds=configured.overload_retry_after_seconds)
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
     # (memory_service/http/overload.py).
     overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
                      configured.api_queue_timeout_seconds, describe=_public_detail)
-    access_log.install(app)  # outermost: access-log lines show route templates, not ids or queries
+    access_log.install(app)  # access-log lines show route templates, not ids or queries
+    app.add_middleware(telemetry.RequestTelemetry)  # outermost: request id, span, latency (memory_service/http/telemetry.py)
     for resource in ROUTERS:
         app.include_router(resource.router)
     return app
+
+
+@asynccontextmanager
+async def metrics_port(service: MemoryService, port: int | None) -> AsyncIterator[None]:
+    """METRICS_PORT: the registry served without a key on a port of its own (a thread of
+    prometheus_client's), its store gauges refreshed every STORE_GAUGES_REFRESH_SECONDS."""
+    if not port:
+        yield
+        return
+    from prometheus_client import start_http_server
+
+    from memory_service.http.routers.health import refresh_store_gauges
+
+    server, thread = start_http_server(port, addr="0.0.0.0", registry=process_metrics.REGISTRY)
+    log.info("metrics on port %d (GET /metrics, no key)", port)
+
+    async def refresh() -> None:
+        while True:
+            try:
+                await refresh_store_gauges(service)
+            except Exception as exc:  # the store is down: the last values stay, /health says why
+                log.debug("store gauges not refreshed: %s", exc)
+            await asyncio.sleep(STORE_GAUGES_REFRESH_SECONDS)
+
+    task = asyncio.create_task(refresh())
+    try:
+        yield
+    finally:
+        task.cancel()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+STORE_GAUGES_REFRESH_SECONDS = 15
 
 
 def operation_id(route: APIRoute) -> str:

@@ -55,9 +55,9 @@ first. Without a query (``ContextInputs.asked`` False):
     round-robin over the lists in the order above.
 
 With a query, the sections compete by relevance: what says how to act (P0, P1, the user's
-recent directives), then what matches the query (its entities' facts, then every relevant
-memory, best first), then the background in the order above (the latest episode, the
-consolidated memories, ...): ``_ASKED_ORDER``.
+consolidated directives and every directive read), then what matches the query (its entities'
+facts, then every relevant memory, best first), then the background in the order above (the
+latest episode, the shards' consolidated memories, ...): ``_ASKED_ORDER``.
 
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
 items go first: once an item of a list is left out, every older item of it is too. The
@@ -313,8 +313,8 @@ def memory_date(moment: datetime) -> str:
 _RECENT_ORDER = ("startup_p0", "startup_p1", "latest_episode", "relevant", "query_facts", "user_consolidated",
                  "user_directives", "own_facts", "startup_p2", "shard_consolidated", "relevant_more", "facts",
                  "episodes", "suggestions", "other_users", "startup_p3", "older")
-_ASKED_ORDER = ("startup_p0", "startup_p1", "user_directives", "query_facts", "relevant", "relevant_more",
-                "latest_episode", "user_consolidated", "own_facts", "startup_p2", "shard_consolidated", "facts",
+_ASKED_ORDER = ("startup_p0", "startup_p1", "user_consolidated", "user_directives", "query_facts", "relevant",
+                "relevant_more", "latest_episode", "own_facts", "startup_p2", "shard_consolidated", "facts",
                 "episodes", "suggestions", "other_users", "startup_p3", "older")
 _STARTUP_TIERS = ("startup_p0", "startup_p1", "startup_p2", "startup_p3")
 # Sections whose items are kept each on its own merit: one that does not fit leaves the
@@ -430,8 +430,10 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         if _shown(user.consolidated):
             add(node, "ConsolidatedMemory", [user.consolidated], "user",
                 "user_consolidated" if requesting else "other_users")
+        # With a query, every directive of the requesting user says how to act: all before the matches.
         add(_Node(node, "Directives"), "Directive", [m.content for m in user.directives], "user",
-            "user_directives" if requesting else "other_users")
+            "user_directives" if requesting else "other_users",
+            later_tier="user_directives" if requesting and inputs.asked else "older")
 
     for shard in inputs.shards:
         node = _Node(collective, "MemoryShard", f" name={_attr(shard.name)}")

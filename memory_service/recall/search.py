@@ -350,7 +350,9 @@ class Retriever:
             namespaces = await self.scope_namespaces(agent_id, request, reach)
         vector, why_not = await self.embed_query(request.query)
         store_query = StoreQuery(
-            terms=query_terms(request.query), vector=vector, namespaces=namespaces, kinds=request.kinds,
+            terms=query_terms(request.query), vector=vector,
+            vector_model=self.embedder.name if vector is not None and self.embedder is not None else None,
+            namespaces=namespaces, kinds=request.kinds,
             since=request.since, until=request.until,
             limit=max(self.settings.search_candidates, request.top_k), tags=tuple(dict.fromkeys(request.tags or ())),
         )

@@ -30,6 +30,10 @@ Agents (memory_service/state/store.py unless named)::
     ms:embed:<agent>:job                    string  the agent's embedding lock, with a lifetime: a job
                                                     is queued or running (or the embedder failed
                                                     lately)                                          per agent
+    ms:reembed:<agent>                      hash    the agent's embedding model after a re-embed
+                                                    (``model``, ``switched_at``) and, while one runs,
+                                                    its target, cursor and counts (memory_service/
+                                                    embedding/reembed.py)                            per agent
     ms:startup:<agent>                      hash    record id -> JSON startup record, at most
                                                     STARTUP_MAX_RECORDS (memory_service/recall/
                                                     startup.py)                                      per record (bounded)
@@ -133,7 +137,10 @@ Global::
     ms:metrics                              hash    the service's counters (formations, LLM calls,
                                                     tokens, outbox dead letters, ...)                a fixed set of fields
     ms:embedder                             hash    name and dimension of the embedder whose vectors
-                                                    are stored                                       global
+                                                    are stored (the name changes when a re-embed
+                                                    switches every agent), and ``untagged``: the
+                                                    model of vectors stored before each vector
+                                                    carried its model's name                         global
     ms:user-digest-key                      string  the secret of user-id digests, unless
                                                     USER_DIGEST_KEY is set (memory_service/access/
                                                     pseudonyms.py)                                   global
@@ -191,6 +198,10 @@ def embed_due(agent_id: str) -> str:
 
 def embed_lock(agent_id: str) -> str:
     return f"ms:embed:{agent_id}:job"
+
+
+def reembed(agent_id: str) -> str:
+    return f"ms:reembed:{agent_id}"
 
 
 def startup_records(agent_id: str) -> str:

@@ -23,7 +23,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from memory_service.config import Settings
 
 if TYPE_CHECKING:
-    from arq.connections import ArqRedis
+    from memory_service._vendor.arq.connections import ArqRedis
 
 
 def blocking_pool(url: str, settings: Settings, *, decode_responses: bool) -> BlockingConnectionPool:
@@ -46,7 +46,7 @@ def redis_client(url: str, settings: Settings, *, decode_responses: bool = True)
 def arq_client(url: str, settings: Settings, queue_name: str) -> ArqRedis:
     """arq's Redis client on a bounded pool: arq's own ``create_pool`` takes no read timeout
     and no pool class."""
-    from arq.connections import ArqRedis
+    from memory_service._vendor.arq.connections import ArqRedis
 
     client = ArqRedis(blocking_pool(url, settings, decode_responses=False), default_queue_name=queue_name)
     client.auto_close_connection_pool = True  # as Redis.from_pool: the client owns its pool

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from memory_service.config import Settings
 from memory_service.domain.errors import session_taken
 from memory_service.domain.models import AgentSettings, ShardIn
-from memory_service.state import keyspace
+from memory_service.state import keyspace, metrics
 from memory_service.state.cache import BlockCache, agent_wide, generation_key
 from memory_service.state.pools import redis_client
 
@@ -467,6 +467,9 @@ class StateStore:
     # Metrics -----------------------------------------------------------------------
 
     async def add_metrics(self, **counters: float) -> None:
+        """Add to this process's series (memory_service/state/metrics.py) and to the deployment's
+        totals in Redis (``ms:metrics``, served as gauges)."""
+        metrics.count_all(counters)
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, value in counters.items():
                 pipe.hincrbyfloat(keyspace.METRICS, name, value)
@@ -480,13 +483,38 @@ class StateStore:
         return sorted(cast(set[str], await self.redis.smembers(keyspace.agent_sessions(agent_id))))
 
     async def record_embedder(self, name: str, dimension: int) -> tuple[str, int] | None:
-        """Remember which embedder filled the store; the one remembered before, if any."""
+        """Remember which embedder filled the store; the one remembered before, if any.
+
+        The first name remembered is also kept as ``untagged``: the model of the vectors
+        stored before each vector carried its model's name (``untagged_model``)."""
         key = keyspace.EMBEDDER
         if await self.redis.hsetnx(key, "dimension", dimension):
             await self.redis.hset(key, "name", name)
+            await self.redis.hsetnx(key, "untagged", name)
             return None
         stored = cast(dict[str, str], await self.redis.hgetall(key))
+        await self.redis.hsetnx(key, "untagged", stored.get("name", name))
         return stored.get("name", "?"), int(stored["dimension"])
+
+    async def untagged_model(self) -> str | None:
+        """The model of vectors stored without their model's name (``record_embedder``)."""
+        return cast(str | None, await self.redis.hget(keyspace.EMBEDDER, "untagged"))
+
+    async def switch_embedder(self, name: str) -> None:
+        """Every agent's vectors are of ``name`` now (a re-embed switched the last one)."""
+        await self.redis.hset(keyspace.EMBEDDER, "name", name)
+
+    async def reembed_state(self, agent_id: str) -> dict[str, str]:
+        """The agent's re-embed record (memory_service/embedding/reembed.py): empty if none."""
+        return cast(dict[str, str], await self.redis.hgetall(keyspace.reembed(agent_id)))
+
+    async def set_reembed_state(self, agent_id: str, **fields: str | int | float | None) -> None:
+        """Set fields of the agent's re-embed record; a None removes the field."""
+        key = keyspace.reembed(agent_id)
+        if drop := [name for name, value in fields.items() if value is None]:
+            await self.redis.hdel(key, *drop)
+        if keep := {name: str(value) for name, value in fields.items() if value is not None}:
+            await self.redis.hset(key, items=[part for pair in keep.items() for part in pair])
 
     async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
         """The sessions of ``agent_id`` in which ``user_id`` spoke (as role user)."""

@@ -106,8 +106,34 @@ class MemoryBackend(ABC):
         """Up to ``limit`` of the agent's memories stored without an embedding."""
 
     @abstractmethod
-    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
-        """Store embeddings by memory id (ids not stored are skipped); return how many were set."""
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]],
+                             model: str | None = None) -> int:
+        """Store embeddings by memory id, made by ``model`` (an ``Embedder.name``, kept beside
+        each vector); ids not stored are skipped; return how many were set."""
+
+    # Changing the embedding model (memory_service/embedding/reembed.py, docs/embeddings.md) ------
+    # A memory's searched vector stays where it is while the new model's is staged beside it;
+    # once every memory of the agent has one, the staged vectors are promoted in batches.
+
+    @abstractmethod
+    async def reembed_candidates(self, agent_id: str, model: str, after: str | None,
+                                 limit: int) -> tuple[list[tuple[str, str]], str | None]:
+        """Up to ``limit`` of the agent's memories (evicted and soft-deleted included) that
+        have no vector of ``model``, neither searched nor staged, as (id, the text search
+        indexes), following the cursor ``after`` (None: from the start); and the cursor of
+        the next page (None: no more). A memory written behind the cursor meanwhile is found
+        by a pass from the start."""
+
+    @abstractmethod
+    async def stage_embeddings(self, agent_id: str, model: str, vectors: Mapping[str, tuple[str, Sequence[float]]]) -> int:
+        """Stage vectors of ``model`` beside the searched ones, by memory id: ``(text, vector)``
+        with the text that was embedded; a memory whose text changed since is skipped (it is
+        a candidate again). How many were staged."""
+
+    @abstractmethod
+    async def promote_embeddings(self, agent_id: str, model: str, limit: int) -> int:
+        """Make up to ``limit`` staged vectors of ``model`` the searched ones (the memory no
+        longer waits for the backfill); how many. Call until it returns 0."""
 
     # The memory tools (memory_service/curation/tools.py, docs/memory-tools.md) ----------------
 

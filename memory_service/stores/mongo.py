@@ -5,9 +5,12 @@ Collections (in MONGODB_DATABASE):
                 consolidated, observation), ``_id`` = the memory id, with its agent,
                 namespace, kind, content, provenance, time and sequence: the source of
                 every read. Beside them, for search: ``search_text`` (what full-text
-                search reads, in a text index), ``embedding`` (a BSON float32 vector) or,
-                until it has one, ``needs_embedding: true`` (a partial index finds those
-                for the backfill). Tool-written memories add ``title``, ``tags``,
+                search reads, in a text index), ``embedding`` (a BSON float32 vector) with
+                ``embedding_model`` (the embedder that made it: search compares a query
+                only with vectors of its own model) or, until it has one,
+                ``needs_embedding: true`` (a partial index finds those for the backfill);
+                while a re-embed runs, ``embedding_next`` and ``embedding_next_model``
+                (the new model's vector, staged until it is promoted; docs/embeddings.md). Tool-written memories add ``title``, ``tags``,
                 ``confidence``, ``updated_at``; a soft-deleted one has ``deleted_at`` (a
                 Unix timestamp), and every read but find/export/unembedded filters it out.
   user_memory   one document per (agent, user): the latest consolidated memory and the
@@ -78,7 +81,7 @@ LAYOUT_VERSION = 2
 _FLOAT32 = BinaryVectorDtype.FLOAT32.value[0]
 _NEWEST_FIRST = [("ts", DESCENDING), ("seq", DESCENDING), ("_id", DESCENDING)]
 _OLDEST_FIRST = [("ts", ASCENDING), ("seq", ASCENDING), ("_id", ASCENDING)]
-_NO_VECTOR = {"embedding": 0}  # reads never carry the vector back (as on the graph)
+_NO_VECTOR = {"embedding": 0, "embedding_next": 0}  # reads never carry vectors back (as on the graph)
 _TERM = re.compile(r"\w+")
 
 
@@ -87,7 +90,8 @@ class MongoBackend(MemoryBackend):
 
     def __init__(self, uri: str, database: str = "memory_service", *, server_selection_timeout_ms: int = 2000,
                  connect_timeout_ms: int = 2000, socket_timeout_ms: int = 10000,
-                 facts_per_shard: int = SUMMARY_ITEMS, embedding_dimension: int | None = None):
+                 facts_per_shard: int = SUMMARY_ITEMS, embedding_dimension: int | None = None,
+                 untagged_model: str | None = None):
         self.uri = uri
         # Every call is bounded: waiting for a reachable server (and for a pooled connection),
         # connecting, and each reply. PyMongo waits for a free connection forever by default.
@@ -103,6 +107,8 @@ class MongoBackend(MemoryBackend):
         self.facts_per_shard = facts_per_shard
         # When set, vectors of another dimension are refused on write (as on the graph).
         self.embedding_dimension = embedding_dimension
+        # The model of vectors stored before each vector carried its model's name.
+        self.untagged_model = untagged_model
 
     async def start(self) -> None:
         await self.client.admin.command("ping")
@@ -128,6 +134,10 @@ class MongoBackend(MemoryBackend):
         # ... and the memories waiting for an embedding (only those are in the index).
         await self.memories.create_index([("agent_id", ASCENDING), ("needs_embedding", ASCENDING)],
                                          name="agent_unembedded", partialFilterExpression={"needs_embedding": True})
+        # ... and the vectors a re-embed staged (only while it runs).
+        await self.memories.create_index([("agent_id", ASCENDING), ("embedding_next_model", ASCENDING)],
+                                         name="agent_staged",
+                                         partialFilterExpression={"embedding_next_model": {"$exists": True}})
         # agent_scope starts with (agent_id, namespace): the first layout's index is redundant.
         try:
             await self.memories.drop_index("agent_namespace")
@@ -192,6 +202,7 @@ class MongoBackend(MemoryBackend):
         doc = _document(memory)
         if memory.embedding is not None:
             doc["embedding"] = self._vector(memory.embedding)
+            doc["embedding_model"] = memory.embedding_model
         else:
             doc["needs_embedding"] = True
         return doc
@@ -260,11 +271,13 @@ class MongoBackend(MemoryBackend):
         result = await self.memories.update_many({**live, **older}, {"$set": {"evicted": True}})
         return result.modified_count
 
-    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]]) -> int:
+    async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]],
+                             model: str | None = None) -> int:
         if not vectors:
             return 0
         ops = [UpdateOne({"_id": memory_id, "agent_id": agent_id},
-                         {"$set": {"embedding": self._vector(vector)}, "$unset": {"needs_embedding": ""}})
+                         {"$set": {"embedding": self._vector(vector), "embedding_model": model},
+                          "$unset": {"needs_embedding": ""}})
                for memory_id, vector in vectors.items()]
         result = await self.memories.bulk_write(ops, ordered=False)
         return result.matched_count
@@ -292,7 +305,8 @@ class MongoBackend(MemoryBackend):
         if not memories:
             return 0
         # A memory without a vector keeps the stored one while its text is the same (a soft
-        # delete, a new title); a new text without one waits for the backfill.
+        # delete, a new title); a new text without one waits for the backfill. A vector staged
+        # by a re-embed goes with a new text (the re-embed finds the memory again).
         stored = {d["_id"]: d.get("search_text") for d in await self.memories.find(
             {"agent_id": agent_id, "_id": {"$in": [m.id for m in memories]}}, {"search_text": 1}).to_list()}
         ops = []
@@ -301,12 +315,16 @@ class MongoBackend(MemoryBackend):
             changed = {k: doc[k] for k in ("content", "search_text", "title", "tags", "confidence", "updated_at",
                                             "deleted_at")}
             update: dict[str, Any]
+            same = stored.get(memory.id) == memory.search_text
+            staged = {} if same else {"embedding_next": "", "embedding_next_model": ""}
             if "embedding" in doc:
-                update = {"$set": {**changed, "embedding": doc["embedding"]}, "$unset": {"needs_embedding": ""}}
-            elif stored.get(memory.id) == memory.search_text:
+                update = {"$set": {**changed, "embedding": doc["embedding"], "embedding_model": doc["embedding_model"]},
+                          "$unset": {"needs_embedding": "", **staged}}
+            elif same:
                 update = {"$set": changed}
             else:
-                update = {"$set": {**changed, "needs_embedding": True}, "$unset": {"embedding": ""}}
+                update = {"$set": {**changed, "needs_embedding": True},
+                          "$unset": {"embedding": "", "embedding_model": "", **staged}}
             ops.append(UpdateOne({"_id": memory.id, "agent_id": agent_id}, update))
         return int((await self.memories.bulk_write(ops, ordered=False)).matched_count)
 
@@ -383,8 +401,48 @@ class MongoBackend(MemoryBackend):
         if terms:
             hits["fulltext"] = await self._fulltext(scope, terms, query.limit)
         if query.vector is not None:
-            hits["vector"] = await self._nearest(scope, query.vector, query.limit)
+            hits["vector"] = await self._nearest({**scope, **self._same_model(query.vector_model)}, query.vector,
+                                                 query.limit)
         return hits
+
+    def _same_model(self, model: str | None) -> dict[str, Any]:
+        """The filter of stored vectors a query of ``model`` is compared with: its own model's
+        (an untagged one, stored before vectors carried their model, is of ``untagged_model``)."""
+        if model is None:
+            return {}
+        return {"embedding_model": {"$in": [model, None]} if model == self.untagged_model else model}
+
+    # Changing the embedding model (the interface's docstrings; docs/embeddings.md) ---------------
+
+    async def reembed_candidates(self, agent_id: str, model: str, after: str | None,
+                                 limit: int) -> tuple[list[tuple[str, str]], str | None]:
+        done = [{"embedding": {"$exists": True}, **self._same_model(model)}]
+        query: dict[str, Any] = {"agent_id": agent_id, "embedding_next_model": {"$ne": model}, "$nor": done}
+        if after is not None:
+            query["_id"] = {"$gt": after}
+        cursor = self.memories.find(query, {"search_text": 1}).sort([("_id", ASCENDING)]).limit(limit)
+        docs = await cursor.to_list()
+        following = str(docs[-1]["_id"]) if len(docs) >= limit else None
+        return [(str(d["_id"]), d.get("search_text") or "") for d in docs], following
+
+    async def stage_embeddings(self, agent_id: str, model: str, vectors: Mapping[str, tuple[str, Sequence[float]]]) -> int:
+        if not vectors:
+            return 0
+        ops = [UpdateOne({"_id": memory_id, "agent_id": agent_id, "search_text": text},
+                         {"$set": {"embedding_next": self._vector(vector), "embedding_next_model": model}})
+               for memory_id, (text, vector) in vectors.items()]
+        return int((await self.memories.bulk_write(ops, ordered=False)).matched_count)
+
+    async def promote_embeddings(self, agent_id: str, model: str, limit: int) -> int:
+        docs = await self.memories.find({"agent_id": agent_id, "embedding_next_model": model},
+                                        {"embedding_next": 1}).limit(limit).to_list()
+        if not docs:
+            return 0
+        ops = [UpdateOne({"_id": d["_id"], "agent_id": agent_id, "embedding_next_model": model},
+                         {"$set": {"embedding": d["embedding_next"], "embedding_model": model},
+                          "$unset": {"embedding_next": "", "embedding_next_model": "", "needs_embedding": ""}})
+               for d in docs]
+        return int((await self.memories.bulk_write(ops, ordered=False)).matched_count)
 
     async def _fulltext(self, scope: dict[str, Any], terms: Sequence[str], limit: int) -> list[tuple[Memory, float]]:
         """Memories with any of the terms ($text ORs the words), by MongoDB's textScore."""

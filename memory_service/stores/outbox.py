@@ -93,14 +93,16 @@ class TrimOp(BaseModel):
 
 
 class EmbeddingsOp(BaseModel):
-    """Embeddings given to stored memories later (the backfill)."""
+    """Embeddings given to stored memories later (the backfill, a re-embed), with the model
+    that made them: the process that drains the entry may run another one."""
 
     op: Literal["embeddings"] = "embeddings"
     agent_id: str
     vectors: dict[str, list[float]]
+    model: str | None = None
 
     async def apply(self, store: MemoryBackend) -> None:
-        await store.set_embeddings(self.agent_id, self.vectors)
+        await store.set_embeddings(self.agent_id, self.vectors, self.model)
 
 
 class DescribeShardOp(BaseModel):

@@ -1,4 +1,4 @@
-"""Operations: the counters and gauges (Prometheus text), liveness and readiness.
+"""Operations: the metrics (Prometheus text), liveness and readiness.
 
 Liveness and readiness answer without a key (a load balancer probes them); what a
 dependency's state says in detail, and the metrics, span every agent: operator keys only.
@@ -11,26 +11,35 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from memory_service.access.authorization import require_operator
 from memory_service.config import redact_addresses
 from memory_service.http.deps import CallerDep, ServiceDep, caller
 from memory_service.http.guard import strict_router
+from memory_service.state import metrics
 
 router = strict_router(tags=["ops"])
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-async def get_metrics(service: ServiceDep, principal: CallerDep) -> str:
-    """Counters in the Prometheus text format: formations, LLM calls and tokens, consolidations.
-    Needs an operator key (they span every agent)."""
+async def get_metrics(service: ServiceDep, principal: CallerDep) -> PlainTextResponse:
+    """This process's metrics in the Prometheus text format (latency histograms, counters with
+    labels) and the stores' gauges (outbox, job queue, deployment totals); docs/deploy.md
+    lists them. Needs an operator key; METRICS_PORT serves the same without one."""
     require_operator(principal)
-    counters = await service.counters()
-    text = "".join(
-        f"# TYPE memory_service_{name}_total counter\nmemory_service_{name}_total {value:g}\n"
-        for name, value in sorted(counters.items())
-    )
-    return text + _gauges(await service.gauges())
+    await refresh_store_gauges(service)
+    return PlainTextResponse(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def refresh_store_gauges(service: Any) -> None:
+    """Read the gauges that are facts about the whole deployment from the stores, for the next scrape."""
+    values = await service.gauges()
+    try:
+        totals = await service.counters()
+    except Exception:
+        totals = {}
+    metrics.STORE_GAUGES.update(values, totals)
 
 
 @router.get("/health/live")
@@ -49,18 +58,6 @@ async def check_health(request: Request, service: ServiceDep) -> JSONResponse:
         return JSONResponse(status_code=status, content={"ok": report["ok"]})
     require_operator(await caller(request, service))
     return JSONResponse(status_code=status, content=_without_addresses(report))
-
-
-def _gauges(values: dict[str, float]) -> str:
-    """The backends' current values (MemoryService.gauges) in the Prometheus text format."""
-    lines, typed = [], set()
-    for sample, value in sorted(values.items()):
-        name = "memory_service_" + sample.partition("{")[0]
-        if name not in typed:
-            typed.add(name)
-            lines.append(f"# TYPE {name} gauge\n")
-        lines.append(f"memory_service_{sample} {value:g}\n")
-    return "".join(lines)
 
 
 def _without_addresses(value: Any) -> Any:

@@ -1,0 +1,241 @@
+/**
+ * The client against the real service (test/server.ts): the session loop (record, form,
+ * context, search), the memory tools, errors raised as their classes with nothing stored,
+ * and keys: every call goes over HTTP on loopback to the Python server.
+ */
+
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { promisify } from "node:util";
+import { after, before, describe, test } from "node:test";
+
+import {
+  AuthenticationError, ConflictError, InvalidRequest, MemoryApiError, MemoryClient, NotFoundError, PermissionDenied,
+  RateLimitError,
+} from "../src/index.js";
+import { startServer, type RunningServer } from "./server.js";
+
+const AGENT = "ts-agent";
+const USER = "alice";
+const SESSION = "ts-session-1";
+
+let server: RunningServer;
+let operator: MemoryClient;
+let client: MemoryClient; // the agent's own write key, as an application would hold
+
+before(async () => {
+  server = await startServer({ MEMORY_WRITE_AGENTS: JSON.stringify([AGENT]) });
+  operator = new MemoryClient(server.baseUrl, { apiKey: server.operatorKey });
+  const made = await operator.createKey({ name: "ts-tests", role: "write", agents: [AGENT] });
+  assert.match(made.key, /^msk_/);
+  client = new MemoryClient(server.baseUrl, { apiKey: made.key });
+  await operator.putAgent(AGENT, {}); // an agent's settings are the operator's
+});
+
+after(async () => {
+  await server?.stop();
+});
+
+describe("the session loop", () => {
+  const said = [
+    "Hi! I'm planning a trip to Lisbon with my friend Bob in early June.",
+    "I prefer window seats on flights, and please always keep the total budget under 2000 euros.",
+    "The flight from Berlin leaves on June 3rd at 9am and we land in Lisbon at 11:40.",
+  ];
+
+  test("record, form, context and search", async () => {
+    const recorded = [];
+    for (const [i, content] of said.entries()) {
+      recorded.push(await client.recordMessage(SESSION, { agent_id: AGENT, user_id: USER, role: "user", content }));
+      await client.recordMessage(SESSION, {
+        agent_id: AGENT, user_id: USER, role: "assistant", content: `Noted (${i}).`, message_id: `reply-${i}`,
+      });
+    }
+    assert.deepEqual(recorded.map((r) => r.sequence), [1, 3, 5]);
+    assert.ok(recorded.every((r) => /^[0-9a-f]{32}$/.test(r.message_id)), "the client makes a message id");
+    // The same message id again is the same message: recorded once.
+    const again = await client.recordMessage(SESSION, {
+      agent_id: AGENT, user_id: USER, role: "assistant", content: "Noted (0).", message_id: "reply-0",
+    });
+    assert.equal(again.sequence, 2);
+
+    const formed = await client.formMemories(SESSION, { wait: true });
+    const counts = Object.values(formed.memories ?? {}).reduce((a, b) => a + b, 0);
+    assert.ok(counts > 0, `formation stored memories: ${JSON.stringify(formed)}`);
+    const session = await client.getSession(SESSION);
+    assert.equal(session.pending_job, null);
+
+    const context = await client.getContext({
+      agent_id: AGENT, user_id: USER, session_id: SESSION, query: "when does the flight leave?",
+    });
+    assert.match(context.xml, /^<\w/);
+    assert.match(context.xml, /9am/);
+    assert.ok(context.chars <= context.budget);
+
+    const found = await client.searchMemories({ agent_id: AGENT, query: "flight Berlin", scope: "user", user_id: USER, top_k: 3 });
+    assert.ok(found.results.length > 0);
+    assert.match(found.results[0]!.content, /Berlin/);
+    assert.ok(Object.keys(found.results[0]!.explanation.signals).length > 0, "each result is explained");
+
+    const posted = await client.searchMemoriesWithBody(AGENT, { query: "flight Berlin", scope: "user", user_id: USER, top_k: 3 });
+    assert.deepEqual(posted.results.map((h) => h.id), found.results.map((h) => h.id));
+  });
+
+  test("a read key may search but not record", async () => {
+    const made = await operator.createKey({ name: "ts-read", role: "read", agents: [AGENT] });
+    const reader = new MemoryClient(server.baseUrl, { apiKey: made.key });
+    await reader.searchMemories({ agent_id: AGENT, query: "flight" });
+    await assert.rejects(
+      reader.recordMessage(SESSION, { agent_id: AGENT, user_id: USER, role: "user", content: "not stored" }),
+      PermissionDenied,
+    );
+  });
+
+  test("the server's own 429 raises RateLimitError with its Retry-After once retries are spent", async () => {
+    const made = await operator.createKey({ name: "ts-slow", role: "read", agents: [AGENT], requests_per_minute: 1 });
+    const slow = new MemoryClient(server.baseUrl, { apiKey: made.key, maxRetries: 0 });
+    await slow.getAgent(AGENT);
+    await assert.rejects(slow.getAgent(AGENT), (error: unknown) => {
+      assert.ok(error instanceof RateLimitError, String(error));
+      assert.equal(error.status, 429);
+      assert.ok(error.retryAfter !== undefined && error.retryAfter > 0 && error.retryAfter <= 60, String(error.retryAfter));
+      return true;
+    });
+  });
+
+  test("a wrong key is refused", async () => {
+    const stranger = new MemoryClient(server.baseUrl, { apiKey: "msk_not-a-key" });
+    await assert.rejects(stranger.getAgent(AGENT), (error: unknown) => {
+      assert.ok(error instanceof AuthenticationError);
+      assert.equal(error.status, 401);
+      assert.equal(error.method, "GET");
+      assert.equal(error.path, `/v1/agents/${AGENT}`);
+      return true;
+    });
+  });
+});
+
+describe("the memory tools", () => {
+  const namespace = `agent:${AGENT}`;
+
+  test("write, get, update, delete, undelete", async () => {
+    const written = await client.memoryWrite(AGENT, {
+      content: "The office moves to Lyon in June.", namespace, kind: "fact", title: "Office move",
+      tags: ["office", "plans"], confidence: 0.8,
+    });
+    assert.deepEqual(written.tags, ["office", "plans"]);
+    assert.equal(written.deleted_at, null);
+
+    const got = await client.memoryGet(AGENT, written.id);
+    assert.equal(got.content, "The office moves to Lyon in June.");
+    assert.ok((got.access_count ?? 0) >= 1);
+
+    const updated = await client.memoryUpdate(AGENT, written.id, { title: "Office move (confirmed)", confidence: 0.95 });
+    assert.equal(updated.title, "Office move (confirmed)");
+    assert.equal(updated.content, got.content);
+    const cleared = await client.memoryUpdate(AGENT, written.id, { title: null }); // null clears, the rest stays
+    assert.equal(cleared.title, null);
+    assert.equal(cleared.confidence, 0.95);
+
+    const found = await client.searchMemoriesWithBody(AGENT, { query: "office Lyon", tags: ["office"] });
+    assert.deepEqual(found.results.map((h) => h.id), [written.id]);
+
+    const deleted = await client.memoryDelete(AGENT, written.id);
+    assert.equal(deleted.id, written.id);
+    assert.deepEqual(await client.memoryDelete(AGENT, written.id), deleted, "a second delete answers the same dates");
+    const ids = async () => (await client.searchMemoriesWithBody(AGENT, { query: "office Lyon" })).results.map((h) => h.id);
+    assert.ok(!(await ids()).includes(written.id), "a deleted memory is not found");
+    await assert.rejects(client.memoryUpdate(AGENT, written.id, { title: "too late" }), ConflictError);
+
+    const restored = await client.memoryUndelete(AGENT, written.id);
+    assert.equal(restored.deleted_at, null);
+    assert.equal((await ids())[0], written.id, "an undeleted memory is found again");
+  });
+
+  test("an idempotency key writes one memory", async () => {
+    const memory = { content: "Standup moves to 9:30.", namespace, kind: "fact" as const, idempotency_key: "standup-1" };
+    const first = await client.memoryWrite(AGENT, memory);
+    const second = await client.memoryWrite(AGENT, memory);
+    assert.equal(second.id, first.id);
+  });
+
+  test("write blocks: observations, entities and facts", async () => {
+    const items = [
+      { kind: "entity", name: "Alice", type: "person" },
+      { kind: "edge", source: "Alice", target: "Porto", rel_type: "lives_in" },
+      { kind: "observation", name: "Porto", text: "Porto has a lovely riverside" },
+    ];
+    const text = `<memory_write>${JSON.stringify(items)}</memory_write>`;
+    const out = await client.parseWrites(AGENT, { text, namespace: `user:${AGENT}:${USER}` });
+    assert.equal(out.blocks, 1);
+    assert.equal(out.written.length, 1);
+    assert.match(out.written[0]!.content, /riverside/);
+    assert.ok((out.facts ?? []).some((f) => f.current), "the edge became a current fact");
+    const again = await client.parseWrites(AGENT, { text, namespace: `user:${AGENT}:${USER}` });
+    assert.ok((again.already_stored ?? []).includes(out.written[0]!.id), "repeatable: nothing new");
+
+    const entities = await client.listEntities(AGENT, { user_id: USER, name: "Alice" });
+    const alice = entities.entities.find((e) => e.name.toLowerCase() === "alice");
+    assert.ok(alice, JSON.stringify(entities));
+    const detail = await client.getEntity(AGENT, alice.id);
+    assert.ok(detail.facts.some((f) => /Porto/.test(f.text)), JSON.stringify(detail.facts));
+  });
+
+  test("bad input raises InvalidRequest and stores nothing", async () => {
+    const audited = async () => (await operator.readAudit({ agent_id: AGENT, limit: 500 })).entries.length;
+    const entriesBefore = await audited();
+    await assert.rejects(client.memoryWrite(AGENT, { content: "", namespace, kind: "fact" }), InvalidRequest);
+    await assert.rejects(
+      // A kind the schema does not know: the type checker refuses it too, hence the cast.
+      client.memoryWrite(AGENT, { content: "Gossip about the canteen.", namespace, kind: "gossip" as "fact" }),
+      (error: unknown) => error instanceof InvalidRequest && error.status === 422 && /kind/.test(error.detail),
+    );
+    await assert.rejects(client.memoryGet(AGENT, "no-such-memory"), NotFoundError);
+    assert.equal(await audited(), entriesBefore, "no change was audited");
+    const hits = (await client.searchMemoriesWithBody(AGENT, { query: "gossip canteen" })).results;
+    assert.ok(!hits.some((h) => /canteen/.test(h.content)), JSON.stringify(hits));
+  });
+
+  test("every error is a MemoryApiError with the service's sentence", async () => {
+    await assert.rejects(client.memoryGet(AGENT, "missing"), (error: unknown) => {
+      assert.ok(error instanceof MemoryApiError);
+      assert.equal(error.name, "NotFoundError");
+      assert.ok(error.detail.length > 0);
+      return true;
+    });
+  });
+});
+
+describe("operations", () => {
+  test("health, liveness and metrics", async () => {
+    assert.deepEqual(await client.checkHealth(), { ok: true });
+    assert.equal((await client.checkLiveness()).ok, true);
+    const detailed = (await operator.checkHealth({ detail: true })) as Record<string, unknown>;
+    assert.ok(Object.keys(detailed).length > 1, JSON.stringify(detailed));
+    await assert.rejects(client.checkHealth({ detail: true }), PermissionDenied);
+    assert.match(await operator.getMetrics(), /# TYPE memory_service_/);
+  });
+});
+
+describe("the documentation", () => {
+  const PACKAGE = join(import.meta.dirname, "..", "..");
+  const example = readFileSync(join(PACKAGE, "examples", "quickstart.mjs"), "utf8");
+
+  test("the quickstart runs against the server", async () => {
+    // It imports the package by its name: Node resolves that to this package's dist/ (built by `npm run build`).
+    const { stdout } = await promisify(execFile)(process.execPath, [join(PACKAGE, "examples", "quickstart.mjs")], {
+      env: { ...process.env, MEMORY_SERVICE_URL: server.baseUrl, MEMORY_SERVICE_API_KEY: server.operatorKey },
+    });
+    assert.match(stdout, /formed: \{.*\d/);
+    assert.match(stdout, /memory block, \d+ of \d+ chars:\n</);
+    assert.match(stdout, /9am/);
+  });
+
+  test("both READMEs show the quickstart as it is", () => {
+    for (const readme of [join(PACKAGE, "README.md"), join(PACKAGE, "..", "..", "README.md")]) {
+      assert.ok(readFileSync(readme, "utf8").includes(example), `${readme} shows examples/quickstart.mjs`);
+    }
+  });
+});
