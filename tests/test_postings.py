@@ -16,7 +16,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.recall.search import query_terms
 from memory_service.state import keyspace
 from memory_service.stores.graph import GraphBackend
-from memory_service.stores.postings import Postings
+from memory_service.stores.postings import CHUNK, Postings
 
 A = "a1"
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -71,22 +71,24 @@ QUERIES = ["w0 w1", "w0 w1 w2 w3", "w5 w40", "w59", "w0", "w3 w3 w7 w11 w13 w17 
 
 @pytest.mark.parametrize("k", [1, 5, 20])
 async def test_top_k_equals_brute_force_bm25(store, k):
-    texts = corpus(400)
-    await store.write([message(i, t) for i, t in enumerate(texts)])  # one batch: one average length
-    by_id = {f"m{i:04d}": t for i, t in enumerate(texts)}
+    memories = [message(i, t) for i, t in enumerate(corpus(400))]
+    await store.write(memories)  # one batch: one average length
+    by_id = {m.id: m.search_text for m in memories}
     for query in QUERIES:
         ranked = await store.postings.top(A, query_terms(query), k, budget=10**6)
         assert ranked is not None and ranked.complete and ranked.docs == 400
         same(ranked.hits, brute_force(by_id, query, k))
-    # The early stop reads less than everything: "w0" is in most texts, the top 5 need few.
-    assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored < 200
+    # The early stop reads less than everything: "w0" is in most texts, its best 5 need one chunk.
+    df = await store.client.connection.zcard(keyspace.postings_term(A, "w0"))
+    assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored <= CHUNK < df
 
 
 async def test_agent_wide_search_ranks_by_the_postings_and_reads_the_memories(store):
     texts = corpus(200)
-    await store.write([message(i, t, session=f"s{i % 3}") for i, t in enumerate(texts)])
+    memories = [message(i, t, session=f"s{i % 3}") for i, t in enumerate(texts)]
+    await store.write(memories)
     hits = await store.search(A, StoreQuery(terms=query_terms("w4 w9"), limit=10))
-    want = brute_force({f"m{i:04d}": t for i, t in enumerate(texts)}, "w4 w9", 10)
+    want = brute_force({m.id: m.search_text for m in memories}, "w4 w9", 10)
     same([(m.id, s) for m, s in hits["fulltext"]], want)
     assert all(m.content == texts[int(m.id[1:])] for m, _ in hits["fulltext"])
 
@@ -142,7 +144,7 @@ async def test_every_way_out_of_search_takes_the_postings_out(store):
     assert await indexed(store) == {"m0001", "m0002"}
     stats = await store.client.connection.hgetall(keyspace.postings_stats(A))
     assert stats["docs"] == "2"
-    assert int(stats["len"]) == sum(sum(bm25.term_counts(t).values()) for t in ("zebra parade tomorrow", "wombat only"))
+    assert int(stats["len"]) == sum(sum(bm25.term_counts(m.search_text).values()) for m in await store.find(A, ["m0001", "m0002"]))
 
 
 async def test_namespace_and_kind_filters_are_honoured(store):
@@ -174,9 +176,11 @@ async def test_bad_queries_answer_empty_and_change_nothing(store):
 
 
 async def test_the_budget_stops_a_query_early(store):
-    await store.write([message(i, t) for i, t in enumerate(corpus(300))])
-    ranked = await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=100)
-    assert ranked is not None and not ranked.complete and 0 < ranked.scored <= 100 + 256
+    await store.write([message(i, t) for i, t in enumerate(corpus(1500))])
+    ranked = await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=10)
+    assert ranked is not None and not ranked.complete and 10 <= ranked.scored <= CHUNK
+    assert len(ranked.hits) == 50  # the best of what it read
+    assert (await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=10**6)).complete
 
 
 async def test_a_graph_written_before_the_postings_gets_them_built(store, settings):

@@ -261,9 +261,11 @@ class Postings:
         """The ``k`` memories of the agent with the highest BM25 for ``terms`` (query words,
         stemmed here), scoring at most ``budget`` memories; None when the postings do not
         cover the agent's graph yet (``build_postings`` has not finished)."""
+        if k <= 0:
+            return Ranked([], 0, True, 0)
         stems = list(dict.fromkeys(stem(t) for t in terms))[:MAX_TERMS]
         keys = [keyspace.postings_stats(agent_id), *(keyspace.postings_term(agent_id, s) for s in stems)]
-        reply = await self._top(keys=keys, args=[max(k, 0), max(CHUNK, k), budget])
+        reply = await self._top(keys=keys, args=[k, max(CHUNK, k), budget])
         if int(reply[0]) < 0:
             return None
         pairs = reply[3:]
