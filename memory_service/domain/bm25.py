@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from memory_service.domain.text import stem
 
@@ -86,4 +86,26 @@ def scores(matches: Mapping[str, set[str]], texts: Mapping[str, str], df: Mappin
             if tf:
                 total += weights[term] * tf * (K1 + 1) / (tf + norm)
         out[key] = total
+    return out
+
+
+def rank(texts: Mapping[str, str], words: Sequence[str]) -> dict[str, float]:
+    """Okapi BM25 of each text holding one of ``words`` (query words, stemmed here), over
+    ``texts`` as the whole collection: their words and lengths as ``term_counts`` gives them,
+    as the postings index them."""
+    return rank_counts({key: term_counts(text) for key, text in texts.items()}, words)
+
+
+def rank_counts(counts: Mapping[str, Mapping[str, int]], words: Sequence[str]) -> dict[str, float]:
+    """``rank`` of texts given by their ``term_counts``."""
+    terms = list(dict.fromkeys(stem(w) for w in words))
+    lengths = {key: sum(c.values()) for key, c in counts.items()}
+    average = sum(lengths.values()) / max(len(counts), 1)
+    df = {t: sum(1 for c in counts.values() if t in c) for t in terms}
+    weights = {t: idf(len(counts), d) for t, d in df.items() if d}
+    out = {}
+    for key, c in counts.items():
+        score = sum(w * impact(c[t], lengths[key], average) for t, w in weights.items() if t in c)
+        if score > 0:
+            out[key] = score
     return out

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -679,6 +680,8 @@ class GraphBackend(EntityGraph):
             filters.append("all(t IN $tags WHERE t IN n.tags)")
             params["tags"] = list(query.tags)
         where = " AND ".join(filters)
+        if groups is not None and (scanned := await self._scan_scope(agent_id, query, where, params)) is not None:
+            return scanned
         hits: SignalHits = {}
         # The two signals at once: the store answers each on a thread of its own.
         vector_hits = asyncio.ensure_future(self._vector(agent_id, query, groups, filters, where, params))
@@ -735,6 +738,48 @@ class GraphBackend(EntityGraph):
             # Cosine distance (0 = same direction) as a similarity in [-1, 1].
             return [(_memory(r), 1.0 - float(r["d"])) for r in rows]
         return None
+
+    async def _scan_scope(self, agent_id: str, query: StoreQuery, where: str,
+                          params: dict[str, Any]) -> SignalHits | None:
+        """Both signals of a search inside some namespaces, from one read of the scope: each
+        memory's id and cosine distance to the query vector, and its words from the postings'
+        entries (BM25 over the scope); then the winners' fields. Cost: the scope's
+        size, not the agent's (the full-text index's per-word queries cost each word's
+        matches in the whole agent, the common words of a message among them). None when
+        the scope holds more than SEARCH_SCOPE_SCAN_MAX memories: the indexes answer then."""
+        cap = self.settings.search_scope_scan_max
+        terms = [t for t in query.terms if t]
+        vector = self._checked(query.vector)
+        if cap <= 0 or (not terms and vector is None):
+            return None
+        scan = dict(params, cap=cap + 1)
+        distance = "NULL"
+        if vector is not None:
+            same = _SAME_MODEL if query.vector_model is not None else "true"
+            distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, vecf32($v)) END"
+            scan.update(v=_FloatList(vector), vector_model=query.vector_model, untagged_model=self.untagged_model)
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid AS uuid, {distance} AS d "
+                                          "LIMIT $cap", **scan)
+        if len(rows) > cap:
+            return None
+        limit = params["limit"]
+        ranked: dict[str, list[tuple[str, float]]] = {}
+        if terms:
+            # The scope's words as the postings hold them (no text to read and tokenise).
+            counts = await self.postings.term_counts(agent_id, [r["uuid"] for r in rows])
+            if counts is None:
+                return None  # not built yet: the full-text index answers
+            scores = bm25.rank_counts(counts, terms)
+            ranked["fulltext"] = sorted(scores.items(), key=lambda p: (-p[1], p[0]))[:limit]
+        if vector is not None and any(r["d"] is not None for r in rows):
+            near = sorted((float(r["d"]), r["uuid"]) for r in rows if r["d"] is not None)[:limit]
+            ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near]
+        wanted = list(dict.fromkeys(i for found in ranked.values() for i, _ in found))
+        read = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
+                                ids=wanted) if wanted else []
+        memories = {row["uuid"]: _memory(row) for row in read}
+        return {signal: [(memories[i], round(score, 6)) for i, score in found if i in memories]
+                for signal, found in ranked.items()}
 
     async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
                       params: dict[str, Any]) -> list[tuple[Memory, float]]:
@@ -812,9 +857,16 @@ def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
     return list(first.values())
 
 
+@functools.lru_cache(maxsize=4096)
+def _namespace_text(group_id: str) -> str:
+    """A group_id's namespace, as text: decoded once per group (a search reads many memories
+    of a few groups)."""
+    return str(Namespace.from_group_id(group_id))
+
+
 def _memory(row: Row) -> Memory:
     memory = Memory.from_episode_body(
-        id=row["uuid"], namespace=str(Namespace.from_group_id(row["group_id"])), body=row["content"],
+        id=row["uuid"], namespace=_namespace_text(row["group_id"]), body=row["content"],
         valid_at=row["valid_at"],
     )
     memory.evicted = bool(row.get("evicted"))

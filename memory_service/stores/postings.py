@@ -97,7 +97,7 @@ for i = 2, #ARGV do
     local first = true
     for word in string.gmatch(entry, '%S+') do
       if first then removed_len = removed_len + tonumber(word); first = false
-      else redis.call('ZREM', ARGV[1] .. word, id) end
+      else redis.call('ZREM', ARGV[1] .. string.match(word, '^[^*]+'), id) end
     end
     redis.call('HDEL', KEYS[2], id)
     removed = removed + 1
@@ -203,9 +203,19 @@ class Ranked:
 
 
 def entry(counts: dict[str, int]) -> tuple[int, str]:
-    """A memory's indexed length and its ``docs`` entry."""
+    """A memory's indexed length and its ``docs`` entry: the length, then each stem, with
+    ``*<tf>`` when it occurs more than once (what a removal and a scope's BM25 read)."""
     length = sum(counts.values())
-    return length, " ".join([str(length), *counts])
+    return length, " ".join([str(length), *(t if n == 1 else f"{t}*{n}" for t, n in counts.items())])
+
+
+def parse_entry(line: str) -> dict[str, int]:
+    """The stems and counts of a ``docs`` entry."""
+    out = {}
+    for token in line.split()[1:]:
+        term, _, n = token.partition("*")
+        out[term] = int(n) if n else 1
+    return out
 
 
 class Postings:
@@ -271,6 +281,18 @@ class Postings:
         pairs = reply[3:]
         hits = [(str(pairs[i]), float(pairs[i + 1])) for i in range(0, len(pairs), 2)]
         return Ranked(hits, int(reply[0]), bool(reply[1]), int(reply[2]))
+
+    async def term_counts(self, agent_id: str, ids: Sequence[str]) -> dict[str, dict[str, int]] | None:
+        """The indexed stems and counts of these memories (ids not indexed are left out), from
+        the postings' entries: what ranking a scope by BM25 needs, without tokenising a text.
+        None when the postings do not cover the agent's graph yet."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hexists(keyspace.postings_stats(agent_id), "built")
+            pipe.hmget(keyspace.postings_docs(agent_id), list(ids)) if ids else pipe.echo("")
+            built, lines = await pipe.execute()
+        if not built:
+            return None
+        return {memory_id: parse_entry(line) for memory_id, line in zip(ids, lines or [], strict=False) if line}
 
     async def indexed_ids(self, agent_id: str) -> AsyncIterator[str]:
         """Every memory id the agent's postings hold (a scan: for maintenance)."""
