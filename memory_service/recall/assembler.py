@@ -265,6 +265,7 @@ class ContextAssembler:
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
+        like = None  # the latest message, when it is the query: search reuses its stored embedding
         try:
             async with asyncio.timeout_at(deadline):
                 if query is None:
@@ -273,6 +274,7 @@ class ContextAssembler:
                     latest = [m for m in said if m.metadata.role in (None, "user")]
                     if latest:
                         query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+                        like = latest[-1].id
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
@@ -295,7 +297,7 @@ class ContextAssembler:
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
                                         min_score=recall.min_score)
                 result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
-                                                     resolve_scope=False, found=found)
+                                                     resolve_scope=False, found=found, like=like)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt

@@ -340,15 +340,25 @@ class Retriever:
 
     async def search(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
                      namespaces: Sequence[Namespace] | None = None, resolve_scope: bool = True,
-                     reach: Reach | None = None, found: QueryGraph | None = None) -> SearchResult:
+                     reach: Reach | None = None, found: QueryGraph | None = None,
+                     like: str | None = None) -> SearchResult:
         """``found``: the query's entities and facts when the caller read them already (the
         memory block does, to show the facts); else they are read here, in the scope's
-        namespaces that hold entities (every one of the agent's for scope agent)."""
+        namespaces that hold entities (every one of the agent's for scope agent).
+
+        ``like``: the id of a stored memory whose text is the query (the memory block without
+        a query searches with the session's latest user message): its stored embedding, when
+        it has one of this embedder's model, is the query's, and the model is not run."""
         started = time.perf_counter()
         self.validate(request)
         if resolve_scope:
             namespaces = await self.scope_namespaces(agent_id, request, reach)
-        vector, why_not = await self.embed_query(request.query)
+        vector: list[float] | None = None
+        why_not: str | None = None
+        if like is not None and self.embedder is not None:
+            vector = await backend.stored_embedding(agent_id, like, self.embedder.name)
+        if vector is None:
+            vector, why_not = await self.embed_query(request.query)
         store_query = StoreQuery(
             terms=query_terms(request.query), vector=vector,
             vector_model=self.embedder.name if vector is not None and self.embedder is not None else None,

@@ -658,6 +658,13 @@ class GraphBackend(EntityGraph):
         )
         return [_memory(row) for row in rows]
 
+    async def stored_embedding(self, agent_id: str, memory_id: str, model: str | None) -> list[float] | None:
+        same = _SAME_MODEL if model is not None else "true"
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL} {{uuid: $id}}) WHERE n.embedding IS NOT NULL AND {same} "
+                                          "RETURN n.embedding AS v", id=memory_id, vector_model=model,
+                                untagged_model=self.untagged_model)
+        return [float(x) for x in rows[0]["v"]] if rows else None
+
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
         groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
         if groups == []:
