@@ -93,19 +93,20 @@ def rank(texts: Mapping[str, str], words: Sequence[str]) -> dict[str, float]:
     """Okapi BM25 of each text holding one of ``words`` (query words, stemmed here), over
     ``texts`` as the whole collection: their words and lengths as ``term_counts`` gives them,
     as the postings index them."""
-    return rank_counts({key: term_counts(text) for key, text in texts.items()}, words)
+    counts = {key: term_counts(text) for key, text in texts.items()}
+    return rank_counts({key: (sum(c.values()), c) for key, c in counts.items()}, words)
 
 
-def rank_counts(counts: Mapping[str, Mapping[str, int]], words: Sequence[str]) -> dict[str, float]:
-    """``rank`` of texts given by their ``term_counts``."""
+def rank_counts(counts: Mapping[str, tuple[int, Mapping[str, int]]], words: Sequence[str]) -> dict[str, float]:
+    """``rank`` of texts given by their indexed length and stem counts (the counts of the
+    query's stems suffice)."""
     terms = list(dict.fromkeys(stem(w) for w in words))
-    lengths = {key: sum(c.values()) for key, c in counts.items()}
-    average = sum(lengths.values()) / max(len(counts), 1)
-    df = {t: sum(1 for c in counts.values() if t in c) for t in terms}
+    average = sum(length for length, _ in counts.values()) / max(len(counts), 1)
+    df = {t: sum(1 for _, c in counts.values() if t in c) for t in terms}
     weights = {t: idf(len(counts), d) for t, d in df.items() if d}
     out = {}
-    for key, c in counts.items():
-        score = sum(w * impact(c[t], lengths[key], average) for t, w in weights.items() if t in c)
+    for key, (length, c) in counts.items():
+        score = sum(w * impact(c[t], length, average) for t, w in weights.items() if t in c)
         if score > 0:
             out[key] = score
     return out

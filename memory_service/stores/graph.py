@@ -773,7 +773,7 @@ class GraphBackend(EntityGraph):
         ranked: dict[str, list[tuple[str, float]]] = {}
         if terms:
             # The scope's words as the postings hold them (no text to read and tokenise).
-            counts = await self.postings.term_counts(agent_id, [r["uuid"] for r in rows])
+            counts = await self.postings.term_counts(agent_id, [r["uuid"] for r in rows], terms)
             if counts is None:
                 return None  # not built yet: the full-text index answers
             scores = bm25.rank_counts(counts, terms)

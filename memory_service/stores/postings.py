@@ -37,7 +37,7 @@ the memory's entry): keys of the same slot, as the scripts of a tag may use.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -209,13 +209,18 @@ def entry(counts: dict[str, int]) -> tuple[int, str]:
     return length, " ".join([str(length), *(t if n == 1 else f"{t}*{n}" for t, n in counts.items())])
 
 
-def parse_entry(line: str) -> dict[str, int]:
-    """The stems and counts of a ``docs`` entry."""
+def parse_entry(line: str, wanted: Collection[str] | None = None) -> tuple[int, dict[str, int]]:
+    """The indexed length of a ``docs`` entry and its stems' counts (only those ``wanted``, if given)."""
+    tokens = line.split()
     out = {}
-    for token in line.split()[1:]:
-        term, _, n = token.partition("*")
-        out[term] = int(n) if n else 1
-    return out
+    for token in tokens[1:]:
+        if "*" in token:
+            term, _, n = token.partition("*")
+            if wanted is None or term in wanted:
+                out[term] = int(n)
+        elif wanted is None or token in wanted:
+            out[token] = 1
+    return int(tokens[0]) if tokens else 0, out
 
 
 class Postings:
@@ -282,17 +287,22 @@ class Postings:
         hits = [(str(pairs[i]), float(pairs[i + 1])) for i in range(0, len(pairs), 2)]
         return Ranked(hits, int(reply[0]), bool(reply[1]), int(reply[2]))
 
-    async def term_counts(self, agent_id: str, ids: Sequence[str]) -> dict[str, dict[str, int]] | None:
-        """The indexed stems and counts of these memories (ids not indexed are left out), from
-        the postings' entries: what ranking a scope by BM25 needs, without tokenising a text.
-        None when the postings do not cover the agent's graph yet."""
+    async def term_counts(self, agent_id: str, ids: Sequence[str],
+                          words: Sequence[str]) -> dict[str, tuple[int, dict[str, int]]] | None:
+        """By memory id, its indexed length and how often it holds each stem of ``words`` (query
+        words), from the postings' entries: what ranking a scope by BM25 needs, without reading
+        and tokenising texts. Ids not indexed are left out; None when the postings do not
+        cover the agent's graph yet."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hexists(keyspace.postings_stats(agent_id), "built")
-            pipe.hmget(keyspace.postings_docs(agent_id), list(ids)) if ids else pipe.echo("")
-            built, lines = await pipe.execute()
+            if ids:
+                pipe.hmget(keyspace.postings_docs(agent_id), list(ids))
+            built, *replies = await pipe.execute()
         if not built:
             return None
-        return {memory_id: parse_entry(line) for memory_id, line in zip(ids, lines or [], strict=False) if line}
+        wanted = {stem(w) for w in words}
+        lines = replies[0] if replies else []
+        return {memory_id: parse_entry(line, wanted) for memory_id, line in zip(ids, lines, strict=True) if line}
 
     async def indexed_ids(self, agent_id: str) -> AsyncIterator[str]:
         """Every memory id the agent's postings hold (a scan: for maintenance)."""
