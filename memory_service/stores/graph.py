@@ -48,7 +48,9 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
+from memory_service.domain.text import stem
 from memory_service.state import keyspace, metrics, tracing
+from memory_service.stores import postings
 from memory_service.stores.base import SignalHits
 from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
@@ -383,6 +385,7 @@ class GraphBackend(EntityGraph):
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
             "text": memory.search_text,
+            "terms": postings.entry(bm25.term_counts(memory.search_text))[1],
             "needs_embedding": None if embedding else True,
             "embedding_model": memory.embedding_model if embedding else None,
         }
@@ -509,6 +512,7 @@ class GraphBackend(EntityGraph):
         for memory in _first_of_each(memories):
             embedding = self._checked(memory.embedding)
             rows.append({"id": memory.id, "body": memory.episode_body(), "text": memory.search_text,
+                         "terms": postings.entry(bm25.term_counts(memory.search_text))[1],
                          "tags": list(memory.tags) or None,
                          "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
                          "embedding": _FloatList(embedding) if embedding else None,
@@ -523,7 +527,8 @@ class GraphBackend(EntityGraph):
             result = await graph.query(
                 f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
                 "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep, n.text = row.text AS same "
-                "SET n.content = row.body, n.text = row.text, n.tags = row.tags, n.deleted_at = row.deleted_at, "
+                "SET n.content = row.body, n.text = row.text, n.terms = row.terms, n.tags = row.tags, "
+                "n.deleted_at = row.deleted_at, "
                 "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END, "
                 "n.embedding_model = CASE WHEN keep THEN n.embedding_model ELSE row.model END, "
@@ -765,28 +770,34 @@ class GraphBackend(EntityGraph):
             same = _SAME_MODEL if query.vector_model is not None else "true"
             distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, vecf32($v)) END"
             scan.update(v=_FloatList(vector), vector_model=query.vector_model, untagged_model=self.untagged_model)
-        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid AS uuid, {distance} AS d "
-                                          "LIMIT $cap", **scan)
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid AS uuid, {distance} AS d, "
+                                          f"{'n.terms' if terms else 'NULL'} AS terms LIMIT $cap", **scan)
         if len(rows) > cap:
             return None
         limit = params["limit"]
         ranked: dict[str, list[tuple[str, float]]] = {}
         if terms:
-            # The scope's words as the postings hold them (no text to read and tokenise).
-            counts = await self.postings.term_counts(agent_id, [r["uuid"] for r in rows], terms)
-            if counts is None:
-                return None  # not built yet: the full-text index answers
+            # The scope's words as the memories' ``terms`` hold them (the postings' entry of
+            # each: no text to read and tokenise); a memory written before it had one, from
+            # the postings.
+            wanted = {stem(t) for t in terms}
+            counts = {r["uuid"]: postings.parse_entry(r["terms"], wanted) for r in rows if r["terms"] is not None}
+            if older := [r["uuid"] for r in rows if r["terms"] is None]:
+                indexed = await self.postings.term_counts(agent_id, older, terms)
+                if indexed is None:
+                    return None  # not built yet: the full-text index answers
+                counts.update(indexed)
             scores = bm25.rank_counts(counts, terms)
             ranked["fulltext"] = sorted(scores.items(), key=lambda p: (-p[1], p[0]))[:limit]
         if vector is not None and any(r["d"] is not None for r in rows):
             near = sorted((float(r["d"]), r["uuid"]) for r in rows if r["d"] is not None)[:limit]
             ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near]
-        wanted = list(dict.fromkeys(i for found in ranked.values() for i, _ in found))
+        winners = list(dict.fromkeys(i for best in ranked.values() for i, _ in best))
         read = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
-                                ids=wanted) if wanted else []
+                                ids=winners) if winners else []
         memories = {row["uuid"]: _memory(row) for row in read}
-        return {signal: [(memories[i], round(score, 6)) for i, score in found if i in memories]
-                for signal, found in ranked.items()}
+        return {signal: [(memories[i], round(score, 6)) for i, score in best if i in memories]
+                for signal, best in ranked.items()}
 
     async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
                       params: dict[str, Any]) -> list[tuple[Memory, float]]:
