@@ -385,7 +385,7 @@ class GraphBackend(EntityGraph):
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
             "text": memory.search_text,
-            "terms": postings.entry(bm25.term_counts(memory.search_text))[1],
+            "terms": postings.entry(memory.search_text)[2],
             "needs_embedding": None if embedding else True,
             "embedding_model": memory.embedding_model if embedding else None,
         }
@@ -512,7 +512,7 @@ class GraphBackend(EntityGraph):
         for memory in _first_of_each(memories):
             embedding = self._checked(memory.embedding)
             rows.append({"id": memory.id, "body": memory.episode_body(), "text": memory.search_text,
-                         "terms": postings.entry(bm25.term_counts(memory.search_text))[1],
+                         "terms": postings.entry(memory.search_text)[2],
                          "tags": list(memory.tags) or None,
                          "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
                          "embedding": _FloatList(embedding) if embedding else None,

@@ -202,11 +202,11 @@ class Ranked:
     scored: int  # memories scored (read in a list and looked up in the others)
 
 
-def entry(counts: dict[str, int]) -> tuple[int, str]:
-    """A memory's indexed length and its ``docs`` entry: the length, then each stem, with
-    ``*<tf>`` when it occurs more than once (what a removal and a scope's BM25 read)."""
-    length = sum(counts.values())
-    return length, " ".join([str(length), *(t if n == 1 else f"{t}*{n}" for t, n in counts.items())])
+def entry(text: str) -> tuple[int, dict[str, int], str]:
+    """A text's indexed length, stem counts and ``docs`` entry: the length, then each stem,
+    with ``*<tf>`` when it occurs more than once (what a removal and a scope's BM25 read)."""
+    length, counts = bm25.indexed(text)
+    return length, counts, " ".join([str(length), *(t if n == 1 else f"{t}*{n}" for t, n in counts.items())])
 
 
 def parse_entry(line: str, wanted: Collection[str] | None = None) -> tuple[int, dict[str, int]]:
@@ -248,8 +248,7 @@ class Postings:
         slots: dict[str, int] = {}
         args: list[Any] = [bm25.K1, bm25.B, "1" if fresh else "0"]
         for memory_id, text in texts:
-            counts = bm25.term_counts(text)
-            length, line = entry(counts)
+            length, counts, line = entry(text)
             args += [memory_id, length, line, len(counts)]
             for term, tf in counts.items():
                 if term not in slots:
