@@ -120,8 +120,9 @@ them together)::
     ms:ft:{<agent>}:stats                   hash    docs (live memories indexed), len (their indexed
                                                     words), built (set once the postings cover every
                                                     memory of the graph)                             per agent
-    ms:ft:{<agent>}:docs                    hash    memory id -> "<indexed words> <stem> <stem> ...":
-                                                    what a removal takes out                         per live memory
+    ms:ft:{<agent>}:docs                    hash    memory id -> "<indexed words> <stem> <stem>*<tf>
+                                                    ...": what a removal takes out (the node's
+                                                    ``terms`` holds the same)                        per live memory
     ms:ft:{<agent>}:t:<stem>                zset    memory id -> the term's BM25 impact in it (its
                                                     weight without the idf), best first              per live memory and
                                                                                                      distinct word

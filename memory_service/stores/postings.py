@@ -25,9 +25,12 @@ slower than a brute-force BM25 scan, and finding the target half as often). Here
   a cap on memories scored (SEARCH_POSTINGS_BUDGET) bounds a query of only very common
   words, which then returns the best found (``complete`` False).
 
-Scope: the postings cover every namespace of an agent, so they answer agent-wide search;
-a search inside some namespaces (a user's, a session's) stays on the full-text index,
-which filters by namespace inside the index and is fast there (its scope is small).
+Scope: the postings cover every namespace of an agent, so they answer agent-wide search. A
+search inside some namespaces (a user's, a session's) reads its scope once instead
+(memory_service/stores/graph.py, ``_scan_scope``): each memory's node carries its entry
+(``terms``), and BM25 over the scope comes from those; the full-text index, whose per-word
+queries cost each word's matches in the whole agent, answers only scopes larger than
+SEARCH_SCOPE_SCAN_MAX.
 
 On a cluster every key of an agent carries the agent's hash tag (one slot, one node).
 The removal script builds its word keys from the agent's prefix (the words are stored in
