@@ -480,10 +480,11 @@ async def store_memory(service) -> dict:
     redis = backend.client.connection
     used = int((await redis.info("memory"))["used_memory"])
     postings, keys = 0, 0
-    pattern = keyspace.postings_prefix(AGENT).replace("{", "\\{").replace("}", "\\}") + "*"
-    async for key in redis.scan_iter(match=pattern, count=1000):
-        postings += int(await redis.memory_usage(key, samples=0) or 0)
-        keys += 1
+    if (prefix := getattr(keyspace, "postings_prefix", None)) is not None:  # an older checkout has none
+        pattern = prefix(AGENT).replace("{", "\\{").replace("}", "\\}") + "*"
+        async for key in redis.scan_iter(match=pattern, count=1000):
+            postings += int(await redis.memory_usage(key, samples=0) or 0)
+            keys += 1
     return {"used_memory": used, "postings_bytes": postings, "postings_keys": keys}
 
 
