@@ -11,7 +11,12 @@ slower than a brute-force BM25 scan, and finding the target half as often). Here
   (``bm25.term_counts`` of its search text: stems, stopwords left out) after storing it,
   and takes them out when it is evicted, soft-deleted, changed, purged or erased. A
   memory's entry in ``docs`` names its words, so a removal needs nothing from the graph.
-  Indexing is idempotent by memory id (a retried write indexes nothing twice).
+  Indexing is idempotent by memory id (a retried write indexes nothing twice). It is not
+  one transaction with the graph's write (a FalkorDB query cannot run inside a Redis
+  script): the graph's write returns the live memories it holds, and those are indexed, so
+  a write retried after a crash between the two (the ingest's recovery and formation both
+  retry) completes the postings too. A removal runs before the graph's delete, so a crash
+  between them leaves a memory outside search, never a posting of an erased one.
 * **Impact-ordered.** A posting's score is the word's BM25 weight in the memory without the
   idf: ``tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))``, with the agent's average
   length when it was indexed (``avglen`` moves little once an agent holds a few hundred
