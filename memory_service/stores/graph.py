@@ -333,27 +333,30 @@ class GraphBackend(EntityGraph):
             # It also counts the graph's indexes, so a write that created the graph (new,
             # or deleted under this process) is seen without a round trip of its own; the
             # indexes are then made, and index what was just written.
-            # It returns the live memories' ids and stored texts, which the postings index.
+            # It returns the ids of the live memories it holds, which the postings index (a
+            # retried write too: indexing is idempotent, and completes a write that died
+            # between the graph and the postings).
             firsts = _first_of_each(group)
+            entries = {m.id: postings.entry(m.search_text) for m in firsts}
             result = await graph.query(
                 f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
                 "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END "
-                f"WITH collect(CASE WHEN {_LIVE} THEN [n.uuid, n.text] END) AS live "
+                f"WITH collect(CASE WHEN {_LIVE} THEN n.uuid END) AS live "
                 "CALL db.indexes() YIELD label RETURN live, count(label)",
-                {"rows": [self._row(m) for m in firsts]},
+                {"rows": [self._row(m, entries[m.id][2]) for m in firsts]},
             )
             fresh = not (result.result_set and result.result_set[0][1])
             if fresh:  # no index at all: the graph is new, and all of it was written now
                 await self._create_indexes(graph)
-                live = [(m.id, m.search_text) for m in firsts if not m.evicted and m.deleted_at is None]
+                live = [m.id for m in firsts if not m.evicted and m.deleted_at is None]
             else:
-                live = [(memory_id, text or "") for memory_id, text in result.result_set[0][0]]
-            await self.postings.index(agent_id, live, fresh=fresh)
+                live = list(result.result_set[0][0])
+            await self.postings.index_entries(agent_id, [(i, entries[i]) for i in live if i in entries], fresh=fresh)
             written += int(result.nodes_created)
         return written
 
-    def _row(self, memory: Memory) -> dict[str, Any]:
+    def _row(self, memory: Memory, terms: str) -> dict[str, Any]:
         EpisodeType = self._episode_type  # noqa: N806 (graphiti-core's classes)
         namespace = Namespace.parse(memory.namespace)
         node = self._episodic_node(
@@ -385,7 +388,7 @@ class GraphBackend(EntityGraph):
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
             "text": memory.search_text,
-            "terms": postings.entry(memory.search_text)[2],
+            "terms": terms,
             "needs_embedding": None if embedding else True,
             "embedding_model": memory.embedding_model if embedding else None,
         }

@@ -252,11 +252,15 @@ class Postings:
         """Index ``(memory id, search text)`` pairs; ids indexed already are left as they are.
         ``fresh``: the graph was created by this write (so the postings cover all of it).
         Returns how many were added."""
+        return await self.index_entries(agent_id, [(memory_id, entry(text)) for memory_id, text in texts], fresh)
+
+    async def index_entries(self, agent_id: str, entries: Sequence[tuple[str, tuple[int, dict[str, int], str]]],
+                            fresh: bool = False) -> int:
+        """``index`` of texts whose ``entry`` the caller made already."""
         keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id)]
         slots: dict[str, int] = {}
         args: list[Any] = [bm25.K1, bm25.B, "1" if fresh else "0"]
-        for memory_id, text in texts:
-            length, counts, line = entry(text)
+        for memory_id, (length, counts, line) in entries:
             args += [memory_id, length, line, len(counts)]
             for term, tf in counts.items():
                 if term not in slots:
