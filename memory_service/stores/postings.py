@@ -84,12 +84,20 @@ local total = redis.call('HINCRBY', KEYS[1], 'docs', added)
 local total_len = redis.call('HINCRBY', KEYS[1], 'len', added_len)
 local average = total > 0 and total_len / total or 1
 if average <= 0 then average = 1 end
+-- One ZADD per word of the batch, with every new memory holding it.
+local adds = {}
 for _, doc in ipairs(docs) do
   local norm = k1 * (1 - b + b * doc[2] / average)
   for _, w in ipairs(doc[3]) do
     local tf = w[2]
-    redis.call('ZADD', KEYS[w[1]], tf * (k1 + 1) / (tf + norm), doc[1])
+    local pairs_ = adds[w[1]]
+    if not pairs_ then pairs_ = {}; adds[w[1]] = pairs_ end
+    pairs_[#pairs_ + 1] = tf * (k1 + 1) / (tf + norm)
+    pairs_[#pairs_ + 1] = doc[1]
   end
+end
+for key, pairs_ in pairs(adds) do
+  redis.call('ZADD', KEYS[key], unpack(pairs_))
 end
 if fresh then redis.call('HSETNX', KEYS[1], 'built', '1') end
 return added
