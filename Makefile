@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint serve bench clean ts-client test-ts
+.PHONY: install demo test test-cluster lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor
 
 install: $(STAMP)
 
@@ -23,6 +23,13 @@ demo: $(STAMP)
 
 test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The suite's cluster part (marker cluster: recording, formation, the outbox, keys, rate
+# limits, retention, erasure, the scripts' slots) with the state store on a Redis Cluster of
+# three masters that the session starts on loopback from the shipped redis-server and stops
+# (tests/redis_cluster.py); the job queue and the graphs stay on the embedded server.
+test-cluster: $(STAMP)
+	TEST_REDIS_CLUSTER=start $(PY) -m pytest -m cluster $(PYTEST_ARGS)
 
 # ruff over the whole project; mypy --strict over the service's packages (pyproject.toml, [tool.mypy]).
 lint: $(STAMP)
@@ -47,6 +54,32 @@ ts-client: $(STAMP) $(TS_STAMP)
 # The generated types match the committed schema; the Node tests against a real server.
 test-ts: $(STAMP) $(TS_STAMP)
 	cd $(TS) && npm run check-generated && npm run build && MEMORY_SERVICE_PYTHON="$(abspath $(PY))" npm test
+
+# The web inspector (docs/inspector.md) in headless Chromium: Debian's chromium and
+# chromium-driver (`apt-get install chromium chromium-driver`; .ci/run installs them), driven
+# by selenium against `memory-service serve` on loopback. Never a downloaded browser.
+CHROMIUM_CHECK := command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	{ echo "no chromium/chromedriver: apt-get install chromium chromium-driver" >&2; exit 1; }
+test-browser: $(STAMP)
+	@$(CHROMIUM_CHECK)
+	$(PY) -m pytest -q tests/test_inspector.py tests/test_inspector_browser.py
+
+# The screenshots of docs/inspector.md, taken by the browser tests on their seeded server.
+screenshots: $(STAMP)
+	@$(CHROMIUM_CHECK)
+	INSPECTOR_SCREENSHOTS=docs/inspector $(PY) -m pytest -q tests/test_inspector_browser.py
+
+# The inspector's browser libraries (Chart.js, Cytoscape.js), from npm at the versions
+# scripts/inspector-vendor/package-lock.json pins, copied with their licences into
+# memory_service/http/inspector/static/vendor/ (committed: nothing is fetched at run time).
+INSPECTOR_VENDOR := memory_service/http/inspector/static/vendor
+inspector-vendor:
+	cd scripts/inspector-vendor && npm ci --no-audit --no-fund
+	sed '/sourceMappingURL/d' scripts/inspector-vendor/node_modules/chart.js/dist/chart.umd.min.js > $(INSPECTOR_VENDOR)/chart.umd.min.js
+	cp scripts/inspector-vendor/node_modules/chart.js/LICENSE.md $(INSPECTOR_VENDOR)/chart.js.LICENSE.md
+	cp scripts/inspector-vendor/node_modules/@kurkle/color/LICENSE.md $(INSPECTOR_VENDOR)/kurkle-color.LICENSE.md
+	sed '/sourceMappingURL/d' scripts/inspector-vendor/node_modules/cytoscape/dist/cytoscape.min.js > $(INSPECTOR_VENDOR)/cytoscape.min.js
+	cp scripts/inspector-vendor/node_modules/cytoscape/LICENSE $(INSPECTOR_VENDOR)/cytoscape.LICENSE
 
 serve: $(STAMP)
 	$(VENV)/bin/memory-service serve

@@ -30,6 +30,13 @@ what it was sent. Speed never changes the exit status.
     .venv/bin/python bench/ingest_bench.py                          # local and hash, 3 repetitions
     .venv/bin/python bench/ingest_bench.py --embedders hash --repeat 1 --messages 2000 --sessions 64
     .venv/bin/python bench/ingest_bench.py --quick                  # smoke run
+    .venv/bin/python bench/ingest_bench.py --route batch --clients 4 --batch-size 500 --embedders hash
+
+With ``--route batch`` the same messages go through POST /v1/agents/{id}/messages/batch:
+each client sends the batches of its own sessions (many sessions a batch, one agent's),
+one after the other, so each session's messages arrive in order; messages/s counts
+messages, latency is per request, and every item must come back ``recorded`` with its
+session's next sequence number.
     .venv/bin/python bench/ingest_bench.py --code before=/tmp/old-checkout --code after=.   # two versions
 
 With ``--code NAME=DIR`` (repeatable) each named checkout's server runs (the same venv,
@@ -344,6 +351,58 @@ async def ingest(clients: list[httpx.AsyncClient], server: Server, sessions: lis
     return figures(latencies, statuses, last_ack - started, cpu), last_ack
 
 
+def batches_of(sessions: list[Session], batch_size: int) -> list[tuple[str, list[dict]]]:
+    """``sessions``' messages as batches of one agent's messages (``batch_size`` at most),
+    the sessions interleaved (each batch spans many sessions), each session's in order."""
+    out: list[tuple[str, list[dict]]] = []
+    for agent in sorted({s.agent_id for s in sessions}):
+        mine = [s for s in sessions if s.agent_id == agent]
+        rows = [(s, i) for i in range(max(len(s.messages) for s in mine)) for s in mine if i < len(s.messages)]
+        items = [{k: v for k, v in s.messages[i].items() if k != "agent_id"} | {"session_id": s.session_id}
+                 for s, i in rows]
+        out += [(agent, items[k:k + batch_size]) for k in range(0, len(items), batch_size)]
+    return out
+
+
+async def ingest_batches(clients: list[httpx.AsyncClient], server: Server, sessions: list[Session], batch_size: int,
+                         problems: list[str]) -> tuple[Figures, float]:
+    """The same messages through POST /v1/agents/{id}/messages/batch: client k sends the
+    batches of the sessions k, k + C, ... one after the other (so each session's messages
+    arrive in order); rate in messages/s, latency per request."""
+    latencies: list[float] = []
+    statuses: Counter[str] = Counter()
+    positions = {(s.session_id, m["message_id"]): i for s in sessions for i, m in enumerate(s.messages, 1)}
+    sent = [0]
+
+    async def one_client(k: int, client: httpx.AsyncClient) -> None:
+        for agent, items in batches_of(sessions[k::len(clients)], batch_size):
+            start = time.perf_counter()
+            try:
+                answer = await client.post(f"/v1/agents/{agent}/messages/batch", json={"messages": items})
+                status = answer.status_code
+            except httpx.HTTPError as exc:
+                answer, status = None, type(exc).__name__
+            latencies.append(time.perf_counter() - start)
+            statuses[str(status)] += 1
+            if answer is None or status != 200:
+                problems.append(f"batch of {agent}: {status} {answer.text[:200] if answer is not None else ''}")
+                continue
+            sent[0] += len(items)
+            for got in answer.json()["items"]:
+                expected = positions[(got["session_id"], got["message_id"])]
+                if got["status"] != "recorded" or got["sequence"] != expected:
+                    problems.append(f"{got['session_id']}/{got['message_id']}: {got['status']} sequence "
+                                    f"{got['sequence']}, expected recorded {expected} ({got.get('detail')})")
+
+    with CpuMeter(server) as cpu:
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client(k, c) for k, c in enumerate(clients)))
+        last_ack = time.perf_counter()
+    result = figures(latencies, statuses, last_ack - started, cpu)
+    result.rate = sent[0] / (last_ack - started)  # messages, not requests
+    return result, last_ack
+
+
 async def unembedded_messages(store_url: str, agents: list[str]) -> int:
     from falkordb.asyncio import FalkorDB
 
@@ -457,7 +516,10 @@ class Variant:
         base = await baseline(self.clients, self.server, a.baseline_requests)
         sessions = conversations(f"r{r}", a.sessions, a.messages, a.agents, seed=100 + r)
         problems: list[str] = []
-        figures_, last_ack = await ingest(self.clients, self.server, sessions, problems)
+        if a.route == "batch":
+            figures_, last_ack = await ingest_batches(self.clients, self.server, sessions, a.batch_size, problems)
+        else:
+            figures_, last_ack = await ingest(self.clients, self.server, sessions, problems)
         rep = Repetition(base, figures_, problems=problems)
         await drain(self.client, self.server, sessions, last_ack, a.drain_timeout, rep)
         self.reps.append(rep)
@@ -501,7 +563,8 @@ def median(values: list[float | None]) -> float | None:
 
 
 def table(results: dict[str, dict[str, list[Repetition]]], args: argparse.Namespace) -> Table:
-    t = Table(title=f"{args.clients} clients, {args.messages} messages over {args.sessions} sessions of "
+    route = f"batches of {args.batch_size}" if args.route == "batch" else "one message a request"
+    t = Table(title=f"{route}, {args.clients} clients, {args.messages} messages over {args.sessions} sessions of "
                     f"{args.agents} agents; medians over {args.repeat} repetition(s); CPU ms = CPU time per "
                     "message (per request for the baseline)")
     for column in ("embedder", "code", "ingest msg/s", "p50 ms", "p95 ms", "p99 ms", "errors", "baseline req/s",
@@ -546,6 +609,10 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=600, help="seconds to wait for formation and embedding")
     parser.add_argument("--quick", action="store_true", help="1 repetition of 1,280 messages, hash only")
     parser.add_argument("--json", type=Path, help="also write every figure as JSON")
+    parser.add_argument("--route", choices=("single", "batch"), default="single",
+                        help="single: POST /v1/sessions/{id}/messages a message at a time; batch: POST "
+                             "/v1/agents/{id}/messages/batch, --batch-size messages a request (use fewer --clients)")
+    parser.add_argument("--batch-size", type=int, default=500, help="--route batch: messages per request")
     parser.add_argument("--worker-process", action="store_true",
                         help="serve --no-worker and a `memory-service worker` process beside it (default: in-process)")
     parser.add_argument("--code", action="append", default=[], metavar="NAME=DIR",

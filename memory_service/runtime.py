@@ -203,6 +203,20 @@ async def wait_for_stores(settings: Settings) -> None:
         finally:
             await client.aclose()
 
+async def check_keyspace(state: StateStore) -> None:
+    """Warn when the state holds keys of an older layout (memory_service/state/upgrade.py);
+    else record the current one."""
+    from memory_service.state import upgrade
+
+    try:
+        if await upgrade.stale_layout(state.redis):
+            log.error("the state store holds keys of an older layout, which this release does not read: stop "
+                      "the service and run `memory-service upgrade-keyspace` (docs/operations.md)")
+        else:
+            await upgrade.mark_current(state.redis)
+    except Exception as exc:  # Redis down at start: the service degrades on its own
+        log.warning("could not check the keyspace's layout: %s", exc)
+
 
 @asynccontextmanager
 async def open_service(
@@ -226,8 +240,9 @@ async def open_service(
     try:
         if embedded is None:  # configured stores may start after this process (compose, Kubernetes)
             await wait_for_stores(settings)
-        queue = await JobQueue.connect(settings.redis_url, settings)
+        queue = await JobQueue.connect(settings.job_queue_url(), settings)
         state = StateStore.from_url(settings.redis_url, settings)
+        await check_keyspace(state)
         try:
             embedder = await start_embedder(settings, state)
         except BaseException:
@@ -240,6 +255,7 @@ async def open_service(
         untagged = await state.untagged_model()
         service.register_backend("graph", lambda s: _graph_backend(s, service.state, embedder.dimension, untagged))
         await service.pseudonyms.key()  # loaded now: log lines name users by its digests
+        await service.index_for_browsing()  # what an older release stored, once
         if settings.mongodb_uri:
             service.register_backend("mongo", lambda s: _mongo_backend(s, embedder.dimension, untagged))
         try:

@@ -24,7 +24,7 @@ never did.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -34,6 +34,7 @@ from memory_service.access.keys import KeyStore, Principal
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
+from memory_service.curation.browse import BROWSE_INDEX_VERSION, Browser
 from memory_service.curation.erasure import Eraser
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
@@ -42,7 +43,18 @@ from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite
 from memory_service.curation.write_blocks import WRITE_BLOCKS_ACTOR, store_write_blocks
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound
 from memory_service.domain.graph import EntityType
-from memory_service.domain.models import Agent, AgentSettings, ContextType, MessageIn, Recall, Shard, ShardIn
+from memory_service.domain.models import (
+    Agent,
+    AgentSettings,
+    BatchMessageIn,
+    ContextType,
+    MemoryKind,
+    MessageIn,
+    Recall,
+    RefusedItem,
+    Shard,
+    ShardIn,
+)
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
@@ -52,23 +64,26 @@ from memory_service.formation.gates import CHARS_PER_TOKEN
 from memory_service.formation.jobs import QUEUE_NAME, JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
+from memory_service.ingest.batch import BatchLedger
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
 from memory_service.recall.rerank import Reranker
 from memory_service.recall.search import Retriever, SearchRequest
 from memory_service.schemas.audit import AuditPage
+from memory_service.schemas.browse import AgentPage, MemoryDetail, MemoryPage, SessionPage, UserPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
+from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend
+from memory_service.stores.base import MemoryBackend, MemoryState
 from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
@@ -91,6 +106,7 @@ class MemoryService:
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
         self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
+        self.batches = BatchLedger(self.sessions)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
@@ -107,6 +123,7 @@ class MemoryService:
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
                                    self.audit)
+        self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -215,6 +232,19 @@ class MemoryService:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         with metrics.timed("record"), tracing.span("memory_service.record"):
             return await self.sessions.record_message(session_id, message, reach)
+
+    async def record_batch(self, agent_id: str, messages: Sequence[BatchMessageIn | RefusedItem],
+                           principal: Principal | None = None) -> BatchOut:
+        """Record many messages of ``agent_id``'s sessions at once, each as ``record_message``
+        would, each answered on its own (memory_service/ingest/batch.py). For ``principal``
+        the batch's tokens are charged first (RateLimited: nothing is recorded) and its
+        ``Reach`` applies to each session; its role and users are the caller's to check
+        (``authorize_users``), and the messages it refused come in as RefusedItem."""
+        if principal is not None:
+            tokens = sum(math.ceil(len(m.content) / CHARS_PER_TOKEN) for m in messages if isinstance(m, BatchMessageIn))
+            await self.keys.charge_tokens(principal, tokens)
+        reach = self.reach(principal, agent_id) if principal is not None else None
+        return await self.batches.record_batch(agent_id, messages, reach)
 
     async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)
@@ -379,6 +409,40 @@ class MemoryService:
         shards = await self.agents.list_shards(agent_id)
         return [*(Namespace.user(agent_id, u) for u in users), *(Namespace.shard(agent_id, s.shard_id) for s in shards),
                 Namespace.agent(agent_id)]
+
+    # Browsing (memory_service/curation/browse.py): agents, users, sessions, memories, page by page.
+    # Reading only; a caller limited to some users (``reach``) sees what its users may see.
+    async def index_for_browsing(self) -> bool:
+        """Index for browsing what an older release stored (once; at start-up). True if it ran."""
+        return await self.state.index_stored_data(BROWSE_INDEX_VERSION)
+
+    async def list_agents(self, principal: Principal, cursor: str | None = None, limit: int = 50) -> AgentPage:
+        """The agents ``principal`` reaches, by id."""
+        return await self.browser.agents_page(principal.agents, cursor, limit)
+
+    async def list_users(self, agent_id: str, reach: Reach, cursor: str | None = None, limit: int = 50) -> UserPage:
+        """The agent's users (those ``reach`` sees), by id."""
+        return await self.browser.users_page(agent_id, reach, cursor, limit)
+
+    async def list_sessions(self, agent_id: str, reach: Reach, user_id: str | None = None, cursor: str | None = None,
+                            limit: int = 50) -> SessionPage:
+        """The agent's sessions (those ``reach`` sees; ``user_id``: the user's), newest first."""
+        return await self.browser.sessions_page(agent_id, reach, user_id, cursor, limit)
+
+    async def list_memories(self, agent_id: str, reach: Reach, *, namespace: str | None = None,
+                            user_id: str | None = None, session_id: str | None = None,
+                            kinds: list[MemoryKind] | None = None, tags: list[str] | None = None,
+                            since: datetime | None = None, until: datetime | None = None,
+                            state: MemoryState = MemoryState.LIVE, cursor: str | None = None,
+                            limit: int = 50) -> MemoryPage:
+        """A page of the agent's memories, newest first, filtered; pass its ``next`` as ``cursor``."""
+        return await self.browser.memories_page(agent_id, reach, namespace=namespace, user_id=user_id,
+                                                session_id=session_id, kinds=kinds or (), tags=tags or (),
+                                                since=since, until=until, state=state, cursor=cursor, limit=limit)
+
+    async def memory_detail(self, agent_id: str, memory_id: str, reach: Reach | None = None) -> MemoryDetail:
+        """One memory with its provenance (messages, window, extractor), access count and history."""
+        return await self.browser.memory_detail(agent_id, memory_id, reach)
 
     # Startup records (memory_service/recall/startup.py; `memory-service import`: curation/legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str, body: StartupRecordIn,

@@ -132,8 +132,6 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
     """A worker on the service's Redis (its own connections), with the service in every job's ctx."""
     s: Settings = service.settings
     every = s.cleanup_cold_sessions_every_minutes
-    if s.redis_url is None:  # open_service sets it (to FALKORDB_URL by default)
-        raise ValueError("the worker needs settings.redis_url (REDIS_URL): the Redis its jobs are queued on")
     install_log_filter("arq.worker", "arq.jobs")  # arq's job lines quote job ids and arguments: user namespaces
     return Worker(
         functions=[
@@ -148,7 +146,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
             cron(backfill_embeddings, minute=set(range(0, 60, 2)), run_at_startup=True),
         ],
         # Its own bounded pool with the store timeouts (arq's RedisSettings has no read timeout).
-        redis_pool=arq_client(s.redis_url, s, QUEUE_NAME),
+        redis_pool=arq_client(s.job_queue_url(), s, QUEUE_NAME),  # open_service set REDIS_URL
         queue_name=QUEUE_NAME,
         ctx={"service": service},
         handle_signals=handle_signals,

@@ -38,6 +38,79 @@ def pytest_report_header(config) -> list[str]:
             f"MongoDB: {mongo}"]
 
 
+# TEST_REDIS_CLUSTER: "start" (a cluster of three masters for the session,
+# tests/redis_cluster.py) or the redis+cluster:// URL of a running one. The suite's state
+# store is then on the cluster and its job queue on the FalkorDB server (a plain Redis:
+# arq needs one); ``make test-cluster`` runs the tests marked ``cluster`` so.
+TEST_REDIS_CLUSTER = os.environ.get("TEST_REDIS_CLUSTER", "")
+# The modules of the cluster part: recording, formation, the outbox, keys, rate limits,
+# retention and erasure, and every script's slots.
+CLUSTER_MODULES = {"test_ingest", "test_ingest_recovery", "test_outbox", "test_access", "test_keys_cli",
+                   "test_rate_limits", "test_retention", "test_erasure", "test_consolidation", "test_slots",
+                   "test_service", "test_startup_records"}
+_cluster: dict[str, object] = {}  # "url", and "handle" when the session started it
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module.__name__.rpartition(".")[2] in CLUSTER_MODULES:
+            item.add_marker(pytest.mark.cluster)
+
+
+def cluster_url() -> str | None:
+    """The Redis Cluster the suite's state store is on, if any (started on first use)."""
+    if not TEST_REDIS_CLUSTER:
+        return None
+    if "url" not in _cluster:
+        if TEST_REDIS_CLUSTER == "start":
+            from .redis_cluster import RedisCluster
+
+            handle = RedisCluster()
+            _cluster.update(url=handle.start(), handle=handle)
+        else:
+            _cluster["url"] = TEST_REDIS_CLUSTER
+    return str(_cluster["url"])
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if (handle := _cluster.get("handle")) is not None:
+        handle.stop()  # type: ignore[attr-defined]
+
+
+def store_overrides(falkordb_url: str) -> dict[str, object]:
+    """Settings that put the state store on the cluster under TEST_REDIS_CLUSTER (else none)."""
+    url = cluster_url()
+    return {"redis_url": url, "queue_redis_url": falkordb_url} if url else {}
+
+
+def state_redis(url: str, **kwargs) -> Redis:
+    """A client of the Redis holding the service's state: ``url``'s, or the cluster's when
+    the suite runs on one (a cluster client, typed as the service types it)."""
+    from memory_service.config import Settings as _Settings
+    from memory_service.state.pools import cluster_client
+
+    if (cluster := cluster_url()) is not None:
+        return cluster_client(cluster, _Settings(_env_file=None), decode_responses=kwargs.get("decode_responses", False))
+    return Redis.from_url(url, **kwargs)
+
+
+async def state_keys(url: str) -> list[bytes]:
+    """Every key of the Redis holding the state (every master's, on a cluster)."""
+    if (cluster := cluster_url()) is None:
+        client = Redis.from_url(url)
+        try:
+            return [key async for key in client.scan_iter(count=1000)]
+        finally:
+            await client.aclose()
+    from redis.asyncio import RedisCluster
+
+    nodes = RedisCluster.from_url(cluster.replace("+cluster", ""))
+    try:
+        return [key async for key in nodes.scan_iter(count=1000)]
+    finally:
+        await nodes.aclose()
+
+
 @pytest.fixture(scope="session")
 def falkordb_url(tmp_path_factory) -> str:
     if url := os.environ.get("FALKORDB_URL"):
@@ -52,6 +125,12 @@ async def flush(url: str) -> None:
     redis = Redis.from_url(url)
     await redis.flushall()
     await redis.aclose()
+    if cluster_url():
+        from redis.asyncio import RedisCluster
+
+        nodes = RedisCluster.from_url(cluster_url().replace("+cluster", ""))  # type: ignore[union-attr]
+        await nodes.flushall(target_nodes=RedisCluster.PRIMARIES)
+        await nodes.aclose()
 
 
 @pytest.fixture
@@ -65,8 +144,9 @@ def suite_settings(falkordb_url: str, **overrides) -> Settings:
     """The suite's settings: the shared store and the deterministic hash embedder (the local
     model has tests of its own, tests/test_embedding.py; the LoCoMo benchmark measures it).
     Without keys (API_AUTH=off) unless a test asks for them: tests/test_access.py checks them."""
-    return Settings(_env_file=None, falkordb_url=falkordb_url, redis_url=None, mongodb_uri=None,
-                    **{"embedder": "hash", "embedding_dimension": 64, "api_auth": "off", **overrides})
+    return Settings(_env_file=None, falkordb_url=falkordb_url, mongodb_uri=None,
+                    **{"redis_url": None, "embedder": "hash", "embedding_dimension": 64, "api_auth": "off",
+                       **store_overrides(falkordb_url), **overrides})
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 from memory_service.domain.models import MessageIn
+from memory_service.state import keyspace
 
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 
@@ -41,12 +42,12 @@ async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> N
     compares the store before and after a request must not see that job's writes."""
     import asyncio
 
-    from redis.asyncio import Redis
+    from .conftest import state_redis
 
-    redis = Redis.from_url(url)
+    redis = state_redis(url)  # the cluster's, when the suite's state is on one
     try:
         for _ in range(int(timeout / 0.05)):
-            if not await redis.exists(f"ms:embed:{agent_id}:due", f"ms:embed:{agent_id}:job"):
+            if not await redis.exists(keyspace.embed_due(agent_id), keyspace.embed_lock(agent_id)):
                 return
             await asyncio.sleep(0.05)
     finally:

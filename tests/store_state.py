@@ -12,7 +12,7 @@ from memory_service.formation.jobs import QUEUE_NAME
 # Keys neither compared nor counted (a read may write them): the service's counters (of
 # reads served too), the API keys' request counters, and FalkorDB's log of the queries run
 # on a graph (telemetry{<graph>}, created in the background after a graph's first queries).
-METRICS_KEY = b"ms:metrics"
+METRICS_PREFIX = b"ms:metrics:"  # every shard of the counters
 # Rate-limit counters of API keys count the requests themselves, refused ones too.
 RATE_COUNTER_PREFIX = b"ms:rl:"
 QUERY_LOG_PREFIX = b"telemetry{"
@@ -51,7 +51,7 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
     client = redis.Redis.from_url(url)
     try:
         keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(JOB_QUEUE_KEYS)))
-        bookkeeping = [k for k in keys if k == METRICS_KEY or k.startswith((QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
+        bookkeeping = [k for k in keys if k.startswith((METRICS_PREFIX, QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
         keys = [k for k in keys if k not in bookkeeping]
         with client.pipeline(transaction=False) as pipe:  # one round trip per step, however many keys
             for key in keys:

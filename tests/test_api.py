@@ -54,8 +54,10 @@ async def test_force_formation_then_context_has_the_memories(http):
     data = ctx.json()
     root = ET.fromstring(data["xml"])
     assert data["chars"] == len(data["xml"]) <= data["budget"]
-    # No query: the latest user message is the query, so the block ends with what relates to it.
-    assert [e.tag for e in root][-3:] == ["UserMemory", "CurrentConversationContext", "RelevantMemories"]
+    # No query: the latest user message is the query; what the vector signal alone finds
+    # dissimilar to it (below CONTEXT_MIN_SIMILARITY) is left out, and said so.
+    assert [e.tag for e in root][-2:] == ["UserMemory", "CurrentConversationContext"]
+    assert data["left_out"]["below_threshold"] >= 1 and data["recall"]["min_similarity"] == 0.3
     assert "window seats" in data["xml"]
     assert data["sections"]["conversation"] == 1
     again = (await http.post("/v1/sessions/s1/form")).json()
@@ -172,6 +174,9 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
         "/v1/agents/{agent_id}/entities", "/v1/agents/{agent_id}/entities/{entity_id}",
         "/v1/agents/{agent_id}/facts/{fact_id}/restore", "/v1/agents/{agent_id}/entities/{entity_id}/split",
+        "/v1/agents/{agent_id}/messages/batch",
+        "/v1/agents", "/v1/agents/{agent_id}/users", "/v1/agents/{agent_id}/sessions",
+        "/v1/agents/{agent_id}/memories/{memory_id}/detail",
     }
     assert (await http.get("/docs")).status_code == 200
 
@@ -180,6 +185,12 @@ async def test_openapi_documents_every_route(http):
 # renames a method in every client generated from /openapi.json, so make it on purpose.
 OPERATION_IDS = {
     ("POST", "/v1/sessions/{session_id}/messages"): "record_message",
+    ("POST", "/v1/agents/{agent_id}/messages/batch"): "record_batch",
+    ("GET", "/v1/agents"): "list_agents",
+    ("GET", "/v1/agents/{agent_id}/users"): "list_users",
+    ("GET", "/v1/agents/{agent_id}/sessions"): "list_sessions",
+    ("GET", "/v1/agents/{agent_id}/memories"): "list_memories",
+    ("GET", "/v1/agents/{agent_id}/memories/{memory_id}/detail"): "get_memory_detail",
     ("POST", "/v1/sessions/{session_id}/form"): "form_memories",
     ("GET", "/v1/sessions/{session_id}"): "get_session",
     ("GET", "/v1/context"): "get_context",

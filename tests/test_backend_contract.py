@@ -437,3 +437,91 @@ async def test_a_reembed_stages_beside_the_searched_vector_then_promotes(backend
     assert [m.id for m in await backend.unembedded(A1, 10)] == ["m3"]  # only the edited one waits
     assert sorted(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="old")), "vector")) == ["m4"]
     assert await backend.reembed_candidates(A2, "new", None, 10) == ([], None)  # another agent: nothing
+
+
+async def walk(backend, agent: str = A1, limit: int = 3, **filters) -> list[list[str]]:
+    """Every page of ``list_memories`` with these filters, by id."""
+    from memory_service.stores.base import MemoryListing
+
+    pages, after, hint = [], None, None
+    for _ in range(200):
+        page = await backend.list_memories(agent, MemoryListing(limit=limit, after=after, hint=hint, **filters))
+        pages.append([m.id for m in page.memories])
+        if page.resume is None:
+            return pages
+        after, hint = page.resume, page.hint
+    raise AssertionError("the listing never ended")
+
+
+async def test_list_memories_walks_every_memory_once_newest_first_with_ties_broken_by_id(backend):
+    from memory_service.stores.base import MemoryState
+
+    tied = [memory(f"l{i}", MemoryKind.FACT, SHARD, f"fact {i}", 5) for i in (3, 1, 2)]  # one time: ids break the tie
+    years = [memory(f"y{i}", MemoryKind.EPISODE, SESSION, f"long ago {i}", -525_600 * i) for i in (1, 2, 3)]
+    await backend.write([
+        memory("l0", MemoryKind.MESSAGE, SESSION, "a message", 0), *tied, *years,
+        memory("l4", MemoryKind.FACT, SHARD, "evicted", 6).model_copy(update={"evicted": True}),
+        memory("l5", MemoryKind.DIRECTIVE, USER, "deleted", 7).model_copy(update={"deleted_at": T0}),
+        memory("l6", MemoryKind.OBSERVATION, USER, "tagged", 8).model_copy(update={"tags": ["birds", "river"]}),
+        memory("x1", MemoryKind.FACT, Namespace.shard(A2, "travel"), "another agent's", 1, agent=A2),
+    ])
+    pages = await walk(backend)
+    listed = [i for page in pages for i in page]
+    assert listed == ["l6", "l3", "l2", "l1", "l0", "y1", "y2", "y3"]  # live ones, newest first, each once
+    assert all(len(page) <= 3 for page in pages)
+    everything = [i for page in await walk(backend, state=MemoryState.ALL, limit=100) for i in page]
+    assert everything == ["l6", "l5", "l4", "l3", "l2", "l1", "l0", "y1", "y2", "y3"]
+    assert [i for p in await walk(backend, state=MemoryState.DELETED) for i in p] == ["l5"]
+    assert [i for p in await walk(backend, state=MemoryState.EVICTED) for i in p] == ["l4"]
+    assert [i for p in await walk(backend, namespaces=[SESSION]) for i in p] == ["l0", "y1", "y2", "y3"]
+    assert [i for p in await walk(backend, namespaces=[SESSION, USER], kinds=[MemoryKind.MESSAGE, MemoryKind.OBSERVATION])
+            for i in p] == ["l6", "l0"]
+    assert [i for p in await walk(backend, kinds=[MemoryKind.FACT]) for i in p] == ["l3", "l2", "l1"]
+    assert [i for p in await walk(backend, tags=["river"]) for i in p] == ["l6"]
+    assert [i for p in await walk(backend, tags=["river", "lake"]) for i in p] == []
+    window = {"since": T0 + timedelta(minutes=-525_600 * 2), "until": T0 + timedelta(minutes=5)}
+    assert [i for p in await walk(backend, **window) for i in p] == ["l3", "l2", "l1", "l0", "y1", "y2"]
+    assert [i for p in await walk(backend, agent=A2) for i in p] == ["x1"]
+    assert [i for p in await walk(backend, agent="nobody") for i in p] == []  # an unknown agent reads as empty
+    assert [i for p in await walk(backend, namespaces=[]) for i in p] == []
+    assert await backend.agents() == [A1, A2]  # the reads created no storage
+
+
+async def test_list_memories_misses_nothing_while_memories_arrive(backend):
+    await backend.write([memory(f"o{i:02d}", MemoryKind.FACT, SHARD, f"old {i}", i) for i in range(20)])
+    from memory_service.stores.base import MemoryListing
+
+    seen, after, hint, added = [], None, None, 0
+    while True:
+        page = await backend.list_memories(A1, MemoryListing(limit=4, after=after, hint=hint))
+        seen += [m.id for m in page.memories]
+        # Newer ones, and older ones behind the cursor: each seen at most once, the old ones exactly once.
+        await backend.write([memory(f"n{added}", MemoryKind.FACT, SHARD, "new", 100 + added),
+                             memory(f"b{added}", MemoryKind.FACT, SHARD, "back-dated", -100 - added)])
+        added += 1
+        if page.resume is None:
+            break
+        after, hint = page.resume, page.hint
+    assert len(seen) == len(set(seen))
+    assert [i for i in seen if i.startswith("o")] == [f"o{i:02d}" for i in reversed(range(20))]
+    assert not any(i.startswith("n") for i in seen)  # newer than the first page: a new walk shows them
+
+
+async def test_the_graph_narrows_a_dense_window_and_reads_ties_past_its_probe(settings, monkeypatch):
+    """Few rows per probe: windows holding more are narrowed, down to memories sharing one
+    time, which are read together; the walk still lists every memory once, in order."""
+    from memory_service.stores import graph
+    from memory_service.stores.graph import GraphBackend
+
+    monkeypatch.setattr(graph, "LIST_PROBE_ROWS", 4)
+    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
+    await backend.start()
+    try:
+        spread = [memory(f"s{i:02d}", MemoryKind.FACT, SHARD, "spread", i * 7) for i in range(15)]
+        tied = [memory(f"t{i:02d}", MemoryKind.FACT, SHARD, "tied", 50) for i in range(9)]
+        await backend.write([*spread, *tied])
+        listed = [i for p in await walk(backend, limit=5) for i in p]
+        expected = sorted([*spread, *tied], key=lambda m: (m.valid_at, m.id), reverse=True)
+        assert listed == [m.id for m in expected]
+    finally:
+        await backend.close()

@@ -198,7 +198,8 @@ async def test_put_agent_sets_whether_user_scoped_keys_join_other_users_sessions
         before = snapshot(falkordb_url, worker_running=True)
         with pytest.raises(ConflictError):
             await alice.record("bobs", agent_id=AGENT, user_id="alice", role="user", content="Hi.", message_id="a1")
-        assert snapshot(falkordb_url, worker_running=True) == before
+        after = snapshot(falkordb_url, worker_running=True)
+        assert after == before, before.changes(after)
 
         agent = await operator.put_agent(AGENT, memory_backend="graph", users_join_sessions=True)
         assert agent.users_join_sessions is True and (await operator.get_agent(AGENT)).users_join_sessions is True

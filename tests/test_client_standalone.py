@@ -61,6 +61,11 @@ HIT = {"id": "mem-1", "kind": "directive", "namespace": "user:trip:alice", "cont
        "session_id": "s-1", "user_id": "alice", "role": "user", "served_by": "graph", "tags": ["seats"],
        "explanation": {"signals": {"fulltext": {"score": 2.1, "rank": 1}, "vector": {"score": 0.8, "rank": 2}},
                        "fused": 0.95, "recency": 0.96, "age_days": 5.0, "score": 0.91, "activated": True}}
+AGENT_ROW = {"agent_id": "trip", "configured": True, "users": 2, "sessions": 5}
+USER_ROW = {"user_id": "alice", "sessions": 3}
+SESSION_ROW = {"session_id": "s-1", "agent_id": "trip", "created_at": AT, "last_activity": AT, "messages": 4,
+               "cursor": 2, "formed_windows": 1, "formed_messages": 2, "incognito": False, "gate": GATE,
+               "pending_window": {"window": 2, "messages": 2, "state": "claimed"}}
 RECORD = {"id": "identity", "priority": "P0", "title": "Who you are", "content": "A trip planner.", "source": None,
           "updated_at": AT}
 KEY = {"name": "support-bot prod", "role": "admin", "agents": ["trip"], "users": None, "requests_per_minute": None,
@@ -77,6 +82,12 @@ FACT = {"id": "fact_" + "1" * 24, "namespace": "user:trip:alice", "subject_id": 
 SAMPLES: dict[str, Any] = {
     "RecordOut": {"session_id": "s-1", "message_id": "m-1", "sequence": 4, "duplicate": False, "gate": GATE,
                   "formation_job": "form:s-1:1"},
+    "BatchOut": {"recorded": 1, "duplicate": 0, "refused": 1, "failed": 0,
+                 "items": [{"index": 0, "status": "recorded", "session_id": "s-1", "message_id": "m-1", "sequence": 5,
+                            "code": None, "detail": None},
+                           {"index": 1, "status": "refused", "session_id": None, "message_id": None, "sequence": None,
+                            "code": 422, "detail": "messages.1.role: Field required"}],
+                 "sessions": [{"session_id": "s-1", "gate": GATE, "formation_job": None}]},
     "FormationSummary": {"session_id": "s-1", "window": 1, "formed": True, "message_ids": ["m-1", "m-2"],
                          "memories": {"episode": 1, "directive": 1}, "written": 2, "extractor": "rules",
                          "usage": None, "job_id": "form:s-1:1", "reason": "formed"},
@@ -117,6 +128,18 @@ SAMPLES: dict[str, Any] = {
     "UserExport": {"agent_id": "trip", "user_id": "alice", "exported_at": AT,
                    "sessions": [{"session_id": "s-1", "messages": 3, "other_speakers": 1}], "messages": [EXPORTED],
                    "shared": [{"id": "mem-9", "kind": "episode", "namespace": "session:s-2", "valid_at": AT}]},
+    "AgentSummary": AGENT_ROW,
+    "AgentPage": {"agents": [AGENT_ROW], "next": "eyJ2IjoxfQ"},
+    "UserSummary": USER_ROW,
+    "UserPage": {"users": [USER_ROW], "next": None},
+    "SessionSummary": SESSION_ROW,
+    "SessionPage": {"sessions": [SESSION_ROW], "next": None},
+    "MemoryPage": {"memories": [], "next": "eyJ2IjoxfQ"},
+    "MemoryDetail": {"memory": {"id": "mem-1", "kind": "fact", "namespace": "user:trip:alice", "content": "Lyon.",
+                                "valid_at": AT, "created_at": AT, "provenance": PROVENANCE},
+                     "messages": [], "window": {"window": 1, "extractor": "rules", "first_sequence": 1,
+                                                "last_sequence": 3, "messages": 3, "memories": 2, "formed_at": AT},
+                     "history": [], "history_complete": True},
 }
 
 PROBE = """

@@ -438,3 +438,16 @@ def test_each_sentence_is_shown_once_and_the_other_forms_are_named():
     thanks = render_context(ContextInputs(relevant=[relevant("Thanks!", 1.0), relevant("Thanks!", 0.9)], asked=True),
                             1000, NOW)
     assert texts(parse(thanks.xml), "Memory") == ["Thanks!", "Thanks!"]
+
+
+def test_a_duplicate_folded_into_a_fact_keeps_the_facts_within_their_share():
+    """The ``also`` a duplicate adds to the fact showing it counts against the facts' share
+    (found by hypothesis: a directive repeating a fact grew <KnownFacts> past a fifth)."""
+    said = "Alice sits in seat 14C on every flight."
+    for budget in range(300, 1400, 7):
+        facts = [FactItem(said, "alice")] + [FactItem(f"fact number {i} says little", "alice") for i in range(4)]
+        inputs = ContextInputs(facts=facts, users=[UserContext("u", directives=[directive(said)])])
+        rendered = render_context(inputs, budget, NOW)
+        known = re.search(r" *<KnownFacts.*</KnownFacts>\n", rendered.xml, re.S)
+        assert known is None or len(known.group(0)) <= budget * FACTS_SHARE, budget
+        assert rendered.xml.count(said) <= 1

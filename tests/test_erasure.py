@@ -27,6 +27,7 @@ from memory_service.stores.graph import GraphBackend
 from memory_service.stores.loopback import LoopbackServer
 from memory_service.stores.outbox import WriteOp
 
+from .conftest import cluster_url, state_redis
 from .helpers import mirrored_service, msg, outbox_drained, queued_jobs, wait_embedded
 from .store_state import snapshot
 
@@ -121,8 +122,15 @@ async def graph_findings(url: str, needles=ALICE_NEEDLES) -> list[str]:
 
 
 async def redis_findings(url: str, needles=ALICE_NEEDLES) -> list[str]:
-    """Every key of the Redis holding the state (names and values), read by type."""
-    client = aioredis.Redis.from_url(url)
+    """Every key of the Redis at ``url`` and, when the suite runs on a Redis Cluster, of the
+    cluster holding the state (names and values), read by type."""
+    hits = []
+    for client in [aioredis.Redis.from_url(url)] + ([state_redis(url)] if cluster_url() else []):
+        hits += await _findings(client, needles)
+    return hits
+
+
+async def _findings(client, needles) -> list[str]:
     hits = []
     try:
         async for key in client.scan_iter(count=1000):
@@ -276,7 +284,7 @@ async def test_the_session_ledger_forgets_the_erased_users_pending_messages(eras
     assert await service.state.session_users("shared-1") == [BOB]
     summary = await service.form_memories("shared-1")
     assert sorted(summary.message_ids) == ["shared-1-1", "shared-1-3"]
-    assert await redis_findings(service.settings.redis_url) == []
+    assert await redis_findings(service.settings.job_queue_url()) == []
     assert await graph_findings(service.settings.falkordb_url) == []
 
 
@@ -333,7 +341,7 @@ async def test_an_erasure_that_crashed_midway_is_finished_by_a_retry(erase_servi
     report = await service.erase_user(AGENT, ALICE)
     assert report.memories["message"] == len(ALICE_IDS) and report.sessions_removed == ["solo-a"]
     assert await graph_findings(service.settings.falkordb_url) == []
-    assert await redis_findings(service.settings.redis_url) == []
+    assert await redis_findings(service.settings.job_queue_url()) == []
     assert (await service.erase_user(AGENT, ALICE)).memories == {}
 
 
@@ -374,7 +382,7 @@ async def test_an_erasure_while_mongo_is_cut_completes_when_it_returns_and_the_o
     assert any(note.startswith("mongo: unreachable") for note in report.notes), report.notes
     assert report.stores["graph"] == sum(report.memories.values())
     assert await graph_findings(service.settings.falkordb_url) == []
-    assert await redis_findings(service.settings.redis_url) == []  # the queued writes were rewritten without her
+    assert await redis_findings(service.settings.job_queue_url()) == []  # the queued writes were rewritten without her
     assert await backend.outbox.replay("mongo", [entry]) == 1  # an operator replays the dead letter
 
     await mongo_proxy.start()

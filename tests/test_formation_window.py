@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import math
 import signal
 from urllib.parse import urlsplit
@@ -18,10 +19,9 @@ from memory_service.domain.models import MemoryKind, Role
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.gates import weighted_tokens
 from memory_service.formation.jobs import QUEUE_NAME, formation_job_id
-from memory_service.formation.window import _COMPLETE, StaleGate, WindowState
+from memory_service.formation.window import _COMPLETE, StaleGate, WindowState, WindowStore
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
-from memory_service.state.keyspace import ACTIVE
 
 from .helpers import msg, queued_formations
 from .tcp_proxy import TcpProxy
@@ -115,10 +115,11 @@ async def test_a_retry_never_mixes_two_extractions_of_one_window(url, tmp_path, 
 
 
 async def test_a_worker_killed_after_completing_a_window_still_post_processes_it(url, tmp_path, proxy):
-    """The worker dies right after the window completed (cursor moved, directives queued
-    for consolidation) and before the post-completion work: the retry finds the window
-    completed and runs that work, so the four queued directives are consolidated (before,
-    the retry saw "already formed" and the consolidation waited for the next directive)."""
+    """The worker dies right after the window completed (cursor moved, its effects stored:
+    directives to queue for consolidation, on another slot of a cluster) and before the
+    post-completion work: the retry finds the window completed, applies its effects and
+    runs that work, so the four directives are consolidated (before, the retry saw "already
+    formed" and the consolidation waited for the next directive)."""
     overrides = {"consolidate_directives_after": 4}
     async with open_service(make_settings(url, **overrides), run_worker=False) as service:
         # Loaded now, so that the worker's first call of the script is the one completing.
@@ -132,7 +133,10 @@ async def test_a_worker_killed_after_completing_a_window_still_post_processes_it
             status = await service.session_status("s0")
             assert status["formed_windows"] == 1 and status["pending_job"]["state"] == "completed"
             user_ns = str(Namespace.user("a1", "user0"))
-            assert len(await service.state.consolidation_pending(user_ns)) == 4
+            record = await WindowStore(service.state).load("s0")
+            assert record is not None and record.effects and not record.applied
+            assert [ns for ns, _ in json.loads(record.effects)["push"]] == [user_ns] * 4
+            assert await service.state.consolidation_pending(user_ns) == []  # applied by the retry
             assert await service.state.consolidation_version(user_ns) == 0
 
             worker.start()
@@ -298,24 +302,23 @@ async def test_the_sweep_gets_past_a_thousand_sessions_that_cannot_form(url):
         await _record_many(service, secret[5:], incognito=True)
         for i in range(4):
             await service.record_message("formable", msg("a1", "alice", f"I prefer aisle seat {i}.", mid=f"f{i}"))
-        redis = service.state.redis
-        assert await redis.zcard(ACTIVE) == 1002
+        assert len(await service.state.active_sessions()) == 1002
 
         runs = []
         for _ in range(math.ceil(1002 / 300) + 1):
-            before = await redis.zcard(ACTIVE)
+            before = len(await service.state.active_sessions())
             runs.append(await service.sweep_cold_sessions())
-            assert before - await redis.zcard(ACTIVE) <= 300  # bounded: at most 300 looked at
+            assert before - len(await service.state.active_sessions()) <= 300  # bounded: at most 300 looked at
             if runs[-1]:
                 break
         assert runs[-1] == [formation_job_id("formable", 1)] and len(runs) == 4
-        assert await redis.zrange(ACTIVE, 0, -1) == ["formable"]  # the rest left the set
+        assert list(await service.state.active_sessions()) == ["formable"]  # the rest left the set
         assert await queued_formations(service) == 1
 
         # A message brings a session back; with the minimum it is swept.
         for i in range(1, 4):
             await service.record_message("short7", msg("a1", "bob", f"more {i}", mid=f"short7-{i}"))
-        assert await redis.zscore(ACTIVE, "short7") is not None
+        assert "short7" in await service.state.active_sessions()
         assert formation_job_id("short7", 1) in await service.sweep_cold_sessions()
 
 
@@ -375,13 +378,13 @@ async def test_a_claim_left_by_the_first_layout_is_adopted_not_lost(url):
         for i in range(5):
             await service.record_message("old", msg("a1", "alice", f"note {i}", mid=f"m{i}"))
         redis = service.state.redis
-        await redis.hset("ms:s:old:meta", "claimed_windows", 1)
-        await redis.hset("ms:s:old:claim", mapping={"window": "1", "ids": '[["m0", 1], ["m1", 2], ["m2", 3]]'})
+        await redis.hset(keyspace.session_keys("old")["meta"], "claimed_windows", 1)
+        await redis.hset(keyspace.legacy_claim("old"), mapping={"window": "1", "ids": '[["m0", 1], ["m1", 2], ["m2", 3]]'})
         summary = await service.form_memories("old", wait=False)
         assert summary.job_id == formation_job_id("old", 1)
         window = await service.formation.windows.load("old")
         assert window.state is WindowState.CLAIMED and window.claim.message_ids == ["m0", "m1", "m2"]
-        assert not await redis.exists("ms:s:old:claim")
+        assert not await redis.exists(keyspace.legacy_claim("old"))
 
 
 async def test_post_form_finishes_a_completed_window_and_forms_what_is_pending(url):

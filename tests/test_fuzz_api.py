@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from urllib.parse import quote, quote_from_bytes
 
 import httpx
@@ -224,6 +225,52 @@ def test_hostile_json_in_any_field(fuzz_server, falkordb_url, route, data, must_
     if must_refuse:
         assert response.status_code in (413, 422), response.text[:2000]
         assert len(response.content) < 8_000
+
+
+BATCH_ITEM = {k: v for k, v in MESSAGE.items() if k != "agent_id"} | {"session_id": "s-batch"}
+
+
+@given(data=st.data(), must_refuse=st.booleans())
+@FUZZ
+def test_hostile_json_in_a_batch_item(fuzz_server, falkordb_url, data, must_refuse):
+    """The batch route reads its items one by one: a value planted in one item refuses that
+    item alone (422, or 413 when too large), and stores nothing of it; planted in the
+    envelope, it refuses the whole body. Never a 5xx."""
+    items = [{**BATCH_ITEM, "message_id": f"b{i}-{uuid.uuid4().hex}"} for i in range(3)]  # new ids: no duplicates
+    body = {"messages": items}
+    where = data.draw(st.sampled_from(list(_paths(body))), label="where")
+    value = data.draw(refused_values if must_refuse else other_values, label="value")
+    content = _encode(_planted(body, where, value))
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as http:
+        worker_idle(falkordb_url)
+        response = http.post(f"/v1/agents/{AGENT}/messages/batch", content=content,
+                             headers={"content-type": "application/json"})
+    assert response.status_code < 500, response.text[:2000]
+    in_item = len(where) >= 2  # ("messages", i, ...): an item, or a value inside one
+    if must_refuse and not in_item:
+        assert response.status_code in (413, 422), response.text[:2000]
+    if response.status_code == 200:
+        answers = response.json()["items"]
+        if must_refuse and in_item:
+            hit = where[1]
+            assert answers[hit]["status"] == "refused" and answers[hit]["code"] in (413, 422), answers[hit]
+        assert all(a["status"] in ("recorded", "refused") for a in answers), answers
+        if not must_refuse and in_item:
+            assert all(a["status"] == "recorded" for i, a in enumerate(answers) if i != where[1]), answers
+        held = committed_ids(falkordb_url, "s-batch")
+        for answer in answers:
+            assert (answer["message_id"] in held) == (answer["status"] == "recorded"), (answer, held)
+
+
+def committed_ids(url: str, session_id: str) -> set[str]:
+    """The message ids committed in the session (what a recorded answer promises)."""
+    from memory_service.state.keyspace import session_keys
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return set(client.smembers(session_keys(session_id)["committed"]))
+    finally:
+        client.close()
 
 
 # --- hostile text in query parameters and path segments -------------------------------------

@@ -19,7 +19,7 @@ from memory_service.formation.jobs import EMBED_JOB
 from memory_service.formation.steps import message_memory_id
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
 from memory_service.runtime import open_service
-from memory_service.state.keyspace import IN_FLIGHT, embed_due, embed_lock
+from memory_service.state.keyspace import embed_due, embed_lock
 from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.graph import GraphBackend, graph_name
 from memory_service.stores.outages import is_unavailable
@@ -318,7 +318,7 @@ async def test_a_store_outage_fails_every_concurrent_record_and_leaves_nothing_p
             assert not any(r.duplicate for r in again)
             assert [(await service.session_gate(f"s{i}")).pending_messages for i in range(3)] == [4, 3, 3]
             assert {r.message_id: r.sequence for r in again} == {e.message_id: e.sequence for e in held}  # kept
-            assert await service.state.redis.zcard(IN_FLIGHT) == 0
+            assert await service.state.in_flight_count() == 0
             _, backend = await service.agents.backend_for("a1")
             assert sum([await backend.count("a1", Namespace.session(f"s{i}")) for i in range(3)]) == 10
     finally:
@@ -387,7 +387,7 @@ async def test_one_bad_message_fails_alone_among_other_sessions_and_its_id_is_re
     [stored] = await backend.recent("a1", Namespace.session("s7"), [MemoryKind.MESSAGE], 10)
     assert stored.content == "bad text, corrected"
     assert sum([await backend.count("a1", Namespace.session(f"s{i}")) for i in range(30)]) == 30
-    assert await service.state.redis.zcard(IN_FLIGHT) == 0  # nothing left in flight
+    assert await service.state.in_flight_count() == 0  # nothing left in flight
 
 
 async def test_a_refused_id_is_released_only_when_no_concurrent_call_holds_it(service):
@@ -431,6 +431,6 @@ async def test_the_recovery_waits_for_its_grace_period_then_releases_what_was_ne
     assert [e.message_id for e in await service.state.in_flight("s1")] == ["m1"]
     service.settings.record_recovery_after_seconds = 0
     assert await service.recover_in_flight() == {"sessions": 1, "committed": 0, "released": 1}
-    assert await service.state.in_flight("s1") == [] and await service.state.redis.zcard(IN_FLIGHT) == 0
+    assert await service.state.in_flight("s1") == [] and await service.state.in_flight_count() == 0
     result = await service.record_message("s1", msg("a1", "alice", "other content, same id", mid="m1"))
     assert not result.duplicate and result.sequence == reservation.sequence + 1

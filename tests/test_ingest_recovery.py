@@ -19,7 +19,7 @@ import httpx
 from memory_service.domain.models import MemoryKind, MessageIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
-from memory_service.state.keyspace import IN_FLIGHT, session_keys
+from memory_service.state.keyspace import session_keys
 from memory_service.state.store import _COMMIT
 from memory_service.stores.loopback import free_port
 
@@ -119,7 +119,7 @@ async def assert_every_stored_message_pending_or_formed(service, sessions) -> di
         assert sorted(pending + formed) == stored, f"{session_id}: stored {stored}, pending {pending}, formed {formed}"
         assert await service.state.in_flight(session_id) == []
         stored_by_session[session_id] = stored
-    assert await service.state.redis.zcard(IN_FLIGHT) == 0
+    assert await service.state.in_flight_count() == 0
     return stored_by_session
 
 
@@ -205,13 +205,13 @@ async def test_many_clients_and_a_kill_9_then_the_worker_recovers_every_stored_m
     async with open_service(make_settings(url, **SETTINGS), run_worker=False) as service:
         before = {s: await ledger(service, s) for s in sessions}
         assert any(set(stored) - set(pending) for stored, pending, _ in before.values())  # the crash's damage
-        assert await service.state.redis.zcard(IN_FLIGHT) > 0
+        assert await service.state.in_flight_count() > 0
 
         restarted = ApiProcess(tmp_path / "restart.log", url, url, worker=True, record_recovery_after_seconds=0)
         await restarted.start()
         try:
             for _ in range(600):  # the worker's recovery runs at its start
-                if await service.state.redis.zcard(IN_FLIGHT) == 0:
+                if await service.state.in_flight_count() == 0:
                     break
                 await asyncio.sleep(0.1)
             stored = await assert_every_stored_message_pending_or_formed(service, sessions)

@@ -1,6 +1,6 @@
-"""memory_service/state/keyspace.py builds every ``ms:*`` Redis key, builds the keys the
-service always built (stored data must stay readable: there is no migration of key names),
-and its docstring maps them all."""
+"""memory_service/state/keyspace.py builds every ``ms:*`` Redis key, builds the keys of its
+KEYSPACE_VERSION (stored data: a change of names is a new version, with its upgrade in
+memory_service/state/upgrade.py), and its docstring maps them all."""
 
 from __future__ import annotations
 
@@ -21,39 +21,49 @@ KEYSPACE = ROOT / "state" / "keyspace.py"
 # "items:" and "5 ms: the" do not match).
 KEY_LITERAL = re.compile(r"(?<![\w-])ms:(?=\S)")
 
-# Each builder with example arguments, and the key the code built before keyspace.py did
-# (as the modules wrote them: store, window, keys, audit, outbox, retention, startup, pseudonyms).
+# Each builder with example arguments, and the key it builds: stored data, changed only with
+# KEYSPACE_VERSION and a rename in memory_service/state/upgrade.py (tests/test_upgrade.py
+# checks the keys of version 1, as the first releases wrote them, move to these).
+S1 = "s:240"  # session_tag("s1")
 EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
-    ("ACTIVE", (), "ms:active"),
-    ("IN_FLIGHT", (), "ms:inflight"),
-    ("METRICS", (), "ms:metrics"),
+    ("KEYSPACE", (), "ms:keyspace"),
     ("EMBEDDER", (), "ms:embedder"),
     ("USER_DIGEST_KEY", (), "ms:user-digest-key"),
-    ("RETENTION_DELETED", (), "ms:retention:deleted"),
+    ("AGENTS", (), "ms:agents"),
+    ("BROWSE_INDEX", (), "ms:browse-index"),
+    ("RETENTION_AGENTS", (), "ms:retention:agents"),
+    ("active", (S1,), "ms:active:{s:240}"),
+    ("in_flight", (S1,), "ms:inflight:{s:240}"),
+    ("metrics", (S1,), "ms:metrics:{s:240}"),
+    ("metrics", ("outbox",), "ms:metrics:{outbox}"),
     ("agent_settings", ("a1",), "ms:agent:a1"),
     ("agent_sessions", ("a1",), "ms:agent:a1:sessions"),
     ("agent_backends", ("a1",), "ms:agent:a1:backends"),
+    ("agent_session_order", ("a1",), "ms:agent:a1:session-order"),
+    ("agent_session_count", ("a1",), "ms:agent:a1:session-count"),
+    ("agent_users", ("a1",), "ms:agent:a1:users"),
     ("shards", ("a1",), "ms:shards:a1"),
-    ("user_sessions", ("a1", "alice"), "ms:agent:a1:user:alice:sessions"),
-    ("user_recorded", ("a1", "alice"), "ms:agent:a1:user:alice:recorded"),
-    ("embed_due", ("a1",), "ms:embed:a1:due"),
-    ("embed_lock", ("a1",), "ms:embed:a1:job"),
+    ("user_sessions", ("a1", "alice"), "ms:u:{user:a1:alice}:sessions"),
+    ("user_recorded", ("a1", "alice"), "ms:u:{user:a1:alice}:recorded"),
+    ("embed_due", ("a1",), "ms:embed:{embed:a1}:due"),
+    ("embed_lock", ("a1",), "ms:embed:{embed:a1}:job"),
+    ("startup_records", ("a1",), "ms:startup:{agent:a1}"),
     ("reembed", ("a1",), "ms:reembed:a1"),
-    ("startup_records", ("a1",), "ms:startup:a1"),
+    ("trace_job", ("j1",), "ms:trace:job:j1"),
     ("import_manifest", ("a1",), "ms:import:a1"),
-    ("memory_access", ("a1",), "ms:memaccess:a1"),
+    ("memory_access", ("a1",), "ms:memaccess:{retention:a1}"),
+    ("retention_deleted", ("a1",), "ms:retention:{retention:a1}:deleted"),
     ("audit_stream", ("a1",), "ms:audit:agent:a1"),
     ("audit_stream", (None,), "ms:audit:system"),
-    ("session_keys", ("s1",), {
-        "meta": "ms:s:s1:meta", "ids": "ms:s:s1:ids", "pending": "ms:s:s1:pending", "tokens": "ms:s:s1:tokens",
-        "users": "ms:s:s1:users", "committed": "ms:s:s1:committed", "startup": "ms:s:s1:startup",
-        "inflight": "ms:s:{s1}:inflight"}),
-    ("window", ("s1",), "ms:s:{s1}:window"),
-    ("legacy_claim", ("s1",), "ms:s:s1:claim"),
-    ("cons_pending", ("user:a1:alice",), "ms:cons:user:a1:alice:pending"),
-    ("cons_version", ("shard:a1:sh1",), "ms:cons:shard:a1:sh1:version"),
-    ("generation", ("session:s1",), "ms:gen:session:s1"),
-    ("generation", ("agent:a1",), "ms:gen:agent:a1"),
+    ("session_keys", ("s1",), {part: f"ms:s:{{s:240}}:s1:{part}" for part in
+                               ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed")}),
+    ("window", ("s1",), "ms:s:{s:240}:s1:window"),
+    ("legacy_claim", ("s1",), "ms:s:{s:240}:s1:claim"),
+    ("cons_pending", ("user:a1:alice",), "ms:cons:{user:a1:alice}:user:a1:alice:pending"),
+    ("cons_version", ("shard:a1:sh1",), "ms:cons:{shard:a1:sh1}:shard:a1:sh1:version"),
+    ("cons_pending", ("session:s1",), "ms:cons:{s:240}:session:s1:pending"),
+    ("generation", ("session:s1",), "ms:gen:{s:240}:session:s1"),
+    ("generation", ("agent:a1",), "ms:gen:{agent:a1}:agent:a1"),
     ("cached_block", ("9f86d081",), "ms:ctx:9f86d081"),
     ("last_good_block", ('["a1", "alice", "s1", 4000, null]',), 'ms:ctx:last:["a1", "alice", "s1", 4000, null]'),
     ("cache_index", ("a1",), "ms:ctxkeys:a1"),
@@ -62,16 +72,17 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("agent_api_keys", ("a1",), "ms:agent:a1:keys"),
     ("rate_counter", ("3f9c0a7d2b1e4c58", "r", 29_000_000), "ms:rl:{3f9c0a7d2b1e4c58}:r:29000000"),
     ("rate_counter", ("3f9c0a7d2b1e4c58", "t", 28_999_999), "ms:rl:{3f9c0a7d2b1e4c58}:t:28999999"),
-    ("OUTBOX_ENTRIES", (), "ms:outbox:entries"),
-    ("OUTBOX_REFS", (), "ms:outbox:refs"),
-    ("OUTBOX_SEQ", (), "ms:outbox:seq"),
-    ("OUTBOX_LEGACY_SEQ", (), "ms:outbox:legacy_seq"),
-    ("outbox_queue", ("mongo",), "ms:outbox:queue:mongo"),
-    ("outbox_attempts", ("mongo",), "ms:outbox:attempts:mongo"),
-    ("outbox_errors", ("graph",), "ms:outbox:errors:graph"),
-    ("outbox_dead", ("mongo",), "ms:outbox:dead:mongo"),
-    ("outbox_lock", ("graph",), "ms:outbox:lock:graph"),
-    ("outbox_legacy_queue", ("mongo",), "ms:outbox:mongo"),
+    ("OUTBOX_ENTRIES", (), "ms:outbox:{outbox}:entries"),
+    ("OUTBOX_REFS", (), "ms:outbox:{outbox}:refs"),
+    ("OUTBOX_SEQ", (), "ms:outbox:{outbox}:seq"),
+    ("OUTBOX_LEGACY_SEQ", (), "ms:outbox:{outbox}:legacy_seq"),
+    ("OUTBOX_METRICS", (), "ms:metrics:{outbox}"),
+    ("outbox_queue", ("mongo",), "ms:outbox:{outbox}:queue:mongo"),
+    ("outbox_attempts", ("mongo",), "ms:outbox:{outbox}:attempts:mongo"),
+    ("outbox_errors", ("graph",), "ms:outbox:{outbox}:errors:graph"),
+    ("outbox_dead", ("mongo",), "ms:outbox:{outbox}:dead:mongo"),
+    ("outbox_lock", ("graph",), "ms:outbox:{outbox}:lock:graph"),
+    ("outbox_legacy_queue", ("mongo",), "ms:outbox:{outbox}:mongo"),
     ("postings_prefix", ("a1",), "ms:ft:{a1}:"),
     ("postings_stats", ("a1",), "ms:ft:{a1}:stats"),
     ("postings_docs", ("a1",), "ms:ft:{a1}:docs"),
@@ -79,20 +90,28 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("postings_build_lock", ("a1",), "ms:ft:{a1}:build"),
 ]
 
+# keyspace's functions that build hash tags, not keys.
+# Helpers that build tags or read keys, not keys.
+TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags", "user_of"}
+
 # How the map writes each builder's parameters.
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
-                "target": "<target>", "term": "<stem>"}
+                "target": "<target>", "tag": "s:<b>", "job_id": "<job id>", "term": "<stem>"}
 
 
 def _builders() -> dict[str, object]:
     """keyspace's public names that are keys or build them."""
     return {name: value for name, value in vars(keyspace).items()
-            if not name.startswith("_") and (inspect.isfunction(value) or (isinstance(value, str) and value.startswith("ms:")))}
+            if not name.startswith("_") and name not in TAG_HELPERS
+            and (inspect.isfunction(value) or (isinstance(value, str) and value.startswith("ms:")))}
+
+
+UPGRADE = ROOT / "state" / "upgrade.py"  # names the keys of older layouts, to rename them
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in ROOT.rglob("*.py") if p != KEYSPACE)
+    return sorted(p for p in ROOT.rglob("*.py") if p not in (KEYSPACE, UPGRADE))
 
 
 def test_no_module_but_keyspace_names_a_key():
@@ -119,9 +138,17 @@ def test_the_check_finds_a_key_literal():
 
 
 @pytest.mark.parametrize(("name", "args", "expected"), EXAMPLES, ids=[f"{n}{a}" for n, a, _ in EXAMPLES])
-def test_keys_are_the_ones_the_service_always_built(name, args, expected):
+def test_keys_are_the_ones_of_the_keyspace_version(name, args, expected):
     value = getattr(keyspace, name)
     assert (value(*args) if callable(value) else value) == expected
+
+
+def test_user_of_reads_the_user_back():
+    for user in ("alice", "bob-2", "a.b"):
+        assert keyspace.user_of("a1", keyspace.user_sessions("a1", user)) == user
+        assert keyspace.user_of("a1", keyspace.user_recorded("a1", user)) == user
+    assert keyspace.user_of("a2", keyspace.user_sessions("a1", "alice")) is None
+    assert keyspace.user_of("a1", keyspace.agent_sessions("a1")) is None
 
 
 def test_every_key_has_an_example():
@@ -139,6 +166,8 @@ def test_the_map_names_every_key():
             assert inspect.isfunction(builder)
             built = builder(*(PLACEHOLDERS[p] for p in inspect.signature(builder).parameters))
             patterns = list(built.values()) if isinstance(built, dict) else [built]
+        # A session's bucket is computed from its id: the map writes it <b>; a namespace's tag <tag>.
+        patterns = [re.sub(r"\{s:\d{3}\}", "{s:<b>}", p).replace("{<namespace>}", "{<tag>}") for p in patterns]
         for pattern in patterns:
             assert pattern in doc, f"keyspace's docstring does not list {pattern} ({name})"
     assert keyspace.audit_stream(None) in doc

@@ -23,6 +23,7 @@ from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.state import keyspace
 from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN
 from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.loopback import LoopbackServer
@@ -160,8 +161,8 @@ async def test_an_outbox_entry_in_the_format_before_operations_is_still_delivere
         _, backend = await service.agents.backend_for("a1")
         [message] = await backend.primary.export("a1", Namespace.session("s1"))
         legacy = message.model_copy(update={"id": "legacy-1", "content": "queued before the upgrade"})
-        await service.state.redis.hset("ms:outbox:entries", "old", json.dumps([legacy.model_dump(mode="json")]))
-        await service.state.redis.rpush("ms:outbox:mongo", "old")
+        await service.state.redis.hset(keyspace.OUTBOX_ENTRIES, "old", json.dumps([legacy.model_dump(mode="json")]))
+        await service.state.redis.rpush(keyspace.outbox_legacy_queue("mongo"), "old")
         await settle(service)
         [delivered] = await backend.mirror.get("a1", Namespace.session("s1"), ["legacy-1"])
         assert delivered.content == "queued before the upgrade"
@@ -198,10 +199,11 @@ async def test_an_agent_that_just_opted_in_reads_its_memories_from_mongo(mongo_s
         await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
         await converse(service, "s1")
         assert (await service.form_memories("s1")).formed
-        on_mongo = await service.assemble_memory_context("a1", "alice", "s1")
+        asked = "which window seats does alice prefer on the flight"  # words of the chat: full text finds them
+        on_mongo = await service.assemble_memory_context("a1", "alice", "s1", query=asked)
         assert on_mongo.source == "mongo" and "window seats" in on_mongo.xml
         await service.put_agent("a1", AgentSettings(memory_backend="graph"))  # opted in, nothing migrated
-        on_graph = await service.assemble_memory_context("a1", "alice", "s1")
+        on_graph = await service.assemble_memory_context("a1", "alice", "s1", query=asked)
         # Namespaces empty in both stores count as served by the graph.
         # Search falls back too (the graph found nothing), so the relevant memories match.
         assert "mongo" in on_graph.source.split("+") and on_graph.xml == on_mongo.xml
@@ -233,7 +235,7 @@ async def test_only_an_agent_that_named_mongo_reads_it_on_an_empty_graph_answer_
         block = await service.assemble_memory_context("a1", "alice", "s1")
         assert "mongo" in block.source.split("+") and "window seats" in block.xml and backend.mongo_reads > 0
         # Settings an older version stored (before the named-backends set) count too.
-        await service.state.redis.set("ms:agent:a2", AgentSettings(memory_backend="mongo").model_dump_json())
+        await service.state.redis.set(keyspace.agent_settings("a2"), AgentSettings(memory_backend="mongo").model_dump_json())
         await service.put_agent("a2", AgentSettings(memory_backend="graph"))
         assert await service.state.named_backend("a2", "mongo")
         # Back on mongo, then migrated: the graph holds everything, its empty answers stand.
@@ -327,7 +329,7 @@ async def test_an_entry_mongo_refuses_is_dead_lettered_and_the_entries_behind_it
         assert again.entry_id == dead.entry_id and again.attempts == 3
         # Dropped: gone, with its operation.
         assert await backend.outbox.drop("mongo", [dead.entry_id]) == 1
-        assert await service.state.redis.hget("ms:outbox:entries", dead.entry_id) is None
+        assert await service.state.redis.hget(keyspace.OUTBOX_ENTRIES, dead.entry_id) is None
         assert await backend.outbox.dead_letter_counts() == {"graph": 0, "mongo": 0}
         assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
 
@@ -344,7 +346,7 @@ async def test_an_outage_of_mongo_never_counts_as_a_failed_delivery(mongo_settin
             await asyncio.sleep(0.05)
         assert "mongo" in (await backend.health())["undelivered"]
         assert await backend.outbox.dead_letter_counts() == {"graph": 0, "mongo": 0}
-        assert await service.state.redis.hlen("ms:outbox:attempts:mongo") == 0
+        assert await service.state.redis.hlen(keyspace.outbox_attempts("mongo")) == 0
         await mongo_proxy.start()
         await settle(service)
         in_graph, in_mongo = await both_stores(service)
@@ -353,7 +355,8 @@ async def test_an_outage_of_mongo_never_counts_as_a_failed_delivery(mongo_settin
 
 async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_mongo_is_back(
         mongo_settings, mongo_proxy, caplog):
-    settings = mongo_settings.model_copy(update={"outbox_alarm_pending": 2, "outbox_max_pending": 3})
+    settings = mongo_settings.model_copy(update={"outbox_alarm_pending": 2, "outbox_max_pending": 3,
+                                                 "metrics_stored_refresh_seconds": 0})
     async with open_service(settings, run_worker=False) as service, \
             LoopbackServer(create_app(service=service)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=60) as http:
@@ -383,7 +386,12 @@ async def test_the_outbox_alarms_at_its_bound_and_refuses_writes_past_it_until_m
         await mongo_proxy.start()
         await settle(service)
         assert (await post(3)).status_code == 200
-        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in (await http.get("/metrics")).text
+        await settle(service)
+        metrics = (await http.get("/metrics")).text
+        assert 'memory_service_outbox_alarm{target="mongo"} 0.0\n' in metrics
+        # What each store holds, counted by the store: the mirror holds the same four messages.
+        assert 'memory_service_memories_stored{store="graph"} 4.0\n' in metrics
+        assert 'memory_service_memories_stored{store="mongo"} 4.0\n' in metrics
 
 
 async def test_with_both_stores_down_the_last_good_block_is_served(mongo_settings, graph, mongo_proxy):

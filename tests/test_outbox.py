@@ -13,14 +13,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from redis.asyncio import Redis
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
+from memory_service.state import keyspace
 from memory_service.state.keyspace import OUTBOX_ENTRIES, OUTBOX_REFS
 from memory_service.stores.outbox import Outbox, OutboxFull, TrimOp, WriteOp
 
-from .conftest import clean_env
+from .conftest import clean_env, state_redis
 from .helpers import T0
 
 CLI = str(Path(sys.executable).parent / "memory-service")
@@ -28,7 +28,7 @@ CLI = str(Path(sys.executable).parent / "memory-service")
 
 @pytest.fixture
 async def redis(settings):
-    client = Redis.from_url(settings.falkordb_url, decode_responses=True)
+    client = state_redis(settings.falkordb_url, decode_responses=True)  # the cluster, on one
     yield client
     await client.aclose()
 
@@ -76,7 +76,7 @@ async def test_a_failing_entry_is_dead_lettered_after_its_attempts_and_can_be_re
     assert json.loads(dead.op)["memories"][0]["id"] == "m1"
     assert await outbox.dead_letter_counts() == {"graph": 0, "mongo": 1}
     assert await outbox.failed("mongo", bad, "late") == (-1, False)  # no longer queued: nothing counted
-    assert float(await redis.hget("ms:metrics", "outbox_dead_lettered_mongo")) == 1
+    assert float(await redis.hget(keyspace.OUTBOX_METRICS, "outbox_dead_lettered_mongo")) == 1
 
     assert await outbox.replay("mongo", [bad]) == 1
     assert await ids(outbox, "mongo") == [good, bad]  # at the end, attempts reset
@@ -132,16 +132,17 @@ async def test_queues_of_the_first_outbox_are_adopted_ahead_of_new_entries(redis
     new = await outbox.append(write(9))
     for i in (1, 2):  # as the first outbox queued them: the operation, and the id on a list
         await redis.hset(OUTBOX_ENTRIES, f"old{i}", write(i).model_dump_json())
-        await redis.rpush("ms:outbox:mongo", f"old{i}")
+        await redis.rpush(keyspace.outbox_legacy_queue("mongo"), f"old{i}")
     assert await outbox.depth() == {"graph": 1, "mongo": 3}
     assert await ids(outbox, "mongo") == ["old1", "old2", new]
-    assert not await redis.exists("ms:outbox:mongo")
+    assert not await redis.exists(keyspace.outbox_legacy_queue("mongo"))
     await outbox.delivered("mongo", "old1")
     assert not await redis.hexists(OUTBOX_ENTRIES, "old1")  # its only target had it
 
 
 def cli(settings, *args: str) -> subprocess.CompletedProcess:
-    env = {**clean_env(), "FALKORDB_URL": settings.falkordb_url, "COLUMNS": "200"}
+    env = {**clean_env(), "FALKORDB_URL": settings.falkordb_url, "COLUMNS": "200",
+           **({"REDIS_URL": settings.redis_url} if settings.redis_url else {})}  # the cluster, on one
     return subprocess.run([CLI, "outbox", *args], capture_output=True, text=True, timeout=120, env=env)
 
 

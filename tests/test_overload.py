@@ -28,6 +28,7 @@ from memory_service.curation.tools import MemoryWrite
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.http.app import create_app
 from memory_service.runtime import default_extractor, open_service
+from memory_service.state import keyspace
 from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
 from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.loopback import LoopbackServer
@@ -246,14 +247,15 @@ async def test_past_the_admission_limit_requests_wait_then_answer_503_and_metric
     answers, both go through."""
     settings = settings.model_copy(update={
         "falkordb_url": own_graph.url, "redis_url": settings.falkordb_url, "store_read_timeout_seconds": 60,
-        "api_max_concurrent_requests": 1, "api_queue_timeout_seconds": 0.1, "overload_retry_after_seconds": 2})
+        "api_max_concurrent_requests": 1, "api_queue_timeout_seconds": 0.1, "overload_retry_after_seconds": 2,
+        "store_stall_seconds": 60})  # admission's answer, not the stall guard's (on a loaded machine it came first)
     async with open_service(settings, run_worker=False) as service, \
             LoopbackServer(create_app(service=service)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
         assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
         own_graph.stall()
         holding = asyncio.create_task(http.post("/v1/sessions/s1/messages", json=message(2)))
-        while not await service.state.redis.hexists("ms:s:s1:ids", "m2"):  # reserved: now at its graph write
+        while not await service.state.redis.hexists(keyspace.session_keys("s1")["ids"], "m2"):  # reserved: now at its graph write
             await asyncio.sleep(0.02)
         refused = await guard(http.post("/v1/sessions/s2/messages", json=message(3)))
         assert refused.status_code == 503 and refused.headers["retry-after"] == "2"

@@ -17,19 +17,28 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
+from falkordb.asyncio import FalkorDB
+from openai.types.chat import ChatCompletion
+from opentelemetry.instrumentation.redis import RedisInstrumentor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from memory_service.domain.errors import BackendUnavailable
+from memory_service.domain.models import Memory, MemoryKind, Provenance, Role
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation.llm_client import Malformed, _reply_text
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service, wait_for_stores
 from memory_service.state import logs, tracing
 from memory_service.stores.embedded import _binaries
+from memory_service.stores.graph import GraphBackend, graph_name
 from memory_service.stores.loopback import LoopbackServer, free_port
 
 from .conftest import clean_env, suite_settings
@@ -252,6 +261,19 @@ async def test_served_logs_are_json_lines_with_request_ids_and_keep_no_user_word
     assert not any(session in line["message"] for line in access)
 
 
+def test_an_llm_refusal_reaches_the_log_without_its_words():
+    """A refusal may quote the conversation; the error (logged, kept in the job's result) says
+    only that the model refused, and how long its answer was."""
+    completion = ChatCompletion.model_validate({
+        "id": "c1", "object": "chat.completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": None,
+                                 "refusal": "I cannot store that zelda-7781 likes marmalade."}}]})
+    with pytest.raises(Malformed) as refused:
+        _reply_text(completion)
+    assert str(refused.value) == "the model refused (47 characters)"
+
+
 # Metrics ------------------------------------------------------------------------------------
 
 
@@ -267,7 +289,8 @@ def sample(text: str, metric: str, **labels: str) -> float:
 
 async def test_metrics_are_histograms_by_route_template_and_operation_per_process(settings):
     port = free_port()
-    settings = settings.model_copy(update={"never_form_memories_less_than_n_messages": 2, "memory_formation_msg_interval": 2, "metrics_port": port})
+    settings = settings.model_copy(update={"never_form_memories_less_than_n_messages": 2, "memory_formation_msg_interval": 2,
+                                           "metrics_port": port, "metrics_stored_refresh_seconds": 0})
     async with LoopbackServer(create_app(settings, run_worker=True)) as server, \
             httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
         for i in range(3):
@@ -287,6 +310,11 @@ async def test_metrics_are_histograms_by_route_template_and_operation_per_proces
         for operation in ("record", "context", "search", "formation", "embedding"):
             assert sample(text, "memory_service_operation_duration_seconds_count", operation=operation, outcome="ok") >= 1
         assert sample(text, "memory_service_search_signal_duration_seconds_count", signal="fulltext") >= 1
+        assert sample(text, "memory_service_search_signal_duration_seconds_count", signal="graph") >= 1
+        # What the store holds, counted by the store (the same on every replica).
+        assert sample(text, "memory_service_memories_stored", store="graph") == await episodes_in(settings.falkordb_url) >= 4
+        assert sample(text, "memory_service_graph_entities_stored") >= 0
+        assert "# TYPE memory_service_memories_stored gauge" in text
         assert sample(text, "memory_service_formations_total") >= 1
         assert sample(text, "memory_service_context_blocks_total", source="graph") >= 1
         assert sample(text, "memory_service_deployment_counter", name="formations") >= 1  # the store's total, a gauge
@@ -299,22 +327,89 @@ async def test_metrics_are_histograms_by_route_template_and_operation_per_proces
         assert served.status_code == 200 and "memory_service_operation_duration_seconds_bucket" in served.text
 
 
+async def episodes_in(url: str) -> int:
+    """Every Episodic node of every agent graph, counted node by node (what the gauge must equal)."""
+    client = FalkorDB.from_url(url)
+    try:
+        total = 0
+        for name in await client.list_graphs():
+            if name.startswith("ms_agent__"):
+                total += (await client.select_graph(name).ro_query("MATCH (n:Episodic) WHERE n.uuid IS NOT NULL "
+                                                                   "RETURN count(n)")).result_set[0][0]
+        return total
+    finally:
+        await client.aclose()
+
+
+async def test_memories_stored_is_the_stores_label_count_kept_for_the_refresh_interval(settings):
+    """memories_stored{store="graph"} sums every agent graph's Episodic nodes (FalkorDB's O(1)
+    label count), graph_entities_stored their Entity nodes; other graphs do not count; a
+    process counts again only after METRICS_STORED_REFRESH_SECONDS."""
+    backend = GraphBackend(settings.falkordb_url, settings.model_copy(update={"metrics_stored_refresh_seconds": 3600}))
+    await backend.start()
+    try:
+        assert await backend.gauges() == {'memories_stored{store="graph"}': 0.0, "graph_entities_stored": 0.0}
+        a1 = [stored_memory(i, "a1") for i in range(5)]
+        await backend.write(a1 + [stored_memory(i, "a2") for i in range(3)])
+        await backend.client.select_graph(graph_name("a2")).query(
+            "CREATE (:Entity:Person {uuid: 'e1'}), (:Entity:Place {uuid: 'e2'})")
+        await backend.client.select_graph("not-an-agent").query("CREATE (:Episodic {uuid: 'x'}), (:Entity {uuid: 'y'})")
+        assert (await backend.gauges())['memories_stored{store="graph"}'] == 0  # kept: counted an hour ago at most
+        backend.settings = backend.settings.model_copy(update={"metrics_stored_refresh_seconds": 0})
+        assert await backend.gauges() == {'memories_stored{store="graph"}': 8.0, "graph_entities_stored": 2.0}
+        assert await backend.delete("a1", [m.id for m in a1[:2]]) == 2
+        assert await backend.gauges() == {'memories_stored{store="graph"}': 6.0, "graph_entities_stored": 2.0}
+        assert await episodes_in(settings.falkordb_url) == 6
+    finally:
+        await backend.close()
+
+
+async def test_a_frozen_graph_store_does_not_hold_a_scrape_the_last_count_answers(store):
+    """Counting waits at most COUNT_WAIT_SECONDS: with FalkorDB stopped (SIGSTOP), the gauges
+    answer at once with the last count instead of waiting out the read timeout (10 s), which
+    would make Prometheus's scrape time out and lose every metric."""
+    proc, url = store
+    backend = GraphBackend(url, suite_settings(url, metrics_stored_refresh_seconds=0))
+    await backend.start()
+    try:
+        await backend.write([stored_memory(i, "a1") for i in range(3)])
+        assert (await backend.gauges())['memories_stored{store="graph"}'] == 3
+        proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert (await backend.gauges())['memories_stored{store="graph"}'] == 3
+        assert time.monotonic() - started < 3
+    finally:
+        proc.send_signal(signal.SIGCONT)
+        await backend.close()
+
+
+def stored_memory(i: int, agent: str) -> Memory:
+    return Memory(id=f"{agent}-m{i}", kind=MemoryKind.MESSAGE, namespace=str(Namespace.session("s1")),
+                  content=f"message {i}", metadata=Provenance(agent_id=agent, user_id="u1", session_id="s1",
+                                                             message_ids=[f"m{i}"], sequence=i, role=Role.USER),
+                  valid_at=datetime(2026, 3, 1, 9, i, tzinfo=UTC))
+
+
 # Traces ---------------------------------------------------------------------------------------
 
 
 async def test_traces_span_the_request_its_operation_store_calls_and_the_job_it_enqueued(settings):
     exporter = InMemorySpanExporter()
     tracing.install(SimpleSpanProcessor(exporter))
+    user, session, words = "quill-8841", "sess-quill-31", "marzipan"
     try:
         settings = settings.model_copy(update={"never_form_memories_less_than_n_messages": 2, "memory_formation_msg_interval": 2})
         async with LoopbackServer(create_app(settings, run_worker=True)) as server, \
                 httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
-            assert (await http.post("/v1/sessions/s1/messages", json=message(1))).status_code == 200
-            sent = await http.post("/v1/sessions/s1/messages", json=message(2, content="My seat is 14C."),
+            sent = await http.post(f"/v1/sessions/{session}/messages", json=message(1, user, f"I adore {words}."))
+            assert sent.status_code == 200
+            sent = await http.post(f"/v1/sessions/{session}/messages", json=message(2, user, f"My {words} seat is 14C."),
                                    headers={"X-Request-ID": "trace-me"})
             assert sent.status_code == 200 and sent.json()["formation_job"]
-            assert (await http.post("/v1/sessions/s1/form")).status_code == 200
-            assert (await http.get("/v1/search", params={"agent_id": "a1", "query": "seat"})).status_code == 200
+            assert (await http.post(f"/v1/sessions/{session}/form")).status_code == 200
+            assert (await http.get("/v1/search", params={"agent_id": "a1", "user_id": user, "query": f"{words} seat"})).status_code == 200
+            assert (await http.get("/v1/context", params={"agent_id": "a1", "user_id": user, "session_id": session,
+                                                          "query": words})).status_code == 200
         spans = exporter.get_finished_spans()
         [request] = [s for s in spans if s.attributes.get("memory_service.request_id") == "trace-me"]
         assert request.name == "POST /v1/sessions/{session_id}/messages"
@@ -326,11 +421,40 @@ async def test_traces_span_the_request_its_operation_store_calls_and_the_job_it_
         job = [s for s in in_request if s.name == "memory_service.job.formation"]
         assert job, f"the formation job did not continue the request's trace: {sorted(names)}"
         assert any(s.name == "memory_service.embed" for s in spans)
+        # Store calls: the record's graph write and its Redis calls, children of the request.
+        [record] = [s for s in in_request if s.name == "memory_service.record"]
+        below_record = descendants(record, in_request)
+        graph_writes = [s for s in below_record if s.name == "GRAPH.QUERY"]
+        assert graph_writes and all(s.attributes["db.system.name"] == "falkordb" for s in graph_writes)
+        state_calls = [s for s in below_record if s.kind is SpanKind.CLIENT and not s.name.startswith("GRAPH.")]
+        assert len(state_calls) >= 2, sorted(s.name for s in below_record)
+        assert all(s.attributes.get("db.system") == "redis" for s in state_calls)
         search_trace = {s.context.trace_id for s in spans if s.name == "memory_service.search"}
-        assert any(s.name == "falkordb.ro_query" and s.context.trace_id in search_trace for s in spans)
+        assert any(s.name == "GRAPH.RO_QUERY" and s.context.trace_id in search_trace for s in spans)
+        # Store calls outside any span (the worker polling its queue) are not recorded.
+        assert all(s.parent is not None for s in spans if s.kind is SpanKind.CLIENT)
+        # No span keeps the user's id, her session's, her words or the query: the Redis spans
+        # record a command's name and a '?' per argument.
+        assert any(s.attributes.get("db.statement", "").startswith("GRAPH.QUERY ?") for s in spans)
+        for span in spans:
+            kept = json.dumps([span.name, dict(span.attributes or {}), [dict(e.attributes or {}) for e in span.events]],
+                              default=str)
+            for secret in (user, session, words, "14C"):
+                assert secret not in kept, f"{secret!r} in span {span.name}: {kept[:500]}"
     finally:
+        RedisInstrumentor().uninstrument()
         exporter.clear()
         exporter.shutdown()
+
+
+def descendants(root, spans: list) -> list:
+    """The spans below ``root`` among ``spans``."""
+    below, frontier = [], {root.context.span_id}
+    while frontier:
+        children = [s for s in spans if s.parent is not None and s.parent.span_id in frontier]
+        below += children
+        frontier = {s.context.span_id for s in children}
+    return below
 
 
 # Backup and restore ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from redis.asyncio import Redis
 
 from memory_service.formation.jobs import QUEUE_NAME
 from memory_service.http.app import create_app
+from memory_service.state import keyspace
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
@@ -46,7 +47,7 @@ async def drop_embedding_jobs(url: str, agent_id: str) -> None:
         for job in [j for j in await redis.zrange(QUEUE_NAME, 0, -1) if j.startswith(b"embed:")]:
             await redis.zrem(QUEUE_NAME, job)
             await redis.delete(b"arq:job:" + job)
-        await redis.delete(f"ms:embed:{agent_id}:due", f"ms:embed:{agent_id}:job")
+        await redis.delete(keyspace.embed_due(agent_id), keyspace.embed_lock(agent_id))
     finally:
         await redis.aclose()
 

@@ -20,6 +20,7 @@ from memory_service.domain.models import MemoryKind
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.state.metrics import REGISTRY
 from memory_service.stores.loopback import LoopbackServer
 from memory_service.worker import retention
 
@@ -82,14 +83,14 @@ async def test_a_purge_leaves_no_trace_anywhere_and_is_counted(service):
     assert not any((await reads(service, "narwhal", doomed.id)).values())
     needles = ("narwhal", doomed.id)
     assert await graph_findings(service.settings.falkordb_url, needles) == []
-    assert await redis_findings(service.settings.redis_url, needles) == []  # indexes, caches, query log, audit
+    assert await redis_findings(service.settings.job_queue_url(), needles) == []  # indexes, caches, query log, audit
     assert kept.id in [r.id for r in (await service.search(AGENT, "otter")).results]  # the rest stays
     assert (await service.retention.purge(now=later(31))).purged == 0  # nothing more to do
 
     async with LoopbackServer(create_app(service=service)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
             metrics = (await http.get("/metrics")).text
-            assert "memory_service_purged_memories_total 1\n" in metrics
+            assert "memory_service_purged_memories_total 1.0\n" in metrics  # this process's counter
             entries = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.purge"})).json()["entries"]
     assert [(e["key_id"], e["after"]["purged"], e["after"]["kinds"]) for e in entries] == [
         ("retention", 1, {"observation": 1})]
@@ -178,7 +179,7 @@ async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, 
     await mongo_proxy.start()
     await outbox_drained(backend)
     assert await mongo_findings(mongo.db, needles) == []  # memories, summaries (user_memory), every collection
-    assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
+    assert await redis_findings(service.settings.job_queue_url(), needles) == []  # outbox entries delivered and gone
     assert await mongo.find(AGENT, [doomed.id]) == []
     assert [m.id for m in await mongo.find(AGENT, [kept.id])] == [kept.id]
 
@@ -254,6 +255,9 @@ async def test_a_stale_memory_is_purged_everywhere_and_what_was_read_updated_or_
     assert named["m1"] in [r.id for r in (await service.search(AGENT, "narwhal")).results]
     assert "narwhal" in (await service.assemble_memory_context(AGENT, "alice", "s1", query="narwhal please")).xml.lower()
 
+    # This process's counters (one registry for the whole test run): what this test adds.
+    counted_before = {name: REGISTRY.get_sample_value(f"memory_service_{name}_total") or 0.0
+                      for name in ("stale_purged_memories", "purged_memories")}
     report = await service.retention.purge()
     purged = {"m0", "m1", "m2", "m4", "m5", "e0", "d0", "d2", "v1"}
     assert (report.stale, report.purged, report.agents) == (len(purged), 0, {AGENT: len(purged)})
@@ -272,15 +276,17 @@ async def test_a_stale_memory_is_purged_everywhere_and_what_was_read_updated_or_
     assert not any((await reads(service, "narwhal", named["e0"], "session:s-old")).values())
     needles = ("narwhal", named["m1"], named["e0"], named["m0"], named["v1"])
     assert await graph_findings(service.settings.falkordb_url, needles) == []
-    assert await redis_findings(service.settings.redis_url, needles) == []  # access, caches, query log, audit
+    assert await redis_findings(service.settings.job_queue_url(), needles) == []  # access, caches, query log, audit
     assert (await service.memory_get(AGENT, named["m3"])).content == "The otter sleeps by the river."
 
     async with LoopbackServer(create_app(service=service)) as server:
         async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
             metrics = (await http.get("/metrics")).text
             entries = (await http.get("/v1/audit", params={"agent_id": AGENT, "action": "memory.purge"})).json()["entries"]
-    assert f"memory_service_stale_purged_memories_total {len(purged) + 2}\n" in metrics
-    assert "memory_service_purged_memories_total" not in metrics
+    stale_total = counted_before["stale_purged_memories"] + len(purged) + 2
+    assert f"memory_service_stale_purged_memories_total {stale_total}\n" in metrics
+    purged_total = REGISTRY.get_sample_value("memory_service_purged_memories_total") or 0.0
+    assert purged_total == counted_before["purged_memories"]  # no retention purge
     assert [(e["key_id"], e["after"]["reason"], e["after"]["purged"], e["after"]["kinds"]) for e in entries] == [
         ("retention", "stale", 2, {"message": 1, "episode": 1}),  # newest first
         ("retention", "stale", len(purged), {"message": 5, "episode": 1, "directive": 2, "consolidated": 1})]
@@ -322,7 +328,7 @@ async def test_a_stale_purge_reaches_mongodb_and_leaves_no_trace_there(settings,
         needles = ("narwhal", named["m1"], named["e0"], named["d0"])
         assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection
         assert await graph_findings(graph_url, needles) == []
-        assert await redis_findings(service.settings.redis_url, needles) == []  # outbox entries delivered and gone
+        assert await redis_findings(service.settings.job_queue_url(), needles) == []  # outbox entries delivered and gone
         kept = {"m3", "m6", "v3"}  # read, pending formation, the latest consolidated memory
         assert {m.id for m in await mongo.find(AGENT, list(named.values()))} == {named[n] for n in kept}
         ns = Namespace.session("s-old")

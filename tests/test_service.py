@@ -70,6 +70,9 @@ async def test_gate_opens_at_the_message_interval_and_the_worker_forms_the_windo
         status = await service.session_status("g1")
         assert status["pending_job"] is None and status["formed_windows"] == 1 and status["cursor"] == 6
         assert status["gate"]["pending_messages"] == 0
+        last = status["last_window"]  # what the inspector's formation view shows
+        assert (last["window"], last["first_sequence"], last["last_sequence"], last["messages"]) == (1, 1, 6, 6)
+        assert last["extractor"] and last["memories"] >= 0
 
 
 async def test_token_gate_needs_the_minimum_of_messages(settings):
@@ -183,8 +186,9 @@ async def test_hostile_content_cannot_break_the_memory_xml(service):
     xml = (await service.assemble_memory_context("a1", "alice", "h1")).xml
     root = ET.fromstring(xml)
     assert root.tag == "MemoryContext"
+    # The episode may repeat what is shown; relevant memories may all fall below the threshold.
     assert [e.tag for e in root] in (["UserMemory", "CurrentConversationContext", "RelevantMemories"],
-                                     ["UserMemory", "RelevantMemories"])  # the episode may repeat what is shown
+                                     ["UserMemory", "RelevantMemories"], ["UserMemory", "CurrentConversationContext"])
     assert len(list(root.iter("MemoryContext"))) == 1
     # The turn itself (as the directive formed from it, shown once), found and escaped.
     assert any(hostile in (e.text or "") for e in root.iter())
@@ -307,7 +311,9 @@ async def test_a_total_outage_still_answers_with_an_empty_block(settings, tmp_pa
     store = EmbeddedFalkorDB(tmp_path / "all")
     url = store.start()
     try:
-        async with open_service(settings.model_copy(update={"falkordb_url": url}), run_worker=True) as service:
+        # Every store on the one server that stops (on a cluster run the state is elsewhere otherwise).
+        everything = {"falkordb_url": url, "redis_url": url, "queue_redis_url": None}
+        async with open_service(settings.model_copy(update=everything), run_worker=True) as service:
             await record_all(service, "o2", "a1", CHAT)
             store.stop()
             rendered = await service.assemble_memory_context("a1", "alice", "o2")

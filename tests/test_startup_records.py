@@ -8,14 +8,14 @@ import asyncio
 from datetime import UTC, datetime
 
 import pytest
-from redis.asyncio import Redis
 
 from memory_service.domain.errors import InvalidInput
 from memory_service.recall.startup import digest, fit
 from memory_service.runtime import open_service
 from memory_service.schemas.startup import Priority, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.state import keyspace
 
-from .conftest import flush, suite_settings
+from .conftest import flush, state_redis, suite_settings
 from .helpers import msg, wait_embedding_idle
 from .store_state import snapshot
 
@@ -162,9 +162,9 @@ async def test_first_run_sends_once_per_session(http, falkordb_url):
     assert (await block(http, session_id="s1", mode="first-run"))["sent"] is False  # first-run ignores changes
     assert (await block(http, session_id="s2", mode="first-run"))["sent"] is True  # another session
     assert (await block(http, session_id="s1", mode="always"))["sent"] is True  # always is always
-    redis = Redis.from_url(falkordb_url, decode_responses=True)
+    redis = state_redis(falkordb_url, decode_responses=True)
     try:
-        ttl = await redis.ttl("ms:s:s1:startup")
+        ttl = await redis.ttl(keyspace.session_keys("s1")["startup"])
     finally:
         await redis.aclose()
     assert 0 < ttl <= 7 * 86400  # kept with a lifetime (STARTUP_SESSION_TTL_SECONDS)
@@ -265,11 +265,11 @@ async def test_erasing_the_sessions_only_user_forgets_what_was_sent(http, falkor
     await put(http, "soul", "P0", "Identity", "I am Atlas.")
     await record_message(http, "s1")
     assert (await block(http, session_id="s1", mode="first-run"))["sent"] is True
-    redis = Redis.from_url(falkordb_url)
+    redis = state_redis(falkordb_url)
     try:
-        assert await redis.exists("ms:s:s1:startup")
+        assert await redis.exists(keyspace.session_keys("s1")["startup"])
         erased = await http.delete(f"/v1/agents/{AGENT}/users/alice")
         assert erased.status_code == 200, erased.text
-        assert not await redis.exists("ms:s:s1:startup")
+        assert not await redis.exists(keyspace.session_keys("s1")["startup"])
     finally:
         await redis.aclose()

@@ -84,9 +84,10 @@ class AuditLog:
 
     async def read(self, agent_id: str | None, *, action: str | None = None, key_id: str | None = None,
                    user_id: str | None = None, since: datetime | None = None, until: datetime | None = None,
-                   before: str | None = None, limit: int = 100) -> AuditPage:
+                   before: str | None = None, limit: int = 100, target: str | None = None) -> AuditPage:
         """Entries of ``agent_id`` (None: the system stream), newest first, filtered;
-        ``user_id``: the entries naming that user (by its digest: the agent's log only)."""
+        ``user_id``: the entries naming that user (by its digest: the agent's log only);
+        ``target``: the entries about that target (a memory's id: its history)."""
         if user_id is not None and agent_id is None:
             raise InvalidInput("user_id: a user is named per agent; give agent_id too")
         digest = await self.user_digest(agent_id, user_id) if user_id is not None and agent_id else None
@@ -108,6 +109,7 @@ class AuditLog:
                 entry = _entry(raw_id, raw)
                 next_id = entry.id
                 if ((action is None or entry.action == action) and (key_id is None or entry.key_id == key_id)
+                        and (target is None or entry.target == target)
                         and (digest is None or any(digest in raw[f] for f in ("target", "before", "after")))):
                     entries.append(entry)
                     if len(entries) == limit:

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from typing import Literal
+from collections.abc import Sequence
+from typing import Literal, cast
 
 from memory_service.access.keys import Principal
 from memory_service.access.reach import Reach
@@ -63,6 +64,27 @@ def authorize(principal: Principal, role: Role, agent_id: str, user_id: str | No
     if user_id is None:
         raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}; this needs a key for all of them")
     raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}, and {user_id!r} is not one of them")
+
+
+def authorize_users(principal: Principal, role: Role, agent_id: str,
+                    user_ids: Sequence[str | None]) -> list[Forbidden | None]:
+    """For a request acting for several users of ``agent_id`` at once (a batch of messages):
+    403 (raised) unless ``principal`` may act as ``role`` on the agent at all; then, per user
+    id, the refusal ``authorize`` would raise for it, or None (None ids: not checked). Raised
+    too when every user is refused: a request the key may do nothing of is refused whole."""
+    if role.rank > principal.role.rank or not principal.reaches(agent_id):
+        authorize(principal, role, agent_id)  # says which
+    refusals: list[Forbidden | None] = []
+    for user_id in user_ids:
+        try:
+            if user_id is not None:
+                authorize(principal, role, agent_id, user_id)
+            refusals.append(None)
+        except Forbidden as refused:
+            refusals.append(refused)
+    if refusals and all(refused is not None for refused in refusals):
+        raise cast(Forbidden, refusals[0])
+    return refusals
 
 
 def require_operator(principal: Principal) -> None:

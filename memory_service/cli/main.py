@@ -1,6 +1,6 @@
 """The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings`,
-`reembed` and `demo` here; `import`, `keys`, `outbox` and `mcp` in their own modules (imports.py,
-keys.py, outbox.py, mcp.py), registered here. What they share, the console and
+`reembed` and `demo` here; `import`, `import-history`, `keys`, `outbox`, `mcp`, `memories` and
+`sessions` in their own modules (imports.py, history.py, keys.py, outbox.py, mcp.py, browse.py), registered here. What they share, the console and
 the settings, is in common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from pydantic import SecretStr
 from rich.syntax import Syntax
 from rich.table import Table
 
+from memory_service.cli.browse import memories_app, sessions_app
 from memory_service.cli.common import attached_settings, console, load_settings
+from memory_service.cli.history import import_history_command
 from memory_service.cli.imports import import_command
 from memory_service.cli.keys import keys_app
 from memory_service.cli.mcp import mcp_command
@@ -122,6 +124,37 @@ def migrate(
     else:
         console.print(f"{report.total} memories verified in {to} ({report.copied} copied by this run); "
                       f"agent {agent} now uses the {to} backend.")
+
+
+@app.command("upgrade-keyspace")
+def upgrade_keyspace(
+    data_dir: Annotated[Path | None, typer.Option(help="Attach to the embedded store a `serve` runs on this data directory")] = None,
+) -> None:
+    """Rename the state's Redis keys of an older release to this release's layout.
+
+    Run it with the service stopped (every API replica and worker), on the Redis holding the
+    state (REDIS_URL, a plain Redis: before moving the data into a cluster). Idempotent: a
+    second run finds nothing to move (memory_service/state/upgrade.py).
+    """
+    from memory_service.state import upgrade
+    from memory_service.state.keyspace import KEYSPACE_VERSION
+    from memory_service.state.pools import redis_client
+
+    _setup_logging("warning")
+    settings = attached_settings(data_dir)
+    url = settings.redis_url or settings.falkordb_url
+    assert url is not None  # attached_settings exits when there is no store
+
+    async def main() -> dict[str, int]:
+        redis = redis_client(url, settings)
+        try:
+            return await upgrade.upgrade(redis, lambda n: console.print(f"{n} keys looked at"))
+        finally:
+            await redis.aclose()
+
+    report = asyncio.run(main())
+    console.print(f"keyspace at version {KEYSPACE_VERSION}: {report['renamed']} keys renamed, "
+                  f"{report['merged']} merged, {report['split']} entries of single keys spread out")
 
 
 @app.command("backfill-embeddings")
@@ -387,10 +420,15 @@ def _counts(counts: dict[str, int]) -> str:
 
 # `memory-service outbox dead|replay|drop`: the outbox's dead letters (memory_service/cli/outbox.py).
 app.add_typer(outbox_app, name="outbox")
+# `memory-service memories list|show`, `sessions list|show`: browsing, over HTTP (memory_service/cli/browse.py).
+app.add_typer(memories_app, name="memories")
+app.add_typer(sessions_app, name="sessions")
 # `memory-service keys create|list|revoke`: API keys (memory_service/cli/keys.py).
 app.add_typer(keys_app, name="keys")
 # `memory-service import PATH --agent A`: legacy markdown memory files (memory_service/cli/imports.py).
 app.command("import")(import_command)
+# `memory-service import-history FILE.jsonl`: a conversation history through the batch route (cli/history.py).
+app.command("import-history")(import_history_command)
 # `memory-service mcp`: the memory tools over MCP (memory_service/cli/mcp.py, memory_service/mcp/server.py).
 app.command("mcp")(mcp_command)
 

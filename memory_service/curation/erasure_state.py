@@ -22,7 +22,7 @@ from memory_service.state.cache import generation_key
 from memory_service.state.store import StateStore
 
 # Take a user's messages out of a session's ledger, in one step. KEYS: meta, ids, pending,
-# tokens, committed, users, window, active; ARGV: user id, session id, then the message
+# tokens, committed, users, window, the bucket's active set (all under the session's tag); ARGV: user id, session id, then the message
 # ids. Their pending tokens leave the counters; the window is dropped if it holds any of
 # them (its claim and stored extraction name them; the other messages stay pending and
 # the next gate claims them again). Returns {message entries removed, window dropped}.
@@ -85,7 +85,7 @@ class ErasureState:
         for start in range(0, len(ids), BATCH):
             r, d = await self._remove_messages(
                 keys=[k["meta"], k["ids"], k["pending"], k["tokens"], k["committed"], k["users"],
-                      keyspace.window(session_id), keyspace.ACTIVE],
+                      keyspace.window(session_id), keyspace.active(keyspace.session_tag(session_id))],
                 args=[user_id, session_id, *ids[start : start + BATCH]])
             removed, dropped = removed + int(r), max(dropped, int(d))
         await self.state.cache.bump(f"session:{session_id}")
@@ -99,12 +99,17 @@ class ErasureState:
         k = keyspace.session_keys(session_id)
         entries = int(await self.redis.hlen(k["ids"]))
         results = await self._forget_formation_results(session_id, None)
-        async with self.redis.pipeline(transaction=True) as pipe:
+        tag = keyspace.session_tag(session_id)
+        async with self.redis.pipeline(transaction=True) as pipe:  # all under the session's tag
             pipe.delete(*k.values(), keyspace.window(session_id), keyspace.legacy_claim(session_id),
                         generation_key(f"session:{session_id}"))
-            pipe.zrem(keyspace.ACTIVE, session_id)
-            pipe.srem(keyspace.agent_sessions(agent_id), session_id)
+            pipe.zrem(keyspace.active(tag), session_id)
+            pipe.zrem(keyspace.in_flight(tag), session_id)
             await pipe.execute()
+        # After (the agent's keys have the agent's tag): a crash between leaves the agent's set
+        # and its session order naming an empty session (harmless).
+        await self.redis.srem(keyspace.agent_sessions(agent_id), session_id)
+        await self.redis.zrem(keyspace.agent_session_order(agent_id), session_id)
         return SessionCleanup(ledger_entries=entries, window_dropped=True, job_results=results)
 
     async def _forget_formation_results(self, session_id: str, message_ids: Collection[str] | None) -> int:
@@ -144,6 +149,7 @@ class ErasureState:
             await pool.zrem(QUEUE_NAME, *batch)
             jobs += int(await pool.delete(*(p + j for j in batch for p in (job_key_prefix, result_key_prefix,
                                                                             retry_key_prefix))))
+        await self.redis.zrem(keyspace.agent_users(agent_id), user_id)  # the browse index of users
         keys = int(await self.redis.delete(
             keyspace.user_recorded(agent_id, user_id), keyspace.user_sessions(agent_id, user_id),
             keyspace.cons_pending(namespace), keyspace.cons_version(namespace), generation_key(namespace)))

@@ -3,8 +3,11 @@
 Two small indexes, so that nothing here reads every memory (docs/memory-tools.md; the keys
 in memory_service/state/keyspace.py):
 
-- the deletion index (``keyspace.RETENTION_DELETED``): each soft-deleted memory by the time
-  of its delete, so that the daily job reads the entries due (a range by score), not the stores;
+- the deletion index (``keyspace.retention_deleted``, per agent, and the set of agents that
+  have one, ``keyspace.RETENTION_AGENTS``): each soft-deleted memory by the time of its
+  delete, so that the daily job reads the entries due (a range by score per agent), not the
+  stores; one key per agent, not one for every agent, so that no node of a Redis Cluster
+  holds every agent's deletes;
 - the access bookkeeping (``keyspace.memory_access``, per agent): how many memory_get calls
   read each memory, and when the last did (shown by memory_get, never used for ranking).
 
@@ -47,7 +50,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SEP = "\x00"  # ids never hold control characters
 PURGE_BATCH = 500  # due entries read per round trip
 STALE_BATCH = 500  # memories written before the stale cutoff read per round trip
 PURGE_ACTOR = "retention"  # the audit log's key id for the daily job
@@ -81,23 +83,33 @@ class RetentionIndex:
         self.redis = state.redis
 
     async def mark_deleted(self, agent_id: str, memory_id: str, at: datetime) -> None:
-        await self.redis.zadd(keyspace.RETENTION_DELETED, {f"{agent_id}{SEP}{memory_id}": at.timestamp()})
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(keyspace.RETENTION_AGENTS, agent_id)  # first: the purge must find the agent
+            pipe.zadd(keyspace.retention_deleted(agent_id), {memory_id: at.timestamp()})
+            await pipe.execute()
 
     async def unmark_deleted(self, agent_id: str, memory_id: str) -> None:
-        await self.redis.zrem(keyspace.RETENTION_DELETED, f"{agent_id}{SEP}{memory_id}")
+        await self.redis.zrem(keyspace.retention_deleted(agent_id), memory_id)
 
     async def due(self, deleted_before: datetime, limit: int) -> list[tuple[str, str]]:
-        """(agent, memory id) of up to ``limit`` memories soft-deleted before ``deleted_before``."""
-        members = await self.redis.zrangebyscore(keyspace.RETENTION_DELETED, "-inf", deleted_before.timestamp(),
-                                                 start=0, num=limit)
-        return [cast(tuple[str, str], tuple(str(m).split(SEP, 1))) for m in members]
+        """(agent, memory id) of up to ``limit`` memories soft-deleted before ``deleted_before``,
+        deleted longest first (one pipeline over the agents that have deletes)."""
+        agents = sorted(cast(set[str], await self.redis.smembers(keyspace.RETENTION_AGENTS)))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in agents:
+                pipe.zrangebyscore(keyspace.retention_deleted(agent_id), "-inf", deleted_before.timestamp(),
+                                   start=0, num=limit, withscores=True)
+            found = cast(list[list[tuple[str, float]]], await pipe.execute())
+        rows = sorted(((score, agent_id, str(memory_id)) for agent_id, members in zip(agents, found)
+                       for memory_id, score in members))
+        return [(agent_id, memory_id) for _, agent_id, memory_id in rows[:limit]]
 
     async def forget(self, agent_id: str, memory_ids: Sequence[str]) -> None:
         """Both indexes' entries of purged memories."""
         if not memory_ids:
             return
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.zrem(keyspace.RETENTION_DELETED, *(f"{agent_id}{SEP}{i}" for i in memory_ids))
+        async with self.redis.pipeline(transaction=True) as pipe:  # both under the agent's retention tag
+            pipe.zrem(keyspace.retention_deleted(agent_id), *memory_ids)
             pipe.hdel(keyspace.memory_access(agent_id), *(f"{p}:{i}" for i in memory_ids for p in "nt"))
             await pipe.execute()
 
@@ -114,6 +126,18 @@ class RetentionIndex:
             return {}
         times = await self.redis.hmget(keyspace.memory_access(agent_id), [f"t:{i}" for i in memory_ids])
         return {i: datetime.fromtimestamp(float(t), UTC) for i, t in zip(memory_ids, times) if t}
+
+    async def accesses(self, agent_id: str, memory_ids: Sequence[str]) -> dict[str, Access]:
+        """``access`` of each of these memories, in one round trip (never-read ones count 0)."""
+        if not memory_ids:
+            return {}
+        raw = cast(list[str | None], await self.redis.hmget(keyspace.memory_access(agent_id),
+                                                             [f"{p}:{i}" for i in memory_ids for p in "nt"]))
+        found = {}
+        for k, memory_id in enumerate(memory_ids):
+            count, last = raw[2 * k], raw[2 * k + 1]
+            found[memory_id] = Access(int(count or 0), datetime.fromtimestamp(float(last), UTC) if last else None)
+        return found
 
     async def access(self, agent_id: str, memory_id: str) -> Access:
         count, last = await self.redis.hmget(keyspace.memory_access(agent_id), [f"n:{memory_id}", f"t:{memory_id}"])

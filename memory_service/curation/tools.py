@@ -169,6 +169,10 @@ class MemoryTools:
         access = await self.index.count_access(agent_id, memory.id, datetime.now(UTC))
         return self.record(memory, access.count, access.last)
 
+    async def peek(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> Memory:
+        """The memory, as ``get`` finds it, without counting an access (the browse API)."""
+        return (await self._find(agent_id, memory_id, guard))[1]
+
     # Writes -----------------------------------------------------------------------------
 
     async def write(self, agent_id: str, body: MemoryWrite, guard: NamespaceGuard = None) -> tuple[MemoryRecord, bool]:
@@ -200,6 +204,11 @@ class MemoryTools:
             await embed_memories(self.embedder, new)
             await backend.write(new)
             await self._changed(agent_id, *new)
+            # The browse indexes: the agent, and the users whose namespaces were written.
+            users = sorted({ns.fields[1] for m in new if (ns := Namespace.parse(m.namespace)).kind is NamespaceKind.USER})
+            await self.state.index_agent(agent_id)
+            for user_id in users:
+                await self.state.index_agent(agent_id, user_id)
         return Written([self.record(stored.get(m.id, m)) for m in memories],
                        list(dict.fromkeys(m.id for m in memories if m.id in stored)))
 

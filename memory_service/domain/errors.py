@@ -34,6 +34,12 @@ class Forbidden(MemoryServiceError):
     status_code = 403
 
 
+class PayloadTooLarge(MemoryServiceError):
+    """A request that holds more than a limit allows (a batch of too many messages)."""
+
+    status_code = 413
+
+
 class RateLimited(MemoryServiceError):
     """A key's requests or recorded tokens per minute are spent."""
 

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from memory_service.domain.errors import MemoryServiceError
 from memory_service.domain.limits import MESSAGE_CHARS_CEILING, check_time, text_problem
 from memory_service.domain.namespaces import Namespace, normalize_id, validate_id, validate_message_id
 
@@ -68,6 +69,24 @@ WORD_LIMITS: dict[MemoryKind, int] = {
 }
 
 
+def _message_content(value: str) -> str:
+    if not value.strip():
+        raise ValueError("content must not be blank")
+    if problem := text_problem(value):  # the HTTP layer refuses it in the body already (not in a batch)
+        raise ValueError(problem)
+    return value
+
+
+def _message_time(value: datetime | None) -> datetime | None:
+    return check_time(_aware(value)) if value else value
+
+
+# A message's content and time, as the single route and a batch's items take them. The
+# service holds content to MAX_MESSAGE_CHARS (a setting, up to this ceiling).
+MessageContent = Annotated[str, Field(min_length=1, max_length=MESSAGE_CHARS_CEILING), AfterValidator(_message_content)]
+MessageTime = Annotated[datetime | None, AfterValidator(_message_time)]
+
+
 class MessageIn(BaseModel):
     """A message as the host application records it."""
 
@@ -76,25 +95,51 @@ class MessageIn(BaseModel):
     agent_id: AgentId
     user_id: UserId
     role: Role
-    # The service holds content to MAX_MESSAGE_CHARS (a setting, up to this ceiling).
-    content: str = Field(min_length=1, max_length=MESSAGE_CHARS_CEILING)
+    content: MessageContent
     message_id: MessageId | None = None
-    created_at: datetime | None = None
+    created_at: MessageTime = None
     incognito: bool = False
 
-    @field_validator("content")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("content must not be blank")
-        if problem := text_problem(value):  # the HTTP layer refuses it in the body already
-            raise ValueError(problem)
-        return value
 
-    @field_validator("created_at")
-    @classmethod
-    def _timezone(cls, value: datetime | None) -> datetime | None:
-        return check_time(_aware(value)) if value else value
+class BatchMessageIn(BaseModel):
+    """One message of a batch (``POST /v1/agents/{agent_id}/messages/batch``): a message of
+    the path's agent, with the session it belongs to. Its ``message_id`` is required: a
+    batch sent again is recognised by its ids (docs/ingest.md, "Batches")."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+    session_id: SessionId
+    user_id: UserId
+    role: Role
+    content: MessageContent
+    message_id: MessageId
+    created_at: MessageTime = None
+    incognito: bool = False
+
+    def message(self, agent_id: str) -> MessageIn:
+        """As the single-message route takes it (the fields are checked already)."""
+        return MessageIn.model_construct(agent_id=agent_id, user_id=self.user_id, role=self.role, content=self.content,
+                                         message_id=self.message_id, created_at=self.created_at,
+                                         incognito=self.incognito)
+
+
+class MessageBatchIn(BaseModel):
+    """The body of ``POST /v1/agents/{agent_id}/messages/batch`` (its schema; the route reads
+    each item on its own, so that one bad item is refused alone)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    messages: list[BatchMessageIn] = Field(min_length=1)
+
+
+@dataclass(frozen=True, slots=True)
+class RefusedItem:
+    """An item of a batch refused before it is recorded (unreadable, or beyond the caller's
+    key): answered ``refused`` with ``error``, and the ids it named where they could be read."""
+
+    error: MemoryServiceError
+    session_id: str | None = None
+    message_id: str | None = None
 
 
 class Provenance(BaseModel):

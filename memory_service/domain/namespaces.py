@@ -89,6 +89,14 @@ def validate_id(value: object, what: str = "id", colon_allowed: bool = False) ->
     """
     if not isinstance(value, str):
         raise InvalidInput(f"{what} must be a string, got {type(value).__name__}; {id_rule(colon_allowed)}")
+    return _validated_id(value, what, colon_allowed)
+
+
+# Remembered: every message checks its session's, agent's and user's ids several times over
+# (its namespace is built and parsed on the way to the store), about 20 µs each; a batch of
+# a session's messages checks the same few ids. Only accepted ids are kept (a refusal raises).
+@functools.lru_cache(maxsize=16_384)
+def _validated_id(value: str, what: str, colon_allowed: bool) -> str:
     if problem := _id_problem(value, colon_allowed):  # the form sent: lone surrogates cannot be normalised
         raise InvalidInput(f"{what} {problem}; {id_rule(colon_allowed)}")
     normalized = normalize_id(value)

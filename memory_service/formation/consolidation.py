@@ -140,11 +140,14 @@ async def consolidate(
     if await state.consolidation_version(key) != version:
         return {**outcome, "reason": "version already consolidated"}
     ids = await state.consolidation_pending(key, count)
-    found = {m.id: m for m in await backend.get(agent_id, namespace, ids)}
-    items = [found[i] for i in ids if i in found]  # order of the list: oldest first
-    if len(items) < len(ids):
+    # Once each: a formation whose effects were applied twice (a crash between applying and
+    # marking them, memory_service/formation/window.py) queued its items twice.
+    unique = list(dict.fromkeys(ids))
+    found = {m.id: m for m in await backend.get(agent_id, namespace, unique)}
+    items = [found[i] for i in unique if i in found]  # order of the list: oldest first
+    if len(items) < len(unique):
         log.warning("consolidating %s: %d pending item(s) no longer stored", namespace_for_log(key),
-                    len(ids) - len(items))
+                    len(unique) - len(items))
     if not items:  # e.g. their user was erased: a version of nothing would only repeat the last
         return {**outcome, "reason": "nothing left to merge"}
     previous = await latest_consolidated(backend, agent_id, namespace)

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from memory_service.access.audit import AuditLog, audited_fact
+from memory_service.access.pseudonyms import namespace_for_log
 from memory_service.domain.errors import NotFound
 from memory_service.domain.graph import (
     ENDS,
@@ -283,7 +284,9 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
         subject = entities_by_name.get((item.namespace, normalise_name(item.subject)))
         obj = entities_by_name.get((item.namespace, normalise_name(item.object)))
         if subject is None or obj is None or subject.id == obj.id:
-            log.debug("fact %r left out: an end is not among the window's entities", item.text)
+            # Never the fact's words: a log line outlives an erasure.
+            log.debug("a fact of %s left out: an end is not among the window's entities",
+                      namespace_for_log(item.namespace))
             continue
         new_facts.append(Fact(
             id=fact_id(item.namespace, subject.id, item.predicate, obj.id), namespace=item.namespace,

@@ -177,5 +177,7 @@ def _reply_text(completion: Any) -> str:
     content = getattr(message, "content", None)
     if not isinstance(content, str):
         refusal = getattr(message, "refusal", None)
-        raise Malformed(f"the model refused: {refusal}" if refusal else "no message content in the completion")
+        # Not the refusal's words: they may quote the conversation, and this text reaches the log.
+        raise Malformed(f"the model refused ({len(str(refusal))} characters)" if refusal
+                        else "no message content in the completion")
     return content

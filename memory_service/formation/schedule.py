@@ -106,7 +106,7 @@ class FormationSchedule:
             ) from exc
 
     async def session_status(self, session_id: str) -> dict[str, Any]:
-        """The session's gate, formation cursor and the job of its claimed window."""
+        """The session's gate, formation cursor, the job of its claimed window and the last window formed."""
         counters = await self.state.counters(session_id)
         if counters.agent_id is None:
             raise NotFound(f"session {session_id!r} has no recorded messages")
@@ -115,6 +115,8 @@ class FormationSchedule:
         if window is not None:
             job = {"window": window.claim.window, "messages": len(window.claim.messages), "state": window.state.value,
                    **await self.queue.status(formation_job_id(session_id, window.claim.window))}
+        # The last window formed (extractor, sequences, memories made), as the pipeline kept it.
+        last = await self.state.formed_window(session_id, counters.cursor) if counters.cursor > 0 else None
         return {
             "session_id": session_id,
             "agent_id": counters.agent_id,
@@ -125,4 +127,5 @@ class FormationSchedule:
             "incognito": counters.incognito,
             "last_activity": counters.last_activity,
             "pending_job": job,
+            "last_window": last,
         }

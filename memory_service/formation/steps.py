@@ -178,11 +178,20 @@ async def form_window(
         if await windows.complete(record, consolidate, changed, metrics) >= 0:
             log.info("formed session %s window %d (%d messages): %s (%d new)",
                      session_id, claim.window, len(claim.messages), result.counts(), result.written)
+            # Kept for the browse API: which window and extractor formed a memory (by the
+            # sequences of its messages). Only the run that completed the window writes it.
+            sequences = [seq for _, seq in claim.messages]
+            if sequences:
+                await windows.state.record_formed_window(session_id, {
+                    "window": claim.window, "extractor": extractor.name, "first_sequence": min(sequences),
+                    "last_sequence": max(sequences), "messages": len(sequences), "memories": len(result.memories),
+                    "formed_at": round(time.time(), 3)}, max(sequences))
         record = await windows.load(session_id)  # completed, by this run or a racing one
         if record is None or record.claim.window != claim.window:
             result.already_formed = True
             return result
 
+    record = await windows.apply_effects(record)  # also on a retry that finds the window completed
     if post_process is not None:
         await post_process(result)
     await windows.finish(record)

@@ -4,10 +4,9 @@
 
     claim ─▶ claimed ─extract─▶ extracted ─write─▶ written ─complete─▶ completed ─post-process─▶ (gone)
 
-One hash per session holds the window being formed (``keyspace.window``; the
-session id is its hash tag, so the transitions that touch only the window name one slot;
-the claim and the completing step also touch the session's counters, see
-docs/formation.md, "Limits"):
+One hash per session holds the window being formed (``keyspace.window``; under the
+session's hash tag, with its counters and its bucket's shards of the active set and the
+metrics, so that every transition is one script on one slot of a Redis Cluster):
 
 - ``claimed``: a snapshot of the session's pending messages (``ids``). Formation reads
   exactly those, however often it is retried; messages recorded later belong to the
@@ -17,8 +16,12 @@ docs/formation.md, "Limits"):
   extractions (an LLM answers differently each time) can never be mixed in the store.
 - ``written``: the backend holds those memories (``written``: how many were new).
 - ``completed``: the session's counters moved on, in one atomic step: the messages left
-  the pending set, the cursor advanced, directives and suggestions were queued for
-  consolidation, the metrics counted the formation.
+  the pending set, the cursor advanced, the metrics counted the formation, and the window
+  recorded its effects elsewhere (``effects``: memories to queue for consolidation,
+  generations to bump; those keys are on other slots). ``apply_effects`` then applies them
+  and marks the window ``applied``; a crash between the two applies them again: a
+  generation bumped twice is only an extra cache miss, and consolidation reads its queue
+  without duplicates (memory_service/formation/consolidation.py).
 - gone: the post-completion work (FIFO trims, consolidation triggers) ran; the hash is
   deleted and the session may claim its next window.
 
@@ -47,7 +50,7 @@ from memory_service.formation.extractor import ExtractionUsage
 from memory_service.state import keyspace
 from memory_service.state import metrics as process_metrics
 from memory_service.state.cache import generation_key
-from memory_service.state.store import StateStore, key_index
+from memory_service.state.store import StateStore
 
 
 class WindowState(StrEnum):
@@ -101,10 +104,10 @@ return redis.call('HGETALL', KEYS[1])
 """
 
 # Complete window ARGV[1], if it is written: take its messages off the pending set, advance
-# the cursor, leave the active set if nothing is pending, then apply ARGV[2] (JSON): push
-# memory ids onto consolidation lists, bump the write generation of the namespaces written,
-# add to the metrics. Returns how many messages left the pending set, -1 if the window is
-# not (or no longer) in the written state.
+# the cursor, leave the bucket's active set if nothing is pending, add ARGV[2] (JSON
+# [[name, value], ...]) to the bucket's metrics, and store the effects ARGV[4] (JSON, applied
+# by ``apply_effects``) in the window. Returns how many messages left the pending set, -1
+# if the window is not (or no longer) in the written state.
 _COMPLETE = """
 local current = redis.call('HMGET', KEYS[4], 'window', 'state', 'ids')
 if current[1] ~= ARGV[1] or current[2] ~= 'written' then return -1 end
@@ -123,12 +126,9 @@ redis.call('HINCRBY', KEYS[1], 'formed_windows', 1)
 redis.call('HINCRBY', KEYS[1], 'formed_messages', removed)
 local cursor = tonumber(redis.call('HGET', KEYS[1], 'cursor') or '0')
 if last > cursor then redis.call('HSET', KEYS[1], 'cursor', last) end
-redis.call('HSET', KEYS[4], 'state', 'completed')
+redis.call('HSET', KEYS[4], 'state', 'completed', 'effects', ARGV[4])
 if redis.call('ZCARD', KEYS[2]) == 0 then redis.call('ZREM', KEYS[5], ARGV[3]) end
-local ops = cjson.decode(ARGV[2])
-for _, push in ipairs(ops['push']) do redis.call('RPUSH', KEYS[push[1]], push[2]) end
-for _, key in ipairs(ops['bump']) do redis.call('INCR', KEYS[key]) end
-for _, metric in ipairs(ops['metrics']) do redis.call('HINCRBYFLOAT', KEYS[6], metric[1], metric[2]) end
+for _, metric in ipairs(cjson.decode(ARGV[2])) do redis.call('HINCRBYFLOAT', KEYS[6], metric[1], metric[2]) end
 return removed
 """
 
@@ -210,12 +210,14 @@ class WindowRecord:
     state: WindowState
     extraction: StoredExtraction | None = None
     written: int = 0  # memories the write step stored new
+    effects: str | None = None  # once completed: JSON {"push": [[namespace, memory id]...], "bump": [namespace...]}
+    applied: bool = False  # the effects were applied
 
     @classmethod
     def of(cls, session_id: str, raw: dict[str, str]) -> WindowRecord:
         extraction = StoredExtraction.from_json(raw["extraction"]) if raw.get("extraction") else None
         return cls(Claim.of(session_id, raw["window"], raw["ids"]), WindowState(raw.get("state", "claimed")),
-                   extraction, int(raw.get("written", 0)))
+                   extraction, int(raw.get("written", 0)), raw.get("effects"), raw.get("applied") == "1")
 
 
 class StaleGate(Exception):
@@ -288,17 +290,30 @@ class WindowStore:
         (another run completed it, or it is gone).
         """
         claim = record.claim
-        k = keyspace.session_keys(claim.session_id)
-        keys = [k["meta"], k["pending"], k["tokens"], keyspace.window(claim.session_id), keyspace.ACTIVE, keyspace.METRICS]
-        ops = {
-            "push": [[key_index(keys, keyspace.cons_pending(ns)), mid] for ns, mid in consolidate],
-            "bump": [key_index(keys, generation_key(ns)) for ns in sorted(set(written))],
-            "metrics": [[name, repr(float(value))] for name, value in (metrics or {}).items()],
-        }
-        completed = int(await self._complete(keys=keys, args=[claim.window, json.dumps(ops), claim.session_id]))
+        k, tag = keyspace.session_keys(claim.session_id), keyspace.session_tag(claim.session_id)
+        keys = [k["meta"], k["pending"], k["tokens"], keyspace.window(claim.session_id), keyspace.active(tag),
+                keyspace.metrics(tag)]
+        effects = {"push": [[ns, mid] for ns, mid in consolidate], "bump": sorted(set(written))}
+        counted = [[name, repr(float(value))] for name, value in (metrics or {}).items()]
+        completed = int(await self._complete(keys=keys, args=[claim.window, json.dumps(counted), claim.session_id,
+                                                              json.dumps(effects)]))
         if completed >= 0:  # this run completed it: this process's series too (memory_service/state/metrics.py)
             process_metrics.count_all(metrics or {})
         return completed
+
+    async def apply_effects(self, record: WindowRecord) -> WindowRecord:
+        """Apply a completed window's effects (consolidation queues, generations), once
+        unless a crash comes between applying them and marking them applied; the window after."""
+        if record.state is not WindowState.COMPLETED or record.applied or not record.effects:
+            return record
+        effects = json.loads(record.effects)
+        async with self.state.redis.pipeline(transaction=False) as pipe:
+            for namespace, memory_id in effects["push"]:
+                pipe.rpush(keyspace.cons_pending(namespace), memory_id)
+            for namespace in effects["bump"]:
+                pipe.incr(generation_key(namespace))
+            await pipe.execute()
+        return await self._advance_to(record, WindowState.COMPLETED, applied="1") or record
 
     async def finish(self, record: WindowRecord) -> bool:
         """completed → gone, once the post-completion work ran. True if this call did it."""

@@ -16,10 +16,12 @@ API change."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,7 +32,7 @@ from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
-from memory_service.http import access_log, overload, telemetry
+from memory_service.http import access_log, inspector, overload, telemetry
 from memory_service.http import guard as request_guard
 from memory_service.http.routers import (
     agents,
@@ -94,9 +96,11 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
         description="Long-term memory for LLM agents: record messages, form memories, get a budgeted XML memory block.",
         lifespan=lifespan,
         generate_unique_id_function=operation_id,  # the included routers' routes too
+        **_without_native_telemetry(),
     )
     # Before the routes: they take its strict JSON route class.
-    request_guard.install(app, configured.max_request_bytes)
+    request_guard.install(app, configured.max_request_bytes, [
+        request_guard.LargerBodies(sessions.BATCH_PATH, configured.max_batch_bytes, "MAX_BATCH_BYTES")])
     if configured.cors_allow_origins:  # off unless configured: browsers may not call the API from other origins
         from fastapi.middleware.cors import CORSMiddleware
 
@@ -124,6 +128,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     app.add_middleware(telemetry.RequestTelemetry)  # outermost: request id, span, latency (memory_service/http/telemetry.py)
     for resource in ROUTERS:
         app.include_router(resource.router)
+    # The web inspector (INSPECTOR; on loopback by default): a page over the same API, no data of its own.
+    inspector.install(app, configured.inspector, host)
     return app
 
 
@@ -160,6 +166,18 @@ async def metrics_port(service: MemoryService, port: int | None) -> AsyncIterato
 
 
 STORE_GAUGES_REFRESH_SECONDS = 15
+
+
+def _without_native_telemetry() -> dict[str, Any]:
+    """FastAPI's own OpenTelemetry (``FastAPI(telemetry=...)``, new in its recent releases) turned
+    off: once a tracer provider is installed (OTEL_TRACES) it opens its own server span with
+    ``url.path`` and ``url.query`` (user and session ids, the query's words) and spans for
+    dependencies and serialisation. RequestTelemetry (memory_service/http/telemetry.py) spans
+    each request with its route template only. An older FastAPI has no such option."""
+    if "telemetry" not in inspect.signature(FastAPI.__init__).parameters:
+        return {}
+    return {"telemetry": {"tracing": False, "metrics": False, "logs": False, "operation_spans": False,
+                          "auto_configure": False}}
 
 
 def operation_id(route: APIRoute) -> str:

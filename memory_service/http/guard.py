@@ -1,6 +1,6 @@
 """What the API refuses before a route runs, and the shape of its 4xx answers (docs/limits.md).
 
-* A request body larger than MAX_REQUEST_BYTES answers 413: at once when its Content-Length
+* A request body larger than MAX_REQUEST_BYTES (MAX_BATCH_BYTES for a batch of messages) answers 413: at once when its Content-Length
   says so (the route never runs), else as soon as the bytes read pass the limit. It is
   never buffered whole, and never parsed.
 * A JSON body must be plain JSON: UTF-8, no NaN or Infinity, no lone surrogates, no U+0000
@@ -21,8 +21,9 @@ from __future__ import annotations
 import email.message
 import email.utils
 import json
+import re
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -40,8 +41,8 @@ MAX_MESSAGE_CHARS_SHOWN = 1000  # of one problem's message (ours quote inputs th
 
 
 class BodyTooLarge(HTTPException):
-    def __init__(self, limit: int):
-        super().__init__(413, f"the request body is larger than {limit} bytes (MAX_REQUEST_BYTES)")
+    def __init__(self, limit: int, setting: str = "MAX_REQUEST_BYTES"):
+        super().__init__(413, f"the request body is larger than {limit} bytes ({setting})")
 
 
 class UnusableJSON(HTTPException):
@@ -125,20 +126,38 @@ def check_url(scope: Scope) -> None:
             raise UnusableParameter(("path", name), problem)
 
 
-class BodyLimit:
-    """ASGI middleware: bodies over ``max_bytes`` answer 413, counted as they stream in."""
+class LargerBodies(NamedTuple):
+    """Paths (a full match) whose bodies may be larger than MAX_REQUEST_BYTES: up to
+    ``max_bytes``, the ``setting`` named in the 413."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int):
+    path: re.Pattern[str]
+    max_bytes: int
+    setting: str
+
+
+class BodyLimit:
+    """ASGI middleware: bodies over ``max_bytes`` (or a ``larger`` limit of their path)
+    answer 413, counted as they stream in."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, larger: Sequence[LargerBodies] = ()):
         self.app = app
         self.max_bytes = max_bytes
+        self.larger = larger
+
+    def _limit(self, path: str) -> tuple[int, str]:
+        for rule in self.larger:
+            if rule.path.fullmatch(path):
+                return rule.max_bytes, rule.setting
+        return self.max_bytes, "MAX_REQUEST_BYTES"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes, setting = self._limit(scope.get("path", ""))
         declared = Headers(scope=scope).get("content-length", "")
-        if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > self.max_bytes):
-            answer = JSONResponse({"detail": BodyTooLarge(self.max_bytes).detail}, status_code=413)
+        if declared.isascii() and declared.isdigit() and (len(declared) > 18 or int(declared) > max_bytes):
+            answer = JSONResponse({"detail": BodyTooLarge(max_bytes, setting).detail}, status_code=413)
             await answer(scope, receive, send)
             return
         received = 0
@@ -148,8 +167,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise BodyTooLarge(self.max_bytes)  # the route's handler answers it
+                if received > max_bytes:
+                    raise BodyTooLarge(max_bytes, setting)  # the route's handler answers it
             return message
 
         await self.app(scope, counted, send)
@@ -157,6 +176,16 @@ class BodyLimit:
 
 def parse_json(body: bytes) -> Any:
     """``body`` as JSON if it is plain JSON, else UnusableJSON saying where and why."""
+    value = parse_json_values(body)
+    if problem := json_problem(value, ("body",)):
+        raise UnusableJSON(*problem)
+    return value
+
+
+def parse_json_values(body: bytes) -> Any:
+    """``body`` as JSON (UTF-8, unique keys, parsable), its values not yet checked with
+    ``json_problem``: for a route that checks the parts of its body one by one (a batch,
+    whose bad items are refused alone)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -172,8 +201,6 @@ def parse_json(body: bytes) -> Any:
         raise UnusableJSON(("body",), f"nested deeper than {MAX_JSON_DEPTH} levels of arrays and objects") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise UnusableJSON(("body",), f"the body is not usable JSON: {preview(str(exc), 200)}") from None
-    if problem := json_problem(value, ("body",)):
-        raise UnusableJSON(*problem)
     return value
 
 
@@ -230,10 +257,10 @@ def invalid_input_answer(errors: Sequence[Mapping[str, Any]]) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": "; ".join(problems), "errors": shown})
 
 
-def install(app: FastAPI, max_request_bytes: int) -> None:
+def install(app: FastAPI, max_request_bytes: int, larger: Sequence[LargerBodies] = ()) -> None:
     """Guard ``app``; call before its routes are added (they take the strict JSON route class)."""
     app.router.route_class = StrictJSONRoute
-    app.add_middleware(BodyLimit, max_bytes=max_request_bytes)
+    app.add_middleware(BodyLimit, max_bytes=max_request_bytes, larger=larger)
 
     @app.exception_handler(UnusableJSON)
     async def _unusable_json(request: Request, exc: UnusableJSON) -> JSONResponse:

@@ -94,6 +94,9 @@ class StoreProbe:
 
     def __init__(self, name: str, url: str, timeout: float):
         self.name, self.timeout = name, timeout
+        # A cluster's URL names one of its nodes: the probe PINGs that node (a frozen cluster
+        # node is what it looks for; a failed-over one answers the cluster client's retry).
+        url = url.replace("+cluster://", "://", 1)
         self.client = Redis.from_pool(BlockingConnectionPool.from_url(
             url, max_connections=2, timeout=timeout, socket_timeout=timeout, socket_connect_timeout=timeout))
         self._pending: asyncio.Task[bool] | None = None

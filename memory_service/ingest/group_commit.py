@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memory_service.domain.models import Memory
@@ -63,15 +64,29 @@ class GroupCommit:
         """Store ``memory`` (of ``agent_id``) with whatever else of the agent waits; returns
         once it is stored. Raises the store's error on an outage, ``RowRefused`` if the
         store refused this row alone."""
+        (future,) = self._enqueue(backend, agent_id, [memory])
+        await future
+
+    async def write_many(self, backend: MemoryBackend, agent_id: str,
+                         memories: Sequence[Memory]) -> list[BaseException | None]:
+        """Store ``memories`` (a batch of records of ``agent_id``), in order, with whatever
+        else of the agent waits: as many statements as the batch limits make. One answer per
+        memory: None (stored), ``RowRefused`` or the outage's error, as ``write`` raises them."""
+        return await asyncio.gather(*self._enqueue(backend, agent_id, memories), return_exceptions=True)
+
+    def _enqueue(self, backend: MemoryBackend, agent_id: str, memories: Sequence[Memory]) -> list[asyncio.Future[None]]:
         key = (id(backend), agent_id)
         lane = self._lanes.get(key)
         if lane is None:
             lane = self._lanes[key] = _Lane()
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        lane.waiting.append((memory, future))
+        loop = asyncio.get_running_loop()
+        futures: list[asyncio.Future[None]] = []
+        for memory in memories:
+            futures.append(loop.create_future())
+            lane.waiting.append((memory, futures[-1]))
         if lane.task is None:
             lane.task = asyncio.create_task(self._drain(key, lane, backend), name=f"group-commit:{agent_id}")
-        await future
+        return futures
 
     def _next_batch(self, lane: _Lane) -> list[_Row]:
         batch: list[_Row] = []

@@ -128,13 +128,13 @@ class SessionLedger:
             log.warning("the store refused message %s of session %s (agent %s), its id is released: %s",
                         preview(message_id), preview(session_id), preview(meta.agent_id),
                         preview(str(refused.__cause__), 300))
-            await self._let_go(session_id, message_id, sequence, "refused")
+            await self.let_go(session_id, message_id, sequence, "refused")
             raise InvalidInput(
                 f"content: message {message_id!r} of session {session_id!r} could not be stored: the store refused "
                 "its content (characters it cannot hold). Nothing was stored and the message_id is free again: "
                 "send it with corrected content") from None
         except BaseException as exc:  # an outage, or the caller gone: the write may have landed
-            await self._let_go(session_id, message_id, sequence, "unhold")
+            await self.let_go(session_id, message_id, sequence, "unhold")
             if not isinstance(exc, Exception):
                 raise
             log.warning("could not store message %s of session %s (agent %s): %s: %s", preview(message_id),
@@ -146,7 +146,7 @@ class SessionLedger:
                 f"could not store message {message_id!r} of session {session_id!r}: {why}; "
                 "nothing is pending for it: send it again with the same message_id") from exc
 
-    async def _let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:
+    async def let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:
         # Best effort: if Redis fails too, the reservation stays in flight and the recovery
         # settles it once it is RECORD_RECOVERY_AFTER_SECONDS old.
         try:
@@ -168,7 +168,7 @@ class SessionLedger:
             embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=user_id,
         )
         if commit.enqueue_embedding:
-            await self._enqueue_embedding(meta.agent_id)
+            await self.enqueue_embedding(meta.agent_id)
         return commit
 
     async def recover_in_flight(self, limit: int = 1000) -> dict[str, int]:
@@ -215,7 +215,7 @@ class SessionLedger:
             await self.formation.schedule(session_id, gated=True)
         return committed, released
 
-    async def _enqueue_embedding(self, agent_id: str) -> None:
+    async def enqueue_embedding(self, agent_id: str) -> None:
         # The message is stored and pending: a queue that fails here must not fail the record.
         # The agent's lock expires, and the next record (or the backfill cron) enqueues again.
         try:

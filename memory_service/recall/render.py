@@ -468,8 +468,11 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             holder = shown_by[keys[0]]
             if item.form != holder.form and item.form not in holder.also and holder.line is not None:
                 folded = holder.render(holder.body, (*holder.also, item.form))
-                if size + len(folded) - len(holder.line) <= budget_chars:
-                    size += len(folded) - len(holder.line)
+                grown = len(folded) - len(holder.line)
+                # Within the budget, and a fact within the facts' share too.
+                if size + grown <= budget_chars and (holder.section != "facts" or facts_size + grown <= facts_room):
+                    size += grown
+                    facts_size += grown if holder.section == "facts" else 0
                     holder.line, holder.also = folded, (*holder.also, item.form)
             continue
         text = item.text

@@ -73,6 +73,7 @@ from memory_service.schemas.search import (
     SignalScore,
     Structure,
 )
+from memory_service.state import metrics
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend, SignalHits
 
@@ -375,6 +376,7 @@ class Retriever:
         graph = GraphHits()
         weights = (self.settings.search_rank_centrality if request.centrality_weight is None else request.centrality_weight,
                    self.settings.search_rank_activation if request.activation_weight is None else request.activation_weight)
+        started_graph = time.perf_counter()
         try:
             if self.settings.search_graph_signal:
                 if found is None:
@@ -384,9 +386,11 @@ class Retriever:
                                               request.include_superseded)
                 graph = await graph_hits(backend, agent_id, store_query, found, self.graph_options(), request.as_of,
                                          request.include_superseded)
+                metrics.SEARCH_SIGNALS.labels(GRAPH).observe(time.perf_counter() - started_graph)
         except NotSupported:
             pass  # a store without a graph: search runs on its other signals
         except Exception as exc:  # a failing graph read degrades search, it never fails it
+            metrics.SEARCH_SIGNALS.labels(GRAPH).observe(time.perf_counter() - started_graph)
             log.warning("search without the graph signal: %s", exc)
             degraded.append(f"graph: {type(exc).__name__}: {exc}")
         if graph.hits:

@@ -14,10 +14,13 @@ Every bump goes through this module, in one of two ways:
 - ``BlockCache.bump``, after a write made in Python: the memory tools, an import, the
   retention purge, an erasure, an agent's settings and shards, a deleted startup record;
 - atomically with the write, inside the Lua script that makes it, which INCRs the keys its
-  caller takes from ``generation_key``: a recorded message (its session and its speaker's
-  user namespace, memory_service/state/store.py), a formed window (the namespaces written,
-  memory_service/formation/window.py), a consolidation (its namespace,
-  memory_service/state/store.py), a stored startup record (memory_service/recall/startup.py).
+  caller takes from ``generation_key`` (under the same hash tag as what the script writes,
+  memory_service/state/keyspace.py): a recorded message (its session,
+  memory_service/state/store.py), a consolidation (its namespace,
+  memory_service/state/store.py), a stored startup record (memory_service/recall/startup.py);
+- right after the step that made the write, where the generation is on another slot of a
+  Redis Cluster: a recorded message's speaker's user namespace (memory_service/state/store.py),
+  a formed window's namespaces (its effects, memory_service/formation/window.py).
 
 An erasure or a purge, which must not leave a block showing what it removed even within its
 lifetime, also deletes the agent's cached and last good blocks (``purge_agent``): each is
@@ -86,7 +89,11 @@ class BlockCache:
     async def generations(self, namespaces: Sequence[str]) -> list[int]:
         if not namespaces:
             return []
-        return [int(v or 0) for v in await self.redis.mget([generation_key(ns) for ns in namespaces])]
+        # One pipeline of GETs, not an MGET: the generations are on several slots of a cluster.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for ns in namespaces:
+                pipe.get(generation_key(ns))
+            return [int(v or 0) for v in await pipe.execute()]
 
     async def key_for(self, request: Sequence[Any], dependencies: list[str]) -> str:
         """The cache key of the block asked by ``request`` (JSON-able) that reads the
@@ -143,11 +150,10 @@ class BlockCache:
         or a purge removes), and invalidate the blocks being assembled meanwhile. How many went."""
         index, deleted = keyspace.cache_index(agent_id), 0
         while keys := await self.redis.zrange(index, 0, PURGE_BATCH - 1):
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.delete(*keys)
-                pipe.zrem(index, *keys)
-                gone, _ = await pipe.execute()
-            deleted += int(gone)
+            # The blocks, then their entries (they are on many slots of a cluster: no
+            # transaction): a crash between leaves entries naming gone blocks, deleted again.
+            deleted += int(await self.redis.delete(*keys))
+            await self.redis.zrem(index, *keys)
         await self.bump(agent_wide(agent_id))
         return deleted + self._forget_agent(agent_id)
 

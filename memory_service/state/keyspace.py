@@ -3,12 +3,34 @@
 Every ``ms:*`` key is built here and nowhere else (tests/test_keyspace.py fails on an
 ``ms:`` literal in any other module), so this docstring is the whole keyspace. Ids never
 contain ':' (memory_service/domain/namespaces.py), so no two keys below can collide. The
-names are stored data: changing one strands what is stored under the old one (no
-migration renames keys), so a builder's output never changes.
+names are stored data: a builder's output changes only with a migration of the keyspace
+(``KEYSPACE_VERSION``; memory_service/state/upgrade.py renames what an older release wrote,
+``memory-service upgrade-keyspace``, docs/operations.md "Upgrading the keyspace").
 
-``{...}`` is a cluster hash tag: the keys sharing one are on one slot, so a script may
-name them together. Only an API key's keys and a session's window and in-flight hash
-carry one; the other session keys do not (docs/formation.md, "Limits").
+Hash tags, for a Redis Cluster (docs/operations.md, "Scaling"): ``{...}`` in a key is its
+hash tag, and the keys sharing one are on one slot, so a Lua script or a MULTI/EXEC may
+name them together (anything else fails with CROSSSLOT on a cluster; tests/test_slots.py
+checks every script and transaction of the service). The tags, chosen so that what one
+step changes together shares a slot and no agent lands on one slot as a whole:
+
+- ``{s:<bucket>}``, a session's bucket (``session_tag``: CRC-32 of the session id modulo
+  SESSION_BUCKETS): the session's ledger, window and write generation, with the bucket's
+  shards of the three indexes every record or formation updates in the same step (the active
+  set, the in-flight index, the metrics). So recording and forming stay one atomic script
+  each, and those indexes, once single hot keys, are spread over SESSION_BUCKETS slots.
+- ``{<namespace>}`` for a user, shard or agent namespace (``namespace_tag``): its write
+  generation and consolidation queue and version; a user's session indexes; an agent's
+  startup records (stored with a bump of the agent-wide generation).
+- ``{embed:<agent>}``: the agent's embedding mark and lock. ``{retention:<agent>}``: the
+  agent's soft-delete index and memory_get counts (``ms:retention:deleted`` was one key for
+  every agent).
+- ``{<key id>}``: an API key's record and rate counters. ``{outbox}``: the outbox, whose
+  queues are ordered across agents (one slot: its throughput is one node's).
+
+Keys without a tag are only ever touched alone (or in a pipeline that is not a
+transaction). A tag holds the text up to the first '}' of the key: an id holding '}' only
+shares its slot with more keys, never splits keys that must share one (each tag starts with
+a fixed prefix, so it is never empty).
 
 Grows with: what adds keys (or entries in a key). "Kept" means no lifetime: the key stays
 until an erasure, a purge or an operator removes it.
@@ -16,66 +38,96 @@ until an erasure, a purge or an operator removes it.
 Agents (memory_service/state/store.py unless named)::
 
     ms:agent:<agent>                        string  the agent's settings (JSON AgentSettings)       per agent
-    ms:agent:<agent>:sessions               set     every session the agent recorded in              per session
+    ms:agent:<agent>:sessions               set     every session the agent recorded in (added by a
+                                                    session's first message)                         per session
+    ms:agent:<agent>:session-order          zset    session id -> its creation number (the browse
+                                                    API's list of sessions, newest first: a keyset
+                                                    page is one ZRANGE, memory_service/recall/
+                                                    browse.py)                                       per session
+    ms:agent:<agent>:session-count          string  the last creation number given to a session    per agent
+    ms:agent:<agent>:users                  zset    user id -> 0: every user who spoke, had a message
+                                                    recorded under their id, or had a memory written
+                                                    in their namespace (the browse API's list, by id,
+                                                    ZRANGE BYLEX)                                    per user
     ms:agent:<agent>:backends               set     the backends its settings named since its last
                                                     migration (the graph reads MongoDB for an agent
                                                     that named mongo)                                per agent (a few)
     ms:shards:<agent>                       hash    shard id -> JSON ShardIn                         per shard
-    ms:agent:<agent>:user:<user>:sessions   set     the sessions the user spoke in (the "user" search
+    ms:u:{user:<agent>:<user>}:sessions     set     the sessions the user spoke in (the "user" search
                                                     scope; erasure and export read it, no scan)       per user and session
-    ms:agent:<agent>:user:<user>:recorded   set     the sessions holding a message recorded under the
+    ms:u:{user:<agent>:<user>}:recorded     set     the sessions holding a message recorded under the
                                                     user's id, any role (what an erasure visits)     per user and session
-    ms:embed:<agent>:due                    string  set when a message of the agent was stored to be
+    ms:embed:{embed:<agent>}:due            string  set when a message of the agent was stored to be
                                                     embedded later                                   per agent
-    ms:embed:<agent>:job                    string  the agent's embedding lock, with a lifetime: a job
+    ms:embed:{embed:<agent>}:job            string  the agent's embedding lock, with a lifetime: a job
                                                     is queued or running (or the embedder failed
                                                     lately)                                          per agent
     ms:reembed:<agent>                      hash    the agent's embedding model after a re-embed
                                                     (``model``, ``switched_at``) and, while one runs,
                                                     its target, cursor and counts (memory_service/
                                                     embedding/reembed.py)                            per agent
-    ms:startup:<agent>                      hash    record id -> JSON startup record, at most
+    ms:startup:{agent:<agent>}              hash    record id -> JSON startup record, at most
                                                     STARTUP_MAX_RECORDS (memory_service/recall/
                                                     startup.py)                                      per record (bounded)
     ms:import:<agent>                       hash    file (its path relative to the imported PATH) ->
                                                     JSON [[section digest, memory id], ...]: the
                                                     memories the file gave at its last import
                                                     (memory_service/curation/legacy_import.py)       per imported file
-    ms:memaccess:<agent>                    hash    'n:<id>' -> memory_get calls, 't:<id>' -> the last
+    ms:memaccess:{retention:<agent>}        hash    'n:<id>' -> memory_get calls, 't:<id>' -> the last
                                                     one's time (memory_service/curation/retention.py) per memory read by
                                                                                                      memory_get
+    ms:retention:{retention:<agent>}:deleted zset   memory id -> the soft delete's time
+                                                    (memory_service/curation/retention.py)           per soft-deleted memory
+    ms:retention:agents                     set     the agents that ever had a memory soft-deleted
+                                                    (where the daily purge looks)                    per agent
     ms:audit:agent:<agent>                  stream  the agent's changes, append-only, kept
                                                     (memory_service/access/audit.py)                 per change
 
-Sessions (the ledger, memory_service/state/store.py; the window, memory_service/formation/window.py)::
+Sessions (the ledger, memory_service/state/store.py; the window, memory_service/formation/window.py);
+``<b>`` is the session's bucket, ``session_tag``::
 
-    ms:s:<session>:meta                     hash    agent_id, next_seq, pending_tokens, cursor,
+    ms:s:{s:<b>}:<session>:meta             hash    agent_id, next_seq, pending_tokens, cursor,
                                                     claimed/formed_windows, formed_messages,
                                                     incognito, last_activity                         per session
-    ms:s:<session>:ids                      hash    message id -> "<seq> <content digest>", kept     per message
-    ms:s:<session>:committed                set     the message ids committed (made pending once)    per message
-    ms:s:<session>:pending                  zset    message id -> seq: recorded, not yet formed      per pending message
-    ms:s:<session>:tokens                   hash    message id -> weighted tokens, while pending     per pending message
-    ms:s:<session>:users                    set     the user ids who spoke in the session            per speaker
-    ms:s:<session>:startup                  string  the startup digest last sent to the session
+    ms:s:{s:<b>}:<session>:ids              hash    message id -> "<seq> <content digest>", kept     per message
+    ms:s:{s:<b>}:<session>:committed        set     the message ids committed (made pending once)    per message
+    ms:s:{s:<b>}:<session>:pending          zset    message id -> seq: recorded, not yet formed      per pending message
+    ms:s:{s:<b>}:<session>:tokens           hash    message id -> weighted tokens, while pending     per pending message
+    ms:s:{s:<b>}:<session>:users            set     the user ids who spoke in the session            per speaker
+    ms:s:{s:<b>}:<session>:formed           zset    one JSON entry per formed window (its number,
+                                                    extractor, first and last sequence, message count,
+                                                    time) -> its last sequence: which window and
+                                                    extractor formed a memory (the browse API), kept per formed window
+    ms:s:{s:<b>}:<session>:startup          string  the startup digest last sent to the session
                                                     (modes first-run and digest, ~70 bytes), expiring
                                                     STARTUP_SESSION_TTL_SECONDS after its last block per session asking
-    ms:s:{<session>}:inflight               hash    message id -> "<seq> <reserved at> <holders>
+    ms:s:{s:<b>}:<session>:inflight         hash    message id -> "<seq> <reserved at> <holders>
                                                     <incognito>": reservations not committed yet (a
                                                     record between its reserve and its commit)       per message in flight
-    ms:s:{<session>}:window                 hash    the window being formed: its number, claimed ids,
-                                                    state and stored extraction; deleted once formed per session forming
-    ms:s:<session>:claim                    hash    a claimed window of the first release, adopted
+    ms:s:{s:<b>}:<session>:window           hash    the window being formed: its number, claimed ids,
+                                                    state, stored extraction and, once completed, the
+                                                    effects to apply (queues, generations); deleted
+                                                    once formed                                      per session forming
+    ms:s:{s:<b>}:<session>:claim            hash    a claimed window of the first release, adopted
                                                     (and deleted) by the session's next claim        none (legacy)
+    ms:active:{s:<b>}                       zset    session id -> last activity (or the cold sweep's
+                                                    last visit), while messages are pending: the
+                                                    bucket's share of the active set                 per session pending
+    ms:inflight:{s:<b>}                     zset    session id -> time of its oldest in-flight
+                                                    reservation (at most): where the recovery looks  per session in flight
+    ms:metrics:{s:<b>}                      hash    the service's counters (formations, LLM calls,
+                                                    tokens, ...), one shard per bucket; ``metrics``
+                                                    sums them (with the outbox's shard)              a fixed set of fields
 
 Namespaces (``<namespace>`` is a namespace's text: ``session:<s>``, ``user:<a>:<u>``,
-``shard:<a>:<sh>``, ``agent:<a>``)::
+``shard:<a>:<sh>``, ``agent:<a>``; ``<tag>`` its ``namespace_tag``: the session's bucket
+tag for a session namespace, the namespace's text for the others)::
 
-    ms:cons:<namespace>:pending             list    memory ids not consolidated yet (directives,
+    ms:cons:{<tag>}:<namespace>:pending     list    memory ids not consolidated yet (directives,
                                                     suggestions)                                     per queued memory
-    ms:cons:<namespace>:version             string  the version of the namespace's consolidated
+    ms:cons:{<tag>}:<namespace>:version     string  the version of the namespace's consolidated
                                                     memory                                           per namespace
-    ms:gen:<namespace>                      string  the namespace's write generation: bumped by every
+    ms:gen:{<tag>}:<namespace>              string  the namespace's write generation: bumped by every
                                                     change a cached memory block could show
                                                     (memory_service/state/cache.py owns them)        per namespace written
 
@@ -99,19 +151,21 @@ API keys (memory_service/access/keys.py; grows with keys, never with traffic)::
     ms:rl:{<id>}:<r|t>:<minute>             string  requests (r) or tokens (t) of one minute,
                                                     expiring after two minutes                       per key in use
 
-The outbox (memory_service/stores/outbox.py; ``<target>``: graph or mongo)::
+The outbox (memory_service/stores/outbox.py; ``<target>``: graph or mongo), all on the
+``{outbox}`` slot::
 
-    ms:outbox:entries                       hash    entry id -> the operation (JSON)                 per undelivered entry
-    ms:outbox:refs                          hash    entry id -> how many targets still hold it       per undelivered entry
-    ms:outbox:seq                           string  the order of appends                             global
-    ms:outbox:legacy_seq                    string  the order of adopted first-outbox entries        global
-    ms:outbox:queue:<target>                zset    entry id -> seq: undelivered, oldest first       per undelivered entry
-    ms:outbox:attempts:<target>             hash    entry id -> failed deliveries                    per failing entry
-    ms:outbox:errors:<target>               hash    entry id -> the last delivery error              per failing entry
-    ms:outbox:dead:<target>                 zset    entry id -> time: dead letters, kept             per dead letter
-    ms:outbox:lock:<target>                 string  the lease of the process delivering the target   per target
-    ms:outbox:<target>                      list    a queue of the first outbox, adopted on the
+    ms:outbox:{outbox}:entries              hash    entry id -> the operation (JSON)                 per undelivered entry
+    ms:outbox:{outbox}:refs                 hash    entry id -> how many targets still hold it       per undelivered entry
+    ms:outbox:{outbox}:seq                  string  the order of appends                             global
+    ms:outbox:{outbox}:legacy_seq           string  the order of adopted first-outbox entries        global
+    ms:outbox:{outbox}:queue:<target>       zset    entry id -> seq: undelivered, oldest first       per undelivered entry
+    ms:outbox:{outbox}:attempts:<target>    hash    entry id -> failed deliveries                    per failing entry
+    ms:outbox:{outbox}:errors:<target>      hash    entry id -> the last delivery error              per failing entry
+    ms:outbox:{outbox}:dead:<target>        zset    entry id -> time: dead letters, kept             per dead letter
+    ms:outbox:{outbox}:lock:<target>        string  the lease of the process delivering the target   per target
+    ms:outbox:{outbox}:<target>             list    a queue of the first outbox, adopted on the
                                                     next drain                                       none (legacy)
+    ms:metrics:{outbox}                     hash    the outbox's counters (dead letters)             a fixed set of fields
 
 The graph store's full-text postings (memory_service/stores/postings.py), in the agent's
 FalkorDB server beside its graph, under the agent's hash tag (one slot: the scripts name
@@ -131,12 +185,6 @@ them together)::
 
 Global::
 
-    ms:active                               zset    session id -> last activity (or the cold sweep's
-                                                    last visit), while messages are pending           per session pending
-    ms:inflight                             zset    session id -> time of its oldest in-flight
-                                                    reservation (at most): where the recovery looks  per session in flight
-    ms:metrics                              hash    the service's counters (formations, LLM calls,
-                                                    tokens, outbox dead letters, ...)                a fixed set of fields
     ms:embedder                             hash    name and dimension of the embedder whose vectors
                                                     are stored (the name changes when a re-embed
                                                     switches every agent), and ``untagged``: the
@@ -145,26 +193,86 @@ Global::
     ms:user-digest-key                      string  the secret of user-id digests, unless
                                                     USER_DIGEST_KEY is set (memory_service/access/
                                                     pseudonyms.py)                                   global
-    ms:retention:deleted                    zset    '<agent>\\x00<memory id>' -> the soft delete's
-                                                    time (memory_service/curation/retention.py)      per soft-deleted memory
     ms:audit:system                         stream  changes spanning every agent (operator keys)     per change
+    ms:agents                               zset    agent id -> 0: every agent that recorded a message,
+                                                    got settings or had a memory written (the browse
+                                                    API's list, by id, ZRANGE BYLEX)                 per agent
+    ms:browse-index                         string  the version of the browse indexes the stored data
+                                                    was last indexed for (a start-up indexes what an
+                                                    older release stored, once)                      global
+    ms:trace:job:<job id>                   string  the trace context of the request that enqueued
+                                                    the job (W3C traceparent), while tracing is on;
+                                                    expires with the job                             per queued job
+    ms:keyspace                             string  the keyspace's version (KEYSPACE_VERSION), written
+                                                    by the service's start and by upgrade-keyspace   global
 
-Not built here, in the same Redis: the job queue (``memory-service:jobs``,
-memory_service/formation/jobs.py) and arq's own ``arq:*`` keys; each agent's FalkorDB graph
-``ms_agent__<agent>`` (memory_service/stores/graph.py) and FalkorDB's query log of a graph
-(``telemetry{<graph>}``).
+Not built here: the job queue (``memory-service:jobs``, memory_service/formation/jobs.py)
+and arq's own ``arq:*`` keys, on QUEUE_REDIS_URL (arq's transactions name a job's keys and
+the queue together, so the queue is a plain Redis, never a cluster); each agent's FalkorDB
+graph ``ms_agent__<agent>`` (memory_service/stores/graph.py: one key, so one agent's graph
+is on one node) and FalkorDB's query log of a graph (``telemetry{<graph>}``).
 """
 
 from __future__ import annotations
 
+import zlib
+
+# The layout's version: 1 was the untagged keyspace of the first releases (read by
+# memory_service/state/upgrade.py only), 2 the one below.
+KEYSPACE_VERSION = 2
+KEYSPACE = "ms:keyspace"
+
+# Sessions are spread over this many buckets, each a hash tag; a cluster spreads the
+# buckets over its nodes, so at most this many nodes share the sessions' work. Stored data:
+# changing it moves every session's keys (memory_service/state/upgrade.py).
+SESSION_BUCKETS = 256
+
+
+def session_tag(session_id: str) -> str:
+    """The hash tag of the session's keys (without braces): its bucket."""
+    return f"s:{zlib.crc32(session_id.encode()) % SESSION_BUCKETS:03d}"
+
+
+def bucket_tags() -> list[str]:
+    """Every session bucket's tag, in order."""
+    return [f"s:{b:03d}" for b in range(SESSION_BUCKETS)]
+
+
+def namespace_tag(namespace: str) -> str:
+    """The hash tag of a namespace's keys: its session's bucket, or the namespace's text."""
+    kind, _, rest = namespace.partition(":")
+    return session_tag(rest) if kind == "session" else namespace
+
+
 # Global ------------------------------------------------------------------------------
 
-ACTIVE = "ms:active"
-IN_FLIGHT = "ms:inflight"
-METRICS = "ms:metrics"
 EMBEDDER = "ms:embedder"
 USER_DIGEST_KEY = "ms:user-digest-key"
-RETENTION_DELETED = "ms:retention:deleted"
+AGENTS = "ms:agents"
+BROWSE_INDEX = "ms:browse-index"
+RETENTION_AGENTS = "ms:retention:agents"
+OUTBOX_TAG = "outbox"
+
+
+def active(tag: str) -> str:
+    """A bucket's share of the active set (``tag``: ``session_tag``)."""
+    return f"ms:active:{{{tag}}}"
+
+
+def in_flight(tag: str) -> str:
+    """A bucket's share of the in-flight index."""
+    return f"ms:inflight:{{{tag}}}"
+
+
+def metrics(tag: str) -> str:
+    """A shard of the service's counters: a session bucket's, or the outbox's (OUTBOX_TAG)."""
+    return f"ms:metrics:{{{tag}}}"
+
+
+def metric_tags() -> list[str]:
+    """The tags of every metrics shard."""
+    return [*bucket_tags(), OUTBOX_TAG]
+
 
 # Agents ------------------------------------------------------------------------------
 
@@ -177,6 +285,18 @@ def agent_sessions(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:sessions"
 
 
+def agent_session_order(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:session-order"
+
+
+def agent_session_count(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:session-count"
+
+
+def agent_users(agent_id: str) -> str:
+    return f"ms:agent:{agent_id}:users"
+
+
 def agent_backends(agent_id: str) -> str:
     return f"ms:agent:{agent_id}:backends"
 
@@ -186,19 +306,32 @@ def shards(agent_id: str) -> str:
 
 
 def user_sessions(agent_id: str, user_id: str) -> str:
-    return f"ms:agent:{agent_id}:user:{user_id}:sessions"
+    return f"ms:u:{{user:{agent_id}:{user_id}}}:sessions"
 
 
 def user_recorded(agent_id: str, user_id: str) -> str:
-    return f"ms:agent:{agent_id}:user:{user_id}:recorded"
+    return f"ms:u:{{user:{agent_id}:{user_id}}}:recorded"
+
+
+def user_of(agent_id: str, key: str) -> str | None:
+    """The user id in one of ``agent_id``'s per-user keys (``user_sessions``, ``user_recorded``)."""
+    head = f"ms:u:{{user:{agent_id}:"
+    if not key.startswith(head) or "}" not in key[len(head):]:
+        return None
+    return key[len(head):].split("}", 1)[0] or None
+
+
+def trace_job(job_id: str) -> str:
+    """The trace context a request left for the job it enqueued (memory_service/state/tracing.py)."""
+    return f"ms:trace:job:{job_id}"
 
 
 def embed_due(agent_id: str) -> str:
-    return f"ms:embed:{agent_id}:due"
+    return f"ms:embed:{{embed:{agent_id}}}:due"
 
 
 def embed_lock(agent_id: str) -> str:
-    return f"ms:embed:{agent_id}:job"
+    return f"ms:embed:{{embed:{agent_id}}}:job"
 
 
 def reembed(agent_id: str) -> str:
@@ -206,7 +339,7 @@ def reembed(agent_id: str) -> str:
 
 
 def startup_records(agent_id: str) -> str:
-    return f"ms:startup:{agent_id}"
+    return f"ms:startup:{{agent:{agent_id}}}"
 
 
 def import_manifest(agent_id: str) -> str:
@@ -214,7 +347,11 @@ def import_manifest(agent_id: str) -> str:
 
 
 def memory_access(agent_id: str) -> str:
-    return f"ms:memaccess:{agent_id}"
+    return f"ms:memaccess:{{retention:{agent_id}}}"
+
+
+def retention_deleted(agent_id: str) -> str:
+    return f"ms:retention:{{retention:{agent_id}}}:deleted"
 
 
 def audit_stream(agent_id: str | None) -> str:
@@ -248,40 +385,41 @@ def postings_build_lock(agent_id: str) -> str:
 
 # Sessions ----------------------------------------------------------------------------
 
-# The parts of a session's ledger, all under ``ms:s:<session>:`` (the in-flight hash under
-# the session's hash tag, like its window).
-SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup")
+# The parts of a session's ledger, all under ``ms:s:{<bucket>}:<session>:``.
+SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed")
+
+
+def _session_key(session_id: str, part: str) -> str:
+    return f"ms:s:{{{session_tag(session_id)}}}:{session_id}:{part}"
 
 
 def session_keys(session_id: str) -> dict[str, str]:
-    """The session's ledger keys by part (SESSION_PARTS and ``inflight``); not its window."""
-    keys = {part: f"ms:s:{session_id}:{part}" for part in SESSION_PARTS}
-    keys["inflight"] = f"ms:s:{{{session_id}}}:inflight"
-    return keys
+    """The session's ledger keys by part (SESSION_PARTS); not its window."""
+    return {part: _session_key(session_id, part) for part in SESSION_PARTS}
 
 
 def window(session_id: str) -> str:
-    return f"ms:s:{{{session_id}}}:window"
+    return _session_key(session_id, "window")
 
 
 def legacy_claim(session_id: str) -> str:
     """Where the first release kept a claimed window (adopted by the next claim)."""
-    return f"ms:s:{session_id}:claim"
+    return _session_key(session_id, "claim")
 
 
 # Namespaces --------------------------------------------------------------------------
 
 
 def cons_pending(namespace: str) -> str:
-    return f"ms:cons:{namespace}:pending"
+    return f"ms:cons:{{{namespace_tag(namespace)}}}:{namespace}:pending"
 
 
 def cons_version(namespace: str) -> str:
-    return f"ms:cons:{namespace}:version"
+    return f"ms:cons:{{{namespace_tag(namespace)}}}:{namespace}:version"
 
 
 def generation(namespace: str) -> str:
-    return f"ms:gen:{namespace}"
+    return f"ms:gen:{{{namespace_tag(namespace)}}}:{namespace}"
 
 
 # The memory block's cache ------------------------------------------------------------
@@ -319,31 +457,33 @@ def rate_counter(key_id: str, kind: str, minute: int) -> str:
 
 # The outbox --------------------------------------------------------------------------
 
-OUTBOX_ENTRIES = "ms:outbox:entries"
-OUTBOX_REFS = "ms:outbox:refs"
-OUTBOX_SEQ = "ms:outbox:seq"
-OUTBOX_LEGACY_SEQ = "ms:outbox:legacy_seq"
+_OUTBOX = "ms:outbox:{outbox}"
+OUTBOX_ENTRIES = f"{_OUTBOX}:entries"
+OUTBOX_REFS = f"{_OUTBOX}:refs"
+OUTBOX_SEQ = f"{_OUTBOX}:seq"
+OUTBOX_LEGACY_SEQ = f"{_OUTBOX}:legacy_seq"
+OUTBOX_METRICS = metrics(OUTBOX_TAG)
 
 
 def outbox_queue(target: str) -> str:
-    return f"ms:outbox:queue:{target}"
+    return f"{_OUTBOX}:queue:{target}"
 
 
 def outbox_attempts(target: str) -> str:
-    return f"ms:outbox:attempts:{target}"
+    return f"{_OUTBOX}:attempts:{target}"
 
 
 def outbox_errors(target: str) -> str:
-    return f"ms:outbox:errors:{target}"
+    return f"{_OUTBOX}:errors:{target}"
 
 
 def outbox_dead(target: str) -> str:
-    return f"ms:outbox:dead:{target}"
+    return f"{_OUTBOX}:dead:{target}"
 
 
 def outbox_lock(target: str) -> str:
-    return f"ms:outbox:lock:{target}"
+    return f"{_OUTBOX}:lock:{target}"
 
 
 def outbox_legacy_queue(target: str) -> str:
-    return f"ms:outbox:{target}"
+    return f"{_OUTBOX}:{target}"

@@ -5,8 +5,9 @@ once per replica when Prometheus sums them (and the old /metrics did just that).
 process counts what it did, in its own registry (``REGISTRY``, not prometheus_client's
 global one, so that libraries' metrics and a second app in a test process do not mix in),
 and Prometheus sums the replicas. Totals that are facts about the whole deployment (what
-the Redis hash ``ms:metrics`` holds, the outbox's depth, the job queue) are gauges read
-from the store at scrape time: the same on every replica, to be aggregated with ``max``.
+the Redis hashes ``keyspace.metrics`` shards hold, the outbox's depth, the job queue, the
+memories stored) are gauges read from the store at scrape time: the same on every replica,
+to be aggregated with ``max``.
 
 Labels are bounded: route templates (never raw paths: ids would make one series per user),
 operation names, statuses, outcomes. No label carries a user, session or agent id.
@@ -49,7 +50,8 @@ OPERATIONS = Histogram(
     ["operation", "outcome"], registry=REGISTRY, buckets=LATENCY_BUCKETS)
 SEARCH_SIGNALS = Histogram(
     f"{PREFIX}search_signal_duration_seconds",
-    "One search signal's store query (fulltext, vector) in the graph store", ["signal"],
+    "One search signal's time: fulltext and vector (the graph store's query), graph (the knowledge graph's entities, "
+    "facts and the memories that mention them)", ["signal"],
     registry=REGISTRY, buckets=LATENCY_BUCKETS)
 LLM_REQUESTS = Histogram(
     f"{PREFIX}llm_request_duration_seconds",
@@ -169,7 +171,7 @@ class StoreGauges(Collector):
         yield from families.values()
         totals = GaugeMetricFamily(
             f"{PREFIX}deployment_counter",
-            "Totals kept in Redis (ms:metrics) for the whole deployment since its store was created, by name; the same "
+            "Totals kept in Redis (the sharded metrics hashes) for the whole deployment since its store was created, by name; the same "
             "on every replica: aggregate with max, not sum", labels=["name"])
         for name, value in sorted(self.totals.items()):
             totals.add_metric([name], value)
@@ -186,6 +188,11 @@ GAUGE_HELP = {
     "circuit_breaker_open": "1 while a store's circuit breaker is open",
     "queue_jobs": "Jobs in the worker queue (due or deferred)",
     "queue_lag_seconds": "How long the oldest due job of the worker queue has waited (0: none waits)",
+    "memories_stored": "Memories the store holds (soft-deleted and evicted ones until purged), for the whole "
+                       "deployment, by store (graph, mongo: a mirror holds copies, do not add them); the same on every "
+                       "replica: aggregate with max; counted at most every METRICS_STORED_REFRESH_SECONDS",
+    "graph_entities_stored": "Knowledge-graph entities the graph store holds, for the whole deployment; aggregate "
+                             "with max",
 }
 
 STORE_GAUGES = StoreGauges()

@@ -16,9 +16,9 @@ store restarted) is still replaced before use: the pool checks each one it hands
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
 from memory_service.config import Settings
 
@@ -39,8 +39,32 @@ def blocking_pool(url: str, settings: Settings, *, decode_responses: bool) -> Bl
 
 
 def redis_client(url: str, settings: Settings, *, decode_responses: bool = True) -> Redis:
-    """A Redis client owning a bounded pool (closed with the client)."""
+    """A Redis client owning a bounded pool (closed with the client); a cluster client when
+    ``url`` is a redis+cluster:// URL or REDIS_CLUSTER is set (``cluster_client``)."""
+    if url.startswith(("redis+cluster://", "rediss+cluster://")) or settings.redis_cluster:
+        return cluster_client(url, settings, decode_responses=decode_responses)
     return Redis.from_pool(blocking_pool(url, settings, decode_responses=decode_responses))
+
+
+def cluster_client(url: str, settings: Settings, *, decode_responses: bool = True) -> Redis:
+    """A Redis Cluster client from the address of one node: it learns the others and the
+    slots (CLUSTER SLOTS), sends each command to the node of its key's slot, follows MOVED
+    and ASK, and reloads the slots after a failover. Its pools are per node, of at most
+    REDIS_MAX_CONNECTIONS each (a call finding one exhausted fails at once rather than
+    waiting), with the same timeouts and no retry of a command.
+
+    Typed as ``Redis``: RedisCluster has the commands, scripts and pipelines the service
+    calls (with a transaction only on keys of one slot, memory_service/state/keyspace.py),
+    and the cluster suite runs them on one (``make test-cluster``)."""
+    plain = url.replace("+cluster://", "://", 1)
+    client = RedisCluster.from_url(
+        plain,
+        max_connections=settings.redis_max_connections,
+        socket_connect_timeout=settings.store_connect_timeout_seconds,
+        socket_timeout=settings.store_read_timeout_seconds,
+        decode_responses=decode_responses,
+    )
+    return cast(Redis, client)
 
 
 def arq_client(url: str, settings: Settings, queue_name: str) -> ArqRedis:

@@ -8,17 +8,31 @@ Its keys (sessions' ledgers, agents' settings and shards, the sweep's and the re
 indexes, consolidation queues, metrics, the embedding locks) are built by
 memory_service/state/keyspace.py, whose docstring maps them all; the generations and cached
 memory blocks belong to memory_service/state/cache.py (``StateStore.cache``).
+
+On a Redis Cluster a script may only name keys of one slot (keyspace.py, "Hash tags"). The
+scripts here name a session's keys and its bucket's shards of the active set, the in-flight
+index and the metrics, all under the session's tag. What a record also changes elsewhere
+(the user's session indexes, the user's generation, the agent's embedding mark and lock, the
+agent's session set) is written in separate commands, each idempotent, placed so that a
+crash between two steps leaves something extra rather than something missing: the user's
+indexes are written before the commit (an index naming a session is harmless, one missing
+would hide it from an erasure), the generation and the embedding mark after it (and again
+by a retry, whose commit is not ``first``).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import random
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import cast
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, cast
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
+from redis.commands.core import AsyncScript
 
 from memory_service.config import Settings
 from memory_service.domain.errors import session_taken
@@ -31,49 +45,43 @@ from memory_service.state.pools import redis_client
 # redis-py types every reply as ``bytes | str`` whatever the client does, so the replies
 # read below are cast to ``str`` where they come in.
 
-# Reserve a sequence number for a message id, or return the one it already has; with it,
-# the agent's settings (KEYS[4]), which say which backend stores the message: one round trip.
+# Reserve a sequence number for a message id, or return the one it already has (KEYS:
+# meta, ids, committed, inflight, the bucket's in-flight index). The caller reads the
+# agent's settings, which say which backend stores the message, in the same round trip.
 # A reservation this call will act on (new, or known with the same digest ARGV[3] and not
-# committed) is held in the session's in-flight hash (KEYS[6]): the holders count goes up
-# and the time is ARGV[5]; the session joins the in-flight index (KEYS[7]) if it was not in.
+# committed) is held in the session's in-flight hash (KEYS[4]): the holders count goes up
+# and the time is ARGV[5]; the session joins the in-flight index (KEYS[5]) if it was not in.
 _RESERVE = """
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
-local settings = redis.call('GET', KEYS[4])
 local status, value = 'known', redis.call('HGET', KEYS[2], ARGV[1])
 local seq, holders = nil, 0
 if value then
   local known_seq, known_digest = string.match(value, '^(%S+) (.*)$')
-  if known_digest ~= ARGV[3] or redis.call('SISMEMBER', KEYS[5], ARGV[1]) == 1 then
-    return {status, value, settings}
+  if known_digest ~= ARGV[3] or redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
+    return {status, value}
   end
   seq = known_seq
-  local entry = redis.call('HGET', KEYS[6], ARGV[1])
+  local entry = redis.call('HGET', KEYS[4], ARGV[1])
   if entry then holders = tonumber(string.match(entry, '^%S+ %S+ (%d+)')) end
 else
-  if not owner then
-    redis.call('HSET', KEYS[1], 'agent_id', ARGV[2])
-    redis.call('SADD', KEYS[3], ARGV[4])
-  end
+  if not owner then redis.call('HSET', KEYS[1], 'agent_id', ARGV[2]) end
   status = 'new'
   seq = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1))
   value = seq .. ' ' .. ARGV[3]
   redis.call('HSET', KEYS[2], ARGV[1], value)
 end
-redis.call('HSET', KEYS[6], ARGV[1], seq .. ' ' .. ARGV[5] .. ' ' .. (holders + 1) .. ' ' .. ARGV[6])
-redis.call('ZADD', KEYS[7], 'NX', ARGV[5], ARGV[4])
-return {status, value, settings}
+redis.call('HSET', KEYS[4], ARGV[1], seq .. ' ' .. ARGV[5] .. ' ' .. (holders + 1) .. ' ' .. ARGV[6])
+redis.call('ZADD', KEYS[5], 'NX', ARGV[5], ARGV[4])
+return {status, value}
 """
 
 # Mark a stored message pending (once) and return whether this call did it. A new message
-# is searchable at once, so it bumps the write generation of its session and of its
-# speaker's user namespace: cached memory blocks that could show it are stale.
-# A new message also waits for its embedding (ARGV[8] > 0: the lock's lifetime in ms): the
-# agent's embedding is marked due (KEYS[10]) and, if no embedding job holds the agent's lock
-# (KEYS[11]), this call takes it and answers 1: the caller enqueues the job. A job that
-# holds it sees the mark before it lets go (_EMBED_RELEASE), so no message is left behind.
-# The message leaves the session's in-flight hash (KEYS[13]), and the session the in-flight
-# index (KEYS[14]) when nothing else of it is in flight.
+# is searchable at once, so it bumps the write generation of its session (KEYS[7]): cached
+# memory blocks that could show it are stale (its speaker's user namespace: the caller).
+# The message leaves the session's in-flight hash (KEYS[8]), and the session the bucket's
+# in-flight index (KEYS[9]) when nothing else of it is in flight; the session goes to the
+# back of the bucket's active set (KEYS[6]).
 # The answer also carries the session's counters, read as ``counters`` reads them.
 _COMMIT = """
 local first = redis.call('SADD', KEYS[5], ARGV[1]) == 1
@@ -81,25 +89,15 @@ if first then
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
   redis.call('HSET', KEYS[3], ARGV[1], ARGV[3])
   redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', ARGV[3])
-  redis.call('INCR', KEYS[8])
-  if ARGV[4] ~= '' then
-    redis.call('SADD', KEYS[4], ARGV[4])
-    redis.call('SADD', KEYS[7], ARGV[7])
-    redis.call('INCR', KEYS[9])
-  end
+  redis.call('INCR', KEYS[7])
+  if ARGV[4] ~= '' then redis.call('SADD', KEYS[4], ARGV[4]) end
   if ARGV[6] == '1' then redis.call('HSET', KEYS[1], 'incognito', '1') end
-  if ARGV[9] ~= '' then redis.call('SADD', KEYS[12], ARGV[7]) end
 end
 redis.call('HSET', KEYS[1], 'last_activity', ARGV[5])
 redis.call('ZADD', KEYS[6], ARGV[5], ARGV[7])
-redis.call('HDEL', KEYS[13], ARGV[1])
-if redis.call('HLEN', KEYS[13]) == 0 then redis.call('ZREM', KEYS[14], ARGV[7]) end
-local embed = 0
-if first and tonumber(ARGV[8]) > 0 then
-  redis.call('SET', KEYS[10], '1')
-  if redis.call('SET', KEYS[11], '1', 'NX', 'PX', ARGV[8]) then embed = 1 end
-end
-return {first and 1 or 0, embed, redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
+redis.call('HDEL', KEYS[8], ARGV[1])
+if redis.call('HLEN', KEYS[8]) == 0 then redis.call('ZREM', KEYS[9], ARGV[7]) end
+return {first and 1 or 0, redis.call('ZCARD', KEYS[2]), redis.call('HGETALL', KEYS[1])}
 """
 
 # A record whose store write failed lets go of its reservation (KEYS: ids, committed,
@@ -165,7 +163,8 @@ redis.call('DEL', KEYS[2])
 return 0
 """
 
-# After a cold sweep looked at sessions: ARGV[1] is now, ARGV[2] how many of the (session,
+# After a cold sweep looked at sessions of one bucket (KEYS[1], its active set): ARGV[1] is
+# now, ARGV[2] how many of the (session,
 # score) pairs that follow it enqueued; those go to the back of the active set (due again
 # after another idle period), the rest (that cannot form) leave it. Each only if its score
 # is still the one the sweep read: a message recorded meanwhile moved it (and keeps it).
@@ -195,19 +194,13 @@ return redis.call('INCR', KEYS[2])
 """
 
 
-def key_index(keys: list[str], key: str) -> int:
-    """``key``'s 1-based index in ``keys`` (a Lua script's KEYS), appending it if new."""
-    if key not in keys:
-        keys.append(key)
-    return keys.index(key) + 1
-
-
 @dataclass(frozen=True, slots=True)
 class Reservation:
     sequence: int
     digest: str
     is_new: bool
     agent_settings: AgentSettings | None = None  # the agent's settings, read in the same step
+    committed: bool = False  # reserve_messages only: the id was committed before (nothing held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +230,9 @@ class SessionCounters:
     formed_messages: int
     incognito: bool
     last_activity: float | None
+    created_at: float | None = None  # the first reservation's time (sessions recorded before it was kept: None)
+    messages: int = 0  # sequence numbers given (recorded messages, and a few released reservations)
+    claimed_windows: int = 0
 
     @classmethod
     def of(cls, meta: dict[str, str], pending: int) -> SessionCounters:
@@ -250,6 +246,9 @@ class SessionCounters:
             formed_messages=int(meta.get("formed_messages", 0)),
             incognito=meta.get("incognito") == "1",
             last_activity=float(meta["last_activity"]) if "last_activity" in meta else None,
+            created_at=float(meta["created_at"]) if "created_at" in meta else None,
+            messages=int(meta.get("next_seq", 0)),
+            claimed_windows=int(meta.get("claimed_windows", 0)),
         )
 
 
@@ -265,6 +264,66 @@ def _now_text() -> str:
     later than a reader's time.time() taken after it (rounding to nearest made a session
     recorded in the last half millisecond not yet idle to a sweep with no idle time)."""
     return f"{math.floor(time.time() * 1000) / 1000:.3f}"
+
+class ReserveCall(NamedTuple):
+    """The arguments of one ``reserve_message``, for ``reserve_messages``."""
+
+    session_id: str
+    agent_id: str
+    message_id: str
+    digest: str
+    incognito: bool = False
+
+
+class CommitCall(NamedTuple):
+    """The arguments of one ``commit_message``, for ``commit_messages``."""
+
+    session_id: str
+    message_id: str
+    sequence: int
+    weighted_tokens: float
+    speaker: str | None
+    incognito: bool
+    agent_id: str
+    embed_lock_ms: int = 0
+    user_id: str | None = None
+
+
+def _reserve_call(session_id: str, agent_id: str, message_id: str, digest: str,
+                  incognito: bool = False) -> tuple[list[str], list[str]]:
+    """The keys and arguments of ``_RESERVE`` (all under the session's tag)."""
+    k = keyspace.session_keys(session_id)
+    return ([k["meta"], k["ids"], k["committed"], k["inflight"], keyspace.in_flight(keyspace.session_tag(session_id))],
+            [message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
+
+
+def _reservation(session_id: str, reply: list[str], raw_settings: str | None) -> Reservation:
+    """``_RESERVE``'s answer read, with the agent's settings read beside it; session_taken
+    if another agent owns the session."""
+    status, value = reply
+    if status == "conflict":
+        # Never the owner's name: ids of other tenants are not the caller's to learn.
+        raise session_taken(session_id)
+    seq_text, _, known_digest = value.partition(" ")
+    settings = AgentSettings.model_validate_json(raw_settings) if raw_settings else None
+    return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+
+
+def _commit_call(call: CommitCall) -> tuple[list[str], list[str | int]]:
+    """The keys and arguments of ``_COMMIT`` (all under the session's tag)."""
+    k, tag = keyspace.session_keys(call.session_id), keyspace.session_tag(call.session_id)
+    return ([k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.active(tag),
+             generation_key(f"session:{call.session_id}"), k["inflight"], keyspace.in_flight(tag)],
+            [call.message_id, call.sequence, f"{call.weighted_tokens:.3f}", call.speaker or "", _now_text(),
+             "1" if call.incognito else "0", call.session_id])
+
+
+def _commit_of(reply: list[Any], enqueue_embedding: bool) -> Commit:
+    """``_COMMIT``'s answer read."""
+    first, pending, meta = reply
+    counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
+    return Commit(first=bool(first), counters=counters, enqueue_embedding=enqueue_embedding)
+
 
 class StateStore:
     def __init__(self, redis: Redis):
@@ -302,6 +361,7 @@ class StateStore:
                 pass
         # Every backend the agent's settings named (the replaced ones too: settings stored
         # before this set existed) may hold memories the others lack, until a migration.
+        await self.redis.zadd(keyspace.AGENTS, {agent_id: 0})
         named = {settings.requested_backend(), previous.requested_backend() if previous else None}
         backends = sorted(name for name in named if name is not None)
         if backends:
@@ -345,17 +405,29 @@ class StateStore:
         and read the agent's settings in the same step. Unless the id is committed or was
         reserved with another digest, the call holds the reservation (in flight) until its
         ``commit_message`` or ``release_message``."""
-        k = keyspace.session_keys(session_id)
-        status, value, *rest = await self._reserve(
-            keys=[k["meta"], k["ids"], keyspace.agent_sessions(agent_id), keyspace.agent_settings(agent_id), k["committed"],
-                  k["inflight"], keyspace.IN_FLIGHT],
-            args=[message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
-        if status == "conflict":
-            # Never the owner's name: ids of other tenants are not the caller's to learn.
-            raise session_taken(session_id)
-        seq_text, _, known_digest = value.partition(" ")
-        settings = AgentSettings.model_validate_json(rest[0]) if rest and rest[0] else None
-        return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+        keys, args = _reserve_call(session_id, agent_id, message_id, digest, incognito)
+        # One after the other, not gathered: a record holds one pooled connection at a time,
+        # so a full pool makes it wait its turn, never deadlock against itself.
+        reply = await self._reserve(keys=keys, args=args)
+        raw_settings = await self.redis.get(keyspace.agent_settings(agent_id))
+        reservation = _reservation(session_id, reply, cast(str | None, raw_settings))
+        if reservation.sequence == 1:  # the session's first message (again, on a retry): the agent's indexes
+            await self._index_new_session(agent_id, session_id)
+        return reservation
+
+    async def _index_new_session(self, agent_id: str, session_id: str) -> None:
+        """A new session in the agent's set of sessions and in the browse API's indexes: its
+        agent among the agents, itself in the agent's sessions by creation number (kept on a
+        retry: ZADD NX), its creation time. Each key under its own tag: separate, repeatable."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.sadd(keyspace.agent_sessions(agent_id), session_id)
+            pipe.zadd(keyspace.AGENTS, {agent_id: 0})
+            pipe.hsetnx(keyspace.session_keys(session_id)["meta"], "created_at", _now_text())
+            pipe.zscore(keyspace.agent_session_order(agent_id), session_id)
+            *_, numbered = await pipe.execute()
+        if numbered is None:
+            number = int(await self.redis.incr(keyspace.agent_session_count(agent_id)))
+            await self.redis.zadd(keyspace.agent_session_order(agent_id), {session_id: number}, nx=True)
 
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
@@ -363,34 +435,154 @@ class StateStore:
     ) -> Commit:
         """Make a stored message pending for formation, once; the session's counters after.
 
-        With ``embed_lock_ms`` > 0 the message waits for its embedding: see ``_COMMIT``.
+        With ``embed_lock_ms`` > 0 the message waits for its embedding: the agent's embedding
+        is marked due and, if no embedding job holds the agent's lock, this call takes it
+        (``enqueue_embedding``: the caller enqueues the job). A job that holds it sees the
+        mark before it lets go (``finish_embedding``), so no message is left behind.
+
+        Three steps (see the module's docstring): the user's indexes, the session's atomic
+        commit (``_COMMIT``), then the user's generation and the embedding mark.
         """
-        k = keyspace.session_keys(session_id)
-        first, embed, pending, meta = await self._commit(
-            keys=[k["meta"], k["pending"], k["tokens"], k["users"], k["committed"], keyspace.ACTIVE,
-                  keyspace.user_sessions(agent_id, speaker or "-"), generation_key(f"session:{session_id}"),
-                  generation_key(f"user:{agent_id}:{speaker or '-'}"), keyspace.embed_due(agent_id),
-                  keyspace.embed_lock(agent_id), keyspace.user_recorded(agent_id, user_id or "-"), k["inflight"],
-                  keyspace.IN_FLIGHT],
-            args=[message_id, sequence, f"{weighted_tokens:.3f}", speaker or "", _now_text(),
-                  "1" if incognito else "0", session_id, int(embed_lock_ms), user_id or ""],
-        )
-        counters = SessionCounters.of(dict(zip(meta[::2], meta[1::2])), pending)
-        return Commit(first=bool(first), counters=counters, enqueue_embedding=bool(embed))
+        (answer,) = await self.commit_messages([CommitCall(session_id, message_id, sequence, weighted_tokens, speaker,
+                                                           incognito, agent_id, embed_lock_ms, user_id)])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    # A batch of messages (memory_service/ingest/batch.py): the same scripts, many calls in
+    # one round trip each step. A pipeline runs its commands in order, so a session's
+    # messages get their sequence numbers in the batch's order.
+
+    async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
+        """``reserve_message`` for each call, in one round trip (and one for the new
+        sessions' indexes); each answer is a Reservation (``committed`` set if the id was
+        committed before the call: nothing is held for it) or the error that call raised
+        (e.g. session_taken)."""
+        agents = list(dict.fromkeys(call.agent_id for call in calls))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in agents:
+                pipe.get(keyspace.agent_settings(agent_id))
+            for call in calls:
+                pipe.sismember(keyspace.session_keys(call.session_id)["committed"], call.message_id)
+            looked_up = await pipe.execute(raise_on_error=False)
+        settings = dict(zip(agents, looked_up[: len(agents)], strict=True))
+        reserved = await self._run_script(self._reserve, [_reserve_call(*call) for call in calls])
+        answers: list[Reservation | Exception] = []
+        new_sessions: dict[str, str] = {}
+        for call, committed, reply in zip(calls, looked_up[len(agents):], reserved, strict=True):
+            if isinstance(reply, Exception):
+                answers.append(reply)
+                continue
+            raw = settings[call.agent_id]
+            try:
+                reservation = _reservation(call.session_id, reply, None if isinstance(raw, Exception) else raw)
+            except Exception as exc:
+                answers.append(exc)
+                continue
+            if reservation.sequence == 1:
+                new_sessions[call.session_id] = call.agent_id
+            committed = committed is True or committed == 1
+            answers.append(replace(reservation, committed=committed) if committed else reservation)
+        for session_id, agent_id in new_sessions.items():
+            await self._index_new_session(agent_id, session_id)
+        return answers
+
+    async def _run_script(self, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]]
+                          ) -> list[Any]:
+        """``script`` run for each (keys, args), in order; each answer its reply or the error it
+        raised. One pipeline on a plain Redis; one call after the other on a cluster, whose
+        client refuses scripts in a pipeline (each call names one slot, the calls many)."""
+        if isinstance(self.redis, RedisCluster) or len(calls) == 1:
+            replies: list[Any] = []
+            for keys, args in calls:
+                try:
+                    replies.append(await script(keys=keys, args=args))
+                except Exception as exc:
+                    replies.append(exc)
+            return replies
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                await script(keys=keys, args=args, client=pipe)
+            replies = await pipe.execute(raise_on_error=False)
+            return replies
+
+    async def commit_messages(self, calls: Sequence[CommitCall]) -> list[Commit | Exception]:
+        """``commit_message`` for each call, in order, in three round trips (see the module's
+        docstring): the users' indexes, the sessions' atomic commits, then the users'
+        generations and the embedding marks. Each answer is a Commit or the error that call
+        raised."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for call in calls:
+                users = [u for u in (call.speaker, call.user_id) if u]
+                if call.speaker:
+                    pipe.sadd(keyspace.user_sessions(call.agent_id, call.speaker), call.session_id)
+                if call.user_id:
+                    pipe.sadd(keyspace.user_recorded(call.agent_id, call.user_id), call.session_id)
+                if users:  # the browse API's index of the agent's users
+                    pipe.zadd(keyspace.agent_users(call.agent_id), dict.fromkeys(users, 0))
+            await pipe.execute()
+        replies = await self._run_script(self._commit, [_commit_call(call) for call in calls])
+        locks: dict[int, int] = {}  # call -> the place of its lock's answer
+        async with self.redis.pipeline(transaction=False) as pipe:
+            place = 0
+            for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+                if isinstance(reply, Exception):
+                    continue
+                # Only a first commit: a duplicate changes nothing, so it invalidates no cached
+                # block. (A crash between the commit and this step leaves the speaker's other
+                # sessions' blocks without the message until their next write or CONTEXT_CACHE_TTL;
+                # this session's blocks were invalidated by the commit itself.)
+                if call.speaker and bool(reply[0]):
+                    pipe.incr(generation_key(f"user:{call.agent_id}:{call.speaker}"))
+                    place += 1
+                if bool(reply[0]) and call.embed_lock_ms > 0:
+                    pipe.set(keyspace.embed_due(call.agent_id), "1")
+                    pipe.set(keyspace.embed_lock(call.agent_id), "1", nx=True, px=int(call.embed_lock_ms))
+                    locks[i] = place + 1
+                    place += 2
+            after = await pipe.execute()
+        return [reply if isinstance(reply, Exception) else _commit_of(reply, bool(after[locks[i]]) if i in locks else False)
+                for i, reply in enumerate(replies)]
 
     async def release_message(self, session_id: str, message_id: str, sequence: int, mode: str,
                               entry: str = "") -> bool:
         """Let go of a reservation whose store write failed; True if the id was released
         (free again for any content). ``mode``: refused, unhold or expired (see ``_RELEASE``)."""
         k = keyspace.session_keys(session_id)
-        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], keyspace.IN_FLIGHT],
+        index = keyspace.in_flight(keyspace.session_tag(session_id))
+        return bool(await self._release(keys=[k["ids"], k["committed"], k["inflight"], index],
                                         args=[message_id, sequence, session_id, mode, entry]))
+
+    async def _due(self, index: Callable[[str], str], before: float, limit: int) -> list[tuple[str, float]]:
+        """The ``limit`` members of every bucket's shard of ``index`` with the lowest scores,
+        if below ``before``: (member, score), lowest first. One pipeline over the buckets."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.bucket_tags():
+                pipe.zrangebyscore(index(tag), "-inf", before, start=0, num=limit, withscores=True)
+            shards = cast(list[list[tuple[str, float]]], await pipe.execute())
+        rows = sorted(((member, float(score)) for shard in shards for member, score in shard), key=lambda r: r[1])
+        return rows[:limit]
 
     async def sessions_in_flight(self, reserved_before: float, limit: int) -> list[str]:
         """Up to ``limit`` sessions holding a reservation made before ``reserved_before``
         (or that the recovery has not looked at since one was)."""
-        return cast(list[str], await self.redis.zrangebyscore(keyspace.IN_FLIGHT, "-inf", reserved_before,
-                                                              start=0, num=limit))
+        return [sid for sid, _ in await self._due(keyspace.in_flight, reserved_before, limit)]
+
+    async def active_sessions(self) -> dict[str, float]:
+        """Every session of the active set (every bucket's share) with its score; for
+        operators and tests: it reads the whole set."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.bucket_tags():
+                pipe.zrange(keyspace.active(tag), 0, -1, withscores=True)
+            shards = cast(list[list[tuple[str, float]]], await pipe.execute())
+        return {sid: float(score) for shard in shards for sid, score in shard}
+
+    async def in_flight_count(self) -> int:
+        """How many sessions the in-flight index holds (every bucket's)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.bucket_tags():
+                pipe.zcard(keyspace.in_flight(tag))
+            return sum(int(n) for n in await pipe.execute())
 
     async def in_flight(self, session_id: str) -> list[InFlight]:
         """The session's reservations not committed yet, in sequence order."""
@@ -399,7 +591,8 @@ class StateStore:
 
     async def settle_in_flight(self, session_id: str) -> None:
         """After the recovery looked at the session: see ``_SETTLE_IN_FLIGHT``."""
-        await self._settle_in_flight(keys=[keyspace.session_keys(session_id)["inflight"], keyspace.IN_FLIGHT],
+        await self._settle_in_flight(keys=[keyspace.session_keys(session_id)["inflight"],
+                                           keyspace.in_flight(keyspace.session_tag(session_id))],
                                      args=[session_id])
 
     async def counters(self, session_id: str) -> SessionCounters:
@@ -434,18 +627,21 @@ class StateStore:
 
         A session's score is its last activity, or the cold sweep's last visit if later.
         """
-        due = await self.redis.zrangebyscore(keyspace.ACTIVE, "-inf", idle_before, start=0, num=limit, withscores=True)
-        return [(sid, float(score)) for sid, score in cast(list[tuple[str, float]], due)]
+        return await self._due(keyspace.active, idle_before, limit)
 
     async def settle_swept(self, visited: Sequence[tuple[str, float]], unformable: Sequence[tuple[str, float]],
                            now: float) -> None:
         """After a sweep looked at sessions (as ``idle_sessions`` gave them): those it
         enqueued go to the back of the active set, those that cannot form leave it, each
         only if no message arrived meanwhile (a message re-adds its session)."""
-        if visited or unformable:
-            args: list[str | int] = [repr(now), len(visited),
-                                     *(v for sid, score in (*visited, *unformable) for v in (sid, repr(score)))]
-            await self._settle_swept(keys=[keyspace.ACTIVE], args=args)
+        by_bucket: dict[str, tuple[list[tuple[str, float]], list[tuple[str, float]]]] = defaultdict(lambda: ([], []))
+        for rows, which in ((visited, 0), (unformable, 1)):
+            for sid, score in rows:
+                by_bucket[keyspace.session_tag(sid)][which].append((sid, score))
+        for tag, (seen, cannot) in by_bucket.items():  # one script per bucket: its keys share a slot
+            args: list[str | int] = [repr(now), len(seen),
+                                     *(v for sid, score in (*seen, *cannot) for v in (sid, repr(score)))]
+            await self._settle_swept(keys=[keyspace.active(tag)], args=args)
 
     # Consolidation -----------------------------------------------------------------
 
@@ -468,15 +664,25 @@ class StateStore:
 
     async def add_metrics(self, **counters: float) -> None:
         """Add to this process's series (memory_service/state/metrics.py) and to the deployment's
-        totals in Redis (``ms:metrics``, served as gauges)."""
+        totals in Redis (served as gauges), in one of their shards (any: ``metrics`` sums them)."""
         metrics.count_all(counters)
+        key = keyspace.metrics(random.choice(keyspace.bucket_tags()))
         async with self.redis.pipeline(transaction=False) as pipe:
             for name, value in counters.items():
-                pipe.hincrbyfloat(keyspace.METRICS, name, value)
+                pipe.hincrbyfloat(key, name, value)
             await pipe.execute()
 
     async def metrics(self) -> dict[str, float]:
-        return {k: float(v) for k, v in cast(dict[str, str], await self.redis.hgetall(keyspace.METRICS)).items()}
+        """The service's counters: the sum of their shards (one pipeline)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for tag in keyspace.metric_tags():
+                pipe.hgetall(keyspace.metrics(tag))
+            shards = cast(list[dict[str, str]], await pipe.execute())
+        totals: dict[str, float] = defaultdict(float)
+        for shard in shards:
+            for name, value in shard.items():
+                totals[name] += float(value)
+        return dict(totals)
 
     async def agent_sessions(self, agent_id: str) -> list[str]:
         """Every session the agent has recorded in (for migration)."""
@@ -536,3 +742,131 @@ class StateStore:
     async def has_message(self, session_id: str, message_id: str) -> bool:
         """Whether ``message_id`` was recorded in the session."""
         return bool(await self.redis.hexists(keyspace.session_keys(session_id)["ids"], message_id))
+
+    # Browsing (memory_service/recall/browse.py): the indexes of agents, users and sessions ----
+    # Every list is a keyset page of a sorted set: ZRANGE from the cursor, one command, whatever
+    # the page's depth.
+
+    async def index_agent(self, agent_id: str, user_id: str | None = None) -> None:
+        """Put the agent (and ``user_id`` among its users) in the browse indexes: for what is
+        written without a recorded message (a memory the agent writes itself)."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(keyspace.AGENTS, {agent_id: 0})
+            if user_id is not None:
+                pipe.zadd(keyspace.agent_users(agent_id), {user_id: 0})
+            await pipe.execute()
+
+    async def agents_after(self, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` agent ids in id order, after ``after``."""
+        start = f"({after}" if after is not None else "-"
+        return cast(list[str], await self.redis.zrange(keyspace.AGENTS, start, "+", bylex=True, offset=0, num=limit))
+
+    async def agents_known(self, agent_ids: Sequence[str]) -> list[bool]:
+        """Whether each agent is in the agents' index."""
+        if not agent_ids:
+            return []
+        scores = await self.redis.zmscore(keyspace.AGENTS, list(agent_ids))
+        return [score is not None for score in scores]
+
+    async def agent_sizes(self, agent_ids: Sequence[str]) -> list[tuple[int, int, bool]]:
+        """(users, sessions, has settings) of each agent: one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for agent_id in agent_ids:
+                pipe.zcard(keyspace.agent_users(agent_id))
+                pipe.zcard(keyspace.agent_session_order(agent_id))
+                pipe.exists(keyspace.agent_settings(agent_id))
+            raw = await pipe.execute()
+        return [(int(raw[i]), int(raw[i + 1]), bool(raw[i + 2])) for i in range(0, len(raw), 3)]
+
+    async def users_after(self, agent_id: str, after: str | None, limit: int) -> list[str]:
+        """Up to ``limit`` of the agent's user ids in id order, after ``after``."""
+        start = f"({after}" if after is not None else "-"
+        return cast(list[str], await self.redis.zrange(keyspace.agent_users(agent_id), start, "+", bylex=True,
+                                                       offset=0, num=limit))
+
+    async def sessions_before(self, agent_id: str, before: int | None, limit: int) -> list[tuple[str, int]]:
+        """Up to ``limit`` of the agent's sessions, newest first: (id, creation number), those
+        created before number ``before`` if given."""
+        top = f"({before}" if before is not None else "+inf"
+        rows = await self.redis.zrange(keyspace.agent_session_order(agent_id), top, "-inf", byscore=True, desc=True,
+                                       offset=0, num=limit, withscores=True)
+        return [(sid, int(score)) for sid, score in cast(list[tuple[str, float]], rows)]
+
+    async def session_numbers(self, agent_id: str, session_ids: Sequence[str]) -> dict[str, int]:
+        """The creation numbers of these sessions of the agent (those not indexed are left out)."""
+        if not session_ids:
+            return {}
+        scores = await self.redis.zmscore(keyspace.agent_session_order(agent_id), list(session_ids))
+        return {sid: int(score) for sid, score in zip(session_ids, scores) if score is not None}
+
+    async def sessions_of_users(self, agent_id: str, users: Sequence[str]) -> list[str]:
+        """The sessions any of ``users`` took part in (spoke in, or had a message recorded under
+        their id): what a key limited to them may see. Cost: their sessions."""
+        keys = [k for u in users for k in (keyspace.user_sessions(agent_id, u), keyspace.user_recorded(agent_id, u))]
+        return sorted(cast(set[str], await self.redis.sunion(keys))) if keys else []
+
+    async def counters_of(self, session_ids: Sequence[str]) -> list[SessionCounters]:
+        """``counters`` of each session, in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in session_ids:
+                k = keyspace.session_keys(session_id)
+                pipe.hgetall(k["meta"])
+                pipe.zcard(k["pending"])
+            raw = await pipe.execute()
+        return [SessionCounters.of(raw[i], raw[i + 1]) for i in range(0, len(raw), 2)]
+
+    async def message_sequences(self, session_id: str, message_ids: Sequence[str]) -> dict[str, int]:
+        """The sequence numbers of these messages of the session (unknown ids are left out)."""
+        if not message_ids:
+            return {}
+        values = await self.redis.hmget(keyspace.session_keys(session_id)["ids"], list(message_ids))
+        return {mid: int(str(v).split(" ", 1)[0]) for mid, v in zip(message_ids, values) if v}
+
+    async def record_formed_window(self, session_id: str, entry: dict[str, object], last_sequence: int) -> None:
+        """Remember a formed window (its number, extractor, sequences): see ``formed_window``."""
+        await self.redis.zadd(keyspace.session_keys(session_id)["formed"],
+                              {json.dumps(entry, sort_keys=True): last_sequence})
+
+    async def formed_window(self, session_id: str, sequence: int) -> dict[str, object] | None:
+        """The formed window that held the message of ``sequence``, as ``record_formed_window``
+        kept it; None if none did (not formed yet, or formed before windows were kept)."""
+        rows = await self.redis.zrange(keyspace.session_keys(session_id)["formed"], sequence, "+inf", byscore=True,
+                                       offset=0, num=1)
+        if not rows:
+            return None
+        entry = cast(dict[str, object], json.loads(cast(list[str], rows)[0]))
+        first = entry.get("first_sequence")
+        return entry if isinstance(first, int) and first <= sequence else None
+
+    async def index_stored_data(self, version: int) -> bool:
+        """Index for browsing what a release before the browse indexes stored, once per
+        ``version``: agents (their settings and their sessions' sets), their sessions (in
+        the order of their last activity) and users (the per-user session sets). A SCAN of
+        the keyspace, run at start-up until it completes. True if this call did it."""
+        if int(await self.redis.get(keyspace.BROWSE_INDEX) or 0) >= version:
+            return False
+        agents: set[str] = set()
+        async for key in self.redis.scan_iter(match=keyspace.agent_settings("*"), count=1000):
+            rest = str(key)[len(keyspace.agent_settings("")):]
+            if ":" not in rest:
+                agents.add(rest)
+        async for key in self.redis.scan_iter(match=keyspace.agent_sessions("*"), count=1000):
+            agent_id = str(key)[len(keyspace.agent_settings("")):].rsplit(":", 1)[0]
+            if ":" not in agent_id:  # not the sessions of one of its users (keyspace.user_sessions)
+                agents.add(agent_id)
+        for agent_id in sorted(agents):
+            await self.redis.zadd(keyspace.AGENTS, {agent_id: 0})
+            sessions = await self.agent_sessions(agent_id)
+            unindexed = [s for s in sessions if s not in await self.session_numbers(agent_id, [s])]
+            if unindexed:
+                counters = await self.counters_of(unindexed)
+                for session_id, c in sorted(zip(unindexed, counters), key=lambda p: (p[1].last_activity or 0, p[0])):
+                    number = int(await self.redis.incr(keyspace.agent_session_count(agent_id)))
+                    await self.redis.zadd(keyspace.agent_session_order(agent_id), {session_id: number}, nx=True)
+            for pattern in (keyspace.user_sessions(agent_id, "*"), keyspace.user_recorded(agent_id, "*")):
+                async for key in self.redis.scan_iter(match=pattern, count=1000):
+                    user = keyspace.user_of(agent_id, str(key))
+                    if user and user != "-" and ":" not in user:
+                        await self.redis.zadd(keyspace.agent_users(agent_id), {user: 0})
+        await self.redis.set(keyspace.BROWSE_INDEX, version)
+        return True

@@ -8,6 +8,17 @@ provider (the ``otel`` extra) with an OTLP/HTTP exporter (OTEL_EXPORTER_OTLP_END
 the other standard OTEL_* variables) or a console one; tests install their own
 in-memory exporter with ``install``.
 
+Store calls are spanned by opentelemetry-instrumentation-redis (the ``otel`` extra), which
+wraps redis-py's commands and pipelines: the state store's Redis calls, arq's, and the graph
+store's, since the falkordb client sends its queries through redis-py (``GRAPH.QUERY``,
+``GRAPH.RO_QUERY``: marked ``db.system.name=falkordb``). Why it keeps no user's words: it
+writes a command's name and a ``?`` per argument (``GRAPH.QUERY ? ? ?``; sanitising is not
+optional in its releases since 2023), never the keys, the query text or its parameters, and
+the connection's host, port and database index. Clients must be made after ``install``
+(falkordb binds redis-py's method when its client is built). A Redis call outside any span
+(arq's queue polling, the gauges' refresh) is not recorded: a root span of kind CLIENT is
+dropped by the sampler, so an idle worker sends nothing.
+
 A request continues into the worker: when a request enqueues a job, ``remember_job``
 stores its trace context (W3C ``traceparent``) under the job's id in Redis for a day, and
 the job's span (``job_span``) takes it as its parent. A job enqueued by several requests
@@ -23,10 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import _SUPPRESS_INSTRUMENTATION_KEY
 from opentelemetry.propagate import extract, inject
+
+from memory_service.state import keyspace
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.sampling import Sampler
 
     from memory_service.config import Settings
 
@@ -72,10 +87,63 @@ def install(processor: SpanProcessor, service_name: str = "memory-service") -> N
     if isinstance(current, TracerProvider):  # one provider per process: add to it
         current.add_span_processor(processor)
     else:
-        provider = TracerProvider(resource=Resource.create({"service.name": service_name}))
+        provider = TracerProvider(resource=Resource.create({"service.name": service_name}), sampler=_sampler())
         provider.add_span_processor(processor)
         trace.set_tracer_provider(provider)
+    instrument_store_clients()
     _configured = True
+
+
+def _sampler() -> Sampler:
+    """The SDK's sampler (OTEL_TRACES_SAMPLER, parent-based always-on by default), except that a
+    store call with no parent span (a worker polling its queue) is dropped."""
+    from opentelemetry.sdk.trace import sampling
+
+    inner = sampling._get_from_env_or_default()
+
+    class NoLoneClientSpans(sampling.Sampler):
+        def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                          attributes: Any = None, links: Any = None, trace_state: Any = None) -> sampling.SamplingResult:
+            parent = trace.get_current_span(parent_context).get_span_context()
+            if kind == trace.SpanKind.CLIENT and not parent.is_valid:
+                return sampling.SamplingResult(sampling.Decision.DROP)
+            return inner.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+        def get_description(self) -> str:
+            return f"NoLoneClientSpans{{{inner.get_description()}}}"
+
+    return NoLoneClientSpans()
+
+
+def instrument_store_clients() -> None:
+    """Span every redis-py command (the state store, the queue, FalkorDB) with no argument
+    recorded; a graph query is marked as FalkorDB's. Once per process; without the
+    instrumentation package, store calls go unspanned (said once in the log)."""
+    try:
+        from opentelemetry.instrumentation.redis import RedisInstrumentor
+    except ImportError:
+        log.error("opentelemetry-instrumentation-redis is not installed (the `otel` extra): store calls are not "
+                  "spanned")
+        return
+    instrumentor = RedisInstrumentor()
+    if not instrumentor.is_instrumented_by_opentelemetry:
+        instrumentor.instrument(request_hook=_store_call)
+
+
+def _store_call(span: trace.Span, instance: Any, args: Any, kwargs: Any) -> None:
+    if span.is_recording() and args and str(args[0]).upper().startswith("GRAPH."):
+        span.set_attribute("db.system.name", "falkordb")
+
+
+@contextmanager
+def unspanned() -> Iterator[None]:
+    """Store calls inside the block make no span (many small calls that one span of the
+    caller's describes better)."""
+    token = otel_context.attach(otel_context.set_value(_SUPPRESS_INSTRUMENTATION_KEY, True))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 @contextmanager
@@ -86,7 +154,7 @@ def span(name: str, **attributes: Any) -> Iterator[trace.Span]:
 
 
 def _job_key(job_id: str) -> str:
-    return f"ms:trace:job:{job_id}"
+    return keyspace.trace_job(job_id)
 
 
 async def remember_job(redis: Any, job_id: str) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from enum import StrEnum
 from typing import Any
 
 from memory_service.domain.errors import NotSupported
@@ -23,6 +25,47 @@ from memory_service.domain.namespaces import Namespace
 
 # A page of a listing and the cursor of the next one (None after the last).
 Page = tuple[list[Entity], str | None]
+
+# A position in the list of an agent's memories, newest first (``list_memories``): the
+# memories after it are those with an earlier ``valid_at`` timestamp, or the same one and a
+# smaller id.
+Position = tuple[float, str]
+
+
+class MemoryState(StrEnum):
+    """Which memories a listing shows: live ones (what search and the memory block read),
+    soft-deleted ones, evicted ones (past a FIFO cap), or all."""
+
+    LIVE = "live"
+    DELETED = "deleted"
+    EVICTED = "evicted"
+    ALL = "all"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryListing:
+    """What ``list_memories`` is asked for: one page of an agent's memories, newest first."""
+
+    namespaces: Sequence[Namespace] | None = None  # None: every namespace of the agent
+    kinds: Sequence[MemoryKind] = ()  # empty: every kind
+    tags: Sequence[str] = ()  # only memories carrying every one of these tags
+    since: datetime | None = None  # valid_at at or after
+    until: datetime | None = None  # valid_at at or before
+    state: MemoryState = MemoryState.LIVE
+    after: Position | None = None  # the previous page's last memory (or where its scan stopped)
+    limit: int = 50
+    hint: float | None = None  # a backend's own hint carried by the cursor (the graph: its time window)
+
+
+@dataclass(slots=True)
+class ListedPage:
+    """A page of ``list_memories``: the memories, newest first, and where the next page starts
+    (None: the list is done). A page may hold fewer than asked while ``resume`` is set: the
+    backend bounds the work of one page, and went no further."""
+
+    memories: list[Memory]
+    resume: Position | None = None
+    hint: float | None = None
 
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
 # with that signal's raw score (higher is better).
@@ -100,6 +143,13 @@ class MemoryBackend(ABC):
     @abstractmethod
     async def agents(self) -> list[str]:
         """The agents this store holds memories of (for maintenance: backfill, migration)."""
+
+    async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
+        """One page of the agent's memories (the browse API), newest first: ordered by
+        ``valid_at`` then id, both descending, after ``listing.after``, inside its filters.
+        Keyset pagination through the store's index on the time: a page deep in the list
+        costs what the first does. A backend without it answers NotSupported (409)."""
+        raise NotSupported(f"the {self.name} backend cannot list memories")
 
     @abstractmethod
     async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:

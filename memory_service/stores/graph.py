@@ -39,8 +39,10 @@ import functools
 import hashlib
 import logging
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -51,8 +53,8 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
 from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import postings
-from memory_service.stores.base import SignalHits
-from memory_service.stores.graph_entities import ENTITY_INDEXES, EntityGraph
+from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, SignalHits
+from memory_service.stores.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
 from memory_service.stores.postings import Postings
 
@@ -75,11 +77,27 @@ QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log 
 DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
 POSTINGS_BUILD_BATCH = 2000  # memories read per statement when building an old graph's postings
 POSTINGS_BUILD_LOCK_SECONDS = 120  # renewed after every batch
+COUNT_BATCH = 500  # agent graphs per pipeline when the gauges count what is stored
+COUNT_WAIT_SECONDS = 1.0  # how long a scrape waits for that count before it answers with the last one
 
 _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
 # What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
 _LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
+_STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
+           MemoryState.EVICTED: "n.evicted = true", MemoryState.ALL: None}
+
+# Listing memories (``list_memories``). FalkorDB sorts every row a query matches before its
+# LIMIT (no ordered index scan), so a page is read from a window of time below the cursor,
+# through the ``ts`` index: each probe reads at most LIST_PROBE_ROWS nodes of the window; a
+# window that holds more is narrowed, one that holds few widened, and a page reads at most
+# LIST_MAX_PROBES windows (then it ends early, its cursor where the scan stopped). The
+# window's width rides in the cursor, so the next page starts at the right scale.
+LIST_PROBE_ROWS = 2000
+LIST_MAX_PROBES = 24
+LIST_FIRST_WINDOW = 3600.0  # seconds
+LIST_MIN_WINDOW = 0.001  # below this, memories sharing a time are read together (their count)
+_TOP_ID = "\U0010ffff"  # above every id: a position (t, _TOP_ID) keeps every memory of time t
 
 
 def _disable_telemetry_unless_asked(settings: Settings) -> None:
@@ -204,6 +222,8 @@ class GraphBackend(EntityGraph):
         self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
         self.postings = Postings(self.client.connection)
         self._building: asyncio.Task[None] | None = None
+        self._stored: tuple[float, dict[str, float]] | None = None  # (when, gauges) of the last count
+        self._counting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.client.connection.ping()
@@ -259,6 +279,8 @@ class GraphBackend(EntityGraph):
             self._building.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._building
+        if self._counting is not None:
+            self._counting.cancel()
         await self.client.aclose()
         if (pool := getattr(self.client.connection, "connection_pool", None)) is not None:
             await pool.disconnect()  # the client does not own the pool it was given
@@ -270,14 +292,58 @@ class GraphBackend(EntityGraph):
         except Exception as exc:  # health reports, it never raises
             return {"ok": False, "url": redact_url(self.url), "error": str(exc)}
 
+    async def gauges(self) -> dict[str, float]:
+        """``memories_stored{store="graph"}`` and ``graph_entities_stored``, counted at most once
+        per METRICS_STORED_REFRESH_SECONDS by this process, however often /metrics is asked.
+
+        A scrape waits for a count it started for at most COUNT_WAIT_SECONDS, then answers
+        with the last count (none before the first) while the count goes on: a frozen or
+        busy FalkorDB must not make /metrics miss Prometheus's scrape timeout, which would
+        lose every other metric just when they matter."""
+        stale = self._stored is None or time.monotonic() - self._stored[0] >= self.settings.metrics_stored_refresh_seconds
+        if stale and (self._counting is None or self._counting.done()):
+            self._counting = asyncio.create_task(self._recount())
+        if self._counting is not None and not self._counting.done():
+            with suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._counting), COUNT_WAIT_SECONDS)
+        return dict(self._stored[1]) if self._stored is not None else {}
+
+    async def _recount(self) -> None:
+        try:
+            self._stored = (time.monotonic(), await self._count_stored())
+        except Exception as exc:  # the store is down: /health says so; the last count stands
+            log.debug("memories stored not counted: %s: %s", type(exc).__name__, exc)
+
+    async def _count_stored(self) -> dict[str, float]:
+        """Every agent graph's ``Episodic`` and ``Entity`` nodes, summed. Cheap at any size:
+        FalkorDB answers ``MATCH (n:L) RETURN count(n)`` from the label's matrix without
+        visiting a node (its plan is a single Project; 0.1 ms on a graph of 500,000 memories,
+        where counting them by kind, which visits each, took 53 ms), so the cost is one tiny
+        query per agent graph, sent in pipelines of COUNT_BATCH. Soft-deleted and evicted
+        memories count until purged: this is what the store holds."""
+        names = [name for name in await self.client.list_graphs() if agent_of_graph(name) is not None]
+        totals = {"memories": 0, "entities": 0}
+        with tracing.span("memory_service.count_stored", graphs=len(names)), tracing.unspanned():
+            for start in range(0, len(names), COUNT_BATCH):
+                pipe = self.client.connection.pipeline(transaction=False)
+                for name in names[start : start + COUNT_BATCH]:
+                    for label in (LABEL, ENTITY):
+                        pipe.execute_command("GRAPH.RO_QUERY", name, f"MATCH (n:{label}) RETURN count(n)")
+                replies = await pipe.execute(raise_on_error=False)
+                for i, reply in enumerate(replies):
+                    if isinstance(reply, Exception):  # a graph deleted since it was listed
+                        continue
+                    totals["memories" if i % 2 == 0 else "entities"] += int(reply[1][0][0])
+        return {'memories_stored{store="graph"}': float(totals["memories"]),
+                "graph_entities_stored": float(totals["entities"])}
+
     # Queries -------------------------------------------------------------------------
 
     async def _read(self, agent_id: str, cypher: str, **params: Any) -> list[Row]:
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
-            with tracing.span("falkordb.ro_query", **{"db.system.name": "falkordb"}):
-                result = await graph.ro_query(cypher, params)
+            result = await graph.ro_query(cypher, params)
         except Exception as exc:
             if _is_missing_graph(exc):
                 return []
@@ -655,6 +721,98 @@ class GraphBackend(EntityGraph):
         )
         return [_memory(row) for row in rows]
 
+    async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
+        """See MemoryBackend.list_memories, and LIST_PROBE_ROWS above for how a page is read."""
+        groups = [ns.group_id for ns in listing.namespaces] if listing.namespaces is not None else None
+        if groups == [] or listing.limit <= 0:
+            return ListedPage([])
+        indexed, rest, params = [], ["n.kind IS NOT NULL"], {}  # what the index answers; what is checked after
+        if groups is not None and listing.kinds:
+            indexed.append("n.group_kind IN $gks")
+            params["gks"] = [_group_kind(g, k) for g in groups for k in listing.kinds]
+        elif groups is not None:
+            indexed.append("n.group_id IN $groups")
+            params["groups"] = groups
+        elif listing.kinds:
+            rest.append("n.kind IN $kinds")
+            params["kinds"] = [k.value for k in listing.kinds]
+        if listing.tags:
+            rest.append("all(t IN $tags WHERE t IN n.tags)")
+            params["tags"] = list(listing.tags)
+        if (state := _STATES[listing.state]) is not None:
+            rest.append(state)
+        floor = listing.since.timestamp() if listing.since else None
+        top: float | None
+        if listing.after is not None:
+            top, top_id = listing.after
+        elif listing.until is not None:
+            top, top_id = listing.until.timestamp(), _TOP_ID
+        else:
+            top, top_id = None, _TOP_ID
+        width = listing.hint if listing.hint and listing.hint > 0 else LIST_FIRST_WINDOW
+        found: list[Position] = []
+        too_wide = float("inf")  # the narrowest width seen holding more than a probe reads: never grow back to it
+        for _ in range(LIST_MAX_PROBES):
+            low = (top if top is not None else time.time()) - width
+            last = floor is not None and low <= floor
+            if floor is not None and last:
+                low = floor
+            where = [*indexed, "n.ts >= $low", *(["n.ts <= $top"] if top is not None else [])]
+            scanned, hits = await self._probe(agent_id, where, rest, dict(params, low=low, top=top),
+                                              LIST_PROBE_ROWS)
+            if scanned >= LIST_PROBE_ROWS:
+                if width > LIST_MIN_WINDOW:
+                    too_wide = min(too_wide, width)
+                    width /= 4  # too dense: a narrower window
+                    continue
+                _, hits = await self._probe(agent_id, where, rest, dict(params, low=low, top=top), None)
+            below = sorted(((float(ts), str(i)) for ts, i in hits
+                            if top is None or ts < top or (ts == top and i < top_id)), reverse=True)
+            found.extend(below[: listing.limit - len(found)])
+            if len(found) >= listing.limit:
+                return await self._page(agent_id, found, found[-1], width)
+            if last:
+                return await self._page(agent_id, found, None, width)
+            top, top_id = low, ""  # below the window: every memory of time ``low`` was in it
+            if scanned == 0 and not await self._any_below(agent_id, indexed, params, top):
+                return await self._page(agent_id, found, None, width)
+            if scanned < LIST_PROBE_ROWS // 4:
+                width = min(width * 4, too_wide / 2)
+        return await self._page(agent_id, found, (top, top_id) if top is not None else None, width)
+
+    async def _probe(self, agent_id: str, where: list[str], rest: list[str], params: dict[str, Any],
+                     cap: int | None) -> tuple[int, list[tuple[float, str]]]:
+        """At most ``cap`` nodes matching ``where`` (through the index), unsorted: how many were
+        read, and the (time, id) of those that pass ``rest``."""
+        limit = "WITH n LIMIT $cap " if cap is not None else ""
+        if cap is not None:  # counted first, without reading the nodes: a window too dense costs little
+            counted = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}"
+                                                 "RETURN count(n) AS scanned", cap=cap, **params)
+            if counted and int(counted[0]["scanned"]) >= cap:
+                return cap, []
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE {' AND '.join(where)} {limit}WITH collect(n) AS raw "
+            f"RETURN size(raw) AS scanned, [n IN raw WHERE {' AND '.join(rest)} | [n.valid_at, n.uuid]] AS hits",
+            cap=cap, **params)
+        if not rows:
+            return 0, []
+        # The time from ``valid_at`` (what ``ts`` was computed from): FalkorDB answers a float
+        # with 15 significant digits, and a cursor must name the stored value exactly.
+        return int(rows[0]["scanned"]), [(_timestamp(at), str(i)) for at, i in rows[0]["hits"]]
+
+    async def _any_below(self, agent_id: str, indexed: list[str], params: dict[str, Any], top: float) -> bool:
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {' AND '.join([*indexed, 'n.ts < $top'])} "
+                                          "RETURN 1 AS one LIMIT 1", **params, top=top)
+        return bool(rows)
+
+    async def _page(self, agent_id: str, found: list[Position], resume: Position | None, width: float) -> ListedPage:
+        """The memories of ``found``, in its order."""
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
+                                ids=[i for _, i in found]) if found else []
+        by_id = {row["uuid"]: _memory(row) for row in rows}
+        return ListedPage([by_id[i] for _, i in found if i in by_id], resume, width)
+
     async def agents(self) -> list[str]:
         names = await self.client.list_graphs()
         return sorted(a for a in map(agent_of_graph, names) if a is not None)
@@ -883,6 +1041,12 @@ def _namespace_text(group_id: str) -> str:
     """A group_id's namespace, as text: decoded once per group (a search reads many memories
     of a few groups)."""
     return str(Namespace.from_group_id(group_id))
+
+
+def _timestamp(valid_at: str) -> float:
+    """``ts`` as the write computed it from the memory's ``valid_at`` (naive times are UTC)."""
+    moment = datetime.fromisoformat(valid_at)
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _memory(row: Row) -> Memory:

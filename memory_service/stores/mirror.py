@@ -52,7 +52,7 @@ from memory_service.domain.graph import (
 )
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import MemoryBackend, Page, SignalHits
+from memory_service.stores.base import ListedPage, MemoryBackend, MemoryListing, Page, SignalHits
 from memory_service.stores.breaker import OPEN, CircuitBreaker
 from memory_service.stores.outages import is_unavailable
 from memory_service.stores.outbox import (
@@ -155,6 +155,16 @@ class MirroredBackend(MemoryBackend):
             out[f"outbox_dead_letters{label}"] = dead[target]
             out[f"outbox_alarm{label}"] = float(depth[target] >= self.outbox.alarm_pending or dead[target] > 0)
         out['circuit_breaker_open{store="mongo"}'] = float(self.breaker.state == OPEN)
+        try:
+            out.update(await self.primary.gauges())
+        except Exception:  # the graph is down: the outbox's gauges above matter most then
+            pass
+        if self.breaker.state != OPEN:  # no call while it cools off: it would wait out the timeouts
+            try:
+                async with asyncio.timeout(self.fallback_timeout):
+                    out.update(await self.mirror.gauges())
+            except Exception:  # MongoDB down: the breaker and /health say so
+                pass
         return out
 
     # Writes ----------------------------------------------------------------------------
@@ -426,6 +436,10 @@ class MirroredBackend(MemoryBackend):
                              after: tuple[float, str] | None = None) -> list[Memory]:
         # The graph's, as ``export``: MongoDB mirrors it, and what is purged leaves both.
         return await self.primary.written_before(agent_id, before, limit, after)
+
+    async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
+        # The graph's, as ``export``: a cursor names a position in one store's order.
+        return await self.primary.list_memories(agent_id, listing)
 
     async def agents(self) -> list[str]:
         return await self.primary.agents()

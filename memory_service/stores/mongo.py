@@ -56,7 +56,7 @@ from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 from memory_service.config import redact_url
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace, NamespaceKind
-from memory_service.stores.base import MemoryBackend, SignalHits
+from memory_service.stores.base import ListedPage, MemoryBackend, MemoryListing, MemoryState, SignalHits
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
@@ -131,6 +131,9 @@ class MongoBackend(MemoryBackend):
         # ... an agent's memories by time, for the stale purge (``written_before``), ...
         await self.memories.create_index([("agent_id", ASCENDING), ("ts", ASCENDING), ("_id", ASCENDING)],
                                          name="agent_written")
+        # ... an agent's memories of some namespaces, newest first (the browse API's list), ...
+        await self.memories.create_index([("agent_id", ASCENDING), ("namespace", ASCENDING), ("ts", DESCENDING),
+                                          ("_id", DESCENDING)], name="agent_namespace_time")
         # ... and the memories waiting for an embedding (only those are in the index).
         await self.memories.create_index([("agent_id", ASCENDING), ("needs_embedding", ASCENDING)],
                                          name="agent_unembedded", partialFilterExpression={"needs_embedding": True})
@@ -178,6 +181,11 @@ class MongoBackend(MemoryBackend):
             return {"ok": True, "uri": redact_url(self.uri)}
         except PyMongoError as exc:
             return {"ok": False, "uri": redact_url(self.uri), "error": str(exc)}
+
+    async def gauges(self) -> dict[str, float]:
+        """``memories_stored{store="mongo"}``: the collection's count from its metadata
+        (``estimated_document_count``, no document read), soft-deleted memories included."""
+        return {'memories_stored{store="mongo"}': float(await self.memories.estimated_document_count())}
 
     # Writes ----------------------------------------------------------------------------
 
@@ -382,6 +390,41 @@ class MongoBackend(MemoryBackend):
             query["$or"] = [{"ts": {"$gt": after[0]}}, {"_id": {"$gt": after[1]}}]
         cursor = self.memories.find(query, _NO_VECTOR).sort([("ts", ASCENDING), ("_id", ASCENDING)]).limit(limit)
         return [_memory(d) for d in await cursor.to_list()]
+
+    async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
+        """Newest first through the agent_written index (every namespace) or agent_namespace_time
+        (some): the position's range bounds the index scan, so a page costs its size."""
+        if listing.limit <= 0 or (listing.namespaces is not None and not listing.namespaces):
+            return ListedPage([])
+        query: dict[str, Any] = {"agent_id": agent_id}
+        if listing.namespaces is not None:
+            query["namespace"] = {"$in": list(dict.fromkeys(str(ns) for ns in listing.namespaces))}
+        if listing.kinds:
+            query["kind"] = {"$in": [MemoryKind(k).value for k in listing.kinds]}
+        if listing.tags:
+            query["tags"] = {"$all": list(listing.tags)}
+        if listing.state is MemoryState.LIVE:
+            query.update(evicted=False, deleted_at=None)
+        elif listing.state is MemoryState.DELETED:
+            query["deleted_at"] = {"$ne": None}
+        elif listing.state is MemoryState.EVICTED:
+            query["evicted"] = True
+        ts: dict[str, float] = {}
+        if listing.since is not None:
+            ts["$gte"] = listing.since.timestamp()
+        if listing.until is not None:
+            ts["$lte"] = listing.until.timestamp()
+        if listing.after is not None:
+            at, after_id = listing.after
+            ts["$lte"] = min(ts.get("$lte", at), at)
+            query["$or"] = [{"ts": {"$lt": at}}, {"ts": at, "_id": {"$lt": after_id}}]
+        if ts:
+            query["ts"] = ts
+        cursor = self.memories.find(query, _NO_VECTOR).sort([("ts", DESCENDING), ("_id", DESCENDING)])
+        docs = await cursor.limit(listing.limit).to_list()
+        memories = [_memory(d) for d in docs]
+        resume = (float(docs[-1]["ts"]), str(docs[-1]["_id"])) if len(docs) == listing.limit else None
+        return ListedPage(memories, resume)
 
     async def agents(self) -> list[str]:
         return sorted(a for a in await self.memories.distinct("agent_id") if isinstance(a, str))

@@ -46,9 +46,9 @@ from memory_service.domain.errors import BackendUnavailable
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace
 from memory_service.state.keyspace import (
-    METRICS,
     OUTBOX_ENTRIES,
     OUTBOX_LEGACY_SEQ,
+    OUTBOX_METRICS,
     OUTBOX_REFS,
     OUTBOX_SEQ,
     outbox_attempts,
@@ -341,7 +341,7 @@ class Outbox:
         ``hopeless``: no attempt can succeed (the entry is unreadable): dead-letter it now.
         """
         attempts, dead = await self._failed(
-            keys=[outbox_queue(target), outbox_attempts(target), outbox_errors(target), outbox_dead(target), METRICS],
+            keys=[outbox_queue(target), outbox_attempts(target), outbox_errors(target), outbox_dead(target), OUTBOX_METRICS],
             args=[entry_id, error[:2000], 0 if hopeless else self.max_attempts, f"{time.time():.3f}",
                   f"outbox_dead_lettered_{target}"])
         if dead:

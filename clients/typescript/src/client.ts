@@ -81,6 +81,14 @@ export class MemoryClient {
     }));
   }
 
+  /** Record many messages of the agent's sessions in one request
+   * (POST /v1/agents/{agent_id}/messages/batch); each answered on its own in `items`. */
+  recordBatch(agentId: string, batch: BodyOf<"record_batch">) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/messages/batch", {
+      params: { path: { agent_id: agentId } }, body: batch,
+    }));
+  }
+
   /** Form the session's pending window now; with `wait` (the default), answer once it is stored. */
   formMemories(sessionId: string, query: QueryOf<"form_memories"> = {}) {
     return this.unwrap("POST", this.api.POST("/v1/sessions/{session_id}/form", {
@@ -208,6 +216,41 @@ export class MemoryClient {
 
   listShards(agentId: string) {
     return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/shards", { params: { path: { agent_id: agentId } } }));
+  }
+
+  // Browsing what the service holds: each list one page, newest first; pass its `next` as `cursor`.
+
+  /** The agents the key reaches, with their counts of users and sessions. */
+  listAgents(query: QueryOf<"list_agents"> = {}) {
+    return this.unwrap("GET", this.api.GET("/v1/agents", { params: { query } }));
+  }
+
+  /** The agent's users, by id. */
+  listUsers(agentId: string, query: QueryOf<"list_users"> = {}) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/users", {
+      params: { path: { agent_id: agentId }, query },
+    }));
+  }
+
+  /** The agent's sessions, newest first, each with its gate, formation cursor and pending window. */
+  listSessions(agentId: string, query: QueryOf<"list_sessions"> = {}) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/sessions", {
+      params: { path: { agent_id: agentId }, query },
+    }));
+  }
+
+  /** The agent's memories, newest first, filtered by namespace, user, session, kind, tag, time and state. */
+  listMemories(agentId: string, query: QueryOf<"list_memories"> = {}) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/memories", {
+      params: { path: { agent_id: agentId }, query },
+    }));
+  }
+
+  /** One memory with its provenance (messages, window, extractor), access count and audit history. */
+  getMemoryDetail(agentId: string, memoryId: string) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/memories/{memory_id}/detail", {
+      params: { path: { agent_id: agentId, memory_id: memoryId } },
+    }));
   }
 
   // Startup records.

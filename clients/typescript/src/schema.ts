@@ -73,6 +73,56 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/sessions": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Sessions
+         * @description The agent's sessions, newest first, each with its formation gate, cursor, pending
+         *     window and last activity; one page at a time (pass `next` as `cursor`). Needs `read`; a
+         *     key limited to some users lists the sessions they took part in.
+         */
+        get: operations["list_sessions"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/messages/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Record Batch
+         * @description Record many messages of the agent's sessions in one request: each item as the
+         *     single-message route records it (idempotent by its required `message_id`, in order per
+         *     session, the same gates and formation), each answered on its own: `recorded`,
+         *     `duplicate`, `refused` (with the status the single route would answer, and why) or
+         *     `failed` (an outage: send it again). One bad item does not fail the others.
+         *
+         *     Needs `write` on the agent; a key limited to users records only its users' messages
+         *     (the others are refused, 403; a batch of none of them answers 403). At most
+         *     MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413).
+         */
+        post: operations["record_batch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/context": {
         parameters: {
             query?: never;
@@ -139,6 +189,28 @@ export interface paths {
          * @description The same search with the request as a JSON body (for long queries and namespace lists).
          */
         post: operations["search_memories_with_body"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Agents
+         * @description The agents this key reaches (every agent that recorded a message, got settings or had a
+         *     memory written, for a key over every agent), by id, with their numbers of users and
+         *     sessions; one page at a time (pass `next` as `cursor`). Any valid key.
+         */
+        get: operations["list_agents"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -264,6 +336,28 @@ export interface paths {
          *     dependency's state too (`?detail=true`); where the stores listen is never shown.
          */
         get: operations["check_health"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/users": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Users
+         * @description The agent's users (who spoke, had a message recorded under their id, or had a memory
+         *     written in their namespace), by id, with their numbers of sessions; one page at a time.
+         *     Needs `read`; a key limited to some users lists them.
+         */
+        get: operations["list_users"];
         put?: never;
         post?: never;
         delete?: never;
@@ -453,6 +547,60 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/memories": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Memories
+         * @description The agent's memories, newest first (by valid_at), filtered; one page at a time (pass
+         *     `next` as `cursor`, with the same filters). A page may hold fewer than `limit` while
+         *     `next` is set: keep following it. Listing counts no access. Needs `read`; a key limited
+         *     to some users lists what they may see (their namespaces, their sessions, the shards and
+         *     the agent's).
+         */
+        get: operations["list_memories"];
+        put?: never;
+        /**
+         * Memory Write
+         * @description memory_write: store a memory the agent writes itself, in one of its namespaces.
+         *     201; with an `idempotency_key` already used, 200 and the memory stored then (409 if it
+         *     was another content, namespace or kind). Needs `write`, and the operator's
+         *     MEMORY_WRITE_AGENTS listing the agent.
+         */
+        post: operations["memory_write"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/memories/{memory_id}/detail": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Memory Detail
+         * @description One memory with its provenance (the recorded messages it was formed from, the window
+         *     and the extractor that formed it), its access count and its history (its audit entries).
+         *     Counts no access (memory_get does). Needs `read`; a key limited to some users sees the
+         *     memories they may see.
+         */
+        get: operations["get_memory_detail"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent_id}/memories/{memory_id}": {
         parameters: {
             query?: never;
@@ -483,29 +631,6 @@ export interface paths {
          *     soft-deleted memory. Needs `write` and MEMORY_WRITE_AGENTS.
          */
         patch: operations["memory_update"];
-        trace?: never;
-    };
-    "/v1/agents/{agent_id}/memories": {
-        parameters: {
-            query?: never;
-            header?: never;
-            path?: never;
-            cookie?: never;
-        };
-        get?: never;
-        put?: never;
-        /**
-         * Memory Write
-         * @description memory_write: store a memory the agent writes itself, in one of its namespaces.
-         *     201; with an `idempotency_key` already used, 200 and the memory stored then (409 if it
-         *     was another content, namespace or kind). Needs `write`, and the operator's
-         *     MEMORY_WRITE_AGENTS listing the agent.
-         */
-        post: operations["memory_write"];
-        delete?: never;
-        options?: never;
-        head?: never;
-        patch?: never;
         trace?: never;
     };
     "/v1/agents/{agent_id}/memories/{memory_id}/undelete": {
@@ -669,6 +794,16 @@ export interface components {
             /** Effective Backend */
             effective_backend?: string | null;
         };
+        /** AgentPage */
+        AgentPage: {
+            /** Agents */
+            agents: components["schemas"]["AgentSummary"][];
+            /**
+             * Next
+             * @description pass as `cursor` for the next page; None: no more
+             */
+            next?: string | null;
+        };
         /**
          * AgentSettings
          * @description Per-agent settings. ``memory_backend`` routes the agent; None means the default.
@@ -691,6 +826,26 @@ export interface components {
             agent_extras?: {
                 [key: string]: unknown;
             };
+        };
+        /** AgentSummary */
+        AgentSummary: {
+            /** Agent Id */
+            agent_id: string;
+            /**
+             * Configured
+             * @description whether the agent has settings (PUT /v1/agents/{agent_id}); without, it runs on the defaults
+             */
+            configured: boolean;
+            /**
+             * Users
+             * @description users the agent has recorded messages or memories of
+             */
+            users: number;
+            /**
+             * Sessions
+             * @description sessions recorded in
+             */
+            sessions: number;
         };
         /**
          * ApiKey
@@ -783,6 +938,76 @@ export interface components {
              * @description entries looked at to answer (at most AUDIT_SCAN_LIMIT)
              */
             scanned: number;
+        };
+        /** BatchItemOut */
+        BatchItemOut: {
+            /**
+             * Index
+             * @description the item's position in the batch, from 0
+             */
+            index: number;
+            /**
+             * Status
+             * @enum {string}
+             */
+            status: "recorded" | "duplicate" | "refused" | "failed";
+            /**
+             * Session Id
+             * @description as sent (None when the item could not be read)
+             */
+            session_id?: string | null;
+            /** Message Id */
+            message_id?: string | null;
+            /**
+             * Sequence
+             * @description the message's sequence number in its session (recorded, duplicate)
+             */
+            sequence?: number | null;
+            /**
+             * Code
+             * @description refused or failed: the status the single-message route would answer
+             */
+            code?: number | null;
+            /**
+             * Detail
+             * @description refused or failed: why
+             */
+            detail?: string | null;
+        };
+        /** BatchOut */
+        BatchOut: {
+            /** Recorded */
+            recorded: number;
+            /** Duplicate */
+            duplicate: number;
+            /** Refused */
+            refused: number;
+            /** Failed */
+            failed: number;
+            /**
+             * Items
+             * @description one per message sent, in the batch's order
+             */
+            items: components["schemas"]["BatchItemOut"][];
+            /**
+             * Sessions
+             * @description the sessions whose messages were committed, in first-seen order
+             */
+            sessions: components["schemas"]["BatchSessionOut"][];
+        };
+        /**
+         * BatchSessionOut
+         * @description A session the batch recorded in: its formation gate after the batch's last message of it.
+         */
+        BatchSessionOut: {
+            /** Session Id */
+            session_id: string;
+            gate: components["schemas"]["GateStatus"];
+            /**
+             * Formation Job
+             * @description id of the job forming the session's window, when a gate opened
+             */
+            formation_job?: string | null;
         };
         /** ContextOut */
         ContextOut: {
@@ -1302,6 +1527,32 @@ export interface components {
              */
             reason?: string;
         };
+        /**
+         * FormedWindow
+         * @description The formation window that made a memory, as kept when it completed.
+         */
+        FormedWindow: {
+            /** Window */
+            window: number;
+            /** Extractor */
+            extractor: string;
+            /** First Sequence */
+            first_sequence: number;
+            /** Last Sequence */
+            last_sequence: number;
+            /** Messages */
+            messages: number;
+            /**
+             * Memories
+             * @description memories the window's extraction made
+             */
+            memories: number;
+            /**
+             * Formed At
+             * Format: date-time
+             */
+            formed_at: string;
+        };
         /** GateStatus */
         GateStatus: {
             /** Open */
@@ -1404,11 +1655,45 @@ export interface components {
              */
             tokens_per_minute?: number | null;
         };
+        /** MemoryDetail */
+        MemoryDetail: {
+            memory: components["schemas"]["MemoryRecord"];
+            /**
+             * Messages
+             * @description the recorded messages it was formed from (those still held), in sequence order
+             */
+            messages: components["schemas"]["MemoryRecord"][];
+            /** @description the formation window that made it (None: written by a tool, a message itself, or formed before windows were kept) */
+            window?: components["schemas"]["FormedWindow"] | null;
+            /**
+             * History
+             * @description its audit entries, newest first: writes, updates, deletes, undeletes (formation is not audited)
+             */
+            history: components["schemas"]["AuditEntry"][];
+            /**
+             * History Complete
+             * @description false when the audit log holds more entries since the memory was written than one read scans (AUDIT_SCAN_LIMIT): older ones may be missing
+             */
+            history_complete: boolean;
+        };
         /**
          * MemoryKind
          * @enum {string}
          */
         MemoryKind: "message" | "episode" | "directive" | "fact" | "suggestion" | "observation" | "consolidated";
+        /** MemoryPage */
+        MemoryPage: {
+            /**
+             * Memories
+             * @description newest first (by valid_at, then id); `access_count` as counted, listing does not count an access
+             */
+            memories: components["schemas"]["MemoryRecord"][];
+            /**
+             * Next
+             * @description pass as `cursor` (with the same filters) for the next page; None: no more
+             */
+            next?: string | null;
+        };
         /** MemoryRecord */
         MemoryRecord: {
             /** Id */
@@ -1459,6 +1744,13 @@ export interface components {
             /** Served By */
             served_by?: string | null;
         };
+        /**
+         * MemoryState
+         * @description Which memories a listing shows: live ones (what search and the memory block read),
+         *     soft-deleted ones, evicted ones (past a FIFO cap), or all.
+         * @enum {string}
+         */
+        MemoryState: "live" | "deleted" | "evicted" | "all";
         /**
          * MemoryUpdate
          * @description A partial update: only the fields given change (null clears title and confidence).
@@ -1572,6 +1864,21 @@ export interface components {
              * @description the key itself: shown this once, stored only as a hash
              */
             key: string;
+        };
+        /**
+         * PendingWindow
+         * @description The window claimed for formation and not finished yet.
+         */
+        PendingWindow: {
+            /** Window */
+            window: number;
+            /** Messages */
+            messages: number;
+            /**
+             * State
+             * @description claimed, extracted, written or completed (memory_service/formation/window.py)
+             */
+            state: string;
         };
         /**
          * Priority
@@ -1870,6 +2177,52 @@ export interface components {
              */
             other_speakers: number;
         };
+        /** SessionPage */
+        SessionPage: {
+            /**
+             * Sessions
+             * @description newest first (by creation)
+             */
+            sessions: components["schemas"]["SessionSummary"][];
+            /**
+             * Next
+             * @description pass as `cursor` for the next page; None: no more
+             */
+            next?: string | null;
+        };
+        /** SessionSummary */
+        SessionSummary: {
+            /** Session Id */
+            session_id: string;
+            /** Agent Id */
+            agent_id: string;
+            /**
+             * Created At
+             * @description its first message's reservation (None: recorded before this was kept)
+             */
+            created_at?: string | null;
+            /** Last Activity */
+            last_activity?: string | null;
+            /**
+             * Messages
+             * @description sequence numbers given: recorded messages
+             */
+            messages: number;
+            /**
+             * Cursor
+             * @description the formation cursor: the last sequence formed
+             */
+            cursor: number;
+            /** Formed Windows */
+            formed_windows: number;
+            /** Formed Messages */
+            formed_messages: number;
+            /** Incognito */
+            incognito: boolean;
+            /** @description the formation gate, with the pending messages and tokens */
+            gate: components["schemas"]["GateStatus"];
+            pending_window?: components["schemas"]["PendingWindow"] | null;
+        };
         /** Shard */
         Shard: {
             /** Name */
@@ -2091,6 +2444,26 @@ export interface components {
              */
             facts?: components["schemas"]["FactOut"][];
         };
+        /** UserPage */
+        UserPage: {
+            /** Users */
+            users: components["schemas"]["UserSummary"][];
+            /**
+             * Next
+             * @description pass as `cursor` for the next page; None: no more
+             */
+            next?: string | null;
+        };
+        /** UserSummary */
+        UserSummary: {
+            /** User Id */
+            user_id: string;
+            /**
+             * Sessions
+             * @description sessions the user spoke in or had a message recorded under their id
+             */
+            sessions: number;
+        };
         /** ValidationError */
         ValidationError: {
             /** Location */
@@ -2287,6 +2660,102 @@ export interface operations {
             };
         };
     };
+    list_sessions: {
+        parameters: {
+            query?: {
+                /** @description only the sessions this user took part in */
+                user_id?: string | null;
+                /** @description the `next` of the previous page */
+                cursor?: string | null;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["SessionPage"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    record_batch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** Messages */
+                    messages: {
+                        /** Session Id */
+                        session_id: string;
+                        /** User Id */
+                        user_id: string;
+                        /**
+                         * Role
+                         * @enum {string}
+                         */
+                        role: "user" | "assistant" | "tool" | "system";
+                        /** Content */
+                        content: string;
+                        /** Message Id */
+                        message_id: string;
+                        /** Created At */
+                        created_at?: string | null;
+                        /**
+                         * Incognito
+                         * @default false
+                         */
+                        incognito?: boolean;
+                    }[];
+                };
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchOut"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
     get_context: {
         parameters: {
             query: {
@@ -2415,6 +2884,39 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["SearchResult"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    list_agents: {
+        parameters: {
+            query?: {
+                /** @description the `next` of the previous page */
+                cursor?: string | null;
+                limit?: number;
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentPage"];
                 };
             };
             /** @description Validation Error */
@@ -2619,6 +3121,41 @@ export interface operations {
                 };
                 content: {
                     "application/json": unknown;
+                };
+            };
+        };
+    };
+    list_users: {
+        parameters: {
+            query?: {
+                /** @description the `next` of the previous page */
+                cursor?: string | null;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UserPage"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
                 };
             };
         };
@@ -2951,6 +3488,125 @@ export interface operations {
             };
         };
     };
+    list_memories: {
+        parameters: {
+            query?: {
+                /** @description only this namespace's ('user:<agent>:<user>', 'session:<session>', 'shard:<agent>:<shard>', 'agent:<agent>') */
+                namespace?: string | null;
+                /** @description only this user's namespace */
+                user_id?: string | null;
+                /** @description only this session's namespace (its messages and episodes) */
+                session_id?: string | null;
+                /** @description only these kinds (repeat the parameter for several) */
+                kind?: components["schemas"]["MemoryKind"][];
+                /** @description only memories carrying every one of these tags */
+                tag?: string[];
+                /** @description valid_at at or after (ISO 8601) */
+                since?: string | null;
+                /** @description valid_at at or before (ISO 8601) */
+                until?: string | null;
+                /** @description live (the default: what search and the memory block read), deleted (soft-deleted), evicted, or all */
+                state?: components["schemas"]["MemoryState"];
+                /** @description the `next` of the previous page (with the same filters) */
+                cursor?: string | null;
+                limit?: number;
+            };
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryPage"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    memory_write: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["MemoryWrite"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryRecord"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    get_memory_detail: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the memory's id */
+                memory_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["MemoryDetail"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
     memory_get: {
         parameters: {
             query?: never;
@@ -3036,41 +3692,6 @@ export interface operations {
         responses: {
             /** @description Successful Response */
             200: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["MemoryRecord"];
-                };
-            };
-            /** @description Validation Error */
-            422: {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/json": components["schemas"]["HTTPValidationError"];
-                };
-            };
-        };
-    };
-    memory_write: {
-        parameters: {
-            query?: never;
-            header?: never;
-            path: {
-                agent_id: string;
-            };
-            cookie?: never;
-        };
-        requestBody: {
-            content: {
-                "application/json": components["schemas"]["MemoryWrite"];
-            };
-        };
-        responses: {
-            /** @description Successful Response */
-            201: {
                 headers: {
                     [name: string]: unknown;
                 };

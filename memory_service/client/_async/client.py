@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -31,14 +32,24 @@ from memory_service.client._common import (
     seg,
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
-from memory_service.domain.models import Agent, Shard
+from memory_service.domain.models import Agent, BatchMessageIn, Shard
 from memory_service.schemas.audit import AuditPage
+from memory_service.schemas.browse import (
+    AgentPage,
+    AgentSummary,
+    MemoryDetail,
+    MemoryPage,
+    SessionPage,
+    SessionSummary,
+    UserPage,
+    UserSummary,
+)
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.graph import EntityDetailOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
-from memory_service.schemas.records import RecordOut
+from memory_service.schemas.records import BatchOut, RecordOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
@@ -111,6 +122,24 @@ class AsyncMemoryClient:
                        created_at=created_at.isoformat() if created_at else None, incognito=incognito or None)
         answer = await self._send("POST", f"/v1/sessions/{seg(session_id)}/messages", json=message)
         result: RecordOut = parse(RecordOut, answer)
+        return result
+
+    async def record_batch(self, agent_id: str, messages: Iterable[BatchMessageIn | Mapping[str, Any]]) -> BatchOut:
+        """Record many messages of the agent's sessions in one request: each a BatchMessageIn,
+        or a mapping of its fields (session_id, user_id, role, content, message_id,
+        created_at, incognito). A message without ``message_id`` gets one here, so that the
+        request sent again (a 503 is retried) is recognised. Each message is answered on its
+        own in ``items`` (recorded, duplicate, refused, failed), in the order sent; at most
+        the server's MAX_BATCH_MESSAGES and MAX_BATCH_BYTES per call."""
+        items = []
+        for message in messages:
+            item = message.model_dump(mode="json", exclude_defaults=True) if isinstance(message, BatchMessageIn) \
+                else {name: value.isoformat() if isinstance(value, datetime) else value
+                      for name, value in message.items() if value is not None}
+            item.setdefault("message_id", uuid.uuid4().hex)
+            items.append(item)
+        answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/messages/batch", json={"messages": items})
+        result: BatchOut = parse(BatchOut, answer)
         return result
 
     async def form(self, session_id: str, *, wait: bool = True) -> FormationSummary:
@@ -208,6 +237,98 @@ class AsyncMemoryClient:
         answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/undelete")
         result: MemoryRecord = parse(MemoryRecord, answer)
         return result
+
+    # Browsing what the service holds: agents, users, sessions and memories, page by page.
+    # Each list answers a page and its ``next`` cursor; the ``iter_*`` helpers follow it.
+
+    async def list_agents(self, *, cursor: str | None = None, limit: int | None = None) -> AgentPage:
+        """One page of the agents this key reaches, by id."""
+        answer = await self._send("GET", "/v1/agents", params=query_params(cursor=cursor, limit=limit))
+        result: AgentPage = parse(AgentPage, answer)
+        return result
+
+    async def list_users(self, agent_id: str, *, cursor: str | None = None, limit: int | None = None) -> UserPage:
+        """One page of the agent's users (those this key sees), by id."""
+        answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/users",
+                                  params=query_params(cursor=cursor, limit=limit))
+        result: UserPage = parse(UserPage, answer)
+        return result
+
+    async def list_sessions(self, agent_id: str, *, user_id: str | None = None, cursor: str | None = None,
+                            limit: int | None = None) -> SessionPage:
+        """One page of the agent's sessions (``user_id``: the user's), newest first, each with its
+        formation gate, cursor, pending window and last activity."""
+        answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/sessions",
+                                  params=query_params(user_id=user_id, cursor=cursor, limit=limit))
+        result: SessionPage = parse(SessionPage, answer)
+        return result
+
+    async def list_memories(self, agent_id: str, *, namespace: str | None = None, user_id: str | None = None,
+                            session_id: str | None = None, kinds: Sequence[str] = (), tags: Sequence[str] = (),
+                            since: datetime | None = None, until: datetime | None = None, state: str | None = None,
+                            cursor: str | None = None, limit: int | None = None) -> MemoryPage:
+        """One page of the agent's memories, newest first, filtered (``state``: live, deleted,
+        evicted or all); pass the page's ``next`` as ``cursor``, with the same filters."""
+        params = query_params(namespace=namespace, user_id=user_id, session_id=session_id, kind=list(kinds) or None,
+                              tag=list(tags) or None, since=since, until=until, state=state, cursor=cursor,
+                              limit=limit)
+        answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/memories", params=params)
+        result: MemoryPage = parse(MemoryPage, answer)
+        return result
+
+    async def memory_detail(self, agent_id: str, memory_id: str) -> MemoryDetail:
+        """One memory with its provenance (messages, window, extractor), access count and history
+        (not counted as an access)."""
+        answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/detail")
+        result: MemoryDetail = parse(MemoryDetail, answer)
+        return result
+
+    async def iter_agents(self, *, page_size: int | None = None) -> AsyncIterator[AgentSummary]:
+        """Every agent this key reaches, following the pages."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_agents(cursor=cursor, limit=page_size)
+            for agent in page.agents:
+                yield agent
+            if (cursor := page.next) is None:
+                return
+
+    async def iter_users(self, agent_id: str, *, page_size: int | None = None) -> AsyncIterator[UserSummary]:
+        """Every user of the agent this key sees, following the pages."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_users(agent_id, cursor=cursor, limit=page_size)
+            for user in page.users:
+                yield user
+            if (cursor := page.next) is None:
+                return
+
+    async def iter_sessions(self, agent_id: str, *, user_id: str | None = None,
+                            page_size: int | None = None) -> AsyncIterator[SessionSummary]:
+        """Every session of the agent this key sees (newest first), following the pages."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_sessions(agent_id, user_id=user_id, cursor=cursor, limit=page_size)
+            for session in page.sessions:
+                yield session
+            if (cursor := page.next) is None:
+                return
+
+    async def iter_memories(self, agent_id: str, *, namespace: str | None = None, user_id: str | None = None,
+                            session_id: str | None = None, kinds: Sequence[str] = (), tags: Sequence[str] = (),
+                            since: datetime | None = None, until: datetime | None = None, state: str | None = None,
+                            page_size: int | None = None) -> AsyncIterator[MemoryRecord]:
+        """Every memory of the agent matching the filters (newest first), following the pages:
+        each one once, also while memories are added meanwhile."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_memories(agent_id, namespace=namespace, user_id=user_id, session_id=session_id,
+                                            kinds=kinds, tags=tags, since=since, until=until, state=state,
+                                            cursor=cursor, limit=page_size)
+            for memory in page.memories:
+                yield memory
+            if (cursor := page.next) is None:
+                return
 
     # The knowledge graph (issue 16): entities, their facts, undoing an invalidation.
 

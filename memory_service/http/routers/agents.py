@@ -1,22 +1,39 @@
-"""Agents and their shards: settings (including the memory backend) and topics.
+"""Agents and their shards: settings (including the memory backend) and topics, and the
+list of agents a key may see (the browse API, memory_service/curation/browse.py).
 
 Changing them needs `admin` on the agent, reading them `read` for all its users; every
-change is audited by the service (``agent.put``, ``shard.put``).
+change is audited by the service (``agent.put``, ``shard.put``). Listing agents needs any
+valid key, and lists the agents it reaches.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from fastapi import Query
 from fastapi.responses import JSONResponse
 
 from memory_service.access.authorization import authorize
 from memory_service.domain.models import Agent, AgentId, AgentSettings, Shard, ShardId, ShardIn
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
+from memory_service.schemas.browse import MAX_BROWSE_PAGE, AgentPage
 from memory_service.schemas.keys import Role
 
 router = strict_router(tags=["agents"])
+
+
+@router.get("/v1/agents", response_model=AgentPage)
+async def list_agents(
+    service: ServiceDep,
+    principal: CallerDep,
+    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
+) -> AgentPage:
+    """The agents this key reaches (every agent that recorded a message, got settings or had a
+    memory written, for a key over every agent), by id, with their numbers of users and
+    sessions; one page at a time (pass `next` as `cursor`). Any valid key."""
+    return await service.list_agents(principal, cursor, limit)
 
 
 @router.put("/v1/agents/{agent_id}", response_model=Agent)

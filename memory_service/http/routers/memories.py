@@ -1,4 +1,6 @@
-"""The memory tools over HTTP (docs/memory-tools.md).
+"""The memory tools over HTTP (docs/memory-tools.md), and browsing an agent's memories
+(a filtered list, page by page, and one memory's provenance and history:
+memory_service/curation/browse.py).
 
 Search is ``POST /v1/agents/{agent_id}/search`` (with ``tags``). Reading needs `read` on
 the agent, changing needs `write` and the operator's MEMORY_WRITE_AGENTS; a key limited
@@ -10,20 +12,25 @@ every change (``memory.write``, ``.update``, ``.delete``, ``.undelete``, ``.writ
 
 from __future__ import annotations
 
-from fastapi import Path
+from datetime import datetime
+
+from fastapi import Path, Query
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memory_service.access.authorization import authorize
 from memory_service.access.keys import Principal
 from memory_service.curation.tools import MEMORY_ID_CHARS, MemoryUpdate, MemoryWrite, NamespaceGuard
+from memory_service.domain.errors import InvalidInput
 from memory_service.domain.limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
-from memory_service.domain.models import AgentId, MessageId, NamespaceText, OpaqueId, SessionId
+from memory_service.domain.models import AgentId, MemoryKind, MessageId, NamespaceText, OpaqueId, SessionId, UserId
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
+from memory_service.schemas.browse import MAX_BROWSE_PAGE, MemoryDetail, MemoryPage
 from memory_service.schemas.keys import Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.service import MemoryService
+from memory_service.stores.base import MemoryState
 
 router = strict_router(tags=["memory tools"])
 MemoryId = Path(min_length=1, max_length=MEMORY_ID_CHARS, description="the memory's id")
@@ -37,6 +44,52 @@ def _allow(service: MemoryService, principal: Principal, role: Role, agent_id: s
         return None
     authorize(principal, role, agent_id, min(principal.users))
     return service.reach(principal, agent_id)
+
+
+@router.get("/v1/agents/{agent_id}/memories", response_model=MemoryPage)
+async def list_memories(
+    agent_id: AgentId,
+    service: ServiceDep,
+    principal: CallerDep,
+    namespace: NamespaceText | None = Query(None, min_length=1, max_length=MAX_NAMESPACE_CHARS,
+                                            description="only this namespace's ('user:<agent>:<user>', "
+                                                        "'session:<session>', 'shard:<agent>:<shard>', 'agent:<agent>')"),
+    user_id: UserId | None = Query(None, description="only this user's namespace"),
+    session_id: SessionId | None = Query(None, description="only this session's namespace (its messages and "
+                                                           "episodes)"),
+    kind: list[MemoryKind] = Query([], description="only these kinds (repeat the parameter for several)"),
+    tag: list[str] = Query([], max_length=20, description="only memories carrying every one of these tags"),
+    since: datetime | None = Query(None, description="valid_at at or after (ISO 8601)"),
+    until: datetime | None = Query(None, description="valid_at at or before (ISO 8601)"),
+    state: MemoryState = Query(MemoryState.LIVE, description="live (the default: what search and the memory block "
+                                                             "read), deleted (soft-deleted), evicted, or all"),
+    cursor: str | None = Query(None, min_length=1, max_length=1000,
+                               description="the `next` of the previous page (with the same filters)"),
+    limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
+) -> MemoryPage:
+    """The agent's memories, newest first (by valid_at), filtered; one page at a time (pass
+    `next` as `cursor`, with the same filters). A page may hold fewer than `limit` while
+    `next` is set: keep following it. Listing counts no access. Needs `read`; a key limited
+    to some users lists what they may see (their namespaces, their sessions, the shards and
+    the agent's)."""
+    authorize(principal, Role.READ, agent_id,
+              user_id if user_id is not None else min(principal.users) if principal.users else None)
+    if any(not t or len(t) > 100 for t in tag):
+        raise InvalidInput("tag: 1 to 100 characters each")
+    return await service.list_memories(agent_id, service.reach(principal, agent_id), namespace=namespace,
+                                       user_id=user_id, session_id=session_id, kinds=kind, tags=tag, since=since,
+                                       until=until, state=state, cursor=cursor, limit=limit)
+
+
+@router.get("/v1/agents/{agent_id}/memories/{memory_id}/detail", response_model=MemoryDetail)
+async def get_memory_detail(agent_id: AgentId, service: ServiceDep, principal: CallerDep,
+                            memory_id: OpaqueId = MemoryId) -> MemoryDetail:
+    """One memory with its provenance (the recorded messages it was formed from, the window
+    and the extractor that formed it), its access count and its history (its audit entries).
+    Counts no access (memory_get does). Needs `read`; a key limited to some users sees the
+    memories they may see."""
+    guard = _allow(service, principal, Role.READ, agent_id)
+    return await service.memory_detail(agent_id, memory_id, guard)
 
 
 @router.get("/v1/agents/{agent_id}/memories/{memory_id}", response_model=MemoryRecord)

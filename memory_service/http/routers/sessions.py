@@ -1,26 +1,48 @@
-"""Sessions: recording messages, forming a session's pending window, a session's state.
+"""Sessions: recording messages (one, or a batch of many sessions' messages), forming a
+session's pending window, a session's state, and an agent's sessions (the browse API,
+memory_service/curation/browse.py).
 
 Recording needs `write` on the message's agent (and, for a key limited to users, its
 user) and is charged against the key's token budget; the routes named by a session id
 alone are authorized by the agent that owns the session (``authorize_session``).
+
+A batch's body is read item by item: an item that is not a message the service can hold
+(U+0000, a lone surrogate, a missing field, content over the limit...) is refused alone,
+where the single route's guard refuses the whole body; its size is bounded by
+MAX_BATCH_BYTES (memory_service/http/guard.py) and its length by MAX_BATCH_MESSAGES.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from fastapi import Query
+from fastapi import Query, Request
+from pydantic import ValidationError
 
-from memory_service.access.authorization import authorize
-from memory_service.domain.models import MessageIn, SessionId
+from memory_service.access.authorization import authorize, authorize_users
+from memory_service.domain.errors import InvalidInput, PayloadTooLarge, preview
+from memory_service.domain.limits import json_problem
+from memory_service.domain.models import (
+    AgentId,
+    BatchMessageIn,
+    MessageBatchIn,
+    MessageIn,
+    RefusedItem,
+    SessionId,
+    UserId,
+)
 from memory_service.http.deps import CallerDep, ServiceDep
-from memory_service.http.guard import strict_router
+from memory_service.http.guard import UnusableJSON, check_charset, parse_json_values, strict_router
+from memory_service.schemas.browse import MAX_BROWSE_PAGE, SessionPage
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.keys import Role
-from memory_service.schemas.records import RecordOut
+from memory_service.schemas.records import BatchOut, RecordOut
 
 router = strict_router(tags=["sessions"])
 
+# The batch route's path, for its larger body limit (MAX_BATCH_BYTES).
+BATCH_PATH = re.compile(r"/v1/agents/[^/]+/messages/batch")
 
 
 @router.post("/v1/sessions/{session_id}/messages", response_model=RecordOut)
@@ -63,3 +85,96 @@ async def get_session(session_id: SessionId, service: ServiceDep, principal: Cal
     Needs `read` on the session's agent."""
     await service.authorize_session(principal, session_id, Role.READ)
     return await service.session_status(session_id)
+
+
+@router.get("/v1/agents/{agent_id}/sessions", response_model=SessionPage)
+async def list_sessions(
+    agent_id: AgentId,
+    service: ServiceDep,
+    principal: CallerDep,
+    user_id: UserId | None = Query(None, description="only the sessions this user took part in"),
+    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
+) -> SessionPage:
+    """The agent's sessions, newest first, each with its formation gate, cursor, pending
+    window and last activity; one page at a time (pass `next` as `cursor`). Needs `read`; a
+    key limited to some users lists the sessions they took part in."""
+    authorize(principal, Role.READ, agent_id,
+              user_id if user_id is not None else min(principal.users) if principal.users else None)
+    return await service.list_sessions(agent_id, service.reach(principal, agent_id), user_id, cursor, limit)
+
+
+def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
+    """A model's JSON schema with its ``$defs`` written in place (the route's body is
+    described by hand, so FastAPI does not add the models to the OpenAPI components)."""
+    defs = schema.pop("$defs", {})
+
+    def resolve(node: Any) -> Any:
+        if isinstance(node, dict):
+            if "$ref" in node:
+                return resolve(defs[node["$ref"].rsplit("/", 1)[-1]])
+            return {key: resolve(value) for key, value in node.items()}
+        return [resolve(value) for value in node] if isinstance(node, list) else node
+
+    inlined: dict[str, Any] = resolve(schema)
+    return inlined
+
+
+@router.post("/v1/agents/{agent_id}/messages/batch", response_model=BatchOut,
+             openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+                 "schema": _inlined(MessageBatchIn.model_json_schema())}}}})
+async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep, principal: CallerDep) -> BatchOut:
+    """Record many messages of the agent's sessions in one request: each item as the
+    single-message route records it (idempotent by its required `message_id`, in order per
+    session, the same gates and formation), each answered on its own: `recorded`,
+    `duplicate`, `refused` (with the status the single route would answer, and why) or
+    `failed` (an outage: send it again). One bad item does not fail the others.
+
+    Needs `write` on the agent; a key limited to users records only its users' messages
+    (the others are refused, 403; a batch of none of them answers 403). At most
+    MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413)."""
+    check_charset(request.headers.get("content-type"))
+    raw = _batch_items(parse_json_values(await request.body()), service.settings.max_batch_messages)
+    items = [_read_item(index, item) for index, item in enumerate(raw)]
+    users = [item.user_id if isinstance(item, BatchMessageIn) else None for item in items]
+    for index, refused in enumerate(authorize_users(principal, Role.WRITE, agent_id, users)):
+        item = items[index]
+        if refused is not None and isinstance(item, BatchMessageIn):
+            items[index] = RefusedItem(refused, item.session_id, item.message_id)
+    return await service.record_batch(agent_id, items, principal)
+
+
+def _batch_items(body: Any, limit: int) -> list[Any]:
+    """The body's list of items, the envelope checked (a body that is not one is refused whole)."""
+    if not isinstance(body, dict) or set(body) != {"messages"} or not isinstance(body["messages"], list):
+        raise UnusableJSON(("body",), 'the body must be an object with one key, "messages": a list of messages')
+    items: list[Any] = body["messages"]
+    if not items:
+        raise UnusableJSON(("body", "messages"), "the batch holds no message")
+    if len(items) > limit:
+        raise PayloadTooLarge(f"the batch holds {len(items)} messages, more than {limit} (MAX_BATCH_MESSAGES): "
+                              "send it in smaller batches")
+    return items
+
+
+def _read_item(index: int, item: Any) -> BatchMessageIn | RefusedItem:
+    """One item as a message, or refused (422) saying why, with the ids it names if readable."""
+    named = item if isinstance(item, dict) else {}
+    ids = [value if isinstance(value, str) and not json_problem(value, ()) else None
+           for value in (named.get("session_id"), named.get("message_id"))]
+    where = ("body", "messages", index)
+    problem = json_problem(item, where)
+    if problem is not None:
+        return RefusedItem(InvalidInput(f"{_at(problem[0])}: {problem[1]}"), *ids)
+    try:
+        return BatchMessageIn.model_validate(item)
+    except ValidationError as exc:
+        reasons = "; ".join(f"{_at((*where, *e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        return RefusedItem(InvalidInput(reasons), *ids)
+
+
+def _at(loc: tuple[str | int, ...]) -> str:
+    """Where in the body, as the guard's 422 answers say it: messages.3.content."""
+    shown = [part if isinstance(part, int) or (len(part) <= 40 and part.isprintable()) else preview(part, 40)
+             for part in loc if part != "body"]
+    return ".".join(str(part) for part in shown)

@@ -1,0 +1,288 @@
+"""Recording a batch of messages: many sessions of one agent in one call, each message as
+the single route records it (memory_service/ingest/sessions.py), the round trips shared.
+
+A history import sends thousands of messages; one request each costs an HTTP exchange and
+three round trips per message (reserve, store write, commit). Here the batch's messages go
+through the same three steps together: every reservation in one Redis pipeline, every
+store write through the agent's group commit (as many statements as its limits make: 256
+rows each), every commit in one pipeline, then one embedding job enqueued for the agent
+and one formation claim per session whose gate opened. The scripts are the single
+route's (memory_service/state/store.py), so what a 200 means for one message (stored,
+searchable, pending once, embedded later) holds for each recorded item, and a message
+recorded one way is a duplicate the other way.
+
+Each item is answered on its own (``BatchItemOut``): recorded, duplicate, refused (its own
+fault: an id recorded with other content, a session of another agent or of other users, a
+content the store refused, a content over MAX_MESSAGE_CHARS, or a problem the caller found
+while reading it) or failed (an outage: send it again with the same message_id). One bad
+item never fails the others; only an outage of Redis itself fails the whole call (and a
+call sent again records what is missing and answers the rest as duplicates).
+
+Order: a pipeline runs its commands in order, so the messages of one session get their
+sequence numbers in the batch's order (after whatever the session held before), and are
+committed in that order. Formation: the gate of each session is evaluated once, on its
+counters after its last commit of the batch, and an open gate claims the window exactly as
+a record's does (memory_service/formation/schedule.py). The window holds up to
+MAX_WINDOW_MESSAGES of the pending messages; when it completes the worker claims the next
+one if the gate is still open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from memory_service.access.reach import Reach
+from memory_service.domain import limits
+from memory_service.domain.errors import (
+    BackendUnavailable,
+    Conflict,
+    InvalidInput,
+    MemoryServiceError,
+    preview,
+    session_taken,
+)
+from memory_service.domain.models import AgentSettings, BatchMessageIn, Memory, MemoryKind, Provenance, RefusedItem
+from memory_service.domain.namespaces import Namespace
+from memory_service.formation import gates
+from memory_service.formation.jobs import EMBED_LOCK_MS
+from memory_service.formation.steps import message_memory_id
+from memory_service.ingest.group_commit import RowRefused
+from memory_service.ingest.sessions import SessionLedger
+from memory_service.schemas.records import BatchItemOut, BatchOut, BatchSessionOut, ItemStatus
+from memory_service.state.store import Commit, CommitCall, Reservation, ReserveCall
+
+log = logging.getLogger(__name__)
+
+# Formation claims of one batch running at once (each is a script and an enqueue).
+CLAIMS_AT_ONCE = 32
+
+
+def digest_of(role: str, user_id: str, content: str) -> str:
+    """The content digest a reservation keeps (the same as the single route's)."""
+    return hashlib.sha256(f"{role}\x1f{user_id}\x1f{content}".encode()).hexdigest()[:16]
+
+
+@dataclass(slots=True)
+class _Item:
+    """An item still being recorded: where it is in the batch, and what is known of it."""
+
+    index: int
+    message: BatchMessageIn
+    digest: str
+    reservation: Reservation | None = None
+    memory: Memory | None = None
+
+
+class BatchLedger:
+    """Records batches with a SessionLedger's parts (its group commit, scheduler, queue)."""
+
+    def __init__(self, ledger: SessionLedger):
+        self.ledger = ledger
+
+    async def record_batch(self, agent_id: str, items: Sequence[BatchMessageIn | RefusedItem],
+                           reach: Reach | None = None) -> BatchOut:
+        """Record ``items``: messages of ``agent_id``, and those the caller refused already
+        (unreadable, beyond its key), answered as such. See the module's docstring."""
+        answers: list[BatchItemOut | None] = [None] * len(items)
+        live: list[_Item] = []
+        for index, item in enumerate(items):
+            if isinstance(item, RefusedItem):
+                answers[index] = BatchItemOut(index=index, status="refused", session_id=item.session_id,
+                                              message_id=item.message_id, code=item.error.status_code,
+                                              detail=str(item.error))
+                continue
+            try:
+                limits.check_message_chars(item.content, self.ledger.settings.max_message_chars)
+            except MemoryServiceError as exc:
+                answers[index] = _refused(index, item, exc)
+                continue
+            live.append(_Item(index, item, digest_of(item.role, item.user_id, item.content)))
+        live = await self._within_reach(agent_id, live, reach, answers)
+        live = await self._reserve(agent_id, live, answers)
+        live = await self._store(agent_id, live, answers)
+        commits = await self._commit(agent_id, live, answers)
+        sessions = await self._schedule(commits)
+        done = [a for a in answers if a is not None]
+        assert len(done) == len(items)
+        counts = {status: sum(1 for a in done if a.status == status) for status in
+                  ("recorded", "duplicate", "refused", "failed")}
+        return BatchOut(**counts, items=done, sessions=sessions)
+
+    async def _within_reach(self, agent_id: str, live: list[_Item], reach: Reach | None,
+                            answers: list[BatchItemOut | None]) -> list[_Item]:
+        """A key limited to users records only into the sessions it may (``Reach.may_record``),
+        read once per session of the batch."""
+        if reach is None or not reach.confined or not live:
+            return live
+        settings = await self.ledger.state.get_agent(agent_id) or AgentSettings()
+        session_ids = list(dict.fromkeys(item.message.session_id for item in live))
+        allowed = await asyncio.gather(*(reach.may_record(s, settings.users_join_sessions) for s in session_ids))
+        refused = {s for s, ok in zip(session_ids, allowed, strict=True) if not ok}
+        kept = []
+        for item in live:
+            if item.message.session_id in refused:
+                answers[item.index] = _refused(item.index, item.message, session_taken(item.message.session_id))
+            else:
+                kept.append(item)
+        return kept
+
+    async def _reserve(self, agent_id: str, live: list[_Item], answers: list[BatchItemOut | None]) -> list[_Item]:
+        """Every item's reservation in one pipeline; an id committed before is a duplicate at
+        once (nothing is written again), an id known with other content a conflict."""
+        if not live:
+            return live
+        calls = [ReserveCall(i.message.session_id, agent_id, i.message.message_id, i.digest, i.message.incognito)
+                 for i in live]
+        kept = []
+        for item, reservation in zip(live, await self.ledger.state.reserve_messages(calls), strict=True):
+            m = item.message
+            if isinstance(reservation, MemoryServiceError):
+                answers[item.index] = _refused(item.index, m, reservation)
+            elif isinstance(reservation, Exception):
+                log.warning("could not reserve message %s of session %s: %s", preview(m.message_id),
+                            preview(m.session_id), reservation)
+                answers[item.index] = _failed(item.index, m, "could not reserve its sequence number")
+            elif reservation.digest != item.digest:
+                answers[item.index] = _refused(item.index, m, Conflict(
+                    f"message_id {m.message_id!r} was already recorded in session {m.session_id!r} with other content"))
+            elif reservation.committed:
+                answers[item.index] = _answer(item.index, m, "duplicate", reservation.sequence)
+            else:
+                item.reservation = reservation
+                kept.append(item)
+        return kept
+
+    async def _store(self, agent_id: str, live: list[_Item], answers: list[BatchItemOut | None]) -> list[_Item]:
+        """The items' store writes, through the agent's group commit; a row the store refused
+        alone is released (refused), one an outage failed is left held (failed), as a
+        record's write would."""
+        if not live:
+            return live
+        reservation = live[0].reservation
+        settings = reservation.agent_settings if reservation is not None else None
+        _, backend = await self.ledger.agents.backend_for(agent_id, settings or AgentSettings())
+        now = datetime.now(UTC)
+        for item in live:
+            item.memory = _memory(agent_id, item, now)
+        memories = [item.memory for item in live if item.memory is not None]
+        try:
+            outcomes = await self.ledger.writes.write_many(backend, agent_id, memories)
+        except BaseException:  # the caller went away: the rows not written are let go of, as a record's are
+            await asyncio.shield(self._let_go(live, [None] * len(live), "unhold"))
+            raise
+        kept: list[_Item] = []
+        for item, outcome in zip(live, outcomes, strict=True):
+            m = item.message
+            if outcome is None:
+                kept.append(item)
+            elif isinstance(outcome, RowRefused):
+                log.warning("the store refused message %s of session %s (agent %s), its id is released: %s",
+                            preview(m.message_id), preview(m.session_id), preview(agent_id),
+                            preview(str(outcome.__cause__), 300))
+                answers[item.index] = _refused(item.index, m, InvalidInput(
+                    f"content: message {m.message_id!r} of session {m.session_id!r} could not be stored: the store "
+                    "refused its content (characters it cannot hold). Nothing was stored and the message_id is free "
+                    "again: send it with corrected content"))
+            else:
+                log.warning("could not store message %s of session %s (agent %s): %s: %s", preview(m.message_id),
+                            preview(m.session_id), preview(agent_id), type(outcome).__name__, outcome)
+                why = str(outcome) if isinstance(outcome, MemoryServiceError) else "the memory store is unavailable"
+                answers[item.index] = _failed(item.index, m, f"could not store it: {why}; nothing is pending for it: "
+                                                              "send it again with the same message_id")
+        await self._let_go(live, outcomes, "")
+        return kept
+
+    async def _let_go(self, live: list[_Item], outcomes: Sequence[BaseException | None], mode: str) -> None:
+        """Release (refused rows) or unhold (the rest that failed) reservations; best effort,
+        the recovery settles what is left (docs/ingest.md, "Crashes")."""
+        for item, outcome in zip(live, outcomes, strict=True):
+            if outcome is None and not mode:
+                continue
+            how = mode or ("refused" if isinstance(outcome, RowRefused) else "unhold")
+            assert item.reservation is not None
+            await self.ledger.let_go(item.message.session_id, item.message.message_id, item.reservation.sequence, how)
+
+    async def _commit(self, agent_id: str, live: list[_Item],
+                      answers: list[BatchItemOut | None]) -> dict[str, Commit]:
+        """Every stored item made pending, in one pipeline, in order; one embedding job
+        enqueued for the agent if a commit asked for it. The last commit of each session."""
+        if not live:
+            return {}
+        lock_ms = EMBED_LOCK_MS if self.ledger.embedder is not None else 0
+        calls = []
+        for item in live:
+            m = item.message
+            assert item.reservation is not None
+            calls.append(CommitCall(m.session_id, m.message_id, item.reservation.sequence,
+                                    gates.weighted_tokens(m.role, m.content), m.user_id if m.role == "user" else None,
+                                    m.incognito, agent_id, lock_ms, m.user_id))
+        last: dict[str, Commit] = {}
+        enqueue = False
+        for item, commit in zip(live, await self.ledger.state.commit_messages(calls), strict=True):
+            m = item.message
+            assert item.reservation is not None
+            if isinstance(commit, Exception):  # stored, not pending: the retry (or the recovery) commits it
+                log.warning("could not commit message %s of session %s: %s", preview(m.message_id),
+                            preview(m.session_id), commit)
+                answers[item.index] = _failed(item.index, m, "stored but not committed; send it again with the same "
+                                                              "message_id")
+                continue
+            answers[item.index] = _answer(item.index, m, "recorded" if commit.first else "duplicate",
+                                          item.reservation.sequence)
+            last[m.session_id] = commit
+            enqueue |= commit.enqueue_embedding
+        if enqueue:
+            await self.ledger.enqueue_embedding(agent_id)
+        return last
+
+    async def _schedule(self, commits: dict[str, Commit]) -> list[BatchSessionOut]:
+        """Each session's gate on its last commit's counters; an open one claims its window."""
+        limiter = asyncio.Semaphore(CLAIMS_AT_ONCE)
+
+        async def one(session_id: str, commit: Commit) -> BatchSessionOut:
+            gate = gates.evaluate(commit.counters, self.ledger.settings)
+            job = None
+            if gate.open:
+                async with limiter:
+                    job = await self.ledger.formation.schedule(session_id, gated=True, counters=commit.counters)
+            return BatchSessionOut(session_id=session_id, gate=gate, formation_job=job)
+
+        return list(await asyncio.gather(*(one(s, c) for s, c in commits.items())))
+
+
+def _memory(agent_id: str, item: _Item, now: datetime) -> Memory:
+    """The message as the store takes it, as the single route builds it. (Validated again:
+    pydantic's ``model_construct`` costs more here, inspecting the default factories' signatures
+    on every call.)"""
+    m, reservation = item.message, item.reservation
+    assert reservation is not None
+    return Memory(
+        id=message_memory_id(m.session_id, m.message_id),
+        kind=MemoryKind.MESSAGE,
+        namespace=str(Namespace.session(m.session_id)),
+        content=m.content,
+        metadata=Provenance(agent_id=agent_id, user_id=m.user_id, user_ids=[m.user_id], session_id=m.session_id,
+                            message_ids=[m.message_id], sequence=reservation.sequence, role=m.role),
+        valid_at=m.created_at or now,
+    )
+
+
+def _answer(index: int, message: BatchMessageIn, status: ItemStatus, sequence: int) -> BatchItemOut:
+    return BatchItemOut(index=index, status=status, session_id=message.session_id, message_id=message.message_id,
+                        sequence=sequence)
+
+
+def _refused(index: int, message: BatchMessageIn, error: MemoryServiceError) -> BatchItemOut:
+    return BatchItemOut(index=index, status="refused", session_id=message.session_id, message_id=message.message_id,
+                        code=error.status_code, detail=str(error))
+
+
+def _failed(index: int, message: BatchMessageIn, why: str) -> BatchItemOut:
+    error = BackendUnavailable(f"message {message.message_id!r} of session {message.session_id!r}: {why}")
+    return BatchItemOut(index=index, status="failed", session_id=message.session_id, message_id=message.message_id,
+                        code=error.status_code, detail=str(error))
