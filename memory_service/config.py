@@ -171,6 +171,14 @@ class Settings(BaseSettings):
         default_factory=lambda: {"fulltext": 1.0, "vector": 1.0},
         description="JSON: each signal's weight in the fusion (a signal left out weighs 1)")
     search_candidates: int = Field(default=50, ge=1, le=1000, description="Candidates each signal (full-text, vector) gives fusion")
+    search_postings_budget: int = Field(
+        default=20_000, ge=100,
+        description="Agent-wide full text: at most this many memories scored per query (a query of only very common "
+                    "words stops there with the best found)")
+    search_scope_scan_max: int = Field(
+        default=5_000, ge=0,
+        description="A search inside some namespaces (a user's, a session's) reads and ranks every memory of its scope "
+                    "when the scope holds at most this many; a larger scope is searched through the full-text index")
     search_recency_half_life_days: float = Field(default=30, gt=0, description="Age at which the recency factor is halfway to its floor")
     search_recency_weight: float = Field(
         default=0.3, ge=0, le=1,

@@ -10,11 +10,12 @@ from xml.etree import ElementTree as ET
 import pytest
 from pydantic import ValidationError
 
+from memory_service.domain.bm25 import QUERY_STOPWORDS
 from memory_service.domain.graph import Entity, EntityType, Fact, entity_id, fact_id, query_names
 from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance
 from memory_service.domain.namespaces import Namespace
 from memory_service.recall.graph_signal import hub_weight
-from memory_service.recall.search import QUERY_STOPWORDS, SearchRequest
+from memory_service.recall.search import SearchRequest
 
 NOW = datetime.now(UTC).replace(microsecond=0)
 

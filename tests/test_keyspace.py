@@ -83,6 +83,11 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("outbox_dead", ("mongo",), "ms:outbox:{outbox}:dead:mongo"),
     ("outbox_lock", ("graph",), "ms:outbox:{outbox}:lock:graph"),
     ("outbox_legacy_queue", ("mongo",), "ms:outbox:{outbox}:mongo"),
+    ("postings_prefix", ("a1",), "ms:ft:{a1}:"),
+    ("postings_stats", ("a1",), "ms:ft:{a1}:stats"),
+    ("postings_docs", ("a1",), "ms:ft:{a1}:docs"),
+    ("postings_term", ("a1", "flight"), "ms:ft:{a1}:t:flight"),
+    ("postings_build_lock", ("a1",), "ms:ft:{a1}:build"),
 ]
 
 # keyspace's functions that build hash tags, not keys.
@@ -92,7 +97,7 @@ TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags", "us
 # How the map writes each builder's parameters.
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
-                "target": "<target>", "tag": "s:<b>", "job_id": "<job id>"}
+                "target": "<target>", "tag": "s:<b>", "job_id": "<job id>", "term": "<stem>"}
 
 
 def _builders() -> dict[str, object]:

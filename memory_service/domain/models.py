@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -154,6 +155,13 @@ class Provenance(BaseModel):
     role: Role | None = None
 
 
+@functools.lru_cache(maxsize=4096)
+def _canonical_namespace(value: str) -> str:
+    """A namespace's text, checked and in its one spelling: parsed once per text (a search
+    builds dozens of memories of a few namespaces)."""
+    return str(Namespace.parse(value))
+
+
 class Memory(BaseModel):
     """One stored memory. ``id`` is deterministic for formed memories, so rewrites are no-ops."""
 
@@ -198,7 +206,7 @@ class Memory(BaseModel):
     @field_validator("namespace")
     @classmethod
     def _namespace(cls, value: str) -> str:
-        return str(Namespace.parse(value))
+        return _canonical_namespace(value)
 
     @field_validator("valid_at")
     @classmethod

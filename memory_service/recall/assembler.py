@@ -21,6 +21,7 @@ from typing import Any
 from memory_service.access.pseudonyms import for_log, namespace_for_log
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
+from memory_service.domain.bm25 import QUERY_STOPWORDS
 from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError, NotSupported
 from memory_service.domain.graph import EntityType, Fact, normalise_name, query_names
 from memory_service.domain.models import AgentSettings, ContextType, Memory, MemoryKind, Recall, RecallScope, Shard
@@ -39,7 +40,7 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.recall.search import QUERY_STOPWORDS, Retriever, SearchRequest, query_terms
+from memory_service.recall.search import Retriever, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
 from memory_service.schemas.search import SearchHit
 from memory_service.state.cache import agent_wide, identity
@@ -264,6 +265,7 @@ class ContextAssembler:
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
+        like = None  # the latest message, when it is the query: search reuses its stored embedding
         try:
             async with asyncio.timeout_at(deadline):
                 if query is None:
@@ -272,6 +274,7 @@ class ContextAssembler:
                     latest = [m for m in said if m.metadata.role in (None, "user")]
                     if latest:
                         query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
+                        like = latest[-1].id
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
@@ -294,7 +297,7 @@ class ContextAssembler:
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
                                         min_score=recall.min_score)
                 result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
-                                                     resolve_scope=False, found=found)
+                                                     resolve_scope=False, found=found, like=like)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt

@@ -27,7 +27,6 @@ see what almost made it.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -37,6 +36,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
+from memory_service.domain.bm25 import QUERY_STOPWORDS, query_words
 from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, NotSupported, preview
 from memory_service.domain.graph import query_names
 from memory_service.domain.limits import (
@@ -79,19 +79,6 @@ from memory_service.stores.base import MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
 
-_WORD = re.compile(r"\w+", re.UNICODE)
-# Words that carry no topic; the full-text index drops English stopwords too, these are the
-# question words and fillers a query adds on top.
-QUERY_STOPWORDS = frozenset(
-    """a about after again all also am an and any are as at be been before being both but by can could
-    did do does doing done for from had has have having he her here hers him his how i if in into is it
-    its just me more most my no nor not now of off on once only or other our out over own same she should
-    so some such than that the their them then there these they this those through to too under until up
-    very was we were what when where which while who whom why will with would you your yours did ever
-    something anything thing things get got""".split()
-)
-
-
 class SearchRequest(BaseModel):
     """A search, as the API and ``MemoryService.search`` take it."""
 
@@ -132,8 +119,7 @@ class SearchRequest(BaseModel):
 
 def query_terms(text: str) -> list[str]:
     """The query's words for full-text search: lowercase, without question words, each once."""
-    words = (w.lower() for w in _WORD.findall(text))
-    return list(dict.fromkeys(w for w in words if w not in QUERY_STOPWORDS and len(w) > 1 or w.isdigit()))
+    return list(dict.fromkeys(query_words(text)))
 
 
 def recency_factor(age_days: float, half_life_days: float, weight: float) -> float:
@@ -355,15 +341,25 @@ class Retriever:
 
     async def search(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
                      namespaces: Sequence[Namespace] | None = None, resolve_scope: bool = True,
-                     reach: Reach | None = None, found: QueryGraph | None = None) -> SearchResult:
+                     reach: Reach | None = None, found: QueryGraph | None = None,
+                     like: str | None = None) -> SearchResult:
         """``found``: the query's entities and facts when the caller read them already (the
         memory block does, to show the facts); else they are read here, in the scope's
-        namespaces that hold entities (every one of the agent's for scope agent)."""
+        namespaces that hold entities (every one of the agent's for scope agent).
+
+        ``like``: the id of a stored memory whose text is the query (the memory block without
+        a query searches with the session's latest user message): its stored embedding, when
+        it has one of this embedder's model, is the query's, and the model is not run."""
         started = time.perf_counter()
         self.validate(request)
         if resolve_scope:
             namespaces = await self.scope_namespaces(agent_id, request, reach)
-        vector, why_not = await self.embed_query(request.query)
+        vector: list[float] | None = None
+        why_not: str | None = None
+        if like is not None and self.embedder is not None:
+            vector = await backend.stored_embedding(agent_id, like, self.embedder.name)
+        if vector is None:
+            vector, why_not = await self.embed_query(request.query)
         store_query = StoreQuery(
             terms=query_terms(request.query), vector=vector,
             vector_model=self.embedder.name if vector is not None and self.embedder is not None else None,

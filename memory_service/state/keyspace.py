@@ -167,6 +167,22 @@ The outbox (memory_service/stores/outbox.py; ``<target>``: graph or mongo), all 
                                                     next drain                                       none (legacy)
     ms:metrics:{outbox}                     hash    the outbox's counters (dead letters)             a fixed set of fields
 
+The graph store's full-text postings (memory_service/stores/postings.py), in the agent's
+FalkorDB server beside its graph, under the agent's hash tag (one slot: the scripts name
+them together)::
+
+    ms:ft:{<agent>}:stats                   hash    docs (live memories indexed), len (their indexed
+                                                    words), built (set once the postings cover every
+                                                    memory of the graph)                             per agent
+    ms:ft:{<agent>}:docs                    hash    memory id -> "<indexed words> <stem> <stem>*<tf>
+                                                    ...": what a removal takes out (the node's
+                                                    ``terms`` holds the same)                        per live memory
+    ms:ft:{<agent>}:t:<stem>                zset    memory id -> the term's BM25 impact in it (its
+                                                    weight without the idf), best first              per live memory and
+                                                                                                     distinct word
+    ms:ft:{<agent>}:build                   string  the lock of the process building the postings of
+                                                    a graph written before them, with a lifetime     per agent building
+
 Global::
 
     ms:embedder                             hash    name and dimension of the embedder whose vectors
@@ -341,6 +357,30 @@ def retention_deleted(agent_id: str) -> str:
 def audit_stream(agent_id: str | None) -> str:
     """The agent's audit stream; None: the system stream (changes spanning every agent)."""
     return f"ms:audit:agent:{agent_id}" if agent_id else "ms:audit:system"
+
+
+# The graph store's full-text postings ----------------------------------------------
+
+
+def postings_prefix(agent_id: str) -> str:
+    """What every postings key of the agent starts with (its hash tag included)."""
+    return f"ms:ft:{{{agent_id}}}:"
+
+
+def postings_stats(agent_id: str) -> str:
+    return postings_prefix(agent_id) + "stats"
+
+
+def postings_docs(agent_id: str) -> str:
+    return postings_prefix(agent_id) + "docs"
+
+
+def postings_term(agent_id: str, term: str) -> str:
+    return postings_prefix(agent_id) + "t:" + term
+
+
+def postings_build_lock(agent_id: str) -> str:
+    return postings_prefix(agent_id) + "build"
 
 
 # Sessions ----------------------------------------------------------------------------

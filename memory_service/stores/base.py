@@ -155,6 +155,11 @@ class MemoryBackend(ABC):
     async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
         """Up to ``limit`` of the agent's memories stored without an embedding."""
 
+    async def stored_embedding(self, agent_id: str, memory_id: str, model: str | None) -> list[float] | None:
+        """The stored embedding of one memory, if it has one of ``model`` (a search by a stored
+        message's text then needs no embedding of its own); None by default."""
+        return None
+
     @abstractmethod
     async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]],
                              model: str | None = None) -> int:

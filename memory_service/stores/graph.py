@@ -34,12 +34,14 @@ nothing (read-only queries; a missing graph reads as empty).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import hashlib
 import logging
 import os
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -48,10 +50,13 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.state import metrics, tracing
+from memory_service.domain.text import stem
+from memory_service.state import keyspace, metrics, tracing
+from memory_service.stores import postings
 from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, SignalHits
 from memory_service.stores.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
+from memory_service.stores.postings import Postings
 
 if TYPE_CHECKING:
     from falkordb.asyncio.graph import AsyncGraph  # untyped: Any to mypy, named for the reader
@@ -70,6 +75,8 @@ MAX_FULLTEXT_TERMS = 32
 FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
 QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
 DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
+POSTINGS_BUILD_BATCH = 2000  # memories read per statement when building an old graph's postings
+POSTINGS_BUILD_LOCK_SECONDS = 120  # renewed after every batch
 COUNT_BATCH = 500  # agent graphs per pipeline when the gauges count what is stored
 COUNT_WAIT_SECONDS = 1.0  # how long a scrape waits for that count before it answers with the last one
 
@@ -213,14 +220,65 @@ class GraphBackend(EntityGraph):
         self._staged_indexed: set[str] = set()  # agent graphs known to hold the index of staged vectors
         self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
         self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
+        self.postings = Postings(self.client.connection)
+        self._building: asyncio.Task[None] | None = None
         self._stored: tuple[float, dict[str, float]] | None = None  # (when, gauges) of the last count
         self._counting: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.client.connection.ping()
         await migrate_layout(self.client, self)
+        self._building = asyncio.create_task(self._build_missing_postings())
+
+    async def _build_missing_postings(self) -> None:
+        """Graphs written before the postings existed get theirs, one at a time, in the
+        background; agent-wide search reads the full-text index for them meanwhile."""
+        try:
+            for agent_id in await self.agents():
+                if not await self.postings.built(agent_id):
+                    await self.build_postings(agent_id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next start tries again; search works meanwhile
+            log.warning("building the full-text postings failed: %s", exc)
+
+    async def build_postings(self, agent_id: str, batch: int = POSTINGS_BUILD_BATCH) -> int | None:
+        """Index every live memory of the agent's graph into fresh postings; how many, or
+        None when another process holds the agent's build lock. Writes during the build
+        index their own memories; a memory deleted while its batch was in flight is taken
+        out again by the check at the end."""
+        lock = keyspace.postings_build_lock(agent_id)
+        redis = self.client.connection
+        if not await redis.set(lock, "1", nx=True, ex=POSTINGS_BUILD_LOCK_SECONDS):
+            return None
+        try:
+            await self.postings.clear(agent_id)
+            after, indexed = -1, 0
+            while True:
+                rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE ID(n) > $after AND n.kind IS NOT NULL "
+                                                  f"AND {_LIVE} RETURN ID(n) AS i, n.uuid AS uuid, n.text AS text "
+                                                  "ORDER BY i LIMIT $limit", after=after, limit=batch)
+                if not rows:
+                    break
+                indexed += await self.postings.index(agent_id, [(r["uuid"], r["text"] or "") for r in rows])
+                after = int(rows[-1]["i"])
+                await redis.expire(lock, POSTINGS_BUILD_LOCK_SECONDS)
+            await self.postings.mark_built(agent_id)
+            # What was deleted or evicted while the build read it.
+            async for chunk in _chunks(self.postings.indexed_ids(agent_id), batch):
+                live = {r["uuid"] for r in await self._read(
+                    agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND {_LIVE} RETURN n.uuid AS uuid", ids=chunk)}
+                await self.postings.remove(agent_id, [i for i in chunk if i not in live])
+            log.info("full-text postings of agent %s built: %d memories", agent_id, indexed)
+            return indexed
+        finally:
+            await redis.delete(lock)
 
     async def close(self) -> None:
+        if self._building is not None:
+            self._building.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._building
         if self._counting is not None:
             self._counting.cancel()
         await self.client.aclose()
@@ -341,19 +399,30 @@ class GraphBackend(EntityGraph):
             # It also counts the graph's indexes, so a write that created the graph (new,
             # or deleted under this process) is seen without a round trip of its own; the
             # indexes are then made, and index what was just written.
+            # It returns the ids of the live memories it holds, which the postings index (a
+            # retried write too: indexing is idempotent, and completes a write that died
+            # between the graph and the postings).
+            firsts = _first_of_each(group)
+            entries = {m.id: postings.entry(m.search_text) for m in firsts}
             result = await graph.query(
                 f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
                 "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END "
-                "WITH count(n) AS rows CALL db.indexes() YIELD label RETURN count(label)",
-                {"rows": [self._row(m) for m in _first_of_each(group)]},
+                f"WITH collect(CASE WHEN {_LIVE} THEN n.uuid END) AS live "
+                "CALL db.indexes() YIELD label RETURN live, count(label)",
+                {"rows": [self._row(m, entries[m.id][2]) for m in firsts]},
             )
-            if not (result.result_set and result.result_set[0][0]):  # no index at all: the graph is new
+            fresh = not (result.result_set and result.result_set[0][1])
+            if fresh:  # no index at all: the graph is new, and all of it was written now
                 await self._create_indexes(graph)
+                live = [m.id for m in firsts if not m.evicted and m.deleted_at is None]
+            else:
+                live = list(result.result_set[0][0])
+            await self.postings.index_entries(agent_id, [(i, entries[i]) for i in live if i in entries], fresh=fresh)
             written += int(result.nodes_created)
         return written
 
-    def _row(self, memory: Memory) -> dict[str, Any]:
+    def _row(self, memory: Memory, terms: str) -> dict[str, Any]:
         EpisodeType = self._episode_type  # noqa: N806 (graphiti-core's classes)
         namespace = Namespace.parse(memory.namespace)
         node = self._episodic_node(
@@ -385,6 +454,7 @@ class GraphBackend(EntityGraph):
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
             "text": memory.search_text,
+            "terms": terms,
             "needs_embedding": None if embedding else True,
             "embedding_model": memory.embedding_model if embedding else None,
         }
@@ -403,10 +473,12 @@ class GraphBackend(EntityGraph):
         result = await graph.query(
             f"MATCH (n:{LABEL}) WHERE n.group_kind = $gk AND n.evicted IS NULL "
             "WITH n ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC SKIP $keep "
-            "SET n.evicted = true RETURN count(n) AS c",
+            "SET n.evicted = true RETURN collect(n.uuid) AS ids",
             {"gk": _group_kind(namespace.group_id, kind), "keep": keep},
         )
-        return int(result.result_set[0][0]) if result.result_set else 0
+        evicted = list(result.result_set[0][0]) if result.result_set else []
+        await self.postings.remove(agent_id, evicted)
+        return len(evicted)
 
     async def set_embeddings(self, agent_id: str, vectors: Mapping[str, Sequence[float]],
                              model: str | None = None) -> int:
@@ -479,6 +551,9 @@ class GraphBackend(EntityGraph):
         if not ids or not await self.client.connection.exists(graph_name(agent_id)):
             return 0  # nothing stored: a missing graph is not created to delete from it
         graph = self.client.select_graph(graph_name(agent_id))
+        # The postings first: a failure after them leaves a memory the retry deletes, never
+        # a posting (the erased words, as key names) of a memory gone.
+        await self.postings.remove(agent_id, ids)
         deleted = 0
         for start in range(0, len(ids), DELETE_BATCH):
             result = await graph.query(f"UNWIND $ids AS id MATCH (n:{LABEL} {{uuid: id}}) DELETE n",
@@ -506,6 +581,7 @@ class GraphBackend(EntityGraph):
         for memory in _first_of_each(memories):
             embedding = self._checked(memory.embedding)
             rows.append({"id": memory.id, "body": memory.episode_body(), "text": memory.search_text,
+                         "terms": postings.entry(memory.search_text)[2],
                          "tags": list(memory.tags) or None,
                          "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
                          "embedding": _FloatList(embedding) if embedding else None,
@@ -520,16 +596,20 @@ class GraphBackend(EntityGraph):
             result = await graph.query(
                 f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
                 "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep, n.text = row.text AS same "
-                "SET n.content = row.body, n.text = row.text, n.tags = row.tags, n.deleted_at = row.deleted_at, "
+                "SET n.content = row.body, n.text = row.text, n.terms = row.terms, n.tags = row.tags, "
+                "n.deleted_at = row.deleted_at, "
                 "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END, "
                 "n.embedding_model = CASE WHEN keep THEN n.embedding_model ELSE row.model END, "
                 "n.embedding_next = CASE WHEN same THEN n.embedding_next ELSE NULL END, "
                 "n.embedding_next_model = CASE WHEN same THEN n.embedding_next_model ELSE NULL END, "
                 "n.needs_embedding = CASE WHEN keep THEN n.needs_embedding ELSE row.needs_embedding END "
-                "RETURN count(n)",
+                f"RETURN n.uuid, {_LIVE}, n.text",
                 {"rows": rows[start : start + DELETE_BATCH]})
-            updated += int(result.result_set[0][0]) if result.result_set else 0
+            # Its words may have changed, or it left search (soft-deleted) or came back.
+            await self.postings.remove(agent_id, [memory_id for memory_id, _, _ in result.result_set])
+            await self.postings.index(agent_id, [(i, text or "") for i, live, text in result.result_set if live])
+            updated += len(result.result_set)
         return updated
 
     def redis_servers(self) -> list[Any]:
@@ -744,6 +824,13 @@ class GraphBackend(EntityGraph):
         )
         return [_memory(row) for row in rows]
 
+    async def stored_embedding(self, agent_id: str, memory_id: str, model: str | None) -> list[float] | None:
+        same = _SAME_MODEL if model is not None else "true"
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL} {{uuid: $id}}) WHERE n.embedding IS NOT NULL AND {same} "
+                                          "RETURN n.embedding AS v", id=memory_id, vector_model=model,
+                                untagged_model=self.untagged_model)
+        return [float(x) for x in rows[0]["v"]] if rows else None
+
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
         groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
         if groups == []:
@@ -766,11 +853,34 @@ class GraphBackend(EntityGraph):
             filters.append("all(t IN $tags WHERE t IN n.tags)")
             params["tags"] = list(query.tags)
         where = " AND ".join(filters)
+        if groups is not None and (scanned := await self._scan_scope(agent_id, query, where, params)) is not None:
+            return scanned
         hits: SignalHits = {}
-        if queries := fulltext_queries(query.terms, groups):
-            with metrics.SEARCH_SIGNALS.labels("fulltext").time():
-                hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
-        # None without a query vector or without vectors in this store.
+        # The two signals at once: the store answers each on a thread of its own.
+        vector_hits = asyncio.ensure_future(self._vector(agent_id, query, groups, filters, where, params))
+        try:
+            if queries := fulltext_queries(query.terms, groups):
+                with metrics.SEARCH_SIGNALS.labels("fulltext").time():
+                    ranked = None
+                    if groups is None:  # agent-wide: the postings, once they cover the graph
+                        k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
+                        ranked = await self.postings.top(agent_id, list(queries), k,
+                                                         self.settings.search_postings_budget)
+                    if ranked is not None:
+                        hits["fulltext"] = await self._ranked(agent_id, ranked.hits, where, params)
+                    else:
+                        hits["fulltext"] = await self._fulltext(agent_id, queries, groups, where, params)
+        finally:
+            found = await vector_hits
+        if found is not None:
+            hits["vector"] = found
+        return hits
+
+    async def _vector(self, agent_id: str, query: StoreQuery, groups: list[str] | None, filters: list[str],
+                      where: str, params: dict[str, Any]) -> list[tuple[Memory, float]] | None:
+        """The vector signal's candidates; None without a query vector, without vectors in
+        this store, or while the vector index does not answer."""
+        params = dict(params)
         if (vector := self._checked(query.vector)) is not None:
             # Like with like: a query is compared only with vectors of its own model.
             where_vector = where
@@ -797,10 +907,69 @@ class GraphBackend(EntityGraph):
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.
                 log.warning("vector search of agent %s failed, full text only: %s", agent_id, exc)
-                return hits
+                return None
             # Cosine distance (0 = same direction) as a similarity in [-1, 1].
-            hits["vector"] = [(_memory(r), 1.0 - float(r["d"])) for r in rows]
-        return hits
+            return [(_memory(r), 1.0 - float(r["d"])) for r in rows]
+        return None
+
+    async def _scan_scope(self, agent_id: str, query: StoreQuery, where: str,
+                          params: dict[str, Any]) -> SignalHits | None:
+        """Both signals of a search inside some namespaces, from one read of the scope: each
+        memory's id and cosine distance to the query vector, and its words from the postings'
+        entries (BM25 over the scope); then the winners' fields. Cost: the scope's
+        size, not the agent's (the full-text index's per-word queries cost each word's
+        matches in the whole agent, the common words of a message among them). None when
+        the scope holds more than SEARCH_SCOPE_SCAN_MAX memories: the indexes answer then."""
+        cap = self.settings.search_scope_scan_max
+        terms = [t for t in query.terms if t]
+        vector = self._checked(query.vector)
+        if cap <= 0 or (not terms and vector is None):
+            return None
+        scan = dict(params, cap=cap + 1)
+        distance = "NULL"
+        if vector is not None:
+            same = _SAME_MODEL if query.vector_model is not None else "true"
+            distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, vecf32($v)) END"
+            scan.update(v=_FloatList(vector), vector_model=query.vector_model, untagged_model=self.untagged_model)
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid AS uuid, {distance} AS d, "
+                                          f"{'n.terms' if terms else 'NULL'} AS terms LIMIT $cap", **scan)
+        if len(rows) > cap:
+            return None
+        limit = params["limit"]
+        ranked: dict[str, list[tuple[str, float]]] = {}
+        if terms:
+            # The scope's words as the memories' ``terms`` hold them (the postings' entry of
+            # each: no text to read and tokenise); a memory written before it had one, from
+            # the postings.
+            wanted = {stem(t) for t in terms}
+            counts = {r["uuid"]: postings.parse_entry(r["terms"], wanted) for r in rows if r["terms"] is not None}
+            if older := [r["uuid"] for r in rows if r["terms"] is None]:
+                indexed = await self.postings.term_counts(agent_id, older, terms)
+                if indexed is None:
+                    return None  # not built yet: the full-text index answers
+                counts.update(indexed)
+            scores = bm25.rank_counts(counts, terms)
+            ranked["fulltext"] = sorted(scores.items(), key=lambda p: (-p[1], p[0]))[:limit]
+        if vector is not None and any(r["d"] is not None for r in rows):
+            near = sorted((float(r["d"]), r["uuid"]) for r in rows if r["d"] is not None)[:limit]
+            ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near]
+        winners = list(dict.fromkeys(i for best in ranked.values() for i, _ in best))
+        read = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
+                                ids=winners) if winners else []
+        memories = {row["uuid"]: _memory(row) for row in read}
+        return {signal: [(memories[i], round(score, 6)) for i, score in best if i in memories]
+                for signal, best in ranked.items()}
+
+    async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
+                      params: dict[str, Any]) -> list[tuple[Memory, float]]:
+        """The postings' best memories (memory_service/stores/postings.py) that pass the
+        search's filters, read in one query, best first, at most the limit."""
+        if not ranked:
+            return []
+        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND {where} RETURN {_READ_FIELDS}",
+                                ids=[memory_id for memory_id, _ in ranked], **params)
+        by_id = {row["uuid"]: row for row in rows}
+        return [(_memory(by_id[i]), round(score, 6)) for i, score in ranked if i in by_id][: params["limit"]]
 
 
     async def _fulltext(self, agent_id: str, queries: dict[str, str], groups: list[str] | None, where: str,
@@ -847,6 +1016,17 @@ async def _create_index(graph: AsyncGraph, statement: str) -> None:
             raise
 
 
+async def _chunks(items: AsyncIterator[str], size: int) -> AsyncIterator[list[str]]:
+    chunk: list[str] = []
+    async for item in items:
+        chunk.append(item)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
 def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
     """One memory per id, the first: a statement whose rows repeat an id would apply the
     later row's ON CREATE properties too (FalkorDB 4), and the first write must win."""
@@ -854,6 +1034,13 @@ def _first_of_each(memories: Sequence[Memory]) -> list[Memory]:
     for memory in memories:
         first.setdefault(memory.id, memory)
     return list(first.values())
+
+
+@functools.lru_cache(maxsize=4096)
+def _namespace_text(group_id: str) -> str:
+    """A group_id's namespace, as text: decoded once per group (a search reads many memories
+    of a few groups)."""
+    return str(Namespace.from_group_id(group_id))
 
 
 def _timestamp(valid_at: str) -> float:
@@ -864,7 +1051,7 @@ def _timestamp(valid_at: str) -> float:
 
 def _memory(row: Row) -> Memory:
     memory = Memory.from_episode_body(
-        id=row["uuid"], namespace=str(Namespace.from_group_id(row["group_id"])), body=row["content"],
+        id=row["uuid"], namespace=_namespace_text(row["group_id"]), body=row["content"],
         valid_at=row["valid_at"],
     )
     memory.evicted = bool(row.get("evicted"))

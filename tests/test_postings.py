@@ -1,0 +1,296 @@
+"""Agent-wide full text from the postings (memory_service/stores/postings.py), on the real
+embedded store: the top k equals a brute-force BM25 over the same texts, every way a memory
+leaves search takes its postings out, scoped searches keep their filters, bad input changes
+nothing, and a graph written before the postings gets them built."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from memory_service.domain import bm25
+from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
+from memory_service.domain.namespaces import Namespace
+from memory_service.recall.search import query_terms
+from memory_service.state import keyspace
+from memory_service.stores.graph import GraphBackend
+from memory_service.stores.postings import CHUNK, Postings
+
+A = "a1"
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+WORDS = [f"w{i}" for i in range(60)]
+
+
+@pytest.fixture
+async def store(settings):
+    backend = GraphBackend(settings.falkordb_url, settings)
+    await backend.start()
+    yield backend
+    await backend.close()
+
+
+def corpus(n: int, seed: int = 7) -> list[str]:
+    """Texts over a small Zipf-like vocabulary: common words in long lists, ties, repeats."""
+    rng = random.Random(seed)
+    weights = [1 / (i + 1) for i in range(len(WORDS))]
+    return [" ".join(rng.choices(WORDS, weights, k=rng.randint(1, 14)) + ["the", "and"]) for _ in range(n)]
+
+
+def message(i: int, text: str, session: str = "s1", kind: MemoryKind = MemoryKind.MESSAGE) -> Memory:
+    ns = Namespace.session(session) if kind is MemoryKind.MESSAGE else Namespace.user(A, "alice")
+    return Memory(id=f"m{i:04d}", kind=kind, namespace=str(ns), content=text, valid_at=T0 + timedelta(minutes=i),
+                  metadata=Provenance(agent_id=A, user_id="alice", session_id=session))
+
+
+def brute_force(texts: dict[str, str], query: str, k: int) -> list[tuple[str, float]]:
+    """BM25 of every text, as the postings define it (their words, their lengths), best k."""
+    counts = {i: bm25.indexed(t) for i, t in texts.items()}
+    n = len(counts)
+    average = sum(length for length, _ in counts.values()) / n
+    terms = list(dict.fromkeys(bm25.stem(w) for w in query_terms(query)))
+    df = {t: sum(1 for _, c in counts.values() if t in c) for t in terms}
+    out = []
+    for i, (length, c) in counts.items():
+        score = sum(bm25.idf(n, df[t]) * bm25.impact(c[t], length, average) for t in terms if t in c)
+        if score > 0:
+            out.append((i, score))
+    return sorted(out, key=lambda p: (-p[1], p[0]))[:k]
+
+
+def same(got: list[tuple[str, float]], want: list[tuple[str, float]]) -> None:
+    assert [round(s, 6) for _, s in got] == pytest.approx([round(s, 6) for _, s in want], abs=1e-6)
+    # Ids in the same order, but equal scores may come in either order at the k-th place.
+    assert {i for i, s in got if s > want[-1][1] + 1e-5} == {i for i, s in want if s > want[-1][1] + 1e-5}
+
+
+QUERIES = ["w0 w1", "w0 w1 w2 w3", "w5 w40", "w59", "w0", "w3 w3 w7 w11 w13 w17 w19", "w1 w50 w58"]
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+async def test_top_k_equals_brute_force_bm25(store, k):
+    memories = [message(i, t) for i, t in enumerate(corpus(400))]
+    await store.write(memories)  # one batch: one average length
+    by_id = {m.id: m.search_text for m in memories}
+    for query in QUERIES:
+        ranked = await store.postings.top(A, query_terms(query), k, budget=10**6)
+        assert ranked is not None and ranked.complete and ranked.docs == 400
+        same(ranked.hits, brute_force(by_id, query, k))
+    # The early stop reads less than everything: "w0" is in most texts, its best 5 need one chunk.
+    df = await store.client.connection.zcard(keyspace.postings_term(A, "w0"))
+    assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored <= CHUNK < df
+
+
+async def test_agent_wide_search_ranks_by_the_postings_and_reads_the_memories(store):
+    texts = corpus(200)
+    memories = [message(i, t, session=f"s{i % 3}") for i, t in enumerate(texts)]
+    await store.write(memories)
+    hits = await store.search(A, StoreQuery(terms=query_terms("w4 w9"), limit=10))
+    want = brute_force({m.id: m.search_text for m in memories}, "w4 w9", 10)
+    same([(m.id, s) for m, s in hits["fulltext"]], want)
+    assert all(m.content == texts[int(m.id[1:])] for m, _ in hits["fulltext"])
+
+
+async def test_a_retried_write_indexes_nothing_twice(store):
+    texts = corpus(30)
+    memories = [message(i, t) for i, t in enumerate(texts)]
+    await store.write(memories)
+    stats = await store.client.connection.hgetall(keyspace.postings_stats(A))
+    await store.write(memories[:10])
+    await store.write(memories)
+    assert await store.client.connection.hgetall(keyspace.postings_stats(A)) == stats
+    assert stats["docs"] == "30" and stats["built"] == "1"
+
+
+async def indexed(store: GraphBackend) -> set[str]:
+    return {i async for i in store.postings.indexed_ids(A)}
+
+
+async def found(store: GraphBackend, query: str) -> list[str]:
+    ranked = await store.postings.top(A, query_terms(query), 50, budget=10**6)
+    assert ranked is not None
+    return [i for i, _ in ranked.hits]
+
+
+async def test_every_way_out_of_search_takes_the_postings_out(store):
+    await store.write([message(0, "zebra lunch plans"), message(1, "zebra parade tomorrow"),
+                       message(2, "quokka zebra"), message(3, "zebra at noon"), message(4, "unique kangaroo")])
+    assert sorted(await found(store, "zebra")) == ["m0000", "m0001", "m0002", "m0003"]
+    # Soft delete (the memory tools), then restore.
+    [m1] = await store.find(A, ["m0001"])
+    m1.deleted_at = T0
+    await store.replace(A, [m1])
+    assert "m0001" not in await found(store, "zebra")
+    m1.deleted_at = None
+    await store.replace(A, [m1])
+    assert "m0001" in await found(store, "zebra")
+    # A changed text: the old words go, the new ones come.
+    [m2] = await store.find(A, ["m0002"])
+    m2.content = "wombat only"
+    await store.replace(A, [m2])
+    assert "m0002" not in await found(store, "zebra") and await found(store, "wombat") == ["m0002"]
+    assert await found(store, "quokka") == []
+    # Eviction (trim keeps the newest of a kind in a namespace).
+    assert await store.trim(A, Namespace.session("s1"), MemoryKind.MESSAGE, keep=4) == 1
+    assert "m0000" not in await indexed(store)
+    # Purge and erasure (retention and erasure both delete through ``delete``): the erased
+    # words leave no key behind.
+    assert await store.delete(A, ["m0004", "m0003"]) == 2
+    assert await found(store, "kangaroo") == [] and "m0003" not in await found(store, "zebra")
+    keys = {k async for k in store.client.connection.scan_iter(match="ms:ft:*")}
+    assert keyspace.postings_term(A, bm25.stem("kangaroo")) not in keys
+    assert await indexed(store) == {"m0001", "m0002"}
+    stats = await store.client.connection.hgetall(keyspace.postings_stats(A))
+    assert stats["docs"] == "2"
+    assert int(stats["len"]) == sum(bm25.indexed(m.search_text)[0] for m in await store.find(A, ["m0001", "m0002"]))
+
+
+async def test_namespace_and_kind_filters_are_honoured(store):
+    await store.write([message(0, "ferry timetable", session="s1"), message(1, "ferry tickets", session="s2"),
+                       message(2, "ferry seat preference", kind=MemoryKind.DIRECTIVE)])
+    agent_wide = await store.search(A, StoreQuery(terms=["ferry"], limit=10))
+    assert {m.id for m, _ in agent_wide["fulltext"]} == {"m0000", "m0001", "m0002"}
+    scoped = await store.search(A, StoreQuery(terms=["ferry"], namespaces=[Namespace.session("s2")], limit=10))
+    assert [m.id for m, _ in scoped["fulltext"]] == ["m0001"]
+    kinds = await store.search(A, StoreQuery(terms=["ferry"], kinds=[MemoryKind.DIRECTIVE], limit=10))
+    assert [m.id for m, _ in kinds["fulltext"]] == ["m0002"]
+    # Another agent's postings are its own.
+    assert (await store.search("a2", StoreQuery(terms=["ferry"], limit=10))).get("fulltext", []) == []
+
+
+async def test_bad_queries_answer_empty_and_change_nothing(store):
+    await store.write([message(0, "harbour view"), message(1, "harbour lights")])
+    before = {k: await store.client.connection.type(k) async for k in store.client.connection.scan_iter(match="ms:ft:*")}
+    for terms in ([], ["*"], ["t:harbour"], ["{a1}"], ["harbour\x00"], ["ναυτικός"], ["x" * 5000]):
+        ranked = await store.postings.top(A, terms, 10, budget=10**6)
+        assert ranked is not None and ranked.hits == []
+    assert (await store.postings.top(A, ["harbour"], 0, budget=10**6)).hits == []
+    assert await store.postings.remove(A, []) == 0 and await store.postings.remove(A, ["unknown"]) == 0
+    assert await store.postings.index(A, []) == 0
+    after = {k: await store.client.connection.type(k) async for k in store.client.connection.scan_iter(match="ms:ft:*")}
+    assert after == before
+    # A query of stopwords only has no full-text signal.
+    assert "fulltext" not in await store.search(A, StoreQuery(terms=query_terms("what is the"), limit=5))
+
+
+async def test_the_budget_stops_a_query_early(store):
+    await store.write([message(i, t) for i, t in enumerate(corpus(1500))])
+    ranked = await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=10)
+    assert ranked is not None and not ranked.complete and 10 <= ranked.scored <= CHUNK
+    assert len(ranked.hits) == 50  # the best of what it read
+    assert (await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=10**6)).complete
+
+
+async def test_a_graph_written_before_the_postings_gets_them_built(store, settings):
+    texts = corpus(120)
+    await store.write([message(i, t) for i, t in enumerate(texts)])
+    want = await store.postings.top(A, ["w2", "w7"], 10, budget=10**6)
+    # As an older release left it: the graph, no postings.
+    assert await store.postings.clear(A) > 0
+    assert await store.postings.top(A, ["w2"], 10, budget=10**6) is None  # not built: search reads the index
+    hits = await store.search(A, StoreQuery(terms=["w2"], limit=5))
+    assert len(hits["fulltext"]) == 5
+    # A memory deleted meanwhile is not indexed by the build.
+    await store.delete(A, ["m0003"])
+    other = GraphBackend(settings.falkordb_url, settings)
+    await other.start()  # builds, in the background, what is missing
+    try:
+        await other._building
+    finally:
+        await other.close()
+    got = await store.postings.top(A, ["w2", "w7"], 10, budget=10**6)
+    assert got is not None and "m0003" not in {i for i, _ in got.hits}
+    assert "m0003" not in await indexed(store) and len(await indexed(store)) == 119
+    assert [i for i, _ in got.hits if i != "m0003"][:5] == [i for i, _ in want.hits if i != "m0003"][:5]
+    # A second build waits for nobody: the lock says another process builds.
+    await store.client.connection.set(keyspace.postings_build_lock(A), "1")
+    assert await store.build_postings(A) is None
+
+
+async def test_postings_of_two_handles_agree(store):
+    """Postings are state in the store, not in the process: a second handle reads the first's."""
+    await store.write([message(0, "lighthouse keeper")])
+    assert [i for i, _ in (await Postings(store.client.connection).top(A, ["lighthouse"], 5, 1000)).hits] == ["m0000"]
+
+
+async def test_a_scoped_search_ranks_its_scope_by_bm25_from_one_read(store):
+    texts = corpus(240, seed=11)
+    memories = [message(i, t, session=f"s{i % 4}") for i, t in enumerate(texts)]
+    await store.write(memories)
+    scope = [Namespace.session("s0"), Namespace.session("s2")]
+    inside = {m.id: m.search_text for m in memories if m.metadata.session_id in ("s0", "s2")}
+    for query in ("w3 w8", "w0 w1 w2", "w44"):
+        hits = await store.search(A, StoreQuery(terms=query_terms(query), namespaces=scope, limit=10))
+        same([(m.id, s) for m, s in hits["fulltext"]], brute_force(inside, query, 10))
+    # Memories stored before they carried their terms: the postings' entries stand in.
+    await store._writable(A)
+    await store.client.select_graph("ms_agent__a1").query("MATCH (n:Episodic) SET n.terms = NULL")
+    hits = await store.search(A, StoreQuery(terms=query_terms("w3 w8"), namespaces=scope, limit=10))
+    same([(m.id, s) for m, s in hits["fulltext"]], brute_force(inside, "w3 w8", 10))
+
+
+async def test_a_scope_past_the_scan_limit_is_searched_through_the_index(settings):
+    small = settings.model_copy(update={"search_scope_scan_max": 3})
+    backend = GraphBackend(settings.falkordb_url, small)
+    await backend.start()
+    try:
+        await backend.write([message(i, f"pelican {i}", session=f"s{i % 2}") for i in range(10)])
+        hits = await backend.search(A, StoreQuery(terms=["pelican"], namespaces=[Namespace.session("s1")], limit=10))
+        assert sorted(m.id for m, _ in hits["fulltext"]) == [f"m{i:04d}" for i in range(1, 10, 2)]
+    finally:
+        await backend.close()
+
+
+async def test_a_stored_embedding_is_given_for_its_model_only(settings):
+    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=4)
+    await backend.start()
+    try:
+        m = message(0, "osprey")
+        m.embedding, m.embedding_model = [0.5, 0.25, 0.0, 1.0], "hash:4"
+        await backend.write([m, message(1, "no vector yet")])
+        assert await backend.stored_embedding(A, "m0000", "hash:4") == [0.5, 0.25, 0.0, 1.0]
+        assert await backend.stored_embedding(A, "m0000", "other") is None
+        assert await backend.stored_embedding(A, "m0001", "hash:4") is None
+        assert await backend.stored_embedding(A, "unknown", "hash:4") is None
+        assert await backend.stored_embedding("nobody", "m0000", "hash:4") is None
+    finally:
+        await backend.close()
+
+
+class CountingEmbedder:
+    """The hash embedder, counting the texts it embeds."""
+
+    def __init__(self) -> None:
+        from memory_service.embedding.embedders import HashEmbedder
+
+        self.inner = HashEmbedder(8)
+        self.dimension, self.name, self.calls = 8, self.inner.name, 0
+
+    async def embed(self, texts, *, query: bool = False):
+        self.calls += len(texts)
+        return await self.inner.embed(texts, query=query)
+
+
+async def test_a_search_like_a_stored_message_reuses_its_embedding(settings):
+    from memory_service.recall.search import Retriever, SearchRequest
+
+    embedder = CountingEmbedder()
+    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=8)
+    await backend.start()
+    try:
+        m = message(0, "the heron lands")
+        [m.embedding] = await embedder.inner.embed([m.search_text])
+        m.embedding_model = embedder.name
+        await backend.write([m, message(1, "heron again")])
+        retriever = Retriever(settings, state=None, embedder=embedder)  # type: ignore[arg-type]
+        scope = [Namespace.session("s1")]
+        result = await retriever.search(A, backend, SearchRequest(query="the heron lands"), namespaces=scope,
+                                        resolve_scope=False, like="m0000")
+        assert embedder.calls == 0 and "vector" in result.signals and not result.degraded
+        # Without a stored vector of its model, the query is embedded as any other.
+        await retriever.search(A, backend, SearchRequest(query="heron again"), namespaces=scope, resolve_scope=False,
+                               like="m0001")
+        assert embedder.calls == 1
+    finally:
+        await backend.close()
