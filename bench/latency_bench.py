@@ -4,8 +4,9 @@ For each size N, a fresh service (``open_service`` on an embedded FalkorDB in a 
 directory) gets one agent filled with N messages: synthetic text from a seeded
 vocabulary (Zipf-distributed pseudo-words, a few topic words per session, English
 fillers), 50 messages per session, sessions of one or two users, user and assistant
-turns. The fill records sessions concurrently (each session in order), with formation
-gates that never open, so the N stored memories are the N messages (``--form`` also forms
+turns. The fill goes through the batch route's service call (``record_batch``: 4 clients,
+each sending its own sessions' messages in order, 500 a batch; ``--route single`` records one
+message at a time, 16 sessions at once), with formation gates that never open, so the N stored memories are the N messages (``--form`` also forms
 every session afterwards, adding episodes and directives). Then, interleaved sample by
 sample with a baseline run in the same process:
 
@@ -39,13 +40,17 @@ which goes first, blocks uncached, in the same process: median and p95 of each, 
 difference.
 
     .venv/bin/python bench/latency_bench.py [--sizes 1000,10000,100000] [--quick] [--repeat N] [--form] [--graph]
-        [--json PATH]
+        [--route batch|single] [--store DIR] [--json PATH]
+
+``--store DIR`` keeps each size's store in ``DIR/n<N>`` and measures a store filled by an
+earlier run again without filling it (a million memories take most of an hour to fill).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -215,6 +220,54 @@ async def fill(service, corpus: list[Message], concurrency: int, console: Consol
     wall = time.perf_counter() - started
     return {"messages": len(corpus), "sessions": len(by_session), "seconds": wall,
             "messages_per_s": len(corpus) / wall, "record": summarize_ms(latencies), "concurrency": concurrency}
+
+
+async def fill_batches(service, corpus: list[Message], clients: int, batch_size: int, console: Console,
+                       errors: list[str]) -> dict:
+    """Fill through the batch route's service call (``MemoryService.record_batch``, what
+    ``POST /v1/agents/{id}/messages/batch`` runs after reading the body): the sessions dealt
+    to ``clients`` concurrent writers, each sending its sessions' messages in order, in
+    batches of ``batch_size``; every item must be answered ``recorded`` with its session's
+    next sequence number."""
+    from memory_service.domain.models import BatchMessageIn
+
+    by_session: dict[str, list[Message]] = {}
+    for m in corpus:
+        by_session.setdefault(m.session_id, []).append(m)
+    lanes: list[list[Message]] = [[] for _ in range(clients)]
+    for i, messages in enumerate(by_session.values()):
+        lanes[i % clients].extend(messages)
+    done = 0
+    latencies: list[float] = []
+    next_report = [0.05]
+    started = time.perf_counter()
+
+    async def one(lane: list[Message]) -> None:
+        nonlocal done
+        for at in range(0, len(lane), batch_size):
+            chunk = lane[at:at + batch_size]
+            t = time.perf_counter()
+            out = await service.record_batch(AGENT, [BatchMessageIn(
+                session_id=m.session_id, user_id=m.user_id, role=m.role, content=m.text, message_id=m.message_id,
+                created_at=m.created_at) for m in chunk])
+            latencies.append(time.perf_counter() - t)
+            for m, item in zip(chunk, out.items, strict=True):
+                expected = int(m.message_id.rsplit("-m", 1)[1]) + 1
+                if item.status != "recorded" or item.sequence != expected:
+                    errors.append(f"{m.session_id}/{m.message_id}: {item.status} sequence {item.sequence} "
+                                  f"(expected recorded, {expected}) {item.detail or ''}")
+            done += len(chunk)
+            if done >= next_report[0] * len(corpus):
+                elapsed = time.perf_counter() - started
+                console.print(f"    {done:>9,} / {len(corpus):,} messages, {done / elapsed:,.0f} msgs/s, "
+                              f"last batch {latencies[-1] * 1000:,.0f} ms")
+                next_report[0] += 0.05
+
+    await asyncio.gather(*(one(lane) for lane in lanes if lane))
+    wall = time.perf_counter() - started
+    return {"messages": len(corpus), "sessions": len(by_session), "seconds": wall, "route": "batch",
+            "messages_per_s": len(corpus) / wall, "batch": summarize_ms(latencies), "clients": clients,
+            "batch_size": batch_size}
 
 
 async def form_all(service, sessions: list[str], concurrency: int) -> dict:
@@ -489,7 +542,8 @@ async def store_memory(service) -> dict:
 
 
 async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: bool, use_dense: bool,
-                   console: Console, errors: list[str], graph: bool = False, query_embedder: str | None = None) -> dict:
+                   console: Console, errors: list[str], graph: bool = False, query_embedder: str | None = None,
+                   route: str = "batch", batch_size: int = 500, store: Path | None = None) -> dict:
     from memory_service.runtime import open_service
 
     console.rule(f"N = {n:,} messages")
@@ -517,18 +571,38 @@ async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: boo
     out["baseline_ingest"] = {"bm25_docs_per_s": n / bm25_seconds,
                               "dense_docs_per_s": n / dense_seconds if dense_seconds else None}
 
-    with tempfile.TemporaryDirectory(prefix="latency-bench-") as tmp:
-        async with open_service(service_settings(), data_dir=Path(tmp), run_worker=True) as service:
+    with contextlib.ExitStack() as stack:
+        if store is None:
+            data_dir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="latency-bench-")))
+        else:
+            data_dir = store / f"n{n}"
+            data_dir.mkdir(parents=True, exist_ok=True)
+        filled = data_dir / "filled.json"  # a kept store's fill: its figures, written once it completed
+        async with open_service(service_settings(), data_dir=data_dir, run_worker=True) as service:
             calls = ServiceCalls(service)
             for problem in calls.problems():
                 console.print(f"  [yellow]note[/yellow]: {problem}")
                 out["notes"].append(problem)
-            console.print(f"  filling: {n:,} messages in {len(sessions):,} sessions, {out['users']} users, "
-                          f"{concurrency} sessions at once ...")
-            out["ingest"] = await fill(service, corpus, concurrency, console, errors)
-            console.print(f"  ingest: {out['ingest']['messages_per_s']:.1f} msgs/s "
-                          f"({out['ingest']['seconds']:.1f} s)")
-            out["embedding_lag_s"] = await embedded_all(service)
+            if filled.exists():
+                out["ingest"] = json.loads(filled.read_text())
+                out["notes"].append(f"store kept in {data_dir}: filled by an earlier run (its ingest figures)")
+                await service.state.cache.purge_agent(AGENT)  # the earlier run's blocks: every first call uncached
+                console.print(f"  store kept in {data_dir}, filled earlier")
+            else:
+                console.print(f"  filling through the {route} route: {n:,} messages in {len(sessions):,} sessions, "
+                              f"{out['users']} users, "
+                              + (f"{concurrency} sessions at once ..." if route == "single"
+                                 else f"{concurrency} clients, batches of {batch_size} ..."))
+                if route == "single":
+                    out["ingest"] = await fill(service, corpus, concurrency, console, errors)
+                else:
+                    out["ingest"] = await fill_batches(service, corpus, concurrency, batch_size, console, errors)
+                console.print(f"  ingest: {out['ingest']['messages_per_s']:.1f} msgs/s "
+                              f"({out['ingest']['seconds']:.1f} s)")
+                out["embedding_lag_s"] = await embedded_all(service, timeout=max(900.0, n / 100))
+                out["ingest"]["embedding_lag_s"] = out["embedding_lag_s"]
+                if store is not None and not errors:
+                    filled.write_text(json.dumps(out["ingest"]))
             out["memory"] = await store_memory(service)
             out["memory"]["per_memory_bytes"] = out["memory"]["used_memory"] / n
             out["memory"]["postings_per_memory_bytes"] = out["memory"]["postings_bytes"] / n
@@ -654,6 +728,8 @@ async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: boo
                         check_block(res, asked_budget, f"context {user}/{sid} (cached)", errors)
                     else:
                         base.append(time_baseline(recency))
+            if cached_first:
+                errors.append(f"{cached_first} of {len(pairs)} first context calls were served from the cache")
             if not_cached:
                 errors.append(f"{not_cached} of {len(pairs)} repeated context calls were not served from the cache")
             cases.append(Case("context, no query, uncached", svc_u, base, "session's last messages packed",
@@ -720,7 +796,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"N = 1,000 only, {QUICK_REPEAT} samples per case")
     parser.add_argument("--repeat", type=int, default=50, help="samples per case (default 50)")
     parser.add_argument("--budget", type=int, default=4000, help="context budget in chars (default 4000)")
-    parser.add_argument("--concurrency", type=int, default=16, help="sessions recorded at once (default 16)")
+    parser.add_argument("--concurrency", type=int, default=None,
+                        help="sessions recorded at once (--route single, default 16) or clients each sending "
+                             "its sessions' batches (--route batch, default 4)")
     parser.add_argument("--form", action="store_true", help="form every session after the fill")
     parser.add_argument("--no-dense", action="store_true", help="no dense baseline even if an embedder exists")
     parser.add_argument("--graph", action="store_true",
@@ -728,6 +806,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-embedder", metavar="NAME",
                         help="also embed each query with this embedder (e.g. local) inside the timing, the store "
                              "filled with EMBEDDER's vectors (see QueryCost)")
+    parser.add_argument("--route", choices=("batch", "single"), default="batch",
+                        help="fill through the batch route's call (default) or one message at a time")
+    parser.add_argument("--batch-size", type=int, default=500, help="messages per batch (--route batch)")
+    parser.add_argument("--store", type=Path, metavar="DIR",
+                        help="keep each size's store in DIR/n<N> and reuse it when a run filled it before")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results as JSON to PATH")
     args = parser.parse_args(argv)
     try:
@@ -745,6 +828,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console() if sys.stdout.isatty() else Console(width=160)
     header = print_machine(console, "latency_bench")
     console.print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
+    if args.concurrency is None:
+        args.concurrency = 16 if args.route == "single" else 4
     started = time.perf_counter()
     errors: list[str] = []
     results, failure = [], None
@@ -752,7 +837,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results.append(asyncio.run(run_size(n, repeat, args.budget, args.concurrency, args.form,
                                                 not args.no_dense, console, errors, args.graph,
-                                                args.query_embedder)))
+                                                args.query_embedder, args.route, args.batch_size, args.store)))
         except BenchError as exc:
             failure = str(exc)
             break
