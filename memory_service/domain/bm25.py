@@ -117,6 +117,8 @@ def rank_counts(counts: Mapping[str, tuple[int, Mapping[str, int]]], words: Sequ
     weights = {t: idf(len(counts), d) for t, d in df.items() if d}
     out = {}
     for key, (length, c) in counts.items():
+        if not c:
+            continue  # none of the query's stems: it counts in the collection, it scores nothing
         score = sum(w * impact(c[t], length, average) for t, w in weights.items() if t in c)
         if score > 0:
             out[key] = score

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from contextlib import suppress
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -137,11 +137,15 @@ class ContextAssembler:
                         context_type: ContextType, call: Recall) -> RenderedContext:
         # A session the caller does not see is shown as one nobody recorded in: no session
         # content, no other user's memory (nothing tells it from an unknown session).
-        seen = await reach.sees_session(session_id)
-        agent = await self.state.get_agent(agent_id) or AgentSettings()
+        # The reads the cache key needs, at once (the speakers are read and dropped for a
+        # session the caller does not see).
+        seen, agent, all_shards, spoken = await asyncio.gather(
+            reach.sees_session(session_id), self.state.get_agent(agent_id), self.agents.list_shards(agent_id),
+            self.state.session_users(session_id))
+        agent = agent or AgentSettings()
         recall = self.effective_recall(agent, context_type, call, budget)
-        shards = [s for s in await self.agents.list_shards(agent_id) if s.active]
-        spoken = await self.state.session_users(session_id) if seen else []
+        shards = [s for s in all_shards if s.active]
+        spoken = spoken if seen else []
         users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
         # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.
         cacheable = seen and user_id in spoken
@@ -158,17 +162,18 @@ class ContextAssembler:
             return RenderedContext(**{**cached, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
-        inputs, complete, backend_name, below = await self._context_inputs(
-            agent_id, agent, user_id, session_id if seen else None, users, shards, query, deadline, sources, recall, as_of)
-        inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
-                                          for r in await self.startup.list(agent_id)])
+        (inputs, complete, backend_name, below), startup = await asyncio.gather(
+            self._context_inputs(agent_id, agent, user_id, session_id if seen else None, users, shards, query,
+                                 deadline, sources, recall, as_of),
+            self.startup.list(agent_id))
+        inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content) for r in startup])
         rendered = render_context(inputs, budget)
         rendered = replace(rendered, source="+".join(sorted(sources)) or backend_name,
                            left_out={"below_threshold": below, **rendered.left_out},
                            recall=recall.model_dump(mode="json"))
         if complete and cacheable:  # never cache a block shrunk by an outage
-            await self.cache.put(key, _asdict(rendered), self.settings.context_cache_ttl_seconds, agent_id)
-            await self.cache.keep_last_good(last_good_key, _asdict(rendered), agent_id)
+            await self.cache.put(key, last_good_key, _asdict(rendered), self.settings.context_cache_ttl_seconds,
+                                 agent_id)
         elif not complete and (last := await self.cache.last_good(last_good_key)):
             # Every store that could answer failed: the last complete block beats a smaller one.
             log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",
@@ -215,13 +220,16 @@ class ContextAssembler:
             return latest[-1].content, [m for m in items if m.id in pending]
 
         shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
-        # Every read at once (the inner gathers start theirs when the outer one starts them).
-        episode_read, merged_user_reads, fact_reads, suggestion_reads = await asyncio.gather(
+        # Every read at once (the inner gathers start theirs when the outer one starts them),
+        # and beside them the query's: the latest message when there is no query, then the
+        # known facts (what the search after them waits for).
+        episode_read, merged_user_reads, fact_reads, suggestion_reads, asked = await asyncio.gather(
             read(Namespace.session(session_id) if session_id else None, [MemoryKind.EPISODE], s.context_recent_episodes),
             asyncio.gather(*(read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
                              for u in users)),
             asyncio.gather(*(read(ns, [MemoryKind.FACT], s.context_facts_per_shard) for ns in shard_ns)),
             asyncio.gather(*(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns)),
+            self._query_and_facts(agent_id, user_id, session_id, shards, backend, query, deadline, as_of),
         )
         complete = episode_read is not None and all(
             r is not None for r in (*merged_user_reads, *fact_reads, *suggestion_reads))
@@ -238,18 +246,39 @@ class ContextAssembler:
             users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
             episodes=episodes,
         )
-        relevant, known, relevant_complete, asked, below = await self._relevant(
-            agent_id, user_id, session_id, shards, backend, inputs, query, deadline, sources, recall, as_of)
-        return (replace(inputs, relevant=relevant, facts=known, facts_as_of=as_of, asked=asked),
-                complete and relevant_complete, backend_name, below)
+        relevant, relevant_complete, below = await self._relevant(
+            agent_id, user_id, session_id, shards, backend, inputs, asked, deadline, sources, recall)
+        return (replace(inputs, relevant=relevant, facts=asked.facts, facts_as_of=as_of, asked=asked.query is not None),
+                complete and relevant_complete and asked.complete, backend_name, below)
+
+    async def _query_and_facts(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
+                               backend: MemoryBackend, query: str | None, deadline: float,
+                               as_of: datetime | None) -> _Asked:
+        """The block's query (without one, the session's latest user message, whose stored
+        embedding the search reuses) and the known facts read with it (``_facts``)."""
+        like = None
+        try:
+            async with asyncio.timeout_at(deadline):
+                if query is None:
+                    said = [] if session_id is None else await backend.recent(
+                        agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
+                    latest = [m for m in said if m.metadata.role in (None, "user")]
+                    if latest:
+                        query, like = latest[-1].content[: self.settings.search_max_query_chars], latest[-1].id
+        except MemoryServiceError:
+            raise
+        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+            log.warning("memory context: reading agent %s's latest message failed: %s", agent_id,
+                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
+            return _Asked(None, None, [], None, False, failed=True)
+        facts, found, complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
+        return _Asked(query, like, facts, found, complete)
 
     async def _relevant(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
-                        backend: MemoryBackend, shown: ContextInputs, query: str | None, deadline: float,
-                        sources: set[str], recall: Recall,
-                        as_of: datetime | None = None) -> tuple[list[RelevantItem], list[FactItem], bool, bool, int]:
+                        backend: MemoryBackend, shown: ContextInputs, asked: _Asked, deadline: float,
+                        sources: set[str], recall: Recall) -> tuple[list[RelevantItem], bool, int]:
         """The block's query-relevant memories, best first, each with its score (the renderer
-        gives each its share of the budget by it); the known facts (``_facts``), read with the
-        same query; whether every read succeeded; whether there was a query; and how many
+        gives each its share of the budget by it); whether every read succeeded; and how many
         candidates fell below the thresholds.
 
         The candidates are the search's best ``recall.top_k`` in ``recall.scope``, within what
@@ -262,28 +291,16 @@ class ContextAssembler:
         """
         s = self.settings
         wanted = recall.top_k or 0
+        query = asked.query
+        if asked.failed:
+            return [], False, 0
+        if query is None or wanted <= 0:
+            return [], True, 0
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
-        like = None  # the latest message, when it is the query: search reuses its stored embedding
-        try:
-            async with asyncio.timeout_at(deadline):
-                if query is None:
-                    said = [] if session_id is None else await backend.recent(
-                        agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
-                    latest = [m for m in said if m.metadata.role in (None, "user")]
-                    if latest:
-                        query, exclude = latest[-1].content[: s.search_max_query_chars], exclude | {latest[-1].id}
-                        like = latest[-1].id
-        except MemoryServiceError:
-            raise
-        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
-            log.warning("memory context: reading agent %s's latest message failed: %s", agent_id,
-                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return [], [], False, False, 0
-        facts, found, facts_complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
-        if query is None or wanted <= 0:
-            return [], facts, facts_complete, query is not None, 0
+        if asked.like is not None:
+            exclude.add(asked.like)
         try:
             async with asyncio.timeout_at(deadline):
                 namespaces = list(dict.fromkeys([
@@ -293,17 +310,17 @@ class ContextAssembler:
                     *((*(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id))
                       if recall.scope is RecallScope.SHARED else ())]))
                 if not namespaces:
-                    return [], facts, facts_complete, True, 0
+                    return [], True, 0
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
                                         min_score=recall.min_score)
                 result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
-                                                     resolve_scope=False, found=found, like=like)
+                                                     resolve_scope=False, found=asked.found, like=asked.like)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
             log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return [], facts, False, True, 0
+            return [], False, 0
 
         def similar_enough(h: SearchHit) -> bool:
             signals = h.explanation.signals
@@ -318,7 +335,7 @@ class ContextAssembler:
         terms = tuple(query_terms(query))
         items = [RelevantItem(kind=h.kind, valid_at=h.valid_at, text=h.content, score=h.score, terms=terms)
                  for h in kept]
-        return items, facts, facts_complete, True, below
+        return items, True, below
 
     async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
                      query: str | None, as_of: datetime | None,
@@ -374,6 +391,21 @@ class ContextAssembler:
             items.setdefault(fact.text, FactItem(fact.text, about(fact), fact.valid_at,
                                                  fact.invalid_at if as_of else None, own=is_own))
         return list(items.values()), found, True
+
+
+@dataclass(frozen=True)
+class _Asked:
+    """What the block asks search: the query (None: nothing to ask), the stored memory whose
+    text it is (``like``), the known facts read with it and the query's entities and facts
+    for the graph signal (``found``), whether the facts' reads succeeded, and whether reading
+    the latest message failed (the block then shows no relevant memories)."""
+
+    query: str | None
+    like: str | None
+    facts: list[FactItem]
+    found: QueryGraph | None
+    complete: bool
+    failed: bool = False
 
 
 def _asdict(rendered: RenderedContext) -> dict[str, Any]:

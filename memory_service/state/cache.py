@@ -107,32 +107,27 @@ class BlockCache:
         raw = await self.redis.get(keyspace.cached_block(key))
         return cast(dict[str, Any], json.loads(raw)) if raw else None
 
-    async def put(self, key: str, block: dict[str, Any], ttl_seconds: int, agent_id: str) -> None:
-        """Cache ``block``, listed among the agent's cached blocks (an erasure deletes them),
-        in the same round trip."""
-        await self._put(keyspace.cached_block(key), block, ttl_seconds, agent_id)
-
-    async def _put(self, key: str, block: dict[str, Any], ttl_seconds: int, agent_id: str) -> None:
-        if ttl_seconds <= 0:
-            return
-        now, index = time.time(), keyspace.cache_index(agent_id)
+    async def put(self, key: str, identity: str, block: dict[str, Any], ttl_seconds: int, agent_id: str) -> None:
+        """Cache a complete ``block`` under ``key`` and keep it as its identity's last good
+        one (in Redis for a day, and in this process), both listed among the agent's cached
+        blocks (an erasure deletes them), in one round trip."""
+        now, index, body = time.time(), keyspace.cache_index(agent_id), json.dumps(block)
+        writes = {keyspace.last_good_block(identity): LAST_GOOD_TTL_SECONDS,
+                  **({keyspace.cached_block(key): ttl_seconds} if ttl_seconds > 0 else {})}
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.set(key, json.dumps(block), ex=ttl_seconds)
-            pipe.zadd(index, {key: now + ttl_seconds})
+            for k, ttl in writes.items():
+                pipe.set(k, body, ex=ttl)
+            pipe.zadd(index, {k: now + ttl for k, ttl in writes.items()})
             pipe.zremrangebyscore(index, "-inf", now)  # expired blocks leave the list as others arrive
-            pipe.expire(index, ttl_seconds, gt=True)
-            pipe.expire(index, ttl_seconds, nx=True)
+            pipe.expire(index, LAST_GOOD_TTL_SECONDS, gt=True)
+            pipe.expire(index, LAST_GOOD_TTL_SECONDS, nx=True)
             await pipe.execute()
-
-    # Last good blocks --------------------------------------------------------------
-
-    async def keep_last_good(self, identity: str, block: dict[str, Any], agent_id: str) -> None:
-        """Keep a complete block as its identity's last good one, in Redis and in this process."""
-        await self._put(keyspace.last_good_block(identity), block, LAST_GOOD_TTL_SECONDS, agent_id)
         self._last_good[identity] = block
         self._last_good.move_to_end(identity)
         while len(self._last_good) > LAST_GOOD_IN_PROCESS:
             self._last_good.popitem(last=False)
+
+    # Last good blocks --------------------------------------------------------------
 
     async def last_good(self, identity: str) -> dict[str, Any] | None:
         """The identity's last good block in Redis (the stores failed)."""

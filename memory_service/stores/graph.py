@@ -942,7 +942,9 @@ class GraphBackend(EntityGraph):
             # each: no text to read and tokenise); a memory written before it had one, from
             # the postings.
             wanted = {stem(t) for t in terms}
-            counts = {r["uuid"]: postings.parse_entry(r["terms"], wanted) for r in rows if r["terms"] is not None}
+            entries = [r for r in rows if r["terms"] is not None]
+            counts = dict(zip([r["uuid"] for r in entries], postings.parse_entries([r["terms"] for r in entries], wanted),
+                              strict=True))
             if older := [r["uuid"] for r in rows if r["terms"] is None]:
                 indexed = await self.postings.term_counts(agent_id, older, terms)
                 if indexed is None:
