@@ -3,7 +3,7 @@
 On a Redis Cluster a script or a transaction whose keys hash to two slots fails
 (CROSSSLOT); memory_service/state/keyspace.py gives what one step touches together one hash
 tag. This test watches the real client while the service records, forms, consolidates,
-sweeps, recovers, erases, serves startup records, authenticates keys, counts retention and
+sweeps, recovers, searches agent-wide, erases, serves startup records, authenticates keys, counts retention and
 drives the outbox: each script call's keys and each transaction's keys (as the server names
 them, COMMAND GETKEYS) must share a slot, every script the service registered must have
 run, and every function that opens a transaction must have opened one. It runs on the
@@ -173,6 +173,8 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
         await service.record_message("s1", msg("a1", "carol", "hi", mid="c1", role=Role.USER))
         await service.record_message("s3", msg("a1", "alice", "mine", mid="a3"))
         await service.assemble_memory_context("a1", "alice", "s1")
+        # Agent-wide search: the postings' top k.
+        assert (await service.search("a1", "aisle seats", scope="agent")).results
         await service.erase_user("a1", "alice")
 
     assert not watch.crossing, "keys of several slots in one step:\n" + "\n".join(watch.crossing)

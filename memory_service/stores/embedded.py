@@ -39,6 +39,8 @@ LOCK_FILE = "memory-service.lock"
 PID_FILE = "falkordb.pid"
 URL_FILE = "falkordb.url"  # the URL with its password: readable by the owner's user only
 LOG_FILE = "falkordb.log"
+# A server loading a big store (its indexes rebuilt: minutes at millions of memories) is waited for this long.
+LOADING_WAIT_SECONDS = 3600.0
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -210,13 +212,17 @@ class EmbeddedFalkorDB:
         return started.result()
 
     def _wait_ready(self, timeout: float) -> None:
+        """Until the server answers: ``timeout`` for it to start listening, and while it loads
+        its data (it answers LOADING, or not at all while it rebuilds its indexes) up to
+        LOADING_WAIT_SECONDS."""
         process, port = self._process, self.port
         assert process is not None and port is not None  # set by start() before it waits
         client = redis.Redis(host="127.0.0.1", port=port, password=self.password, socket_timeout=1,
                              socket_connect_timeout=1)
         deadline = time.monotonic() + timeout
+        loading_since: float | None = None
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < (deadline if loading_since is None else loading_since + LOADING_WAIT_SECONDS):
                 if process.poll() is not None:
                     log_file = self.data_dir / LOG_FILE
                     tail = log_file.read_text()[-2000:] if log_file.exists() else ""
@@ -225,7 +231,17 @@ class EmbeddedFalkorDB:
                 try:
                     if client.ping():
                         return
-                except redis.RedisError:  # not listening yet, or still loading its data
+                except (redis.BusyLoadingError, redis.TimeoutError):
+                    # Loading its data (a big store rebuilds its indexes: minutes at millions of
+                    # memories): a server that answers or is busy loading is waited for, with progress.
+                    now = time.monotonic()
+                    if loading_since is None:
+                        loading_since, report = now, now + 30
+                        log.info("embedded FalkorDB is loading its data from %s ...", self.data_dir)
+                    elif now >= report:
+                        report = now + 30
+                        log.info("embedded FalkorDB still loading its data (%.0f s)", now - loading_since)
+                except redis.RedisError:  # not listening yet
                     pass
                 time.sleep(0.05)
         finally:
