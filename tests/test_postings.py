@@ -82,6 +82,17 @@ async def test_top_k_equals_brute_force_bm25(store, k):
     assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored <= CHUNK < df
 
 
+async def test_a_word_held_by_thousands_of_one_batch_is_indexed(store):
+    """Lua's unpack takes at most about 8,000 values: a word held by 5,000 memories of one
+    write (10,000 score-member values) is added in pieces, not refused."""
+    texts = [(f"m{i:05d}", f"common w{i % 7}") for i in range(5_000)]
+    assert await store.postings.index(A, texts, fresh=True) == 5_000
+    assert await store.client.connection.zcard(keyspace.postings_term(A, "common")) == 5_000
+    ranked = await store.postings.top(A, ["common", "w3"], 5, budget=10**6)
+    assert ranked is not None and len(ranked.hits) == 5
+    assert all(int(i[1:]) % 7 == 3 for i, _ in ranked.hits)  # both words beat one
+
+
 async def test_agent_wide_search_ranks_by_the_postings_and_reads_the_memories(store):
     texts = corpus(200)
     memories = [message(i, t, session=f"s{i % 3}") for i, t in enumerate(texts)]

@@ -97,8 +97,11 @@ for _, doc in ipairs(docs) do
     pairs_[#pairs_ + 1] = doc[1]
   end
 end
+-- In pieces: Lua's unpack takes at most about 8,000 values (an even piece keeps the pairs).
 for key, pairs_ in pairs(adds) do
-  redis.call('ZADD', KEYS[key], unpack(pairs_))
+  for s = 1, #pairs_, 4000 do
+    redis.call('ZADD', KEYS[key], unpack(pairs_, s, math.min(s + 3999, #pairs_)))
+  end
 end
 if fresh then redis.call('HSETNX', KEYS[1], 'built', '1') end
 return added
