@@ -229,26 +229,10 @@ def entry(text: str) -> tuple[int, dict[str, int], str]:
     return length, counts, " ".join([str(length), *(t if n == 1 else f"{t}*{n}" for t, n in counts.items())])
 
 
-def parse_entry(line: str, wanted: Collection[str] | None = None) -> tuple[int, dict[str, int]]:
-    """The indexed length of a ``docs`` entry and its stems' counts (only those ``wanted``, if given)."""
-    if wanted is not None:
-        return parse_entries([line], wanted)[0]
-    tokens = line.split()
-    out = {}
-    for token in tokens[1:]:
-        if "*" in token:
-            term, _, n = token.partition("*")
-            if wanted is None or term in wanted:
-                out[term] = int(n)
-        elif wanted is None or token in wanted:
-            out[token] = 1
-    return int(tokens[0]) if tokens else 0, out
-
-
 def parse_entries(lines: Sequence[str], wanted: Collection[str]) -> list[tuple[int, dict[str, int]]]:
-    """``parse_entry`` of each line for the ``wanted`` stems only: one regular expression
-    finds them (a scope's BM25 reads a few stems of hundreds of entries: splitting every
-    entry into all its words cost more than the ranking)."""
+    """The indexed length of each ``docs`` entry and its counts of the ``wanted`` stems: one
+    regular expression finds them (a scope's BM25 reads a few stems of hundreds of entries:
+    splitting every entry into all its words cost more than the ranking)."""
     if not wanted:
         return [(_length(line), {}) for line in lines]
     # After a space: the first token is the length, which a numeric stem must not match.
