@@ -1,8 +1,11 @@
 """Small builders shared by the tests."""
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+
+import httpx
 
 from memory_service.domain.models import MessageIn
 from memory_service.state import keyspace
@@ -110,3 +113,17 @@ def shows_episode(xml: str) -> bool:
 
     root = ET.fromstring(xml)
     return root.find(".//Episode") is not None or any("episode" in (e.get("also") or "").split() for e in root.iter())
+
+
+async def until_healthy(http, process, seconds: float, log_tail, pause: float = 0.2) -> None:
+    """Wait until a server started as ``process`` answers ``/health`` 200 through ``http``;
+    fail with ``log_tail()`` (its log's end) if it exits or ``seconds`` pass first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if (await http.get("/health")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, log_tail()
+        await asyncio.sleep(pause)

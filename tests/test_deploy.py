@@ -8,13 +8,11 @@ compiler on PATH, and its `serve` and `worker` run against a store started separ
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -24,6 +22,7 @@ import yaml
 from memory_service.stores.loopback import free_port
 
 from .conftest import REPO, clean_env
+from .helpers import until_healthy
 from .test_production import start_store, stop_store
 
 KUBERNETES_VERSION = "1.32.0"  # the schemas the rendered manifests are checked against
@@ -173,15 +172,7 @@ async def test_the_package_without_the_embedded_store_installs_with_no_compiler_
                               stderr=subprocess.STDOUT, start_new_session=True)
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120) as http:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if (await http.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert api.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
-                await asyncio.sleep(0.3)
+            await until_healthy(http, api, 120, lambda: (tmp_path / "serve.log").read_text()[-3000:], pause=0.3)
             for i, line in enumerate(["My name is Ada.", "I prefer window seats."]):
                 sent = await http.post("/v1/sessions/s1/messages", json={
                     "agent_id": "a1", "user_id": "ada", "role": "user", "content": line, "message_id": f"m{i}"})

@@ -42,6 +42,7 @@ from memory_service.stores.graph import GraphBackend, graph_name
 from memory_service.stores.loopback import LoopbackServer, free_port
 
 from .conftest import clean_env, suite_settings
+from .helpers import until_healthy
 
 CLI = str(Path(sys.executable).parent / "memory-service")
 HANG = 60
@@ -222,15 +223,7 @@ async def test_served_logs_are_json_lines_with_request_ids_and_keep_no_user_word
     user, session, words = "zelda-7781", "sess-zelda-5523", "marmalade"
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=HANG) as http:
-            deadline = time.monotonic() + HANG
-            while True:
-                try:
-                    if (await http.get("/health")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, log_file.read_text()[-2000:]
-                await asyncio.sleep(0.2)
+            await until_healthy(http, proc, HANG, lambda: log_file.read_text()[-2000:])
             for i in range(3):
                 sent = await http.post(f"/v1/sessions/{session}/messages", headers={"X-Request-ID": f"rid-record-{i}"},
                                        json=message(i, user, f"I love {words} on toast, number {i}."))
