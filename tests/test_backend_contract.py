@@ -4,6 +4,7 @@ the pytest header says which)."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from math import sqrt
 
@@ -374,6 +375,64 @@ async def test_a_graph_made_before_the_time_index_gets_it_when_first_paged_by_ti
         assert await later.written_before("nobody", T0, 10) == [] and graph_name("nobody") not in await later.client.list_graphs()
     finally:
         await later.close()
+
+
+async def test_the_query_log_purge_leaves_no_bytes_of_the_purged_queries_behind(settings, tmp_path):
+    """FalkorDB logs each query with its parameters in ``telemetry{<graph>}``. Queries that
+    run beside the purge are logged after its marker; trimming up to the marker then only
+    flags the entries before it in their stream node, their bytes kept, so in a snapshot or
+    a rewritten AOF. A server of its own, every entry in one node, DUMP to read the bytes."""
+    from redis.asyncio import Redis
+
+    from memory_service.stores.embedded import EmbeddedFalkorDB
+    from memory_service.stores.graph import GraphBackend, graph_name
+
+    server = EmbeddedFalkorDB(tmp_path / "own")
+    url = server.start()
+    raw = Redis.from_url(url)
+    backend = GraphBackend(url, settings, embedding_dimension=DIMENSION)
+    stream = f"telemetry{{{graph_name(A1)}}}".encode()
+
+    async def logged_bytes() -> bytes:
+        return await raw.dump(stream) or b""
+
+    async def others_reading() -> None:
+        while True:
+            await backend.get(A1, SHARD, ["someone-else"])
+            await asyncio.sleep(0.01)
+
+    try:
+        for name, value in (("stream-node-max-bytes", "0"), ("stream-node-max-entries", "10000"), ("rdbcompression", "no")):
+            await raw.config_set(name, value)
+        await backend.start()
+        await backend.write([memory("n1", MemoryKind.FACT, SHARD, "a fact", 1)])
+        for _ in range(3):
+            assert await backend.get(A1, SHARD, ["NEEDLE4471"]) == []  # the parameter is logged
+        for _ in range(100):  # FalkorDB writes the log a moment after the queries
+            if b"NEEDLE4471" in await logged_bytes():
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError("FalkorDB never logged the queries")
+
+        beside = asyncio.create_task(others_reading())
+        try:
+            removed = await backend.purge_query_log(A1)
+            for _ in range(100):  # the reads beside it go on being logged
+                if b"someone-else" in await logged_bytes():
+                    break
+                await asyncio.sleep(0.05)
+            assert not beside.done()
+        finally:
+            beside.cancel()
+        assert removed >= 4  # the write, three reads and the marker, at least
+        assert b"someone-else" in await logged_bytes()
+        assert b"NEEDLE4471" not in await logged_bytes()
+        assert [m.id for m in await backend.get(A1, SHARD, ["n1"])] == ["n1"]  # the graph itself is untouched
+    finally:
+        await backend.close()
+        await raw.aclose()
+        server.stop()
 
 
 # Changing the embedding model (docs/embeddings.md): every vector carries its model, a query

@@ -74,6 +74,7 @@ VECTOR_OVERSAMPLE = 4
 MAX_FULLTEXT_TERMS = 32
 FULLTEXT_RESCORED = 10  # x the candidates asked for: each term's best (by the index) that BM25 ranks
 QUERY_LOG_FLUSH_SECONDS = 10.0  # how long an erasure waits for FalkorDB to log its marker query
+QUERY_LOG_PAGE = 500  # entries of the query log read a round trip while looking for the marker
 DELETE_BATCH = 500  # nodes per statement when erasing: one statement holds the graph's write lock
 POSTINGS_BUILD_BATCH = 2000  # memories read per statement when building an old graph's postings
 POSTINGS_BUILD_LOCK_SECONDS = 120  # renewed after every batch
@@ -618,8 +619,12 @@ class GraphBackend(EntityGraph):
     async def purge_query_log(self, agent_id: str, timeout: float = QUERY_LOG_FLUSH_SECONDS) -> int:
         """FalkorDB keeps each graph's last queries, parameters included, in the stream
         ``telemetry{<graph>}`` (CMD_INFO, on by default), written a second or two after the
-        queries ran. A marker query is run, and once the stream shows it, every entry up to
-        it is trimmed: the queries that wrote or read the erased data, and the erasure's own."""
+        queries ran. A marker query is run, and once the stream shows it the stream is
+        deleted whole: the queries that wrote or read the erased data, the erasure's own, and
+        the few logged after the marker. Not trimmed: XTRIM takes a node of the stream out
+        only when all its entries go, and merely flags the others deleted, their bytes left in
+        place; a snapshot or a rewritten append-only file then kept what XRANGE no longer
+        shows. Returns the number of entries removed."""
         name = graph_name(agent_id)
         stream, connection = f"telemetry{{{name}}}", self.client.connection
         try:
@@ -631,15 +636,23 @@ class GraphBackend(EntityGraph):
             return 0
         if not await connection.exists(name):
             return int(await connection.delete(stream))
+        # Read forward from the last entry before the marker: under load more than a page of
+        # queries may be logged after it before a poll comes.
+        newest = await connection.xrevrange(stream, count=1)
+        cursor = newest[0][0] if newest else "0-0"
         marker = uuid.uuid4().hex
         await self.client.select_graph(name).ro_query(f"RETURN '{marker}'")
         deadline = asyncio.get_running_loop().time() + timeout
         while asyncio.get_running_loop().time() < deadline:
-            for entry_id, fields in await connection.xrevrange(stream, count=100):
+            entries = await connection.xrange(stream, min=f"({cursor}", count=QUERY_LOG_PAGE)
+            for entry_id, fields in entries:
                 if marker in str(fields.get("Query", "")):
-                    ms, _, seq = entry_id.partition("-")
-                    return int(await connection.xtrim(stream, minid=f"{ms}-{int(seq) + 1}", approximate=False))
-            await asyncio.sleep(0.05)
+                    async with connection.pipeline(transaction=True) as both:
+                        removed, _ = await both.xlen(stream).delete(stream).execute()
+                    return int(removed)
+                cursor = entry_id
+            if len(entries) < QUERY_LOG_PAGE:
+                await asyncio.sleep(0.05)
         log.warning("FalkorDB's query log of %s did not show the erasure's marker within %.0f s; it keeps its last "
                     "queries until newer ones push them out", name, timeout)
         return 0
