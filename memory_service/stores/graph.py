@@ -624,7 +624,7 @@ class GraphBackend(EntityGraph):
         the few logged after the marker. Not trimmed: XTRIM takes a node of the stream out
         only when all its entries go, and merely flags the others deleted, their bytes left in
         place; a snapshot or a rewritten append-only file then kept what XRANGE no longer
-        shows. Returns the number of entries removed."""
+        shows. Returns the number of entries removed (as the stream counted them just before)."""
         name = graph_name(agent_id)
         stream, connection = f"telemetry{{{name}}}", self.client.connection
         try:
@@ -647,9 +647,9 @@ class GraphBackend(EntityGraph):
             entries = await connection.xrange(stream, min=f"({cursor}", count=QUERY_LOG_PAGE)
             for entry_id, fields in entries:
                 if marker in str(fields.get("Query", "")):
-                    async with connection.pipeline(transaction=True) as both:
-                        removed, _ = await both.xlen(stream).delete(stream).execute()
-                    return int(removed)
+                    removed = int(await connection.xlen(stream))
+                    await connection.delete(stream)  # with any entry a flush added between the two
+                    return removed
                 cursor = entry_id
             if len(entries) < QUERY_LOG_PAGE:
                 await asyncio.sleep(0.05)
