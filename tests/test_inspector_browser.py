@@ -221,6 +221,20 @@ class Page:
         self.click(f'#nav a[data-view="{name}"]')
         self.settle()
 
+    def open_memory(self, key: str, user_id: str, memory_id: str) -> None:
+        """The memories view as ``key`` sees it, listed for ``user_id``, with ``memory_id`` opened."""
+        self.open(key, "memories")
+        self.fill('#memories-form input[name="user_id"]', user_id)
+        self.click('#memories-form button[type="submit"]')
+        self.settle()
+        self.click(f'#memories-table tr[data-id="{memory_id}"]')
+        self.settle()
+
+    def ask_delete(self) -> None:
+        """The open memory's delete button, up to its confirmation dialog (open, not answered)."""
+        self.click("#memory-delete")
+        self.wait(lambda d: self.el("#confirm").get_attribute("open") is not None)
+
     def shows(self, css: str, words: str) -> str:
         """Wait until ``css``'s text holds ``words``; its text."""
         self.wait(lambda d: words in self.text(css))
@@ -412,14 +426,8 @@ def test_a_key_for_one_user_shows_only_theirs(page, world):
 
 def test_a_read_key_cannot_delete(page, world):
     memory = world.ids["kept"]
-    page.open(world.read, "memories")
-    page.fill('#memories-form input[name="user_id"]', "alice")
-    page.click('#memories-form button[type="submit"]')
-    page.settle()
-    page.click(f'#memories-table tr[data-id="{memory}"]')
-    page.settle()
-    page.click("#memory-delete")
-    page.wait(lambda d: page.el("#confirm").get_attribute("open") is not None)
+    page.open_memory(world.read, "alice", memory)
+    page.ask_delete()
     page.click("#confirm-ok")
     refusal = page.shows("#memory-action-error", "Refused")
     assert "403" in refusal and "role is read" in refusal
@@ -432,20 +440,13 @@ def test_a_read_key_cannot_delete(page, world):
 
 def test_a_delete_and_an_undelete_through_the_page_reach_the_api(page, world):
     memory = world.ids["doomed"]
-    page.open(world.write, "memories")
-    page.fill('#memories-form input[name="user_id"]', "alice")
-    page.click('#memories-form button[type="submit"]')
-    page.settle()
-    page.click(f'#memories-table tr[data-id="{memory}"]')
-    page.settle()
+    page.open_memory(world.write, "alice", memory)
     # Cancelled: nothing changes.
-    page.click("#memory-delete")
-    page.wait(lambda d: page.el("#confirm").get_attribute("open") is not None)
+    page.ask_delete()
     page.click("#confirm-cancel")
     with world.http(world.operator) as http:
         assert http.get(f"/v1/agents/{AGENT}/memories/{memory}").json()["deleted_at"] is None
-    page.click("#memory-delete")
-    page.wait(lambda d: page.el("#confirm").get_attribute("open") is not None)
+    page.ask_delete()
     page.shot("delete-confirmation")
     page.click("#confirm-ok")
     page.settle()
