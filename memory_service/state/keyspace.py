@@ -395,7 +395,8 @@ def _session_key(session_id: str, part: str) -> str:
 
 def session_keys(session_id: str) -> dict[str, str]:
     """The session's ledger keys by part (SESSION_PARTS); not its window."""
-    return {part: _session_key(session_id, part) for part in SESSION_PARTS}
+    prefix = f"ms:s:{{{session_tag(session_id)}}}:{session_id}:"  # as _session_key's, its tag found once
+    return {part: prefix + part for part in SESSION_PARTS}
 
 
 def window(session_id: str) -> str:

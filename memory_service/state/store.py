@@ -28,7 +28,7 @@ import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis, RedisCluster
@@ -51,6 +51,8 @@ from memory_service.state.pools import redis_client
 # A reservation this call will act on (new, or known with the same digest ARGV[3] and not
 # committed) is held in the session's in-flight hash (KEYS[4]): the holders count goes up
 # and the time is ARGV[5]; the session joins the in-flight index (KEYS[5]) if it was not in.
+# An id committed before (with the same digest) answers a third element, 'committed': nothing
+# is held for it.
 _RESERVE = """
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
@@ -58,9 +60,8 @@ local status, value = 'known', redis.call('HGET', KEYS[2], ARGV[1])
 local seq, holders = nil, 0
 if value then
   local known_seq, known_digest = string.match(value, '^(%S+) (.*)$')
-  if known_digest ~= ARGV[3] or redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then
-    return {status, value}
-  end
+  if known_digest ~= ARGV[3] then return {status, value} end
+  if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {status, value, 'committed'} end
   seq = known_seq
   local entry = redis.call('HGET', KEYS[4], ARGV[1])
   if entry then holders = tonumber(string.match(entry, '^%S+ %S+ (%d+)')) end
@@ -200,7 +201,7 @@ class Reservation:
     digest: str
     is_new: bool
     agent_settings: AgentSettings | None = None  # the agent's settings, read in the same step
-    committed: bool = False  # reserve_messages only: the id was committed before (nothing held)
+    committed: bool = False  # the id was committed before the call (nothing held)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +301,14 @@ def _reserve_call(session_id: str, agent_id: str, message_id: str, digest: str,
 def _reservation(session_id: str, reply: list[str], raw_settings: str | None) -> Reservation:
     """``_RESERVE``'s answer read, with the agent's settings read beside it; session_taken
     if another agent owns the session."""
-    status, value = reply
+    status, value, *committed = reply
     if status == "conflict":
         # Never the owner's name: ids of other tenants are not the caller's to learn.
         raise session_taken(session_id)
     seq_text, _, known_digest = value.partition(" ")
     settings = AgentSettings.model_validate_json(raw_settings) if raw_settings else None
-    return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings)
+    return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings,
+                       committed=bool(committed))
 
 
 def _commit_call(call: CommitCall) -> tuple[list[str], list[str | int]]:
@@ -454,22 +456,19 @@ class StateStore:
     # messages get their sequence numbers in the batch's order.
 
     async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
-        """``reserve_message`` for each call, in one round trip (and one for the new
-        sessions' indexes); each answer is a Reservation (``committed`` set if the id was
+        """``reserve_message`` for each call, in two round trips (the agents' settings, then
+        the reservations; and one for the new sessions' indexes); each answer is a Reservation (``committed`` set if the id was
         committed before the call: nothing is held for it) or the error that call raised
         (e.g. session_taken)."""
         agents = list(dict.fromkeys(call.agent_id for call in calls))
         async with self.redis.pipeline(transaction=False) as pipe:
             for agent_id in agents:
                 pipe.get(keyspace.agent_settings(agent_id))
-            for call in calls:
-                pipe.sismember(keyspace.session_keys(call.session_id)["committed"], call.message_id)
-            looked_up = await pipe.execute(raise_on_error=False)
-        settings = dict(zip(agents, looked_up[: len(agents)], strict=True))
+            settings = dict(zip(agents, await pipe.execute(raise_on_error=False), strict=True))
         reserved = await self._run_script(self._reserve, [_reserve_call(*call) for call in calls])
         answers: list[Reservation | Exception] = []
         new_sessions: dict[str, str] = {}
-        for call, committed, reply in zip(calls, looked_up[len(agents):], reserved, strict=True):
+        for call, reply in zip(calls, reserved, strict=True):
             if isinstance(reply, Exception):
                 answers.append(reply)
                 continue
@@ -481,8 +480,7 @@ class StateStore:
                 continue
             if reservation.sequence == 1:
                 new_sessions[call.session_id] = call.agent_id
-            committed = committed is True or committed == 1
-            answers.append(replace(reservation, committed=committed) if committed else reservation)
+            answers.append(reservation)
         for session_id, agent_id in new_sessions.items():
             await self._index_new_session(agent_id, session_id)
         return answers
@@ -510,38 +508,48 @@ class StateStore:
         """``commit_message`` for each call, in order, in three round trips (see the module's
         docstring): the users' indexes, the sessions' atomic commits, then the users'
         generations and the embedding marks. Each answer is a Commit or the error that call
-        raised."""
+        raised. A batch's many messages of one session and speaker touch the same index
+        members, generation and marks: each is written once for the batch, not per message."""
+        sessions: dict[str, set[str]] = {}  # index key -> the sessions it gains
+        users: dict[str, set[str]] = {}  # the agent's users index -> the users it gains
+        for call in calls:
+            if call.speaker:
+                sessions.setdefault(keyspace.user_sessions(call.agent_id, call.speaker), set()).add(call.session_id)
+            if call.user_id:
+                sessions.setdefault(keyspace.user_recorded(call.agent_id, call.user_id), set()).add(call.session_id)
+            if speaking := [u for u in (call.speaker, call.user_id) if u]:  # the browse API's index of users
+                users.setdefault(keyspace.agent_users(call.agent_id), set()).update(speaking)
         async with self.redis.pipeline(transaction=False) as pipe:
-            for call in calls:
-                users = [u for u in (call.speaker, call.user_id) if u]
-                if call.speaker:
-                    pipe.sadd(keyspace.user_sessions(call.agent_id, call.speaker), call.session_id)
-                if call.user_id:
-                    pipe.sadd(keyspace.user_recorded(call.agent_id, call.user_id), call.session_id)
-                if users:  # the browse API's index of the agent's users
-                    pipe.zadd(keyspace.agent_users(call.agent_id), dict.fromkeys(users, 0))
+            for key, members in sessions.items():
+                pipe.sadd(key, *sorted(members))
+            for key, members in users.items():
+                pipe.zadd(key, dict.fromkeys(sorted(members), 0))
             await pipe.execute()
         replies = await self._run_script(self._commit, [_commit_call(call) for call in calls])
-        locks: dict[int, int] = {}  # call -> the place of its lock's answer
+        # Only a first commit: a duplicate changes nothing, so it invalidates no cached block.
+        # (A crash between the commit and this step leaves the speaker's other sessions'
+        # blocks without the message until their next write or CONTEXT_CACHE_TTL; this
+        # session's blocks were invalidated by the commit itself.)
+        generations: dict[str, None] = {}
+        locking: dict[str, tuple[int, int]] = {}  # agent -> (the first call marking it, its lock's ms)
+        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
+            if isinstance(reply, Exception) or not bool(reply[0]):
+                continue
+            if call.speaker:
+                generations.setdefault(generation_key(f"user:{call.agent_id}:{call.speaker}"))
+            if call.embed_lock_ms > 0:
+                locking.setdefault(call.agent_id, (i, int(call.embed_lock_ms)))
+        locked: dict[int, bool] = {}  # call -> whether it took its agent's embedding lock
         async with self.redis.pipeline(transaction=False) as pipe:
-            place = 0
-            for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
-                if isinstance(reply, Exception):
-                    continue
-                # Only a first commit: a duplicate changes nothing, so it invalidates no cached
-                # block. (A crash between the commit and this step leaves the speaker's other
-                # sessions' blocks without the message until their next write or CONTEXT_CACHE_TTL;
-                # this session's blocks were invalidated by the commit itself.)
-                if call.speaker and bool(reply[0]):
-                    pipe.incr(generation_key(f"user:{call.agent_id}:{call.speaker}"))
-                    place += 1
-                if bool(reply[0]) and call.embed_lock_ms > 0:
-                    pipe.set(keyspace.embed_due(call.agent_id), "1")
-                    pipe.set(keyspace.embed_lock(call.agent_id), "1", nx=True, px=int(call.embed_lock_ms))
-                    locks[i] = place + 1
-                    place += 2
+            for key in generations:
+                pipe.incr(key)
+            for agent_id, (_, lock_ms) in locking.items():
+                pipe.set(keyspace.embed_due(agent_id), "1")
+                pipe.set(keyspace.embed_lock(agent_id), "1", nx=True, px=lock_ms)
             after = await pipe.execute()
-        return [reply if isinstance(reply, Exception) else _commit_of(reply, bool(after[locks[i]]) if i in locks else False)
+        for place, (i, _) in enumerate(locking.values()):
+            locked[i] = bool(after[len(generations) + 2 * place + 1])
+        return [reply if isinstance(reply, Exception) else _commit_of(reply, locked.get(i, False))
                 for i, reply in enumerate(replies)]
 
     async def release_message(self, session_id: str, message_id: str, sequence: int, mode: str,
