@@ -20,6 +20,7 @@ from memory_service.domain.models import BatchMessageIn, MemoryKind
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import QUEUE_NAME
 from memory_service.http.app import create_app
+from memory_service.state import keyspace
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, clean_env, flush, suite_settings
@@ -126,6 +127,29 @@ async def test_a_batch_sent_again_is_all_duplicates_and_stores_nothing_twice(htt
     assert [a["status"] for a in twice["items"]] == ["recorded", "duplicate", "refused"]
     assert twice["items"][2]["code"] == 409 and "other content" in twice["items"][2]["detail"]
     assert await stored(service, "d2") == {"d2-m0": 1}
+
+
+async def test_a_batch_leaves_the_indexes_caches_and_embeddings_as_its_messages_one_by_one_would(http, server):
+    """A batch writes each user's index entries, generation and the agent's embedding mark
+    once for all its messages: the users' sessions, the agent's users, a speaker's cached
+    block made stale, every message embedded by the one job its mark enqueued."""
+    service = server.state.service
+    redis = service.state.redis
+    assert (await http.post("/v1/sessions/before/messages", json=single("before", 0, user="bob"))).status_code == 200
+    await wait_embedded(service, AGENT)
+    for _ in range(2):
+        cached = await service.assemble_memory_context(AGENT, "bob", "before")
+    assert cached.source == "cache"
+    messages = [item("i0", 0), item("i2", 0, user="bob"), item("i1", 0), item("i0", 2), item("i2", 2, user="bob"),
+                item("i0", 1), item("i1", 1)]  # assistants answer in i0 and i1 (odd lines)
+    answer = (await batch(http, messages)).json()
+    assert answer["recorded"] == 7, answer
+    assert await redis.smembers(keyspace.user_sessions(AGENT, "alice")) == {"i0", "i1"}
+    assert await redis.smembers(keyspace.user_sessions(AGENT, "bob")) == {"before", "i2"}
+    assert await redis.smembers(keyspace.user_recorded(AGENT, "alice")) == {"i0", "i1"}
+    assert set(await redis.zrange(keyspace.agent_users(AGENT), 0, -1)) == {"alice", "bob"}
+    assert (await service.assemble_memory_context(AGENT, "bob", "before")).source != "cache"  # his generation moved
+    await wait_embedded(service, AGENT)  # all seven, though only one job was enqueued for them
 
 
 async def test_bad_items_are_refused_alone_and_leave_nothing(http, server):
