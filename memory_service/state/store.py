@@ -457,9 +457,9 @@ class StateStore:
 
     async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
         """``reserve_message`` for each call, in two round trips (the agents' settings, then
-        the reservations; and one for the new sessions' indexes); each answer is a Reservation (``committed`` set if the id was
-        committed before the call: nothing is held for it) or the error that call raised
-        (e.g. session_taken)."""
+        the reservations; and one for the new sessions' indexes); each answer is a
+        Reservation (``committed`` set if the id was committed before the call: nothing is
+        held for it) or the error that call raised (e.g. session_taken)."""
         agents = list(dict.fromkeys(call.agent_id for call in calls))
         async with self.redis.pipeline(transaction=False) as pipe:
             for agent_id in agents:
