@@ -70,11 +70,12 @@ class SessionLedger:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates.
 
-        In the common case: reserve (with the agent's settings; one round trip on a plain
-        Redis, two on a cluster), the store's write (shared with the agent's concurrent
-        records), then the commit in three (the users' indexes, the session's atomic commit
-        with its counters, the user's generation and the embedding mark: each under its own
-        hash tag, memory_service/state/store.py). The message is stored without its embedding; the worker adds it.
+        In the common case: reserve (its script, then the agent's settings: two round
+        trips), the store's write (shared with the agent's concurrent records), then the
+        commit in three (the users' indexes, the session's atomic commit with its counters,
+        the user's generation and the embedding mark: each under its own hash tag,
+        memory_service/state/store.py). The message is stored without its embedding; the
+        worker adds it.
         ``reach``: the caller's (memory_service/access/reach.py); a key limited to some users
         records into a session other users started only with the agent's
         ``users_join_sessions``, else it is answered as a session of another agent.

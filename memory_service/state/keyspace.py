@@ -389,13 +389,17 @@ def postings_build_lock(agent_id: str) -> str:
 SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed")
 
 
+def _session_prefix(session_id: str) -> str:
+    return f"ms:s:{{{session_tag(session_id)}}}:{session_id}:"
+
+
 def _session_key(session_id: str, part: str) -> str:
-    return f"ms:s:{{{session_tag(session_id)}}}:{session_id}:{part}"
+    return _session_prefix(session_id) + part
 
 
 def session_keys(session_id: str) -> dict[str, str]:
     """The session's ledger keys by part (SESSION_PARTS); not its window."""
-    prefix = f"ms:s:{{{session_tag(session_id)}}}:{session_id}:"  # as _session_key's, its tag found once
+    prefix = _session_prefix(session_id)  # its tag found once, not once a part
     return {part: prefix + part for part in SESSION_PARTS}
 
 

@@ -539,7 +539,6 @@ class StateStore:
                 generations.setdefault(generation_key(f"user:{call.agent_id}:{call.speaker}"))
             if call.embed_lock_ms > 0:
                 locking.setdefault(call.agent_id, (i, int(call.embed_lock_ms)))
-        locked: dict[int, bool] = {}  # call -> whether it took its agent's embedding lock
         async with self.redis.pipeline(transaction=False) as pipe:
             for key in generations:
                 pipe.incr(key)
@@ -547,8 +546,8 @@ class StateStore:
                 pipe.set(keyspace.embed_due(agent_id), "1")
                 pipe.set(keyspace.embed_lock(agent_id), "1", nx=True, px=lock_ms)
             after = await pipe.execute()
-        for place, (i, _) in enumerate(locking.values()):
-            locked[i] = bool(after[len(generations) + 2 * place + 1])
+        # call -> whether it took its agent's embedding lock (the second SET of its agent's pair)
+        locked = {i: bool(after[len(generations) + 2 * place + 1]) for place, (i, _) in enumerate(locking.values())}
         return [reply if isinstance(reply, Exception) else _commit_of(reply, locked.get(i, False))
                 for i, reply in enumerate(replies)]
 
