@@ -24,7 +24,7 @@ from memory_service.state import keyspace
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, clean_env, flush, suite_settings
-from .helpers import wait_embedded
+from .helpers import wait_embedded, wait_embedding_idle
 from .store_state import snapshot
 from .test_worker import assert_formed_exactly_once, wait_until_formed
 
@@ -234,7 +234,8 @@ async def test_the_body_limits_answer_413_and_422_and_store_nothing(http, server
 
 
 @pytest.fixture(scope="module")
-async def keyed(falkordb_url):
+async def keyed(falkordb_url, server):
+    """A server requiring keys, without a worker of its own: ``server``'s worker runs its jobs."""
     app = create_app(suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY), run_worker=False)
     async with LoopbackServer(app) as running:
         running.state = app.state  # type: ignore[attr-defined]
@@ -260,7 +261,9 @@ async def test_a_key_for_one_user_records_only_that_users_messages(keyed, falkor
         assert "'alice' is not one of them" in items[1]["detail"]
         assert await stored(service, "bob-s") == {"bob-s-m0": 1, "bob-s-m3": 2}
         assert await stored(service, "alice-s") == {"alice-s-m0": 1}
-        # A batch the key may write none of is refused whole, and changes nothing.
+        # A batch the key may write none of is refused whole, and changes nothing. (The
+        # embedding job of the messages above done first: its writes are not the batch's.)
+        await wait_embedding_idle(falkordb_url, AGENT)
         before = snapshot(falkordb_url, worker_running=True)
         none = await batch(http, [item("x", 0, user="alice"), item("x", 1, user="carol")], headers=bob)
         assert none.status_code == 403 and set(none.json()) == {"detail"}
