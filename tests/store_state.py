@@ -1,4 +1,5 @@
-"""What the store holds, compared before and after a request: every key and graph, by content."""
+"""What the stores hold, compared before and after a request: every key and graph, by content
+(every server's: the embedded one, and each primary of the cluster when the suite runs on one)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,19 @@ def _graph_content(client: redis.Redis, key: bytes) -> bytes:
 
 
 def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
-    """The store's state. Counters and FalkorDB's query logs (telemetry{<graph>}, written in
-    the background a moment after a graph's queries) are neither compared nor counted; with
-    a worker running, neither are the job queue's keys, which its cron jobs write at any time."""
+    """The stores' state: the server at ``url`` and, when the suite runs on a Redis Cluster,
+    every primary of it (tests/conftest.py, ``server_urls``). Counters and FalkorDB's query
+    logs (telemetry{<graph>}, written in the background a moment after a graph's queries)
+    are neither compared nor counted; with a worker running, neither are the job queue's
+    keys, which its cron jobs write at any time."""
+    from .conftest import server_urls
+
+    parts = [_server_state(server, worker_running) for server in server_urls(url)]
+    return StoreState(keys=sum(p.keys for p in parts), graphs=tuple(sorted(g for p in parts for g in p.graphs)),
+                      bytes=sum(p.bytes for p in parts), contents=tuple(sorted(c for p in parts for c in p.contents)))
+
+
+def _server_state(url: str, worker_running: bool) -> StoreState:
     client = redis.Redis.from_url(url)
     try:
         keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(JOB_QUEUE_KEYS)))
@@ -71,7 +82,6 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
             size += next(replies) or 0
             contents.append((key.decode(errors="backslashreplace"), hashlib.sha256(content).hexdigest()))
         graphs = tuple(sorted(g.decode() for g in client.execute_command("GRAPH.LIST")))
-        count = len(keys)
-        return StoreState(keys=count, graphs=graphs, bytes=size, contents=tuple(contents))
+        return StoreState(keys=len(keys), graphs=graphs, bytes=size, contents=tuple(contents))
     finally:
         client.close()

@@ -27,7 +27,7 @@ from memory_service.stores.graph import GraphBackend
 from memory_service.stores.loopback import LoopbackServer
 from memory_service.stores.outbox import WriteOp
 
-from .conftest import cluster_url, state_redis
+from .conftest import server_urls
 from .helpers import mirrored_service, msg, outbox_drained, queued_jobs, wait_embedded
 from .store_state import snapshot
 
@@ -91,7 +91,15 @@ def found_in(text: str, needles=ALICE_NEEDLES) -> list[str]:
 
 
 async def graph_findings(url: str, needles=ALICE_NEEDLES) -> list[str]:
-    """Every node of every graph, by Cypher, and each word through the full-text index."""
+    """Every node of every graph (of every server, each primary of a cluster's), by Cypher,
+    and each word through the full-text index."""
+    hits = []
+    for server in server_urls(url):
+        hits += await _graph_findings(server, needles)
+    return hits
+
+
+async def _graph_findings(url: str, needles) -> list[str]:
     client = aioredis.Redis.from_url(url, decode_responses=True)
     hits = []
     try:
@@ -122,11 +130,11 @@ async def graph_findings(url: str, needles=ALICE_NEEDLES) -> list[str]:
 
 
 async def redis_findings(url: str, needles=ALICE_NEEDLES) -> list[str]:
-    """Every key of the Redis at ``url`` and, when the suite runs on a Redis Cluster, of the
-    cluster holding the state (names and values), read by type."""
+    """Every key of the Redis at ``url`` and, when the suite runs on a Redis Cluster, of each
+    of its primaries and the job queue's server (names and values), read by type."""
     hits = []
-    for client in [aioredis.Redis.from_url(url)] + ([state_redis(url)] if cluster_url() else []):
-        hits += await _findings(client, needles)
+    for server in server_urls(url):
+        hits += await _findings(aioredis.Redis.from_url(server), needles)
     return hits
 
 
@@ -440,16 +448,17 @@ def server_logs(caplog):
 
 
 async def every_graph_property(url: str, needles) -> list[str]:
-    """Every property of every node and edge of every graph."""
-    client = aioredis.Redis.from_url(url, decode_responses=True)
+    """Every property of every node and edge of every graph (of every server)."""
     hits = []
-    try:
-        for graph in await client.execute_command("GRAPH.LIST"):
-            for query in ("MATCH (n) RETURN labels(n), properties(n)", "MATCH ()-[r]->() RETURN type(r), properties(r)"):
-                rows = (await client.execute_command("GRAPH.RO_QUERY", graph, query))[1]
-                hits += [f"{graph}: {found} in {row}" for row in rows if (found := found_in(repr(row), needles))]
-    finally:
-        await client.aclose()
+    for server in server_urls(url):
+        client = aioredis.Redis.from_url(server, decode_responses=True)
+        try:
+            for graph in await client.execute_command("GRAPH.LIST"):
+                for query in ("MATCH (n) RETURN labels(n), properties(n)", "MATCH ()-[r]->() RETURN type(r), properties(r)"):
+                    rows = (await client.execute_command("GRAPH.RO_QUERY", graph, query))[1]
+                    hits += [f"{graph}: {found} in {row}" for row in rows if (found := found_in(repr(row), needles))]
+        finally:
+            await client.aclose()
     return hits
 
 

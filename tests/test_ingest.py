@@ -24,6 +24,7 @@ from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.graph import GraphBackend, graph_name
 from memory_service.stores.outages import is_unavailable
 
+from .conftest import one_server
 from .helpers import T0, msg, wait_embedded
 from .tcp_proxy import ThreadedTcpProxy
 
@@ -259,7 +260,7 @@ async def test_a_row_the_store_refuses_fails_alone_in_a_few_statements(graph):
 async def test_an_outage_fails_every_row_of_the_batch_at_once(settings):
     """An outage is no row's fault: one statement, every row gets the connection error
     (no bisection against a dead store), nothing stored; the rows go through once it is back."""
-    parts = urlsplit(settings.falkordb_url)
+    parts = urlsplit(one_server(settings))
     proxy = ThreadedTcpProxy(parts.hostname, parts.port).start()
     proxy.proxy.password = parts.password
     backend = CountingBackend(proxy.url, settings, embedding_dimension=64)

@@ -7,12 +7,12 @@ from datetime import timedelta
 from xml.etree import ElementTree as ET
 
 import pytest
-from falkordb.asyncio import FalkorDB
 
 from memory_service.domain.errors import InvalidInput, NotFound
 from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 
+from .conftest import graph_client
 from .helpers import T0, msg, record_all, wait_embedded
 
 TRIP = [
@@ -203,7 +203,7 @@ async def test_context_query_bad_input(service):
 
 
 async def test_one_graph_per_agent_and_reads_create_nothing(service, settings):
-    client = FalkorDB.from_url(settings.falkordb_url)
+    client = graph_client(settings.falkordb_url)  # the cluster's, when the suite's graphs are on one
     try:
         for session in ("s1", "s2", "s3"):
             await service.record_message(session, msg("a1", "alice", f"hello from {session}"))
@@ -216,12 +216,15 @@ async def test_one_graph_per_agent_and_reads_create_nothing(service, settings):
             return {k for k in keys if not k.startswith(("ms:ctx:", "ms:metrics", "arq:", "memory-service:",
                                                          "ms:embed:"))}
 
-        keys_before = stored(await client.connection.keys("*"))
+        async def every_key() -> list[str]:  # each primary's, on a cluster
+            return [k async for k in client.connection.scan_iter(count=1000)]
+
+        keys_before = stored(await every_key())
         await service.search("ghost", "anything at all")
         await service.search("a1", "hello", scope="user", user_id="nobody")
         await service.assemble_memory_context("ghost", "nobody", "no-session", query="hello")
         assert sorted(await client.list_graphs()) == ["ms_agent__a1", "ms_agent__a2"]
-        assert stored(await client.connection.keys("*")) == keys_before
+        assert stored(await every_key()) == keys_before
     finally:
         await client.aclose()
 

@@ -11,6 +11,11 @@ report then says "requested") and, where snapshots are configured, for BGSAVE SC
 A rewrite already running was forked before the erasure and still holds the data: it is
 let finish and a new one is asked for. A managed Redis may refuse these commands; the
 report says so and its operator's schedule applies.
+
+On a Redis Cluster each primary keeps files of its own: every primary is asked (a cluster
+client would send INFO and BGSAVE to one default node), and the report names each by its
+address ("state+graph 10.0.0.5:6379"). Replicas rewrite their own files on their own
+schedule.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from __future__ import annotations
 import asyncio
 import time
 from typing import Any
+
+from memory_service.state.pools import each_primary
 
 WAIT_SECONDS = 30.0  # how long an erasure waits for a rewrite to finish
 POLL_SECONDS = 0.05
@@ -35,19 +42,30 @@ async def _server_id(server: Any) -> str:
 
 async def rewrite(servers: list[tuple[str, Any]], wait_seconds: float = WAIT_SECONDS) -> dict[str, str]:
     """Rewrite the files of each distinct server (named by the stores using it, e.g.
-    "state+graph"): "rewritten", "requested" (still running after ``wait_seconds``),
-    "aof off" or "refused: <why>", with "; snapshot scheduled" when RDB saves are on."""
-    distinct: dict[str, tuple[list[str], Any]] = {}
-    for name, server in servers:
+    "state+graph", and on a cluster by its address too), all at once: "rewritten",
+    "requested" (still running after ``wait_seconds``), "aof off" or "refused: <why>", with
+    "; snapshot scheduled" when RDB saves are on."""
+    distinct: dict[str, tuple[list[str], str | None, Any]] = {}
+    unknown: dict[str, str] = {}
+    for name, client in servers:
         try:
-            run_id = await _server_id(server)
-        except Exception:  # INFO refused: the rewrite will say why
-            run_id = f"?{name}"
-        distinct.setdefault(run_id, ([], server))[0].append(name)
-    outcome: dict[str, str] = {}
-    for names, server in distinct.values():
-        outcome["+".join(names)] = await _rewrite_one(server, wait_seconds)
-    return outcome
+            nodes = await each_primary(client)
+        except Exception as exc:  # a cluster whose nodes cannot be learnt now
+            unknown[name] = _refused(exc)
+            continue
+        for address, server in nodes:
+            try:
+                run_id = await _server_id(server)
+            except Exception:  # INFO refused: the rewrite will say why
+                run_id = f"?{name} {address}"
+            distinct.setdefault(run_id, ([], address, server))[0].append(name)
+    named = {"+".join(names) + (f" {address}" if address else ""): server for names, address, server in distinct.values()}
+    done = await asyncio.gather(*(_rewrite_one(server, wait_seconds) for server in named.values()))
+    return {**dict(zip(named, done, strict=True)), **unknown}
+
+
+def _refused(exc: Exception) -> str:
+    return f"refused: {type(exc).__name__}: {str(exc)[:200]}"
 
 
 async def _rewrite_one(server: Any, wait_seconds: float) -> str:
@@ -77,4 +95,4 @@ async def _rewrite_one(server: Any, wait_seconds: float) -> str:
             state += "; snapshot scheduled"
         return state
     except Exception as exc:  # e.g. a managed Redis without these commands: reported, not raised
-        return f"refused: {type(exc).__name__}: {str(exc)[:200]}"
+        return _refused(exc)

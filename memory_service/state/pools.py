@@ -16,11 +16,12 @@ store restarted) is still replaced before use: the pool checks each one it hands
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+import functools
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
 
-from memory_service.config import Settings
+from memory_service.config import Settings, is_cluster_url
 
 if TYPE_CHECKING:
     from memory_service._vendor.arq.connections import ArqRedis
@@ -38,10 +39,11 @@ def blocking_pool(url: str, settings: Settings, *, decode_responses: bool) -> Bl
     )
 
 
-def redis_client(url: str, settings: Settings, *, decode_responses: bool = True) -> Redis:
+def redis_client(url: str, settings: Settings, *, decode_responses: bool = True, state: bool = True) -> Redis:
     """A Redis client owning a bounded pool (closed with the client); a cluster client when
-    ``url`` is a redis+cluster:// URL or REDIS_CLUSTER is set (``cluster_client``)."""
-    if url.startswith(("redis+cluster://", "rediss+cluster://")) or settings.redis_cluster:
+    ``url`` is a redis+cluster:// URL or, for the state's REDIS_URL, REDIS_CLUSTER is set
+    (``cluster_client``)."""
+    if is_cluster_url(url) or (state and settings.redis_cluster):
         return cluster_client(url, settings, decode_responses=decode_responses)
     return Redis.from_pool(blocking_pool(url, settings, decode_responses=decode_responses))
 
@@ -65,6 +67,37 @@ def cluster_client(url: str, settings: Settings, *, decode_responses: bool = Tru
         decode_responses=decode_responses,
     )
     return cast(Redis, client)
+
+
+class OnNode:
+    """One node of a cluster client, used as a client of that node alone: every command is
+    sent to it (redis-py's ``target_nodes``), over the cluster client's pool for the node.
+    For what is per server on a cluster: INFO, CONFIG GET, BGREWRITEAOF, GRAPH.LIST,
+    GRAPH.CONFIG (redis-py sends a keyless command to one default node, or refuses it)."""
+
+    def __init__(self, cluster: RedisCluster, node: Any):
+        self.cluster, self.node = cluster, node
+
+    def __getattr__(self, command: str) -> Any:
+        return functools.partial(getattr(self.cluster, command), target_nodes=self.node)
+
+
+async def each_primary(client: Any) -> list[tuple[str | None, Any]]:
+    """``(address, client)`` of each primary of a cluster client (``OnNode``), or
+    ``[(None, client)]`` for a client of one server."""
+    if not isinstance(client, RedisCluster):
+        return [(None, client)]
+    await client.initialize()  # a no-op once it knows the nodes
+    return [(node.name, OnNode(client, node)) for node in client.get_primaries()]
+
+
+async def node_of(client: Any, key: str) -> Any:
+    """A client of the server holding ``key``: the node of its slot on a cluster (``OnNode``),
+    else ``client`` itself. For keyless commands about that key's server."""
+    if not isinstance(client, RedisCluster):
+        return client
+    await client.initialize()
+    return OnNode(client, client.get_node_from_key(key))
 
 
 def arq_client(url: str, settings: Settings, queue_name: str) -> ArqRedis:

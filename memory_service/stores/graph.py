@@ -200,21 +200,18 @@ class GraphBackend(EntityGraph):
                  untagged_model: str | None = None):
         self.settings = settings or Settings()
         _disable_telemetry_unless_asked(self.settings)
-        from falkordb.asyncio import FalkorDB
-
         # Imported here, after the telemetry switch and at start: importing graphiti-core
         # takes seconds, which a first formation job must not spend inside its timeout.
         from graphiti_core.nodes import EpisodeType, EpisodicNode
 
         self._episode_type, self._episodic_node = EpisodeType, EpisodicNode
 
-        from memory_service.state.pools import blocking_pool
+        from memory_service.stores.falkordb_client import falkordb_client
 
         self.url = url
-        # A bounded pool with the store timeouts (memory_service/state/pools.py). falkordb
-        # probes the server (INFO, synchronously) while constructing the client: bounded by
-        # the same connect and read timeouts, which the probe takes from the pool.
-        self.client = FalkorDB(connection_pool=blocking_pool(url, self.settings, decode_responses=True))
+        # Bounded pools with the store timeouts, on one server or a Redis Cluster
+        # (memory_service/stores/falkordb_client.py).
+        self.client = falkordb_client(url, self.settings)
         self.embedding_dimension = embedding_dimension
         # The model of vectors stored before each vector carried its model's name.
         self.untagged_model = untagged_model
@@ -625,10 +622,13 @@ class GraphBackend(EntityGraph):
         only when all its entries go, and merely flags the others deleted, their bytes left in
         place; a snapshot or a rewritten append-only file then kept what XRANGE no longer
         shows. Returns the number of entries removed (as the stream counted them just before)."""
+        from memory_service.state.pools import node_of
+
         name = graph_name(agent_id)
         stream, connection = f"telemetry{{{name}}}", self.client.connection
-        try:
-            enabled = str((await connection.execute_command("GRAPH.CONFIG", "GET", "CMD_INFO"))[1]).lower()
+        try:  # asked of the graph's server: on a cluster, the node of its slot (the stream's too)
+            server = await node_of(connection, name)
+            enabled = str((await server.execute_command("GRAPH.CONFIG", "GET", "CMD_INFO"))[1]).lower()
         except Exception as exc:  # a managed server may refuse GRAPH.CONFIG
             log.warning("cannot tell whether FalkorDB logs the queries of %s: %s", name, exc)
             enabled = "1"
