@@ -197,8 +197,8 @@ def suite_settings(falkordb_url: str, **overrides) -> Settings:
     """The suite's settings: the shared store and the deterministic hash embedder (the local
     model has tests of its own, tests/test_embedding.py; the LoCoMo benchmark measures it).
     Without keys (API_AUTH=off) unless a test asks for them: tests/test_access.py checks them."""
-    return Settings(_env_file=None, falkordb_url=falkordb_url, mongodb_uri=None,
-                    **{"redis_url": None, "embedder": "hash", "embedding_dimension": 64, "api_auth": "off",
+    return Settings(_env_file=None, mongodb_uri=None,
+                    **{"falkordb_url": falkordb_url, "redis_url": None, "embedder": "hash", "embedding_dimension": 64, "api_auth": "off",
                        **store_overrides(falkordb_url), **overrides})
 
 

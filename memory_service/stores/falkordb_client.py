@@ -17,9 +17,10 @@ slot, maybe another node; no script or transaction names both.
 What is per server on a cluster goes to every primary: GRAPH.LIST here, SCANs (redis-py's
 ``scan_iter`` on a cluster client), the erasure's file rewrite (memory_service/state/persistence.py).
 
-A plain ``redis://`` URL of a cluster node is refused (falkordb would switch to its own
-cluster connection, and REDIS_URL, which defaults to FALKORDB_URL, would get a client of
-one node): write it ``redis+cluster://``.
+A plain ``redis://`` URL of a cluster node is refused at start, naming the URL to write
+instead (``redis+cluster://``): falkordb would switch to its own cluster connection (and
+falkordb 1.8.1 fails to build it for a URL without a user name), and REDIS_URL, which
+defaults to FALKORDB_URL, would get a client of one node.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ import asyncio
 from typing import Any
 
 from falkordb.asyncio import FalkorDB
-from redis.asyncio import RedisCluster
+from falkordb.asyncio.cluster import Is_Cluster
+from redis.asyncio import Redis
 
 from memory_service.config import Settings, is_cluster_url, redact_url
 from memory_service.state.pools import blocking_pool, cluster_client, each_primary
@@ -55,10 +57,12 @@ def falkordb_client(url: str, settings: Settings) -> Any:
     """falkordb's asyncio client on ``url``, with the service's bounded pools and timeouts."""
     if is_cluster_url(url):
         return ClusterFalkorDB(cluster_client(url, settings, decode_responses=True))
-    # falkordb probes the server (INFO, synchronously) while constructing the client:
-    # bounded by the same connect and read timeouts, which the probe takes from the pool.
-    client = FalkorDB(connection_pool=blocking_pool(url, settings, decode_responses=True))
-    if isinstance(client.connection, RedisCluster):  # its probe read redis_mode: cluster
+    # falkordb probes the server (INFO, synchronously) while constructing the client, and
+    # on a cluster node builds its own cluster connection (which fails with KeyError
+    # 'username' for a URL without one): its probe is run first. Bounded by the same
+    # connect and read timeouts, which the probe takes from the pool.
+    pool = blocking_pool(url, settings, decode_responses=True)
+    if Is_Cluster(Redis(connection_pool=pool)):
         raise ValueError(f"FALKORDB_URL {redact_url(url)} names a node of a Redis Cluster: write it "
                          f"{redact_url(url).replace('://', '+cluster://', 1)} (docs/operations.md, \"Scaling\")")
-    return client
+    return FalkorDB(connection_pool=pool)
