@@ -25,9 +25,11 @@ test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The suite's cluster part (marker cluster: recording, formation, the outbox, keys, rate
-# limits, retention, erasure, the scripts' slots) with the state store on a Redis Cluster of
-# three masters that the session starts on loopback from the shipped redis-server and stops
-# (tests/redis_cluster.py); the job queue and the graphs stay on the embedded server.
+# limits, retention, erasure, the scripts' slots, search and the postings, the graphs'
+# placement) with the graphs (FALKORDB_URL) and the state (REDIS_URL) on a Redis Cluster of
+# three masters loading FalkorDB, which the session starts on loopback from the shipped
+# redis-server and stops (tests/redis_cluster.py); the job queue stays on the embedded
+# server (arq needs a plain Redis).
 test-cluster: $(STAMP)
 	TEST_REDIS_CLUSTER=start $(PY) -m pytest -m cluster $(PYTEST_ARGS)
 

@@ -40,7 +40,7 @@ def pytest_report_header(config) -> list[str]:
     cluster = ("a Redis Cluster of three masters the session starts (tests/redis_cluster.py), the FalkorDB module "
                "loaded" if TEST_REDIS_CLUSTER == "start" else f"the Redis Cluster at {redact_url(TEST_REDIS_CLUSTER)}")
     return [f"graphs (FALKORDB_URL) and state (REDIS_URL): {cluster}", f"job queue (QUEUE_REDIS_URL): {server}",
-            "(the graphs' own tests use the embedded server or FALKORDB_URL where they start one of their own)",
+            "(a test that needs one server to itself, to read its files, proxy or stop it, uses an embedded one)",
             f"MongoDB: {mongo}"]
 
 

