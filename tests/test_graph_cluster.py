@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 
 import pytest
 import redis
@@ -104,6 +105,29 @@ async def test_the_erasures_file_rewrite_asks_every_primary(settings):
         outcome = await rewrite([("state", service.state.redis), *(("graph", s) for s in graph.redis_servers())])
     # The same nodes hold both stores: one entry each, named by address (the test nodes keep no files).
     assert outcome == {f"state+graph {node.removeprefix('redis://')}": "aof off" for node in cluster_nodes()}
+
+
+@on_cluster
+async def test_a_stalled_node_fails_a_graph_query_after_one_read_timeout_and_the_next_call_works(settings):
+    quick = settings.model_copy(update={"store_read_timeout_seconds": 0.3})
+    backend = GraphBackend(quick.falkordb_url, quick)
+    await backend.start()
+    graph = backend.client.select_graph(graph_name(AGENTS[0]))
+    try:
+        await backend.write([memory(AGENTS[0], 0, "the ferry leaves at nine")])
+        with redis.Redis.from_url(holder(graph_name(AGENTS[0]))) as node:
+            node.execute_command("CLIENT", "PAUSE", 3000, "ALL")  # answers nothing for 3 s
+            started = time.monotonic()
+            try:
+                with pytest.raises(redis.TimeoutError):
+                    await graph.ro_query("MATCH (n) RETURN count(n)")
+                # Once, not retried (RedisCluster's default: 10 times with backoff, through the stall).
+                assert time.monotonic() - started < 1.5
+            finally:
+                node.execute_command("CLIENT", "UNPAUSE")
+        assert (await graph.ro_query("MATCH (n:Episodic) RETURN count(n)")).result_set == [[1]]
+    finally:
+        await backend.close()
 
 
 @on_cluster

@@ -20,6 +20,8 @@ import functools
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from memory_service.config import Settings, is_cluster_url
 
@@ -61,6 +63,10 @@ def cluster_client(url: str, settings: Settings, *, decode_responses: bool = Tru
     plain = url.replace("+cluster://", "://", 1)
     client = RedisCluster.from_url(
         plain,
+        # RedisCluster's own default retries a command that failed on a connection error or
+        # a timeout 10 times with backoff (a stalled node held a call for many read timeouts,
+        # and a script that ran could run again); the slots are reloaded on the next call.
+        retry=Retry(NoBackoff(), 0),
         max_connections=settings.redis_max_connections,
         socket_connect_timeout=settings.store_connect_timeout_seconds,
         socket_timeout=settings.store_read_timeout_seconds,
