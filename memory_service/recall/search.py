@@ -156,13 +156,15 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
     had ranked them, and the hub penalty, uniform across them, would change nothing."""
     k = settings.search_rrf_k
+    # Every score and explanation is built here from valid values, one per candidate (about
+    # a hundred a search): model_construct, not a validation of each.
     memories: dict[str, Memory] = {}
     signals: dict[str, dict[str, SignalScore]] = {}
     places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
-            signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
+            signals.setdefault(memory.id, {})[signal] = SignalScore.model_construct(score=round(score, 6), rank=rank)
             places[(signal, memory.id)] = rank
         if signal == GRAPH:
             for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
@@ -177,7 +179,7 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
         age_days = (now - memory.valid_at).total_seconds() / 86_400
         recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
         score = fused * recency
-        explained.append((memory, Explanation(
+        explained.append((memory, Explanation.model_construct(
             signals=found, fused=round(fused, 6), recency=round(recency, 6), age_days=round(age_days, 3),
             score=round(score, 6), activated=min_score is None or score >= min_score,
             graph=(paths or {}).get(memory_id, []),
@@ -231,8 +233,9 @@ def rerank(ranked: list[tuple[Memory, Explanation]], scores: Sequence[float], mo
 
 
 def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
+    """The answer's form of a ranked memory (built from a validated memory: not validated again)."""
     meta = memory.metadata
-    return SearchHit(
+    return SearchHit.model_construct(
         id=memory.id, kind=memory.kind, namespace=memory.namespace,
         content=memory.search_text,
         valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
