@@ -42,7 +42,7 @@ from memory_service.recall.render import (
 )
 from memory_service.recall.search import Retriever, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
-from memory_service.schemas.search import SearchHit
+from memory_service.schemas.search import Explanation
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
@@ -328,8 +328,8 @@ class ContextAssembler:
                     return [], True, 0
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
                                         min_score=recall.min_score)
-                result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
-                                                     resolve_scope=False, found=asked.found, like=asked.like)
+                ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=asked.found,
+                                                    like=asked.like)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
@@ -337,19 +337,20 @@ class ContextAssembler:
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
             return [], False, 0
 
-        def similar_enough(h: SearchHit) -> bool:
-            signals = h.explanation.signals
+        def similar_enough(explanation: Explanation) -> bool:
+            signals = explanation.signals
             return recall.min_similarity is None or set(signals) != {"vector"} or \
                 signals["vector"].score >= recall.min_similarity
 
-        hits = [h for h in result.results if h.id not in exclude]
-        similar = [h for h in hits if similar_enough(h)]
-        below = len([h for h in result.candidates if h.id not in exclude]) + len(hits) - len(similar)
+        top_k = request.top_k
+        hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
+        similar = [(m, e) for m, e in hits if similar_enough(e)]
+        below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
         kept = similar[:wanted]
-        sources.update(h.served_by for h in kept if h.served_by)
+        sources.update(m.served_by for m, _ in kept if m.served_by)
         terms = tuple(query_terms(query))
-        items = [RelevantItem(kind=h.kind, valid_at=h.valid_at, text=h.content, score=h.score, terms=terms)
-                 for h in kept]
+        items = [RelevantItem(kind=m.kind, valid_at=m.valid_at, text=m.search_text, score=e.score, terms=terms)
+                 for m, e in kept]
         return items, True, below
 
     async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
