@@ -42,7 +42,7 @@ from memory_service.recall.render import (
 )
 from memory_service.recall.search import Retriever, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
-from memory_service.schemas.search import SearchHit
+from memory_service.schemas.search import Explanation
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
@@ -219,17 +219,30 @@ class ContextAssembler:
             pending = set(await self.state.consolidation_pending(str(namespace)))
             return latest[-1].content, [m for m in items if m.id in pending]
 
+        async def user_scope() -> list[Namespace] | None:
+            """The user's namespaces for the search (None: the read failed)."""
+            if recall.scope is RecallScope.SESSION:
+                return []
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await self.retriever.user_namespaces(agent_id, user_id)
+            except Exception as exc:  # the search is left out, as when it fails
+                log.warning("memory context: reading agent %s's user sessions failed: %s", agent_id,
+                            "past the deadline" if isinstance(exc, TimeoutError) else exc)
+                return None
+
         shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
         # Every read at once (the inner gathers start theirs when the outer one starts them),
         # and beside them the query's: the latest message when there is no query, then the
-        # known facts (what the search after them waits for).
-        episode_read, merged_user_reads, fact_reads, suggestion_reads, asked = await asyncio.gather(
+        # known facts (what the search after them waits for), and the search's scope.
+        episode_read, merged_user_reads, fact_reads, suggestion_reads, asked, scope = await asyncio.gather(
             read(Namespace.session(session_id) if session_id else None, [MemoryKind.EPISODE], s.context_recent_episodes),
             asyncio.gather(*(read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
                              for u in users)),
             asyncio.gather(*(read(ns, [MemoryKind.FACT], s.context_facts_per_shard) for ns in shard_ns)),
             asyncio.gather(*(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns)),
             self._query_and_facts(agent_id, user_id, session_id, shards, backend, query, deadline, as_of),
+            user_scope(),
         )
         complete = episode_read is not None and all(
             r is not None for r in (*merged_user_reads, *fact_reads, *suggestion_reads))
@@ -247,7 +260,7 @@ class ContextAssembler:
             episodes=episodes,
         )
         relevant, relevant_complete, below = await self._relevant(
-            agent_id, user_id, session_id, shards, backend, inputs, asked, deadline, sources, recall)
+            agent_id, session_id, shards, backend, inputs, asked, scope, deadline, sources, recall)
         return (replace(inputs, relevant=relevant, facts=asked.facts, facts_as_of=as_of, asked=asked.query is not None),
                 complete and relevant_complete and asked.complete, backend_name, below)
 
@@ -274,8 +287,9 @@ class ContextAssembler:
         facts, found, complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
         return _Asked(query, like, facts, found, complete)
 
-    async def _relevant(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
-                        backend: MemoryBackend, shown: ContextInputs, asked: _Asked, deadline: float,
+    async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard],
+                        backend: MemoryBackend, shown: ContextInputs, asked: _Asked,
+                        user_scope: list[Namespace] | None, deadline: float,
                         sources: set[str], recall: Recall) -> tuple[list[RelevantItem], bool, int]:
         """The block's query-relevant memories, best first, each with its score (the renderer
         gives each its share of the budget by it); whether every read succeeded; and how many
@@ -296,6 +310,8 @@ class ContextAssembler:
             return [], False, 0
         if query is None or wanted <= 0:
             return [], True, 0
+        if user_scope is None:
+            return [], False, 0
         exclude: set[str] = {m.id for m in shown.episodes}
         exclude |= {m.id for u in shown.users for m in u.directives}
         exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
@@ -305,16 +321,15 @@ class ContextAssembler:
             async with asyncio.timeout_at(deadline):
                 namespaces = list(dict.fromkeys([
                     *([Namespace.session(session_id)] if session_id else []),
-                    *(await self.retriever.user_namespaces(agent_id, user_id)
-                      if recall.scope is not RecallScope.SESSION else []),
+                    *user_scope,  # the user's namespaces (none for scope session)
                     *((*(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id))
                       if recall.scope is RecallScope.SHARED else ())]))
                 if not namespaces:
                     return [], True, 0
                 request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
                                         min_score=recall.min_score)
-                result = await self.retriever.search(agent_id, backend, request, namespaces=namespaces,
-                                                     resolve_scope=False, found=asked.found, like=asked.like)
+                ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=asked.found,
+                                                    like=asked.like)
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
@@ -322,19 +337,20 @@ class ContextAssembler:
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
             return [], False, 0
 
-        def similar_enough(h: SearchHit) -> bool:
-            signals = h.explanation.signals
+        def similar_enough(explanation: Explanation) -> bool:
+            signals = explanation.signals
             return recall.min_similarity is None or set(signals) != {"vector"} or \
                 signals["vector"].score >= recall.min_similarity
 
-        hits = [h for h in result.results if h.id not in exclude]
-        similar = [h for h in hits if similar_enough(h)]
-        below = len([h for h in result.candidates if h.id not in exclude]) + len(hits) - len(similar)
+        top_k = request.top_k
+        hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
+        similar = [(m, e) for m, e in hits if similar_enough(e)]
+        below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
         kept = similar[:wanted]
-        sources.update(h.served_by for h in kept if h.served_by)
+        sources.update(m.served_by for m, _ in kept if m.served_by)
         terms = tuple(query_terms(query))
-        items = [RelevantItem(kind=h.kind, valid_at=h.valid_at, text=h.content, score=h.score, terms=terms)
-                 for h in kept]
+        items = [RelevantItem(kind=m.kind, valid_at=m.valid_at, text=m.search_text, score=e.score, terms=terms)
+                 for m, e in kept]
         return items, True, below
 
     async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,

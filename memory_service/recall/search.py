@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
 
@@ -156,13 +157,15 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
     had ranked them, and the hub penalty, uniform across them, would change nothing."""
     k = settings.search_rrf_k
+    # Every score and explanation is built here from valid values, one per candidate (about
+    # a hundred a search): model_construct, not a validation of each.
     memories: dict[str, Memory] = {}
     signals: dict[str, dict[str, SignalScore]] = {}
     places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
-            signals.setdefault(memory.id, {})[signal] = SignalScore(score=round(score, 6), rank=rank)
+            signals.setdefault(memory.id, {})[signal] = SignalScore.model_construct(score=round(score, 6), rank=rank)
             places[(signal, memory.id)] = rank
         if signal == GRAPH:
             for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
@@ -177,7 +180,7 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
         age_days = (now - memory.valid_at).total_seconds() / 86_400
         recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
         score = fused * recency
-        explained.append((memory, Explanation(
+        explained.append((memory, Explanation.model_construct(
             signals=found, fused=round(fused, 6), recency=round(recency, 6), age_days=round(age_days, 3),
             score=round(score, 6), activated=min_score is None or score >= min_score,
             graph=(paths or {}).get(memory_id, []),
@@ -231,8 +234,9 @@ def rerank(ranked: list[tuple[Memory, Explanation]], scores: Sequence[float], mo
 
 
 def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
+    """The answer's form of a ranked memory (built from a validated memory: not validated again)."""
     meta = memory.metadata
-    return SearchHit(
+    return SearchHit.model_construct(
         id=memory.id, kind=memory.kind, namespace=memory.namespace,
         content=memory.search_text,
         valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
@@ -247,6 +251,25 @@ def _needed[T](value: T | None, scope: Scope, name: str) -> T:
     if not value:
         raise InvalidInput(f"scope={scope.value} needs {name}")
     return value
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """A search's candidates, best first, each with its explanation; the signals that ran,
+    those that could not (and why), and the time recency was measured from."""
+
+    ranked: list[tuple[Memory, Explanation]]
+    signals: list[str]
+    degraded: list[str]
+    now: datetime
+
+    def results(self, top_k: int) -> list[tuple[Memory, Explanation]]:
+        """The best ``top_k`` activated (at or above the search's min_score)."""
+        return [pair for pair in self.ranked if pair[1].activated][:top_k]
+
+    def candidates(self, top_k: int) -> list[tuple[Memory, Explanation]]:
+        """The best ``top_k`` below min_score."""
+        return [pair for pair in self.ranked if not pair[1].activated][:top_k]
 
 
 class Retriever:
@@ -351,9 +374,27 @@ class Retriever:
         a query searches with the session's latest user message): its stored embedding, when
         it has one of this embedder's model, is the query's, and the model is not run."""
         started = time.perf_counter()
-        self.validate(request)
+        self.validate(request)  # before the scope's reads: a bad request reads nothing
         if resolve_scope:
             namespaces = await self.scope_namespaces(agent_id, request, reach)
+        ranking = await self.rank(agent_id, backend, request, namespaces, found, like)
+        now = ranking.now
+        return SearchResult(
+            query=request.query, scope=request.scope,
+            namespaces=None if namespaces is None else len(namespaces),
+            signals=ranking.signals, degraded=ranking.degraded,
+            results=[hit(m, e, now) for m, e in ranking.results(request.top_k)],
+            candidates=[hit(m, e, now) for m, e in ranking.candidates(request.top_k)],
+            took_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+    async def rank(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
+                   namespaces: Sequence[Namespace] | None, found: QueryGraph | None = None,
+                   like: str | None = None) -> Ranking:
+        """The search's candidates ranked and explained, in ``namespaces`` (None: the agent's
+        whole graph), before they are cut to ``top_k`` and put in the answer's form: what
+        ``search`` answers with, and what the memory block reads (it needs no hits)."""
+        self.validate(request)
         vector: list[float] | None = None
         why_not: str | None = None
         if like is not None and self.embedder is not None:
@@ -407,15 +448,7 @@ class Retriever:
                 log.warning("search without the structural re-rank: %s", exc)
                 degraded.append(f"structure: {type(exc).__name__}: {exc}")
         ranked = await self.reranked(request, ranked, degraded)
-        results = [hit(m, e, now) for m, e in ranked if e.activated][: request.top_k]
-        candidates = [hit(m, e, now) for m, e in ranked if not e.activated][: request.top_k]
-        return SearchResult(
-            query=request.query, scope=request.scope,
-            namespaces=None if namespaces is None else len(namespaces),
-            signals=sorted(hits), degraded=degraded,
-            results=results, candidates=candidates, took_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
-
+        return Ranking(ranked, sorted(hits), degraded, now)
 
     async def reranked(self, request: SearchRequest, ranked: list[tuple[Memory, Explanation]],
                        degraded: list[str]) -> list[tuple[Memory, Explanation]]:

@@ -46,13 +46,15 @@ from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from falkordb.asyncio.query_result import QueryResult
+
 from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
 from memory_service.state import keyspace, metrics, tracing
-from memory_service.stores import postings
+from memory_service.stores import compact_reply, postings
 from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, SignalHits
 from memory_service.stores.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
@@ -341,13 +343,20 @@ class GraphBackend(EntityGraph):
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
-            result = await graph.ro_query(cypher, params)
+            # As the client's ro_query sends it; the reply read by compact_reply (a
+            # coroutine per value in the client), or by the client when it holds entities.
+            reply = await graph.execute_command("GRAPH.RO_QUERY", graph.name,
+                                                graph._build_params_header(params) + cypher, "--compact")
+            if (parsed := compact_reply.rows(reply)) is None:
+                result = QueryResult(graph)
+                await result.parse(reply)
+                parsed = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in result.header], result.result_set
         except Exception as exc:
             if _is_missing_graph(exc):
                 return []
             raise
-        names = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in result.header]
-        return [dict(zip(names, row)) for row in result.result_set]
+        names, rows = parsed
+        return [dict(zip(names, row, strict=True)) for row in rows]
 
     async def _writable(self, agent_id: str) -> AsyncGraph:
         """The agent's graph, with its indexes, created with the graph (for updates; ``write``
