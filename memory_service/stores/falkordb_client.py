@@ -11,7 +11,7 @@ So for ``redis+cluster://`` the service builds the cluster connection
 
 Placement: an agent's graph is one key, ``ms_agent__<agent>``, on the node of that key's
 slot, with FalkorDB's log of its queries (``telemetry{ms_agent__<agent>}``, the same slot).
-The agent's full-text postings (``ms:ft:{<agent>}:...``) carry the agent's hash tag: one
+The agent's full-text postings (``keyspace.postings_prefix``) carry the agent's hash tag: one
 slot, maybe another node; no script or transaction names both.
 
 What is per server on a cluster goes to every primary: GRAPH.LIST here, SCANs (redis-py's
