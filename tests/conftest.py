@@ -187,6 +187,17 @@ async def flush(url: str) -> None:
 
 
 @pytest.fixture
+async def graph_backend(settings):
+    """The graph store itself (no service around it) on the suite's flushed store, started."""
+    from memory_service.stores.graph import GraphBackend
+
+    backend = GraphBackend(settings.falkordb_url, settings)
+    await backend.start()
+    yield backend
+    await backend.close()
+
+
+@pytest.fixture
 async def settings(falkordb_url) -> Settings:
     """Settings for the shared store, flushed: each test starts empty."""
     await flush(falkordb_url)

@@ -47,11 +47,8 @@ def holder(key: str) -> str:
 
 
 @pytest.fixture
-async def backend(settings):
-    graph = GraphBackend(settings.falkordb_url, settings)
-    await graph.start()
-    yield graph
-    await graph.close()
+def backend(graph_backend):
+    return graph_backend
 
 
 @on_cluster

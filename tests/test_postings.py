@@ -24,11 +24,8 @@ WORDS = [f"w{i}" for i in range(60)]
 
 
 @pytest.fixture
-async def store(settings):
-    backend = GraphBackend(settings.falkordb_url, settings)
-    await backend.start()
-    yield backend
-    await backend.close()
+def store(graph_backend):
+    return graph_backend
 
 
 def corpus(n: int, seed: int = 7) -> list[str]:
