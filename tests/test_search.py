@@ -187,9 +187,11 @@ async def test_context_relevant_part_respects_every_budget(service):
     every = {f"alice: {text}" for _, _, text in lines}
     # The sliding budget: the best whole, the next cut to their share (by score) around the
     # query's words, and what is left goes to the next.
-    lengths = [len(t) for t in shown[4000]]
-    assert all("locker code" in t for t in shown[4000]) and lengths[0] == max(lengths)
-    assert any(t.endswith("…") for t in shown[4000])
+    # (Whole lines differ by two characters, one-digit numbers against two: the best is whole,
+    # not necessarily the longest shown.)
+    assert all("locker code" in t for t in shown[4000]) and shown[4000][0] in every
+    cut = [t for t in shown[4000] if t not in every]
+    assert cut and all("…" in t for t in cut) and any(t.endswith("…") for t in cut)
     assert len(shown[4000]) >= 10
     # Room for all: every turn whole.
     assert sorted(shown[16000]) == sorted(every)
