@@ -34,7 +34,7 @@ async def _both(graph, cypher: str):
     reply = await graph.execute_command("GRAPH.RO_QUERY", graph.name, cypher, "--compact")
     client = QueryResult(graph)
     await client.parse(reply)
-    names = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in client.header]
+    names = [compact_reply.text(h[1]) for h in client.header]
     return compact_reply.rows(reply), (names, client.result_set)
 
 

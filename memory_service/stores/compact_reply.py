@@ -27,7 +27,8 @@ class NeedsSchema(Exception):
     """A cell this module does not read (a graph entity): the client's parser reads the reply."""
 
 
-def _text(value: Any) -> str:
+def text(value: Any) -> str:
+    """A name or flag of the reply as text (bytes without decode_responses)."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
@@ -42,13 +43,13 @@ def _cell(cell: list[Any]) -> Any:
     if kind == INTEGER:
         return int(value)
     if kind == BOOLEAN:
-        return _text(value) == "true"
+        return text(value) == "true"
     if kind == ARRAY:
         return [_cell(c) for c in value]
     if kind == VECTORF32:
         return [float(v) for v in value]
     if kind == MAP:
-        return {_text(value[i]): _cell(value[i + 1]) for i in range(0, len(value), 2)}
+        return {text(value[i]): _cell(value[i + 1]) for i in range(0, len(value), 2)}
     if kind == DATETIME:
         return datetime.fromtimestamp(value, tz=UTC)
     raise NeedsSchema(kind)
@@ -62,7 +63,7 @@ def rows(reply: list[Any]) -> tuple[list[str], list[list[Any]]] | None:
         raise reply[-1]
     if len(reply) == 1:  # statistics only: no result set
         return [], []
-    names = [_text(column[1]) for column in reply[0]]
+    names = [text(column[1]) for column in reply[0]]
     try:
         return names, [[_cell(cell) for cell in row] for row in reply[1]]
     except NeedsSchema:

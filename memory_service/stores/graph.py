@@ -350,7 +350,7 @@ class GraphBackend(EntityGraph):
             if (parsed := compact_reply.rows(reply)) is None:
                 result = QueryResult(graph)
                 await result.parse(reply)
-                parsed = [h[1].decode() if isinstance(h[1], bytes) else h[1] for h in result.header], result.result_set
+                parsed = [compact_reply.text(h[1]) for h in result.header], result.result_set
         except Exception as exc:
             if _is_missing_graph(exc):
                 return []
