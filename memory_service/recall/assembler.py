@@ -40,9 +40,8 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.recall.search import Retriever, SearchRequest, query_terms
+from memory_service.recall.search import Retriever, Scored, SearchRequest, query_terms
 from memory_service.recall.startup import StartupRecords
-from memory_service.schemas.search import Explanation
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
@@ -337,10 +336,10 @@ class ContextAssembler:
                         "past the deadline" if isinstance(exc, TimeoutError) else exc)
             return [], False, 0
 
-        def similar_enough(explanation: Explanation) -> bool:
-            signals = explanation.signals
+        def similar_enough(scored: Scored) -> bool:
+            signals = scored.signals
             return recall.min_similarity is None or set(signals) != {"vector"} or \
-                signals["vector"].score >= recall.min_similarity
+                signals["vector"][0] >= recall.min_similarity
 
         top_k = request.top_k
         hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]

@@ -29,9 +29,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, field_validator
 
@@ -146,9 +146,36 @@ def tied_ranks(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
     return out
 
 
+@dataclass(slots=True)
+class Scored:
+    """A candidate's score and how it came about: what the answer's Explanation says, kept as
+    plain values while a search ranks its candidates (about a hundred; the answer explains
+    only those it returns, the memory block none)."""
+
+    signals: dict[str, tuple[float, int]]  # signal -> (its score, its rank)
+    fused: float
+    recency: float
+    age_days: float
+    score: float
+    activated: bool
+    graph: list[GraphPath]
+    structure: Structure | None = None
+    rerank: Rerank | None = None
+
+    def explanation(self) -> Explanation:
+        """The answer's form (built from valid values: not validated again)."""
+        extra: dict[str, Any] = {name: value for name, value in (("structure", self.structure), ("rerank", self.rerank))
+                 if value is not None}
+        return Explanation.model_construct(
+            signals={name: SignalScore.model_construct(score=score, rank=rank)
+                     for name, (score, rank) in self.signals.items()},
+            fused=self.fused, recency=self.recency, age_days=self.age_days, score=self.score,
+            activated=self.activated, graph=self.graph, **extra)
+
+
 def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None,
-         paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Memory, Explanation]]:
-    """Every candidate once, with its explanation (and its graph ``paths``), best first.
+         paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Memory, Scored]]:
+    """Every candidate once, with how it scored (and its graph ``paths``), best first.
 
     The graph signal is fused on its own terms: its score is evidence on a fixed scale (1 =
     a mention of a query entity nothing else is linked to; a hub's mention weighs
@@ -157,56 +184,60 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
     had ranked them, and the hub penalty, uniform across them, would change nothing."""
     k = settings.search_rrf_k
-    # Every score and explanation is built here from valid values, one per candidate (about
-    # a hundred a search): model_construct, not a validation of each.
     memories: dict[str, Memory] = {}
-    signals: dict[str, dict[str, SignalScore]] = {}
+    signals: dict[str, dict[str, tuple[float, int]]] = {}
     places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
         for rank, (memory, score) in enumerate(ranked, start=1):
             memories.setdefault(memory.id, memory)
-            signals.setdefault(memory.id, {})[signal] = SignalScore.model_construct(score=round(score, 6), rank=rank)
+            signals.setdefault(memory.id, {})[signal] = (round(score, 6), rank)
             places[(signal, memory.id)] = rank
         if signal == GRAPH:
             for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
                 places[(signal, memory_id)] = place
     weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
     best_possible = sum(weights.values()) / (k + 1) if hits else 1.0
+    half_life, weight = settings.search_recency_half_life_days, settings.search_recency_weight
+    paths = paths or {}
     explained = []
     for memory_id, found in signals.items():
         memory = memories[memory_id]
-        fused = sum(weights[name] * (min(s.score, 1.0) if name == GRAPH else 1.0) / (k + places[(name, memory_id)])
-                    for name, s in found.items()) / best_possible
+        fused = sum(weights[name] * (min(score, 1.0) if name == GRAPH else 1.0) / (k + places[(name, memory_id)])
+                    for name, (score, _) in found.items()) / best_possible
         age_days = (now - memory.valid_at).total_seconds() / 86_400
-        recency = recency_factor(age_days, settings.search_recency_half_life_days, settings.search_recency_weight)
+        recency = recency_factor(age_days, half_life, weight)
         score = fused * recency
-        explained.append((memory, Explanation.model_construct(
+        explained.append((memory, Scored(
             signals=found, fused=round(fused, 6), recency=round(recency, 6), age_days=round(age_days, 3),
-            score=round(score, 6), activated=min_score is None or score >= min_score,
-            graph=(paths or {}).get(memory_id, []),
+            score=round(score, 6), activated=min_score is None or score >= min_score, graph=paths.get(memory_id, []),
         )))
-    explained.sort(key=lambda pair: (-pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id))
+    explained.sort(key=_best_first)
     return explained
 
 
-def restructure(ranked: list[tuple[Memory, Explanation]], structures: dict[str, Structure],
-                min_score: float | None) -> list[tuple[Memory, Explanation]]:
+def _best_first(pair: tuple[Memory, Scored]) -> tuple[float, float, str]:
+    """Higher score first; between equal scores, the newer, then by id."""
+    return -pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id
+
+
+def restructure(ranked: list[tuple[Memory, Scored]], structures: dict[str, Structure],
+                min_score: float | None) -> list[tuple[Memory, Scored]]:
     """``ranked`` with each score multiplied by its structure's factor, best first again."""
     out = []
-    for memory, explanation in ranked:
+    for memory, scored in ranked:
         found = structures.get(memory.id)
         if found is None:
-            out.append((memory, explanation))
+            out.append((memory, scored))
             continue
-        score = round(explanation.score * found.factor, 6)
-        out.append((memory, explanation.model_copy(update={
-            "score": score, "structure": found, "activated": min_score is None or score >= min_score})))
-    out.sort(key=lambda pair: (-pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id))
+        score = round(scored.score * found.factor, 6)
+        out.append((memory, replace(scored, score=score, structure=found,
+                                    activated=min_score is None or score >= min_score)))
+    out.sort(key=_best_first)
     return out
 
 
-def rerank(ranked: list[tuple[Memory, Explanation]], scores: Sequence[float], model: str, k: int, weight: float,
-           min_score: float | None) -> list[tuple[Memory, Explanation]]:
+def rerank(ranked: list[tuple[Memory, Scored]], scores: Sequence[float], model: str, k: int, weight: float,
+           min_score: float | None) -> list[tuple[Memory, Scored]]:
     """``ranked`` with its first ``len(scores)`` in a new order: the reciprocal rank fusion of
     their fused order (weight 1) and the re-ranker's order of ``scores`` (weight ``weight``),
     ``k`` as fusion's. The rest follow as they were.
@@ -222,27 +253,27 @@ def rerank(ranked: list[tuple[Memory, Explanation]], scores: Sequence[float], mo
     model_rank = {i: place for place, i in enumerate(by_model, start=1)}
     best = (1 + weight) / (k + 1)
     combined = [(1 / (k + i + 1) + weight / (k + model_rank[i])) / best for i in range(n)]
-    values = sorted((e.score for _, e in head), reverse=True)
+    values = sorted((s.score for _, s in head), reverse=True)
     out = []
     for value, i in zip(values, sorted(range(n), key=lambda i: (-combined[i], i)), strict=True):
-        memory, explanation = head[i]
-        out.append((memory, explanation.model_copy(update={
-            "score": value, "activated": min_score is None or value >= min_score,
-            "rerank": Rerank(model=model, score=round(float(scores[i]), 6), rank=model_rank[i], fused_rank=i + 1,
-                             combined=round(combined[i], 6))})))
+        memory, scored = head[i]
+        out.append((memory, replace(
+            scored, score=value, activated=min_score is None or value >= min_score,
+            rerank=Rerank(model=model, score=round(float(scores[i]), 6), rank=model_rank[i], fused_rank=i + 1,
+                          combined=round(combined[i], 6)))))
     return out + tail
 
 
-def hit(memory: Memory, explanation: Explanation, now: datetime) -> SearchHit:
+def hit(memory: Memory, scored: Scored, now: datetime) -> SearchHit:
     """The answer's form of a ranked memory (built from a validated memory: not validated again)."""
     meta = memory.metadata
     return SearchHit.model_construct(
         id=memory.id, kind=memory.kind, namespace=memory.namespace,
         content=memory.search_text,
-        valid_at=memory.valid_at, age=age(memory.valid_at, now), score=explanation.score,
-        activated=explanation.activated, source_message_ids=memory.source_message_ids,
+        valid_at=memory.valid_at, age=age(memory.valid_at, now), score=scored.score,
+        activated=scored.activated, source_message_ids=memory.source_message_ids,
         session_id=meta.session_id, user_id=meta.user_id, role=meta.role, served_by=memory.served_by,
-        title=memory.title, tags=list(memory.tags), explanation=explanation,
+        title=memory.title, tags=list(memory.tags), explanation=scored.explanation(),
     )
 
 
@@ -258,16 +289,16 @@ class Ranking:
     """A search's candidates, best first, each with its explanation; the signals that ran,
     those that could not (and why), and the time recency was measured from."""
 
-    ranked: list[tuple[Memory, Explanation]]
+    ranked: list[tuple[Memory, Scored]]
     signals: list[str]
     degraded: list[str]
     now: datetime
 
-    def results(self, top_k: int) -> list[tuple[Memory, Explanation]]:
+    def results(self, top_k: int) -> list[tuple[Memory, Scored]]:
         """The best ``top_k`` activated (at or above the search's min_score)."""
         return [pair for pair in self.ranked if pair[1].activated][:top_k]
 
-    def candidates(self, top_k: int) -> list[tuple[Memory, Explanation]]:
+    def candidates(self, top_k: int) -> list[tuple[Memory, Scored]]:
         """The best ``top_k`` below min_score."""
         return [pair for pair in self.ranked if not pair[1].activated][:top_k]
 
@@ -450,8 +481,8 @@ class Retriever:
         ranked = await self.reranked(request, ranked, degraded)
         return Ranking(ranked, sorted(hits), degraded, now)
 
-    async def reranked(self, request: SearchRequest, ranked: list[tuple[Memory, Explanation]],
-                       degraded: list[str]) -> list[tuple[Memory, Explanation]]:
+    async def reranked(self, request: SearchRequest, ranked: list[tuple[Memory, Scored]],
+                       degraded: list[str]) -> list[tuple[Memory, Scored]]:
         """``ranked`` after the re-ranker read its best RERANK_CANDIDATES (as it was without one,
         or when it fails: a failing re-ranker degrades search, it never fails it)."""
         s = self.settings
