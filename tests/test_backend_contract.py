@@ -12,6 +12,7 @@ import pytest
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
+from memory_service.stores.base import RecentRead
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
 A1, A2 = "a1", "a2"
@@ -97,6 +98,32 @@ async def test_recent_is_chronological_oldest_first_and_filters_kinds(backend):
         "f1", "s1", "f2", "f3"]
     assert await backend.recent(A1, SHARD, [MemoryKind.FACT], 0) == []
     assert await backend.count(A1, SHARD, [MemoryKind.FACT]) == 3 and await backend.count(A1, SHARD) == 4
+
+
+async def test_recent_many_answers_each_read_as_recent_does_in_order(backend):
+    await backend.write([
+        memory("f1", MemoryKind.FACT, SHARD, "first", 1, seq=1),
+        memory("f2", MemoryKind.FACT, SHARD, "second", 2, seq=2),
+        memory("s1", MemoryKind.SUGGESTION, SHARD, "a suggestion", 3, seq=3),
+        memory("e1", MemoryKind.EPISODE, SESSION, "an episode", 4, seq=4),
+        memory("d1", MemoryKind.DIRECTIVE, USER, "a directive", 5, seq=5),
+    ])
+    reads = [
+        RecentRead(SHARD, [MemoryKind.FACT], 1),
+        RecentRead(SESSION, [MemoryKind.EPISODE], 10),
+        RecentRead(SHARD, [MemoryKind.FACT], 0),  # nothing asked: nothing read
+        RecentRead(USER, [], 10),
+        RecentRead(SHARD, [MemoryKind.FACT, MemoryKind.SUGGESTION], 10),
+        RecentRead(USER, [MemoryKind.DIRECTIVE], 10),
+        RecentRead(Namespace.shard(A1, "empty"), [MemoryKind.FACT], 10),
+    ]
+    many = await backend.recent_many(A1, reads)
+    assert [[m.id for m in found] for found in many] == [["f2"], ["e1"], [], [], ["f1", "f2", "s1"], ["d1"], []]
+    for read, found in zip(reads, many, strict=True):
+        assert found == await backend.recent(A1, read.namespace, read.kinds, read.limit)
+    assert await backend.recent_many(A1, []) == []
+    assert await backend.recent_many("nobody", reads) == [[] for _ in reads]  # an unknown agent reads as empty
+    assert await backend.agents() == [A1]  # and is not created
 
 
 async def test_trim_evicts_the_oldest_and_is_idempotent(backend):

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from memory_service.access.pseudonyms import for_log, namespace_for_log
+from memory_service.access.pseudonyms import for_log
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.domain.bm25 import QUERY_STOPWORDS
@@ -45,7 +46,7 @@ from memory_service.recall.startup import StartupRecords
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend
+from memory_service.stores.base import MemoryBackend, RecentRead
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ RELEVANT_COUNTS_PER_CHARS = 4_000
 OWN_FACTS = 5
 # The facts of the query's entities passed to the renderer (it keeps what fits their share).
 QUERY_FACTS = 30
+# Without a query, the latest user message is looked for among the session's last this many.
+LATEST_MESSAGES = 20
 
 
 class ContextAssembler:
@@ -195,28 +198,46 @@ class ContextAssembler:
             log.warning("memory context for agent %s without memories: %s", agent_id, exc)
             return ContextInputs(), False, "none", 0
 
-        async def read(namespace: Namespace | None, kinds: list[MemoryKind], limit: int) -> list[Memory] | None:
-            if namespace is None:
-                return []
+        # Every recent read of the block in one call (one round trip on the graph): the
+        # session's episodes, each user's directives and consolidated memory, each shard's
+        # facts, suggestions and consolidated memory, and without a query the session's
+        # latest messages (the query is the latest user message among them).
+        reads: list[RecentRead] = []
+
+        def ask(namespace: Namespace, kind: MemoryKind, limit: int) -> int:
+            reads.append(RecentRead(namespace, [kind], limit))
+            return len(reads) - 1
+
+        def ask_merged(namespace: Namespace, kind: MemoryKind, limit: int) -> tuple[int, int]:
+            return ask(namespace, kind, limit), ask(namespace, MemoryKind.CONSOLIDATED, 1)
+
+        shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
+        episodes_at = ask(Namespace.session(session_id), MemoryKind.EPISODE, s.context_recent_episodes) \
+            if session_id else None
+        users_at = [ask_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
+                    for u in users]
+        facts_at = [ask(ns, MemoryKind.FACT, s.context_facts_per_shard) for ns in shard_ns]
+        suggestions_at = [ask_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns]
+        shown = len(reads)
+        messages_at = ask(Namespace.session(session_id), MemoryKind.MESSAGE, LATEST_MESSAGES) \
+            if query is None and session_id else None
+
+        async def read_recent() -> list[list[Memory]] | None:
             try:
                 async with asyncio.timeout_at(deadline):
-                    memories = await backend.recent(agent_id, namespace, kinds, limit)
-                sources.update(m.served_by for m in memories if m.served_by)
-                return memories
+                    found = await backend.recent_many(agent_id, reads)
             except Exception as exc:  # an outage or the deadline shrinks the block instead of failing the prompt
-                log.warning("memory context: reading %s failed: %s", namespace_for_log(namespace),
+                log.warning("memory context: reading agent %s's recent memories failed: %s", agent_id,
                             "past the deadline" if isinstance(exc, TimeoutError) else exc)
                 return None
+            sources.update(m.served_by for memories in found[:shown] for m in memories if m.served_by)
+            return found
 
-        async def read_merged(namespace: Namespace, kind: MemoryKind, limit: int) -> tuple[str | None, list[Memory]] | None:
-            """The consolidated memory and the items not merged into it yet."""
-            items, latest = await asyncio.gather(read(namespace, [kind], limit), read(namespace, [MemoryKind.CONSOLIDATED], 1))
-            if items is None or latest is None:
-                return None
-            if not latest:
-                return None, items
-            pending = set(await self.state.consolidation_pending(str(namespace)))
-            return latest[-1].content, [m for m in items if m.id in pending]
+        recent = asyncio.ensure_future(read_recent())
+
+        async def latest_messages() -> list[Memory] | None:
+            found = await recent
+            return None if found is None or messages_at is None else found[messages_at]
 
         async def user_scope() -> list[Namespace] | None:
             """The user's namespaces for the search (None: the read failed)."""
@@ -230,29 +251,36 @@ class ContextAssembler:
                             "past the deadline" if isinstance(exc, TimeoutError) else exc)
                 return None
 
-        shard_ns = [Namespace.shard(agent_id, shard.shard_id) for shard in shards]
-        # Every read at once (the inner gathers start theirs when the outer one starts them),
-        # and beside them the query's: the latest message when there is no query, then the
-        # known facts (what the search after them waits for), and the search's scope.
-        episode_read, merged_user_reads, fact_reads, suggestion_reads, asked, scope = await asyncio.gather(
-            read(Namespace.session(session_id) if session_id else None, [MemoryKind.EPISODE], s.context_recent_episodes),
-            asyncio.gather(*(read_merged(Namespace.user(agent_id, u), MemoryKind.DIRECTIVE, s.context_directives_per_user)
-                             for u in users)),
-            asyncio.gather(*(read(ns, [MemoryKind.FACT], s.context_facts_per_shard) for ns in shard_ns)),
-            asyncio.gather(*(read_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns)),
-            self._query_and_facts(agent_id, user_id, session_id, shards, backend, query, deadline, as_of),
-            user_scope(),
-        )
-        complete = episode_read is not None and all(
-            r is not None for r in (*merged_user_reads, *fact_reads, *suggestion_reads))
-        episodes = episode_read or []
-        no_merged: tuple[str | None, list[Memory]] = (None, [])
-        user_reads = [r or no_merged for r in merged_user_reads]
-        shard_contexts = []
-        for shard, facts, merged in zip(shards, fact_reads, suggestion_reads, strict=True):
-            consolidated, suggestions = merged or no_merged
-            shard_contexts.append(ShardContext(shard_id=shard.shard_id, name=shard.name, facts=facts or [],
-                                               suggestions=suggestions, consolidated=consolidated))
+        # Beside the recent reads, the query's (the latest user message when there is no
+        # query, then the known facts, what the search after them waits for) and the
+        # search's scope.
+        try:
+            asked, scope = await asyncio.gather(
+                self._query_and_facts(agent_id, user_id, shards, backend, query,
+                                      latest_messages if messages_at is not None else None, deadline, as_of),
+                user_scope())
+            found = await recent
+        finally:
+            recent.cancel()  # never left running when the gather failed
+        complete = found is not None
+
+        async def merged(at: tuple[int, int]) -> tuple[str | None, list[Memory]]:
+            """The consolidated memory of a kind's items and those not merged into it yet."""
+            if found is None:
+                return None, []
+            items, latest = found[at[0]], found[at[1]]
+            if not latest:
+                return None, items
+            pending = set(await self.state.consolidation_pending(str(reads[at[1]].namespace)))
+            return latest[-1].content, [m for m in items if m.id in pending]
+
+        user_reads, suggestion_reads = await asyncio.gather(asyncio.gather(*map(merged, users_at)),
+                                                            asyncio.gather(*map(merged, suggestions_at)))
+        episodes = found[episodes_at] if found is not None and episodes_at is not None else []
+        shard_contexts = [
+            ShardContext(shard_id=shard.shard_id, name=shard.name, facts=found[at] if found is not None else [],
+                         suggestions=suggestions, consolidated=consolidated)
+            for shard, at, (consolidated, suggestions) in zip(shards, facts_at, suggestion_reads, strict=True)]
         inputs = ContextInputs(
             shards=shard_contexts,
             users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
@@ -263,26 +291,20 @@ class ContextAssembler:
         return (replace(inputs, relevant=relevant, facts=asked.facts, facts_as_of=as_of, asked=asked.query is not None),
                 complete and relevant_complete and asked.complete, backend_name, below)
 
-    async def _query_and_facts(self, agent_id: str, user_id: str, session_id: str | None, shards: list[Shard],
-                               backend: MemoryBackend, query: str | None, deadline: float,
-                               as_of: datetime | None) -> _Asked:
-        """The block's query (without one, the session's latest user message, whose stored
-        embedding the search reuses) and the known facts read with it (``_facts``)."""
+    async def _query_and_facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
+                               query: str | None, said: Callable[[], Awaitable[list[Memory] | None]] | None,
+                               deadline: float, as_of: datetime | None) -> _Asked:
+        """The block's query (without one, the latest user message of what the session
+        ``said``, whose stored embedding the search reuses) and the known facts read with it
+        (``_facts``)."""
         like = None
-        try:
-            async with asyncio.timeout_at(deadline):
-                if query is None:
-                    said = [] if session_id is None else await backend.recent(
-                        agent_id, Namespace.session(session_id), [MemoryKind.MESSAGE], 20)
-                    latest = [m for m in said if m.metadata.role in (None, "user")]
-                    if latest:
-                        query, like = latest[-1].content[: self.settings.search_max_query_chars], latest[-1].id
-        except MemoryServiceError:
-            raise
-        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
-            log.warning("memory context: reading agent %s's latest message failed: %s", agent_id,
-                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return _Asked(None, None, [], None, False, failed=True)
+        if query is None:
+            messages = await said() if said is not None else []
+            if messages is None:  # the read failed: the block shows no relevant memories
+                return _Asked(None, None, [], None, False, failed=True)
+            latest = [m for m in messages if m.metadata.role in (None, "user")]
+            if latest:
+                query, like = latest[-1].content[: self.settings.search_max_query_chars], latest[-1].id
         facts, found, complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
         return _Asked(query, like, facts, found, complete)
 

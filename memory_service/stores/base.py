@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,6 +68,15 @@ class ListedPage:
     resume: Position | None = None
     hint: float | None = None
 
+@dataclass(frozen=True, slots=True)
+class RecentRead:
+    """One read of ``recent_many``: the ``limit`` most recent memories of ``kinds`` in ``namespace``."""
+
+    namespace: Namespace
+    kinds: Sequence[MemoryKind]
+    limit: int
+
+
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
 # with that signal's raw score (higher is better).
 SignalHits = dict[str, list[tuple[Memory, float]]]
@@ -114,6 +124,12 @@ class MemoryBackend(ABC):
     @abstractmethod
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
         """The ``limit`` most recent memories of these kinds, oldest first."""
+
+    async def recent_many(self, agent_id: str, reads: Sequence[RecentRead]) -> list[list[Memory]]:
+        """``recent`` of each read, in order: what the memory block reads of a session, its
+        users and the shards. A backend may answer them in one round trip; this one asks
+        ``recent`` for each at once. Fails as a whole when one read fails."""
+        return list(await asyncio.gather(*(self.recent(agent_id, r.namespace, r.kinds, r.limit) for r in reads)))
 
     @abstractmethod
     async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:

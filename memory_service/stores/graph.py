@@ -55,7 +55,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
 from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import compact_reply, postings
-from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, SignalHits
+from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, RecentRead, SignalHits
 from memory_service.stores.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
 from memory_service.stores.postings import Postings
@@ -343,20 +343,31 @@ class GraphBackend(EntityGraph):
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
-            # As the client's ro_query sends it; the reply read by compact_reply (a
-            # coroutine per value in the client), or by the client when it holds entities.
+            # As the client's ro_query sends it.
             reply = await graph.execute_command("GRAPH.RO_QUERY", graph.name,
                                                 graph._build_params_header(params) + cypher, "--compact")
-            if (parsed := compact_reply.rows(reply)) is None:
-                result = QueryResult(graph)
-                await result.parse(reply)
-                parsed = [compact_reply.text(h[1]) for h in result.header], result.result_set
         except Exception as exc:
             if _is_missing_graph(exc):
                 return []
             raise
-        names, rows = parsed
-        return [dict(zip(names, row, strict=True)) for row in rows]
+        return await _rows(graph, reply)
+
+    async def _read_many(self, agent_id: str, queries: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
+        """Read-only queries on the agent's graph in one round trip (a pipeline of them, on
+        the graph's node), each answered as ``_read`` answers it."""
+        graph = self.client.select_graph(graph_name(agent_id))
+        pipe = self.client.connection.pipeline(transaction=False)
+        for cypher, params in queries:
+            pipe.execute_command("GRAPH.RO_QUERY", graph.name, graph._build_params_header(params) + cypher, "--compact")
+        out: list[list[Row]] = []
+        for reply in await pipe.execute(raise_on_error=False):
+            if isinstance(reply, Exception):
+                if _is_missing_graph(reply):
+                    out.append([])
+                    continue
+                raise reply
+            out.append(await _rows(graph, reply))
+        return out
 
     async def _writable(self, agent_id: str) -> AsyncGraph:
         """The agent's graph, with its indexes, created with the graph (for updates; ``write``
@@ -687,15 +698,21 @@ class GraphBackend(EntityGraph):
         return [_memory(row) for row in rows]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
-        if limit <= 0 or not kinds:
-            return []
-        rows = await self._read(
-            agent_id,
-            f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_READ_FIELDS} "
-            "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
-            gks=[_group_kind(namespace.group_id, k) for k in kinds], limit=limit,
-        )
-        return [_memory(row) for row in reversed(rows)]
+        return (await self.recent_many(agent_id, [RecentRead(namespace, kinds, limit)]))[0]
+
+    async def recent_many(self, agent_id: str, reads: Sequence[RecentRead]) -> list[list[Memory]]:
+        """Every read in one round trip (a pipeline of queries): the memory block's reads of
+        its session, users and shards cost one wait, not one each."""
+        asked = [r for r in reads if r.limit > 0 and r.kinds]
+        queries = [(f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_READ_FIELDS} "
+                    "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
+                    {"gks": [_group_kind(r.namespace.group_id, k) for k in r.kinds], "limit": r.limit}) for r in asked]
+        if len(queries) == 1:
+            answers = [await self._read(agent_id, queries[0][0], **queries[0][1])]
+        else:
+            answers = await self._read_many(agent_id, queries) if queries else []
+        found = iter(answers)
+        return [[_memory(row) for row in reversed(next(found))] if r.limit > 0 and r.kinds else [] for r in reads]
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
         params: dict[str, Any]
@@ -1030,6 +1047,17 @@ class GraphBackend(EntityGraph):
             rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
                                     groups=groups)
         return int(rows[0]["c"]) if rows else 0
+
+
+async def _rows(graph: AsyncGraph, reply: Any) -> list[Row]:
+    """A query's compact reply as rows: read by compact_reply (the client awaits a coroutine
+    per value), or by the client when the reply holds nodes or edges."""
+    if (parsed := compact_reply.rows(reply)) is None:
+        result = QueryResult(graph)
+        await result.parse(reply)
+        parsed = [compact_reply.text(h[1]) for h in result.header], result.result_set
+    names, rows = parsed
+    return [dict(zip(names, row, strict=True)) for row in rows]
 
 
 async def _create_index(graph: AsyncGraph, statement: str) -> None:
