@@ -16,7 +16,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.recall.search import query_terms
 from memory_service.state import keyspace
 from memory_service.stores.graph import GraphBackend
-from memory_service.stores.postings import CHUNK, Postings
+from memory_service.stores.postings import CHUNK, Postings, entry, parse_entries
 
 A = "a1"
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -302,3 +302,37 @@ async def test_a_search_like_a_stored_message_reuses_its_embedding(settings):
         assert embedder.calls == 1
     finally:
         await backend.close()
+
+
+def _split_entries(lines: list[str], wanted: set[str]) -> list[tuple[int, dict[str, int]]]:
+    """parse_entries' answer by splitting every entry into its tokens (the slow, plain way)."""
+    out = []
+    for line in lines:
+        length, *tokens = line.split(" ")
+        counts = {}
+        for token in tokens:
+            term, _, tf = token.partition("*")
+            if term in wanted:
+                counts[term] = int(tf) if tf else 1
+        out.append((int(length), counts))
+    return out
+
+
+def test_parse_entries_counts_exactly_the_wanted_stems_of_each_entry():
+    # Stems that are prefixes of others, numeric stems (never the length), counts above 9,
+    # a stem at an entry's end, empty entries and queries.
+    rng = random.Random(7)
+    vocab = ["a", "ab", "abc", "b", "12", "1", "x", "xy", "café", "b2"]
+    for _ in range(2000):
+        lines = []
+        for _ in range(rng.randint(0, 6)):
+            words = rng.sample(vocab, rng.randint(0, 5))
+            tokens = [w if rng.random() < 0.7 else f"{w}*{rng.randint(2, 12)}" for w in words]
+            lines.append(" ".join([str(rng.randint(0, 30)), *tokens]))
+        wanted = set(rng.sample(vocab, rng.randint(0, 4)))
+        assert parse_entries(lines, wanted) == _split_entries(lines, wanted), (lines, wanted)
+    texts = ["The cat sat on the cat's mat, the cat!", "Dogs and cats: 12 dogs, 1 cat.", ""]
+    lines = [entry(t)[2] for t in texts]
+    wanted = {bm25.stem("cat"), bm25.stem("dogs"), "12"}
+    assert parse_entries(lines, wanted) == _split_entries(lines, wanted)
+    assert parse_entries(lines, wanted)[0][1] == {bm25.stem("cat"): 3}

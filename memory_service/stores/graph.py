@@ -341,6 +341,11 @@ class GraphBackend(EntityGraph):
 
     async def _read(self, agent_id: str, cypher: str, **params: Any) -> list[Row]:
         """A read-only query on the agent's graph; a graph that does not exist reads as empty."""
+        names, rows = await self._read_table(agent_id, cypher, **params)
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    async def _read_table(self, agent_id: str, cypher: str, **params: Any) -> tuple[list[str], list[list[Any]]]:
+        """``_read``'s column names and rows as lists (a read of hundreds of rows builds no dicts)."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
             # As the client's ro_query sends it.
@@ -348,9 +353,9 @@ class GraphBackend(EntityGraph):
                                                 graph._build_params_header(params) + cypher, "--compact")
         except Exception as exc:
             if _is_missing_graph(exc):
-                return []
+                return [], []
             raise
-        return await _rows(graph, reply)
+        return await _table(graph, reply)
 
     async def _read_many(self, agent_id: str, queries: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
         """Read-only queries on the agent's graph in one round trip (a pipeline of them, on
@@ -970,8 +975,9 @@ class GraphBackend(EntityGraph):
             same = _SAME_MODEL if query.vector_model is not None else "true"
             distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, vecf32($v)) END"
             scan.update(v=_FloatList(vector), vector_model=query.vector_model, untagged_model=self.untagged_model)
-        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid AS uuid, {distance} AS d, "
-                                          f"{'n.terms' if terms else 'NULL'} AS terms LIMIT $cap", **scan)
+        # Rows of (uuid, distance, terms).
+        _, rows = await self._read_table(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid, {distance}, "
+                                                   f"{'n.terms' if terms else 'NULL'} LIMIT $cap", **scan)
         if len(rows) > cap:
             return None
         limit = params["limit"]
@@ -981,19 +987,18 @@ class GraphBackend(EntityGraph):
             # each: no text to read and tokenise); a memory written before it had one, from
             # the postings.
             wanted = {stem(t) for t in terms}
-            entries = [r for r in rows if r["terms"] is not None]
-            counts = dict(zip([r["uuid"] for r in entries], postings.parse_entries([r["terms"] for r in entries], wanted),
-                              strict=True))
-            if older := [r["uuid"] for r in rows if r["terms"] is None]:
+            entries = [(memory_id, entry) for memory_id, _, entry in rows if entry is not None]
+            counts = dict(zip([memory_id for memory_id, _ in entries],
+                              postings.parse_entries([entry for _, entry in entries], wanted), strict=True))
+            if older := [memory_id for memory_id, _, entry in rows if entry is None]:
                 indexed = await self.postings.term_counts(agent_id, older, terms)
                 if indexed is None:
                     return None  # not built yet: the full-text index answers
                 counts.update(indexed)
             scores = bm25.rank_counts(counts, terms)
             ranked["fulltext"] = sorted(scores.items(), key=lambda p: (-p[1], p[0]))[:limit]
-        if vector is not None and any(r["d"] is not None for r in rows):
-            near = sorted((float(r["d"]), r["uuid"]) for r in rows if r["d"] is not None)[:limit]
-            ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near]
+        if vector is not None and (near := sorted((float(d), memory_id) for memory_id, d, _ in rows if d is not None)):
+            ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near[:limit]]
         winners = list(dict.fromkeys(i for best in ranked.values() for i, _ in best))
         read = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
                                 ids=winners) if winners else []
@@ -1049,14 +1054,19 @@ class GraphBackend(EntityGraph):
         return int(rows[0]["c"]) if rows else 0
 
 
-async def _rows(graph: AsyncGraph, reply: Any) -> list[Row]:
-    """A query's compact reply as rows: read by compact_reply (the client awaits a coroutine
-    per value), or by the client when the reply holds nodes or edges."""
+async def _table(graph: AsyncGraph, reply: Any) -> tuple[list[str], list[list[Any]]]:
+    """A query's compact reply as column names and rows: read by compact_reply (the client
+    awaits a coroutine per value), or by the client when the reply holds nodes or edges."""
     if (parsed := compact_reply.rows(reply)) is None:
         result = QueryResult(graph)
         await result.parse(reply)
         parsed = [compact_reply.text(h[1]) for h in result.header], result.result_set
-    names, rows = parsed
+    return parsed
+
+
+async def _rows(graph: AsyncGraph, reply: Any) -> list[Row]:
+    """A query's compact reply as rows, each a dict by column name."""
+    names, rows = await _table(graph, reply)
     return [dict(zip(names, row, strict=True)) for row in rows]
 
 

@@ -45,9 +45,10 @@ the memory's entry): keys of the same slot, as the scripts of a tag may use.
 from __future__ import annotations
 
 import logging
-import re
+from bisect import bisect_right
 from collections.abc import AsyncIterator, Collection, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 from typing import Any
 
 from memory_service.domain import bm25
@@ -230,14 +231,32 @@ def entry(text: str) -> tuple[int, dict[str, int], str]:
 
 
 def parse_entries(lines: Sequence[str], wanted: Collection[str]) -> list[tuple[int, dict[str, int]]]:
-    """The indexed length of each ``docs`` entry and its counts of the ``wanted`` stems: one
-    regular expression finds them (a scope's BM25 reads a few stems of hundreds of entries:
-    splitting every entry into all its words cost more than the ranking)."""
-    if not wanted:
-        return [(_length(line), {}) for line in lines]
-    # After a space: the first token is the length, which a numeric stem must not match.
-    find = re.compile(r" (" + "|".join(map(re.escape, sorted(wanted))) + r")(?:\*(\d+))?(?= |$)").findall
-    return [(_length(line), {term: int(n) if n else 1 for term, n in find(line)}) for line in lines]
+    """The indexed length of each ``docs`` entry and its counts of the ``wanted`` stems.
+
+    A scope's BM25 reads a few stems of hundreds of entries: splitting every entry into all
+    its words cost more than the ranking, and a regular expression of the stems costs its
+    compilation on every query (a third of the parse). Each stem is found by ``str.find``
+    in the entries joined, and each find placed in its entry by bisection."""
+    counts: list[dict[str, int]] = [{} for _ in lines]
+    if wanted and lines:
+        text = "\n".join(lines)
+        starts = list(accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+        for term in wanted:
+            needle = " " + term  # after a space: the first token, the length, is never a stem's match
+            at = text.find(needle)
+            while at >= 0:
+                end = at + len(needle)
+                follow = text[end:end + 1]
+                if follow == "*":  # "<stem>*<tf>"
+                    stop = end + 1
+                    while text[stop:stop + 1].isdigit():
+                        stop += 1
+                    if stop > end + 1 and text[stop:stop + 1] in ("", " ", "\n"):
+                        counts[bisect_right(starts, at) - 1][term] = int(text[end + 1:stop])
+                elif follow in ("", " ", "\n"):
+                    counts[bisect_right(starts, at) - 1][term] = 1
+                at = text.find(needle, end)
+    return [(_length(line), found) for line, found in zip(lines, counts, strict=True)]
 
 
 def _length(line: str) -> int:
