@@ -251,31 +251,37 @@ class ContextAssembler:
                             "past the deadline" if isinstance(exc, TimeoutError) else exc)
                 return None
 
-        # Beside the recent reads, the query's (the latest user message when there is no
-        # query, then the known facts, what the search after them waits for) and the
-        # search's scope.
-        try:
-            asked, scope = await asyncio.gather(
-                self._query_and_facts(agent_id, user_id, shards, backend, query,
-                                      latest_messages if messages_at is not None else None, deadline, as_of),
-                user_scope())
-            found = await recent
-        finally:
-            recent.cancel()  # never left running when the gather failed
-        complete = found is not None
-
-        async def merged(at: tuple[int, int]) -> tuple[str | None, list[Memory]]:
+        async def merged(found: list[list[Memory]], at: tuple[int, int]) -> tuple[str | None, list[Memory]]:
             """The consolidated memory of a kind's items and those not merged into it yet."""
-            if found is None:
-                return None, []
             items, latest = found[at[0]], found[at[1]]
             if not latest:
                 return None, items
             pending = set(await self.state.consolidation_pending(str(reads[at[1]].namespace)))
             return latest[-1].content, [m for m in items if m.id in pending]
 
-        user_reads, suggestion_reads = await asyncio.gather(asyncio.gather(*map(merged, users_at)),
-                                                            asyncio.gather(*map(merged, suggestions_at)))
+        async def sections() -> tuple[list[list[Memory]] | None, list[tuple[str | None, list[Memory]]],
+                                      list[tuple[str | None, list[Memory]]]]:
+            """The recent reads, and each user's and shard's items against their consolidated memory."""
+            found = await recent
+            if found is None:
+                return None, [(None, []) for _ in users_at], [(None, []) for _ in suggestions_at]
+            users_merged, suggestions_merged = await asyncio.gather(
+                asyncio.gather(*(merged(found, at) for at in users_at)),
+                asyncio.gather(*(merged(found, at) for at in suggestions_at)))
+            return found, users_merged, suggestions_merged
+
+        # Beside the recent reads, the query's (the latest user message when there is no
+        # query, then the known facts, what the search after them waits for) and the
+        # search's scope.
+        try:
+            (found, user_reads, suggestion_reads), asked, scope = await asyncio.gather(
+                sections(),
+                self._query_and_facts(agent_id, user_id, shards, backend, query,
+                                      latest_messages if messages_at is not None else None, deadline, as_of),
+                user_scope())
+        finally:
+            recent.cancel()  # never left running when the gather failed
+        complete = found is not None
         episodes = found[episodes_at] if found is not None and episodes_at is not None else []
         shard_contexts = [
             ShardContext(shard_id=shard.shard_id, name=shard.name, facts=found[at] if found is not None else [],

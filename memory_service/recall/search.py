@@ -164,8 +164,8 @@ class Scored:
 
     def explanation(self) -> Explanation:
         """The answer's form (built from valid values: not validated again)."""
-        extra: dict[str, Any] = {name: value for name, value in (("structure", self.structure), ("rerank", self.rerank))
-                 if value is not None}
+        extra: dict[str, Any] = {name: value for name, value in (("structure", self.structure),
+                                                                 ("rerank", self.rerank)) if value is not None}
         return Explanation.model_construct(
             signals={name: SignalScore.model_construct(score=score, rank=rank)
                      for name, (score, rank) in self.signals.items()},
@@ -286,7 +286,7 @@ def _needed[T](value: T | None, scope: Scope, name: str) -> T:
 
 @dataclass(frozen=True)
 class Ranking:
-    """A search's candidates, best first, each with its explanation; the signals that ran,
+    """A search's candidates, best first, each with how it scored; the signals that ran,
     those that could not (and why), and the time recency was measured from."""
 
     ranked: list[tuple[Memory, Scored]]
