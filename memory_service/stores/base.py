@@ -68,6 +68,7 @@ class ListedPage:
     resume: Position | None = None
     hint: float | None = None
 
+
 @dataclass(frozen=True, slots=True)
 class RecentRead:
     """One read of ``recent_many``: the ``limit`` most recent memories of ``kinds`` in ``namespace``."""
