@@ -246,3 +246,27 @@ async def test_a_time_range_without_a_timezone_is_utc(service):
     await record_all(service, "trip", "a1", TRIP)
     naive = (T0 + timedelta(minutes=1)).replace(tzinfo=None)
     assert sorted(ids_of(await service.search("a1", "Lisbon window seats Carla", until=naive))) == ["trip-0", "trip-1"]
+
+
+async def test_a_scope_search_reads_whole_only_what_it_keeps_and_never_a_memory_deleted_meanwhile(service):
+    """The graph's scope scan answers its candidates by id and time (``Found``); the search
+    reads whole only what it returns, and one deleted after the ranking is left out."""
+    from memory_service.recall.search import SearchRequest
+    from memory_service.stores.base import Found
+
+    await record_all(service, "trip", "a1", TRIP)
+    await wait_embedded(service, "a1")
+    _, backend = await service.agents.backend_for("a1")
+    scope = [Namespace.session("trip")]
+    ranking = await service.retriever.rank("a1", backend, SearchRequest(query="window seats flight Lisbon", top_k=3),
+                                           scope)
+    assert ranking.ranked and all(isinstance(c, Found) for c, _ in ranking.ranked)
+    stored = {m.id: m for m in await backend.find("a1", [c.id for c, _ in ranking.ranked])}
+    assert all(c.valid_at == stored[c.id].valid_at for c, _ in ranking.ranked)  # recency as from the memory
+    first, second = ranking.results(3)[:2]
+    assert await backend.delete("a1", [first[0].id]) == 1
+    read = await ranking.read([first, second])
+    assert [m.id for m, _ in read] == [second[0].id] and read[0][0].content == stored[second[0].id].content
+    # The answer: the same order as before the deletion, less the deleted one.
+    after = await service.search("a1", "window seats flight Lisbon", scope="session", session_id="trip", top_k=3)
+    assert first[0].id not in [h.id for h in after.results] and after.results[0].id == second[0].id

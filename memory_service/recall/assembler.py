@@ -270,53 +270,62 @@ class ContextAssembler:
                 asyncio.gather(*(merged(found, at) for at in suggestions_at)))
             return found, users_merged, suggestions_merged
 
-        # Beside the recent reads, the query's (the latest user message when there is no
-        # query, then the known facts, what the search after them waits for) and the
-        # search's scope.
-        try:
-            (found, user_reads, suggestion_reads), asked, scope = await asyncio.gather(
-                sections(),
-                self._query_and_facts(agent_id, user_id, shards, backend, query,
-                                      latest_messages if messages_at is not None else None, deadline, as_of),
-                user_scope())
-        finally:
-            recent.cancel()  # never left running when the gather failed
-        complete = found is not None
-        episodes = found[episodes_at] if found is not None and episodes_at is not None else []
-        shard_contexts = [
-            ShardContext(shard_id=shard.shard_id, name=shard.name, facts=found[at] if found is not None else [],
-                         suggestions=suggestions, consolidated=consolidated)
-            for shard, at, (consolidated, suggestions) in zip(shards, facts_at, suggestion_reads, strict=True)]
-        inputs = ContextInputs(
-            shards=shard_contexts,
-            users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
-            episodes=episodes,
-        )
-        relevant, relevant_complete, below = await self._relevant(
-            agent_id, session_id, shards, backend, inputs, asked, scope, deadline, sources, recall)
-        return (replace(inputs, relevant=relevant, facts=asked.facts, facts_as_of=as_of, asked=asked.query is not None),
-                complete and relevant_complete and asked.complete, backend_name, below)
+        async def showing() -> tuple[ContextInputs, bool]:
+            """What the block shows besides the relevant memories and the facts, and whether
+            its reads succeeded."""
+            found, user_reads, suggestion_reads = await sections()
+            episodes = found[episodes_at] if found is not None and episodes_at is not None else []
+            shard_contexts = [
+                ShardContext(shard_id=shard.shard_id, name=shard.name, facts=found[at] if found is not None else [],
+                             suggestions=suggestions, consolidated=consolidated)
+                for shard, at, (consolidated, suggestions) in zip(shards, facts_at, suggestion_reads, strict=True)]
+            inputs = ContextInputs(
+                shards=shard_contexts,
+                users=[UserContext(user_id=u, directives=d, consolidated=c) for u, (c, d) in zip(users, user_reads)],
+                episodes=episodes,
+            )
+            return inputs, found is not None
 
-    async def _query_and_facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
-                               query: str | None, said: Callable[[], Awaitable[list[Memory] | None]] | None,
-                               deadline: float, as_of: datetime | None) -> _Asked:
-        """The block's query (without one, the latest user message of what the session
-        ``said``, whose stored embedding the search reuses) and the known facts read with it
-        (``_facts``)."""
+        async def facts() -> tuple[list[FactItem], QueryGraph | None, bool]:
+            asked = await question
+            if asked.failed:
+                return [], None, False
+            return await self._facts(agent_id, user_id, shards, backend, asked.query, as_of, deadline)
+
+        # Beside the recent reads: the block's question (the latest user message when there
+        # is no query), then at once the known facts and the search, which waits for the
+        # facts' entities only at its graph signal, after the scope's scan.
+        question = asyncio.ensure_future(self._question(query, latest_messages if messages_at is not None else None))
+        tasks = [recent, question, facts_read := asyncio.ensure_future(facts()),
+                 shown_read := asyncio.ensure_future(showing()), scope := asyncio.ensure_future(user_scope())]
+        try:
+            (inputs, complete), asked, (fact_items, _, facts_complete), (relevant, relevant_complete, below) = \
+                await asyncio.gather(shown_read, question, facts_read, self._relevant(
+                    agent_id, session_id, shards, backend, shown_read, question, facts_read, scope, deadline,
+                    sources, recall))
+        finally:
+            for task in tasks:
+                task.cancel()  # never left running when the gather failed
+        return (replace(inputs, relevant=relevant, facts=fact_items, facts_as_of=as_of, asked=asked.query is not None),
+                complete and relevant_complete and facts_complete, backend_name, below)
+
+    async def _question(self, query: str | None, said: Callable[[], Awaitable[list[Memory] | None]] | None) -> _Question:
+        """The block's query: ``query``, or without one the latest user message of what the
+        session ``said`` (whose stored embedding the search reuses)."""
         like = None
         if query is None:
             messages = await said() if said is not None else []
             if messages is None:  # the read failed: the block shows no relevant memories
-                return _Asked(None, None, [], None, False, failed=True)
+                return _Question(None, None, failed=True)
             latest = [m for m in messages if m.metadata.role in (None, "user")]
             if latest:
                 query, like = latest[-1].content[: self.settings.search_max_query_chars], latest[-1].id
-        facts, found, complete = await self._facts(agent_id, user_id, shards, backend, query, as_of, deadline)
-        return _Asked(query, like, facts, found, complete)
+        return _Question(query, like)
 
-    async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard],
-                        backend: MemoryBackend, shown: ContextInputs, asked: _Asked,
-                        user_scope: list[Namespace] | None, deadline: float,
+    async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard], backend: MemoryBackend,
+                        shown: Awaitable[tuple[ContextInputs, bool]], question: Awaitable[_Question],
+                        facts: Awaitable[tuple[list[FactItem], QueryGraph | None, bool]],
+                        user_scope: Awaitable[list[Namespace] | None], deadline: float,
                         sources: set[str], recall: Recall) -> tuple[list[RelevantItem], bool, int]:
         """The block's query-relevant memories, best first, each with its score (the renderer
         gives each its share of the budget by it); whether every read succeeded; and how many
@@ -329,51 +338,61 @@ class ContextAssembler:
         signal alone below ``recall.min_similarity``, is left out: the budget is a ceiling,
         not a target. Memories the block already shows elsewhere are left out. Without a
         query, the session's latest user message is the query (and is itself left out).
+
+        The search starts once the ``question`` and ``user_scope`` are known; the ``facts``'
+        entities (its graph signal) and what the block ``shown`` (left out) are awaited when
+        it needs them.
         """
         s = self.settings
         wanted = recall.top_k or 0
-        query = asked.query
+        asked = await question
         if asked.failed:
             return [], False, 0
-        if query is None or wanted <= 0:
+        if asked.query is None or wanted <= 0:
             return [], True, 0
-        if user_scope is None:
+        query = asked.query
+        scope = await user_scope
+        if scope is None:
             return [], False, 0
-        exclude: set[str] = {m.id for m in shown.episodes}
-        exclude |= {m.id for u in shown.users for m in u.directives}
-        exclude |= {m.id for sh in shown.shards for m in (*sh.facts, *sh.suggestions)}
-        if asked.like is not None:
-            exclude.add(asked.like)
-        try:
-            async with asyncio.timeout_at(deadline):
-                namespaces = list(dict.fromkeys([
-                    *([Namespace.session(session_id)] if session_id else []),
-                    *user_scope,  # the user's namespaces (none for scope session)
-                    *((*(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id))
-                      if recall.scope is RecallScope.SHARED else ())]))
-                if not namespaces:
-                    return [], True, 0
-                request = SearchRequest(query=query, top_k=min(wanted + len(exclude), s.search_max_top_k),
-                                        min_score=recall.min_score)
-                ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=asked.found,
-                                                    like=asked.like)
-        except MemoryServiceError:
-            raise
-        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
-            log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
-                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
-            return [], False, 0
+
+        # Shielded: the search's deadline must not cancel the reads the block awaits too.
+        async def entities() -> QueryGraph | None:
+            return (await asyncio.shield(facts))[1]
 
         def similar_enough(scored: Scored) -> bool:
             signals = scored.signals
             return recall.min_similarity is None or set(signals) != {"vector"} or \
                 signals["vector"][0] >= recall.min_similarity
 
-        top_k = request.top_k
-        hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
-        similar = [(m, e) for m, e in hits if similar_enough(e)]
-        below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
-        kept = similar[:wanted]
+        try:
+            async with asyncio.timeout_at(deadline):
+                namespaces = list(dict.fromkeys([
+                    *([Namespace.session(session_id)] if session_id else []),
+                    *scope,  # the user's namespaces (none for scope session)
+                    *((*(Namespace.shard(agent_id, sh.shard_id) for sh in shards), Namespace.agent(agent_id))
+                      if recall.scope is RecallScope.SHARED else ())]))
+                if not namespaces:
+                    return [], True, 0
+                inputs, _ = await asyncio.shield(shown)  # what it shows is left out (read by now, but for consolidation's reads)
+                exclude: set[str] = {m.id for m in inputs.episodes}
+                exclude |= {m.id for u in inputs.users for m in u.directives}
+                exclude |= {m.id for sh in inputs.shards for m in (*sh.facts, *sh.suggestions)}
+                if asked.like is not None:
+                    exclude.add(asked.like)
+                top_k = min(wanted + len(exclude), s.search_max_top_k)
+                request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score)
+                ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=entities,
+                                                    like=asked.like)
+                hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
+                similar = [(m, e) for m, e in hits if similar_enough(e)]
+                below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
+                kept = await ranking.read(similar[:wanted])  # only those shown are read whole
+        except MemoryServiceError:
+            raise
+        except Exception as exc:  # an outage shrinks the block instead of failing the prompt
+            log.warning("memory context: searching agent %s failed: %s", agent_id,  # never the query's words
+                        "past the deadline" if isinstance(exc, TimeoutError) else exc)
+            return [], False, 0
         sources.update(m.served_by for m, _ in kept if m.served_by)
         terms = tuple(query_terms(query))
         items = [RelevantItem(kind=m.kind, valid_at=m.valid_at, text=m.search_text, score=e.score, terms=terms)
@@ -437,17 +456,13 @@ class ContextAssembler:
 
 
 @dataclass(frozen=True)
-class _Asked:
+class _Question:
     """What the block asks search: the query (None: nothing to ask), the stored memory whose
-    text it is (``like``), the known facts read with it and the query's entities and facts
-    for the graph signal (``found``), whether the facts' reads succeeded, and whether reading
-    the latest message failed (the block then shows no relevant memories)."""
+    text it is (``like``), and whether reading the latest message failed (the block then
+    shows no relevant memories)."""
 
     query: str | None
     like: str | None
-    facts: list[FactItem]
-    found: QueryGraph | None
-    complete: bool
     failed: bool = False
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Annotated, Any
@@ -76,7 +76,7 @@ from memory_service.schemas.search import (
 )
 from memory_service.state import metrics
 from memory_service.state.store import StateStore
-from memory_service.stores.base import MemoryBackend, SignalHits
+from memory_service.stores.base import Candidate, Found, MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ class Scored:
 
 
 def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None,
-         paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Memory, Scored]]:
+         paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Candidate, Scored]]:
     """Every candidate once, with how it scored (and its graph ``paths``), best first.
 
     The graph signal is fused on its own terms: its score is evidence on a fixed scale (1 =
@@ -184,12 +184,14 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
     had ranked them, and the hub penalty, uniform across them, would change nothing."""
     k = settings.search_rrf_k
-    memories: dict[str, Memory] = {}
+    memories: dict[str, Candidate] = {}
     signals: dict[str, dict[str, tuple[float, int]]] = {}
     places: dict[tuple[str, str], float] = {}  # (signal, memory id) -> the rank fusion counts
     for signal, ranked in hits.items():
         for rank, (memory, score) in enumerate(ranked, start=1):
-            memories.setdefault(memory.id, memory)
+            known = memories.get(memory.id)
+            if known is None or isinstance(known, Found):  # a memory read beats one to read
+                memories[memory.id] = memory
             signals.setdefault(memory.id, {})[signal] = (round(score, 6), rank)
             places[(signal, memory.id)] = rank
         if signal == GRAPH:
@@ -215,13 +217,13 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     return explained
 
 
-def _best_first(pair: tuple[Memory, Scored]) -> tuple[float, float, str]:
+def _best_first(pair: tuple[Candidate, Scored]) -> tuple[float, float, str]:
     """Higher score first; between equal scores, the newer, then by id."""
     return -pair[1].score, -pair[0].valid_at.timestamp(), pair[0].id
 
 
-def restructure(ranked: list[tuple[Memory, Scored]], structures: dict[str, Structure],
-                min_score: float | None) -> list[tuple[Memory, Scored]]:
+def restructure(ranked: list[tuple[Candidate, Scored]], structures: dict[str, Structure],
+                min_score: float | None) -> list[tuple[Candidate, Scored]]:
     """``ranked`` with each score multiplied by its structure's factor, best first again."""
     out = []
     for memory, scored in ranked:
@@ -236,8 +238,8 @@ def restructure(ranked: list[tuple[Memory, Scored]], structures: dict[str, Struc
     return out
 
 
-def rerank(ranked: list[tuple[Memory, Scored]], scores: Sequence[float], model: str, k: int, weight: float,
-           min_score: float | None) -> list[tuple[Memory, Scored]]:
+def rerank(ranked: list[tuple[Candidate, Scored]], scores: Sequence[float], model: str, k: int, weight: float,
+           min_score: float | None) -> list[tuple[Candidate, Scored]]:
     """``ranked`` with its first ``len(scores)`` in a new order: the reciprocal rank fusion of
     their fused order (weight 1) and the re-ranker's order of ``scores`` (weight ``weight``),
     ``k`` as fusion's. The rest follow as they were.
@@ -287,20 +289,44 @@ def _needed[T](value: T | None, scope: Scope, name: str) -> T:
 @dataclass(frozen=True)
 class Ranking:
     """A search's candidates, best first, each with how it scored; the signals that ran,
-    those that could not (and why), and the time recency was measured from."""
+    those that could not (and why), and the time recency was measured from.
 
-    ranked: list[tuple[Memory, Scored]]
+    A candidate may be a ``Found`` (its id and time: the backend ranked it without reading
+    it); ``read`` gives the memories of those a caller keeps."""
+
+    ranked: list[tuple[Candidate, Scored]]
     signals: list[str]
     degraded: list[str]
     now: datetime
+    backend: MemoryBackend
+    agent_id: str
 
-    def results(self, top_k: int) -> list[tuple[Memory, Scored]]:
+    def results(self, top_k: int) -> list[tuple[Candidate, Scored]]:
         """The best ``top_k`` activated (at or above the search's min_score)."""
         return [pair for pair in self.ranked if pair[1].activated][:top_k]
 
-    def candidates(self, top_k: int) -> list[tuple[Memory, Scored]]:
+    def candidates(self, top_k: int) -> list[tuple[Candidate, Scored]]:
         """The best ``top_k`` below min_score."""
         return [pair for pair in self.ranked if not pair[1].activated][:top_k]
+
+    async def read(self, pairs: Sequence[tuple[Candidate, Scored]]) -> list[tuple[Memory, Scored]]:
+        """``pairs`` with each candidate's memory, in order (one read for those not read yet);
+        one deleted or evicted since the search ranked it is left out."""
+        return await read_found(self.backend, self.agent_id, pairs)
+
+
+async def read_found[T](backend: MemoryBackend, agent_id: str,
+                        pairs: Sequence[tuple[Candidate, T]]) -> list[tuple[Memory, T]]:
+    """``pairs`` with each ``Found`` replaced by its memory, read in one call, in order; one
+    that is no longer live (deleted or evicted since it was found) is left out."""
+    wanted = [c.id for c, _ in pairs if isinstance(c, Found)]
+    read = {m.id: m for m in await backend.find(agent_id, wanted)} if wanted else {}
+    out = []
+    for candidate, value in pairs:
+        memory = read.get(candidate.id) if isinstance(candidate, Found) else candidate
+        if memory is not None and memory.deleted_at is None and not memory.evicted:
+            out.append((memory, value))
+    return out
 
 
 class Retriever:
@@ -410,21 +436,29 @@ class Retriever:
             namespaces = await self.scope_namespaces(agent_id, request, reach)
         ranking = await self.rank(agent_id, backend, request, namespaces, found, like)
         now = ranking.now
+        results, candidates = ranking.results(request.top_k), ranking.candidates(request.top_k)
+        read = await ranking.read([*results, *candidates])
+        shown = {m.id for m, _ in results}
         return SearchResult(
             query=request.query, scope=request.scope,
             namespaces=None if namespaces is None else len(namespaces),
             signals=ranking.signals, degraded=ranking.degraded,
-            results=[hit(m, e, now) for m, e in ranking.results(request.top_k)],
-            candidates=[hit(m, e, now) for m, e in ranking.candidates(request.top_k)],
+            results=[hit(m, e, now) for m, e in read if m.id in shown],
+            candidates=[hit(m, e, now) for m, e in read if m.id not in shown],
             took_ms=round((time.perf_counter() - started) * 1000, 3),
         )
 
     async def rank(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
-                   namespaces: Sequence[Namespace] | None, found: QueryGraph | None = None,
+                   namespaces: Sequence[Namespace] | None,
+                   found: QueryGraph | Callable[[], Awaitable[QueryGraph | None]] | None = None,
                    like: str | None = None) -> Ranking:
         """The search's candidates ranked and explained, in ``namespaces`` (None: the agent's
         whole graph), before they are cut to ``top_k`` and put in the answer's form: what
-        ``search`` answers with, and what the memory block reads (it needs no hits)."""
+        ``search`` answers with, and what the memory block reads (it needs no hits).
+
+        ``found`` as in ``search``, or a function giving them (None: read them here), called
+        only when the graph signal needs them, after the backend's candidates: the memory
+        block reads them beside the search."""
         self.validate(request)
         vector: list[float] | None = None
         why_not: str | None = None
@@ -451,6 +485,8 @@ class Retriever:
         started_graph = time.perf_counter()
         try:
             if self.settings.search_graph_signal:
+                if callable(found):
+                    found = await found()
                 if found is None:
                     found = await query_graph(backend, agent_id,
                                               None if namespaces is None else entity_namespaces(namespaces),
@@ -478,19 +514,21 @@ class Retriever:
             except Exception as exc:  # as the signal: the fused order stands
                 log.warning("search without the structural re-rank: %s", exc)
                 degraded.append(f"structure: {type(exc).__name__}: {exc}")
-        ranked = await self.reranked(request, ranked, degraded)
-        return Ranking(ranked, sorted(hits), degraded, now)
+        ranked = await self.reranked(agent_id, backend, request, ranked, degraded)
+        return Ranking(ranked, sorted(hits), degraded, now, backend, agent_id)
 
-    async def reranked(self, request: SearchRequest, ranked: list[tuple[Memory, Scored]],
-                       degraded: list[str]) -> list[tuple[Memory, Scored]]:
+    async def reranked(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
+                       ranked: list[tuple[Candidate, Scored]], degraded: list[str]) -> list[tuple[Candidate, Scored]]:
         """``ranked`` after the re-ranker read its best RERANK_CANDIDATES (as it was without one,
         or when it fails: a failing re-ranker degrades search, it never fails it)."""
         s = self.settings
         n = min(s.rerank_candidates, len(ranked))
         if self.reranker is None or s.reranker == "none" or n < 2 or s.rerank_weight <= 0:
             return ranked
+        head = await read_found(backend, agent_id, ranked[:n])  # their texts (less any deleted meanwhile)
+        ranked, n = [*head, *ranked[n:]], len(head)
         try:
-            scores = await self.reranker.score(request.query, [m.search_text for m, _ in ranked[:n]])
+            scores = await self.reranker.score(request.query, [m.search_text for m, _ in head])
             if len(scores) != n:
                 raise RuntimeError(f"{len(scores)} scores for {n} candidates")
         except Exception as exc:

@@ -78,9 +78,22 @@ class RecentRead:
     limit: int
 
 
+@dataclass(frozen=True, slots=True)
+class Found:
+    """A search candidate not read yet: its id and time, all that ranking needs. The graph's
+    scope scan ranks hundreds of memories to keep a hundred, of which a search returns a
+    few: it answers with these, and the search reads in full only what it returns
+    (memory_service/recall/search.py, ``Ranking.read``)."""
+
+    id: str
+    valid_at: datetime
+
+
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
-# with that signal's raw score (higher is better).
-SignalHits = dict[str, list[tuple[Memory, float]]]
+# with that signal's raw score (higher is better); each a memory, or a ``Found`` to read
+# (with ``find``) if it is kept.
+Candidate = Memory | Found
+SignalHits = dict[str, Sequence[tuple[Candidate, float]]]
 
 
 class MemoryBackend(ABC):
@@ -154,7 +167,9 @@ class MemoryBackend(ABC):
 
         ``fulltext`` when ``query.terms`` is not empty, ``vector`` when ``query.vector`` is
         set; each list holds at most ``query.limit`` candidates inside ``query.namespaces``
-        (all of the agent's when None), of ``query.kinds`` and in the time range.
+        (all of the agent's when None), of ``query.kinds`` and in the time range. A
+        candidate may be a ``Found`` (its id and time) where reading it whole would cost
+        more than ranking it.
         """
 
     @abstractmethod

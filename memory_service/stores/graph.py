@@ -55,7 +55,16 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
 from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import compact_reply, postings
-from memory_service.stores.base import ListedPage, MemoryListing, MemoryState, Position, RecentRead, SignalHits
+from memory_service.stores.base import (
+    Candidate,
+    Found,
+    ListedPage,
+    MemoryListing,
+    MemoryState,
+    Position,
+    RecentRead,
+    SignalHits,
+)
 from memory_service.stores.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
 from memory_service.stores.graph_layout import migrate_layout
 from memory_service.stores.postings import Postings
@@ -959,11 +968,12 @@ class GraphBackend(EntityGraph):
     async def _scan_scope(self, agent_id: str, query: StoreQuery, where: str,
                           params: dict[str, Any]) -> SignalHits | None:
         """Both signals of a search inside some namespaces, from one read of the scope: each
-        memory's id and cosine distance to the query vector, and its words from the postings'
-        entries (BM25 over the scope); then the winners' fields. Cost: the scope's
-        size, not the agent's (the full-text index's per-word queries cost each word's
-        matches in the whole agent, the common words of a message among them). None when
-        the scope holds more than SEARCH_SCOPE_SCAN_MAX memories: the indexes answer then."""
+        memory's id, time, cosine distance to the query vector, and its words from the
+        postings' entries (BM25 over the scope). The winners are answered as ``Found`` (id
+        and time): the search reads whole only those it keeps. Cost: the scope's size, not
+        the agent's (the full-text index's per-word queries cost each word's matches in the
+        whole agent, the common words of a message among them). None when the scope holds
+        more than SEARCH_SCOPE_SCAN_MAX memories: the indexes answer then."""
         cap = self.settings.search_scope_scan_max
         terms = [t for t in query.terms if t]
         vector = self._checked(query.vector)
@@ -975,9 +985,9 @@ class GraphBackend(EntityGraph):
             same = _SAME_MODEL if query.vector_model is not None else "true"
             distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, vecf32($v)) END"
             scan.update(v=_FloatList(vector), vector_model=query.vector_model, untagged_model=self.untagged_model)
-        # Rows of (uuid, distance, terms).
+        # Rows of (uuid, distance, terms, ts).
         _, rows = await self._read_table(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid, {distance}, "
-                                                   f"{'n.terms' if terms else 'NULL'} LIMIT $cap", **scan)
+                                                   f"{'n.terms' if terms else 'NULL'}, n.ts LIMIT $cap", **scan)
         if len(rows) > cap:
             return None
         limit = params["limit"]
@@ -987,23 +997,24 @@ class GraphBackend(EntityGraph):
             # each: no text to read and tokenise); a memory written before it had one, from
             # the postings.
             wanted = {stem(t) for t in terms}
-            entries = [(memory_id, entry) for memory_id, _, entry in rows if entry is not None]
+            entries = [(memory_id, entry) for memory_id, _, entry, _ in rows if entry is not None]
             counts = dict(zip([memory_id for memory_id, _ in entries],
                               postings.parse_entries([entry for _, entry in entries], wanted), strict=True))
-            if older := [memory_id for memory_id, _, entry in rows if entry is None]:
+            if older := [memory_id for memory_id, _, entry, _ in rows if entry is None]:
                 indexed = await self.postings.term_counts(agent_id, older, terms)
                 if indexed is None:
                     return None  # not built yet: the full-text index answers
                 counts.update(indexed)
             scores = bm25.rank_counts(counts, terms)
             ranked["fulltext"] = sorted(scores.items(), key=lambda p: (-p[1], p[0]))[:limit]
-        if vector is not None and (near := sorted((float(d), memory_id) for memory_id, d, _ in rows if d is not None)):
+        if vector is not None and (near := sorted((float(d), memory_id) for memory_id, d, _, _ in rows if d is not None)):
             ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near[:limit]]
-        winners = list(dict.fromkeys(i for best in ranked.values() for i, _ in best))
-        read = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids RETURN {_READ_FIELDS}",
-                                ids=winners) if winners else []
-        memories = {row["uuid"]: _memory(row) for row in read}
-        return {signal: [(memories[i], round(score, 6)) for i, score in best if i in memories]
+        winners = {i for best in ranked.values() for i, _ in best}
+        found: dict[str, Candidate] = {memory_id: Found(memory_id, datetime.fromtimestamp(float(ts), UTC))
+                                       for memory_id, _, _, ts in rows if memory_id in winners and ts is not None}
+        if untimed := [i for i in winners if i not in found]:  # no ts (none written so far): read whole
+            found.update((m.id, m) for m in await self.find(agent_id, untimed))
+        return {signal: [(found[i], round(score, 6)) for i, score in best if i in found]
                 for signal, best in ranked.items()}
 
     async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
