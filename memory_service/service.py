@@ -129,6 +129,7 @@ class MemoryService:
         self.registry.register(name, factory)
 
     async def close(self) -> None:
+        await self.assembler.close()
         await self.registry.close()
         await self.queue.close()
         await self.state.close()

@@ -5,6 +5,7 @@ nothing, and a graph written before the postings gets them built."""
 
 from __future__ import annotations
 
+import math
 import random
 from datetime import UTC, datetime, timedelta
 
@@ -336,3 +337,34 @@ def test_parse_entries_counts_exactly_the_wanted_stems_of_each_entry():
     wanted = {bm25.stem("cat"), bm25.stem("dogs"), "12"}
     assert parse_entries(lines, wanted) == _split_entries(lines, wanted)
     assert parse_entries(lines, wanted)[0][1] == {bm25.stem("cat"): 3}
+
+
+def _textbook_bm25(texts: list[str], words: list[str]) -> dict[int, float]:
+    """Okapi BM25 as written in the textbook, over ``texts`` as the whole collection (the
+    reference the fast scope ranking must equal)."""
+    indexed = [bm25.indexed(t) for t in texts]
+    terms = list(dict.fromkeys(bm25.stem(w) for w in words))
+    average = sum(length for length, _ in indexed) / max(len(indexed), 1)
+    df = {t: sum(1 for _, c in indexed if t in c) for t in terms}
+    out = {}
+    for i, (length, counts) in enumerate(indexed):
+        score = sum(bm25.idf(len(indexed), df[t]) * bm25.impact(counts[t], length, average)
+                    for t in terms if df[t] and t in counts)
+        if score > 0:
+            out[i] = score
+    return out
+
+
+def test_a_scopes_bm25_from_its_entries_is_the_textbook_bm25_of_its_texts():
+    from memory_service.stores.postings import rank_entries
+
+    rng = random.Random(11)
+    vocab = ["cat", "cats", "dog", "heron", "bridge", "river", "12", "café", "a", "seat", "seats", "window"]
+    for _ in range(500):
+        texts = [" ".join(rng.choices(vocab, k=rng.randint(0, 9))) for _ in range(rng.randint(0, 12))]
+        words = rng.sample(vocab, rng.randint(0, 4))
+        expected = _textbook_bm25(texts, words)
+        got = rank_entries([entry(t)[2] for t in texts], words)
+        assert got.keys() == expected.keys() and all(math.isclose(got[i], expected[i], rel_tol=1e-12) for i in got)
+        by_text = bm25.rank(dict(enumerate(texts)), words)  # the same, from the texts' counts
+        assert by_text.keys() == expected.keys() and all(math.isclose(by_text[i], expected[i], rel_tol=1e-12) for i in by_text)

@@ -270,3 +270,13 @@ async def test_a_scope_search_reads_whole_only_what_it_keeps_and_never_a_memory_
     # The answer: the same order as before the deletion, less the deleted one.
     after = await service.search("a1", "window seats flight Lisbon", scope="session", session_id="trip", top_k=3)
     assert first[0].id not in [h.id for h in after.results] and after.results[0].id == second[0].id
+
+
+async def test_each_block_is_counted_by_its_source_once_answered(service):
+    await record_all(service, "trip", "a1", TRIP)
+    first = await service.assemble_memory_context("a1", "alice", "trip")
+    again = await service.assemble_memory_context("a1", "alice", "trip")
+    await service.assembler.close()  # the counts written after the answers
+    counts = await service.state.metrics()
+    assert (first.source, again.source) == ("graph", "cache")
+    assert counts.get("context_from_graph") == 1 and counts.get("context_from_cache") == 1

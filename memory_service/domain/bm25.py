@@ -111,15 +111,27 @@ def rank(texts: Mapping[str, str], words: Sequence[str]) -> dict[str, float]:
 def rank_counts(counts: Mapping[str, tuple[int, Mapping[str, int]]], words: Sequence[str]) -> dict[str, float]:
     """``rank`` of texts given by their indexed length and stem counts (the counts of the
     query's stems suffice)."""
+    keys = list(counts)
     terms = list(dict.fromkeys(stem(w) for w in words))
-    average = sum(length for length, _ in counts.values()) / max(len(counts), 1)
-    df = {t: sum(1 for _, c in counts.values() if t in c) for t in terms}
-    weights = {t: idf(len(counts), d) for t, d in df.items() if d}
-    out = {}
-    for key, (length, c) in counts.items():
-        if not c:
-            continue  # none of the query's stems: it counts in the collection, it scores nothing
-        score = sum(w * impact(c[t], length, average) for t, w in weights.items() if t in c)
-        if score > 0:
-            out[key] = score
-    return out
+    matches = {t: {i: c[t] for i, key in enumerate(keys) if t in (c := counts[key][1])} for t in terms}
+    return {keys[i]: score for i, score in rank_matches([counts[key][0] for key in keys], matches).items()}
+
+
+def rank_matches(lengths: Sequence[int], matches: Mapping[str, Mapping[int, int]]) -> dict[int, float]:
+    """Okapi BM25 of each text holding one of the query's stems, by index in ``lengths`` (the
+    indexed length of every text of the collection), given where each stem occurs and how
+    often (``matches``: stem -> {text index: tf}), the stems in the query's order."""
+    n = len(lengths)
+    average = sum(lengths) / max(n, 1)
+    norms: dict[int, float] = {}  # by length: ``impact``'s denominator, without tf
+    out: dict[int, float] = {}
+    for where in matches.values():
+        if not where:
+            continue
+        weight = idf(n, len(where))
+        for at, tf in where.items():
+            length = lengths[at]
+            if (norm := norms.get(length)) is None:
+                norm = norms[length] = K1 * (1 - B + B * length / max(average, 1e-9))
+            out[at] = out.get(at, 0.0) + weight * (tf * (K1 + 1) / (tf + norm))  # = weight * impact(tf, ...)
+    return {at: score for at, score in out.items() if score > 0}

@@ -66,6 +66,7 @@ class ContextAssembler:
         self.settings, self.state, self.agents, self.retriever = settings, state, agents, retriever
         self.cache = state.cache
         self.startup = StartupRecords(settings, state)
+        self._counting: set[asyncio.Task[None]] = set()  # blocks' counts on their way to the state store
 
     async def assemble(
         self, agent_id: str, user_id: str, session_id: str, model: str | None = None,
@@ -120,10 +121,20 @@ class ContextAssembler:
                         f"no answer within {2 * allowed:g}s" if isinstance(exc, TimeoutError) else exc)
             rendered = RenderedContext(**{**last_good, "source": "last-good"}) if last_good else replace(
                 render_context(ContextInputs(), budget), source="none")
-        with suppress(Exception):
-            async with asyncio.timeout(allowed):
-                await self.state.add_metrics(**{f"context_from_{rendered.source.replace('+', '_').replace('-', '_')}": 1})
+        # Counted after the answer: the prompt does not wait for a counter.
+        counting = asyncio.create_task(self._count(rendered.source))
+        self._counting.add(counting)
+        counting.add_done_callback(self._counting.discard)
         return rendered
+
+    async def _count(self, source: str) -> None:
+        with suppress(Exception):
+            async with asyncio.timeout(self.settings.context_deadline_seconds):
+                await self.state.add_metrics(**{f"context_from_{source.replace('+', '_').replace('-', '_')}": 1})
+
+    async def close(self) -> None:
+        """Let the counts of the blocks already answered reach the state store."""
+        await asyncio.gather(*self._counting, return_exceptions=True)
 
     def effective_recall(self, agent: AgentSettings, context_type: ContextType, call: Recall, budget: int) -> Recall:
         """Every recall setting, from the narrowest level that sets it: the call, the agent's

@@ -52,7 +52,6 @@ from memory_service.config import Settings, redact_url
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.domain.text import stem
 from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import compact_reply, postings
 from memory_service.stores.base import (
@@ -996,17 +995,17 @@ class GraphBackend(EntityGraph):
             # The scope's words as the memories' ``terms`` hold them (the postings' entry of
             # each: no text to read and tokenise); a memory written before it had one, from
             # the postings.
-            wanted = {stem(t) for t in terms}
-            entries = [(memory_id, entry) for memory_id, _, entry, _ in rows if entry is not None]
-            counts = dict(zip([memory_id for memory_id, _ in entries],
-                              postings.parse_entries([entry for _, entry in entries], wanted), strict=True))
+            ids = [memory_id for memory_id, _, entry, _ in rows if entry is not None]
+            lines = [entry for _, _, entry, _ in rows if entry is not None]
             if older := [memory_id for memory_id, _, entry, _ in rows if entry is None]:
-                indexed = await self.postings.term_counts(agent_id, older, terms)
+                indexed = await self.postings.entries(agent_id, older)
                 if indexed is None:
                     return None  # not built yet: the full-text index answers
-                counts.update(indexed)
-            scores = bm25.rank_counts(counts, terms)
-            ranked["fulltext"] = sorted(scores.items(), key=lambda p: (-p[1], p[0]))[:limit]
+                ids += indexed
+                lines += indexed.values()
+            scores = postings.rank_entries(lines, terms)
+            ranked["fulltext"] = [(ids[at], score) for at, score in
+                                  sorted(scores.items(), key=lambda p: (-p[1], ids[p[0]]))[:limit]]
         if vector is not None and (near := sorted((float(d), memory_id) for memory_id, d, _, _ in rows if d is not None)):
             ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near[:limit]]
         winners = {i for best in ranked.values() for i, _ in best}

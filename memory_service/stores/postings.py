@@ -230,33 +230,55 @@ def entry(text: str) -> tuple[int, dict[str, int], str]:
     return length, counts, " ".join([str(length), *(t if n == 1 else f"{t}*{n}" for t, n in counts.items())])
 
 
-def parse_entries(lines: Sequence[str], wanted: Collection[str]) -> list[tuple[int, dict[str, int]]]:
-    """The indexed length of each ``docs`` entry and its counts of the ``wanted`` stems.
+def find_stems(lines: Sequence[str], wanted: Iterable[str]) -> dict[str, dict[int, int]]:
+    """Where each of the ``wanted`` stems occurs among ``docs`` entries: by stem, the index of
+    each entry holding it and how often (stems found nowhere are left out).
 
     A scope's BM25 reads a few stems of hundreds of entries: splitting every entry into all
     its words cost more than the ranking, and a regular expression of the stems costs its
-    compilation on every query (about a fifth of the parse, 450 entries and ten stems). Each stem is found by ``str.find``
-    in the entries joined, and each find placed in its entry by bisection."""
+    compilation on every query (about a fifth of the parse, 450 entries and ten stems). Each
+    stem is found by ``str.find`` in the entries joined, and each find placed in its entry by
+    bisection."""
+    found: dict[str, dict[int, int]] = {}
+    if not lines:
+        return found
+    text = "\n".join(lines)
+    starts = list(accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
+    for term in wanted:
+        needle = " " + term  # after a space: the first token, the length, is never a stem's match
+        where: dict[int, int] = {}
+        at = text.find(needle)
+        while at >= 0:
+            end = at + len(needle)
+            follow = text[end:end + 1]
+            if follow == "*":  # "<stem>*<tf>"
+                stop = end + 1
+                while text[stop:stop + 1].isdigit():
+                    stop += 1
+                if stop > end + 1 and text[stop:stop + 1] in ("", " ", "\n"):
+                    where[bisect_right(starts, at) - 1] = int(text[end + 1:stop])
+            elif follow in ("", " ", "\n"):
+                where[bisect_right(starts, at) - 1] = 1
+            at = text.find(needle, end)
+        if where:
+            found[term] = where
+    return found
+
+
+def parse_entries(lines: Sequence[str], wanted: Collection[str]) -> list[tuple[int, dict[str, int]]]:
+    """The indexed length of each ``docs`` entry and its counts of the ``wanted`` stems."""
     counts: list[dict[str, int]] = [{} for _ in lines]
-    if wanted and lines:
-        text = "\n".join(lines)
-        starts = list(accumulate((len(line) + 1 for line in lines[:-1]), initial=0))
-        for term in wanted:
-            needle = " " + term  # after a space: the first token, the length, is never a stem's match
-            at = text.find(needle)
-            while at >= 0:
-                end = at + len(needle)
-                follow = text[end:end + 1]
-                if follow == "*":  # "<stem>*<tf>"
-                    stop = end + 1
-                    while text[stop:stop + 1].isdigit():
-                        stop += 1
-                    if stop > end + 1 and text[stop:stop + 1] in ("", " ", "\n"):
-                        counts[bisect_right(starts, at) - 1][term] = int(text[end + 1:stop])
-                elif follow in ("", " ", "\n"):
-                    counts[bisect_right(starts, at) - 1][term] = 1
-                at = text.find(needle, end)
+    for term, where in find_stems(lines, wanted).items():
+        for at, tf in where.items():
+            counts[at][term] = tf
     return [(_length(line), found) for line, found in zip(lines, counts, strict=True)]
+
+
+def rank_entries(lines: Sequence[str], words: Sequence[str]) -> dict[int, float]:
+    """``bm25.rank`` of the texts whose ``docs`` entries are ``lines`` (the whole collection),
+    by entry index: the scope's full-text signal, from the entries alone."""
+    terms = list(dict.fromkeys(stem(w) for w in words))
+    return bm25.rank_matches([_length(line) for line in lines], find_stems(lines, terms))
 
 
 def _length(line: str) -> int:
@@ -332,12 +354,10 @@ class Postings:
         hits = [(str(pairs[i]), float(pairs[i + 1])) for i in range(0, len(pairs), 2)]
         return Ranked(hits, int(reply[0]), bool(reply[1]), int(reply[2]))
 
-    async def term_counts(self, agent_id: str, ids: Sequence[str],
-                          words: Sequence[str]) -> dict[str, tuple[int, dict[str, int]]] | None:
-        """By memory id, its indexed length and how often it holds each stem of ``words`` (query
-        words), from the postings' entries: what ranking a scope by BM25 needs, without reading
-        and tokenising texts. Ids not indexed are left out; None when the postings do not
-        cover the agent's graph yet."""
+    async def entries(self, agent_id: str, ids: Sequence[str]) -> dict[str, str] | None:
+        """By memory id, its ``docs`` entry (``entry``: what ranking a scope by BM25 needs,
+        without reading and tokenising texts). Ids not indexed are left out; None when the
+        postings do not cover the agent's graph yet."""
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hexists(keyspace.postings_stats(agent_id), "built")
             if ids:
@@ -345,10 +365,8 @@ class Postings:
             built, *replies = await pipe.execute()
         if not built:
             return None
-        wanted = {stem(w) for w in words}
         lines = replies[0] if replies else []
-        kept = [(memory_id, line) for memory_id, line in zip(ids, lines, strict=True) if line]
-        return dict(zip([i for i, _ in kept], parse_entries([line for _, line in kept], wanted), strict=True))
+        return {memory_id: line for memory_id, line in zip(ids, lines, strict=True) if line}
 
     async def indexed_ids(self, agent_id: str) -> AsyncIterator[str]:
         """Every memory id the agent's postings hold (a scan: for maintenance)."""
