@@ -333,6 +333,22 @@ async def test_a_soft_deleted_memory_is_read_by_find_and_export_only(backend):
     assert sorted(ids(hits, "fulltext")) == ["t1", "t2"] and sorted(ids(hits, "vector")) == ["t1", "t2"]
 
 
+async def test_briefs_give_what_the_block_shows_of_live_memories_only(backend):
+    said = memory("b1", MemoryKind.MESSAGE, SESSION, "the ferry leaves at nine", 1, role="user")
+    fact = memory("b2", MemoryKind.FACT, SHARD, "Alice takes the <ferry> & the bus", 2)
+    gone = memory("b3", MemoryKind.FACT, SHARD, "the ferry leaves at ten", 3)
+    evicted = memory("b4", MemoryKind.EPISODE, SESSION, "an old episode", 4).model_copy(update={"evicted": True})
+    await backend.write([said, fact, gone, evicted])
+    await backend.replace(A1, [gone.model_copy(update={"deleted_at": datetime(2026, 6, 1, tzinfo=UTC)})])
+    briefs = {b.id: b for b in await backend.briefs(A1, ["b1", "b2", "b3", "b4", "unknown"])}
+    assert sorted(briefs) == ["b1", "b2"]  # neither the soft-deleted, the evicted nor an unknown id
+    for stored in (said, fact):
+        b = briefs[stored.id]
+        assert (b.kind, b.valid_at, b.text) == (stored.kind, stored.valid_at, stored.search_text)
+    assert briefs["b1"].text == "alice: the ferry leaves at nine" and briefs["b1"].served_by in (backend.name, None)
+    assert await backend.briefs(A2, ["b1"]) == [] and await backend.briefs(A1, []) == []
+
+
 async def test_replace_re_indexes_a_new_text_and_tags_filter_inside_the_query(backend):
     await backend.write([memory("r1", MemoryKind.OBSERVATION, SHARD, "a heron by the bridge", 1, embedding=X
                                 ).model_copy(update={"tags": ["birds"]}),

@@ -397,7 +397,7 @@ class ContextAssembler:
                 hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
                 similar = [(m, e) for m, e in hits if similar_enough(e)]
                 below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
-                kept = await ranking.read(similar[:wanted])  # only those shown are read whole
+                kept = await ranking.briefs(similar[:wanted])  # only those shown are read, and only what it shows
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt
@@ -406,8 +406,8 @@ class ContextAssembler:
             return [], False, 0
         sources.update(m.served_by for m, _ in kept if m.served_by)
         terms = tuple(query_terms(query))
-        items = [RelevantItem(kind=m.kind, valid_at=m.valid_at, text=m.search_text, score=e.score, terms=terms)
-                 for m, e in kept]
+        items = [RelevantItem(kind=b.kind, valid_at=b.valid_at, text=b.text, score=e.score, terms=terms)
+                 for b, e in kept]
         return items, True, below
 
     async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,

@@ -76,7 +76,7 @@ from memory_service.schemas.search import (
 )
 from memory_service.state import metrics
 from memory_service.state.store import StateStore
-from memory_service.stores.base import Candidate, Found, MemoryBackend, SignalHits
+from memory_service.stores.base import Brief, Candidate, Found, MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
 
@@ -314,18 +314,33 @@ class Ranking:
         one deleted or evicted since the search ranked it is left out."""
         return await read_found(self.backend, self.agent_id, pairs)
 
+    async def briefs(self, pairs: Sequence[tuple[Candidate, Scored]]) -> list[tuple[Brief, Scored]]:
+        """``read``, each candidate's ``Brief`` only (what the memory block shows of it)."""
+        return await _resolved(pairs, lambda ids: self.backend.briefs(self.agent_id, ids), Brief.of)
+
 
 async def read_found[T](backend: MemoryBackend, agent_id: str,
                         pairs: Sequence[tuple[Candidate, T]]) -> list[tuple[Memory, T]]:
     """``pairs`` with each ``Found`` replaced by its memory, read in one call, in order; one
     that is no longer live (deleted or evicted since it was found) is left out."""
+    async def live(ids: list[str]) -> list[Memory]:
+        return [m for m in await backend.find(agent_id, ids) if m.deleted_at is None and not m.evicted]
+
+    return await _resolved(pairs, live, lambda memory: memory)
+
+
+async def _resolved[R: (Memory, Brief), T](pairs: Sequence[tuple[Candidate, T]],
+                                            read: Callable[[list[str]], Awaitable[Sequence[R]]],
+                                            of: Callable[[Memory], R]) -> list[tuple[R, T]]:
+    """``pairs`` with each candidate as ``read`` gives it (for each ``Found``, one call for
+    all; those it does not give are left out) or ``of`` a memory read already, in order."""
     wanted = [c.id for c, _ in pairs if isinstance(c, Found)]
-    read = {m.id: m for m in await backend.find(agent_id, wanted)} if wanted else {}
+    got = {r.id: r for r in await read(wanted)} if wanted else {}
     out = []
     for candidate, value in pairs:
-        memory = read.get(candidate.id) if isinstance(candidate, Found) else candidate
-        if memory is not None and memory.deleted_at is None and not memory.evicted:
-            out.append((memory, value))
+        resolved = got.get(candidate.id) if isinstance(candidate, Found) else of(candidate)
+        if resolved is not None:
+            out.append((resolved, value))
     return out
 
 

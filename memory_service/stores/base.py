@@ -89,6 +89,23 @@ class Found:
     valid_at: datetime
 
 
+@dataclass(frozen=True, slots=True)
+class Brief:
+    """What the memory block shows of a relevant memory: its kind, time and searchable text
+    (``briefs``: the block reads forty of them on every call, and building whole memories
+    cost it more than reading them)."""
+
+    id: str
+    kind: MemoryKind
+    valid_at: datetime
+    text: str
+    served_by: str | None = None
+
+    @classmethod
+    def of(cls, memory: Memory) -> Brief:
+        return cls(memory.id, memory.kind, memory.valid_at, memory.search_text, memory.served_by)
+
+
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
 # with that signal's raw score (higher is better); each a memory, or a ``Found`` to read
 # (with ``find``) if it is kept.
@@ -228,6 +245,10 @@ class MemoryBackend(ABC):
     async def find(self, agent_id: str, ids: Sequence[str]) -> list[Memory]:
         """The agent's memories with these ids, whatever their namespace, soft-deleted and
         evicted ones included (``deleted_at``, ``evicted`` say so); missing ids are skipped."""
+
+    async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
+        """The ``Brief`` of each of the agent's live memories with these ids (others skipped)."""
+        return [Brief.of(m) for m in await self.find(agent_id, ids) if m.deleted_at is None and not m.evicted]
 
     @abstractmethod
     async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:

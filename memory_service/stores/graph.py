@@ -55,6 +55,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import compact_reply, postings
 from memory_service.stores.base import (
+    Brief,
     Candidate,
     Found,
     ListedPage,
@@ -724,6 +725,13 @@ class GraphBackend(EntityGraph):
         rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
                                           f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid", ids=list(ids))
         return [_memory(row) for row in rows]
+
+    async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
+        if not ids:
+            return []
+        rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
+                                                f"AND {_LIVE} RETURN n.uuid, n.kind, n.valid_at, n.text", ids=list(ids))
+        return [Brief(i, MemoryKind(kind), _moment(valid_at), text or "", "graph") for i, kind, valid_at, text in rows]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
         return (await self.recent_many(agent_id, [RecentRead(namespace, kinds, limit)]))[0]
