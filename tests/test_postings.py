@@ -17,7 +17,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.recall.search import query_terms
 from memory_service.state import keyspace
 from memory_service.stores.graph import GraphBackend
-from memory_service.stores.postings import CHUNK, Postings, entry, parse_entries
+from memory_service.stores.postings import CHUNK, Postings, entry, find_stems, rank_entries
 
 A = "a1"
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
@@ -305,21 +305,19 @@ async def test_a_search_like_a_stored_message_reuses_its_embedding(settings):
         await backend.close()
 
 
-def _split_entries(lines: list[str], wanted: set[str]) -> list[tuple[int, dict[str, int]]]:
-    """parse_entries' answer by splitting every entry into its tokens (the slow, plain way)."""
-    out = []
-    for line in lines:
-        length, *tokens = line.split(" ")
-        counts = {}
+def _split_entries(lines: list[str], wanted: set[str]) -> dict[str, dict[int, int]]:
+    """find_stems' answer by splitting every entry into its tokens (the slow, plain way)."""
+    out: dict[str, dict[int, int]] = {}
+    for at, line in enumerate(lines):
+        _, *tokens = line.split(" ")
         for token in tokens:
             term, _, tf = token.partition("*")
             if term in wanted:
-                counts[term] = int(tf) if tf else 1
-        out.append((int(length), counts))
+                out.setdefault(term, {})[at] = int(tf) if tf else 1
     return out
 
 
-def test_parse_entries_counts_exactly_the_wanted_stems_of_each_entry():
+def test_find_stems_counts_exactly_the_wanted_stems_of_each_entry():
     # Stems that are prefixes of others, numeric stems (never the length), counts above 9,
     # a stem at an entry's end, empty entries and queries.
     rng = random.Random(7)
@@ -331,12 +329,12 @@ def test_parse_entries_counts_exactly_the_wanted_stems_of_each_entry():
             tokens = [w if rng.random() < 0.7 else f"{w}*{rng.randint(2, 12)}" for w in words]
             lines.append(" ".join([str(rng.randint(0, 30)), *tokens]))
         wanted = set(rng.sample(vocab, rng.randint(0, 4)))
-        assert parse_entries(lines, wanted) == _split_entries(lines, wanted), (lines, wanted)
+        assert find_stems(lines, wanted) == _split_entries(lines, wanted), (lines, wanted)
     texts = ["The cat sat on the cat's mat, the cat!", "Dogs and cats: 12 dogs, 1 cat.", ""]
     lines = [entry(t)[2] for t in texts]
     wanted = {bm25.stem("cat"), bm25.stem("dogs"), "12"}
-    assert parse_entries(lines, wanted) == _split_entries(lines, wanted)
-    assert parse_entries(lines, wanted)[0][1] == {bm25.stem("cat"): 3}
+    assert find_stems(lines, wanted) == _split_entries(lines, wanted)
+    assert find_stems(lines, wanted)[bm25.stem("cat")] == {0: 3, 1: 2}  # "cats" and "cat"
 
 
 def _textbook_bm25(texts: list[str], words: list[str]) -> dict[int, float]:
@@ -356,8 +354,6 @@ def _textbook_bm25(texts: list[str], words: list[str]) -> dict[int, float]:
 
 
 def test_a_scopes_bm25_from_its_entries_is_the_textbook_bm25_of_its_texts():
-    from memory_service.stores.postings import rank_entries
-
     rng = random.Random(11)
     vocab = ["cat", "cats", "dog", "heron", "bridge", "river", "12", "café", "a", "seat", "seats", "window"]
     for _ in range(500):

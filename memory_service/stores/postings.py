@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import logging
 from bisect import bisect_right
-from collections.abc import AsyncIterator, Collection, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
@@ -263,15 +263,6 @@ def find_stems(lines: Sequence[str], wanted: Iterable[str]) -> dict[str, dict[in
         if where:
             found[term] = where
     return found
-
-
-def parse_entries(lines: Sequence[str], wanted: Collection[str]) -> list[tuple[int, dict[str, int]]]:
-    """The indexed length of each ``docs`` entry and its counts of the ``wanted`` stems."""
-    counts: list[dict[str, int]] = [{} for _ in lines]
-    for term, where in find_stems(lines, wanted).items():
-        for at, tf in where.items():
-            counts[at][term] = tf
-    return [(_length(line), found) for line, found in zip(lines, counts, strict=True)]
 
 
 def rank_entries(lines: Sequence[str], words: Sequence[str]) -> dict[int, float]:
