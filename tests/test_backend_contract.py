@@ -193,6 +193,30 @@ async def test_vector_search_ranks_by_cosine_similarity(backend):
     assert ids(hits, "fulltext") == ["y"] and ids(hits, "vector")[0] == "y"
 
 
+async def test_a_search_like_a_stored_memory_uses_its_vector_or_has_no_vector_signal(backend):
+    await backend.write([
+        memory("y", MemoryKind.FACT, SHARD, "orthogonal", 1, embedding=Y),
+        memory("x", MemoryKind.FACT, SHARD, "same direction", 2, embedding=X),
+        memory("xy", MemoryKind.FACT, SHARD, "half way", 3, embedding=XY),
+        memory("bare", MemoryKind.FACT, SHARD, "half way, no vector yet", 4),
+    ])
+    # A backend that keeps no vector to give (stored_embedding's default) has no vector signal.
+    keeps = await backend.stored_embedding(A1, "xy", None) is not None
+    for scope in (None, [SHARD]):  # the indexes, and the scope's scan
+        like = await backend.search(A1, StoreQuery(["half"], like="xy", namespaces=scope))
+        given = await backend.search(A1, StoreQuery(["half"], vector=XY, namespaces=scope))
+        assert ids(given, "vector") == ["xy", "x", "y"] and ids(like, "fulltext") == ids(given, "fulltext")
+        assert ids(like, "vector") == (["xy", "x", "y"] if keeps else []), scope
+        if keeps:
+            assert [s for _, s in like["vector"]] == pytest.approx([s for _, s in given["vector"]], abs=1e-6)
+        for without in ("bare", "unknown"):  # no stored vector: full text alone
+            hits = await backend.search(A1, StoreQuery(["half"], like=without, namespaces=scope))
+            assert "vector" not in hits and sorted(ids(hits, "fulltext")) == ["bare", "xy"], (scope, without)
+        # A vector of another model is not the query's.
+        assert "vector" not in await backend.search(A1, StoreQuery([], like="xy", vector_model="other",
+                                                                   namespaces=scope))
+
+
 async def test_search_stays_inside_its_namespaces(backend):
     other_session = Namespace.session("s-2")
     await backend.write([

@@ -269,6 +269,10 @@ class StoreQuery:
     # The model that embedded ``vector``: only stored vectors of this model are compared with
     # it (None: no filter, for callers that write and search without naming models).
     vector_model: str | None = None
+    # Instead of ``vector``: the id of a stored memory whose vector of ``vector_model`` is the
+    # query's (the memory block searches with the session's latest message); without one,
+    # the answer has no vector signal.
+    like: str | None = None
     namespaces: Sequence[Namespace] | None = None  # None: every namespace of the agent
     kinds: Sequence[MemoryKind] | None = None  # None: every kind
     since: datetime | None = None

@@ -475,20 +475,23 @@ class Retriever:
         only when the graph signal needs them, after the backend's candidates: the memory
         block reads them beside the search."""
         self.validate(request)
-        vector: list[float] | None = None
-        why_not: str | None = None
-        if like is not None and self.embedder is not None:
-            vector = await backend.stored_embedding(agent_id, like, self.embedder.name)
-        if vector is None:
-            vector, why_not = await self.embed_query(request.query)
+        # Like a stored memory: the store reads its vector with the search; the model runs only
+        # when it has none of this embedder's model yet (a message just recorded).
+        stored = like if like is not None and self.embedder is not None else None
+        vector, why_not = (None, None) if stored else await self.embed_query(request.query)
         store_query = StoreQuery(
-            terms=query_terms(request.query), vector=vector,
-            vector_model=self.embedder.name if vector is not None and self.embedder is not None else None,
+            terms=query_terms(request.query), vector=vector, like=stored,
+            vector_model=self.embedder.name if self.embedder is not None and (vector is not None or stored) else None,
             namespaces=namespaces, kinds=request.kinds,
             since=request.since, until=request.until,
             limit=max(self.settings.search_candidates, request.top_k), tags=tuple(dict.fromkeys(request.tags or ())),
         )
         hits = await backend.search(agent_id, store_query)
+        if stored and "vector" not in hits:
+            vector, why_not = await self.embed_query(request.query)
+            if vector is not None:
+                nearest = await backend.search(agent_id, replace(store_query, terms=[], like=None, vector=vector))
+                hits = {**hits, **{signal: found for signal, found in nearest.items() if signal == "vector"}}
         degraded = []
         if vector is not None and "vector" not in hits:
             why_not = "the store's vector index did not answer (rebuilding after a restart?)"

@@ -186,7 +186,8 @@ class MemoryBackend(ABC):
         set; each list holds at most ``query.limit`` candidates inside ``query.namespaces``
         (all of the agent's when None), of ``query.kinds`` and in the time range. A
         candidate may be a ``Found`` (its id and time) where reading it whole would cost
-        more than ranking it.
+        more than ranking it. ``query.like``: the query vector is that memory's stored one
+        (``stored_embedding``), and there is no ``vector`` signal when it has none.
         """
 
     @abstractmethod

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -930,6 +931,9 @@ class GraphBackend(EntityGraph):
         where = " AND ".join(filters)
         if groups is not None and (scanned := await self._scan_scope(agent_id, query, where, params)) is not None:
             return scanned
+        if query.like is not None:  # the indexes need the vector itself
+            query = dataclasses.replace(query, like=None,
+                                        vector=await self.stored_embedding(agent_id, query.like, query.vector_model))
         hits: SignalHits = {}
         # The two signals at once: the store answers each on a thread of its own.
         vector_hits = asyncio.ensure_future(self._vector(agent_id, query, groups, filters, where, params))
@@ -999,16 +1003,26 @@ class GraphBackend(EntityGraph):
         cap = self.settings.search_scope_scan_max
         terms = [t for t in query.terms if t]
         vector = self._checked(query.vector)
-        if cap <= 0 or (not terms and vector is None):
+        like = query.like if vector is None else None
+        if cap <= 0 or (not terms and vector is None and like is None):
             return None
         scan = dict(params, cap=cap + 1)
-        distance = "NULL"
-        if vector is not None:
+        distance, start = "NULL", ""
+        if vector is not None or like is not None:
             same = _SAME_MODEL if query.vector_model is not None else "true"
-            distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, vecf32($v)) END"
-            scan.update(v=_FloatList(vector), vector_model=query.vector_model, untagged_model=self.untagged_model)
+            target = "vecf32($v)" if vector is not None else "qv"
+            distance = f"CASE WHEN n.embedding IS NOT NULL AND {same} THEN vec.cosineDistance(n.embedding, {target}) END"
+            scan.update(vector_model=query.vector_model, untagged_model=self.untagged_model)
+            if vector is not None:
+                scan["v"] = _FloatList(vector)
+        if like is not None:
+            # The stored vector, read by the scan itself (no round trip, no vector sent back).
+            start = (f"OPTIONAL MATCH (q:{LABEL} {{uuid: $like}}) WHERE q.embedding IS NOT NULL AND "
+                     f"{same.replace('n.embedding_model', 'q.embedding_model')} WITH q.embedding AS qv ")
+            distance = f"CASE WHEN qv IS NULL THEN NULL ELSE {distance} END"
+            scan["like"] = like
         # Rows of (uuid, distance, terms, valid_at), the distance as text.
-        rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid, {distance}, "
+        rows = await self._read_plain(agent_id, f"{start}MATCH (n:{LABEL}) WHERE {where} RETURN n.uuid, {distance}, "
                                                 f"{'n.terms' if terms else 'NULL'}, n.valid_at LIMIT $cap", **scan)
         if len(rows) > cap:
             return None
@@ -1029,7 +1043,7 @@ class GraphBackend(EntityGraph):
             scores = postings.rank_entries(lines, terms)
             ranked["fulltext"] = [(ids[at], score) for at, score in
                                   sorted(scores.items(), key=lambda p: (-p[1], ids[p[0]]))[:limit]]
-        if vector is not None and (near := sorted((float(d), memory_id) for memory_id, d, _, _ in rows if d is not None)):
+        if near := sorted((float(d), memory_id) for memory_id, d, _, _ in rows if d is not None):
             ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near[:limit]]
         winners = {i for best in ranked.values() for i, _ in best}
         found: dict[str, Candidate] = {memory_id: Found(memory_id, _moment(valid_at))

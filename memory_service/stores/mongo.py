@@ -443,9 +443,11 @@ class MongoBackend(MemoryBackend):
         terms = [t for t in dict.fromkeys(query.terms) if _TERM.fullmatch(t)][:MAX_FULLTEXT_TERMS]
         if terms:
             hits["fulltext"] = await self._fulltext(scope, terms, query.limit)
-        if query.vector is not None:
-            hits["vector"] = await self._nearest({**scope, **self._same_model(query.vector_model)}, query.vector,
-                                                 query.limit)
+        vector = query.vector
+        if query.like is not None:
+            vector = await self.stored_embedding(agent_id, query.like, query.vector_model)
+        if vector is not None:
+            hits["vector"] = await self._nearest({**scope, **self._same_model(query.vector_model)}, vector, query.limit)
         return hits
 
     def _same_model(self, model: str | None) -> dict[str, Any]:
