@@ -95,6 +95,8 @@ COUNT_WAIT_SECONDS = 1.0  # how long a scrape waits for that count before it ans
 
 _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
+# What a read of live memories needs of each (in this order: ``_live_memory``'s arguments).
+_LIVE_FIELDS = "n.uuid, n.group_id, n.content, n.valid_at"
 # What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
 _LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
 _STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
@@ -358,9 +360,7 @@ class GraphBackend(EntityGraph):
         """``_read``'s column names and rows as lists (a read of hundreds of rows builds no dicts)."""
         graph = self.client.select_graph(graph_name(agent_id))
         try:
-            # As the client's ro_query sends it.
-            reply = await graph.execute_command("GRAPH.RO_QUERY", graph.name,
-                                                graph._build_params_header(params) + cypher, "--compact")
+            reply = await graph.execute_command(*_read_only(graph, cypher, params), "--compact")
         except Exception as exc:
             if _is_missing_graph(exc):
                 return [], []
@@ -370,33 +370,33 @@ class GraphBackend(EntityGraph):
     async def _read_plain(self, agent_id: str, cypher: str, **params: Any) -> list[list[Any]]:
         """The rows of a read whose columns are strings and numbers, as FalkorDB's verbose reply
         gives them: strings, integers, None, and any other number as its text (the caller
-        converts what it uses). For a read of hundreds of rows: parsing the compact reply
-        cost twice the read itself (300 rows of a scope scan: 2.7 ms of client CPU against
-        0.9 ms)."""
-        graph = self.client.select_graph(graph_name(agent_id))
-        try:
-            reply = await graph.execute_command("GRAPH.RO_QUERY", graph.name, graph._build_params_header(params) + cypher)
-        except Exception as exc:
-            if _is_missing_graph(exc):
-                return []
-            raise
-        return reply[1] if len(reply) > 1 else []
+        converts what it uses; a double has 15 significant digits, a boolean is 'true'). For
+        a read of hundreds of rows: parsing the compact reply cost twice the read itself
+        (300 rows of a scope scan: 2.7 ms of client CPU against 0.9 ms)."""
+        return (await self._read_plain_many(agent_id, [(cypher, params)]))[0]
 
-    async def _read_many(self, agent_id: str, queries: Sequence[tuple[str, dict[str, Any]]]) -> list[list[Row]]:
-        """Read-only queries on the agent's graph in one round trip (a pipeline of them, on
-        the graph's node), each answered as ``_read`` answers it."""
+    async def _read_plain_many(self, agent_id: str, queries: Sequence[tuple[str, dict[str, Any]]]) -> list[list[list[Any]]]:
+        """``_read_plain`` of several queries in one round trip (a pipeline of them, on the
+        graph's node; one query is sent alone)."""
         graph = self.client.select_graph(graph_name(agent_id))
-        pipe = self.client.connection.pipeline(transaction=False)
-        for cypher, params in queries:
-            pipe.execute_command("GRAPH.RO_QUERY", graph.name, graph._build_params_header(params) + cypher, "--compact")
-        out: list[list[Row]] = []
-        for reply in await pipe.execute(raise_on_error=False):
+        if len(queries) == 1:
+            try:
+                replies: list[Any] = [await graph.execute_command(*_read_only(graph, *queries[0]))]
+            except Exception as exc:
+                replies = [exc]
+        else:
+            pipe = self.client.connection.pipeline(transaction=False)
+            for cypher, params in queries:
+                pipe.execute_command(*_read_only(graph, cypher, params))
+            replies = await pipe.execute(raise_on_error=False)
+        out: list[list[list[Any]]] = []
+        for reply in replies:
             if isinstance(reply, Exception):
                 if _is_missing_graph(reply):
                     out.append([])
                     continue
                 raise reply
-            out.append(await _rows(graph, reply))
+            out.append(reply[1] if len(reply) > 1 else [])
         return out
 
     async def _writable(self, agent_id: str) -> AsyncGraph:
@@ -741,15 +741,11 @@ class GraphBackend(EntityGraph):
         """Every read in one round trip (a pipeline of queries): the memory block's reads of
         its session, users and shards cost one wait, not one each."""
         asked = [r for r in reads if r.limit > 0 and r.kinds]
-        queries = [(f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_READ_FIELDS} "
+        queries = [(f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_LIVE_FIELDS} "
                     "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
                     {"gks": [_group_kind(r.namespace.group_id, k) for k in r.kinds], "limit": r.limit}) for r in asked]
-        if len(queries) == 1:
-            answers = [await self._read(agent_id, queries[0][0], **queries[0][1])]
-        else:
-            answers = await self._read_many(agent_id, queries) if queries else []
-        found = iter(answers)
-        return [[_memory(row) for row in reversed(next(found))] if r.limit > 0 and r.kinds else [] for r in reads]
+        found = iter(await self._read_plain_many(agent_id, queries) if queries else [])
+        return [[_live_memory(*row) for row in reversed(next(found))] if r.limit > 0 and r.kinds else [] for r in reads]
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
         params: dict[str, Any]
@@ -1109,10 +1105,10 @@ async def _table(graph: AsyncGraph, reply: Any) -> tuple[list[str], list[list[An
     return parsed
 
 
-async def _rows(graph: AsyncGraph, reply: Any) -> list[Row]:
-    """A query's compact reply as rows, each a dict by column name."""
-    names, rows = await _table(graph, reply)
-    return [dict(zip(names, row, strict=True)) for row in rows]
+def _read_only(graph: AsyncGraph, cypher: str, params: dict[str, Any]) -> tuple[str, str, str]:
+    """The GRAPH.RO_QUERY command of a read, as the client's ro_query sends it (without
+    ``--compact``: its caller adds it when it parses the compact reply)."""
+    return "GRAPH.RO_QUERY", graph.name, graph._build_params_header(params) + cypher
 
 
 async def _create_index(graph: AsyncGraph, statement: str) -> None:
@@ -1162,12 +1158,15 @@ def _timestamp(valid_at: str) -> float:
 
 
 def _memory(row: Row) -> Memory:
-    memory = Memory.from_episode_body(
-        id=row["uuid"], namespace=_namespace_text(row["group_id"]), body=row["content"],
-        valid_at=row["valid_at"],
-    )
+    memory = _live_memory(row["uuid"], row["group_id"], row["content"], row["valid_at"])
     memory.evicted = bool(row.get("evicted"))
     if row.get("deleted_at") is not None:
         memory.deleted_at = datetime.fromtimestamp(float(row["deleted_at"]), UTC)
+    return memory
+
+
+def _live_memory(uuid: str, group_id: str, content: str, valid_at: str) -> Memory:
+    """A memory from its ``_LIVE_FIELDS`` (neither evicted nor deleted)."""
+    memory = Memory.from_episode_body(id=uuid, namespace=_namespace_text(group_id), body=content, valid_at=valid_at)
     memory.served_by = "graph"
     return memory
