@@ -21,6 +21,7 @@ when a reader asks for history (``include_superseded``) or for a time it held (`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 import unicodedata
@@ -178,6 +179,7 @@ class EntitySplit(BaseModel):
     mentions: int = 0
 
 
+@functools.lru_cache(maxsize=4096)  # a block normalises its n-grams twice (query_names, lookup); at most ~8 MB
 def normalise_name(name: str) -> str:
     """The form names are compared in: case-folded, accents and punctuation dropped,
     whitespace collapsed ("  Zoë O'Brien " -> "zoe obrien")."""
