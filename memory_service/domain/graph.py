@@ -179,7 +179,7 @@ class EntitySplit(BaseModel):
     mentions: int = 0
 
 
-@functools.lru_cache(maxsize=4096)  # a block normalises its n-grams twice (query_names, lookup); at most ~8 MB
+@functools.lru_cache(maxsize=4096)  # a block normalises its n-grams twice (query_names, then the lookup)
 def normalise_name(name: str) -> str:
     """The form names are compared in: case-folded, accents and punctuation dropped,
     whitespace collapsed ("  Zoë O'Brien " -> "zoe obrien")."""
