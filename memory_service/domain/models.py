@@ -380,3 +380,7 @@ class ShardIn(BaseModel):
 class Shard(ShardIn):
     agent_id: str
     shard_id: str
+
+    @classmethod
+    def of(cls, agent_id: str, shard_id: str, settings: ShardIn) -> Shard:
+        return cls(agent_id=agent_id, shard_id=shard_id, **settings.model_dump())

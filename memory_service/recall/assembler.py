@@ -150,14 +150,14 @@ class ContextAssembler:
                         context_type: ContextType, call: Recall) -> RenderedContext:
         # A session the caller does not see is shown as one nobody recorded in: no session
         # content, no other user's memory (nothing tells it from an unknown session).
-        # The reads the cache key needs, at once (the speakers are read and dropped for a
-        # session the caller does not see).
-        seen, agent, all_shards, spoken = await asyncio.gather(
-            reach.sees_session(session_id), self.state.get_agent(agent_id), self.agents.list_shards(agent_id),
-            self.state.session_users(session_id))
-        agent = agent or AgentSettings()
+        # The reads the cache key needs, in one round trip (the speakers are read and dropped
+        # for a session the caller does not see).
+        state = await self.state.block_state(agent_id, session_id)
+        seen = await reach.sees_owned_session(session_id, state.owner)
+        agent = state.agent or AgentSettings()
         recall = self.effective_recall(agent, context_type, call, budget)
-        shards = [s for s in all_shards if s.active]
+        shards = [Shard.of(agent_id, sid, s) for sid, s in state.shards.items() if s.active]
+        spoken = state.speakers
         spoken = spoken if seen else []
         users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
         # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.

@@ -221,6 +221,24 @@ class InFlight:
         return cls(message_id, int(seq), float(at), int(holders), incognito == "1", entry)
 
 
+@dataclass(frozen=True)
+class BlockState:
+    """What a memory block reads of the state store before its cache key (``block_state``)."""
+
+    owner: str | None  # the agent the session belongs to (None: no such session)
+    agent: AgentSettings | None
+    shards: dict[str, ShardIn]
+    speakers: list[str]
+
+
+def _agent_settings(raw: str | None) -> AgentSettings | None:
+    return AgentSettings.model_validate_json(raw) if raw else None
+
+
+def _shards(raw: dict[str, str]) -> dict[str, ShardIn]:
+    return {sid: ShardIn.model_validate_json(v) for sid, v in sorted(raw.items())}
+
+
 @dataclass(frozen=True, slots=True)
 class SessionCounters:
     agent_id: str | None
@@ -383,8 +401,20 @@ class StateStore:
             await pipe.execute()
 
     async def get_agent(self, agent_id: str) -> AgentSettings | None:
-        raw = await self.redis.get(keyspace.agent_settings(agent_id))
-        return AgentSettings.model_validate_json(raw) if raw else None
+        return _agent_settings(cast(str | None, await self.redis.get(keyspace.agent_settings(agent_id))))
+
+    async def block_state(self, agent_id: str, session_id: str) -> BlockState:
+        """What a memory block reads here before its cache key, in one round trip (one
+        pipeline; on a cluster, one per node): the session's agent, the agent's settings and
+        shards, the session's speakers."""
+        session = keyspace.session_keys(session_id)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hget(session["meta"], "agent_id")
+            pipe.get(keyspace.agent_settings(agent_id))
+            pipe.hgetall(keyspace.shards(agent_id))
+            pipe.smembers(session["users"])
+            owner, settings, shards, speakers = await pipe.execute()
+        return BlockState(owner, _agent_settings(cast(str | None, settings)), _shards(shards), sorted(speakers))
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> ShardIn | None:
         """Create or replace a shard's settings; the ones they replaced (None: it was created)."""
@@ -396,8 +426,7 @@ class StateStore:
         return ShardIn.model_validate_json(cast(str, stored)) if stored else None
 
     async def shards(self, agent_id: str) -> dict[str, ShardIn]:
-        raw = cast(dict[str, str], await self.redis.hgetall(keyspace.shards(agent_id)))
-        return {sid: ShardIn.model_validate_json(v) for sid, v in sorted(raw.items())}
+        return _shards(cast(dict[str, str], await self.redis.hgetall(keyspace.shards(agent_id))))
 
     # Sessions ----------------------------------------------------------------------
 

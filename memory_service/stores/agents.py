@@ -77,8 +77,7 @@ class AgentDirectory:
             await backend.describe_shard(agent_id, shard_id, shard.name, shard.extraction_focus, shard.active)
         except Exception as exc:
             log.warning("shard %s/%s saved; its copy in the memory store failed: %s", agent_id, shard_id, exc)
-        replaced = Shard(agent_id=agent_id, shard_id=shard_id, **previous.model_dump()) if previous else None
-        return replaced, Shard(agent_id=agent_id, shard_id=shard_id, **shard.model_dump())
+        return Shard.of(agent_id, shard_id, previous) if previous else None, Shard.of(agent_id, shard_id, shard)
 
     async def list_shards(self, agent_id: str) -> list[Shard]:
-        return [Shard(agent_id=agent_id, shard_id=sid, **s.model_dump()) for sid, s in (await self.state.shards(agent_id)).items()]
+        return [Shard.of(agent_id, sid, s) for sid, s in (await self.state.shards(agent_id)).items()]
