@@ -157,8 +157,7 @@ class ContextAssembler:
         agent = state.agent or AgentSettings()
         recall = self.effective_recall(agent, context_type, call, budget)
         shards = [Shard.of(agent_id, sid, s) for sid, s in state.shards.items() if s.active]
-        spoken = state.speakers
-        spoken = spoken if seen else []
+        spoken = state.speakers if seen else []
         users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
         # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.
         cacheable = seen and user_id in spoken

@@ -57,7 +57,6 @@ from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import compact_reply, postings
 from memory_service.stores.base import (
     Brief,
-    Candidate,
     Found,
     ListedPage,
     MemoryListing,
@@ -1042,8 +1041,8 @@ class GraphBackend(EntityGraph):
         if near := sorted((float(d), memory_id) for memory_id, d, _, _ in rows if d is not None):
             ranked["vector"] = [(memory_id, 1.0 - d) for d, memory_id in near[:limit]]
         winners = {i for best in ranked.values() for i, _ in best}
-        found: dict[str, Candidate] = {memory_id: Found(memory_id, _moment(valid_at))
-                                       for memory_id, _, _, valid_at in rows if memory_id in winners}
+        found = {memory_id: Found(memory_id, _moment(valid_at))
+                 for memory_id, _, _, valid_at in rows if memory_id in winners}
         return {signal: [(found[i], round(score, 6)) for i, score in best if i in found]
                 for signal, best in ranked.items()}
 
