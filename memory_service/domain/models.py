@@ -191,6 +191,11 @@ class Memory(BaseModel):
     served_by: str | None = Field(default=None, exclude=True, repr=False)
 
     @property
+    def live(self) -> bool:
+        """Neither soft-deleted nor evicted: what reads and searches give."""
+        return self.deleted_at is None and not self.evicted
+
+    @property
     def search_text(self) -> str:
         """What full-text and vector search index: a message under its speaker, else the content."""
         if self.kind is MemoryKind.MESSAGE:

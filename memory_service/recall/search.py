@@ -324,7 +324,7 @@ async def read_found[T](backend: MemoryBackend, agent_id: str,
     """``pairs`` with each ``Found`` replaced by its memory, read in one call, in order; one
     that is no longer live (deleted or evicted since it was found) is left out."""
     async def live(ids: list[str]) -> list[Memory]:
-        return [m for m in await backend.find(agent_id, ids) if m.deleted_at is None and not m.evicted]
+        return [m for m in await backend.find(agent_id, ids) if m.live]
 
     return await _resolved(pairs, live, lambda memory: memory)
 

@@ -249,7 +249,7 @@ class MemoryBackend(ABC):
 
     async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
         """The ``Brief`` of each of the agent's live memories with these ids (others skipped)."""
-        return [Brief.of(m) for m in await self.find(agent_id, ids) if m.deleted_at is None and not m.evicted]
+        return [Brief.of(m) for m in await self.find(agent_id, ids) if m.live]
 
     @abstractmethod
     async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:
