@@ -176,13 +176,16 @@ async def test_fulltext_ranks_memories_with_the_query_words_first(backend):
     assert ids(await backend.search(A1, query(["submarine"])), "fulltext") == []
 
 
+def directions(bare: str) -> list[Memory]:
+    """Three facts of the shard with hand-made vectors (Y, X, XY), and one (``bare``) without."""
+    return [memory("y", MemoryKind.FACT, SHARD, "orthogonal", 1, embedding=Y),
+            memory("x", MemoryKind.FACT, SHARD, "same direction", 2, embedding=X),
+            memory("xy", MemoryKind.FACT, SHARD, "half way", 3, embedding=XY),
+            memory("bare", MemoryKind.FACT, SHARD, bare, 4)]
+
+
 async def test_vector_search_ranks_by_cosine_similarity(backend):
-    await backend.write([
-        memory("y", MemoryKind.FACT, SHARD, "orthogonal", 1, embedding=Y),
-        memory("x", MemoryKind.FACT, SHARD, "same direction", 2, embedding=X),
-        memory("xy", MemoryKind.FACT, SHARD, "half way", 3, embedding=XY),
-        memory("bare", MemoryKind.FACT, SHARD, "no vector yet", 4),
-    ])
+    await backend.write(directions("no vector yet"))
     for scope in (None, [SHARD]):  # the agent's whole store, and a scope inside it
         hits = await backend.search(A1, query(vector=X, namespaces=scope))
         assert ids(hits, "vector") == ["x", "xy", "y"], scope
@@ -194,12 +197,7 @@ async def test_vector_search_ranks_by_cosine_similarity(backend):
 
 
 async def test_a_search_like_a_stored_memory_uses_its_vector_or_has_no_vector_signal(backend):
-    await backend.write([
-        memory("y", MemoryKind.FACT, SHARD, "orthogonal", 1, embedding=Y),
-        memory("x", MemoryKind.FACT, SHARD, "same direction", 2, embedding=X),
-        memory("xy", MemoryKind.FACT, SHARD, "half way", 3, embedding=XY),
-        memory("bare", MemoryKind.FACT, SHARD, "half way, no vector yet", 4),
-    ])
+    await backend.write(directions("half way, no vector yet"))
     # A backend that keeps no vector to give (stored_embedding's default) has no vector signal.
     keeps = await backend.stored_embedding(A1, "xy", None) is not None
     for scope in (None, [SHARD]):  # the indexes, and the scope's scan
