@@ -218,7 +218,7 @@ def _closeness(reached: Reached, degrees: dict[str, int], options: GraphOptions)
 
 def _admitted(memory: Memory, query: StoreQuery) -> bool:
     """What the store's own search would admit: live, in scope, of the kinds, time and tags asked."""
-    if memory.deleted_at is not None or memory.evicted:
+    if not memory.live:
         return False
     if query.namespaces is not None and memory.namespace not in {str(ns) for ns in query.namespaces}:
         return False

@@ -462,7 +462,7 @@ class GraphBackend(EntityGraph):
             fresh = not (result.result_set and result.result_set[0][1])
             if fresh:  # no index at all: the graph is new, and all of it was written now
                 await self._create_indexes(graph)
-                live = [m.id for m in firsts if not m.evicted and m.deleted_at is None]
+                live = [m.id for m in firsts if m.live]
             else:
                 live = list(result.result_set[0][0])
             await self.postings.index_entries(agent_id, [(i, entries[i]) for i in live if i in entries], fresh=fresh)
