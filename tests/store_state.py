@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from memory_service.formation.jobs import QUEUE_NAME
+from memory_service.state.keyspace import outbox_lock
 
 # Keys neither compared nor counted (a read may write them): the service's counters (of
 # reads served too), the API keys' request counters, and FalkorDB's log of the queries run
@@ -18,8 +19,9 @@ METRICS_PREFIX = b"ms:metrics:"  # every shard of the counters
 RATE_COUNTER_PREFIX = b"ms:rl:"
 QUERY_LOG_PREFIX = b"telemetry{"
 # The job queue's keys (arq:* and the queue itself), which a worker's cron jobs write on
-# their own schedule.
-JOB_QUEUE_KEYS = (b"arq:", QUEUE_NAME.encode())
+# their own schedule, and the outbox's delivery leases, which its relay takes and releases
+# on its own schedule too (ms:outbox:{outbox}:lock:<target>).
+WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode())
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
     every primary of it (tests/conftest.py, ``server_urls``). Counters and FalkorDB's query
     logs (telemetry{<graph>}, written in the background a moment after a graph's queries)
     are neither compared nor counted; with a worker running, neither are the job queue's
-    keys, which its cron jobs write at any time."""
+    keys nor the outbox's delivery leases, which it writes at any time."""
     from .conftest import server_urls
 
     parts = [_server_state(server, worker_running) for server in server_urls(url)]
@@ -61,7 +63,7 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
 def _server_state(url: str, worker_running: bool) -> StoreState:
     client = redis.Redis.from_url(url)
     try:
-        keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(JOB_QUEUE_KEYS)))
+        keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(WORKER_KEYS)))
         bookkeeping = [k for k in keys if k.startswith((METRICS_PREFIX, QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
         keys = [k for k in keys if k not in bookkeeping]
         with client.pipeline(transaction=False) as pipe:  # one round trip per step, however many keys
