@@ -133,8 +133,8 @@ class ContextAssembler:
                 await self.state.add_metrics(**{f"context_from_{source.replace('+', '_').replace('-', '_')}": 1})
 
     async def close(self) -> None:
-        """Let the counts of the blocks already answered reach the state store."""
-        await asyncio.gather(*self._counting, return_exceptions=True)
+        """Let the counts and the cached copies of the blocks already answered reach the state store."""
+        await asyncio.gather(*self._counting, self.cache.flush(), return_exceptions=True)
 
     def effective_recall(self, agent: AgentSettings, context_type: ContextType, call: Recall, budget: int) -> Recall:
         """Every recall setting, from the narrowest level that sets it: the call, the agent's
@@ -168,10 +168,10 @@ class ContextAssembler:
         ]
         dependencies = [agent_wide(agent_id), *map(str, namespaces)]
         # Kept per reach too: a block made for a wider key is never served to a narrower one.
-        key = await self.cache.key_for([agent_id, user_id, session_id, budget, query, reach.view,
-                                        as_of.isoformat() if as_of else None, recall.model_dump_json()], dependencies)
-        if cached := await self.cache.get(key):
-            return RenderedContext(**{**cached, "source": "cache"})
+        found = await self.cache.lookup([agent_id, user_id, session_id, budget, query, reach.view,
+                                         as_of.isoformat() if as_of else None, recall.model_dump_json()], dependencies)
+        if found.block is not None:
+            return RenderedContext(**{**found.block, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
         (inputs, complete, backend_name, below), startup = await asyncio.gather(
@@ -183,9 +183,9 @@ class ContextAssembler:
         rendered = replace(rendered, source="+".join(sorted(sources)) or backend_name,
                            left_out={"below_threshold": below, **rendered.left_out},
                            recall=recall.model_dump(mode="json"))
-        if complete and cacheable:  # never cache a block shrunk by an outage
-            await self.cache.put(key, last_good_key, _asdict(rendered), self.settings.context_cache_ttl_seconds,
-                                 agent_id)
+        if complete and cacheable:  # never cache a block shrunk by an outage; stored after the answer
+            self.cache.keep(found, last_good_key, _asdict(rendered), self.settings.context_cache_ttl_seconds,
+                            agent_id, self.settings.context_deadline_seconds)
         elif not complete and (last := await self.cache.last_good(last_good_key)):
             # Every store that could answer failed: the last complete block beats a smaller one.
             log.warning("memory context for %s/%s/%s: stores failing, serving the last good block",

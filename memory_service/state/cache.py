@@ -1,13 +1,18 @@
 """The memory block's caches and their invalidation: where a cached block becomes stale.
 
-A memory block (memory_service/recall/assembler.py) is cached under the *generations* of
+A memory block (memory_service/recall/assembler.py) is cached with the *generations* of
 everything it read: one counter per namespace it shows (``keyspace.generation``, in
 memory_service/state/keyspace.py), and the agent-wide one (``agent_wide``: the agent
 namespace's own) for what every block of the agent shows (settings, shards, startup
 records, memories found by search in sessions the block does not list). The cache key is a
-digest of the block's request and of those generations (``BlockCache.key_for``), so a
-write that bumps one generation makes every block that read it miss: nothing has to find
-the stale blocks (they expire), and a bump is one INCR however many blocks it invalidates.
+digest of the block's request and of the namespaces it reads; the cached entry holds the
+generations it was made under, and ``BlockCache.lookup`` reads it and the generations now
+in one round trip: a write that bumps one generation makes every block that read it miss,
+nothing has to find the stale blocks (they expire, or the next block of the same request
+replaces them), and a bump is one INCR however many blocks it invalidates.
+
+A block is stored after it is answered (``BlockCache.keep``: the prompt does not wait for
+the write); until it is stored, this process serves it from memory to the same lookup.
 
 Every bump goes through this module, in one of two ways:
 
@@ -36,11 +41,14 @@ LAST_GOOD_IN_PROCESS identities). Both hold a block as the JSON-able dict the ca
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -52,6 +60,8 @@ from memory_service.state import keyspace
 LAST_GOOD_TTL_SECONDS = 86_400
 LAST_GOOD_IN_PROCESS = 1_000
 PURGE_BATCH = 500  # cached blocks deleted per round trip
+
+log = logging.getLogger(__name__)
 
 
 def agent_wide(agent_id: str) -> str:
@@ -69,12 +79,25 @@ def identity(agent_id: str, *rest: Any) -> str:
     return json.dumps([agent_id, *rest])
 
 
+@dataclass(frozen=True)
+class Lookup:
+    """A block's cache key, the generations of what it reads now, and the block cached
+    under both (None: a miss)."""
+
+    key: str
+    generations: list[int]
+    block: dict[str, Any] | None
+
+
 class BlockCache:
     """Generations, cached blocks and last good blocks; ``redis`` decodes responses."""
 
     def __init__(self, redis: Redis):
         self.redis = redis
         self._last_good: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # Blocks answered and on their way to Redis: (generations, block) by key.
+        self._storing: dict[str, tuple[list[int], dict[str, Any]]] = {}
+        self._writes: set[asyncio.Task[None]] = set()
 
     # Generations -------------------------------------------------------------------
 
@@ -95,33 +118,68 @@ class BlockCache:
                 pipe.get(generation_key(ns))
             return [int(v or 0) for v in await pipe.execute()]
 
-    async def key_for(self, request: Sequence[Any], dependencies: list[str]) -> str:
-        """The cache key of the block asked by ``request`` (JSON-able) that reads the
-        ``dependencies`` namespaces: a digest of both and of their generations now."""
-        generations = await self.generations(dependencies)
-        return hashlib.sha256(json.dumps([*request, dependencies, generations]).encode()).hexdigest()
+    async def lookup(self, request: Sequence[Any], dependencies: list[str]) -> Lookup:
+        """The block asked by ``request`` (JSON-able) that reads the ``dependencies``
+        namespaces, if one is cached under their generations now: the generations and the
+        cached entry in one round trip (a pipeline: they are on several slots of a cluster)."""
+        key = hashlib.sha256(json.dumps([*request, dependencies]).encode()).hexdigest()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for ns in dependencies:
+                pipe.get(generation_key(ns))
+            pipe.get(keyspace.cached_block(key))
+            *found, raw = await pipe.execute()
+        generations = [int(v or 0) for v in found]
+        entry: Any = json.loads(raw) if raw else self._storing.get(key)  # [generations then, block]
+        fresh = isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] == generations
+        return Lookup(key, generations, entry[1] if fresh else None)
 
     # Cached blocks -----------------------------------------------------------------
 
-    async def get(self, key: str) -> dict[str, Any] | None:
-        raw = await self.redis.get(keyspace.cached_block(key))
-        return cast(dict[str, Any], json.loads(raw)) if raw else None
+    def keep(self, found: Lookup, identity: str, block: dict[str, Any], ttl_seconds: int, agent_id: str,
+             timeout: float) -> None:
+        """``put`` in the background (the caller answers meanwhile); this process serves the
+        block to the same lookup until it is stored. A failed write is logged: the block
+        was answered, only its caching failed."""
+        self._storing[found.key] = (found.generations, block)
+        self._last_good_here(identity, block)
 
-    async def put(self, key: str, identity: str, block: dict[str, Any], ttl_seconds: int, agent_id: str) -> None:
-        """Cache a complete ``block`` under ``key`` and keep it as its identity's last good
-        one (in Redis for a day, and in this process), both listed among the agent's cached
+        async def store() -> None:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self.put(found, identity, block, ttl_seconds, agent_id)
+            except Exception as exc:
+                log.warning("memory context: caching a block of agent %s failed: %s", agent_id,
+                            f"no answer within {timeout:g}s" if isinstance(exc, TimeoutError) else exc)
+            finally:
+                if (held := self._storing.get(found.key)) is not None and held[1] is block:
+                    del self._storing[found.key]
+
+        write = asyncio.create_task(store())
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+
+    async def flush(self) -> None:
+        """Let the blocks already answered reach Redis."""
+        await asyncio.gather(*self._writes, return_exceptions=True)
+
+    async def put(self, found: Lookup, identity: str, block: dict[str, Any], ttl_seconds: int, agent_id: str) -> None:
+        """Cache a complete ``block`` under its lookup's key and generations, and keep it as its
+        identity's last good one in Redis (for a day), both listed among the agent's cached
         blocks (an erasure deletes them), in one round trip."""
-        now, index, body = time.time(), keyspace.cache_index(agent_id), json.dumps(block)
-        writes = {keyspace.last_good_block(identity): LAST_GOOD_TTL_SECONDS,
-                  **({keyspace.cached_block(key): ttl_seconds} if ttl_seconds > 0 else {})}
+        now, index = time.time(), keyspace.cache_index(agent_id)
+        writes = {keyspace.last_good_block(identity): (json.dumps(block), LAST_GOOD_TTL_SECONDS),
+                  **({keyspace.cached_block(found.key): (json.dumps([found.generations, block]), ttl_seconds)}
+                     if ttl_seconds > 0 else {})}
         async with self.redis.pipeline(transaction=False) as pipe:
-            for k, ttl in writes.items():
+            for k, (body, ttl) in writes.items():
                 pipe.set(k, body, ex=ttl)
-            pipe.zadd(index, {k: now + ttl for k, ttl in writes.items()})
+            pipe.zadd(index, {k: now + ttl for k, (_, ttl) in writes.items()})
             pipe.zremrangebyscore(index, "-inf", now)  # expired blocks leave the list as others arrive
             pipe.expire(index, LAST_GOOD_TTL_SECONDS, gt=True)
             pipe.expire(index, LAST_GOOD_TTL_SECONDS, nx=True)
             await pipe.execute()
+
+    def _last_good_here(self, identity: str, block: dict[str, Any]) -> None:
         self._last_good[identity] = block
         self._last_good.move_to_end(identity)
         while len(self._last_good) > LAST_GOOD_IN_PROCESS:
@@ -149,7 +207,7 @@ class BlockCache:
             # transaction): a crash between leaves entries naming gone blocks, deleted again.
             deleted += int(await self.redis.delete(*keys))
             await self.redis.zrem(index, *keys)
-        await self.bump(agent_wide(agent_id))
+        await self.bump(agent_wide(agent_id))  # blocks being stored meanwhile are served no more
         return deleted + self._forget_agent(agent_id)
 
     def _forget_agent(self, agent_id: str) -> int:

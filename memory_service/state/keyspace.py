@@ -133,9 +133,10 @@ tag for a session namespace, the namespace's text for the others)::
 
 The memory block's cache (memory_service/state/cache.py)::
 
-    ms:ctx:<digest>                         string  a cached memory block (JSON), expiring after
+    ms:ctx:<digest>                         string  a cached memory block with the generations it
+                                                    read (JSON [generations, block]), expiring after
                                                     CONTEXT_CACHE_TTL_SECONDS; the digest covers the
-                                                    generations it read                              per block served
+                                                    request and the namespaces it reads              per block request
     ms:ctx:last:<identity>                  string  the last complete block of an identity (JSON
                                                     [agent, user, session, budget, the caller's
                                                     users]), expiring after a day                    per identity served
