@@ -126,6 +126,41 @@ async def test_recent_many_answers_each_read_as_recent_does_in_order(backend):
     assert await backend.agents() == [A1]  # and is not created
 
 
+async def test_recent_many_by_default_fails_with_the_first_error_and_leaves_no_read_running(
+        mongo_uri, mongo_database):
+    """The default (the Mongo backend's: one ``recent`` per read at once): a failing read
+    fails the whole with its own error, and the reads still waiting are cancelled, not left
+    running against a failing store."""
+    from memory_service.stores.mongo import MongoBackend
+
+    waiting, cancelled = asyncio.Event(), []
+
+    class OneReadFails(MongoBackend):
+        async def recent(self, agent_id, namespace, kinds, limit):
+            found = await super().recent(agent_id, namespace, kinds, limit)
+            if namespace == SHARD:
+                await waiting.wait()  # the others have read and wait
+                raise ConnectionError("the shard's read failed")
+            try:
+                waiting.set()
+                await asyncio.Event().wait()  # still waiting when the shard's read fails
+            except asyncio.CancelledError:
+                cancelled.append(namespace)
+                raise
+            return found
+
+    backend = OneReadFails(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=DIMENSION)
+    await backend.start()
+    try:
+        reads = [RecentRead(SESSION, [MemoryKind.EPISODE], 5), RecentRead(SHARD, [MemoryKind.FACT], 5),
+                 RecentRead(USER, [MemoryKind.DIRECTIVE], 5)]
+        with pytest.raises(ConnectionError, match="the shard's read failed"):
+            await asyncio.wait_for(backend.recent_many(A1, reads), timeout=10)
+        assert sorted(map(str, cancelled)) == sorted([str(SESSION), str(USER)])
+    finally:
+        await backend.close()
+
+
 async def test_trim_evicts_the_oldest_and_is_idempotent(backend):
     await backend.write([memory(f"f{i}", MemoryKind.FACT, SHARD, f"fact {i}", i, seq=i) for i in range(5)])
     await backend.write([memory("s1", MemoryKind.SUGGESTION, SHARD, "kept", 0)])

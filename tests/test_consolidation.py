@@ -72,6 +72,10 @@ async def test_an_item_pushed_while_a_consolidation_runs_is_never_lost(service):
                       extractor=service.extractor, shards=[])
     merged_ids = await service.state.consolidation_pending(str(ns))
     assert len(merged_ids) == 4
+    # The memory block reads the queues of several namespaces in one round trip, each in order.
+    assert await service.state.consolidation_pending_many([str(ns), "user:a1:nobody", str(ns)]) == \
+        [merged_ids, [], merged_ids]
+    assert await service.state.consolidation_pending_many([]) == []
     await record(service, "p2", "alice", PREFS[4:7])
 
     class FormingWhileMerging(RuleBasedConsolidator):

@@ -261,24 +261,25 @@ class ContextAssembler:
                             "past the deadline" if isinstance(exc, TimeoutError) else exc)
                 return None
 
-        async def merged(found: list[list[Memory]], at: tuple[int, int]) -> tuple[str | None, list[Memory]]:
-            """The consolidated memory of a kind's items and those not merged into it yet."""
-            items, latest = found[at[0]], found[at[1]]
-            if not latest:
-                return None, items
-            pending = set(await self.state.consolidation_pending(str(reads[at[1]].namespace)))
-            return latest[-1].content, [m for m in items if m.id in pending]
-
         async def sections() -> tuple[list[list[Memory]] | None, list[tuple[str | None, list[Memory]]],
                                       list[tuple[str | None, list[Memory]]]]:
-            """The recent reads, and each user's and shard's items against their consolidated memory."""
+            """The recent reads, and each user's and shard's items against their consolidated
+            memory: the latest consolidation's text, and the items not merged into it yet (the
+            queues of the consolidated namespaces read in one round trip)."""
             found = await recent
             if found is None:
                 return None, [(None, []) for _ in users_at], [(None, []) for _ in suggestions_at]
-            users_merged, suggestions_merged = await asyncio.gather(
-                asyncio.gather(*(merged(found, at) for at in users_at)),
-                asyncio.gather(*(merged(found, at) for at in suggestions_at)))
-            return found, users_merged, suggestions_merged
+            consolidated = [at for at in (*users_at, *suggestions_at) if found[at[1]]]
+            queues = await self.state.consolidation_pending_many([str(reads[at[1]].namespace) for at in consolidated])
+            pending = {at: set(queue) for at, queue in zip(consolidated, queues, strict=True)}
+
+            def merged(at: tuple[int, int]) -> tuple[str | None, list[Memory]]:
+                items, latest = found[at[0]], found[at[1]]
+                if not latest:
+                    return None, items
+                return latest[-1].content, [m for m in items if m.id in pending[at]]
+
+            return found, [merged(at) for at in users_at], [merged(at) for at in suggestions_at]
 
         async def showing() -> tuple[ContextInputs, bool]:
             """What the block shows besides the relevant memories and the facts, and whether

@@ -684,6 +684,16 @@ class StateStore:
     async def consolidation_pending(self, namespace: str, limit: int = -1) -> list[str]:
         return cast(list[str], await self.redis.lrange(keyspace.cons_pending(namespace), 0, limit - 1 if limit > 0 else -1))
 
+    async def consolidation_pending_many(self, namespaces: Sequence[str]) -> list[list[str]]:
+        """Every item of each namespace waiting for consolidation, in one round trip (a
+        pipeline: the namespaces' queues are on several slots of a cluster)."""
+        if not namespaces:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for namespace in namespaces:
+                pipe.lrange(keyspace.cons_pending(namespace), 0, -1)
+            return cast(list[list[str]], await pipe.execute())
+
     async def consolidation_backlog(self, namespace: str) -> int:
         """How many items of ``namespace`` wait for consolidation."""
         return int(await self.redis.llen(keyspace.cons_pending(namespace)))

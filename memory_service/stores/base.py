@@ -159,8 +159,14 @@ class MemoryBackend(ABC):
     async def recent_many(self, agent_id: str, reads: Sequence[RecentRead]) -> list[list[Memory]]:
         """``recent`` of each read, in order: what the memory block reads of a session, its
         users and the shards. A backend may answer them in one round trip; this one asks
-        ``recent`` for each at once. Fails as a whole when one read fails."""
-        return list(await asyncio.gather(*(self.recent(agent_id, r.namespace, r.kinds, r.limit) for r in reads)))
+        ``recent`` for each at once. Fails as a whole, with the first read's error, when one
+        read fails: the others are cancelled then (none is left running against a failing store)."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                asked = [group.create_task(self.recent(agent_id, r.namespace, r.kinds, r.limit)) for r in reads]
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return [task.result() for task in asked]
 
     @abstractmethod
     async def trim(self, agent_id: str, namespace: Namespace, kind: MemoryKind, keep: int) -> int:
