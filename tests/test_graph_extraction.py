@@ -11,11 +11,15 @@ measure (docs/extraction.md, "Entities and facts"); the issue's target is entity
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import Role
@@ -236,3 +240,12 @@ def test_leaving_and_transferring_are_stated() -> None:
 def test_an_ampersand_joins_a_name() -> None:
     _, facts = extract_graph(_msgs((Role.USER, "kim", "I started a new job at Marlowe & Finch on Monday!")))
     assert [(f.subject, f.predicate, f.object) for f in facts] == [("kim", "works_at", "Marlowe & Finch")]
+
+
+@given(st.text(max_size=40) | st.from_regex(r"[a-z0-9_ ]{0,30}", fullmatch=True))
+def test_normalise_name_is_its_full_rule_on_any_text(name):
+    """The fast path for names in the normal form already gives what the full rule gives."""
+    decomposed = unicodedata.normalize("NFKD", name)
+    plain = "".join(c for c in decomposed if not unicodedata.combining(c))
+    assert normalise_name(name) == " ".join(re.sub(r"[^\w\s]", "", plain.casefold()).split())
+    assert normalise_name(normalise_name(name)) == normalise_name(name)

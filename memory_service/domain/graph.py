@@ -179,10 +179,15 @@ class EntitySplit(BaseModel):
     mentions: int = 0
 
 
+_NORMAL = re.compile(r"[a-z0-9_]+(?: [a-z0-9_]+)*")  # plain ASCII words, one space apart
+
+
 @functools.lru_cache(maxsize=4096)  # a block normalises its n-grams twice (query_names, then the lookup)
 def normalise_name(name: str) -> str:
     """The form names are compared in: case-folded, accents and punctuation dropped,
     whitespace collapsed ("  Zoë O'Brien " -> "zoe obrien")."""
+    if _NORMAL.fullmatch(name):  # already in that form (the n-grams of query_names are)
+        return name
     decomposed = unicodedata.normalize("NFKD", name)
     plain = "".join(c for c in decomposed if not unicodedata.combining(c))
     return " ".join(re.sub(r"[^\w\s]", "", plain.casefold()).split())

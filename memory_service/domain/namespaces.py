@@ -29,6 +29,7 @@ from memory_service.domain.errors import InvalidInput, preview
 
 MAX_ID_LENGTH = 256
 _ALNUM = re.compile(r"[A-Za-z0-9]")
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")  # what _ALNUM matches
 _ESCAPE = re.compile(r"_([0-9a-f]*)_")
 
 
@@ -173,8 +174,9 @@ def _checking[**P, R](method: Callable[P, Awaitable[R]]) -> Callable[P, Awaitabl
     return checking
 
 
+@functools.lru_cache(maxsize=16_384)  # a block names a few namespaces many times over
 def _encode_field(value: str) -> str:
-    return "".join(c if _ALNUM.fullmatch(c) else f"_{ord(c):x}_" for c in value)
+    return "".join(c if c in _PLAIN else f"_{ord(c):x}_" for c in value)
 
 
 def _decode_group_id(group_id: str) -> list[str]:
