@@ -7,7 +7,7 @@ import logging
 
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
-from memory_service.state.cache import BlockCache, generation_key
+from memory_service.state.cache import BlockCache, generation_key, identity
 from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .conftest import state_redis
@@ -15,6 +15,7 @@ from .helpers import record_all
 
 REQUEST = ["a1", "alice", "s1", 4000, None]
 DEPENDENCIES = ["agent:a1", "session:s1"]
+IDENTITY = identity("a1", "alice", "s1", 4000, None)
 BLOCK = {"xml": "<MemoryContext/>", "chars": 16}
 CHAT = [("alice", "user", "I prefer window seats on every flight."),
         ("alice", "assistant", "Noted, window seats it is.")]
@@ -26,7 +27,7 @@ async def test_an_entry_is_served_only_under_the_generations_it_was_made_with(se
     try:
         missed = await cache.lookup(REQUEST, DEPENDENCIES)
         assert missed.block is None and missed.generations == [0, 0]
-        await cache.put(missed, "identity", BLOCK, 60, "a1")
+        await cache.put(missed, IDENTITY, BLOCK, 60, "a1")
         assert (await cache.lookup(REQUEST, DEPENDENCIES)).block == BLOCK
         # Another request, or the same one reading other namespaces: another key.
         assert (await cache.lookup([*REQUEST[:-1], "a query"], DEPENDENCIES)).block is None
@@ -34,7 +35,7 @@ async def test_an_entry_is_served_only_under_the_generations_it_was_made_with(se
         await cache.bump("session:s1")  # a write to what the block read
         stale = await cache.lookup(REQUEST, DEPENDENCIES)
         assert stale.block is None and stale.key == missed.key and stale.generations == [0, 1]
-        await cache.put(stale, "identity", {**BLOCK, "chars": 17}, 60, "a1")
+        await cache.put(stale, IDENTITY, {**BLOCK, "chars": 17}, 60, "a1")
         assert (await cache.lookup(REQUEST, DEPENDENCIES)).block == {**BLOCK, "chars": 17}
     finally:
         await redis.aclose()
@@ -61,11 +62,11 @@ async def test_a_block_kept_is_served_at_once_then_stored(settings):
     cache = BlockCache(redis)
     try:
         found = await cache.lookup(REQUEST, DEPENDENCIES)
-        cache.keep(found, "identity", BLOCK, 60, "a1", timeout=5)
+        cache.keep(found, IDENTITY, BLOCK, 60, "a1", timeout=5)
         assert (await cache.lookup(REQUEST, DEPENDENCIES)).block == BLOCK
         await cache.flush()
         assert json.loads(await redis.get(keyspace.cached_block(found.key))) == [[0, 0], BLOCK]
-        assert json.loads(await redis.get(keyspace.last_good_block("identity"))) == BLOCK
+        assert json.loads(await redis.get(keyspace.last_good_block(IDENTITY))) == BLOCK
         # Held in the process no longer: a bump makes it a miss, as in Redis.
         await redis.incr(generation_key("agent:a1"))
         assert (await cache.lookup(REQUEST, DEPENDENCIES)).block is None
@@ -92,3 +93,27 @@ async def test_a_block_whose_caching_fails_is_answered_and_kept_as_last_good(set
             assert again.source == "last-good" and again.xml == answered.xml
     finally:
         state.stop()
+
+
+async def test_a_block_read_before_a_purge_and_written_after_it_does_not_outlive_it(settings):
+    """An erasure purges the agent's blocks while a block read before it is on its way to
+    Redis: the write that lands after the purge deletes itself (neither the cached block nor
+    its last good copy, in Redis or in this process, may show what the erasure removed)."""
+    redis = state_redis(settings.falkordb_url, decode_responses=True)
+    cache = BlockCache(redis)
+    try:
+        found = await cache.lookup(REQUEST, DEPENDENCIES)
+        cache.keep(found, IDENTITY, BLOCK, 60, "a1", timeout=5)
+        await cache.purge_agent("a1")  # runs before the write (which waits for this task to yield)
+        await cache.flush()
+        assert not await redis.exists(keyspace.cached_block(found.key), keyspace.last_good_block(IDENTITY))
+        assert await redis.zcard(keyspace.cache_index("a1")) == 0
+        assert cache.last_good_in_process(IDENTITY) is None
+        assert (await cache.lookup(REQUEST, DEPENDENCIES)).block is None
+        # A block read after the purge is cached as usual.
+        again = await cache.lookup(REQUEST, DEPENDENCIES)
+        await cache.put(again, IDENTITY, BLOCK, 60, "a1")
+        assert (await cache.lookup(REQUEST, DEPENDENCIES)).block == BLOCK
+        assert await redis.exists(keyspace.last_good_block(IDENTITY))
+    finally:
+        await redis.aclose()

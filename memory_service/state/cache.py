@@ -81,10 +81,11 @@ def identity(agent_id: str, *rest: Any) -> str:
 
 @dataclass(frozen=True)
 class Lookup:
-    """A block's cache key, the generations of what it reads now, and the block cached
-    under both (None: a miss)."""
+    """A block's cache key, the namespaces it reads and their generations now, and the block
+    cached under both (None: a miss)."""
 
     key: str
+    dependencies: list[str]
     generations: list[int]
     block: dict[str, Any] | None
 
@@ -131,7 +132,7 @@ class BlockCache:
         generations = [int(v or 0) for v in found]
         entry: Any = json.loads(raw) if raw else self._storing.get(key)  # [generations then, block]
         fresh = isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] == generations
-        return Lookup(key, generations, entry[1] if fresh else None)
+        return Lookup(key, list(dependencies), generations, entry[1] if fresh else None)
 
     # Cached blocks -----------------------------------------------------------------
 
@@ -165,7 +166,11 @@ class BlockCache:
     async def put(self, found: Lookup, identity: str, block: dict[str, Any], ttl_seconds: int, agent_id: str) -> None:
         """Cache a complete ``block`` under its lookup's key and generations, and keep it as its
         identity's last good one in Redis (for a day), both listed among the agent's cached
-        blocks (an erasure deletes them), in one round trip."""
+        blocks (an erasure deletes them), in one round trip.
+
+        Then, when the block read the agent-wide generation, it is read again: a purge of the
+        agent's blocks (an erasure) that ran since the block's reads bumped it, and what this
+        wrote is deleted again (``purge_agent`` says why that closes the race)."""
         now, index = time.time(), keyspace.cache_index(agent_id)
         writes = {keyspace.last_good_block(identity): (json.dumps(block), LAST_GOOD_TTL_SECONDS),
                   **({keyspace.cached_block(found.key): (json.dumps([found.generations, block]), ttl_seconds)}
@@ -178,6 +183,14 @@ class BlockCache:
             pipe.expire(index, LAST_GOOD_TTL_SECONDS, gt=True)
             pipe.expire(index, LAST_GOOD_TTL_SECONDS, nx=True)
             await pipe.execute()
+        wide = agent_wide(agent_id)
+        if wide in found.dependencies:
+            then = found.generations[found.dependencies.index(wide)]
+            if int(await self.redis.get(generation_key(wide)) or 0) != then:
+                await self.redis.delete(*writes)
+                await self.redis.zrem(index, *writes)
+                if self._last_good.get(identity) is block:
+                    del self._last_good[identity]
 
     def _last_good_here(self, identity: str, block: dict[str, Any]) -> None:
         self._last_good[identity] = block
@@ -200,15 +213,26 @@ class BlockCache:
 
     async def purge_agent(self, agent_id: str) -> int:
         """Delete every cached and last good block of the agent (any may show what an erasure
-        or a purge removes), and invalidate the blocks being assembled meanwhile. How many went."""
+        or a purge removes), and invalidate the blocks being assembled meanwhile. How many went.
+
+        The blocks listed, then a bump of the agent-wide generation, then the blocks listed
+        since: a block whose reads came before the bump and whose write lands during the purge
+        is either listed by the second pass (its write came before that pass read the list)
+        or written after the bump, which ``put``'s check after its write sees (it deletes
+        what it wrote). No block read before the purge outlives it."""
+        deleted = await self._delete_listed(agent_id)
+        await self.bump(agent_wide(agent_id))  # blocks being stored meanwhile are served no more
+        deleted += await self._delete_listed(agent_id)
+        return deleted + self._forget_agent(agent_id)
+
+    async def _delete_listed(self, agent_id: str) -> int:
         index, deleted = keyspace.cache_index(agent_id), 0
         while keys := await self.redis.zrange(index, 0, PURGE_BATCH - 1):
             # The blocks, then their entries (they are on many slots of a cluster: no
             # transaction): a crash between leaves entries naming gone blocks, deleted again.
             deleted += int(await self.redis.delete(*keys))
             await self.redis.zrem(index, *keys)
-        await self.bump(agent_wide(agent_id))  # blocks being stored meanwhile are served no more
-        return deleted + self._forget_agent(agent_id)
+        return deleted
 
     def _forget_agent(self, agent_id: str) -> int:
         """Drop this process's last good blocks of ``agent_id``; how many."""
