@@ -110,15 +110,6 @@ class BlockCache:
                     pipe.incr(generation_key(ns))
                 await pipe.execute()
 
-    async def generations(self, namespaces: Sequence[str]) -> list[int]:
-        if not namespaces:
-            return []
-        # One pipeline of GETs, not an MGET: the generations are on several slots of a cluster.
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for ns in namespaces:
-                pipe.get(generation_key(ns))
-            return [int(v or 0) for v in await pipe.execute()]
-
     async def lookup(self, request: Sequence[Any], dependencies: list[str]) -> Lookup:
         """The block asked by ``request`` (JSON-able) that reads the ``dependencies``
         namespaces, if one is cached under their generations now: the generations and the
