@@ -66,6 +66,11 @@ async def test_a_block_kept_is_served_at_once_then_stored(settings):
         assert (await cache.lookup(REQUEST, DEPENDENCIES)).block == BLOCK
         await cache.flush()
         assert json.loads(await redis.get(keyspace.cached_block(found.key))) == [[0, 0], BLOCK]
+        # With the cache disabled (a TTL of 0) a block kept is never served, not even at once.
+        other = await cache.lookup([*REQUEST[:-1], "another"], DEPENDENCIES)
+        cache.keep(other, IDENTITY, BLOCK, 0, "a1", timeout=5)
+        assert (await cache.lookup([*REQUEST[:-1], "another"], DEPENDENCIES)).block is None
+        await cache.flush()
         assert json.loads(await redis.get(keyspace.last_good_block(IDENTITY))) == BLOCK
         # Held in the process no longer: a bump makes it a miss, as in Redis.
         await redis.incr(generation_key("agent:a1"))
@@ -117,3 +122,21 @@ async def test_a_block_read_before_a_purge_and_written_after_it_does_not_outlive
         assert await redis.exists(keyspace.last_good_block(IDENTITY))
     finally:
         await redis.aclose()
+
+
+async def test_with_the_cache_disabled_a_block_is_never_served_from_it(settings):
+    """CONTEXT_CACHE_TTL_SECONDS=0: every block is assembled again, even right after the
+    same one (none is held in the process on its way to Redis); the last good one is kept."""
+    settings = settings.model_copy(update={"context_cache_ttl_seconds": 0})
+    async with open_service(settings, run_worker=False) as service:
+        await record_all(service, "k2", "a1", CHAT)
+        first = await service.assemble_memory_context("a1", "alice", "k2")
+        again = await service.assemble_memory_context("a1", "alice", "k2")
+        assert first.source == again.source == "graph" and again.xml == first.xml
+        await service.state.cache.flush()
+        redis = state_redis(settings.falkordb_url, decode_responses=True)
+        try:
+            assert not [k async for k in redis.scan_iter("ms:ctx:*") if not k.startswith("ms:ctx:last:")]
+            assert await redis.exists(keyspace.last_good_block(identity("a1", "alice", "k2", first.budget, None)))
+        finally:
+            await redis.aclose()

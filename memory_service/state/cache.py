@@ -121,18 +121,21 @@ class BlockCache:
             pipe.get(keyspace.cached_block(key))
             *found, raw = await pipe.execute()
         generations = [int(v or 0) for v in found]
-        entry: Any = json.loads(raw) if raw else self._storing.get(key)  # [generations then, block]
-        fresh = isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] == generations
-        return Lookup(key, list(dependencies), generations, entry[1] if fresh else None)
+        # [generations then, block]: this process's block on its way to Redis, else Redis's.
+        for entry in (self._storing.get(key), json.loads(raw) if raw else None):
+            if isinstance(entry, (list, tuple)) and len(entry) == 2 and entry[0] == generations:
+                return Lookup(key, list(dependencies), generations, entry[1])
+        return Lookup(key, list(dependencies), generations, None)
 
     # Cached blocks -----------------------------------------------------------------
 
     def keep(self, found: Lookup, identity: str, block: dict[str, Any], ttl_seconds: int, agent_id: str,
              timeout: float) -> None:
-        """``put`` in the background (the caller answers meanwhile); this process serves the
-        block to the same lookup until it is stored. A failed write is logged: the block
-        was answered, only its caching failed."""
-        self._storing[found.key] = (found.generations, block)
+        """``put`` in the background (the caller answers meanwhile); with a cache (a positive
+        ``ttl_seconds``) this process serves the block to the same lookup until it is
+        stored. A failed write is logged: the block was answered, only its caching failed."""
+        if ttl_seconds > 0:
+            self._storing[found.key] = (found.generations, block)
         self._last_good_here(identity, block)
 
         async def store() -> None:
