@@ -133,16 +133,18 @@ async def test_recent_many_by_default_fails_with_the_first_error_and_leaves_no_r
     running against a failing store."""
     from memory_service.stores.mongo import MongoBackend
 
-    waiting, cancelled = asyncio.Event(), []
+    both_waiting, waiting, cancelled = asyncio.Event(), [], []
 
     class OneReadFails(MongoBackend):
         async def recent(self, agent_id, namespace, kinds, limit):
-            found = await super().recent(agent_id, namespace, kinds, limit)
-            if namespace == SHARD:
-                await waiting.wait()  # the others have read and wait
-                raise ConnectionError("the shard's read failed")
             try:
-                waiting.set()
+                found = await super().recent(agent_id, namespace, kinds, limit)
+                if namespace == SHARD:
+                    await both_waiting.wait()  # the other two have read and wait
+                    raise ConnectionError("the shard's read failed")
+                waiting.append(namespace)
+                if len(waiting) == 2:
+                    both_waiting.set()
                 await asyncio.Event().wait()  # still waiting when the shard's read fails
             except asyncio.CancelledError:
                 cancelled.append(namespace)
