@@ -564,6 +564,24 @@ async def test_a_query_meets_only_vectors_of_its_own_model(backend):
     assert sorted(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="new")), "vector")) == ["new", "old"]
 
 
+async def test_the_graphs_recent_reads_say_the_model_of_a_stored_vector(settings):
+    """Without the vector itself: the memory block reads it to know whether a search like its
+    latest message can reuse the stored vector, or must embed the text first."""
+    from memory_service.stores.graph import GraphBackend
+
+    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION, untagged_model="old")
+    await backend.start()
+    try:
+        await backend.write([tagged("untagged", "stored before vectors carried a model", 1, X, None),
+                             tagged("new", "the new model's", 2, XY, "new"),
+                             memory("bare", MemoryKind.FACT, SHARD, "no vector yet", 3)])
+        found = {m.id: m for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 10)}
+        assert {i: (m.embedding_model, m.embedding) for i, m in found.items()} == {
+            "untagged": ("old", None), "new": ("new", None), "bare": (None, None)}
+    finally:
+        await backend.close()
+
+
 async def test_a_reembed_stages_beside_the_searched_vector_then_promotes(backend):
     backend.untagged_model = "old"
     await backend.write([tagged(f"m{i}", f"memory number {i}", i, X, None if i % 2 else "old") for i in range(5)]

@@ -176,7 +176,9 @@ class Memory(BaseModel):
     # blocks a write: the memory is stored and embedded later).
     embedding: list[float] | None = Field(default=None, repr=False)
     # The name of the embedder that made ``embedding`` (``Embedder.name``): stored beside the
-    # vector, so that search compares a query only with vectors of its own model.
+    # vector, so that search compares a query only with vectors of its own model. A read that
+    # leaves the vector out may still set it (the graph's recent reads do): the memory has a
+    # stored vector of that model, which a search ``like`` it can reuse.
     embedding_model: str | None = Field(default=None, repr=False)
     # Written by the memory tools (memory_service/curation/tools.py); formed memories have none.
     title: str | None = None

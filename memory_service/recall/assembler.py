@@ -330,7 +330,11 @@ class ContextAssembler:
                 return _Question(None, None, failed=True)
             latest = [m for m in messages if m.metadata.role in (None, "user")]
             if latest:
-                query, like = latest[-1].content[: self.settings.search_max_query_chars], latest[-1].id
+                message, embedder = latest[-1], self.retriever.embedder
+                query, like = message.content[: self.settings.search_max_query_chars], message.id
+                # A message recorded a moment before has no vector yet (the worker embeds it).
+                reusable = embedder is not None and message.embedding_model == embedder.name
+                return _Question(query, like, reusable=reusable)
         return _Question(query, like)
 
     async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard], backend: MemoryBackend,
@@ -393,7 +397,7 @@ class ContextAssembler:
                 top_k = min(wanted + len(exclude), s.search_max_top_k)
                 request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score)
                 ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=entities,
-                                                    like=asked.like)
+                                                    like=asked.like if asked.reusable else None)
                 hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
                 similar = [(m, e) for m, e in hits if similar_enough(e)]
                 below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
@@ -469,12 +473,15 @@ class ContextAssembler:
 @dataclass(frozen=True)
 class _Question:
     """What the block asks search: the query (None: nothing to ask), the stored memory whose
-    text it is (``like``), and whether reading the latest message failed (the block then
-    shows no relevant memories)."""
+    text it is (``like``: left out of the answer), whether that memory's stored vector is of
+    the search's model (``reusable``: else the query is embedded before the search, which then
+    scans the scope once, not twice), and whether reading the latest message failed (the
+    block then shows no relevant memories)."""
 
     query: str | None
     like: str | None
     failed: bool = False
+    reusable: bool = False
 
 
 def _asdict(rendered: RenderedContext) -> dict[str, Any]:

@@ -94,8 +94,11 @@ COUNT_WAIT_SECONDS = 1.0  # how long a scrape waits for that count before it ans
 
 _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
-# What a read of live memories needs of each (in this order: ``_live_memory``'s arguments).
-_LIVE_FIELDS = "n.uuid, n.group_id, n.content, n.valid_at"
+# What a read of live memories needs of each (in this order: ``_live_memory``'s arguments),
+# and the model of its stored vector, if it has one (not the vector: whether a search can
+# reuse it; one stored before vectors carried their model is of ``$untagged_model``).
+_LIVE_FIELDS = ("n.uuid, n.group_id, n.content, n.valid_at, "
+                "CASE WHEN n.embedding IS NULL THEN NULL ELSE coalesce(n.embedding_model, $untagged_model) END")
 # What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
 _LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
 _STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
@@ -742,7 +745,8 @@ class GraphBackend(EntityGraph):
         asked = [r for r in reads if r.limit > 0 and r.kinds]
         queries = [(f"MATCH (n:{LABEL}) WHERE n.group_kind IN $gks AND {_LIVE} RETURN {_LIVE_FIELDS} "
                     "ORDER BY n.ts DESC, n.seq DESC, n.uuid DESC LIMIT $limit",
-                    {"gks": [_group_kind(r.namespace.group_id, k) for k in r.kinds], "limit": r.limit}) for r in asked]
+                    {"gks": [_group_kind(r.namespace.group_id, k) for k in r.kinds], "limit": r.limit,
+                     "untagged_model": self.untagged_model}) for r in asked]
         found = iter(await self._read_plain_many(agent_id, queries) if queries else [])
         return [[_live_memory(*row) for row in reversed(next(found))] if r.limit > 0 and r.kinds else [] for r in reads]
 
@@ -1164,8 +1168,9 @@ def _memory(row: Row) -> Memory:
     return memory
 
 
-def _live_memory(uuid: str, group_id: str, content: str, valid_at: str) -> Memory:
+def _live_memory(uuid: str, group_id: str, content: str, valid_at: str, vector_model: str | None = None) -> Memory:
     """A memory from its ``_LIVE_FIELDS`` (neither evicted nor deleted)."""
     memory = Memory.from_episode_body(id=uuid, namespace=_namespace_text(group_id), body=content, valid_at=valid_at)
+    memory.embedding_model = vector_model
     memory.served_by = "graph"
     return memory
