@@ -28,8 +28,7 @@ from enum import StrEnum
 from memory_service.domain.errors import InvalidInput, preview
 
 MAX_ID_LENGTH = 256
-_ALNUM = re.compile(r"[A-Za-z0-9]")
-_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")  # what _ALNUM matches
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")  # kept as is in a group_id
 _ESCAPE = re.compile(r"_([0-9a-f]*)_")
 
 
@@ -188,7 +187,7 @@ def _decode_group_id(group_id: str) -> list[str]:
     pos = 0
     while pos < len(group_id):
         char = group_id[pos]
-        if _ALNUM.fullmatch(char):
+        if char in _PLAIN:
             fields[-1] += char
             pos += 1
             continue

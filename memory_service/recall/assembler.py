@@ -323,7 +323,7 @@ class ContextAssembler:
     async def _question(self, query: str | None, said: Callable[[], Awaitable[list[Memory] | None]] | None) -> _Question:
         """The block's query: ``query``, or without one the latest user message of what the
         session ``said`` (whose stored embedding the search reuses)."""
-        like = None
+        like, reusable = None, False
         if query is None:
             messages = await said() if said is not None else []
             if messages is None:  # the read failed: the block shows no relevant memories
@@ -334,8 +334,7 @@ class ContextAssembler:
                 query, like = message.content[: self.settings.search_max_query_chars], message.id
                 # A message recorded a moment before has no vector yet (the worker embeds it).
                 reusable = embedder is not None and message.embedding_model == embedder.name
-                return _Question(query, like, reusable=reusable)
-        return _Question(query, like)
+        return _Question(query, like, reusable=reusable)
 
     async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard], backend: MemoryBackend,
                         shown: Awaitable[tuple[ContextInputs, bool]], question: Awaitable[_Question],

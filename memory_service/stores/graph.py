@@ -92,13 +92,16 @@ POSTINGS_BUILD_LOCK_SECONDS = 120  # renewed after every batch
 COUNT_BATCH = 500  # agent graphs per pipeline when the gauges count what is stored
 COUNT_WAIT_SECONDS = 1.0  # how long a scrape waits for that count before it answers with the last one
 
+# The model of a memory's stored vector (one stored before vectors carried their model is
+# of ``$untagged_model``).
+_VECTOR_MODEL = "coalesce(n.embedding_model, $untagged_model)"
 _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n.valid_at AS valid_at, "
                 "n.evicted AS evicted, n.deleted_at AS deleted_at")
 # What a read of live memories needs of each (in this order: ``_live_memory``'s arguments),
 # and the model of its stored vector, if it has one (not the vector: whether a search can
-# reuse it; one stored before vectors carried their model is of ``$untagged_model``).
+# reuse it).
 _LIVE_FIELDS = ("n.uuid, n.group_id, n.content, n.valid_at, "
-                "CASE WHEN n.embedding IS NULL THEN NULL ELSE coalesce(n.embedding_model, $untagged_model) END")
+                f"CASE WHEN n.embedding IS NULL THEN NULL ELSE {_VECTOR_MODEL} END")
 # What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
 _LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
 _STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
@@ -172,7 +175,7 @@ _TS_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.ts)"
 _STAGED_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.embedding_next_model)"
 # Which stored vectors a query of the model ``$vector_model`` is compared with: those of the same
 # model (one stored before vectors carried their model is of ``$untagged_model``).
-_SAME_MODEL = "coalesce(n.embedding_model, $untagged_model) = $vector_model"
+_SAME_MODEL = f"{_VECTOR_MODEL} = $vector_model"
 
 
 def _index_statements(dimension: int | None) -> list[str]:
