@@ -235,8 +235,11 @@ async def test_vector_search_ranks_by_cosine_similarity(backend):
 
 async def test_a_search_like_a_stored_memory_uses_its_vector_or_has_no_vector_signal(backend):
     await backend.write(directions("half way, no vector yet"))
-    # A backend that keeps no vector to give (stored_embedding's default) has no vector signal.
+    # Both stores give a stored vector (a backend without, stored_embedding's default, would
+    # have no vector signal; Mongo had none, and the memory block ran the model every time).
     keeps = await backend.stored_embedding(A1, "xy", None) is not None
+    assert keeps and await backend.stored_embedding(A1, "xy", "other") is None
+    assert await backend.stored_embedding(A1, "bare", None) is None
     for scope in (None, [SHARD]):  # the indexes, and the scope's scan
         like = await backend.search(A1, StoreQuery(["half"], like="xy", namespaces=scope))
         given = await backend.search(A1, StoreQuery(["half"], vector=XY, namespaces=scope))
@@ -564,22 +567,20 @@ async def test_a_query_meets_only_vectors_of_its_own_model(backend):
     assert sorted(ids(await backend.search(A1, StoreQuery([], vector=X, vector_model="new")), "vector")) == ["new", "old"]
 
 
-async def test_the_graphs_recent_reads_say_the_model_of_a_stored_vector(settings):
+async def test_recent_reads_say_the_model_of_a_stored_vector(backend):
     """Without the vector itself: the memory block reads it to know whether a search like its
-    latest message can reuse the stored vector, or must embed the text first."""
-    from memory_service.stores.graph import GraphBackend
-
-    backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION, untagged_model="old")
-    await backend.start()
-    try:
-        await backend.write([tagged("untagged", "stored before vectors carried a model", 1, X, None),
-                             tagged("new", "the new model's", 2, XY, "new"),
-                             memory("bare", MemoryKind.FACT, SHARD, "no vector yet", 3)])
-        found = {m.id: m for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 10)}
-        assert {i: (m.embedding_model, m.embedding) for i, m in found.items()} == {
-            "untagged": ("old", None), "new": ("new", None), "bare": (None, None)}
-    finally:
-        await backend.close()
+    latest message can reuse the stored vector, or must embed the text first (a store that
+    did not say so made every block run the model)."""
+    backend.untagged_model = "old"
+    await backend.write([tagged("untagged", "stored before vectors carried a model", 1, X, None),
+                         tagged("new", "the new model's", 2, XY, "new"),
+                         memory("bare", MemoryKind.FACT, SHARD, "no vector yet", 3)])
+    read = [*await backend.recent(A1, SHARD, [MemoryKind.FACT], 10),
+            *(await backend.recent_many(A1, [RecentRead(SHARD, [MemoryKind.FACT], 10)]))[0]]
+    assert [(m.id, m.embedding_model, m.embedding) for m in read] == 2 * [
+        ("untagged", "old", None), ("new", "new", None), ("bare", None, None)]
+    await backend.set_embeddings(A1, {"bare": X}, "new")
+    assert [(m.id, m.embedding_model) for m in await backend.recent(A1, SHARD, [MemoryKind.FACT], 1)] == [("bare", "new")]
 
 
 async def test_a_reembed_stages_beside_the_searched_vector_then_promotes(backend):

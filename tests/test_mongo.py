@@ -30,7 +30,7 @@ from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import clean_env
-from .helpers import msg, shows_episode
+from .helpers import msg, shows_episode, wait_embedded
 from .test_overload import guard
 
 CLI = str(Path(sys.executable).parent / "memory-service")
@@ -209,6 +209,34 @@ async def test_an_agent_that_just_opted_in_reads_its_memories_from_mongo(mongo_s
         # Search falls back too (the graph found nothing), so the relevant memories match.
         assert "mongo" in on_graph.source.split("+") and on_graph.xml == on_mongo.xml
         assert "<RelevantMemories>" in on_mongo.xml
+
+
+async def test_a_mongo_agents_block_reuses_its_latest_messages_stored_vector(mongo_settings):
+    """Without a query the block searches like the session's latest user message: once the
+    message is embedded, its stored vector is the query's and the model does not run (Mongo's
+    recent reads say which model a stored vector is of, as the graph's do)."""
+    async with open_service(mongo_settings, run_worker=True) as service:
+        await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
+        await converse(service, "s1")
+        await wait_embedded(service, "a1")
+        embedder, backend = service.retriever.embedder, (await service.agents.backend_for("a1"))[1]
+        embedded, searches = [], []
+        original_embed, original_search = embedder.embed, backend.search
+
+        async def counting_embed(texts, *, query=False):
+            embedded.extend(texts if query else [])
+            return await original_embed(texts, query=query)
+
+        async def counting_search(agent_id, store_query):
+            hits = await original_search(agent_id, store_query)
+            searches.append((store_query, sorted(hits)))
+            return hits
+
+        embedder.embed, backend.search = counting_embed, counting_search
+        block = await service.assemble_memory_context("a1", "alice", "s1")
+        assert block.source == "mongo" and embedded == [] and len(searches) == 1, (embedded, searches)
+        [(asked, signals)] = searches
+        assert asked.like is not None and asked.vector is None and signals == ["fulltext", "vector"]
 
 
 async def test_an_empty_graph_answer_never_waits_for_a_stalled_mongo(mongo_settings, mongo_proxy):

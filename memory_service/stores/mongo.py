@@ -366,7 +366,18 @@ class MongoBackend(MemoryBackend):
              "evicted": False, "deleted_at": None},
             _NO_VECTOR,
         ).sort(_NEWEST_FIRST).limit(limit)
-        return [_memory(d) for d in reversed(await cursor.to_list())]
+        return [self._with_vector_model(d) for d in reversed(await cursor.to_list())]
+
+    def _with_vector_model(self, doc: dict[str, Any]) -> Memory:
+        """The memory, and the model of its stored vector (not the vector): the memory block
+        reads it to know whether a search like its latest message can reuse the stored vector
+        or must embed the text first. A document without a vector carries ``needs_embedding``
+        (``_document``, ``_upgrade_layout``); one stored before vectors carried their model is
+        of ``untagged_model``."""
+        memory = _memory(doc)
+        if not doc.get("needs_embedding"):
+            memory.embedding_model = doc.get("embedding_model") or self.untagged_model
+        return memory
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
         query: dict[str, Any] = {"agent_id": agent_id, "namespace": str(namespace), "evicted": False, "deleted_at": None}
@@ -449,6 +460,12 @@ class MongoBackend(MemoryBackend):
         if vector is not None:
             hits["vector"] = await self._nearest({**scope, **self._same_model(query.vector_model)}, vector, query.limit)
         return hits
+
+    async def stored_embedding(self, agent_id: str, memory_id: str, model: str | None) -> list[float] | None:
+        doc = await self.memories.find_one({"_id": memory_id, "agent_id": agent_id, "embedding": {"$exists": True},
+                                            **self._same_model(model)}, {"embedding": 1})
+        vector = _decode(doc["embedding"]) if doc else None
+        return [float(x) for x in vector] if vector is not None else None
 
     def _same_model(self, model: str | None) -> dict[str, Any]:
         """The filter of stored vectors a query of ``model`` is compared with: its own model's
