@@ -12,7 +12,7 @@ import pytest
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import RecentRead
+from memory_service.stores.base import Found, RecentRead
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
 A1, A2 = "a1", "a2"
@@ -409,6 +409,34 @@ async def test_briefs_give_what_the_block_shows_of_live_memories_only(backend):
         assert (b.kind, b.valid_at, b.text) == (stored.kind, stored.valid_at, stored.search_text)
     assert briefs["b1"].text == "alice: the ferry leaves at nine" and briefs["b1"].served_by in (backend.name, None)
     assert await backend.briefs(A2, ["b1"]) == [] and await backend.briefs(A1, []) == []
+
+
+async def test_admitted_is_what_a_search_admits_given_only_ids_and_times(backend):
+    """The graph signal finds memories through entities: of those, ``admitted`` keeps what the
+    search for its query would admit (live, namespaces, kinds, time, tags). Each comes back
+    with its id and time (the graph reads no more; the search reads whole what it keeps)."""
+    said = memory("a1", MemoryKind.MESSAGE, SESSION, "the ferry leaves at nine", 1, role="user")
+    fact = memory("a2", MemoryKind.FACT, SHARD, "Alice takes the ferry", 2).model_copy(update={"tags": ["sea"]})
+    late = memory("a3", MemoryKind.FACT, SHARD, "Alice took the bus", 60)
+    gone = memory("a4", MemoryKind.FACT, SHARD, "the ferry leaves at ten", 3)
+    evicted = memory("a5", MemoryKind.EPISODE, SESSION, "an old episode", 4).model_copy(update={"evicted": True})
+    await backend.write([said, fact, late, gone, evicted])
+    await backend.replace(A1, [gone.model_copy(update={"deleted_at": datetime(2026, 6, 1, tzinfo=UTC)})])
+    asked = ["a1", "a2", "a3", "a4", "a5", "unknown"]
+
+    async def admitted(**scope) -> dict[str, datetime]:
+        return {c.id: c.valid_at for c in await backend.admitted(A1, asked, query(**scope))}
+
+    assert await admitted() == {m.id: m.valid_at for m in (said, fact, late)}  # neither deleted, evicted nor unknown
+    assert sorted(await admitted(namespaces=[SHARD])) == ["a2", "a3"]
+    assert await admitted(namespaces=[]) == {}
+    assert sorted(await admitted(kinds=[MemoryKind.MESSAGE, MemoryKind.EPISODE])) == ["a1"]
+    assert sorted(await admitted(since=T0 + timedelta(minutes=2))) == ["a2", "a3"]
+    assert sorted(await admitted(until=T0 + timedelta(minutes=2))) == ["a1", "a2"]
+    assert sorted(await admitted(tags=("sea",))) == ["a2"]
+    assert await backend.admitted(A2, asked, query()) == [] and await backend.admitted(A1, [], query()) == []
+    if backend.name == "graph":  # ids and times only: nothing more is read
+        assert all(type(c) is Found for c in await backend.admitted(A1, asked, query()))
 
 
 async def test_replace_re_indexes_a_new_text_and_tags_filter_inside_the_query(backend):

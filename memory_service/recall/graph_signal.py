@@ -44,10 +44,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from memory_service.domain.graph import Entity, Fact, MentionedEntity, normalise_name
-from memory_service.domain.models import Memory, StoreQuery
+from memory_service.domain.models import StoreQuery
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.schemas.search import EntityWeight, GraphPath, Structure
-from memory_service.stores.base import MemoryBackend
+from memory_service.stores.base import Candidate, MemoryBackend
 
 ENTITIES_PER_MEMORY = 20  # entities of one candidate the re-rank reads
 TOPIC_KINDS = (NamespaceKind.SHARD, NamespaceKind.AGENT)  # where shared topics are looked up
@@ -117,7 +117,7 @@ class Reached:
 
 @dataclass(slots=True)
 class GraphHits:
-    hits: list[tuple[Memory, float]] = field(default_factory=list)  # best first
+    hits: list[tuple[Candidate, float]] = field(default_factory=list)  # best first (a Found: read when kept)
     paths: dict[str, list[GraphPath]] = field(default_factory=dict)  # by memory id
     closeness: dict[str, float] = field(default_factory=dict)  # entity id -> its best path's weight before its own hub penalty
 
@@ -172,9 +172,9 @@ async def graph_hits(backend: MemoryBackend, agent_id: str, query: StoreQuery, f
     # Read by id in score order, twice the limit at a time, until the limit is admitted: a
     # hub's reach (up to (entities + 2 x fan-out) x limit mentions) is never read whole.
     ordered = sorted(scores, key=lambda i: (-scores[i], i))
-    memories: list[Memory] = []
+    memories: list[Candidate] = []
     for start in range(0, len(ordered), 2 * query.limit):
-        memories += [m for m in await backend.find(agent_id, ordered[start:start + 2 * query.limit]) if _admitted(m, query)]
+        memories += await backend.admitted(agent_id, ordered[start:start + 2 * query.limit], query)
         if len(memories) >= query.limit:
             break
     memories.sort(key=lambda m: (-scores[m.id], -m.valid_at.timestamp(), m.id))
@@ -214,19 +214,6 @@ def _closeness(reached: Reached, degrees: dict[str, int], options: GraphOptions)
     for passed in reached.path[1:-1]:
         weight *= hub_weight(degrees.get(passed, 0))
     return weight
-
-
-def _admitted(memory: Memory, query: StoreQuery) -> bool:
-    """What the store's own search would admit: live, in scope, of the kinds, time and tags asked."""
-    if not memory.live:
-        return False
-    if query.namespaces is not None and memory.namespace not in {str(ns) for ns in query.namespaces}:
-        return False
-    if query.kinds and memory.kind not in query.kinds:
-        return False
-    if query.since and memory.valid_at < query.since or query.until and memory.valid_at > query.until:
-        return False
-    return all(tag in memory.tags for tag in query.tags)
 
 
 async def structure(backend: MemoryBackend, agent_id: str, memory_ids: Sequence[str], closeness: dict[str, float],

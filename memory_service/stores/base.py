@@ -113,6 +113,20 @@ Candidate = Memory | Found
 SignalHits = dict[str, Sequence[tuple[Candidate, float]]]
 
 
+def admits(query: StoreQuery, memory: Memory) -> bool:
+    """Whether a search for ``query`` admits ``memory``: live, in its namespaces, of its
+    kinds, time range and tags (what each store's search puts in its own query)."""
+    if not memory.live:
+        return False
+    if query.namespaces is not None and memory.namespace not in {str(ns) for ns in query.namespaces}:
+        return False
+    if query.kinds and memory.kind not in query.kinds:
+        return False
+    if query.since and memory.valid_at < query.since or query.until and memory.valid_at > query.until:
+        return False
+    return all(tag in memory.tags for tag in query.tags)
+
+
 class MemoryBackend(ABC):
     """Stores memories by agent and namespace. Writes are idempotent by ``Memory.id``.
 
@@ -256,6 +270,15 @@ class MemoryBackend(ABC):
     async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
         """The ``Brief`` of each of the agent's live memories with these ids (others skipped)."""
         return [Brief.of(m) for m in await self.find(agent_id, ids) if m.live]
+
+    async def admitted(self, agent_id: str, ids: Sequence[str], query: StoreQuery) -> list[Candidate]:
+        """Of the agent's memories with these ids, those a search for ``query`` admits (live, in
+        its namespaces, of its kinds, time range and tags), in no order: the graph signal finds
+        its candidates through entities, not through the store's search. A store may answer
+        ``Found``s (id and time): the search then reads whole only the memories it keeps (the
+        graph does; reading a hundred memories whole cost ~3 ms of CPU, their ids and times
+        ~0.5 ms)."""
+        return [m for m in await self.find(agent_id, ids) if admits(query, m)]
 
     @abstractmethod
     async def replace(self, agent_id: str, memories: Sequence[Memory]) -> int:

@@ -57,6 +57,7 @@ from memory_service.state import keyspace, metrics, tracing
 from memory_service.stores import compact_reply, postings
 from memory_service.stores.base import (
     Brief,
+    Candidate,
     Found,
     ListedPage,
     MemoryListing,
@@ -732,6 +733,15 @@ class GraphBackend(EntityGraph):
                                           f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid", ids=list(ids))
         return [_memory(row) for row in rows]
 
+    async def admitted(self, agent_id: str, ids: Sequence[str], query: StoreQuery) -> list[Candidate]:
+        if not ids or query.namespaces == []:
+            return []
+        filters, params = _admission(query)
+        rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL AND "
+                                                f"{' AND '.join(filters)} RETURN n.uuid, n.valid_at",
+                                      ids=list(ids), **params)
+        return [Found(memory_id, _moment(valid_at)) for memory_id, valid_at in rows]
+
     async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
         if not ids:
             return []
@@ -913,23 +923,8 @@ class GraphBackend(EntityGraph):
         groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
         if groups == []:
             return {}
-        filters = [_LIVE]
-        params: dict[str, Any] = {"limit": query.limit}
-        if groups is not None:
-            filters.append("n.group_id IN $groups")
-            params["groups"] = groups
-        if query.kinds:
-            filters.append("n.kind IN $kinds")
-            params["kinds"] = [k.value for k in query.kinds]
-        if query.since:
-            filters.append("n.ts >= $since")
-            params["since"] = query.since.timestamp()
-        if query.until:
-            filters.append("n.ts <= $until")
-            params["until"] = query.until.timestamp()
-        if query.tags:
-            filters.append("all(t IN $tags WHERE t IN n.tags)")
-            params["tags"] = list(query.tags)
+        filters, params = _admission(query)
+        params["limit"] = query.limit
         where = " AND ".join(filters)
         if groups is not None and (scanned := await self._scan_scope(agent_id, query, where, params)) is not None:
             return scanned
@@ -1099,6 +1094,29 @@ class GraphBackend(EntityGraph):
             rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.group_id IN $groups RETURN count(n) AS c",
                                     groups=groups)
         return int(rows[0]["c"]) if rows else 0
+
+
+def _admission(query: StoreQuery) -> tuple[list[str], dict[str, Any]]:
+    """The conditions a search for ``query`` puts on a memory (live, in its namespaces, of
+    its kinds, time range and tags), as Cypher on ``n``, and their parameters."""
+    filters = [_LIVE]
+    params: dict[str, Any] = {}
+    if query.namespaces is not None:
+        filters.append("n.group_id IN $groups")
+        params["groups"] = [ns.group_id for ns in query.namespaces]
+    if query.kinds:
+        filters.append("n.kind IN $kinds")
+        params["kinds"] = [k.value for k in query.kinds]
+    if query.since:
+        filters.append("n.ts >= $since")
+        params["since"] = query.since.timestamp()
+    if query.until:
+        filters.append("n.ts <= $until")
+        params["until"] = query.until.timestamp()
+    if query.tags:
+        filters.append("all(t IN $tags WHERE t IN n.tags)")
+        params["tags"] = list(query.tags)
+    return filters, params
 
 
 async def _table(graph: AsyncGraph, reply: Any) -> tuple[list[str], list[list[Any]]]:
