@@ -303,3 +303,61 @@ async def test_the_mirror_sends_graph_calls_to_the_graph_alone(store, mongo_uri,
         assert await mirrored.outbox.depth() == {t: 0 for t in TARGETS}  # nothing queued for MongoDB
     finally:
         await redis.aclose()
+
+
+async def test_the_mirror_reads_the_blocks_recent_reads_in_one_graph_call_and_its_briefs_and_admitted_light(
+        store, mongo_uri, mongo_database):
+    """The block's reads keep the graph's fast paths behind the mirror: the recent reads in one
+    call (one round trip), briefs and the graph signal's candidates as the graph answers them
+    (not whole memories). A read the graph answers empty falls back to MongoDB only for an
+    agent whose memories may live there only, as ``recent`` does."""
+    from redis.asyncio import Redis
+
+    from memory_service.domain.models import StoreQuery
+    from memory_service.stores.base import Found, RecentRead
+    from memory_service.stores.mirror import MirroredBackend
+    from memory_service.stores.mongo import MongoBackend
+    from memory_service.stores.outbox import TARGETS, Outbox
+
+    redis = Redis.from_url(store.url)
+    mongo = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
+    await mongo.start()
+    only_mongo = {"yes": False}
+
+    async def mongo_only(agent_id: str) -> bool:
+        return only_mongo["yes"]
+
+    mirrored = MirroredBackend(store, mongo, Outbox(redis, TARGETS), mongo_only=mongo_only)
+    in_graph = memory("g1", ALICE, "kept in the graph")
+    in_mongo = memory("m1", BOB, "kept in mongo only")
+    await store.write([in_graph])
+    await mongo.write([in_mongo])
+    calls: list[str] = []
+    graph_recent_many, graph_recent = store.recent_many, store.recent
+
+    async def counting_many(agent_id, reads):
+        calls.append("recent_many")
+        return await graph_recent_many(agent_id, reads)
+
+    async def counting_one(agent_id, namespace, kinds, limit):
+        calls.append("recent")
+        return await graph_recent(agent_id, namespace, kinds, limit)
+
+    store.recent_many, store.recent = counting_many, counting_one
+    reads = [RecentRead(ALICE, [MemoryKind.MESSAGE], 5), RecentRead(BOB, [MemoryKind.MESSAGE], 5),
+             RecentRead(TRAVEL, [MemoryKind.MESSAGE], 0)]
+    try:
+        found = await mirrored.recent_many(A, reads)
+        assert [[m.id for m in got] for got in found] == [["g1"], [], []] and calls == ["recent_many"]
+        assert found[0][0].served_by == "graph"
+        only_mongo["yes"] = True  # e.g. an agent that opted in to the graph without a migration
+        found = await mirrored.recent_many(A, reads)
+        assert [[(m.id, m.served_by) for m in got] for got in found] == [[("g1", "graph")], [("m1", "mongo")], []]
+        assert calls == ["recent_many", "recent_many"]
+        briefs = await mirrored.briefs(A, ["g1", "m1", "unknown"])
+        assert sorted((b.id, b.served_by) for b in briefs) == [("g1", "graph"), ("m1", "mongo")]
+        admitted = await mirrored.admitted(A, ["g1", "m1"], StoreQuery([]))
+        assert admitted == [Found("g1", T0)]  # the graph's answer: ids and times
+    finally:
+        await mongo.close()
+        await redis.aclose()

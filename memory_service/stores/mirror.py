@@ -22,6 +22,10 @@ Reads come from the graph, and from MongoDB only:
 * for ``get`` by ids the graph does not hold: the callers know those ids were stored (a
   claimed window's messages, pending consolidation items), so the graph's delivery of
   them is still queued, and MongoDB may have them.
+The memory block's reads keep the graph's own paths behind the mirror: its recent reads in
+one call (``recent_many``; a read answered empty falls back as ``recent`` does), the briefs
+of what it shows and the graph signal's candidates (``briefs``, ``admitted``) as the graph
+answers them, not whole memories.
 An empty answer is otherwise the answer: MongoDB mirrors the graph, it has nothing more.
 (Falling back on every empty answer made a context wait out MongoDB's server-selection
 timeout whenever MongoDB was down.) Every MongoDB read is bounded by ``fallback_timeout``
@@ -52,7 +56,16 @@ from memory_service.domain.graph import (
 )
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import ListedPage, MemoryBackend, MemoryListing, Page, SignalHits
+from memory_service.stores.base import (
+    Brief,
+    Candidate,
+    ListedPage,
+    MemoryBackend,
+    MemoryListing,
+    Page,
+    RecentRead,
+    SignalHits,
+)
 from memory_service.stores.breaker import OPEN, CircuitBreaker
 from memory_service.stores.outages import is_unavailable
 from memory_service.stores.outbox import (
@@ -409,6 +422,26 @@ class MirroredBackend(MemoryBackend):
                                     empty=lambda result: limit > 0 and not result)
         return found
 
+    async def recent_many(self, agent_id: str, reads: Sequence[RecentRead]) -> list[list[Memory]]:
+        """The graph's reads in one call (one round trip on the graph, as the memory block
+        expects); each read the graph answers empty falls back as ``recent`` does (for an agent
+        whose memories may live in MongoDB only), and a failing graph sends them all there."""
+        what = f"agent {agent_id}"
+        try:
+            found = await self.primary.recent_many(agent_id, reads)
+        except Exception as exc:
+            log.warning("graph read of %s failed, reading mongo: %s", namespace_for_log(what), exc)
+            fallback = await self._from_mongo(lambda b: b.recent_many(agent_id, reads), what)
+            if fallback is None:
+                raise exc
+            return fallback[0]
+        empty = [at for at, (read, got) in enumerate(zip(reads, found, strict=True)) if read.limit > 0 and not got]
+        if empty and await self._mongo_only(agent_id):
+            more = await self._from_mongo(lambda b: b.recent_many(agent_id, [reads[at] for at in empty]), what)
+            for at, got in zip(empty, more[0] if more is not None else [], strict=False):
+                found[at] = got or found[at]
+        return found
+
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
         found, _ = await self._read(agent_id, lambda b: b.count(agent_id, namespace, kinds), str(namespace))
         return found
@@ -427,6 +460,22 @@ class MirroredBackend(MemoryBackend):
             more = await self._from_mongo(lambda b: b.find(agent_id, missing), f"agent {agent_id}")
             if more is not None and more[0]:
                 found = [*found, *more[0]]
+        return found
+
+    async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
+        # As ``find``: the graph's (its own light read), MongoDB's for the ids it lacks.
+        found, source = await self._read(agent_id, lambda b: b.briefs(agent_id, ids), f"agent {agent_id}")
+        held = {b.id for b in found}
+        missing = [i for i in dict.fromkeys(ids) if i not in held]
+        if source == "graph" and missing:
+            more = await self._from_mongo(lambda b: b.briefs(agent_id, missing), f"agent {agent_id}")
+            if more is not None and more[0]:
+                found = [*found, *more[0]]
+        return found
+
+    async def admitted(self, agent_id: str, ids: Sequence[str], query: StoreQuery) -> list[Candidate]:
+        # The graph signal's ids come from the graph's mentions: the graph's answer (ids and times).
+        found, _ = await self._read(agent_id, lambda b: b.admitted(agent_id, ids, query), f"agent {agent_id}")
         return found
 
     async def export(self, agent_id: str, namespace: Namespace) -> list[Memory]:
