@@ -22,10 +22,6 @@ Reads come from the graph, and from MongoDB only:
 * for ``get`` by ids the graph does not hold: the callers know those ids were stored (a
   claimed window's messages, pending consolidation items), so the graph's delivery of
   them is still queued, and MongoDB may have them.
-The memory block's reads keep the graph's own paths behind the mirror: its recent reads in
-one call (``recent_many``; a read answered empty falls back as ``recent`` does), the briefs
-of what it shows and the graph signal's candidates (``briefs``, ``admitted``) as the graph
-answers them, not whole memories.
 An empty answer is otherwise the answer: MongoDB mirrors the graph, it has nothing more.
 (Falling back on every empty answer made a context wait out MongoDB's server-selection
 timeout whenever MongoDB was down.) Every MongoDB read is bounded by ``fallback_timeout``
@@ -33,6 +29,11 @@ and goes through a circuit breaker: after repeated failures MongoDB is skipped f
 cool-off, and the outbox's deliveries to it pause with it. Which store served each
 read is in the answer itself: every memory's ``served_by`` names the store it came from,
 so the memory context can say where it came from.
+
+The memory block's reads keep the graph's own paths behind the mirror: its recent reads in
+one call (``recent_many``; a read answered empty falls back as ``recent`` does), the briefs
+of what it shows and the graph signal's candidates (``briefs``, ``admitted``) as the graph
+answers them, not whole memories.
 """
 
 from __future__ import annotations
