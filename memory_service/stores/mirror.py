@@ -464,14 +464,10 @@ class MirroredBackend(MemoryBackend):
         return found
 
     async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
-        # As ``find``: the graph's (its own light read), MongoDB's for the ids it lacks.
-        found, source = await self._read(agent_id, lambda b: b.briefs(agent_id, ids), f"agent {agent_id}")
-        held = {b.id for b in found}
-        missing = [i for i in dict.fromkeys(ids) if i not in held]
-        if source == "graph" and missing:
-            more = await self._from_mongo(lambda b: b.briefs(agent_id, missing), f"agent {agent_id}")
-            if more is not None and more[0]:
-                found = [*found, *more[0]]
+        # The graph's light read (MongoDB's when it fails). Unlike ``find``, an id the graph
+        # does not give is not asked of MongoDB: the ids come from a search the graph answered,
+        # and one it leaves out may be deleted there while MongoDB's copy waits in the outbox.
+        found, _ = await self._read(agent_id, lambda b: b.briefs(agent_id, ids), f"agent {agent_id}")
         return found
 
     async def admitted(self, agent_id: str, ids: Sequence[str], query: StoreQuery) -> list[Candidate]:
