@@ -4,6 +4,7 @@ import asyncio
 import time
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import httpx
 
@@ -38,6 +39,27 @@ async def wait_embedded(service, agent_id: str, timeout: float = 60) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"memories of agent {agent_id!r} still unembedded after {timeout}s")
+
+
+async def watch_queries(service, agent_id: str) -> tuple[list[str], list[tuple[Any, list[str]]]]:
+    """From now on, the texts the service embeds as queries, and each search the agent's
+    backend runs (its store query and the signals that answered): the two calls wrapped."""
+    embedder, backend = service.retriever.embedder, (await service.agents.backend_for(agent_id))[1]
+    embedded: list[str] = []
+    searches: list[tuple[Any, list[str]]] = []
+    embed, search = embedder.embed, backend.search
+
+    async def counting_embed(texts, *, query=False):
+        embedded.extend(texts if query else [])
+        return await embed(texts, query=query)
+
+    async def counting_search(agent, store_query):
+        hits = await search(agent, store_query)
+        searches.append((store_query, sorted(hits)))
+        return hits
+
+    embedder.embed, backend.search = counting_embed, counting_search
+    return embedded, searches
 
 
 async def wait_embedding_idle(url: str, agent_id: str, timeout: float = 60) -> None:

@@ -30,7 +30,7 @@ from memory_service.stores.embedded import EmbeddedFalkorDB
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import clean_env
-from .helpers import msg, shows_episode, wait_embedded
+from .helpers import msg, shows_episode, wait_embedded, watch_queries
 from .test_overload import guard
 
 CLI = str(Path(sys.executable).parent / "memory-service")
@@ -219,20 +219,7 @@ async def test_a_mongo_agents_block_reuses_its_latest_messages_stored_vector(mon
         await service.put_agent("a1", AgentSettings(memory_backend="mongo"))
         await converse(service, "s1")
         await wait_embedded(service, "a1")
-        embedder, backend = service.retriever.embedder, (await service.agents.backend_for("a1"))[1]
-        embedded, searches = [], []
-        original_embed, original_search = embedder.embed, backend.search
-
-        async def counting_embed(texts, *, query=False):
-            embedded.extend(texts if query else [])
-            return await original_embed(texts, query=query)
-
-        async def counting_search(agent_id, store_query):
-            hits = await original_search(agent_id, store_query)
-            searches.append((store_query, sorted(hits)))
-            return hits
-
-        embedder.embed, backend.search = counting_embed, counting_search
+        embedded, searches = await watch_queries(service, "a1")
         block = await service.assemble_memory_context("a1", "alice", "s1")
         assert block.source == "mongo" and embedded == [] and len(searches) == 1, (embedded, searches)
         [(asked, signals)] = searches

@@ -358,32 +358,18 @@ async def test_a_block_right_after_its_message_embeds_the_query_once_and_scans_t
     vector yet (the worker embeds it later). The block knows from its recent read, embeds
     the query before its search and scans the scope once; once the message is embedded,
     the block reuses the stored vector (the model does not run)."""
-    from .helpers import wait_embedded
+    from .helpers import wait_embedded, watch_queries
 
     async with open_service(settings, run_worker=False) as service:
         await record_all(service, "e1", "a1", CHAT)
-        embedder, backend = service.retriever.embedder, (await service.agents.backend_for("a1"))[1]
-        embedded, searches = [], []
-        original_embed, original_search = embedder.embed, backend.search
-
-        async def counting_embed(texts, *, query=False):
-            embedded.extend(texts if query else [])
-            return await original_embed(texts, query=query)
-
-        async def counting_search(agent_id, store_query):
-            searches.append(store_query)
-            return await original_search(agent_id, store_query)
-
-        embedder.embed, backend.search = counting_embed, counting_search
+        embedded, searches = await watch_queries(service, "a1")
         fresh = await service.assemble_memory_context("a1", "alice", "e1", budget=3000)
         assert embedded == [CHAT[2][2]] and len(searches) == 1, (embedded, searches)
-        assert searches[0].vector is not None and searches[0].like is None and searches[0].terms
+        [(asked, _)] = searches
+        assert asked.vector is not None and asked.like is None and asked.terms
         assert fresh.sections["relevant"] >= 1 and "leaves on June 3rd" not in fresh.xml.split("RelevantMemories")[1]
     async with open_service(settings, run_worker=True) as service:
         await wait_embedded(service, "a1")
-        embedder, backend = service.retriever.embedder, (await service.agents.backend_for("a1"))[1]
-        embedded, searches = [], []
-        original_embed, original_search = embedder.embed, backend.search
-        embedder.embed, backend.search = counting_embed, counting_search
+        embedded, searches = await watch_queries(service, "a1")
         await service.assemble_memory_context("a1", "alice", "e1", budget=3001)  # not the cached block
-        assert embedded == [] and len(searches) == 1 and searches[0].like is not None
+        assert embedded == [] and len(searches) == 1 and searches[0][0].like is not None
