@@ -920,10 +920,10 @@ class GraphBackend(EntityGraph):
         return [float(x) for x in rows[0]["v"]] if rows else None
 
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
-        groups = [ns.group_id for ns in query.namespaces] if query.namespaces is not None else None
+        filters, params = _admission(query)
+        groups: list[str] | None = params.get("groups")  # None: the agent's whole graph
         if groups == []:
             return {}
-        filters, params = _admission(query)
         params["limit"] = query.limit
         where = " AND ".join(filters)
         if groups is not None and (scanned := await self._scan_scope(agent_id, query, where, params)) is not None:

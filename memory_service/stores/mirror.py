@@ -439,8 +439,9 @@ class MirroredBackend(MemoryBackend):
         empty = [at for at, (read, got) in enumerate(zip(reads, found, strict=True)) if read.limit > 0 and not got]
         if empty and await self._mongo_only(agent_id):
             more = await self._from_mongo(lambda b: b.recent_many(agent_id, [reads[at] for at in empty]), what)
-            for at, got in zip(empty, more[0] if more is not None else [], strict=False):
-                found[at] = got or found[at]
+            if more is not None:
+                for at, got in zip(empty, more[0], strict=True):
+                    found[at] = got or found[at]
         return found
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
