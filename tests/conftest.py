@@ -215,9 +215,13 @@ def suite_settings(falkordb_url: str, **overrides) -> Settings:
 
 @pytest.fixture
 async def service(settings):
-    """A fresh MemoryService on a flushed store, with a worker in-process."""
+    """A fresh MemoryService on a flushed store, with a worker in-process. Its graph store
+    has finished the build of missing postings that starting it begins (a graph written a
+    moment after the flush, by a job of an earlier test's server, has none)."""
     opened = open_service(settings, run_worker=True)
-    yield await opened.__aenter__()
+    started = await opened.__aenter__()
+    await (await started.registry.get("graph")).startup_build()
+    yield started
     try:
         await opened.__aexit__(None, None, None)
     except asyncio.CancelledError as exc:

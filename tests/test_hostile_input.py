@@ -328,6 +328,7 @@ async def test_the_python_api_holds_agent_extras_to_the_same_rules(service, falk
     from memory_service.domain.errors import InvalidInput
     from memory_service.domain.models import AgentSettings
 
+    await wait_embedding_idle(falkordb_url, AGENT)  # the live server's last job, a test ago
     before = await state(falkordb_url)
     with pytest.raises(InvalidInput) as raised:
         await service.put_agent(AGENT, AgentSettings(agent_extras=extras))

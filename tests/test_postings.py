@@ -205,7 +205,7 @@ async def test_a_graph_written_before_the_postings_gets_them_built(store, settin
     other = GraphBackend(settings.falkordb_url, settings)
     await other.start()  # builds, in the background, what is missing
     try:
-        await other._building
+        await other.startup_build()
     finally:
         await other.close()
     got = await store.postings.top(A, ["w2", "w7"], 10, budget=10**6)

@@ -260,6 +260,14 @@ class GraphBackend(EntityGraph):
         except Exception as exc:  # the next start tries again; search works meanwhile
             log.warning("building the full-text postings failed: %s", exc)
 
+    async def startup_build(self) -> None:
+        """Until the build of missing postings that ``start`` began has ended (at once when
+        there was none): a caller comparing the store before and after a request must not
+        see that build's writes."""
+        if self._building is not None:
+            with contextlib.suppress(Exception):  # its failure is logged; the next start retries
+                await asyncio.shield(self._building)
+
     async def build_postings(self, agent_id: str, batch: int = POSTINGS_BUILD_BATCH) -> int | None:
         """Index every live memory of the agent's graph into fresh postings; how many, or
         None when another process holds the agent's build lock. Writes during the build
