@@ -193,6 +193,7 @@ async def graph_backend(settings):
 
     backend = GraphBackend(settings.falkordb_url, settings)
     await backend.start()
+    await backend.startup_build()  # as the service fixture: its writes are not the test's
     yield backend
     await backend.close()
 
