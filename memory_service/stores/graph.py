@@ -264,7 +264,7 @@ class GraphBackend(EntityGraph):
         """Until the build of missing postings that ``start`` began has ended (at once when
         there was none): a caller comparing the store before and after a request must not
         see that build's writes."""
-        if self._building is not None:
+        if self._building is not None and not self._building.cancelled():  # cancelled: closed
             with contextlib.suppress(Exception):  # its failure is logged; the next start retries
                 await asyncio.shield(self._building)
 
