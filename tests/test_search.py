@@ -77,6 +77,7 @@ async def test_scopes(service):
     await record_all(service, "bake", "a1", COOKING)
     await record_all(service, "trip2", "a1", [("alice", "user", "Carla sent honey from her bees.")])
     await service.put_shard("a1", "travel", ShardIn(name="travel", extraction_focus="flights"))
+    await wait_embedded(service, "a1")  # the ranks below are of both signals (CI once ranked before the last vector)
 
     # Vector search ranks every memory in the scope, so a scope's results are all of its
     # memories, best first; nothing outside it ever comes back.
