@@ -56,6 +56,7 @@ async def test_every_recorded_message_is_findable_as_itself(service):
 async def test_formed_memories_are_findable_and_turns_stay_findable(service):
     await record_all(service, "trip", "a1", TRIP)
     await service.form_memories("trip")
+    await wait_embedded(service, "a1")  # ranks of both signals: one vector missing can reorder them
     episodes = await service.search("a1", "Lisbon flight window seats", kinds=[MemoryKind.EPISODE])
     assert [h.kind for h in episodes.results] == [MemoryKind.EPISODE]
     assert sorted(episodes.results[0].source_message_ids) == sorted(f"trip-{i}" for i in range(4))
