@@ -428,14 +428,9 @@ class MirroredBackend(MemoryBackend):
         expects); each read the graph answers empty falls back as ``recent`` does (for an agent
         whose memories may live in MongoDB only), and a failing graph sends them all there."""
         what = f"agent {agent_id}"
-        try:
-            found = await self.primary.recent_many(agent_id, reads)
-        except Exception as exc:
-            log.warning("graph read of %s failed, reading mongo: %s", namespace_for_log(what), exc)
-            fallback = await self._from_mongo(lambda b: b.recent_many(agent_id, reads), what)
-            if fallback is None:
-                raise exc
-            return fallback[0]
+        found, served = await self._read(agent_id, lambda b: b.recent_many(agent_id, reads), what)
+        if served != "graph":
+            return found
         empty = [at for at, (read, got) in enumerate(zip(reads, found, strict=True)) if read.limit > 0 and not got]
         if empty and await self._mongo_only(agent_id):
             more = await self._from_mongo(lambda b: b.recent_many(agent_id, [reads[at] for at in empty]), what)
