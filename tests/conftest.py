@@ -11,6 +11,7 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from memory_service._vendor.arq.constants import in_progress_key_prefix
 from memory_service.config import Settings, is_cluster_url, redact_url
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
@@ -175,15 +176,45 @@ def falkordb_url(tmp_path_factory) -> str:
 
 
 async def flush(url: str) -> None:
+    """Empty the suite's stores. A module's live server outlives its tests, and a job one of
+    them enqueued may still run: a job running across the flush writes into the next test's
+    empty store (a graph, an index, a lock its snapshot then sees). So the flush waits for
+    the enqueued jobs in progress to end (up to JOB_DRAIN_SECONDS; a job still running then is left
+    to the test), and flushes again if one started meanwhile."""
     redis = Redis.from_url(url)
-    await redis.flushall()
-    await redis.aclose()
+    try:
+        for _ in range(3):
+            await _jobs_ended(redis)
+            await redis.flushall()
+            if not await _jobs_in_progress(redis):
+                break
+    finally:
+        await redis.aclose()
     if cluster_url():
         from redis.asyncio import RedisCluster
 
         nodes = RedisCluster.from_url(cluster_url().replace("+cluster", ""))  # type: ignore[union-attr]
         await nodes.flushall(target_nodes=RedisCluster.PRIMARIES)
         await nodes.aclose()
+
+
+JOB_DRAIN_SECONDS = 15.0
+
+
+async def _jobs_in_progress(redis: Redis) -> list[bytes]:
+    """The enqueued jobs running now. A cron job's key outlives its run by a minute (arq's
+    keep_cronjob_progress), so cron jobs are not waited for."""
+    cron = f"{in_progress_key_prefix}cron:".encode()
+    return [key async for key in redis.scan_iter(match=f"{in_progress_key_prefix}*", count=1000)
+            if not key.startswith(cron)]
+
+
+async def _jobs_ended(redis: Redis) -> None:
+    """Until no job is in progress on the queue's server, or JOB_DRAIN_SECONDS have passed."""
+    for _ in range(int(JOB_DRAIN_SECONDS / 0.05)):
+        if not await _jobs_in_progress(redis):
+            return
+        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
