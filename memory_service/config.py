@@ -163,6 +163,10 @@ class Settings(BaseSettings):
         description="fnmatch pattern of a model name -> character budget; first match wins",
     )
     context_cache_ttl_seconds: int = Field(default=3600, ge=0)
+    context_embed_on_record: bool = Field(
+        default=True, description="A user message recorded in a session whose block was asked for (without a query) "
+                                  "is embedded at once in the API process, for the block that follows "
+                                  "(memory_service/embedding/fresh.py)")
     context_recent_episodes: int = Field(default=8, ge=0)
     context_directives_per_user: int = Field(default=20, ge=0)
     context_facts_per_shard: int = Field(default=30, ge=0)

@@ -57,6 +57,7 @@ from memory_service.domain.models import (
 )
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.fresh import FreshVectors
 from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
@@ -105,9 +106,11 @@ class MemoryService:
         self.retriever = Retriever(settings, state, embedder, reranker)
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
-        self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation)
+        # A live session's user message is embedded as it is recorded, for its block (embedding/fresh.py).
+        self.fresh = FreshVectors(embedder, settings.context_embed_on_record)
+        self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation, self.fresh)
         self.batches = BatchLedger(self.sessions)
-        self.assembler = ContextAssembler(settings, state, self.agents, self.retriever)
+        self.assembler = ContextAssembler(settings, state, self.agents, self.retriever, self.fresh)
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
                              operator_key)
@@ -130,6 +133,7 @@ class MemoryService:
 
     async def close(self) -> None:
         await self.assembler.close()
+        await self.fresh.close()
         await self.registry.close()
         await self.queue.close()
         await self.state.close()

@@ -37,6 +37,7 @@ from memory_service.domain.errors import (
 from memory_service.domain.models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Role
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.fresh import FreshVectors
 from memory_service.formation import gates
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
 from memory_service.formation.schedule import FormationSchedule
@@ -62,9 +63,10 @@ class RecordResult:
 
 class SessionLedger:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, agents: AgentDirectory,
-                 embedder: Embedder | None, formation: FormationSchedule):
+                 embedder: Embedder | None, formation: FormationSchedule, fresh: FreshVectors | None = None):
         self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
         self.embedder, self.formation = embedder, formation
+        self.fresh = fresh or FreshVectors(None)  # a live session's user message embedded at once
         self.writes = GroupCommit()
 
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
@@ -115,6 +117,8 @@ class SessionLedger:
         commit = await self._commit(session_id, message_id, reservation.sequence, memory, message.incognito)
         gate = gates.evaluate(commit.counters, self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate)
+        if commit.first:
+            self.fresh.recorded(message.agent_id, backend, memory)
         if gate.open:
             result.formation_job = await self.formation.schedule(session_id, gated=True, counters=commit.counters)
         return result

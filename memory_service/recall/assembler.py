@@ -28,6 +28,7 @@ from memory_service.domain.graph import EntityType, Fact, normalise_name, query_
 from memory_service.domain.models import AgentSettings, ContextType, Memory, MemoryKind, Recall, RecallScope, Shard
 from memory_service.domain.namespaces import Namespace
 from memory_service.domain.text import stem
+from memory_service.embedding.fresh import FreshVectors
 from memory_service.recall.graph_signal import QueryGraph, query_graph
 from memory_service.recall.render import (
     MIN_BUDGET_CHARS,
@@ -62,8 +63,10 @@ LATEST_MESSAGES = 20
 
 
 class ContextAssembler:
-    def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, retriever: Retriever):
+    def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, retriever: Retriever,
+                 fresh: FreshVectors | None = None):
         self.settings, self.state, self.agents, self.retriever = settings, state, agents, retriever
+        self.fresh = fresh or FreshVectors(None)  # the vectors of live sessions' messages, embedded as recorded
         self.cache = state.cache
         self.startup = StartupRecords(settings, state)
         self._counting: set[asyncio.Task[None]] = set()  # blocks' counts on their way to the state store
@@ -161,6 +164,8 @@ class ContextAssembler:
         users = [user_id] + [u for u in spoken if u != user_id and reach.sees_user(u)]
         # Only the block of a known session and speaker is cached: a read must not write for ids a caller guesses.
         cacheable = seen and user_id in spoken
+        if cacheable and query is None:  # a session loop: its next user message is embedded as it is recorded
+            self.fresh.block_asked(session_id)
         namespaces = [
             *([Namespace.session(session_id)] if seen else []),
             *(Namespace.user(agent_id, u) for u in users),
@@ -332,8 +337,11 @@ class ContextAssembler:
             if latest:
                 message, embedder = latest[-1], self.retriever.embedder
                 query, like = message.content[: self.settings.search_max_query_chars], message.id
-                # A message recorded a moment before has no vector yet (the worker embeds it).
+                # A message recorded a moment before has no vector yet (the worker embeds it);
+                # in a live session this process may be embedding it already (embedding/fresh.py).
                 reusable = embedder is not None and message.embedding_model == embedder.name
+                if not reusable:
+                    return _Question(query, like, fresh=self.fresh.vector(message.id))
         return _Question(query, like, reusable=reusable)
 
     async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard], backend: MemoryBackend,
@@ -395,8 +403,9 @@ class ContextAssembler:
                     exclude.add(asked.like)
                 top_k = min(wanted + len(exclude), s.search_max_top_k)
                 request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score)
+                vector = await asked.fresh if asked.fresh is not None else None
                 ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=entities,
-                                                    like=asked.like if asked.reusable else None)
+                                                    like=asked.like if asked.reusable else None, vector=vector)
                 hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
                 similar = [(m, e) for m, e in hits if similar_enough(e)]
                 below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
@@ -474,13 +483,15 @@ class _Question:
     """What the block asks search: the query (None: nothing to ask), the stored memory whose
     text it is (``like``: left out of the answer), whether that memory's stored vector is of
     the search's model (``reusable``: else the query is embedded before the search, which then
-    scans the scope once, not twice), and whether reading the latest message failed (the
+    scans the scope once, not twice), the run of this process embedding it since its record
+    (``fresh``: its vector is the query's), and whether reading the latest message failed (the
     block then shows no relevant memories)."""
 
     query: str | None
     like: str | None
     failed: bool = False
     reusable: bool = False
+    fresh: Awaitable[list[float] | None] | None = None
 
 
 def _asdict(rendered: RenderedContext) -> dict[str, Any]:

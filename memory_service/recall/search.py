@@ -466,19 +466,22 @@ class Retriever:
     async def rank(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
                    namespaces: Sequence[Namespace] | None,
                    found: QueryGraph | Callable[[], Awaitable[QueryGraph | None]] | None = None,
-                   like: str | None = None) -> Ranking:
+                   like: str | None = None, vector: list[float] | None = None) -> Ranking:
         """The search's candidates ranked and explained, in ``namespaces`` (None: the agent's
         whole graph), before they are cut to ``top_k`` and put in the answer's form: what
         ``search`` answers with, and what the memory block reads (it needs no hits).
 
         ``found`` as in ``search``, or a function giving them (None: read them here), called
         only when the graph signal needs them, after the backend's candidates: the memory
-        block reads them beside the search."""
+        block reads them beside the search.
+
+        ``vector``: the query's embedding by this embedder, made already (the memory block's,
+        for a message embedded as it was recorded): the model does not run."""
         self.validate(request)
         # Like a stored memory: the store reads its vector with the search; the model runs only
         # when it has none of this embedder's model yet (a message just recorded).
-        stored = like if like is not None and self.embedder is not None else None
-        vector, why_not = (None, None) if stored else await self.embed_query(request.query)
+        stored = like if like is not None and self.embedder is not None and vector is None else None
+        vector, why_not = (vector, None) if vector is not None or stored else await self.embed_query(request.query)
         store_query = StoreQuery(
             terms=query_terms(request.query), vector=vector, like=stored,
             vector_model=self.embedder.name if self.embedder is not None and (vector is not None or stored) else None,
