@@ -14,8 +14,10 @@ import pytest
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
+from memory_service.embedding.embedders import HashEmbedder
 from memory_service.recall.search import query_terms
 from memory_service.state import keyspace
+from memory_service.stores.base import Found
 from memory_service.stores.graph import GraphBackend
 from memory_service.stores.postings import CHUNK, Postings, entry, find_stems, rank_entries
 
@@ -91,14 +93,30 @@ async def test_a_word_held_by_thousands_of_one_batch_is_indexed(store):
     assert all(int(i[1:]) % 7 == 3 for i, _ in ranked.hits)  # both words beat one
 
 
-async def test_agent_wide_search_ranks_by_the_postings_and_reads_the_memories(store):
-    texts = corpus(200)
-    memories = [message(i, t, session=f"s{i % 3}") for i, t in enumerate(texts)]
-    await store.write(memories)
-    hits = await store.search(A, StoreQuery(terms=query_terms("w4 w9"), limit=10))
-    want = brute_force({m.id: m.search_text for m in memories}, "w4 w9", 10)
-    same([(m.id, s) for m, s in hits["fulltext"]], want)
-    assert all(m.content == texts[int(m.id[1:])] for m, _ in hits["fulltext"])
+async def test_agent_wide_search_ranks_by_the_postings_and_answers_ids_and_times(settings):
+    """Both signals of an agent-wide search answer ``Found`` (id and time, what fusion and
+    recency need): the search reads whole only the memories it returns."""
+    embedder = HashEmbedder(8)
+    store = GraphBackend(settings.falkordb_url, settings, embedding_dimension=8)
+    await store.start()
+    try:
+        texts = corpus(200)
+        memories = [message(i, t, session=f"s{i % 3}") for i, t in enumerate(texts)]
+        for m in memories:
+            [m.embedding] = await embedder.embed([m.search_text])
+        await store.write(memories)
+        [vector] = await embedder.embed(["w4 w9"])
+        hits = await store.search(A, StoreQuery(terms=query_terms("w4 w9"), vector=vector, limit=10))
+        same([(m.id, s) for m, s in hits["fulltext"]], brute_force({m.id: m.search_text for m in memories}, "w4 w9", 10))
+        by_id = {m.id: m for m in memories}
+        for signal in ("fulltext", "vector"):
+            assert len(hits[signal]) == 10
+            assert all(isinstance(f, Found) and f.valid_at == by_id[f.id].valid_at for f, _ in hits[signal])
+        similarity = {m.id: sum(a * b for a, b in zip(m.embedding, vector)) for m in memories}
+        assert [s for _, s in hits["vector"]] == pytest.approx(sorted(similarity.values(), reverse=True)[:10], abs=1e-4)
+        assert all(s == pytest.approx(similarity[f.id], abs=1e-4) for f, s in hits["vector"])
+    finally:
+        await store.close()
 
 
 async def test_a_retried_write_indexes_nothing_twice(store):

@@ -961,9 +961,10 @@ class GraphBackend(EntityGraph):
         return hits
 
     async def _vector(self, agent_id: str, query: StoreQuery, groups: list[str] | None, filters: list[str],
-                      where: str, params: dict[str, Any]) -> list[tuple[Memory, float]] | None:
-        """The vector signal's candidates; None without a query vector, without vectors in
-        this store, or while the vector index does not answer."""
+                      where: str, params: dict[str, Any]) -> list[tuple[Found, float]] | None:
+        """The vector signal's candidates, as ``Found`` (id and time: the search reads whole
+        only those it keeps); None without a query vector, without vectors in this store, or
+        while the vector index does not answer."""
         params = dict(params)
         if (vector := self._checked(query.vector)) is not None:
             # Like with like: a query is compared only with vectors of its own model.
@@ -976,24 +977,24 @@ class GraphBackend(EntityGraph):
                 k = query.limit * (VECTOR_OVERSAMPLE if len(filters) > 1 else 1)
                 cypher = (f"CALL db.idx.vector.queryNodes('{LABEL}', 'embedding', $k, vecf32($v)) "
                           f"YIELD node AS n, score WHERE {where_vector} "
-                          f"RETURN {_READ_FIELDS}, score AS d ORDER BY d ASC LIMIT $limit")
+                          "RETURN n.uuid, n.valid_at, score AS d ORDER BY d ASC LIMIT $limit")
                 params["k"] = k
             else:
                 # A scope inside the agent: exact distances over the scope's memories,
                 # found through the group_id index (cost: the scope's size, not the graph's).
                 cypher = (f"MATCH (n:{LABEL}) WHERE {where_vector} AND n.embedding IS NOT NULL "
                           "WITH n, vec.cosineDistance(n.embedding, vecf32($v)) AS d "
-                          f"RETURN {_READ_FIELDS}, d ORDER BY d ASC LIMIT $limit")
+                          "RETURN n.uuid, n.valid_at, d ORDER BY d ASC LIMIT $limit")
             try:
                 with metrics.SEARCH_SIGNALS.labels("vector").time():
-                    rows = await self._read(agent_id, cypher, v=_FloatList(vector), **params)
+                    rows = await self._read_plain(agent_id, cypher, v=_FloatList(vector), **params)
             except Exception as exc:
                 # After a restart FalkorDB rebuilds vector indexes in the background and
                 # refuses queries meanwhile ("Invalid arguments"): full text still answers.
                 log.warning("vector search of agent %s failed, full text only: %s", agent_id, exc)
                 return None
             # Cosine distance (0 = same direction) as a similarity in [-1, 1].
-            return [(_memory(r), 1.0 - float(r["d"])) for r in rows]
+            return [(Found(memory_id, _moment(valid_at)), 1.0 - float(d)) for memory_id, valid_at, d in rows]
         return None
 
     async def _scan_scope(self, agent_id: str, query: StoreQuery, where: str,
@@ -1057,15 +1058,17 @@ class GraphBackend(EntityGraph):
                 for signal, best in ranked.items()}
 
     async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
-                      params: dict[str, Any]) -> list[tuple[Memory, float]]:
+                      params: dict[str, Any]) -> list[tuple[Found, float]]:
         """The postings' best memories (memory_service/stores/postings.py) that pass the
-        search's filters, read in one query, best first, at most the limit."""
+        search's filters, best first, at most the limit, as ``Found`` (one query for their
+        times: the search reads whole only those it keeps)."""
         if not ranked:
             return []
-        rows = await self._read(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND {where} RETURN {_READ_FIELDS}",
-                                ids=[memory_id for memory_id, _ in ranked], **params)
-        by_id = {row["uuid"]: row for row in rows}
-        return [(_memory(by_id[i]), round(score, 6)) for i, score in ranked if i in by_id][: params["limit"]]
+        rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND {where} "
+                                                "RETURN n.uuid, n.valid_at", ids=[memory_id for memory_id, _ in ranked],
+                                      **params)
+        times = {memory_id: valid_at for memory_id, valid_at in rows}
+        return [(Found(i, _moment(times[i])), round(score, 6)) for i, score in ranked if i in times][: params["limit"]]
 
 
     async def _fulltext(self, agent_id: str, queries: dict[str, str], groups: list[str] | None, where: str,

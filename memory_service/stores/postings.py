@@ -178,26 +178,30 @@ for i, l in ipairs(lists) do
     local rows = redis.call('ZREVRANGE', l.key, pos, pos + chunk - 1, 'WITHSCORES')
     if #rows == 0 then break end
     if l.idf * tonumber(rows[2]) + rest[i] < theta() then break end
+    -- A memory first read here is in no list before this one (each was read to its end, or
+    -- the search would have stopped), and holds at most the best of each list after it: it
+    -- is scored only if that could reach the k-th best, and looked up in those lists only.
     local ids, scores = {}, {}
     for j = 1, #rows, 2 do
       local id = rows[j]
       if not seen[id] then
         seen[id] = true
-        ids[#ids + 1] = id
-        scores[#scores + 1] = l.idf * tonumber(rows[j + 1])
+        scored = scored + 1
+        local score = l.idf * tonumber(rows[j + 1])
+        if score + rest[i] >= theta() then
+          ids[#ids + 1] = id
+          scores[#scores + 1] = score
+        end
       end
     end
     if #ids > 0 then
-      for _, other in ipairs(lists) do
-        if other ~= l then
-          local found = redis.call('ZMSCORE', other.key, unpack(ids))
-          for j = 1, #ids do
-            if found[j] then scores[j] = scores[j] + other.idf * tonumber(found[j]) end
-          end
+      for o = i + 1, #lists do
+        local found = redis.call('ZMSCORE', lists[o].key, unpack(ids))
+        for j = 1, #ids do
+          if found[j] then scores[j] = scores[j] + lists[o].idf * tonumber(found[j]) end
         end
       end
       for j = 1, #ids do offer(ids[j], scores[j]) end
-      scored = scored + #ids
     end
     pos = pos + #rows / 2
     if #rows / 2 < chunk then break end
