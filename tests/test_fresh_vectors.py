@@ -146,8 +146,10 @@ async def test_runs_are_bounded_and_close_stops_them(loop_service, monkeypatch):
     for s in sessions:
         await say(service, s, "Where does the heron nest?")
     assert len(service.fresh._running) == fresh_module.MAX_IN_FLIGHT  # the others wait for the worker
+    waiting = [service.fresh.vector(memory_id) for memory_id in list(service.fresh._kept)]
     await service.fresh.close()
     assert service.fresh._running == set() and counted.texts == 0
+    assert [await w for w in waiting] == [None] * fresh_module.MAX_IN_FLIGHT  # nobody is left waiting
 
 
 async def test_kept_vectors_are_bounded_and_a_dropped_one_is_answered_none():
@@ -161,3 +163,16 @@ async def test_kept_vectors_are_bounded_and_a_dropped_one_is_answered_none():
     assert futures[0].result() is None  # a block awaiting it embeds the message itself
     assert fresh.vector(f"m{fresh_module.MAX_KEPT}") is not None
     assert FreshVectors(None).vector("m1") is None
+
+
+async def test_a_run_stopped_before_it_began_answers_none(loop_service):
+    service = loop_service
+    await say(service, "s1", "The heron nests by the old mill.")
+    await block(service, "s1")
+    _, backend = await service.agents.backend_for(AGENT)
+    memory = (await backend.find(AGENT, [await say(service, "s1", "first")]))[0]
+    memory.id = "not-yet-run"
+    assert service.fresh.recorded(AGENT, backend, memory)  # its task has not run a step yet
+    waiting = service.fresh.vector("not-yet-run")
+    await service.fresh.close()
+    assert await asyncio.wait_for(waiting, 5) is None  # not left waiting for ever

@@ -84,10 +84,14 @@ class FreshVectors:
         return asyncio.shield(kept[1])  # a block past its deadline does not cancel the run
 
     async def close(self) -> None:
-        """Stop the runs in progress (their messages wait for the worker, as before)."""
+        """Stop the runs in progress (their messages wait for the worker, as before); a block
+        still awaiting one is answered None (a run cancelled before it began never answers)."""
         for task in list(self._running):
             task.cancel()
         await asyncio.gather(*self._running, return_exceptions=True)
+        for _, vector in self._kept.values():
+            if not vector.done():
+                vector.set_result(None)
 
     def _keep(self, memory_id: str, vector: asyncio.Future[list[float] | None]) -> None:
         self._kept[memory_id] = (time.monotonic(), vector)
