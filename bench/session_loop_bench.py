@@ -26,8 +26,12 @@ medians. Speed is reported, never asserted. Correctness is checked on every bloc
 violation prints FAIL and exits 1): within its budget, parseable, never showing the
 message it searched with as a relevant memory.
 
+``--http`` runs the loop through the HTTP API on loopback (httpx to uvicorn, as a client
+runs it); ``--worker-apart`` leaves the worker out of the timed process (as when workers run
+as their own processes).
+
     .venv/bin/python bench/session_loop_bench.py [--size 5000] [--sessions 30] [--turns 6]
-        [--think 0.05] [--json PATH]
+        [--think 0.05] [--http] [--worker-apart] [--json PATH]
 """
 
 from __future__ import annotations
