@@ -82,6 +82,24 @@ async def test_top_k_equals_brute_force_bm25(store, k):
     assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored <= CHUNK < df
 
 
+async def test_top_k_equals_brute_force_bm25_for_random_queries(store):
+    """The early stop and the skipped look-ups (a memory looked up only in the lists after
+    its own, and not at all when it cannot reach the k-th best) change no answer: random
+    queries of common and rare words, repeats, every k from 1 to past the matches."""
+    memories = [message(i, t) for i, t in enumerate(corpus(600, seed=11))]
+    await store.write(memories)
+    by_id = {m.id: m.search_text for m in memories}
+    rng = random.Random(5)
+    weights = [1 / (i + 1) for i in range(len(WORDS))]
+    for _ in range(60):
+        query = " ".join(rng.choices(WORDS, weights if rng.random() < 0.5 else None, k=rng.randint(1, 6)))
+        k = rng.choice([1, 2, 3, 10, 50, 700])
+        ranked = await store.postings.top(A, query_terms(query), k, budget=10**6)
+        want = brute_force(by_id, query, k)
+        assert ranked is not None and ranked.complete
+        same(ranked.hits, want)
+
+
 async def test_a_word_held_by_thousands_of_one_batch_is_indexed(store):
     """Lua's unpack takes at most about 8,000 values: a word held by 5,000 memories of one
     write (10,000 score-member values) is added in pieces, not refused."""
