@@ -92,6 +92,8 @@ async def run(args: argparse.Namespace, console: Console) -> dict:
                     return began
                 return recorded_and_counted
 
+            counted = {mode: counting(mode) for mode in started_runs}
+
             speakers: dict[str, str] = {}
             for m in corpus:
                 speakers.setdefault(m.session_id, m.user_id)
@@ -129,7 +131,7 @@ async def run(args: argparse.Namespace, console: Console) -> dict:
                     for session_id in sessions:
                         mode, user = modes[session_id], speakers[session_id]
                         fresh.embedder = embedder if mode == "on" else None  # off: as CONTEXT_EMBED_ON_RECORD=false
-                        fresh.recorded = counting(mode)
+                        fresh.recorded = counted[mode]
                         text = " ".join(rng.sample(words, 8)) + "?"
                         message_id = await record(session_id, user, "user", text)
                         t = time.perf_counter()
