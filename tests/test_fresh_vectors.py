@@ -165,6 +165,23 @@ async def test_kept_vectors_are_bounded_and_a_dropped_one_is_answered_none():
     assert FreshVectors(None).vector("m1") is None
 
 
+async def test_kept_vectors_expire_in_an_idle_process(monkeypatch):
+    monkeypatch.setattr(fresh_module, "KEEP_SECONDS", 0.2)
+    fresh = FreshVectors(HashEmbedder(8))
+    waiting = asyncio.get_running_loop().create_future()
+    fresh._keep("m0", waiting)
+    await asyncio.sleep(0.1)
+    done = asyncio.get_running_loop().create_future()
+    done.set_result([0.5] * 8)
+    fresh._keep("m1", done)
+    assert list(fresh._kept) == ["m0", "m1"]
+    await asyncio.sleep(0.15)  # m0 is past its time, m1 not yet; nothing is recorded meanwhile
+    assert list(fresh._kept) == ["m1"] and waiting.result() is None
+    await asyncio.sleep(0.15)
+    assert not fresh._kept and fresh._sweep is None  # nothing kept, no timer left
+    await fresh.close()
+
+
 async def test_a_run_stopped_before_it_began_answers_none(loop_service):
     service = loop_service
     await say(service, "s1", "The heron nests by the old mill.")

@@ -14,7 +14,7 @@ own: the model runs once, and from the record on, not after the block's first re
 
 Bounded: at most ``MAX_IN_FLIGHT`` runs at a time (a message past it waits for the
 worker, as before), ``MAX_LIVE_SESSIONS`` sessions remembered, ``MAX_KEPT`` vectors kept
-(the oldest dropped), each for ``KEEP_SECONDS``. Per process: a block served by another
+(the oldest dropped), each for ``KEEP_SECONDS`` (then dropped, in an idle process too). Per process: a block served by another
 replica embeds the message itself, as before. Imports and batches are never embedded
 here: no block asks for their sessions. A failing embedder or store is logged; the
 message then waits for the worker and the block embeds it, as before.
@@ -49,6 +49,7 @@ class FreshVectors:
         self._live: OrderedDict[str, float] = OrderedDict()  # session id -> when its block was last asked
         self._kept: OrderedDict[str, tuple[float, asyncio.Future[list[float] | None]]] = OrderedDict()  # memory id ->
         self._running: set[asyncio.Task[None]] = set()
+        self._sweep: asyncio.TimerHandle | None = None  # drops the expired vectors of an idle process
 
     def block_asked(self, session_id: str) -> None:
         """A block without a query was asked for ``session_id``: its next user messages are
@@ -92,11 +93,29 @@ class FreshVectors:
         for _, vector in self._kept.values():
             if not vector.done():
                 vector.set_result(None)
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
 
     def _keep(self, memory_id: str, vector: asyncio.Future[list[float] | None]) -> None:
         self._kept[memory_id] = (time.monotonic(), vector)
         self._kept.move_to_end(memory_id)
-        while len(self._kept) > MAX_KEPT:
+        self._drop()
+        if self._sweep is None:  # an idle process drops them too, once they expire
+            self._sweep = asyncio.get_running_loop().call_later(KEEP_SECONDS, self._swept)
+
+    def _swept(self) -> None:
+        self._sweep = None
+        self._drop()
+        if self._kept:
+            oldest = next(iter(self._kept.values()))[0]
+            self._sweep = asyncio.get_running_loop().call_later(
+                max(0.0, oldest + KEEP_SECONDS - time.monotonic()), self._swept)
+
+    def _drop(self) -> None:
+        """Drop the kept vectors past ``MAX_KEPT`` or ``KEEP_SECONDS`` (the oldest are first)."""
+        now = time.monotonic()
+        while self._kept and (len(self._kept) > MAX_KEPT or now - next(iter(self._kept.values()))[0] > KEEP_SECONDS):
             _, (_, dropped) = self._kept.popitem(last=False)
             if not dropped.done():  # a block awaiting it embeds the message itself; the run still stores it
                 dropped.set_result(None)
