@@ -6,7 +6,6 @@ import json
 import logging
 
 from memory_service.runtime import open_service
-from memory_service.schemas.startup import StartupRecordIn
 from memory_service.state import keyspace
 from memory_service.state.cache import BlockCache, generation_key, identity
 from memory_service.stores.embedded import EmbeddedFalkorDB
@@ -141,37 +140,3 @@ async def test_with_the_cache_disabled_a_block_is_never_served_from_it(settings)
             assert await redis.exists(keyspace.last_good_block(identity("a1", "alice", "k2", first.budget, None)))
         finally:
             await redis.aclose()
-
-
-async def test_an_uncached_block_reads_the_state_store_in_two_round_trips(settings, monkeypatch):
-    """Before its answer, an uncached block reads the state store twice: its state (the
-    session's agent and speakers, the agent's settings, shards and startup records, the user's
-    sessions) in one pipeline, then the cache. What it read is shown: a startup record, and a
-    memory of another session of the user (the user's sessions are the search's scope)."""
-    from redis.asyncio.client import Pipeline, Redis
-
-    async with open_service(settings, run_worker=False) as service:
-        await record_all(service, "k3", "a1", [("alice", "user", "I keep my bike at the Elm Street garage.")])
-        await record_all(service, "k4", "a1", CHAT)
-        await service.put_startup_record("a1", "r1", StartupRecordIn(title="Tone", content="Answer briefly.", priority="P1"))
-        pool = service.state.redis.connection_pool
-        sent: list[str] = []
-        send_one, send_many = Redis.execute_command, Pipeline.execute
-
-        async def one(self, *args, **options):
-            if self.connection_pool is pool:
-                sent.append(str(args[0]))
-            return await send_one(self, *args, **options)
-
-        async def many(self, *args, **options):
-            if self.connection_pool is pool:
-                sent.append("pipeline: " + " ".join(str(c[0][0]) for c in self.command_stack))
-            return await send_many(self, *args, **options)
-
-        monkeypatch.setattr(Redis, "execute_command", one)
-        monkeypatch.setattr(Pipeline, "execute", many)
-        block = await service.assemble_memory_context("a1", "alice", "k4", query="where is my bike kept")
-        monkeypatch.undo()  # the block's writes after its answer have not run yet
-        assert block.source == "graph" and "Answer briefly." in block.xml and "Elm Street garage" in block.xml
-        assert sent[0] == "pipeline: HGET GET HGETALL SMEMBERS SMEMBERS HGETALL", sent
-        assert len(sent) == 2, sent  # then the cache's lookup

@@ -14,10 +14,11 @@ own: the model runs once, and from the record on, not after the block's first re
 
 Bounded: at most ``MAX_IN_FLIGHT`` runs at a time (a message past it waits for the
 worker, as before), ``MAX_LIVE_SESSIONS`` sessions remembered, ``MAX_KEPT`` vectors kept
-(the oldest dropped), each for ``KEEP_SECONDS`` (then dropped, in an idle process too). Per process: a block served by another
-replica embeds the message itself, as before. Imports and batches are never embedded
-here: no block asks for their sessions. A failing embedder or store is logged; the
-message then waits for the worker and the block embeds it, as before.
+(the oldest dropped), each for ``KEEP_SECONDS`` (then dropped, by a timer in an idle
+process). Per process: a block served by another replica embeds the message itself, as
+before. Imports and batches are never embedded here: no block asks for their sessions. A
+failing embedder or store is logged; the message then waits for the worker and the block
+embeds it, as before.
 CONTEXT_EMBED_ON_RECORD=false turns it off.
 """
 

@@ -42,8 +42,8 @@ from memory_service.recall.render import (
     budget_for_model,
     render_context,
 )
-from memory_service.recall.search import Retriever, Scored, SearchRequest, query_terms, user_scope
-from memory_service.recall.startup import StartupRecords, stored_records
+from memory_service.recall.search import Retriever, Scored, SearchRequest, query_terms
+from memory_service.recall.startup import StartupRecords
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
@@ -154,8 +154,8 @@ class ContextAssembler:
         # A session the caller does not see is shown as one nobody recorded in: no session
         # content, no other user's memory (nothing tells it from an unknown session).
         # The reads the cache key needs, in one round trip (the speakers are read and dropped
-        # for a session the caller does not see), with the user's sessions and the startup records.
-        state = await self.state.block_state(agent_id, session_id, user_id)
+        # for a session the caller does not see).
+        state = await self.state.block_state(agent_id, session_id)
         seen = await reach.sees_owned_session(session_id, state.owner)
         agent = state.agent or AgentSettings()
         recall = self.effective_recall(agent, context_type, call, budget)
@@ -179,11 +179,11 @@ class ContextAssembler:
             return RenderedContext(**{**found.block, "source": "cache"})
 
         sources: set[str] = set()  # the stores that served the reads (each memory says which)
-        inputs, complete, backend_name, below = await self._context_inputs(
-            agent_id, agent, user_id, session_id if seen else None, users, shards, query, deadline, sources, recall,
-            state.user_sessions, as_of)
-        inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content)
-                                          for r in stored_records(state.startup)])
+        (inputs, complete, backend_name, below), startup = await asyncio.gather(
+            self._context_inputs(agent_id, agent, user_id, session_id if seen else None, users, shards, query,
+                                 deadline, sources, recall, as_of),
+            self.startup.list(agent_id))
+        inputs = replace(inputs, startup=[StartupItem(r.priority.rank, r.title, r.content) for r in startup])
         rendered = render_context(inputs, budget)
         rendered = replace(rendered, source="+".join(sorted(sources)) or backend_name,
                            left_out={"below_threshold": below, **rendered.left_out},
@@ -201,12 +201,11 @@ class ContextAssembler:
     async def _context_inputs(
         self, agent_id: str, agent: AgentSettings, user_id: str, session_id: str | None, users: list[str],
         shards: list[Shard], query: str | None, deadline: float, sources: set[str], recall: Recall,
-        user_sessions: list[str], as_of: datetime | None = None,
+        as_of: datetime | None = None,
     ) -> tuple[ContextInputs, bool, str, int]:
         """What the block shows, whether every read succeeded, the backend read, and how many
         relevant candidates fell below the thresholds.
-        ``session_id`` None: a session the caller does not see, nothing of it is read.
-        ``user_sessions``: the sessions ``user_id`` spoke in (the search's user scope)."""
+        ``session_id`` None: a session the caller does not see, nothing of it is read."""
         s = self.settings
         try:
             backend_name, backend = await self.agents.backend_for(agent_id, agent)
@@ -255,6 +254,17 @@ class ContextAssembler:
             found = await recent
             return None if found is None or messages_at is None else found[messages_at]
 
+        async def user_scope() -> list[Namespace] | None:
+            """The user's namespaces for the search (None: the read failed)."""
+            if recall.scope is RecallScope.SESSION:
+                return []
+            try:
+                async with asyncio.timeout_at(deadline):
+                    return await self.retriever.user_namespaces(agent_id, user_id)
+            except Exception as exc:  # the search is left out, as when it fails
+                log.warning("memory context: reading agent %s's user sessions failed: %s", agent_id,
+                            "past the deadline" if isinstance(exc, TimeoutError) else exc)
+                return None
 
         async def sections() -> tuple[list[list[Memory]] | None, list[tuple[str | None, list[Memory]]],
                                       list[tuple[str | None, list[Memory]]]]:
@@ -303,8 +313,7 @@ class ContextAssembler:
         # facts' entities only at its graph signal, after the scope's scan.
         question = asyncio.ensure_future(self._question(query, latest_messages if messages_at is not None else None))
         tasks = [recent, question, facts_read := asyncio.ensure_future(facts()),
-                 shown_read := asyncio.ensure_future(showing())]
-        scope = [] if recall.scope is RecallScope.SESSION else user_scope(agent_id, user_id, user_sessions)
+                 shown_read := asyncio.ensure_future(showing()), scope := asyncio.ensure_future(user_scope())]
         try:
             (inputs, complete), asked, (fact_items, _, facts_complete), (relevant, relevant_complete, below) = \
                 await asyncio.gather(shown_read, question, facts_read, self._relevant(
@@ -338,7 +347,7 @@ class ContextAssembler:
     async def _relevant(self, agent_id: str, session_id: str | None, shards: list[Shard], backend: MemoryBackend,
                         shown: Awaitable[tuple[ContextInputs, bool]], question: Awaitable[_Question],
                         facts: Awaitable[tuple[list[FactItem], QueryGraph | None, bool]],
-                        scope: list[Namespace], deadline: float,
+                        user_scope: Awaitable[list[Namespace] | None], deadline: float,
                         sources: set[str], recall: Recall) -> tuple[list[RelevantItem], bool, int]:
         """The block's query-relevant memories, best first, each with its score (the renderer
         gives each its share of the budget by it); whether every read succeeded; and how many
@@ -352,9 +361,9 @@ class ContextAssembler:
         not a target. Memories the block already shows elsewhere are left out. Without a
         query, the session's latest user message is the query (and is itself left out).
 
-        ``scope``: the user's namespaces (none for scope session). The search starts once the
-        ``question`` is known; the ``facts``' entities (its graph signal) and what the block
-        ``shown`` (left out) are awaited when it needs them.
+        The search starts once the ``question`` and ``user_scope`` are known; the ``facts``'
+        entities (its graph signal) and what the block ``shown`` (left out) are awaited when
+        it needs them.
         """
         s = self.settings
         wanted = recall.top_k or 0
@@ -364,6 +373,9 @@ class ContextAssembler:
         if asked.query is None or wanted <= 0:
             return [], True, 0
         query = asked.query
+        scope = await user_scope
+        if scope is None:
+            return [], False, 0
 
         # Shielded: the search's deadline must not cancel the reads the block awaits too.
         async def entities() -> QueryGraph | None:

@@ -123,11 +123,6 @@ def query_terms(text: str) -> list[str]:
     return list(dict.fromkeys(query_words(text)))
 
 
-def user_scope(agent_id: str, user_id: str, sessions: Sequence[str]) -> list[Namespace]:
-    """The "user" scope's namespaces: the user's own, and those of the ``sessions`` they spoke in."""
-    return [Namespace.user(agent_id, user_id), *map(Namespace.session, sessions)]
-
-
 def recency_factor(age_days: float, half_life_days: float, weight: float) -> float:
     decay: float = 0.5 ** (max(age_days, 0.0) / half_life_days)  # typeshed: float ** float may be complex
     return 1.0 - weight + weight * decay
@@ -413,7 +408,8 @@ class Retriever:
 
     async def user_namespaces(self, agent_id: str, user_id: str) -> list[Namespace]:
         """The "user" scope: the user's own namespace and every session of the agent they spoke in."""
-        return user_scope(agent_id, user_id, await self.state.user_sessions(agent_id, user_id))
+        sessions = await self.state.user_sessions(agent_id, user_id)
+        return [Namespace.user(agent_id, user_id), *map(Namespace.session, sessions)]
 
     @staticmethod
     async def _seen_session(reach: Reach, session_id: str) -> None:

@@ -93,11 +93,6 @@ def fit(records: Sequence[StartupRecord], budget: int) -> tuple[list[StartupReco
     return sorted(kept, key=_order), dropped
 
 
-def stored_records(raw: dict[str, str]) -> list[StartupRecord]:
-    """The records of an agent's startup hash as read (by record id, each record's JSON), in order."""
-    return sorted((StartupRecord.model_validate_json(v) for v in raw.values()), key=_order)
-
-
 def _order(record: StartupRecord) -> tuple[int, str]:
     return record.priority.rank, record.id
 
@@ -123,7 +118,8 @@ class StartupRecords:
                                "(STARTUP_MAX_RECORD_CHARS)")
 
     async def list(self, agent_id: str) -> list[StartupRecord]:
-        return stored_records(cast(dict[str, str], await self.redis.hgetall(keyspace.startup_records(agent_id))))
+        raw = cast(dict[str, str], await self.redis.hgetall(keyspace.startup_records(agent_id)))
+        return sorted((StartupRecord.model_validate_json(v) for v in raw.values()), key=_order)
 
     async def get(self, agent_id: str, record_id: str) -> StartupRecord | None:
         raw = await self.redis.hget(keyspace.startup_records(agent_id), record_id)

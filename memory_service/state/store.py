@@ -229,8 +229,6 @@ class BlockState:
     agent: AgentSettings | None
     shards: dict[str, ShardIn]
     speakers: list[str]
-    user_sessions: list[str]  # the sessions of the agent the block's user spoke in (its search's scope)
-    startup: dict[str, str]  # the agent's startup records as stored (read only when the block is not cached)
 
 
 def _agent_settings(raw: str | None) -> AgentSettings | None:
@@ -405,23 +403,18 @@ class StateStore:
     async def get_agent(self, agent_id: str) -> AgentSettings | None:
         return _agent_settings(cast(str | None, await self.redis.get(keyspace.agent_settings(agent_id))))
 
-    async def block_state(self, agent_id: str, session_id: str, user_id: str) -> BlockState:
-        """What a memory block reads here, in one round trip (one pipeline; on a cluster, one
-        per node): before its cache key, the session's agent, the agent's settings and
-        shards, the session's speakers; for a block not cached, the user's sessions and the
-        agent's startup records (a few hundred bytes read for nothing when it is cached,
-        against two round trips when it is not)."""
+    async def block_state(self, agent_id: str, session_id: str) -> BlockState:
+        """What a memory block reads here before its cache key, in one round trip (one
+        pipeline; on a cluster, one per node): the session's agent, the agent's settings and
+        shards, the session's speakers."""
         session = keyspace.session_keys(session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.hget(session["meta"], "agent_id")
             pipe.get(keyspace.agent_settings(agent_id))
             pipe.hgetall(keyspace.shards(agent_id))
             pipe.smembers(session["users"])
-            pipe.smembers(keyspace.user_sessions(agent_id, user_id))
-            pipe.hgetall(keyspace.startup_records(agent_id))
-            owner, settings, shards, speakers, sessions, startup = await pipe.execute()
-        return BlockState(owner, _agent_settings(cast(str | None, settings)), _shards(shards), sorted(speakers),
-                          sorted(sessions), startup)
+            owner, settings, shards, speakers = await pipe.execute()
+        return BlockState(owner, _agent_settings(cast(str | None, settings)), _shards(shards), sorted(speakers))
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> ShardIn | None:
         """Create or replace a shard's settings; the ones they replaced (None: it was created)."""
