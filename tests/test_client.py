@@ -194,6 +194,7 @@ async def test_put_agent_sets_whether_user_scoped_keys_join_other_users_sessions
     agent = await operator.put_agent(AGENT, memory_backend="graph")
     assert agent.users_join_sessions is False
     await operator.record("bobs", agent_id=AGENT, user_id="bob", role="user", content="Bob's trip.", message_id="b1")
+    await wait_embedding_idle(falkordb_url, AGENT)  # its job's writes are not the refusal's
     async with operator.with_api_key(alice_key.key) as alice:
         before = snapshot(falkordb_url, worker_running=True)
         with pytest.raises(ConflictError):
