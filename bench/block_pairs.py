@@ -52,13 +52,7 @@ async def child(args: argparse.Namespace) -> dict:
         raise SystemExit(f"memory_service imported from {memory_service.__file__}, not from {args.root}")
     import latency_bench as lb
 
-    corpus = lb.make_corpus(args.size)
-    speakers: dict[str, list[str]] = {}
-    for m in corpus:
-        if m.user_id not in speakers.setdefault(m.session_id, []):
-            speakers[m.session_id].append(m.user_id)
-    rng = random.Random(args.seed)
-    pairs = [(rng.choice(speakers[s]), s) for s in rng.sample(list(speakers), min(args.pairs, len(speakers)))]
+    pairs = lb.speaker_pairs(lb.make_corpus(args.size), args.pairs, random.Random(args.seed))
     settings = lb.service_settings(falkordb_url=args.url)
     errors: list[str] = []
     timed: dict[str, dict[str, list[float]]] = {"block": {"wall": [], "cpu": []}, "no_search": {"wall": [], "cpu": []}}

@@ -157,6 +157,18 @@ class Query:
     target: Message
 
 
+def speaker_pairs(corpus: list[Message], count: int, rng: random.Random) -> list[tuple[str, str]]:
+    """``count`` distinct sessions, each with one of its speakers: (user, session) pairs whose
+    first block is uncached. The session loop asks for its own speaker's block (the service
+    caches only a block of a known session and one of its speakers, so a random user would
+    never be served from the cache)."""
+    speakers: dict[str, list[str]] = {}
+    for m in corpus:
+        if m.user_id not in speakers.setdefault(m.session_id, []):
+            speakers[m.session_id].append(m.user_id)
+    return [(rng.choice(speakers[sid]), sid) for sid in rng.sample(list(speakers), min(count, len(speakers)))]
+
+
 def make_queries(corpus: list[Message], count: int, seed: int) -> list[Query]:
     rng = random.Random(seed)
     fillers = set(FILLERS)
@@ -642,17 +654,7 @@ async def run_size(n: int, repeat: int, budget: int, concurrency: int, form: boo
                 out["graph"] = await add_graph(service, corpus, concurrency, console)
 
             queries = make_queries(corpus, repeat, SEED + n)
-            rng = random.Random(SEED + 1)
-            # Distinct (speaker, session) pairs, each first call uncached: the session loop asks
-            # for its own speaker's block (the service caches only a block of a known session
-            # and one of its speakers, so a random user would never be served from the cache).
-            speakers: dict[str, list[str]] = {}
-            for m in corpus:
-                if m.user_id not in speakers.setdefault(m.session_id, []):
-                    speakers[m.session_id].append(m.user_id)
-            pairs: list[tuple[str, str]] = []
-            for sid in rng.sample(sessions, min(repeat, len(sessions))):
-                pairs.append((rng.choice(speakers[sid]), sid))
+            pairs = speaker_pairs(corpus, repeat, random.Random(SEED + 1))
             cases: list[Case] = []
 
             # Warm-up (first-call costs: index loads, the embedder's first run).
