@@ -321,6 +321,11 @@ class Settings(BaseSettings):
         description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
+    allowed_hosts: list[str] = Field(
+        default_factory=list,
+        description="Host names the Host header may carry (JSON list, any port; [\"*\"]: any); empty: on a loopback "
+                    "bind only loopback names (localhost, 127.0.0.1, ::1), on any other bind any host. Else 421: "
+                    "a page re-pointed at the server by DNS rebinding names its own host")
     inspector: Literal["auto", "on", "off"] = Field(
         default="auto",
         description="The web inspector at /inspector (docs/inspector.md): auto: served when `serve` is bound to "

@@ -55,7 +55,7 @@ async def test_the_page_is_static_the_same_for_every_caller(keyed):
     anonymous = await keyed.get("/inspector")
     operator = await keyed.get("/inspector/", headers={"Authorization": f"Bearer {'o' * 40}"})
     assert anonymous.status_code == operator.status_code == 200
-    assert anonymous.content == operator.content == (STATIC / "index.html").read_bytes()
+    assert anonymous.content == operator.content == inspector.PAGE.read_bytes()
     assert anonymous.headers["content-type"].startswith("text/html")
     policy = anonymous.headers["content-security-policy"]
     assert "default-src 'none'" in policy and "script-src 'self'" in policy and "connect-src 'self'" in policy
@@ -94,15 +94,15 @@ async def test_the_page_references_no_other_origin(keyed):
     no URL at all (the vendored libraries' licence headers and docs links are comments, and
     the Content-Security-Policy refuses any other origin in the browser)."""
     parser = References()
-    parser.feed((STATIC / "index.html").read_text())
+    parser.feed(inspector.PAGE.read_text())
     assert parser.found, "the page references its scripts and styles"
     for ref in parser.found:
         if ref.startswith("#") or ref == "data:,":  # the empty icon: no request for /favicon.ico
             continue
         assert ref.startswith("/inspector/static/"), ref
         assert (await keyed.get(ref)).status_code == 200, ref
-    for own in ("inspector.js", "inspector.css", "index.html"):
-        text = (STATIC / own).read_text()
+    for own in (STATIC / "inspector.js", STATIC / "inspector.css", inspector.PAGE):
+        text = own.read_text()
         assert not re.search(r"https?://", text), f"{own} names a URL"
         assert "@import" not in text and "url(" not in text, own
 

@@ -32,7 +32,7 @@ from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
-from memory_service.http import access_log, inspector, overload, telemetry
+from memory_service.http import access_log, browser, inspector, overload, telemetry
 from memory_service.http import guard as request_guard
 from memory_service.http.routers import (
     agents,
@@ -125,6 +125,10 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
                      configured.api_queue_timeout_seconds, describe=_public_detail)
     access_log.install(app)  # access-log lines show route templates, not ids or queries
+    # Before any route, the inspector's included: what a web page in a browser must not reach
+    # (DNS rebinding, simple cross-site writes; memory_service/http/browser.py).
+    app.add_middleware(browser.BrowserGuard, hosts=browser.allowed_hosts(configured.allowed_hosts, host),
+                       cors_origins=configured.cors_allow_origins)
     app.add_middleware(telemetry.RequestTelemetry)  # outermost: request id, span, latency (memory_service/http/telemetry.py)
     for resource in ROUTERS:
         app.include_router(resource.router)
