@@ -13,6 +13,7 @@ nothing writes on its own during a comparison).
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -363,3 +364,54 @@ async def test_the_mcp_tools_hold_nothing_of_another_user_and_hide_as_unknown(se
         await check(client)
     async with http_mcp(running.base_url, agent=AGENT) as url, over_http(url, alice_key) as client:
         await check(client)
+
+
+RACE_TRIES = 100  # per pair of routes: 300 races of a fresh session per setting
+
+
+async def _record_first(http: httpx.AsyncClient, route: str, session: str, user: str, key: dict[str, str]) -> bool:
+    """Record the first message of ``session`` for ``user`` by ``route``; True if it was
+    recorded, False if refused as another user's session (409), anything else fails."""
+    message = {"user_id": user, "role": "user", "content": f"{user}: my PIN is 4321", "message_id": f"{user}-1"}
+    if route == "single":
+        answer = await http.post(f"/v1/sessions/{session}/messages", headers=key, json={"agent_id": AGENT, **message})
+        assert answer.status_code in (200, 409), answer.text
+        return answer.status_code == 200
+    answer = await http.post(f"/v1/agents/{AGENT}/messages/batch", headers=key,
+                             json={"messages": [{"session_id": session, **message}]})
+    assert answer.status_code == 200, answer.text
+    (item,) = answer.json()["items"]
+    assert item["status"] == "recorded" or (item["status"] == "refused" and item["code"] == 409), item
+    return bool(item["status"] == "recorded")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("join", [False, True], ids=["users-kept-apart", "users-join"])
+async def test_two_users_keys_racing_into_a_new_session_one_gets_in(server, falkordb_url, join):
+    """Two keys limited to different users record the first message of a new session at the
+    same moment, by either route: exactly one user gets in and the other is refused as from
+    another user's session and cannot read it, unless the agent lets users join (then both)."""
+    running, _ = server
+    await flush(falkordb_url)
+    async with (httpx.AsyncClient(base_url=running.base_url, timeout=30) as http,
+                httpx.AsyncClient(base_url=running.base_url, timeout=30) as other):
+        admin = bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                   json={"name": "race", "role": "admin", "agents": [AGENT]}))["key"])
+        keys = {user: bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                         json={"name": user, "role": "write", "agents": [AGENT], "users": [user]}))["key"])
+                for user in ("u1", "u2")}
+        await call(http, "PUT", f"/v1/agents/{AGENT}", admin, json={"users_join_sessions": join})
+        tally: dict[tuple[str, str], list[int]] = {}
+        for routes in (("batch", "batch"), ("batch", "single"), ("single", "single")):
+            for attempt in range(RACE_TRIES):
+                session = f"race-{'-'.join(routes)}-{attempt}"
+                first = ("u1", "u2") if attempt % 2 == 0 else ("u2", "u1")  # who sends first, in turns
+                got_in = await asyncio.gather(*(_record_first(client, route, session, user, keys[user])
+                                                for client, route, user in zip((http, other), routes, first)))
+                tally.setdefault(routes, []).append(sum(got_in))
+                for user, entered in zip(first, got_in):
+                    seen = await http.get(f"/v1/sessions/{session}", headers=keys[user])
+                    assert seen.status_code == (200 if entered else 404), (routes, session, user, seen.text)
+        expected = 2 if join else 1
+        assert {routes: sorted(set(counts)) for routes, counts in tally.items()} == {
+            routes: [expected] for routes in tally}, tally

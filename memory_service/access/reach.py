@@ -10,6 +10,12 @@ reaches all of the agent. A key limited to some users reaches what those users m
 - the agent's shared knowledge, to read: its shards' namespaces and its own namespace.
   Changing shared knowledge needs a key for all users.
 
+Such a key records into a session of its agent only if one of its users took part in it
+already, or the session is new (it is then theirs), or the agent's ``users_join_sessions``
+lets users join others' sessions. That is decided by the reservation's script, in the same
+step as the write that makes the message's user take part (``StateStore.reserve_messages``):
+two keys of different users racing into a new session cannot both get in.
+
 Whatever such a key may not see is answered exactly as what does not exist: a session
 none of its users took part in as an unknown session, a memory in another user's namespace
 as an unknown memory. A session of another agent is answered as an unknown one for every
@@ -68,13 +74,3 @@ class Reach:
     def may_change(self, namespace: Namespace) -> bool:
         """Beyond seeing it: a key limited to users changes no shared knowledge (shard, agent)."""
         return not self.confined or namespace.kind in (NamespaceKind.SESSION, NamespaceKind.USER)
-
-    async def may_record(self, session_id: str, users_join_sessions: bool) -> bool:
-        """Whether this caller may record into the session: a new one, a session of another
-        agent (the store refuses it: errors.session_taken), one it sees, or, with the agent's
-        ``users_join_sessions``, a session other users of the agent started."""
-        if self.users is None or users_join_sessions:
-            return True
-        owner = (await self.state.counters(session_id)).agent_id
-        return owner != self.agent_id or await self.sees_owned_session(session_id, owner)
-

@@ -32,7 +32,6 @@ from memory_service.domain.errors import (
     InvalidInput,
     MemoryServiceError,
     preview,
-    session_taken,
 )
 from memory_service.domain.models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Role
 from memory_service.domain.namespaces import Namespace
@@ -72,7 +71,7 @@ class SessionLedger:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates.
 
-        In the common case: reserve (its script, then the agent's settings: two round
+        In the common case: reserve (the agent's settings, then its script: two round
         trips), the store's write (shared with the agent's concurrent records), then the
         commit in three (the users' indexes, the session's atomic commit with its counters,
         the user's generation and the embedding mark: each under its own hash tag,
@@ -80,17 +79,16 @@ class SessionLedger:
         worker adds it.
         ``reach``: the caller's (memory_service/access/reach.py); a key limited to some users
         records into a session other users started only with the agent's
-        ``users_join_sessions``, else it is answered as a session of another agent.
+        ``users_join_sessions``, else it is answered as a session of another agent: decided
+        by the reservation's script, atomically with the user's joining the session
+        (``StateStore.reserve_messages``).
         """
         limits.check_message_chars(message.content, self.settings.max_message_chars)
-        if reach is not None and reach.confined:
-            settings = await self.state.get_agent(message.agent_id) or AgentSettings()
-            if not await reach.may_record(session_id, settings.users_join_sessions):
-                raise session_taken(session_id)
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest,
-                                                       message.incognito)
+                                                       message.incognito, message.user_id,
+                                                       reach.view if reach is not None else None)
         if reservation.digest != digest:
             raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
         _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
