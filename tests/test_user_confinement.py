@@ -415,3 +415,56 @@ async def test_two_users_keys_racing_into_a_new_session_one_gets_in(server, falk
         expected = 2 if join else 1
         assert {routes: sorted(set(counts)) for routes, counts in tally.items()} == {
             routes: [expected] for routes in tally}, tally
+
+
+async def test_a_users_key_sees_counts_and_provenance_of_what_it_reaches(world, server):
+    """A key limited to alice: the agents' list counts her users and sessions, not the
+    agent's; a shard memory formed in bob's session is shown to her (list, memory_get,
+    detail, search) without bob's id, session or messages, while one formed in the session
+    both spoke in keeps its provenance; a key for all users sees every provenance whole."""
+    http, keys, _ = world
+    _, app = server
+    alice, admin = keys["alice"], keys["admin"]
+    _, backend = await app.state.service.agents.backend_for(AGENT)
+    travel = str(Namespace.shard(AGENT, "travel"))
+    await backend.write([
+        Memory(id="from-bobs", kind=MemoryKind.FACT, namespace=travel, content="Zephyr lockers take coins",
+               metadata=Provenance(agent_id=AGENT, user_id="bob", user_ids=["bob"], session_id=BOBS,
+                                   message_ids=["b1"], sequence=1)),
+        Memory(id="from-shared", kind=MemoryKind.FACT, namespace=travel, content="Zephyr lockers are by gate 4",
+               metadata=Provenance(agent_id=AGENT, user_id="bob", user_ids=["alice", "bob"], session_id=SHARED,
+                                   message_ids=["s1", "s2"], sequence=2)),
+    ])
+    hidden = {"agent_id": AGENT, "user_id": None, "user_ids": [], "session_id": None, "message_ids": [],
+              "memory_ids": [], "sequence": 0, "role": None}
+    whole = {"from-bobs": {**hidden, "user_id": "bob", "user_ids": ["bob"], "session_id": BOBS,
+                           "message_ids": ["b1"], "sequence": 1},
+             "from-shared": {**hidden, "user_id": "bob", "user_ids": ["alice", "bob"], "session_id": SHARED,
+                             "message_ids": ["s1", "s2"], "sequence": 2}}
+    expected = {"alice": {"from-bobs": hidden, "from-shared": whole["from-shared"]}, "admin": whole}
+    for name, key in (("alice", alice), ("admin", admin)):
+        listed = await call(http, "GET", f"/v1/agents/{AGENT}/memories", key, params={"namespace": travel})
+        got = {m["id"]: m["provenance"] for m in listed["memories"] if m["id"] in whole}
+        assert got == expected[name], (name, "list")
+        for memory_id in whole:
+            record = await call(http, "GET", f"/v1/agents/{AGENT}/memories/{memory_id}", key)
+            assert record["provenance"] == expected[name][memory_id], (name, "memory_get", memory_id)
+            detail = await call(http, "GET", f"/v1/agents/{AGENT}/memories/{memory_id}/detail", key)
+            assert detail["memory"]["provenance"] == expected[name][memory_id], (name, "detail", memory_id)
+        found = await call(http, "POST", f"/v1/agents/{AGENT}/search", key,
+                           json={"query": "Zephyr lockers", "scope": "shard", "shard_id": "travel"})
+        hits = {h["id"]: h for h in found["results"] + found["candidates"] if h["id"] in whole}
+        assert set(hits) == set(whole), (name, found)
+        for memory_id, hit in hits.items():
+            provenance = expected[name][memory_id]
+            assert (hit["session_id"], hit["user_id"], hit["source_message_ids"]) == (
+                provenance["session_id"], provenance["user_id"], provenance["message_ids"]), (name, "search", hit)
+        if name == "alice":
+            for answer in (listed, found):
+                assert BOBS not in str(answer) and "b1" not in str(answer["memories" if "memories" in answer
+                                                                             else "results"])
+    # The agents' list: alice's key counts her (one user) and the sessions she took part in.
+    mine = (await call(http, "GET", "/v1/agents", alice))["agents"]
+    assert [(a["agent_id"], a["users"], a["sessions"]) for a in mine] == [(AGENT, 1, 2)]
+    everyone = {a["agent_id"]: a for a in (await call(http, "GET", "/v1/agents", admin))["agents"]}
+    assert (everyone[AGENT]["users"], everyone[AGENT]["sessions"]) == (2, 3)

@@ -853,14 +853,23 @@ class StateStore:
         message reserved under their id, ``_RESERVE``), or, for a session recorded before the
         participants were kept, spoke in it or had a message recorded under their id. One
         round trip, whatever the number of users."""
-        k = keyspace.session_keys(session_id)
+        return (await self.took_part_each(agent_id, users, [session_id]))[session_id]
+
+    async def took_part_each(self, agent_id: str, users: Sequence[str], session_ids: Sequence[str]) -> dict[str, bool]:
+        """``took_part`` for each of the sessions, in one round trip (one pipeline)."""
+        if not session_ids or not users:
+            return dict.fromkeys(session_ids, False)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.smismember(k["participants"], list(users))
-            pipe.smismember(k["users"], list(users))
-            for user_id in users:
-                pipe.sismember(keyspace.user_recorded(agent_id, user_id), session_id)
-            participant, spoke, *recorded = await pipe.execute()
-        return any(participant) or any(spoke) or any(recorded)
+            for session_id in session_ids:
+                k = keyspace.session_keys(session_id)
+                pipe.smismember(k["participants"], list(users))
+                pipe.smismember(k["users"], list(users))
+                for user_id in users:
+                    pipe.sismember(keyspace.user_recorded(agent_id, user_id), session_id)
+            raw = await pipe.execute()
+        width = 2 + len(users)
+        return {session_id: any(any(v) if isinstance(v, list) else bool(v) for v in raw[i * width : (i + 1) * width])
+                for i, session_id in enumerate(session_ids)}
 
     async def has_message(self, session_id: str, message_id: str) -> bool:
         """Whether ``message_id`` was recorded in the session."""
@@ -900,6 +909,13 @@ class StateStore:
                 pipe.exists(keyspace.agent_settings(agent_id))
             raw = await pipe.execute()
         return [(int(raw[i]), int(raw[i + 1]), bool(raw[i + 2])) for i in range(0, len(raw), 3)]
+
+    async def known_users(self, agent_id: str, users: Sequence[str]) -> list[str]:
+        """Those of ``users`` in the agent's index of users."""
+        if not users:
+            return []
+        scores = await self.redis.zmscore(keyspace.agent_users(agent_id), list(users))
+        return [u for u, score in zip(users, scores) if score is not None]
 
     async def users_after(self, agent_id: str, after: str | None, limit: int) -> list[str]:
         """Up to ``limit`` of the agent's user ids in id order, after ``after``."""
