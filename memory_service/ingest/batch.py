@@ -133,7 +133,7 @@ class BatchLedger:
                 answers[item.index] = _failed(item.index, m, "could not reserve its sequence number")
             elif reservation.digest != item.digest:
                 answers[item.index] = _refused(item.index, m, Conflict(
-                    f"message_id {m.message_id!r} was already recorded in session {m.session_id!r} with other content"))
+                    f"message_id {preview(m.message_id)} was already recorded in session {preview(m.session_id)} with other content"))
             elif reservation.committed:
                 answers[item.index] = _answer(item.index, m, "duplicate", reservation.sequence)
             else:
@@ -169,7 +169,7 @@ class BatchLedger:
                             preview(m.message_id), preview(m.session_id), preview(agent_id),
                             preview(str(outcome.__cause__), 300))
                 answers[item.index] = _refused(item.index, m, InvalidInput(
-                    f"content: message {m.message_id!r} of session {m.session_id!r} could not be stored: the store "
+                    f"content: message {preview(m.message_id)} of session {preview(m.session_id)} could not be stored: the store "
                     "refused its content (characters it cannot hold). Nothing was stored and the message_id is free "
                     "again: send it with corrected content"))
             else:
@@ -267,6 +267,6 @@ def _refused(index: int, message: BatchMessageIn, error: MemoryServiceError) -> 
 
 
 def _failed(index: int, message: BatchMessageIn, why: str) -> BatchItemOut:
-    error = BackendUnavailable(f"message {message.message_id!r} of session {message.session_id!r}: {why}")
+    error = BackendUnavailable(f"message {preview(message.message_id)} of session {preview(message.session_id)}: {why}")
     return BatchItemOut(index=index, status="failed", session_id=message.session_id, message_id=message.message_id,
                         code=error.status_code, detail=str(error))

@@ -90,7 +90,7 @@ class SessionLedger:
                                                        message.incognito, message.user_id,
                                                        reach.view if reach is not None else None)
         if reservation.digest != digest:
-            raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
+            raise Conflict(f"message_id {preview(message_id)} was already recorded in session {preview(session_id)} with other content")
         _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
         memory = Memory(
             id=message_memory_id(session_id, message_id),
@@ -135,7 +135,7 @@ class SessionLedger:
                         preview(str(refused.__cause__), 300))
             await self.let_go(session_id, message_id, sequence, "refused")
             raise InvalidInput(
-                f"content: message {message_id!r} of session {session_id!r} could not be stored: the store refused "
+                f"content: message {preview(message_id)} of session {preview(session_id)} could not be stored: the store refused "
                 "its content (characters it cannot hold). Nothing was stored and the message_id is free again: "
                 "send it with corrected content") from None
         except BaseException as exc:  # an outage, or the caller gone: the write may have landed
@@ -148,7 +148,7 @@ class SessionLedger:
             # store's or a driver's text is not: it stays in the log.
             why = str(exc) if isinstance(exc, MemoryServiceError) else "the memory store is unavailable"
             raise BackendUnavailable(
-                f"could not store message {message_id!r} of session {session_id!r}: {why}; "
+                f"could not store message {preview(message_id)} of session {preview(session_id)}: {why}; "
                 "nothing is pending for it: send it again with the same message_id") from exc
 
     async def let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:
