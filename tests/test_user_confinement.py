@@ -22,6 +22,7 @@ import pytest
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
+from memory_service.state import keyspace
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
@@ -468,3 +469,53 @@ async def test_a_users_key_sees_counts_and_provenance_of_what_it_reaches(world, 
     assert [(a["agent_id"], a["users"], a["sessions"]) for a in mine] == [(AGENT, 1, 2)]
     everyone = {a["agent_id"]: a for a in (await call(http, "GET", "/v1/agents", admin))["agents"]}
     assert (everyone[AGENT]["users"], everyone[AGENT]["sessions"]) == (2, 3)
+
+
+async def test_sessions_recorded_before_the_participants_set_keep_their_users(world, server, falkordb_url):
+    """A session recorded before its participants were kept (no participants set, no mark)
+    goes on taking its own users' messages, read from the older indexes, and refuses other
+    users' as before; each user who records again is added to its participants."""
+    http, keys, _ = world
+    _, app = server
+    redis = app.state.service.state.redis
+    for session in (OWN, BOBS, SHARED):  # as a release before the participants set left them
+        k = keyspace.session_keys(session)
+        await redis.delete(k["participants"])
+        await redis.hdel(k["meta"], "participants")
+    alice = keys["alice"]
+
+    def line(session: str, mid: str) -> dict[str, Any]:
+        return {"session_id": session, "user_id": "alice", "role": "user", "content": "Still here", "message_id": mid}
+
+    before = snapshot(falkordb_url)
+    refused = await http.post(f"/v1/agents/{AGENT}/messages/batch", headers=alice, json={"messages": [line(BOBS, "l0")]})
+    assert refused.json()["items"][0]["code"] == 409 and snapshot(falkordb_url) == before
+    single = {k: v for k, v in line(BOBS, "l1").items() if k != "session_id"}
+    assert (await http.post(f"/v1/sessions/{BOBS}/messages", headers=alice,
+                            json={"agent_id": AGENT, **single})).status_code == 409
+    for session in (OWN, SHARED):
+        await call(http, "POST", f"/v1/sessions/{session}/messages", alice,
+                   json={"agent_id": AGENT, **{k: v for k, v in line(session, "l2").items() if k != "session_id"}})
+        answer = await call(http, "POST", f"/v1/agents/{AGENT}/messages/batch", alice,
+                            json={"messages": [line(session, "l3")]})
+        assert answer["items"][0]["status"] == "recorded", answer
+        assert await redis.smembers(keyspace.session_keys(session)["participants"]) == {"alice"}
+        assert (await http.get(f"/v1/sessions/{session}", headers=alice)).status_code == 200
+    assert await redis.exists(keyspace.session_keys(BOBS)["participants"]) == 0
+
+
+async def test_an_erasure_takes_the_user_out_of_every_sessions_participants(world, server):
+    """Erasing a user removes them from the participants of the sessions they shared, and
+    of a session where only a reservation of theirs was (released: no message of theirs)."""
+    http, keys, _ = world
+    _, app = server
+    state = app.state.service.state
+    reservation = await state.reserve_message("bob-tried", AGENT, "t1", "digest", user_id="bob")
+    await state.release_message("bob-tried", "t1", reservation.sequence, "refused")
+    assert await state.redis.smembers(keyspace.session_keys("bob-tried")["participants"]) == {"bob"}
+    assert await state.redis.smembers(keyspace.session_keys(SHARED)["participants"]) == {"alice", "bob"}
+    await call(http, "DELETE", f"/v1/agents/{AGENT}/users/bob", keys["admin"])
+    for session in (SHARED, BOBS, "bob-tried"):
+        assert "bob" not in await state.redis.smembers(keyspace.session_keys(session)["participants"]), session
+    assert await state.redis.exists(keyspace.user_joined(AGENT, "bob")) == 0
+    assert await state.redis.smembers(keyspace.session_keys(SHARED)["participants"]) == {"alice"}
