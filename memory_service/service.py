@@ -422,8 +422,8 @@ class MemoryService:
         return await self.state.index_stored_data(BROWSE_INDEX_VERSION)
 
     async def list_agents(self, principal: Principal, cursor: str | None = None, limit: int = 50) -> AgentPage:
-        """The agents ``principal`` reaches, by id."""
-        return await self.browser.agents_page(principal.agents, cursor, limit)
+        """The agents ``principal`` reaches, by id, with the counts of what it reaches."""
+        return await self.browser.agents_page(principal.agents, cursor, limit, principal.users)
 
     async def list_users(self, agent_id: str, reach: Reach, cursor: str | None = None, limit: int = 50) -> UserPage:
         """The agent's users (those ``reach`` sees), by id."""

@@ -262,6 +262,85 @@ def test_hostile_json_in_a_batch_item(fuzz_server, falkordb_url, data, must_refu
             assert (answer["message_id"] in held) == (answer["status"] == "recorded"), (answer, held)
 
 
+# Long text an echo would be seen in (printable: repr quotes it as it is), around the limit
+# of what an answer may quote (PREVIEW_CHARS) and of an id (MAX_ID_LENGTH: 256), far beyond.
+_printable = st.characters(codec="utf-8", categories=("L", "N", "P", "Zs"), exclude_characters=":/\\")
+long_text = st.sampled_from([101, 150, 256, 257, 1_000, 5_000]).flatmap(
+    lambda n: st.text(_printable, min_size=n, max_size=n).map(lambda t: "x" + t[2:] + "x"))
+batch_ids = st.one_of(st.text("abcdef0123", min_size=1, max_size=12), long_text)
+batch_values = {
+    "session_id": batch_ids, "message_id": batch_ids, "user_id": batch_ids,
+    "role": st.one_of(st.sampled_from(["user", "assistant"]), long_text),
+    "content": st.one_of(st.text(max_size=40).filter(str.strip), long_text),
+    "created_at": st.one_of(st.none(), long_text), "incognito": st.one_of(st.booleans(), long_text),
+}
+QUOTED = 100  # PREVIEW_CHARS: the most of a caller's input an answer may quote
+
+
+def _strings(value, where=()):
+    """Every string in a JSON value (keys too), with where it is."""
+    if isinstance(value, str):
+        yield where, value
+    elif isinstance(value, dict):
+        for key, child in value.items():
+            yield (*where, "<key>"), key
+            yield from _strings(child, (*where, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _strings(child, (*where, i))
+
+
+def _as_valid_id(value: object, what: str) -> str | None:
+    """``value`` as the service keeps it if it is a valid id (NFC), else None."""
+    try:
+        return validate_id(value, what, colon_allowed=what == "message_id")
+    except InvalidInput:
+        return None
+
+
+@given(data=st.data())
+@FUZZ
+def test_no_batch_answer_quotes_more_than_100_characters_of_it(fuzz_server, falkordb_url, data):
+    """Whatever a batch's items hold (long ids, roles, contents, times, unknown fields; an id
+    sent again with other content; a session of another agent), no answer holds more than
+    100 consecutive characters of any string sent, but for the ids it names back: a valid
+    id (at most 256 characters) in its item's own id field, and the sessions recorded in."""
+    count = data.draw(st.integers(1, 4), label="items")
+    items = []
+    for _ in range(count):
+        item = {**BATCH_ITEM, "message_id": uuid.uuid4().hex, "session_id": f"s-long-{uuid.uuid4().hex[:6]}"}
+        for name in data.draw(st.lists(st.sampled_from(sorted(batch_values)), unique=True, max_size=4), label="fields"):
+            item[name] = data.draw(batch_values[name], label=name)
+        if data.draw(st.booleans(), label="unknown field"):
+            item[data.draw(long_text, label="field name")] = data.draw(long_text, label="field value")
+        items.append(item)
+    if data.draw(st.booleans(), label="again with other content"):
+        items.append({**items[0], "content": "other content " + "y" * 200})
+    if data.draw(st.booleans(), label="another agent's session"):
+        items.append({**BATCH_ITEM, "session_id": "s1", "message_id": "z" * 150})  # s1: the agent's; sent as other's
+    agent = data.draw(st.sampled_from([AGENT, "fuzz-other"]), label="agent")
+    body = {"messages": items}
+    with httpx.Client(base_url=fuzz_server.base_url, timeout=60) as http:
+        worker_idle(falkordb_url)
+        response = http.post(f"/v1/agents/{agent}/messages/batch", json=body)
+    assert response.status_code < 500, response.text[:2000]
+    answer = response.json()
+    sent = [text for _, text in _strings(body) if len(text) > QUOTED]
+    windows = {text[i : i + QUOTED + 1] for text in sent for i in range(len(text) - QUOTED)}
+    named = {(i, field): item.get(field) for i, item in enumerate(items) for field in ("session_id", "message_id")}
+    recorded_in = {_as_valid_id(item.get("session_id"), "session_id") for item in items}
+    for where, text in _strings(answer):
+        if len(where) == 3 and where[0] == "items" and where[2] in ("session_id", "message_id"):
+            sent_id = named[where[1], where[2]]
+            if (valid := _as_valid_id(sent_id, str(where[2]))) is not None and text in (sent_id, valid):
+                continue  # the item's own valid id, named back
+        if len(where) == 3 and where[0] == "sessions" and where[2] == "session_id" and text in recorded_in:
+            continue
+        quoted = next((text[i : i + QUOTED + 1] for i in range(len(text) - QUOTED) if text[i : i + QUOTED + 1] in windows),
+                      None)
+        assert quoted is None, (where, len(text), text[:300])
+
+
 def committed_ids(url: str, session_id: str) -> set[str]:
     """The message ids committed in the session (what a recorded answer promises)."""
     from memory_service.state.keyspace import session_keys

@@ -13,6 +13,8 @@ nothing writes on its own during a comparison).
 
 from __future__ import annotations
 
+import asyncio
+from collections import Counter
 from typing import Any
 
 import httpx
@@ -21,6 +23,7 @@ import pytest
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
+from memory_service.state import keyspace
 from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
@@ -363,3 +366,157 @@ async def test_the_mcp_tools_hold_nothing_of_another_user_and_hide_as_unknown(se
         await check(client)
     async with http_mcp(running.base_url, agent=AGENT) as url, over_http(url, alice_key) as client:
         await check(client)
+
+
+RACE_TRIES = 100  # per pair of routes: 300 races of a fresh session per setting
+
+
+async def _record_first(http: httpx.AsyncClient, route: str, session: str, user: str, key: dict[str, str]) -> bool:
+    """Record the first message of ``session`` for ``user`` by ``route``; True if it was
+    recorded, False if refused as another user's session (409), anything else fails."""
+    message = {"user_id": user, "role": "user", "content": f"{user}: my PIN is 4321", "message_id": f"{user}-1"}
+    if route == "single":
+        answer = await http.post(f"/v1/sessions/{session}/messages", headers=key, json={"agent_id": AGENT, **message})
+        assert answer.status_code in (200, 409), answer.text
+        return answer.status_code == 200
+    answer = await http.post(f"/v1/agents/{AGENT}/messages/batch", headers=key,
+                             json={"messages": [{"session_id": session, **message}]})
+    assert answer.status_code == 200, answer.text
+    (item,) = answer.json()["items"]
+    assert item["status"] == "recorded" or (item["status"] == "refused" and item["code"] == 409), item
+    return bool(item["status"] == "recorded")
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("join", [False, True], ids=["users-kept-apart", "users-join"])
+async def test_two_users_keys_racing_into_a_new_session_one_gets_in(server, falkordb_url, join):
+    """Two keys limited to different users record the first message of a new session at the
+    same moment, by either route: exactly one user gets in and the other is refused as from
+    another user's session and cannot read it, unless the agent lets users join (then both)."""
+    running, _ = server
+    await flush(falkordb_url)
+    async with (httpx.AsyncClient(base_url=running.base_url, timeout=30) as http,
+                httpx.AsyncClient(base_url=running.base_url, timeout=30) as other):
+        admin = bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                   json={"name": "race", "role": "admin", "agents": [AGENT]}))["key"])
+        keys = {user: bearer((await call(http, "POST", "/v1/keys", OPERATOR,
+                                         json={"name": user, "role": "write", "agents": [AGENT], "users": [user]}))["key"])
+                for user in ("u1", "u2")}
+        await call(http, "PUT", f"/v1/agents/{AGENT}", admin, json={"users_join_sessions": join})
+        tally: dict[tuple[str, str], list[int]] = {}
+        for routes in (("batch", "batch"), ("batch", "single"), ("single", "single")):
+            for attempt in range(RACE_TRIES):
+                session = f"race-{'-'.join(routes)}-{attempt}"
+                first = ("u1", "u2") if attempt % 2 == 0 else ("u2", "u1")  # who sends first, in turns
+                got_in = await asyncio.gather(*(_record_first(client, route, session, user, keys[user])
+                                                for client, route, user in zip((http, other), routes, first)))
+                tally.setdefault(routes, []).append(sum(got_in))
+                for user, entered in zip(first, got_in):
+                    seen = await http.get(f"/v1/sessions/{session}", headers=keys[user])
+                    assert seen.status_code == (200 if entered else 404), (routes, session, user, seen.text)
+        expected = 2 if join else 1  # users who got in, each race
+        assert {routes: dict(Counter(counts)) for routes, counts in tally.items()} == {
+            routes: {expected: RACE_TRIES} for routes in tally}
+
+
+async def test_a_users_key_sees_counts_and_provenance_of_what_it_reaches(world, server):
+    """A key limited to alice: the agents' list counts her users and sessions, not the
+    agent's; a shard memory formed in bob's session is shown to her (list, memory_get,
+    detail, search) without bob's id, session or messages, while one formed in the session
+    both spoke in keeps its provenance; a key for all users sees every provenance whole."""
+    http, keys, _ = world
+    _, app = server
+    alice, admin = keys["alice"], keys["admin"]
+    _, backend = await app.state.service.agents.backend_for(AGENT)
+    travel = str(Namespace.shard(AGENT, "travel"))
+    await backend.write([
+        Memory(id="from-bobs", kind=MemoryKind.FACT, namespace=travel, content="Zephyr lockers take coins",
+               metadata=Provenance(agent_id=AGENT, user_id="bob", user_ids=["bob"], session_id=BOBS,
+                                   message_ids=["b1"], sequence=1)),
+        Memory(id="from-shared", kind=MemoryKind.FACT, namespace=travel, content="Zephyr lockers are by gate 4",
+               metadata=Provenance(agent_id=AGENT, user_id="bob", user_ids=["alice", "bob"], session_id=SHARED,
+                                   message_ids=["s1", "s2"], sequence=2)),
+    ])
+    hidden = {"agent_id": AGENT, "user_id": None, "user_ids": [], "session_id": None, "message_ids": [],
+              "memory_ids": [], "sequence": 0, "role": None}
+    whole = {"from-bobs": {**hidden, "user_id": "bob", "user_ids": ["bob"], "session_id": BOBS,
+                           "message_ids": ["b1"], "sequence": 1},
+             "from-shared": {**hidden, "user_id": "bob", "user_ids": ["alice", "bob"], "session_id": SHARED,
+                             "message_ids": ["s1", "s2"], "sequence": 2}}
+    expected = {"alice": {"from-bobs": hidden, "from-shared": whole["from-shared"]}, "admin": whole}
+    for name, key in (("alice", alice), ("admin", admin)):
+        listed = await call(http, "GET", f"/v1/agents/{AGENT}/memories", key, params={"namespace": travel})
+        got = {m["id"]: m["provenance"] for m in listed["memories"] if m["id"] in whole}
+        assert got == expected[name], (name, "list")
+        for memory_id in whole:
+            record = await call(http, "GET", f"/v1/agents/{AGENT}/memories/{memory_id}", key)
+            assert record["provenance"] == expected[name][memory_id], (name, "memory_get", memory_id)
+            detail = await call(http, "GET", f"/v1/agents/{AGENT}/memories/{memory_id}/detail", key)
+            assert detail["memory"]["provenance"] == expected[name][memory_id], (name, "detail", memory_id)
+        found = await call(http, "POST", f"/v1/agents/{AGENT}/search", key,
+                           json={"query": "Zephyr lockers", "scope": "shard", "shard_id": "travel"})
+        hits = {h["id"]: h for h in found["results"] + found["candidates"] if h["id"] in whole}
+        assert set(hits) == set(whole), (name, found)
+        for memory_id, hit in hits.items():
+            provenance = expected[name][memory_id]
+            assert (hit["session_id"], hit["user_id"], hit["source_message_ids"]) == (
+                provenance["session_id"], provenance["user_id"], provenance["message_ids"]), (name, "search", hit)
+        if name == "alice":
+            for answer in (listed, found):
+                assert BOBS not in str(answer) and "b1" not in str(answer["memories" if "memories" in answer
+                                                                             else "results"])
+    # The agents' list: alice's key counts her (one user) and the sessions she took part in.
+    mine = (await call(http, "GET", "/v1/agents", alice))["agents"]
+    assert [(a["agent_id"], a["users"], a["sessions"]) for a in mine] == [(AGENT, 1, 2)]
+    everyone = {a["agent_id"]: a for a in (await call(http, "GET", "/v1/agents", admin))["agents"]}
+    assert (everyone[AGENT]["users"], everyone[AGENT]["sessions"]) == (2, 3)
+
+
+async def test_sessions_recorded_before_the_participants_set_keep_their_users(world, server, falkordb_url):
+    """A session recorded before its participants were kept (no participants set, no mark)
+    goes on taking its own users' messages, read from the older indexes, and refuses other
+    users' as before; each user who records again is added to its participants."""
+    http, keys, _ = world
+    _, app = server
+    redis = app.state.service.state.redis
+    for session in (OWN, BOBS, SHARED):  # as a release before the participants set left them
+        k = keyspace.session_keys(session)
+        await redis.delete(k["participants"])
+        await redis.hdel(k["meta"], "participants")
+    alice = keys["alice"]
+
+    def line(session: str, mid: str) -> dict[str, Any]:
+        return {"session_id": session, "user_id": "alice", "role": "user", "content": "Still here", "message_id": mid}
+
+    before = snapshot(falkordb_url)
+    refused = await http.post(f"/v1/agents/{AGENT}/messages/batch", headers=alice, json={"messages": [line(BOBS, "l0")]})
+    assert refused.json()["items"][0]["code"] == 409 and snapshot(falkordb_url) == before
+    single = {k: v for k, v in line(BOBS, "l1").items() if k != "session_id"}
+    assert (await http.post(f"/v1/sessions/{BOBS}/messages", headers=alice,
+                            json={"agent_id": AGENT, **single})).status_code == 409
+    for session in (OWN, SHARED):
+        await call(http, "POST", f"/v1/sessions/{session}/messages", alice,
+                   json={"agent_id": AGENT, **{k: v for k, v in line(session, "l2").items() if k != "session_id"}})
+        answer = await call(http, "POST", f"/v1/agents/{AGENT}/messages/batch", alice,
+                            json={"messages": [line(session, "l3")]})
+        assert answer["items"][0]["status"] == "recorded", answer
+        assert await redis.smembers(keyspace.session_keys(session)["participants"]) == {"alice"}
+        assert (await http.get(f"/v1/sessions/{session}", headers=alice)).status_code == 200
+    assert await redis.exists(keyspace.session_keys(BOBS)["participants"]) == 0
+
+
+async def test_an_erasure_takes_the_user_out_of_every_sessions_participants(world, server):
+    """Erasing a user removes them from the participants of the sessions they shared, and
+    of a session where only a reservation of theirs was (released: no message of theirs)."""
+    http, keys, _ = world
+    _, app = server
+    state = app.state.service.state
+    reservation = await state.reserve_message("bob-tried", AGENT, "t1", "digest", user_id="bob")
+    await state.release_message("bob-tried", "t1", reservation.sequence, "refused")
+    assert await state.redis.smembers(keyspace.session_keys("bob-tried")["participants"]) == {"bob"}
+    assert await state.redis.smembers(keyspace.session_keys(SHARED)["participants"]) == {"alice", "bob"}
+    await call(http, "DELETE", f"/v1/agents/{AGENT}/users/bob", keys["admin"])
+    for session in (SHARED, BOBS, "bob-tried"):
+        assert "bob" not in await state.redis.smembers(keyspace.session_keys(session)["participants"]), session
+    assert await state.redis.exists(keyspace.user_joined(AGENT, "bob")) == 0
+    assert await state.redis.smembers(keyspace.session_keys(SHARED)["participants"]) == {"alice"}

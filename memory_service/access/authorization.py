@@ -26,7 +26,7 @@ from typing import Literal, cast
 
 from memory_service.access.keys import Principal
 from memory_service.access.reach import Reach
-from memory_service.domain.errors import Forbidden, NotFound
+from memory_service.domain.errors import Forbidden, NotFound, preview
 from memory_service.schemas.keys import Role
 from memory_service.state.store import StateStore
 
@@ -58,12 +58,14 @@ def authorize(principal: Principal, role: Role, agent_id: str, user_id: str | No
     if principal.allows(role, agent_id, user_id):
         return
     if not principal.reaches(agent_id):
-        raise Forbidden(f"this API key does not reach agent {agent_id!r}")
+        raise Forbidden(f"this API key does not reach agent {preview(agent_id)}")
     if role.rank > principal.role.rank:
         raise Forbidden(f"this API key's role is {principal.role.value}; this needs {role.value}")
     if user_id is None:
-        raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}; this needs a key for all of them")
-    raise Forbidden(f"this API key is limited to some users of agent {agent_id!r}, and {user_id!r} is not one of them")
+        raise Forbidden(f"this API key is limited to some users of agent {preview(agent_id)}; this needs a key for "
+                        "all of them")
+    raise Forbidden(f"this API key is limited to some users of agent {preview(agent_id)}, and {preview(user_id)} is "
+                    "not one of them")
 
 
 def authorize_users(principal: Principal, role: Role, agent_id: str,
@@ -104,5 +106,5 @@ async def authorize_session(state: StateStore, principal: Principal, session_id:
     owner = (await state.counters(session_id)).agent_id
     if owner is None or not principal.reaches(owner) or \
             not await Reach.of(state, owner, principal.users).sees_owned_session(session_id, owner):
-        raise NotFound(f"session {session_id!r} has no recorded messages")
+        raise NotFound(f"session {preview(session_id)} has no recorded messages")
     authorize(principal, role, owner, min(principal.users) if principal.users else None)

@@ -10,6 +10,18 @@ reaches all of the agent. A key limited to some users reaches what those users m
 - the agent's shared knowledge, to read: its shards' namespaces and its own namespace.
   Changing shared knowledge needs a key for all users.
 
+Such a key records into a session of its agent only if one of its users took part in it
+already, or the session is new (it is then theirs), or the agent's ``users_join_sessions``
+lets users join others' sessions. That is decided by the reservation's script, in the same
+step as the write that makes the message's user take part (``StateStore.reserve_messages``):
+two keys of different users racing into a new session cannot both get in.
+
+What it is shown of a memory it may see follows the same rule: a memory's provenance names
+a session, the messages and the users of it only if the key sees that session; else (a
+shard's memory formed in another user's session, say) the memory is shown with a
+provenance naming none of them, and only the key's own users. Counts (the agents' list)
+count what the key reaches: its users, the sessions they took part in.
+
 Whatever such a key may not see is answered exactly as what does not exist: a session
 none of its users took part in as an unknown session, a memory in another user's namespace
 as an unknown memory. A session of another agent is answered as an unknown one for every
@@ -18,9 +30,10 @@ caller. So no answer tells a hidden thing from a missing one.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from memory_service.domain.models import Memory
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.state.store import StateStore
 
@@ -69,12 +82,25 @@ class Reach:
         """Beyond seeing it: a key limited to users changes no shared knowledge (shard, agent)."""
         return not self.confined or namespace.kind in (NamespaceKind.SESSION, NamespaceKind.USER)
 
-    async def may_record(self, session_id: str, users_join_sessions: bool) -> bool:
-        """Whether this caller may record into the session: a new one, a session of another
-        agent (the store refuses it: errors.session_taken), one it sees, or, with the agent's
-        ``users_join_sessions``, a session other users of the agent started."""
-        if self.users is None or users_join_sessions:
-            return True
-        owner = (await self.state.counters(session_id)).agent_id
-        return owner != self.agent_id or await self.sees_owned_session(session_id, owner)
+    async def shown(self, memories: Sequence[Memory]) -> list[Memory]:
+        """``memories`` as this caller is shown them (every answer that holds a memory's
+        provenance: the memory tools, the browse API, search). For a key limited to users, a
+        provenance names a session, its messages and its users only if the key sees that
+        session; else it names no session and no message, and of users only the key's own.
+        One round trip for the sessions named, whatever their number."""
+        if self.users is None:
+            return list(memories)
+        named = sorted({m.metadata.session_id for m in memories if m.metadata.session_id})
+        seen = await self.state.took_part_each(self.agent_id, sorted(self.users), named)
+        return [m if m.metadata.session_id and seen[m.metadata.session_id] else self._redacted(m) for m in memories]
 
+    def _redacted(self, memory: Memory) -> Memory:
+        meta = memory.metadata
+        users = self.users or frozenset()
+        kept = meta.model_copy(update={
+            "session_id": None, "message_ids": [], "sequence": 0,
+            "user_id": meta.user_id if meta.user_id in users else None,
+            "user_ids": [u for u in meta.user_ids if u in users]})
+        if kept == meta:
+            return memory
+        return memory.model_copy(update={"metadata": kept})

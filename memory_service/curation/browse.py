@@ -114,8 +114,12 @@ class Browser:
 
     # Agents and users ----------------------------------------------------------------------
 
-    async def agents_page(self, reachable: frozenset[str] | None, cursor: str | None, limit: int) -> AgentPage:
-        """The agents, by id: every indexed one (``reachable`` None), else those named."""
+    async def agents_page(self, reachable: frozenset[str] | None, cursor: str | None, limit: int,
+                          users: frozenset[str] | None = None) -> AgentPage:
+        """The agents, by id: every indexed one (``reachable`` None), else those named. For a
+        key limited to ``users``, each agent's counts are of what the key reaches: those of its
+        users the agent knows, the sessions they took part in (what ``users_page`` and
+        ``sessions_page`` list), never the agent's own totals."""
         after = _field(decode_cursor(cursor, "agents", {}), "a", str) if cursor else None
         if reachable is None:
             ids = await self.state.agents_after(after, limit + 1)
@@ -123,6 +127,10 @@ class Browser:
             ids = [a for a in sorted(reachable) if after is None or a > after][: limit + 1]
         ids, more = ids[:limit], len(ids) > limit
         sizes = await self.state.agent_sizes(ids)
+        if users is not None:
+            sizes = [(len(await self.state.known_users(a, sorted(users))),
+                      len(await self.state.session_numbers(a, await self.state.sessions_of_users(a, sorted(users)))),
+                      configured) for a, (_, _, configured) in zip(ids, sizes)]
         return AgentPage(agents=[AgentSummary(agent_id=a, users=u, sessions=s, configured=c)
                                  for a, (u, s, c) in zip(ids, sizes)],
                          next=encode_cursor("agents", {}, {"a": ids[-1]}) if more else None)
@@ -206,7 +214,7 @@ class Browser:
             namespaces=chosen, kinds=kinds, tags=tags, since=since, until=until, state=state, after=after,
             limit=limit, hint=hint))
         mine = [m for m in page.memories if m.metadata.agent_id == agent_id]
-        records = await self._records(agent_id, mine)
+        records = await self._records(agent_id, mine, reach)
         next_cursor = None
         if page.resume is not None:
             position: dict[str, Any] = {"t": page.resume[0], "i": page.resume[1]}
@@ -241,7 +249,10 @@ class Browser:
         return [*(Namespace.user(agent_id, u) for u in users), *(Namespace.session(s) for s in sessions),
                 *(Namespace.shard(agent_id, s.shard_id) for s in shards), Namespace.agent(agent_id)]
 
-    async def _records(self, agent_id: str, memories: Sequence[Memory]) -> list[Any]:
+    async def _records(self, agent_id: str, memories: Sequence[Memory], reach: Reach | None) -> list[Any]:
+        """The memories' records, with their access counts, as ``reach`` is shown them."""
+        if reach is not None:
+            memories = await reach.shown(memories)
         access = await self.index.accesses(agent_id, [m.id for m in memories])
         return [self.tools.record(m, access[m.id].count, access[m.id].last) for m in memories]
 
@@ -249,7 +260,7 @@ class Browser:
         """One memory (not counted as an access), the messages it was formed from, the window
         and extractor that formed it, and its audit entries."""
         memory = await self.tools.peek(agent_id, memory_id, reach)
-        (record,) = await self._records(agent_id, [memory])
+        (record,) = await self._records(agent_id, [memory], reach)
         messages: list[Any] = []
         window = None
         session_id, message_ids = memory.metadata.session_id, memory.metadata.message_ids
@@ -258,7 +269,7 @@ class Browser:
             if reach is None or await reach.sees_namespace(session):
                 _, backend = await self.agents.backend_for(agent_id)
                 found = await backend.get(agent_id, session, [message_memory_id(session_id, m) for m in message_ids])
-                messages = await self._records(agent_id, sorted(found, key=lambda m: m.metadata.sequence))
+                messages = await self._records(agent_id, sorted(found, key=lambda m: m.metadata.sequence), reach)
                 sequences = await self.state.message_sequences(session_id, message_ids)
                 if sequences and (kept := await self.state.formed_window(session_id, max(sequences.values()))):
                     window = FormedWindow.model_validate({**kept, "formed_at": _when(float(str(kept["formed_at"])))})

@@ -22,10 +22,11 @@ from memory_service.state.cache import generation_key
 from memory_service.state.store import StateStore
 
 # Take a user's messages out of a session's ledger, in one step. KEYS: meta, ids, pending,
-# tokens, committed, users, window, the bucket's active set (all under the session's tag); ARGV: user id, session id, then the message
-# ids. Their pending tokens leave the counters; the window is dropped if it holds any of
-# them (its claim and stored extraction name them; the other messages stay pending and
-# the next gate claims them again). Returns {message entries removed, window dropped}.
+# tokens, committed, users, window, the bucket's active set, participants (all under the
+# session's tag); ARGV: user id, session id, then the message ids. The user leaves the
+# session's speakers and participants. Their pending tokens leave the counters; the window
+# is dropped if it holds any of them (its claim and stored extraction name them; the other
+# messages stay pending and the next gate claims them again). Returns {message entries removed, window dropped}.
 _REMOVE_MESSAGES = """
 local removed, tokens, mine = 0, 0, {}
 for i = 3, #ARGV do
@@ -40,6 +41,7 @@ for i = 3, #ARGV do
 end
 if tokens > 0 then redis.call('HINCRBYFLOAT', KEYS[1], 'pending_tokens', -tokens) end
 redis.call('SREM', KEYS[6], ARGV[1])
+redis.call('SREM', KEYS[9], ARGV[1])
 local dropped = 0
 local ids = redis.call('HGET', KEYS[7], 'ids')
 if ids then
@@ -70,12 +72,19 @@ class ErasureState:
         self._remove_messages = self.redis.register_script(_REMOVE_MESSAGES)
 
     async def user_sessions(self, agent_id: str, user_id: str) -> list[str]:
-        """Every session of the agent with a message recorded under the user's id: the index
-        written by each record, and the "spoke in" index (sessions recorded before the
-        first existed)."""
-        members = await self.redis.sunion([keyspace.user_recorded(agent_id, user_id),
-                                           keyspace.user_sessions(agent_id, user_id)])
-        return sorted(str(m) for m in members)
+        """Every session of the agent the user took part in: with a message recorded under
+        the user's id (the index written by each record, and the "spoke in" index: sessions
+        recorded before the first existed), or among its participants without one (a
+        reservation released, or still in flight: the index each reservation writes first,
+        which also names sessions the user was refused, left out here)."""
+        recorded = {str(m) for m in await self.redis.sunion([keyspace.user_recorded(agent_id, user_id),
+                                                             keyspace.user_sessions(agent_id, user_id)])}
+        named = sorted({str(m) for m in await self.redis.smembers(keyspace.user_joined(agent_id, user_id))} - recorded)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for session_id in named:
+                pipe.sismember(keyspace.session_keys(session_id)["participants"], user_id)
+            joined = await pipe.execute() if named else []
+        return sorted(recorded | {s for s, member in zip(named, joined, strict=True) if member})
 
     async def remove_messages(self, session_id: str, user_id: str, message_ids: Sequence[str]) -> SessionCleanup:
         """Take the user's messages out of a session other users spoke in, too."""
@@ -85,7 +94,8 @@ class ErasureState:
         for start in range(0, len(ids), BATCH):
             r, d = await self._remove_messages(
                 keys=[k["meta"], k["ids"], k["pending"], k["tokens"], k["committed"], k["users"],
-                      keyspace.window(session_id), keyspace.active(keyspace.session_tag(session_id))],
+                      keyspace.window(session_id), keyspace.active(keyspace.session_tag(session_id)),
+                      k["participants"]],
                 args=[user_id, session_id, *ids[start : start + BATCH]])
             removed, dropped = removed + int(r), max(dropped, int(d))
         await self.state.cache.bump(f"session:{session_id}")
@@ -152,7 +162,7 @@ class ErasureState:
         await self.redis.zrem(keyspace.agent_users(agent_id), user_id)  # the browse index of users
         keys = int(await self.redis.delete(
             keyspace.user_recorded(agent_id, user_id), keyspace.user_sessions(agent_id, user_id),
-            keyspace.cons_pending(namespace), keyspace.cons_version(namespace), generation_key(namespace)))
+            keyspace.user_joined(agent_id, user_id), keyspace.cons_pending(namespace), keyspace.cons_version(namespace), generation_key(namespace)))
         return keys + jobs
 
 

@@ -167,6 +167,8 @@ class MemoryTools:
         """The memory with its provenance; counts the access (soft-deleted ones are answered too)."""
         _, memory = await self._find(agent_id, memory_id, guard)
         access = await self.index.count_access(agent_id, memory.id, datetime.now(UTC))
+        if guard is not None:
+            (memory,) = await guard.shown([memory])  # its provenance as the caller may see it
         return self.record(memory, access.count, access.last)
 
     async def peek(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> Memory:

@@ -66,7 +66,7 @@ class Conflict(MemoryServiceError):
 def session_taken(session_id: str) -> Conflict:
     """The one answer to recording into a session the caller may not record into: another
     agent's, or (for a key limited to users) one other users started. It names no one."""
-    return Conflict(f"session {session_id!r} belongs to another agent or, for a key limited to some users, to "
+    return Conflict(f"session {preview(session_id)} belongs to another agent or, for a key limited to some users, to "
                     "other users; choose another session_id")
 
 

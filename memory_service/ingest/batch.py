@@ -44,7 +44,6 @@ from memory_service.domain.errors import (
     InvalidInput,
     MemoryServiceError,
     preview,
-    session_taken,
 )
 from memory_service.domain.models import AgentSettings, BatchMessageIn, Memory, MemoryKind, Provenance, RefusedItem
 from memory_service.domain.namespaces import Namespace
@@ -102,8 +101,7 @@ class BatchLedger:
                 answers[index] = _refused(index, item, exc)
                 continue
             live.append(_Item(index, item, digest_of(item.role, item.user_id, item.content)))
-        live = await self._within_reach(agent_id, live, reach, answers)
-        live = await self._reserve(agent_id, live, answers)
+        live = await self._reserve(agent_id, live, reach, answers)
         live = await self._store(agent_id, live, answers)
         commits = await self._commit(agent_id, live, answers)
         sessions = await self._schedule(commits)
@@ -113,31 +111,17 @@ class BatchLedger:
                   ("recorded", "duplicate", "refused", "failed")}
         return BatchOut(**counts, items=done, sessions=sessions)
 
-    async def _within_reach(self, agent_id: str, live: list[_Item], reach: Reach | None,
-                            answers: list[BatchItemOut | None]) -> list[_Item]:
-        """A key limited to users records only into the sessions it may (``Reach.may_record``),
-        read once per session of the batch."""
-        if reach is None or not reach.confined or not live:
-            return live
-        settings = await self.ledger.state.get_agent(agent_id) or AgentSettings()
-        session_ids = list(dict.fromkeys(item.message.session_id for item in live))
-        allowed = await asyncio.gather(*(reach.may_record(s, settings.users_join_sessions) for s in session_ids))
-        refused = {s for s, ok in zip(session_ids, allowed, strict=True) if not ok}
-        kept = []
-        for item in live:
-            if item.message.session_id in refused:
-                answers[item.index] = _refused(item.index, item.message, session_taken(item.message.session_id))
-            else:
-                kept.append(item)
-        return kept
-
-    async def _reserve(self, agent_id: str, live: list[_Item], answers: list[BatchItemOut | None]) -> list[_Item]:
+    async def _reserve(self, agent_id: str, live: list[_Item], reach: Reach | None,
+                       answers: list[BatchItemOut | None]) -> list[_Item]:
         """Every item's reservation in one pipeline; an id committed before is a duplicate at
-        once (nothing is written again), an id known with other content a conflict."""
+        once (nothing is written again), an id known with other content a conflict. A key
+        limited to users records only into the sessions it may: its reservation's script
+        decides it (``StateStore.reserve_messages``), else the item is refused, 409."""
         if not live:
             return live
-        calls = [ReserveCall(i.message.session_id, agent_id, i.message.message_id, i.digest, i.message.incognito)
-                 for i in live]
+        users = tuple(reach.view) if reach is not None and reach.view is not None else None
+        calls = [ReserveCall(i.message.session_id, agent_id, i.message.message_id, i.digest, i.message.incognito,
+                             i.message.user_id, users) for i in live]
         kept = []
         for item, reservation in zip(live, await self.ledger.state.reserve_messages(calls), strict=True):
             m = item.message
@@ -149,7 +133,7 @@ class BatchLedger:
                 answers[item.index] = _failed(item.index, m, "could not reserve its sequence number")
             elif reservation.digest != item.digest:
                 answers[item.index] = _refused(item.index, m, Conflict(
-                    f"message_id {m.message_id!r} was already recorded in session {m.session_id!r} with other content"))
+                    f"message_id {preview(m.message_id)} was already recorded in session {preview(m.session_id)} with other content"))
             elif reservation.committed:
                 answers[item.index] = _answer(item.index, m, "duplicate", reservation.sequence)
             else:
@@ -185,7 +169,7 @@ class BatchLedger:
                             preview(m.message_id), preview(m.session_id), preview(agent_id),
                             preview(str(outcome.__cause__), 300))
                 answers[item.index] = _refused(item.index, m, InvalidInput(
-                    f"content: message {m.message_id!r} of session {m.session_id!r} could not be stored: the store "
+                    f"content: message {preview(m.message_id)} of session {preview(m.session_id)} could not be stored: the store "
                     "refused its content (characters it cannot hold). Nothing was stored and the message_id is free "
                     "again: send it with corrected content"))
             else:
@@ -283,6 +267,6 @@ def _refused(index: int, message: BatchMessageIn, error: MemoryServiceError) -> 
 
 
 def _failed(index: int, message: BatchMessageIn, why: str) -> BatchItemOut:
-    error = BackendUnavailable(f"message {message.message_id!r} of session {message.session_id!r}: {why}")
+    error = BackendUnavailable(f"message {preview(message.message_id)} of session {preview(message.session_id)}: {why}")
     return BatchItemOut(index=index, status="failed", session_id=message.session_id, message_id=message.message_id,
                         code=error.status_code, detail=str(error))

@@ -32,7 +32,6 @@ from memory_service.domain.errors import (
     InvalidInput,
     MemoryServiceError,
     preview,
-    session_taken,
 )
 from memory_service.domain.models import AgentSettings, Memory, MemoryKind, MessageIn, Provenance, Role
 from memory_service.domain.namespaces import Namespace
@@ -72,7 +71,7 @@ class SessionLedger:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates.
 
-        In the common case: reserve (its script, then the agent's settings: two round
+        In the common case: reserve (the agent's settings, then its script: two round
         trips), the store's write (shared with the agent's concurrent records), then the
         commit in three (the users' indexes, the session's atomic commit with its counters,
         the user's generation and the embedding mark: each under its own hash tag,
@@ -80,19 +79,18 @@ class SessionLedger:
         worker adds it.
         ``reach``: the caller's (memory_service/access/reach.py); a key limited to some users
         records into a session other users started only with the agent's
-        ``users_join_sessions``, else it is answered as a session of another agent.
+        ``users_join_sessions``, else it is answered as a session of another agent: decided
+        by the reservation's script, atomically with the user's joining the session
+        (``StateStore.reserve_messages``).
         """
         limits.check_message_chars(message.content, self.settings.max_message_chars)
-        if reach is not None and reach.confined:
-            settings = await self.state.get_agent(message.agent_id) or AgentSettings()
-            if not await reach.may_record(session_id, settings.users_join_sessions):
-                raise session_taken(session_id)
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest,
-                                                       message.incognito)
+                                                       message.incognito, message.user_id,
+                                                       reach.view if reach is not None else None)
         if reservation.digest != digest:
-            raise Conflict(f"message_id {message_id!r} was already recorded in session {session_id!r} with other content")
+            raise Conflict(f"message_id {preview(message_id)} was already recorded in session {preview(session_id)} with other content")
         _, backend = await self.agents.backend_for(message.agent_id, reservation.agent_settings or AgentSettings())
         memory = Memory(
             id=message_memory_id(session_id, message_id),
@@ -137,7 +135,7 @@ class SessionLedger:
                         preview(str(refused.__cause__), 300))
             await self.let_go(session_id, message_id, sequence, "refused")
             raise InvalidInput(
-                f"content: message {message_id!r} of session {session_id!r} could not be stored: the store refused "
+                f"content: message {preview(message_id)} of session {preview(session_id)} could not be stored: the store refused "
                 "its content (characters it cannot hold). Nothing was stored and the message_id is free again: "
                 "send it with corrected content") from None
         except BaseException as exc:  # an outage, or the caller gone: the write may have landed
@@ -150,7 +148,7 @@ class SessionLedger:
             # store's or a driver's text is not: it stays in the log.
             why = str(exc) if isinstance(exc, MemoryServiceError) else "the memory store is unavailable"
             raise BackendUnavailable(
-                f"could not store message {message_id!r} of session {session_id!r}: {why}; "
+                f"could not store message {preview(message_id)} of session {preview(session_id)}: {why}; "
                 "nothing is pending for it: send it again with the same message_id") from exc
 
     async def let_go(self, session_id: str, message_id: str, sequence: int, mode: str) -> None:

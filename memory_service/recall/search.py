@@ -453,6 +453,8 @@ class Retriever:
         now = ranking.now
         results, candidates = ranking.results(request.top_k), ranking.candidates(request.top_k)
         read = await ranking.read([*results, *candidates])
+        if reach is not None:  # each hit's provenance as the caller may see it
+            read = list(zip(await reach.shown([m for m, _ in read]), (e for _, e in read), strict=True))
         shown = {m.id for m, _ in results}
         return SearchResult(
             query=request.query, scope=request.scope,

@@ -57,6 +57,9 @@ Agents (memory_service/state/store.py unless named)::
                                                     scope; erasure and export read it, no scan)       per user and session
     ms:u:{user:<agent>:<user>}:recorded     set     the sessions holding a message recorded under the
                                                     user's id, any role (what an erasure visits)     per user and session
+    ms:u:{user:<agent>:<user>}:joined       set     the sessions a reservation named the user in,
+                                                    written before it (what an erasure visits too;
+                                                    it may name sessions the user was refused)       per user and session
     ms:embed:{embed:<agent>}:due            string  set when a message of the agent was stored to be
                                                     embedded later                                   per agent
     ms:embed:{embed:<agent>}:job            string  the agent's embedding lock, with a lifetime: a job
@@ -88,12 +91,17 @@ Sessions (the ledger, memory_service/state/store.py; the window, memory_service/
 
     ms:s:{s:<b>}:<session>:meta             hash    agent_id, next_seq, pending_tokens, cursor,
                                                     claimed/formed_windows, formed_messages,
-                                                    incognito, last_activity                         per session
+                                                    incognito, last_activity, participants ("1":
+                                                    the participants set is complete: the session
+                                                    began after it existed)                          per session
     ms:s:{s:<b>}:<session>:ids              hash    message id -> "<seq> <content digest>", kept     per message
     ms:s:{s:<b>}:<session>:committed        set     the message ids committed (made pending once)    per message
     ms:s:{s:<b>}:<session>:pending          zset    message id -> seq: recorded, not yet formed      per pending message
     ms:s:{s:<b>}:<session>:tokens           hash    message id -> weighted tokens, while pending     per pending message
     ms:s:{s:<b>}:<session>:users            set     the user ids who spoke in the session            per speaker
+    ms:s:{s:<b>}:<session>:participants     set     the user ids with a message reserved under their
+                                                    id, any role: who took part (decided with the
+                                                    reservation, memory_service/state/store.py)      per participant
     ms:s:{s:<b>}:<session>:formed           zset    one JSON entry per formed window (its number,
                                                     extractor, first and last sequence, message count,
                                                     time) -> its last sequence: which window and
@@ -314,8 +322,12 @@ def user_recorded(agent_id: str, user_id: str) -> str:
     return f"ms:u:{{user:{agent_id}:{user_id}}}:recorded"
 
 
+def user_joined(agent_id: str, user_id: str) -> str:
+    return f"ms:u:{{user:{agent_id}:{user_id}}}:joined"
+
+
 def user_of(agent_id: str, key: str) -> str | None:
-    """The user id in one of ``agent_id``'s per-user keys (``user_sessions``, ``user_recorded``)."""
+    """The user id in one of ``agent_id``'s per-user keys (``user_sessions``, ``user_recorded``, ``user_joined``)."""
     head = f"ms:u:{{user:{agent_id}:"
     if not key.startswith(head) or "}" not in key[len(head):]:
         return None
@@ -387,7 +399,8 @@ def postings_build_lock(agent_id: str) -> str:
 # Sessions ----------------------------------------------------------------------------
 
 # The parts of a session's ledger, all under ``ms:s:{<bucket>}:<session>:``.
-SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed")
+SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed",
+                 "participants")
 
 
 def _session_prefix(session_id: str) -> str:

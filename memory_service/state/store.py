@@ -46,27 +46,45 @@ from memory_service.state.pools import redis_client
 # read below are cast to ``str`` where they come in.
 
 # Reserve a sequence number for a message id, or return the one it already has (KEYS:
-# meta, ids, committed, inflight, the bucket's in-flight index). The caller reads the
-# agent's settings, which say which backend stores the message, in the same round trip.
+# meta, ids, committed, inflight, the bucket's in-flight index, participants). The caller
+# read the agent's settings, which say which backend stores the message, just before.
 # A reservation this call will act on (new, or known with the same digest ARGV[3] and not
 # committed) is held in the session's in-flight hash (KEYS[4]): the holders count goes up
 # and the time is ARGV[5]; the session joins the in-flight index (KEYS[5]) if it was not in.
 # An id committed before (with the same digest) answers a third element, 'committed': nothing
 # is held for it.
+# Taking part, decided here, in the same step as the write that makes the message's user
+# (ARGV[7]) a participant (KEYS[6]): with ARGV[8] = '1' (a caller limited to the users
+# ARGV[10..], of an agent whose users do not join others' sessions) a session of the agent
+# takes the message only if one of them is a participant already; else 'taken'. A session
+# older than the participants set (no 'participants' mark in its meta) takes it if ARGV[9]
+# is '1': one of them took part by the indexes kept before it (read by the caller; only a
+# record that passed this check adds to them). A new session is the first caller's, marked.
 _RESERVE = """
 local owner = redis.call('HGET', KEYS[1], 'agent_id')
 if owner and owner ~= ARGV[2] then return {'conflict', owner} end
+if owner and ARGV[8] == '1' then
+  local member = false
+  for i = 10, #ARGV do
+    if redis.call('SISMEMBER', KEYS[6], ARGV[i]) == 1 then member = true break end
+  end
+  if not member and (ARGV[9] ~= '1' or redis.call('HEXISTS', KEYS[1], 'participants') == 1) then
+    return {'taken'}
+  end
+end
 local status, value = 'known', redis.call('HGET', KEYS[2], ARGV[1])
 local seq, holders = nil, 0
 if value then
   local known_seq, known_digest = string.match(value, '^(%S+) (.*)$')
   if known_digest ~= ARGV[3] then return {status, value} end
+  if ARGV[7] ~= '' then redis.call('SADD', KEYS[6], ARGV[7]) end
   if redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 1 then return {status, value, 'committed'} end
   seq = known_seq
   local entry = redis.call('HGET', KEYS[4], ARGV[1])
   if entry then holders = tonumber(string.match(entry, '^%S+ %S+ (%d+)')) end
 else
-  if not owner then redis.call('HSET', KEYS[1], 'agent_id', ARGV[2]) end
+  if not owner then redis.call('HSET', KEYS[1], 'agent_id', ARGV[2], 'participants', '1') end
+  if ARGV[7] ~= '' then redis.call('SADD', KEYS[6], ARGV[7]) end
   status = 'new'
   seq = tostring(redis.call('HINCRBY', KEYS[1], 'next_seq', 1))
   value = seq .. ' ' .. ARGV[3]
@@ -235,6 +253,11 @@ def _agent_settings(raw: str | None) -> AgentSettings | None:
     return AgentSettings.model_validate_json(raw) if raw else None
 
 
+def _readable_settings(raw: object) -> AgentSettings | None:
+    """An agent's settings as a pipeline read them (an error, or none: None)."""
+    return _agent_settings(raw) if isinstance(raw, str) else None
+
+
 def _shards(raw: dict[str, str]) -> dict[str, ShardIn]:
     return {sid: ShardIn.model_validate_json(v) for sid, v in sorted(raw.items())}
 
@@ -292,6 +315,8 @@ class ReserveCall(NamedTuple):
     message_id: str
     digest: str
     incognito: bool = False
+    user_id: str = ""  # the message's user: a participant of the session once reserved
+    confined_to: tuple[str, ...] | None = None  # a caller limited to these users (None: all users)
 
 
 class CommitCall(NamedTuple):
@@ -308,23 +333,28 @@ class CommitCall(NamedTuple):
     user_id: str | None = None
 
 
-def _reserve_call(session_id: str, agent_id: str, message_id: str, digest: str,
-                  incognito: bool = False) -> tuple[list[str], list[str]]:
-    """The keys and arguments of ``_RESERVE`` (all under the session's tag)."""
-    k = keyspace.session_keys(session_id)
-    return ([k["meta"], k["ids"], k["committed"], k["inflight"], keyspace.in_flight(keyspace.session_tag(session_id))],
-            [message_id, agent_id, digest, session_id, _now_text(), "1" if incognito else "0"])
+def _reserve_call(call: ReserveCall, confined: bool, took_part: bool) -> tuple[list[str], list[str]]:
+    """The keys and arguments of ``_RESERVE`` (all under the session's tag). ``confined``: the
+    caller is limited to ``call.confined_to`` and the agent's users do not join others'
+    sessions; ``took_part``: one of them took part by the indexes older than the
+    participants set."""
+    k = keyspace.session_keys(call.session_id)
+    return ([k["meta"], k["ids"], k["committed"], k["inflight"], keyspace.in_flight(keyspace.session_tag(call.session_id)),
+             k["participants"]],
+            [call.message_id, call.agent_id, call.digest, call.session_id, _now_text(), "1" if call.incognito else "0",
+             call.user_id, "1" if confined else "0", "1" if took_part else "0", *(call.confined_to or ())])
 
 
-def _reservation(session_id: str, reply: list[str], raw_settings: str | None) -> Reservation:
-    """``_RESERVE``'s answer read, with the agent's settings read beside it; session_taken
-    if another agent owns the session."""
-    status, value, *committed = reply
-    if status == "conflict":
-        # Never the owner's name: ids of other tenants are not the caller's to learn.
+def _reservation(session_id: str, reply: list[str], settings: AgentSettings | None) -> Reservation:
+    """``_RESERVE``'s answer read, with the agent's settings read before it; session_taken
+    if another agent owns the session, or other users (for a caller limited to users)."""
+    status, *rest = reply
+    if status in ("conflict", "taken"):
+        # Never the owner's name: ids of other tenants are not the caller's to learn. One
+        # answer for both: a session of other users is answered as one of another agent.
         raise session_taken(session_id)
+    value, *committed = rest
     seq_text, _, known_digest = value.partition(" ")
-    settings = AgentSettings.model_validate_json(raw_settings) if raw_settings else None
     return Reservation(sequence=int(seq_text), digest=known_digest, is_new=status == "new", agent_settings=settings,
                        committed=bool(committed))
 
@@ -431,20 +461,21 @@ class StateStore:
     # Sessions ----------------------------------------------------------------------
 
     async def reserve_message(self, session_id: str, agent_id: str, message_id: str, digest: str,
-                              incognito: bool = False) -> Reservation:
+                              incognito: bool = False, user_id: str = "",
+                              confined_to: Sequence[str] | None = None) -> Reservation:
         """Give a message id its sequence number in the session (the same one on a retry),
-        and read the agent's settings in the same step. Unless the id is committed or was
-        reserved with another digest, the call holds the reservation (in flight) until its
-        ``commit_message`` or ``release_message``."""
-        keys, args = _reserve_call(session_id, agent_id, message_id, digest, incognito)
-        # One after the other, not gathered: a record holds one pooled connection at a time,
-        # so a full pool makes it wait its turn, never deadlock against itself.
-        reply = await self._reserve(keys=keys, args=args)
-        raw_settings = await self.redis.get(keyspace.agent_settings(agent_id))
-        reservation = _reservation(session_id, reply, cast(str | None, raw_settings))
-        if reservation.sequence == 1:  # the session's first message (again, on a retry): the agent's indexes
-            await self._index_new_session(agent_id, session_id)
-        return reservation
+        with the agent's settings read just before, and make ``user_id`` a participant of
+        the session. Unless the id is committed or was reserved with another digest, the
+        call holds the reservation (in flight) until its ``commit_message`` or
+        ``release_message``. ``confined_to``: the caller is limited to these users
+        (``reserve_messages``). Raises session_taken for a session of another agent, or
+        of other users."""
+        call = ReserveCall(session_id, agent_id, message_id, digest, incognito, user_id,
+                           None if confined_to is None else tuple(sorted(confined_to)))
+        (answer,) = await self.reserve_messages([call])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
     async def _index_new_session(self, agent_id: str, session_id: str) -> None:
         """A new session in the agent's set of sessions and in the browse API's indexes: its
@@ -485,31 +516,73 @@ class StateStore:
     # messages get their sequence numbers in the batch's order.
 
     async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
-        """``reserve_message`` for each call, in two round trips (the agents' settings, then
-        the reservations; and one for the new sessions' indexes); each answer is a
-        Reservation (``committed`` set if the id was committed before the call: nothing is
-        held for it) or the error that call raised (e.g. session_taken)."""
+        """``reserve_message`` for each call, in two round trips (the agents' settings with
+        what the scripts need read or written first, then the reservations; and one for the
+        new sessions' indexes); each answer is a Reservation (``committed`` set if the id was
+        committed before the call: nothing is held for it) or the error that call raised
+        (e.g. session_taken).
+
+        Whether a caller limited to users may record into a session is decided by the
+        reservation's script (``_RESERVE``), atomically with making the message's user a
+        participant: two such callers racing into a new session cannot both get in. Before
+        it, in the first round trip: each user's index of the sessions they are made a
+        participant of (written first, so that an erasure finds every session whose
+        participants name the user; taken out again where the call was refused), and for a
+        limited caller whether its users took part by the indexes older than the
+        participants set (a session recorded before it)."""
         agents = list(dict.fromkeys(call.agent_id for call in calls))
+        joined: dict[str, set[str]] = {}
+        legacy = list(dict.fromkeys((c.agent_id, c.session_id, c.confined_to) for c in calls if c.confined_to))
+        for call in calls:
+            if call.user_id:
+                joined.setdefault(keyspace.user_joined(call.agent_id, call.user_id), set()).add(call.session_id)
         async with self.redis.pipeline(transaction=False) as pipe:
             for agent_id in agents:
                 pipe.get(keyspace.agent_settings(agent_id))
-            settings = dict(zip(agents, await pipe.execute(raise_on_error=False), strict=True))
-        reserved = await self._run_script(self._reserve, [_reserve_call(*call) for call in calls])
+            for agent_id, session_id, users in legacy:
+                pipe.smismember(keyspace.session_keys(session_id)["users"], list(users or ()))
+                for user in users or ():
+                    pipe.sismember(keyspace.user_recorded(agent_id, user), session_id)
+            for key, members in joined.items():
+                pipe.sadd(key, *sorted(members))
+            raw = await pipe.execute(raise_on_error=False)
+        settings = {agent_id: _readable_settings(value) for agent_id, value in zip(agents, raw, strict=False)}
+        took_part: dict[tuple[str, str, tuple[str, ...] | None], bool] = {}
+        at = len(agents)
+        for agent_id, session_id, users in legacy:
+            reads = raw[at : at + 1 + len(users or ())]
+            at += len(reads)
+            took_part[agent_id, session_id, users] = any(
+                any(value) if isinstance(value, list) else value is True or value == 1 for value in reads)
+        scripts = []
+        for call in calls:
+            agent = settings.get(call.agent_id)
+            confined = call.confined_to is not None and not (agent is not None and agent.users_join_sessions)
+            scripts.append(_reserve_call(call, confined, took_part.get((call.agent_id, call.session_id,
+                                                                         call.confined_to), False)))
+        reserved = await self._run_script(self._reserve, scripts)
         answers: list[Reservation | Exception] = []
         new_sessions: dict[str, str] = {}
+        refused: dict[str, set[str]] = {}  # the users' indexes naming a session their call was refused
         for call, reply in zip(calls, reserved, strict=True):
             if isinstance(reply, Exception):
                 answers.append(reply)
                 continue
-            raw = settings[call.agent_id]
             try:
-                reservation = _reservation(call.session_id, reply, None if isinstance(raw, Exception) else raw)
+                reservation = _reservation(call.session_id, reply, settings.get(call.agent_id))
             except Exception as exc:
+                if call.user_id and reply and reply[0] in ("conflict", "taken"):
+                    refused.setdefault(keyspace.user_joined(call.agent_id, call.user_id), set()).add(call.session_id)
                 answers.append(exc)
                 continue
             if reservation.sequence == 1:
                 new_sessions[call.session_id] = call.agent_id
             answers.append(reservation)
+        if refused:  # a refusal leaves nothing behind (a crash before this: an index entry erasure skips)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for key, members in refused.items():
+                    pipe.srem(key, *sorted(members))
+                await pipe.execute()
         for session_id, agent_id in new_sessions.items():
             await self._index_new_session(agent_id, session_id)
         return answers
@@ -776,14 +849,27 @@ class StateStore:
         return sorted(cast(set[str], await self.redis.smembers(keyspace.session_keys(session_id)["users"])))
 
     async def took_part(self, agent_id: str, users: Sequence[str], session_id: str) -> bool:
-        """Whether one of ``users`` took part in the session: spoke in it, or had a message
-        (of any role) recorded under their id. One round trip, whatever the number of users."""
+        """Whether one of ``users`` took part in the session: is among its participants (a
+        message reserved under their id, ``_RESERVE``), or, for a session recorded before the
+        participants were kept, spoke in it or had a message recorded under their id. One
+        round trip, whatever the number of users."""
+        return (await self.took_part_each(agent_id, users, [session_id]))[session_id]
+
+    async def took_part_each(self, agent_id: str, users: Sequence[str], session_ids: Sequence[str]) -> dict[str, bool]:
+        """``took_part`` for each of the sessions, in one round trip (one pipeline)."""
+        if not session_ids or not users:
+            return dict.fromkeys(session_ids, False)
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.smismember(keyspace.session_keys(session_id)["users"], list(users))
-            for user_id in users:
-                pipe.sismember(keyspace.user_recorded(agent_id, user_id), session_id)
-            spoke, *recorded = await pipe.execute()
-        return any(spoke) or any(recorded)
+            for session_id in session_ids:
+                k = keyspace.session_keys(session_id)
+                pipe.smismember(k["participants"], list(users))
+                pipe.smismember(k["users"], list(users))
+                for user_id in users:
+                    pipe.sismember(keyspace.user_recorded(agent_id, user_id), session_id)
+            raw = await pipe.execute()
+        width = 2 + len(users)
+        return {session_id: any(any(v) if isinstance(v, list) else bool(v) for v in raw[i * width : (i + 1) * width])
+                for i, session_id in enumerate(session_ids)}
 
     async def has_message(self, session_id: str, message_id: str) -> bool:
         """Whether ``message_id`` was recorded in the session."""
@@ -823,6 +909,13 @@ class StateStore:
                 pipe.exists(keyspace.agent_settings(agent_id))
             raw = await pipe.execute()
         return [(int(raw[i]), int(raw[i + 1]), bool(raw[i + 2])) for i in range(0, len(raw), 3)]
+
+    async def known_users(self, agent_id: str, users: Sequence[str]) -> list[str]:
+        """Those of ``users`` in the agent's index of users."""
+        if not users:
+            return []
+        scores = await self.redis.zmscore(keyspace.agent_users(agent_id), list(users))
+        return [u for u, score in zip(users, scores) if score is not None]
 
     async def users_after(self, agent_id: str, after: str | None, limit: int) -> list[str]:
         """Up to ``limit`` of the agent's user ids in id order, after ``after``."""

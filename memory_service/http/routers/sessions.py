@@ -32,6 +32,7 @@ from memory_service.domain.models import (
     SessionId,
     UserId,
 )
+from memory_service.domain.namespaces import validate_id
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import UnusableJSON, check_charset, parse_json_values, strict_router
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, SessionPage
@@ -160,8 +161,7 @@ def _batch_items(body: Any, limit: int) -> list[Any]:
 def _read_item(index: int, item: Any) -> BatchMessageIn | RefusedItem:
     """One item as a message, or refused (422) saying why, with the ids it names if readable."""
     named = item if isinstance(item, dict) else {}
-    ids = [value if isinstance(value, str) and not json_problem(value, ()) else None
-           for value in (named.get("session_id"), named.get("message_id"))]
+    ids = [_echoed(named.get("session_id"), colon_allowed=False), _echoed(named.get("message_id"), colon_allowed=True)]
     where = ("body", "messages", index)
     problem = json_problem(item, where)
     if problem is not None:
@@ -171,6 +171,20 @@ def _read_item(index: int, item: Any) -> BatchMessageIn | RefusedItem:
     except ValidationError as exc:
         reasons = "; ".join(f"{_at((*where, *e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
         return RefusedItem(InvalidInput(reasons), *ids)
+
+
+def _echoed(value: Any, colon_allowed: bool) -> str | None:
+    """An id a refused item named, to echo in its answer: only a valid id (at most
+    MAX_ID_LENGTH characters, the id the service would store and list); anything else is
+    not echoed (the item's ``index`` says which it was), so an answer never quotes a large
+    or hostile value whole."""
+    if not isinstance(value, str) or json_problem(value, ()):
+        return None
+    try:
+        validate_id(value, "id", colon_allowed=colon_allowed)
+    except InvalidInput:
+        return None
+    return value
 
 
 def _at(loc: tuple[str | int, ...]) -> str:
