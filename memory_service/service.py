@@ -395,10 +395,10 @@ class MemoryService:
         if cursor is not None:
             body = await self.cursors.open(cursor, listed, scope)
             ts, fact_id = body.get("t"), body.get("i")
-            if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not isinstance(fact_id, str):
+            if not isinstance(ts, int) or isinstance(ts, bool) or not isinstance(fact_id, str):
                 raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` "
                                    "as it came")
-            after = (float(ts), fact_id)
+            after = (ts, fact_id)
         _, backend = await self.agents.backend_for(agent_id)
         detail = await backend.get_entity(agent_id, entity_id, as_of, include_superseded, within=within, after=after,
                                           limit=limit)

@@ -168,10 +168,10 @@ class EntityDetail(BaseModel):
     facts: list[Fact] = Field(default_factory=list)
     neighbours: list[Entity] = Field(default_factory=list)
     # One page of the facts: how many there are in all, how many entities they link it to,
-    # and the last fact's position (created_ts, id) when more follow.
+    # and the last fact's position (created_ts in whole microseconds, id) when more follow.
     facts_total: int = 0
     neighbours_total: int = 0
-    after: tuple[float, str] | None = None
+    after: tuple[int, str] | None = None
 
 
 class EntitySplit(BaseModel):

@@ -434,7 +434,7 @@ class MemoryBackend(ABC):
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
-                         after: tuple[float, str] | None = None, limit: int = 200) -> EntityDetail:
+                         after: tuple[int, str] | None = None, limit: int = 200) -> EntityDetail:
         """One entity with one page of its facts (as ``current_facts`` chooses them, oldest
         first, ``limit`` at most, those after position ``after``), the neighbours those facts
         link it to, and the totals. ``within``: only facts and neighbours of these namespaces

@@ -412,7 +412,7 @@ class EntityGraph(MemoryBackend):
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
-                         after: tuple[float, str] | None = None, limit: int = MAX_FACT_PAGE) -> EntityDetail:
+                         after: tuple[int, str] | None = None, limit: int = MAX_FACT_PAGE) -> EntityDetail:
         if not 1 <= limit <= MAX_FACT_PAGE:
             raise InvalidInput(f"limit must be between 1 and {MAX_FACT_PAGE}, got {limit}")
         rows = await self._read(agent_id, f"MATCH (n:{ENTITY} {{uuid: $id}}) RETURN {_ENTITY_FIELDS}", id=entity_id)
@@ -428,13 +428,15 @@ class EntityGraph(MemoryBackend):
             agent_id, f"MATCH (s:{ENTITY} {{uuid: $id}})-[e:RELATES_TO]-(o:{ENTITY}) WHERE {where} "
                       f"RETURN count(DISTINCT e) AS facts, count(DISTINCT CASE WHEN {seen} THEN o.uuid END) AS neighbours",
             id=entity_id, **params)
+        # The sort key is whole microseconds, computed in the store: a float read back from it
+        # comes rounded, and a cursor made of one would repeat or skip facts.
         position = ""
         if after is not None:
             position = "WHERE ts > $after_ts OR (ts = $after_ts AND e.uuid > $after_id) "
-            params.update(after_ts=float(after[0]), after_id=after[1])
+            params.update(after_ts=int(after[0]), after_id=after[1])
         page = await self._read(
             agent_id, f"MATCH (s:{ENTITY} {{uuid: $id}})-[e:RELATES_TO]-(:{ENTITY}) WHERE {where} "
-                      f"WITH DISTINCT e WITH e, coalesce(e.created_ts, 0.0) AS ts {position}"
+                      f"WITH DISTINCT e WITH e, toInteger(coalesce(e.created_ts, 0.0) * 1000000) AS ts {position}"
                       f"WITH e, ts ORDER BY ts, e.uuid LIMIT $limit RETURN {_FACT_FIELDS}, ts",
             id=entity_id, limit=limit + 1, **params)
         more = len(page) > limit
@@ -448,7 +450,7 @@ class EntityGraph(MemoryBackend):
         total = counted[0] if counted else {"facts": 0, "neighbours": 0}
         return EntityDetail(entity=_entity(rows[0]), facts=facts, neighbours=[_entity(r) for r in neighbours],
                             facts_total=int(total["facts"]), neighbours_total=int(total["neighbours"]),
-                            after=(float(page[-1]["ts"]), str(page[-1]["uuid"])) if more else None)
+                            after=(int(page[-1]["ts"]), str(page[-1]["uuid"])) if more else None)
 
     async def lookup_entities(self, agent_id: str, namespaces: Sequence[Namespace] | None,
                               names: Sequence[str]) -> list[Entity]:

@@ -544,7 +544,7 @@ class MirroredBackend(MemoryBackend):
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
-                         after: tuple[float, str] | None = None, limit: int = 200) -> EntityDetail:
+                         after: tuple[int, str] | None = None, limit: int = 200) -> EntityDetail:
         return await self.primary.get_entity(agent_id, entity_id, as_of, include_superseded, within=within,
                                              after=after, limit=limit)
 
