@@ -151,9 +151,12 @@ def _b64(raw: bytes) -> str:
 
 
 def _unb64(text: str) -> bytes | None:
+    """The bytes of canonical unpadded base64url (the one spelling ``_b64`` writes), else None:
+    a cursor with a character changed never decodes to the same bytes."""
     if not text or len(text) % 4 == 1:
         return None
     try:
-        return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        raw = base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
     except (binascii.Error, ValueError):
         return None
+    return raw if _b64(raw) == text else None
