@@ -112,6 +112,12 @@ HOSTILE = st.one_of(
 FIELDS = st.sampled_from(["k", "v", "f", "t", "i", "h", "n", "u", "a", "c"])
 
 
+# The digest of the memories list's filters when none is given (browse.py's _digest).
+MEMORIES_DIGEST = hashlib.sha256(json.dumps(
+    {"agent": AGENT, "namespace": None, "user": None, "session": None, "kinds": [], "tags": [], "since": None,
+     "until": None, "state": "live"}, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def raw_json(body: Any) -> bytes:
     """JSON with NaN/Infinity written as Python writes them, and lone surrogates escaped."""
     return json.dumps(body, allow_nan=True).encode()
@@ -147,8 +153,12 @@ def test_a_forged_cursor_is_a_422_never_a_5xx(world, name):
         assert answer.status_code == 422, f"{cursor!r}: {answer.status_code} {answer.text[:300]}"
 
     check()
-    for cursor in ("WyJcdTAwMDAiLCAieCJd", b64(b'{"v":1,"k":"memories","f":"x","t":NaN,"i":"m"}'),
-                   b64(b'{"v":1,"k":"memories","f":"x","t":Infinity,"i":"m"}'), "x" * (MAX_CURSOR_CHARS + 1)):
+    # The forgeries that were 500s when cursors were unsigned: NaN and Infinity in a memories
+    # cursor of the right filters, a NUL in an entities cursor.
+    for cursor in ("WyJcdTAwMDAiLCAieCJd", b64(raw_json({"v": 1, "k": "memories", "f": MEMORIES_DIGEST, "t": float("nan"),
+                                                         "i": "m"})),
+                   b64(raw_json({"v": 1, "k": "memories", "f": MEMORIES_DIGEST, "t": float("inf"), "i": "m"})),
+                   "x" * (MAX_CURSOR_CHARS + 1)):
         assert get(world, path, {**params, "cursor": cursor}).status_code == 422
 
 
@@ -230,10 +240,8 @@ def test_a_cursor_signed_by_the_server_is_still_checked_before_any_store(world, 
     """Were the secret known (or a bug of ours to seal such a value), nothing hostile reaches a store."""
     next_of(world, "memories")  # the secret exists once a cursor was sealed
     path, params = lists(world)["memories"]
-    filters = {"agent": AGENT, "namespace": None, "user": None, "session": None, "kinds": [], "tags": [],
-               "since": None, "until": None, "state": "live"}
-    digest = hashlib.sha256(json.dumps(filters, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    cursor = signed(world["url"], f"memories|{AGENT}", None, {"k": "memories", "v": 1, "f": digest, **position})
+    cursor = signed(world["url"], f"memories|{AGENT}", None, {"k": "memories", "v": 1, "f": MEMORIES_DIGEST,
+                                                             **position})
     refused(get(world, path, {**params, "cursor": cursor}))
     hub = world["hubs"][0]
     facts = signed(world["url"], f"facts|{AGENT}|{hub}||0", None,
