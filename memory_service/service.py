@@ -23,6 +23,7 @@ never did.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -30,6 +31,7 @@ from typing import Any
 
 from memory_service.access.audit import AuditLog, audited_fact
 from memory_service.access.authorization import authorize_session
+from memory_service.access.cursors import Cursors
 from memory_service.access.keys import KeyStore, Principal
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.access.reach import Reach
@@ -75,7 +77,15 @@ from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.browse import AgentPage, MemoryDetail, MemoryPage, SessionPage, UserPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
 from memory_service.schemas.formation import FormationSummary, GateStatus
-from memory_service.schemas.graph import EntityDetailOut, EntityOut, EntityPage, EntitySplitOut, FactOut
+from memory_service.schemas.graph import (
+    DEFAULT_FACT_PAGE,
+    MAX_FACT_PAGE,
+    EntityDetailOut,
+    EntityOut,
+    EntityPage,
+    EntitySplitOut,
+    FactOut,
+)
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.records import BatchOut
@@ -126,7 +136,9 @@ class MemoryService:
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
                                    self.audit)
-        self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit)
+        self.cursors = Cursors(self.pseudonyms)
+        self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit,
+                               self.cursors)
 
     def register_backend(self, name: str, factory: BackendFactory) -> None:
         self.registry.register(name, factory)
@@ -351,27 +363,51 @@ class MemoryService:
             if chosen is not None and ours and not await reach.sees_namespace(chosen):
                 return EntityPage(entities=[], next=None)  # answered as an empty namespace
             within = await self._visible_namespaces(agent_id, reach)
+        # The store's own position (its cursor) travels sealed, for this list, filters and reach.
+        scope = reach.view if reach is not None else None
+        listed = "entities|" + json.dumps([agent_id, str(chosen) if chosen else None, entity_type, name_prefix])
+        inner = None
+        if cursor is not None:
+            inner = (await self.cursors.open(cursor, listed, scope)).get("c")
+            if not isinstance(inner, str):
+                raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` "
+                                   "as it came")
         _, backend = await self.agents.backend_for(agent_id)
-        entities, after = await backend.list_entities(agent_id, chosen, entity_type, name_prefix, cursor, limit,
+        entities, after = await backend.list_entities(agent_id, chosen, entity_type, name_prefix, inner, limit,
                                                       within=within)
-        return EntityPage(entities=[EntityOut.of(e) for e in entities], next=after)
+        next_cursor = await self.cursors.seal(listed, scope, {"c": after}) if after is not None else None
+        return EntityPage(entities=[EntityOut.of(e) for e in entities], next=next_cursor)
 
     async def get_entity(self, agent_id: str, entity_id: str, *, as_of: datetime | None = None,
-                         include_superseded: bool = False, reach: Reach | None = None) -> EntityDetailOut:
-        """One entity with its facts (current ones; those true at ``as_of``; or, with
-        ``include_superseded``, all of them) and the entities they link it to."""
+                         include_superseded: bool = False, reach: Reach | None = None, cursor: str | None = None,
+                         limit: int = DEFAULT_FACT_PAGE) -> EntityDetailOut:
+        """One entity with one page of its facts (current ones; those true at ``as_of``; or,
+        with ``include_superseded``, all of them), oldest first, the entities that page's facts
+        link it to, and the totals; pass the page's ``next`` as ``cursor`` for the next one.
+        A caller limited to some users reads the facts and neighbours of what it may see, in
+        the store's query (``within``), so a page is never cut after the read."""
+        if not 1 <= limit <= MAX_FACT_PAGE:
+            raise InvalidInput(f"limit: between 1 and {MAX_FACT_PAGE}, got {limit}")
+        within = await self._visible_namespaces(agent_id, reach) if reach is not None and reach.confined else None
+        scope = reach.view if reach is not None else None
+        listed = f"facts|{agent_id}|{entity_id}|{as_of.isoformat() if as_of else ''}|{int(include_superseded)}"
+        after = None
+        if cursor is not None:
+            body = await self.cursors.open(cursor, listed, scope)
+            ts, fact_id = body.get("t"), body.get("i")
+            if not isinstance(ts, int) or isinstance(ts, bool) or not isinstance(fact_id, str):
+                raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` "
+                                   "as it came")
+            after = (ts, fact_id)
         _, backend = await self.agents.backend_for(agent_id)
-        detail = await backend.get_entity(agent_id, entity_id, as_of, include_superseded)
-        facts, neighbours = detail.facts, detail.neighbours
-        if reach is not None and reach.confined:
-            if not await reach.sees_namespace(Namespace.parse(detail.entity.namespace)):
-                raise NotFound(f"agent {agent_id!r} has no entity {entity_id!r}")
-            facts = [f for f in facts if await reach.sees_namespace(Namespace.parse(f.namespace))]
-            linked = {i for f in facts for i in (f.subject_id, f.object_id)}
-            neighbours = [n for n in neighbours
-                          if n.id in linked and await reach.sees_namespace(Namespace.parse(n.namespace))]
-        return EntityDetailOut(entity=EntityOut.of(detail.entity), facts=[FactOut.of(f) for f in facts],
-                               neighbours=[EntityOut.of(n) for n in neighbours])
+        detail = await backend.get_entity(agent_id, entity_id, as_of, include_superseded, within=within, after=after,
+                                          limit=limit)
+        next_cursor = None
+        if detail.after is not None:
+            next_cursor = await self.cursors.seal(listed, scope, {"t": detail.after[0], "i": detail.after[1]})
+        return EntityDetailOut(entity=EntityOut.of(detail.entity), facts=[FactOut.of(f) for f in detail.facts],
+                               neighbours=[EntityOut.of(n) for n in detail.neighbours], facts_total=detail.facts_total,
+                               neighbours_total=detail.neighbours_total, next=next_cursor)
 
     async def restore_fact(self, agent_id: str, fact_id: str, reach: Reach | None = None,
                            actor: str | None = None) -> FactOut:

@@ -205,9 +205,10 @@ def forged(body: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize(("params", "words"), [
     ({"cursor": "not a cursor!"}, "not a cursor of this API"),
-    ({"cursor": forged({"v": 1, "k": "sessions", "f": "x", "n": 3})}, "not a cursor of this list"),
-    ({"cursor": forged({"v": 9, "k": "memories"})}, "not a cursor of this list"),
-    ({"cursor": forged([1, 2])}, "not a cursor of this list"),
+    ({"cursor": forged({"v": 1, "k": "sessions", "f": "x", "n": 3})}, "not a cursor of this API"),
+    ({"cursor": forged({"v": 1, "k": "sessions", "f": "x", "n": 3}) + "." + "A" * 43}, "not a cursor of this list"),
+    ({"cursor": forged({"v": 9, "k": "memories"}) + "." + "A" * 43}, "forged"),
+    ({"cursor": forged([1, 2])}, "not a cursor of this API"),
     ({"kind": "gossip"}, "kind"),
     ({"state": "sleeping"}, "state"),
     ({"since": "yesterday"}, "since"),
@@ -237,7 +238,8 @@ async def test_a_cursor_is_refused_with_other_filters_or_on_another_list(api):
     assert other.status_code == 422 and "made for other filters" in other.text
     assert (await api.get(f"/v1/agents/{AGENT}/sessions", params={"cursor": cursor})).status_code == 422
     assert (await api.get("/v1/agents", params={"cursor": cursor})).status_code == 422
-    damaged = forged({**json.loads(base64.urlsafe_b64decode(cursor + "==")), "t": "soon"})
+    payload, mac = cursor.split(".")
+    damaged = forged({**json.loads(base64.urlsafe_b64decode(payload + "==")), "t": "soon"}) + "." + mac
     answer = await api.get(url, params={"limit": 2, "user_id": "alice", "cursor": damaged})
     assert answer.status_code == 422 and "damaged" in answer.text
 

@@ -397,6 +397,7 @@ def test_the_graph_around_an_entity_with_a_superseded_fact(page, world):
     page.click(f'#entities-table tr[data-id="{world.ids["alice_entity"]}"]')
     page.settle()
     page.shows("#facts-table", "superseded")
+    assert re.search(r"\d+ of \d+ facts, \d+ neighbours", page.shows("#facts-count", "facts"))  # one page, counted
     drawn = page.driver.execute_script("""
         const cy = document.getElementById('graph-canvas')._cyreg.cy;
         return {nodes: cy.nodes().map(n => n.data('label').split('\\n')[0]).sort(),

@@ -10,9 +10,9 @@ order, never an offset, so a page deep in a list costs what the first does. Agen
 users are sorted sets in Redis read by id (ZRANGE BYLEX), sessions a sorted set by
 creation number (memory_service/state/keyspace.py says how each grows); memories come from
 the agent's store through its index on time (``MemoryBackend.list_memories``). A cursor
-is opaque to callers (base64url JSON) and names the list and the filters it was made for:
-a cursor of another list, or used with other filters, is refused with a 422 saying so, as
-is one that does not decode.
+is opaque to callers and signed (memory_service/access/cursors.py) for the list, the agent,
+its filters and the caller's reach: a cursor of another list, of another agent or reach, or
+used with other filters, is refused with a 422 saying so, as is a damaged or forged one.
 
 A caller limited to some users (``Reach``) sees their users, the sessions they took part
 in, and the memories of what they may see (their namespaces, those sessions, the shards
@@ -21,8 +21,6 @@ and the agent's own): the same rule as every other route (memory_service/access/
 
 from __future__ import annotations
 
-import base64
-import binascii
 import hashlib
 import json
 from collections.abc import Sequence
@@ -30,11 +28,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from memory_service.access.audit import AUDIT_SCAN_LIMIT, AuditLog
+from memory_service.access.cursors import Cursors
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex
 from memory_service.curation.tools import MemoryTools
-from memory_service.domain.errors import InvalidInput, preview
+from memory_service.domain.errors import InvalidInput
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.formation import gates
@@ -58,36 +57,12 @@ from memory_service.stores.base import MemoryListing, MemoryState
 
 CURSOR_VERSION = 1
 BROWSE_INDEX_VERSION = 1  # of the indexes in Redis: a start-up indexes older data once per version
-MAX_CURSOR_CHARS = 1000
 # A key limited to some users lists memories in the namespaces they may see, sessions among
 # them: past this many sessions it must name one (session_id) or a user (user_id).
 MAX_CONFINED_SESSIONS = 1000
 HISTORY_ENTRIES = 100
 # Audit entries written this long before a memory's time still count as its history (clocks).
 HISTORY_SLACK = timedelta(minutes=5)
-
-
-def encode_cursor(kind: str, filters: dict[str, Any], position: dict[str, Any]) -> str:
-    """An opaque cursor: the list's kind, a digest of its filters, and the position."""
-    body = {"v": CURSOR_VERSION, "k": kind, "f": _digest(filters), **position}
-    return base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str, kind: str, filters: dict[str, Any]) -> dict[str, Any]:
-    """The position a cursor of ``kind`` names; InvalidInput (422) for anything else."""
-    if len(cursor) > MAX_CURSOR_CHARS:
-        raise InvalidInput(f"cursor: longer than {MAX_CURSOR_CHARS} characters; pass a page's `next` as it came")
-    try:
-        body = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError):
-        raise InvalidInput(f"cursor: {preview(cursor)} is not a cursor of this API; pass a page's `next` as it "
-                           "came") from None
-    if not isinstance(body, dict) or body.get("v") != CURSOR_VERSION or body.get("k") != kind:
-        raise InvalidInput(f"cursor: not a cursor of this list ({kind}); pass the `next` of a page of it")
-    if body.get("f") != _digest(filters):
-        raise InvalidInput("cursor: it was made for other filters; pass the same filters as the page it came "
-                           "from, or start again without a cursor")
-    return body
 
 
 def _digest(filters: dict[str, Any]) -> str:
@@ -107,10 +82,28 @@ def _when(timestamp: float | None) -> datetime | None:
 
 class Browser:
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, tools: MemoryTools,
-                 index: RetentionIndex, audit: AuditLog):
+                 index: RetentionIndex, audit: AuditLog, cursors: Cursors):
         self.settings, self.state, self.agents, self.tools = settings, state, agents, tools
-        self.index, self.audit = index, audit
+        self.index, self.audit, self.cursors = index, audit, cursors
         self.windows = WindowStore(state)
+
+    # Cursors: signed for the list (kind and agent) and the caller's reach; the filters'
+    # digest rides inside, so that other filters get a message of their own.
+
+    async def _seal(self, kind: str, agent_id: str | None, scope: Any, filters: dict[str, Any],
+                    position: dict[str, Any]) -> str:
+        return await self.cursors.seal(f"{kind}|{agent_id or ''}", scope,
+                                       {"v": CURSOR_VERSION, "f": _digest(filters), **position})
+
+    async def _open(self, cursor: str, kind: str, agent_id: str | None, scope: Any,
+                    filters: dict[str, Any]) -> dict[str, Any]:
+        body = await self.cursors.open(cursor, f"{kind}|{agent_id or ''}", scope)
+        if body.get("v") != CURSOR_VERSION:
+            raise InvalidInput(f"cursor: not a cursor of this list ({kind}); pass the `next` of a page of it")
+        if body.get("f") != _digest(filters):
+            raise InvalidInput("cursor: it was made for other filters; pass the same filters as the page it came "
+                               "from, or start again without a cursor")
+        return body
 
     # Agents and users ----------------------------------------------------------------------
 
@@ -120,7 +113,8 @@ class Browser:
         key limited to ``users``, each agent's counts are of what the key reaches: those of its
         users the agent knows, the sessions they took part in (what ``users_page`` and
         ``sessions_page`` list), never the agent's own totals."""
-        after = _field(decode_cursor(cursor, "agents", {}), "a", str) if cursor else None
+        scope = None if reachable is None and users is None else [sorted(reachable or ()), sorted(users or ())]
+        after = _field(await self._open(cursor, "agents", None, scope, {}), "a", str) if cursor else None
         if reachable is None:
             ids = await self.state.agents_after(after, limit + 1)
         else:
@@ -133,11 +127,11 @@ class Browser:
                       configured) for a, (_, _, configured) in zip(ids, sizes)]
         return AgentPage(agents=[AgentSummary(agent_id=a, users=u, sessions=s, configured=c)
                                  for a, (u, s, c) in zip(ids, sizes)],
-                         next=encode_cursor("agents", {}, {"a": ids[-1]}) if more else None)
+                         next=await self._seal("agents", None, scope, {}, {"a": ids[-1]}) if more else None)
 
     async def users_page(self, agent_id: str, reach: Reach, cursor: str | None, limit: int) -> UserPage:
         filters = {"agent": agent_id}
-        after = _field(decode_cursor(cursor, "users", filters), "u", str) if cursor else None
+        after = _field(await self._open(cursor, "users", agent_id, reach.view, filters), "u", str) if cursor else None
         if reach.users is None:
             ids = await self.state.users_after(agent_id, after, limit + 1)
         else:
@@ -145,7 +139,7 @@ class Browser:
         ids, more = ids[:limit], len(ids) > limit
         counts = [len(await self.state.sessions_of_users(agent_id, [u])) for u in ids]
         return UserPage(users=[UserSummary(user_id=u, sessions=n) for u, n in zip(ids, counts)],
-                        next=encode_cursor("users", filters, {"u": ids[-1]}) if more else None)
+                        next=await self._seal("users", agent_id, reach.view, filters, {"u": ids[-1]}) if more else None)
 
     # Sessions ------------------------------------------------------------------------------
 
@@ -154,7 +148,7 @@ class Browser:
         """The agent's sessions, newest first (by creation); ``user_id``: those the user took
         part in. For a user, or a key limited to users, the cost is their sessions'."""
         filters = {"agent": agent_id, "user": user_id}
-        before = _field(decode_cursor(cursor, "sessions", filters), "n", int) if cursor else None
+        before = _field(await self._open(cursor, "sessions", agent_id, reach.view, filters), "n", int) if cursor else None
         users = [user_id] if user_id is not None else sorted(reach.users) if reach.users is not None else None
         if users is None:
             rows = await self.state.sessions_before(agent_id, before, limit + 1)
@@ -164,7 +158,8 @@ class Browser:
             rows = [(s, n) for n, s in ranked[: limit + 1]]
         rows, more = rows[:limit], len(rows) > limit
         sessions = await self.session_summaries([s for s, _ in rows])
-        return SessionPage(sessions=sessions, next=encode_cursor("sessions", filters, {"n": rows[-1][1]}) if more else None)
+        next_cursor = await self._seal("sessions", agent_id, reach.view, filters, {"n": rows[-1][1]}) if more else None
+        return SessionPage(sessions=sessions, next=next_cursor)
 
     async def session_summaries(self, session_ids: Sequence[str]) -> list[SessionSummary]:
         """Each session's gate, cursor, counters and pending window: one round trip for the
@@ -203,7 +198,7 @@ class Browser:
                    "until": until.timestamp() if until else None, "state": state.value}
         after, hint = None, None
         if cursor:
-            body = decode_cursor(cursor, "memories", filters)
+            body = await self._open(cursor, "memories", agent_id, reach.view, filters)
             after = (float(_field(body, "t", (int, float))), _field(body, "i", str))
             hint = body.get("h") if isinstance(body.get("h"), (int, float)) else None
         chosen = await self._namespaces(agent_id, reach, namespace, user_id, session_id)
@@ -220,7 +215,7 @@ class Browser:
             position: dict[str, Any] = {"t": page.resume[0], "i": page.resume[1]}
             if page.hint is not None:
                 position["h"] = page.hint
-            next_cursor = encode_cursor("memories", filters, position)
+            next_cursor = await self._seal("memories", agent_id, reach.view, filters, position)
         return MemoryPage(memories=records, next=next_cursor)
 
     async def _namespaces(self, agent_id: str, reach: Reach, namespace: str | None, user_id: str | None,

@@ -167,6 +167,11 @@ class EntityDetail(BaseModel):
     entity: Entity
     facts: list[Fact] = Field(default_factory=list)
     neighbours: list[Entity] = Field(default_factory=list)
+    # One page of the facts: how many there are in all, how many entities they link it to,
+    # and the last fact's position (created_ts in whole microseconds, id) when more follow.
+    facts_total: int = 0
+    neighbours_total: int = 0
+    after: tuple[int, str] | None = None
 
 
 class EntitySplit(BaseModel):

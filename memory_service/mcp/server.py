@@ -28,7 +28,7 @@ from memory_service.access.authorization import is_loopback
 from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord, WriteBlocksOut
 from memory_service.domain.graph import EntityType
 from memory_service.domain.models import MemoryKind
-from memory_service.schemas.graph import ENTITY_ID_PATTERN, MAX_ENTITY_PAGE, EntityDetailOut, EntityPage
+from memory_service.schemas.graph import ENTITY_ID_PATTERN, MAX_ENTITY_PAGE, MAX_FACT_PAGE, EntityDetailOut, EntityPage
 from memory_service.schemas.search import Scope, SearchResult
 
 T = TypeVar("T")
@@ -194,10 +194,14 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
         entity_id: Annotated[str, Field(pattern=ENTITY_ID_PATTERN, description="the entity's id, as entity_search answered it")],
         as_of: Annotated[datetime | None, Field(description="the facts true at this time (default: now)")] = None,
         include_superseded: Annotated[bool, Field(description="every fact, the ones no longer true too")] = False,
+        limit: Annotated[int, Field(ge=1, le=MAX_FACT_PAGE, description="facts to return")] = 20,
+        cursor: Annotated[str | None, Field(description="the `next` of the previous answer, for more facts")] = None,
     ) -> EntityDetailOut:
-        """Read one entity: its facts (each with valid_at, invalid_at and what superseded it) and its neighbours."""
+        """Read one entity: a page of its facts (each with valid_at, invalid_at and what superseded it), its
+        neighbours through them, and how many facts there are in all."""
         return await call(lambda: api(ctx).get_entity(agent_id, entity_id, as_of=as_of,
-                                                      include_superseded=include_superseded))
+                                                      include_superseded=include_superseded, cursor=cursor,
+                                                      limit=limit))
 
     return server
 

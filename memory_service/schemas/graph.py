@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from memory_service.domain.graph import Entity, EntitySplit, EntityType, Fact
 
 MAX_ENTITY_PAGE = 200  # entities one listing answers at most (the `limit` parameter's ceiling)
+DEFAULT_FACT_PAGE = 50  # facts one read of an entity answers unless `limit` says otherwise
+MAX_FACT_PAGE = 200  # facts one read of an entity answers at most (so at most as many neighbours)
 ENTITY_ID_PATTERN = r"^ent_[0-9a-f]{24}$"
 FACT_ID_PATTERN = r"^fact_[0-9a-f]{24}$"
 
@@ -65,8 +67,12 @@ class EntityPage(BaseModel):
 
 class EntityDetailOut(BaseModel):
     entity: EntityOut
-    facts: list[FactOut] = Field(description="its facts, as `as_of`/`include_superseded` chose them, oldest first")
-    neighbours: list[EntityOut] = Field(description="the entities those facts link it to")
+    facts: list[FactOut] = Field(description="one page of its facts, as `as_of`/`include_superseded` chose them, "
+                                             "oldest first")
+    neighbours: list[EntityOut] = Field(description="the entities this page's facts link it to (each once per page)")
+    facts_total: int = Field(0, description="how many facts `as_of`/`include_superseded` choose, on every page")
+    neighbours_total: int = Field(0, description="how many entities all those facts link it to")
+    next: str | None = Field(None, description="the cursor of the next page of facts (None: this is the last)")
 
 
 class EntitySplitIn(BaseModel):

@@ -433,9 +433,12 @@ class MemoryBackend(ABC):
         raise self._no_graph()
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
-                         include_superseded: bool = False) -> EntityDetail:
-        """One entity with its facts (as ``current_facts`` chooses them) and its neighbours
-        through those facts. An unknown id raises NotFound."""
+                         include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
+                         after: tuple[int, str] | None = None, limit: int = 200) -> EntityDetail:
+        """One entity with one page of its facts (as ``current_facts`` chooses them, oldest
+        first, ``limit`` at most, those after position ``after``), the neighbours those facts
+        link it to, and the totals. ``within``: only facts and neighbours of these namespaces
+        (an entity of another is unknown). An unknown id raises NotFound."""
         raise self._no_graph()
 
     # Reading the graph for retrieval (memory_service/recall/graph_signal.py) ---------------------

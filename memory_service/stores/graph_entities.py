@@ -30,7 +30,8 @@ the entities of the namespace listed; never the graph's size):
 * find_entities: one seek in the ``name_keys`` index per name (exact keys, one namespace).
 * current_facts: a seek per entity, then its d edges, filtered (namespace, predicate, time).
 * invalidate_fact / restore_fact: one seek in the RELATES_TO ``uuid`` index.
-* get_entity: a seek, its d edges, a seek per neighbour.
+* get_entity: a seek, its d edges walked twice (the counts, then one page of at most
+  ``limit`` facts, sorted and cut in the store), a seek per neighbour of that page.
 * list_entities: the namespace's N entities through the ``group_id`` index, sorted, one
   page returned (a name prefix filters them, it is not an index range); without a
   namespace, the agent's entities (a label scan of one agent's graph).
@@ -53,6 +54,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from memory_service.access.cursors import plain_text
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, preview
 from memory_service.domain.graph import (
     Closing,
@@ -90,6 +92,7 @@ ENTITY_INDEXES = (
     "CREATE INDEX FOR ()-[e:MENTIONS]-() ON (e.uuid)",
 )
 MAX_LIST_LIMIT = 500
+MAX_FACT_PAGE = 200  # facts one read of an entity answers at most (so at most as many neighbours)
 _PREDICATE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 
 _ENTITY_FIELDS = ("n.uuid AS uuid, n.name AS name, n.type AS type, n.group_id AS group_id, n.aliases AS aliases, "
@@ -408,15 +411,46 @@ class EntityGraph(MemoryBackend):
         return await self._fact(agent_id, fact_id)
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
-                         include_superseded: bool = False) -> EntityDetail:
+                         include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
+                         after: tuple[int, str] | None = None, limit: int = MAX_FACT_PAGE) -> EntityDetail:
+        if not 1 <= limit <= MAX_FACT_PAGE:
+            raise InvalidInput(f"limit must be between 1 and {MAX_FACT_PAGE}, got {limit}")
         rows = await self._read(agent_id, f"MATCH (n:{ENTITY} {{uuid: $id}}) RETURN {_ENTITY_FIELDS}", id=entity_id)
-        if not rows:
+        groups = None if within is None else sorted({_group(agent_id, ns) for ns in within})
+        if not rows or (groups is not None and rows[0]["group_id"] not in groups):
             raise NotFound(f"agent {agent_id!r} has no entity {entity_id!r}")
-        facts = await self._facts_of(agent_id, [entity_id], None, None, as_of, include_superseded)
+        filters, params = _fact_filters(groups, None, as_of, include_superseded)
+        where = " AND ".join(filters) or "true"
+        seen = "o.uuid <> $id" + (" AND o.group_id IN $groups" if groups is not None else "")
+        # Both queries walk the entity's edges once and return a bounded answer: two counts,
+        # then one page sorted in the store (ORDER BY ... LIMIT keeps only limit + 1 rows).
+        counted = await self._read(
+            agent_id, f"MATCH (s:{ENTITY} {{uuid: $id}})-[e:RELATES_TO]-(o:{ENTITY}) WHERE {where} "
+                      f"RETURN count(DISTINCT e) AS facts, count(DISTINCT CASE WHEN {seen} THEN o.uuid END) AS neighbours",
+            id=entity_id, **params)
+        # The sort key is whole microseconds, computed in the store: a float read back from it
+        # comes rounded, and a cursor made of one would repeat or skip facts.
+        position = ""
+        if after is not None:
+            position = "WHERE ts > $after_ts OR (ts = $after_ts AND e.uuid > $after_id) "
+            params.update(after_ts=int(after[0]), after_id=after[1])
+        page = await self._read(
+            agent_id, f"MATCH (s:{ENTITY} {{uuid: $id}})-[e:RELATES_TO]-(:{ENTITY}) WHERE {where} "
+                      f"WITH DISTINCT e WITH e, toInteger(coalesce(e.created_ts, 0.0) * 1000000) AS ts {position}"
+                      f"WITH e, ts ORDER BY ts, e.uuid LIMIT $limit RETURN {_FACT_FIELDS}, ts",
+            id=entity_id, limit=limit + 1, **params)
+        more = len(page) > limit
+        page = page[:limit]
+        facts = [_fact(r) for r in page]
         others = list(dict.fromkeys(i for f in facts for i in (f.subject_id, f.object_id) if i != entity_id))
-        neighbours = await self._read(agent_id, f"UNWIND $ids AS id MATCH (n:{ENTITY} {{uuid: id}}) "
-                                                f"RETURN {_ENTITY_FIELDS} ORDER BY n.norm_name, n.uuid", ids=others)
-        return EntityDetail(entity=_entity(rows[0]), facts=facts, neighbours=[_entity(r) for r in neighbours])
+        visible = "WHERE n.group_id IN $groups " if groups is not None else ""
+        neighbours = await self._read(agent_id, f"UNWIND $ids AS id MATCH (n:{ENTITY} {{uuid: id}}) {visible}"
+                                                f"RETURN {_ENTITY_FIELDS} ORDER BY n.norm_name, n.uuid",
+                                      ids=others, groups=groups)
+        total = counted[0] if counted else {"facts": 0, "neighbours": 0}
+        return EntityDetail(entity=_entity(rows[0]), facts=facts, neighbours=[_entity(r) for r in neighbours],
+                            facts_total=int(total["facts"]), neighbours_total=int(total["neighbours"]),
+                            after=(int(page[-1]["ts"]), str(page[-1]["uuid"])) if more else None)
 
     async def lookup_entities(self, agent_id: str, namespaces: Sequence[Namespace] | None,
                               names: Sequence[str]) -> list[Entity]:
@@ -478,21 +512,10 @@ class EntityGraph(MemoryBackend):
                         as_of: datetime | None, include_superseded: bool) -> list[Fact]:
         if not entity_ids:
             return []
-        filters = ["s.uuid IN $ids"]
-        params: dict[str, Any] = {"ids": list(dict.fromkeys(entity_ids))}
-        if groups is not None:
-            filters.append("e.group_id IN $groups")
-            params["groups"] = groups
-        if predicate is not None:
-            filters.append("e.name = $predicate")
-            params["predicate"] = predicate
-        if not include_superseded:
-            if as_of is None:
-                filters.append(_CURRENT)
-            else:
-                filters.append(_HELD_AT)
-                params["as_of"] = _aware(as_of).timestamp()
-        rows = await self._read(agent_id, f"MATCH (s:{ENTITY})-[e:RELATES_TO]-(:{ENTITY}) WHERE {' AND '.join(filters)} "
+        filters, params = _fact_filters(groups, predicate, as_of, include_superseded)
+        params["ids"] = list(dict.fromkeys(entity_ids))
+        rows = await self._read(agent_id, f"MATCH (s:{ENTITY})-[e:RELATES_TO]-(:{ENTITY}) "
+                                          f"WHERE {' AND '.join(['s.uuid IN $ids', *filters])} "
                                           f"WITH DISTINCT e RETURN {_FACT_FIELDS} ORDER BY e.created_ts, e.uuid",
                                 **params)
         return [_fact(r) for r in rows]
@@ -510,6 +533,27 @@ class EntityGraph(MemoryBackend):
             shown = ", ".join(repr(i) for i in sorted(missing)[:10])
             raise InvalidInput(f"agent {agent_id!r} has no entity {shown}{' ...' if len(missing) > 10 else ''}; "
                                "nothing was written")
+
+
+def _fact_filters(groups: list[str] | None, predicate: str | None, as_of: datetime | None,
+                  include_superseded: bool) -> tuple[list[str], dict[str, Any]]:
+    """The WHERE terms (on the edge ``e``) choosing facts: of ``groups``, of a predicate, and
+    current, held at ``as_of``, or all of them."""
+    filters: list[str] = []
+    params: dict[str, Any] = {}
+    if groups is not None:
+        filters.append("e.group_id IN $groups")
+        params["groups"] = groups
+    if predicate is not None:
+        filters.append("e.name = $predicate")
+        params["predicate"] = predicate
+    if not include_superseded:
+        if as_of is None:
+            filters.append(_CURRENT)
+        else:
+            filters.append(_HELD_AT)
+            params["as_of"] = _aware(as_of).timestamp()
+    return filters, params
 
 
 def _group(agent_id: str, namespace: Namespace | str) -> str:
@@ -594,7 +638,7 @@ def _encode_cursor(norm_name: str, uuid: str) -> str:
 def _decode_cursor(cursor: str) -> tuple[str, str]:
     try:
         name, uuid = json.loads(base64.urlsafe_b64decode(cursor.encode()))
-        if isinstance(name, str) and isinstance(uuid, str):
+        if plain_text(name) and plain_text(uuid):
             return name, uuid
     except (ValueError, TypeError):
         pass

@@ -543,8 +543,10 @@ class MirroredBackend(MemoryBackend):
         return await self.primary.drop_namespace_entities(agent_id, namespace)
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
-                         include_superseded: bool = False) -> EntityDetail:
-        return await self.primary.get_entity(agent_id, entity_id, as_of, include_superseded)
+                         include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
+                         after: tuple[int, str] | None = None, limit: int = 200) -> EntityDetail:
+        return await self.primary.get_entity(agent_id, entity_id, as_of, include_superseded, within=within,
+                                             after=after, limit=limit)
 
     async def lookup_entities(self, agent_id: str, namespaces: Sequence[Namespace] | None,
                               names: Sequence[str]) -> list[Entity]:

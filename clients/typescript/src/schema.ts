@@ -710,9 +710,10 @@ export interface paths {
         };
         /**
          * Get Entity
-         * @description One entity, its current facts (or those true `as_of`, or all with `include_superseded`)
-         *     and the entities they link it to. Every fact carries its text, `valid_at`, `invalid_at`
-         *     and `superseded_by`. Needs `read`.
+         * @description One entity, one page of its current facts (or those true `as_of`, or all with
+         *     `include_superseded`), oldest first, the entities that page's facts link it to, and
+         *     `facts_total`/`neighbours_total`; pass `next` as `cursor` for the next page. Every fact
+         *     carries its text, `valid_at`, `invalid_at` and `superseded_by`. Needs `read`.
          */
         get: operations["get_entity"];
         put?: never;
@@ -1117,14 +1118,31 @@ export interface components {
             entity: components["schemas"]["EntityOut"];
             /**
              * Facts
-             * @description its facts, as `as_of`/`include_superseded` chose them, oldest first
+             * @description one page of its facts, as `as_of`/`include_superseded` chose them, oldest first
              */
             facts: components["schemas"]["FactOut"][];
             /**
              * Neighbours
-             * @description the entities those facts link it to
+             * @description the entities this page's facts link it to (each once per page)
              */
             neighbours: components["schemas"]["EntityOut"][];
+            /**
+             * Facts Total
+             * @description how many facts `as_of`/`include_superseded` choose, on every page
+             * @default 0
+             */
+            facts_total?: number;
+            /**
+             * Neighbours Total
+             * @description how many entities all those facts link it to
+             * @default 0
+             */
+            neighbours_total?: number;
+            /**
+             * Next
+             * @description the cursor of the next page of facts (None: this is the last)
+             */
+            next?: string | null;
         };
         /** EntityOut */
         EntityOut: {
@@ -3789,7 +3807,7 @@ export interface operations {
                 type?: components["schemas"]["EntityType"] | null;
                 /** @description only entities whose (normalised) name starts with this */
                 name?: string | null;
-                /** @description the `next` of the previous page */
+                /** @description the `next` of the previous page (same filters) */
                 cursor?: string | null;
                 limit?: number;
             };
@@ -3828,6 +3846,10 @@ export interface operations {
                 as_of?: string | null;
                 /** @description every fact, the invalidated ones too (history) */
                 include_superseded?: boolean;
+                /** @description the `next` of the previous page of facts (same `as_of`, `include_superseded`) */
+                cursor?: string | null;
+                /** @description facts per page */
+                limit?: number;
             };
             header?: never;
             path: {

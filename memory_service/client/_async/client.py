@@ -342,13 +342,27 @@ class AsyncMemoryClient:
         return result
 
     async def get_entity(self, agent_id: str, entity_id: str, *, as_of: datetime | None = None,
-                         include_superseded: bool = False) -> EntityDetailOut:
-        """One entity with its current facts (those true ``as_of``; all with ``include_superseded``)
-        and its neighbours."""
-        params = query_params(as_of=as_of, include_superseded=include_superseded or None)
+                         include_superseded: bool = False, cursor: str | None = None,
+                         limit: int | None = None) -> EntityDetailOut:
+        """One entity with one page of its current facts (those true ``as_of``; all with
+        ``include_superseded``), oldest first, the neighbours they link it to and the totals;
+        pass the page's ``next`` as ``cursor`` for the next page (``iter_facts`` walks them)."""
+        params = query_params(as_of=as_of, include_superseded=include_superseded or None, cursor=cursor, limit=limit)
         answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/entities/{seg(entity_id)}", params=params)
         result: EntityDetailOut = parse(EntityDetailOut, answer)
         return result
+
+    async def iter_facts(self, agent_id: str, entity_id: str, *, as_of: datetime | None = None,
+                         include_superseded: bool = False, page_size: int | None = None) -> AsyncIterator[FactOut]:
+        """Every fact of the entity (oldest first), following the pages: each one once."""
+        cursor: str | None = None
+        while True:
+            page = await self.get_entity(agent_id, entity_id, as_of=as_of, include_superseded=include_superseded,
+                                         cursor=cursor, limit=page_size)
+            for fact in page.facts:
+                yield fact
+            if (cursor := page.next) is None:
+                return
 
     async def restore_fact(self, agent_id: str, fact_id: str) -> FactOut:
         """Undo the invalidation of a fact: it is current again (a current fact raises Conflict)."""

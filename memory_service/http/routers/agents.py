@@ -14,6 +14,7 @@ from fastapi import Query
 from fastapi.responses import JSONResponse
 
 from memory_service.access.authorization import authorize
+from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.domain.models import Agent, AgentId, AgentSettings, Shard, ShardId, ShardIn
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
@@ -27,7 +28,7 @@ router = strict_router(tags=["agents"])
 async def list_agents(
     service: ServiceDep,
     principal: CallerDep,
-    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS, description="the `next` of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
 ) -> AgentPage:
     """The agents this key reaches (every agent that recorded a message, got settings or had a

@@ -18,6 +18,7 @@ from datetime import datetime
 from fastapi import Path, Query
 
 from memory_service.access.authorization import authorize
+from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.access.keys import Principal
 from memory_service.access.reach import Reach
 from memory_service.domain.graph import EntityType
@@ -26,9 +27,11 @@ from memory_service.domain.models import AgentId, NamespaceText, UserId
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
 from memory_service.schemas.graph import (
+    DEFAULT_FACT_PAGE,
     ENTITY_ID_PATTERN,
     FACT_ID_PATTERN,
     MAX_ENTITY_PAGE,
+    MAX_FACT_PAGE,
     EntityDetailOut,
     EntityPage,
     EntitySplitIn,
@@ -65,7 +68,8 @@ async def list_entities(
     type: EntityType | None = Query(None, description="only entities of this type"),  # noqa: A002 - the API's name
     name: str | None = Query(None, min_length=1, max_length=200,
                              description="only entities whose (normalised) name starts with this"),
-    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS,
+                               description="the `next` of the previous page (same filters)"),
     limit: int = Query(50, ge=1, le=MAX_ENTITY_PAGE),
 ) -> EntityPage:
     """An agent's entities, ordered by name, one page at a time (pass `next` as `cursor`).
@@ -83,13 +87,17 @@ async def get_entity(
     entity_id: str = EntityId,
     as_of: datetime | None = Query(None, description="the facts true at this time (ISO 8601)"),
     include_superseded: bool = Query(False, description="every fact, the invalidated ones too (history)"),
+    cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS,
+                               description="the `next` of the previous page of facts (same `as_of`, `include_superseded`)"),
+    limit: int = Query(DEFAULT_FACT_PAGE, ge=1, le=MAX_FACT_PAGE, description="facts per page"),
 ) -> EntityDetailOut:
-    """One entity, its current facts (or those true `as_of`, or all with `include_superseded`)
-    and the entities they link it to. Every fact carries its text, `valid_at`, `invalid_at`
-    and `superseded_by`. Needs `read`."""
+    """One entity, one page of its current facts (or those true `as_of`, or all with
+    `include_superseded`), oldest first, the entities that page's facts link it to, and
+    `facts_total`/`neighbours_total`; pass `next` as `cursor` for the next page. Every fact
+    carries its text, `valid_at`, `invalid_at` and `superseded_by`. Needs `read`."""
     reach = _reach(service, principal, Role.READ, agent_id)
     return await service.get_entity(agent_id, entity_id, as_of=as_of, include_superseded=include_superseded,
-                                    reach=reach)
+                                    reach=reach, cursor=cursor, limit=limit)
 
 
 @router.post("/v1/agents/{agent_id}/facts/{fact_id}/restore", response_model=FactOut)

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from memory_service.access.authorization import authorize
+from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.access.keys import Principal
 from memory_service.curation.tools import MEMORY_ID_CHARS, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.domain.errors import InvalidInput
@@ -63,7 +64,7 @@ async def list_memories(
     until: datetime | None = Query(None, description="valid_at at or before (ISO 8601)"),
     state: MemoryState = Query(MemoryState.LIVE, description="live (the default: what search and the memory block "
                                                              "read), deleted (soft-deleted), evicted, or all"),
-    cursor: str | None = Query(None, min_length=1, max_length=1000,
+    cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS,
                                description="the `next` of the previous page (with the same filters)"),
     limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
 ) -> MemoryPage:

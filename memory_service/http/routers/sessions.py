@@ -21,6 +21,7 @@ from fastapi import Query, Request
 from pydantic import ValidationError
 
 from memory_service.access.authorization import authorize, authorize_users
+from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.domain.errors import InvalidInput, PayloadTooLarge, preview
 from memory_service.domain.limits import json_problem
 from memory_service.domain.models import (
@@ -94,7 +95,7 @@ async def list_sessions(
     service: ServiceDep,
     principal: CallerDep,
     user_id: UserId | None = Query(None, description="only the sessions this user took part in"),
-    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS, description="the `next` of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
 ) -> SessionPage:
     """The agent's sessions, newest first, each with its formation gate, cursor, pending

@@ -11,6 +11,7 @@ from __future__ import annotations
 from fastapi import Query
 
 from memory_service.access.authorization import authorize
+from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.domain.models import AgentId, UserId
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
@@ -26,7 +27,7 @@ async def list_users(
     agent_id: AgentId,
     service: ServiceDep,
     principal: CallerDep,
-    cursor: str | None = Query(None, min_length=1, max_length=1000, description="the `next` of the previous page"),
+    cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS, description="the `next` of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
 ) -> UserPage:
     """The agent's users (who spoke, had a message recorded under their id, or had a memory

@@ -510,11 +510,49 @@
     });
   }
 
+  // One page of the entity's facts at a time (the API pages them); "More" appends the next.
+  let shownEntity = { id: null, superseded: false, names: {} };
+
+  async function moreFacts() {
+    if (!shownEntity.id || !pages.facts) return;
+    await guarded("graph", async () => {
+      const detail = await api("GET", `/v1/agents/${enc(agent)}/entities/${enc(shownEntity.id)}`,
+        { params: { include_superseded: shownEntity.superseded ? "true" : null, cursor: pages.facts } });
+      setMore("facts", detail.next);
+      for (const e of detail.neighbours) shownEntity.names[e.id] = e.name;
+      if (graph) {
+        graph.add(detail.neighbours.filter((e) => graph.getElementById(e.id).empty()).map((e) => ({
+          data: { id: e.id, label: `${e.name}\n(${e.type})`, centre: 0 } })));
+        graph.add(detail.facts.filter((f) => !graph.getElementById(f.subject_id).empty()
+          && !graph.getElementById(f.object_id).empty()).map((f) => ({
+          data: { id: `fact-${f.id}`, source: f.subject_id, target: f.object_id, label: f.predicate },
+          classes: f.current ? "current" : "superseded" })));
+      }
+      fillTable($("#facts-table"), factColumns(shownEntity.names), detail.facts, { append: true, rowId: (f) => f.id });
+      showFactCount(detail);
+    });
+  }
+
+  function factColumns(names) {
+    return [
+      ["fact", (f) => f.text], ["predicate", (f) => f.predicate],
+      ["subject → object", (f) => `${names[f.subject_id] || f.subject_id} → ${names[f.object_id] || f.object_id}`],
+      ["valid", (f) => `${when(f.valid_at) || "?"} – ${when(f.invalid_at) || "now"}`],
+      ["state", (f) => h("span", { class: f.current ? "badge on" : "badge off" }, f.current ? "current" : "superseded")],
+    ];
+  }
+
+  function showFactCount(detail) {
+    const shown = $$("#facts-table tbody tr[data-id]").length;
+    $("#facts-count").textContent = `${shown} of ${detail.facts_total} facts, ${detail.neighbours_total} neighbours`;
+  }
+
   async function drawEntity(entityId) {
     await guarded("graph", async () => {
       const superseded = formValues($("#graph-form")).include_superseded;
       const detail = await api("GET", `/v1/agents/${enc(agent)}/entities/${enc(entityId)}`,
         { params: { include_superseded: superseded ? "true" : null } });
+      setMore("facts", detail.next);
       for (const row of $$("#entities-table tbody tr")) row.classList.toggle("selected", row.dataset.id === entityId);
       const nodes = [detail.entity, ...detail.neighbours].map((e) => ({
         data: { id: e.id, label: `${e.name}\n(${e.type})`, centre: e.id === entityId ? 1 : 0 },
@@ -543,12 +581,9 @@
         ],
       });
       const names = Object.fromEntries([detail.entity, ...detail.neighbours].map((e) => [e.id, e.name]));
-      fillTable($("#facts-table"), [
-        ["fact", (f) => f.text], ["predicate", (f) => f.predicate],
-        ["subject → object", (f) => `${names[f.subject_id] || f.subject_id} → ${names[f.object_id] || f.object_id}`],
-        ["valid", (f) => `${when(f.valid_at) || "?"} – ${when(f.invalid_at) || "now"}`],
-        ["state", (f) => h("span", { class: f.current ? "badge on" : "badge off" }, f.current ? "current" : "superseded")],
-      ], detail.facts, { rowId: (f) => f.id });
+      shownEntity = { id: entityId, superseded: Boolean(superseded), names };
+      fillTable($("#facts-table"), factColumns(names), detail.facts, { rowId: (f) => f.id });
+      showFactCount(detail);
       $("#graph-canvas").dataset.entity = entityId;
     });
   }
@@ -640,7 +675,7 @@
     onSubmit("#graph-form", () => loadEntities());
     onSubmit("#audit-form", () => loadAudit());
     const more = { agents: loadAgents, users: loadUsers, sessions: loadSessions, memories: loadMemories,
-      formation: loadFormation, entities: loadEntities, audit: loadAudit };
+      formation: loadFormation, entities: loadEntities, facts: moreFacts, audit: loadAudit };
     for (const button of $$("[data-more]")) button.addEventListener("click", () => more[button.dataset.more](true));
     document.body.dataset.busy = "1";
     try {
