@@ -66,9 +66,19 @@ log = logging.getLogger(__name__)
 TRY_LATER: tuple[type[MemoryServiceError], ...] = (BackendUnavailable, FormationPending)
 
 
-def unavailable(detail: str, retry_after_seconds: int) -> JSONResponse:
-    return JSONResponse(status_code=503, headers={"Retry-After": str(retry_after_seconds)},
-                        content={"detail": detail, "retry_after": retry_after_seconds})
+# A request that records many things at once (a batch) keeps here, in its state, a callable
+# answering what it recorded so far: a 503 cut short after its first write says which items
+# were recorded (memory_service/ingest/batch.py, ``BatchProgress``). Without one, a 503 means
+# nothing of the request was recorded.
+PARTIAL_ANSWER = "partial_answer"
+
+
+def unavailable(detail: str, retry_after_seconds: int, scope: Scope | None = None) -> JSONResponse:
+    content: dict[str, Any] = {"detail": detail, "retry_after": retry_after_seconds}
+    partial = (scope or {}).get("state", {}).get(PARTIAL_ANSWER)
+    if partial is not None:
+        content.update(partial())
+    return JSONResponse(status_code=503, headers={"Retry-After": str(retry_after_seconds)}, content=content)
 
 
 class FairSlots:
@@ -150,12 +160,13 @@ LANE_LOOKUP_SECONDS = 1.0
 
 def _agent_named(scope: Scope) -> str | None:
     """The agent the path or the query names, if any."""
-    match = _AGENT_PATH.match(scope["path"])
+    path: str = scope["path"]
+    match = _AGENT_PATH.match(path)
     if match:
         return match.group(1)[:MAX_LANE_CHARS]
-    query = scope.get("query_string", b"")
+    query: bytes = scope.get("query_string", b"")
     if b"agent_id=" in query:
-        values = parse_qs(query.decode("latin-1")).get("agent_id")
+        values: list[str] = parse_qs(query.decode("latin-1")).get("agent_id", [])
         if values:
             return values[0][:MAX_LANE_CHARS]
     return None
@@ -260,7 +271,8 @@ class UnexpectedErrors:
             if is_unavailable(exc):
                 log.warning("%s %s: a store is unavailable or overloaded: %s: %s", scope["method"], route,
                             type(exc).__name__, exc)
-                response = unavailable("a store is overloaded or unreachable; try again shortly", self.retry_after)
+                response = unavailable("a store is overloaded or unreachable; try again shortly", self.retry_after,
+                                       scope)
             else:
                 log.error("%s %s failed", scope["method"], route, exc_info=exc)
                 response = JSONResponse(status_code=500, content={"detail": "internal error"})
@@ -278,18 +290,18 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
         app.add_middleware(AdmissionLimit, limit=max_concurrent, wait=queue_seconds,
                            retry_after_seconds=retry_after_seconds, per_agent=per_agent)
 
-    def unavailable_response(detail: str) -> JSONResponse:
-        return unavailable(detail, retry_after_seconds)
+    def unavailable_response(detail: str, request: Request) -> JSONResponse:
+        return unavailable(detail, retry_after_seconds, request.scope)
 
     async def try_later(request: Request, exc: Exception) -> JSONResponse:
         # Registered for TRY_LATER only, all of them ours.
-        return unavailable_response(describe(cast(MemoryServiceError, exc)))
+        return unavailable_response(describe(cast(MemoryServiceError, exc)), request)
 
     async def store_failed(request: Request, exc: Exception) -> JSONResponse:
         # The library's text may name hosts and ports: logged, not sent.
         log.warning("%s %s: a store is unavailable or overloaded: %s: %s", request.method,
                     route_template(request.scope), type(exc).__name__, exc)  # the template: no ids
-        return unavailable_response("a store is overloaded or unreachable; try again shortly")
+        return unavailable_response("a store is overloaded or unreachable; try again shortly", request)
 
     for kind in TRY_LATER:
         app.add_exception_handler(kind, try_later)

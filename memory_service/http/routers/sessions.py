@@ -34,6 +34,7 @@ from memory_service.domain.models import (
 )
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import UnusableJSON, check_charset, parse_json_values, strict_router
+from memory_service.ingest.batch import BatchProgress
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, SessionPage
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.keys import Role
@@ -132,7 +133,9 @@ async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep,
 
     Needs `write` on the agent; a key limited to users records only its users' messages
     (the others are refused, 403; a batch of none of them answers 403). At most
-    MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413)."""
+    MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413). A 503 cut
+    short after the batch's first write carries the same fields: what was recorded, and
+    each other item `failed` (send those again with the same `message_id`)."""
     check_charset(request.headers.get("content-type"))
     raw = _batch_items(parse_json_values(await request.body()), service.settings.max_batch_messages)
     items = [_read_item(index, item) for index, item in enumerate(raw)]
@@ -141,7 +144,9 @@ async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep,
         item = items[index]
         if refused is not None and isinstance(item, BatchMessageIn):
             items[index] = RefusedItem(refused, item.session_id, item.message_id)
-    return await service.record_batch(agent_id, items, principal)
+    progress = BatchProgress()
+    request.state.partial_answer = progress.so_far  # a 503 cut short says what was recorded (overload.PARTIAL_ANSWER)
+    return await service.record_batch(agent_id, items, principal, progress)
 
 
 def _batch_items(body: Any, limit: int) -> list[Any]:
