@@ -127,6 +127,16 @@ async def test_freed_slots_go_to_the_waiting_agent_holding_fewest_in_turn():
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert slots.waiting("A") == 0 and slots.holding("A") == 2
+    # One that gave up (its wait cancelled) as a slot was handed on, before it ran again, is
+    # skipped: the slot stays free.
+    full = FairSlots(limit=1)
+    await full.acquire("A")
+    late = asyncio.create_task(full.acquire("B"))
+    await asyncio.sleep(0)
+    late.cancel()
+    full.release("A")
+    await asyncio.gather(late, return_exceptions=True)
+    assert full.held == 0 and full.waiting("B") == 0
 
 
 async def test_a_large_batch_is_written_in_bounded_statements(settings):

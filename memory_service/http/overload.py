@@ -114,7 +114,7 @@ class FairSlots:
                 self.release(lane)
             else:
                 queue = self._waiting.get(lane)
-                if queue is not None:
+                if queue is not None and future in queue:
                     queue.remove(future)
                     if not queue:
                         del self._waiting[lane]
@@ -146,6 +146,8 @@ class FairSlots:
             future = queue.popleft()
             if queue:
                 self._waiting[lane] = queue  # to the end of the round
+            if future.done():  # its waiter gave up (timed out) and has not run since: it takes nothing
+                continue
             self._take(lane)
             future.set_result(None)
 
