@@ -258,6 +258,10 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="Connect timeout of the LLM and embeddings endpoints")
     api_max_concurrent_requests: int = Field(
         default=32, ge=0, description="Requests one API process runs at once; more wait for a slot (0: no limit)")
+    api_max_concurrent_per_agent: int = Field(
+        default=4, ge=0,
+        description="Of those, the most one agent's requests take at once in a process (its share; more wait, and a "
+                    "freed slot goes to the waiting agent holding the fewest); 0: no share, up to the whole pool")
     api_queue_timeout_seconds: float = Field(
         default=1.0, ge=0, description="How long a request waits for a slot before it answers 503 with Retry-After")
     overload_retry_after_seconds: int = Field(
@@ -281,6 +285,15 @@ class Settings(BaseSettings):
         default=8_388_608, ge=1024,
         description="Largest body of a batch of messages, in bytes (MAX_REQUEST_BYTES holds for every other route); "
                     "larger answers 413 before it is parsed")
+    store_write_max_rows: int = Field(
+        default=256, ge=1, le=10_000,
+        description="Most messages one store write holds: a batch (and concurrent records of one agent) is written in "
+                    "statements of at most this many, one at a time per agent")
+    store_write_max_chars: int = Field(
+        default=65_536, ge=1,
+        description="Most content characters one store write holds (a single message larger than it is written "
+                    "alone): the graph store runs one statement at a time and its time grows with the text, so this "
+                    "bounds how long one write holds it (2 MB took 3-6 s on two cores, 64 K about 0.1-0.2 s)")
     max_message_chars: int = Field(
         default=32_000, ge=1, le=MESSAGE_CHARS_CEILING, description="Longest message content, in characters")
     max_extras_bytes: int = Field(

@@ -67,7 +67,7 @@ from memory_service.formation.gates import CHARS_PER_TOKEN
 from memory_service.formation.jobs import QUEUE_NAME, JobQueue
 from memory_service.formation.pipeline import FormationPipeline
 from memory_service.formation.schedule import FormationSchedule
-from memory_service.ingest.batch import BatchLedger
+from memory_service.ingest.batch import BatchLedger, BatchProgress
 from memory_service.ingest.sessions import RecordResult, SessionLedger
 from memory_service.recall.assembler import ContextAssembler
 from memory_service.recall.render import RenderedContext
@@ -251,17 +251,18 @@ class MemoryService:
             return await self.sessions.record_message(session_id, message, reach)
 
     async def record_batch(self, agent_id: str, messages: Sequence[BatchMessageIn | RefusedItem],
-                           principal: Principal | None = None) -> BatchOut:
+                           principal: Principal | None = None, progress: BatchProgress | None = None) -> BatchOut:
         """Record many messages of ``agent_id``'s sessions at once, each as ``record_message``
         would, each answered on its own (memory_service/ingest/batch.py). For ``principal``
         the batch's tokens are charged first (RateLimited: nothing is recorded) and its
         ``Reach`` applies to each session; its role and users are the caller's to check
-        (``authorize_users``), and the messages it refused come in as RefusedItem."""
+        (``authorize_users``), and the messages it refused come in as RefusedItem. ``progress``
+        holds the answers as they are given (for an answer cut short)."""
         if principal is not None:
             tokens = sum(math.ceil(len(m.content) / CHARS_PER_TOKEN) for m in messages if isinstance(m, BatchMessageIn))
             await self.keys.charge_tokens(principal, tokens)
         reach = self.reach(principal, agent_id) if principal is not None else None
-        return await self.batches.record_batch(agent_id, messages, reach)
+        return await self.batches.record_batch(agent_id, messages, reach, progress)
 
     async def session_gate(self, session_id: str) -> GateStatus:
         return await self.formation.session_gate(session_id)

@@ -123,7 +123,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     # Overload and store outages: admission control, 503 with Retry-After, never a 500
     # (memory_service/http/overload.py).
     overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
-                     configured.api_queue_timeout_seconds, describe=_public_detail)
+                     configured.api_queue_timeout_seconds, describe=_public_detail,
+                     per_agent=configured.api_max_concurrent_per_agent)
     access_log.install(app)  # access-log lines show route templates, not ids or queries
     # Before any route, the inspector's included: what a web page in a browser must not reach
     # (DNS rebinding, simple cross-site writes; memory_service/http/browser.py).

@@ -16,6 +16,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from memory_service.access.keys import LOCAL, Principal
 from memory_service.domain.errors import Unauthorized
+from memory_service.http.overload import AUTHENTICATED
 from memory_service.service import MemoryService
 
 
@@ -42,7 +43,9 @@ async def caller(request: Request, service: ServiceDep,
     """The request's principal, from ``Authorization: Bearer <key>``; 401 without a valid key.
 
     With API_AUTH open (``app.state.access_mode``), a request without the header acts as
-    the local operator; a key that is sent is checked all the same."""
+    the local operator; a key that is sent is checked all the same. Admission checked it
+    already to learn the request's agent (memory_service/http/overload.py): its outcome is
+    taken, not checked (and counted) again."""
     header = request.headers.get("authorization")
     if header is None:
         if request.app.state.access_mode == "open":
@@ -51,7 +54,10 @@ async def caller(request: Request, service: ServiceDep,
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthorized("malformed Authorization header: expected 'Bearer <key>'")
-    principal = await service.authenticate(token.strip())
+    checked = request.scope.get("state", {}).get(AUTHENTICATED)
+    if isinstance(checked, Exception):
+        raise checked
+    principal = checked if checked is not None else await service.authenticate(token.strip())
     if isinstance(principal, str):
         raise Unauthorized(principal)
     return principal

@@ -2,11 +2,30 @@
 is overloaded, stalled or unreachable: try again later", answered with 503, Retry-After
 and a short JSON error, never a 500.
 
-Admission: at most API_MAX_CONCURRENT_REQUESTS requests run at once in a process; the
-next ones wait (first come, first served) up to API_QUEUE_TIMEOUT_SECONDS for a slot,
-then answer 503. Without it, 200 concurrent clients on two cores saw every request take
-seconds (the event loop shared by all), pools run dry, and 500s; with it, the admitted
-requests run at the speed of a loaded process and the rest are told when to come back.
+Admission: at most API_MAX_CONCURRENT_REQUESTS requests run at once in a process, and at
+most API_MAX_CONCURRENT_PER_AGENT of them for one agent; the next ones wait up to
+API_QUEUE_TIMEOUT_SECONDS for a slot, then answer 503 (nothing of such a request was
+done). Without a limit, 200 concurrent clients on two cores saw every request take
+seconds (the event loop shared by all), pools run dry, and 500s; with one pool for every
+agent, 50 clients of one agent sending batches took it whole and another agent's requests
+waited behind them (12 ms became 650 ms). So each agent has a share: its requests beyond
+it wait even while the pool has room, and a freed slot goes to the waiting agent that
+holds the fewest, in turn (round robin) among equals, first come first served within one
+agent (``FairSlots``). An agent alone gets its share, not the whole pool.
+
+Which agent a request is counted to (its *lane*) is known before its body is read: the
+API key's verified scope (the key is checked here, once: the route's ``caller`` takes the
+outcome, memory_service/http/deps.py), narrowed to the agent the path
+(``/v1/agents/{id}/...``) or the query (``agent_id=``) names if the key reaches it. A key
+of one agent is that agent's whatever the body says (so a batch, whose items name their
+sessions, counts to its key's agent); a key of several agents that names none counts to
+the key; a request without a valid key counts to one lane for all such; keyless (API_AUTH
+off, or a loopback development server) the path's or query's agent, else one lane. A
+caller cannot put its requests in another agent's lane: a path naming an agent the key
+does not reach counts to the key's own.
+
+Admission is per process: with R replicas an agent may run R times its share at once.
+What is shared by every replica is counted in Redis: the rate limits (memory_service/access/keys.py).
 /health and /metrics are never queued, nor is ``POST /v1/sessions/{id}/form``: with
 ``wait`` it sleeps until the worker stored the window (up to FORM_WAIT_SECONDS, tens of
 seconds with an LLM), and a few sessions ending at once must not take every slot.
@@ -25,13 +44,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+from collections import deque
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
+from urllib.parse import parse_qs
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from memory_service.access.keys import Principal
 from memory_service.domain.errors import BackendUnavailable, FormationPending, MemoryServiceError
 from memory_service.http.access_log import route_template
 from memory_service.stores.outages import UNAVAILABLE, is_unavailable
@@ -42,21 +66,159 @@ log = logging.getLogger(__name__)
 TRY_LATER: tuple[type[MemoryServiceError], ...] = (BackendUnavailable, FormationPending)
 
 
-def unavailable(detail: str, retry_after_seconds: int) -> JSONResponse:
-    return JSONResponse(status_code=503, headers={"Retry-After": str(retry_after_seconds)},
-                        content={"detail": detail, "retry_after": retry_after_seconds})
+# A request that records many things at once (a batch) keeps here, in its state, a callable
+# answering what it recorded so far: a 503 cut short after its first write says which items
+# were recorded (memory_service/ingest/batch.py, ``BatchProgress``). Without one, a 503 means
+# nothing of the request was recorded.
+PARTIAL_ANSWER = "partial_answer"
+
+
+def unavailable(detail: str, retry_after_seconds: int, scope: Scope | None = None) -> JSONResponse:
+    content: dict[str, Any] = {"detail": detail, "retry_after": retry_after_seconds}
+    partial = (scope or {}).get("state", {}).get(PARTIAL_ANSWER)
+    if partial is not None:
+        content.update(partial())
+    return JSONResponse(status_code=503, headers={"Retry-After": str(retry_after_seconds)}, content=content)
+
+
+class FairSlots:
+    """At most ``limit`` holders at once, at most ``per_lane`` of one lane. A waiter is let in
+    when a slot is free and its lane is under its share: the waiting lane holding the fewest
+    goes first, lanes holding as many go in turn (the one served longest ago first), and
+    within a lane first come, first served."""
+
+    def __init__(self, limit: int, per_lane: int = 0):
+        self.limit = limit
+        self.per_lane = min(per_lane, limit) if per_lane > 0 else limit
+        self.held = 0
+        self._held: dict[str, int] = {}
+        # Lanes with waiters; the order is the round robin's (a lane served goes to the end).
+        self._waiting: dict[str, deque[asyncio.Future[None]]] = {}
+
+    def holding(self, lane: str) -> int:
+        return self._held.get(lane, 0)
+
+    def waiting(self, lane: str) -> int:
+        return len(self._waiting.get(lane, ()))
+
+    async def acquire(self, lane: str) -> None:
+        if lane not in self._waiting and self._room(lane):
+            self._take(lane)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(lane, deque()).append(future)
+        try:
+            await future
+        except BaseException:
+            if future.done() and not future.cancelled():  # let in as it gave up: the slot goes on
+                self.release(lane)
+            else:
+                queue = self._waiting.get(lane)
+                if queue is not None and future in queue:
+                    queue.remove(future)
+                    if not queue:
+                        del self._waiting[lane]
+            raise
+
+    def release(self, lane: str) -> None:
+        self.held -= 1
+        left = self._held[lane] - 1
+        if left:
+            self._held[lane] = left
+        else:
+            del self._held[lane]
+        self._let_in()
+
+    def _room(self, lane: str) -> bool:
+        return self.held < self.limit and self._held.get(lane, 0) < self.per_lane
+
+    def _take(self, lane: str) -> None:
+        self.held += 1
+        self._held[lane] = self._held.get(lane, 0) + 1
+
+    def _let_in(self) -> None:
+        while self.held < self.limit:
+            ready = [lane for lane in self._waiting if self._held.get(lane, 0) < self.per_lane]
+            if not ready:
+                return
+            lane = min(ready, key=lambda name: self._held.get(name, 0))  # min keeps the first of equals
+            queue = self._waiting.pop(lane)
+            future = queue.popleft()
+            if queue:
+                self._waiting[lane] = queue  # to the end of the round
+            if future.done():  # its waiter gave up (timed out) and has not run since: it takes nothing
+                continue
+            self._take(lane)
+            future.set_result(None)
+
+
+# The outcome of checking the request's key (a Principal, a sentence why not, or the error),
+# kept in the request's state for the route's ``caller`` (memory_service/http/deps.py).
+AUTHENTICATED = "authenticated"
+_AGENT_PATH = re.compile(r"/v1/agents/([^/]+)")
+MAX_LANE_CHARS = 200
+LANE_LOOKUP_SECONDS = 1.0
+
+
+def _agent_named(scope: Scope) -> str | None:
+    """The agent the path or the query names, if any."""
+    path: str = scope["path"]
+    match = _AGENT_PATH.match(path)
+    if match:
+        return match.group(1)[:MAX_LANE_CHARS]
+    query: bytes = scope.get("query_string", b"")
+    if b"agent_id=" in query:
+        values: list[str] = parse_qs(query.decode("latin-1")).get("agent_id", [])
+        if values:
+            return values[0][:MAX_LANE_CHARS]
+    return None
+
+
+async def lane_of(scope: Scope) -> str:
+    """The lane a request is admitted in (see the module's docstring); with a key, checks it
+    once and keeps the outcome in the request's state (``AUTHENTICATED``)."""
+    header = Headers(scope=scope).get("authorization")
+    principal: Principal | None = None
+    if header is not None:
+        scheme, _, token = header.partition(" ")
+        service = getattr(scope["app"].state, "service", None) if "app" in scope else None
+        if scheme.lower() != "bearer" or not token.strip() or service is None:
+            return "unauthenticated"
+        outcome: Any
+        try:
+            async with asyncio.timeout(LANE_LOOKUP_SECONDS):
+                outcome = await service.authenticate(token.strip())
+        except TimeoutError:  # a stalled Redis: the route checks the key again, under the stall guard
+            return "unauthenticated"
+        except Exception as exc:  # rate limited, or Redis is down: the route answers it as it would have
+            outcome = exc
+        scope.setdefault("state", {})[AUTHENTICATED] = outcome
+        if not isinstance(outcome, Principal):
+            return "unauthenticated"
+        principal = outcome
+    named = _agent_named(scope)
+    if principal is not None and principal.agents is not None:
+        if named is not None and named in principal.agents:
+            return f"agent:{named}"
+        if len(principal.agents) == 1:
+            return f"agent:{next(iter(principal.agents))}"
+        return f"key:{principal.key_id}"
+    if named is not None:
+        return f"agent:{named}"
+    return f"key:{principal.key_id}" if principal is not None else "keyless"
 
 
 class AdmissionLimit:
-    """ASGI middleware: at most ``limit`` requests at once; the others wait up to ``wait``
-    seconds for a slot, then answer 503 with Retry-After."""
+    """ASGI middleware: at most ``limit`` requests at once, ``per_agent`` of one agent's lane
+    (``lane_of``); the others wait up to ``wait`` seconds for a slot (``FairSlots``), then
+    answer 503 with Retry-After."""
 
     NEVER_QUEUED = frozenset({"/health", "/metrics"})
     LONG_POLL_SUFFIX = "/form"  # POST /v1/sessions/{id}/form
 
-    def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1):
+    def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0):
         self.app, self.limit, self.wait, self.retry_after = app, limit, wait, retry_after_seconds
-        self._slots = asyncio.Semaphore(limit)
+        self.slots = FairSlots(limit, per_agent)
         self.refused = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -64,19 +226,24 @@ class AdmissionLimit:
                 scope["method"] == "POST" and scope["path"].endswith(self.LONG_POLL_SUFFIX)):
             await self.app(scope, receive, send)
             return
+        lane = await lane_of(scope)
         try:
             async with asyncio.timeout(self.wait):
-                await self._slots.acquire()
+                await self.slots.acquire(lane)
         except TimeoutError:
             self.refused += 1
-            response = unavailable(f"the service is at capacity ({self.limit} requests in progress); try again shortly",
-                                   self.retry_after)
-            await response(scope, receive, send)
+            share = self.slots.per_lane
+            if share < self.limit and self.slots.holding(lane) >= share:
+                detail = (f"this agent's share of the service is in use ({share} of its requests in progress); "
+                          "nothing of this request was done: try again shortly")
+            else:
+                detail = f"the service is at capacity ({self.limit} requests in progress); try again shortly"
+            await unavailable(detail, self.retry_after)(scope, receive, send)
             return
         try:
             await self.app(scope, receive, send)
         finally:
-            self._slots.release()
+            self.slots.release(lane)
 
 
 class UnexpectedErrors:
@@ -106,7 +273,8 @@ class UnexpectedErrors:
             if is_unavailable(exc):
                 log.warning("%s %s: a store is unavailable or overloaded: %s: %s", scope["method"], route,
                             type(exc).__name__, exc)
-                response = unavailable("a store is overloaded or unreachable; try again shortly", self.retry_after)
+                response = unavailable("a store is overloaded or unreachable; try again shortly", self.retry_after,
+                                       scope)
             else:
                 log.error("%s %s failed", scope["method"], route, exc_info=exc)
                 response = JSONResponse(status_code=500, content={"detail": "internal error"})
@@ -114,27 +282,28 @@ class UnexpectedErrors:
 
 
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
-            queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str) -> None:
+            queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str,
+            per_agent: int = 0) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
-    ``max_concurrent``, admit at most that many requests at once (the others wait up to
-    ``queue_seconds``). ``describe`` words our own errors for the caller (it redacts what
-    a store's error text says about where it listens)."""
+    ``max_concurrent``, admit at most that many requests at once, ``per_agent`` of one agent
+    (the others wait up to ``queue_seconds``). ``describe`` words our own errors for the
+    caller (it redacts what a store's error text says about where it listens)."""
     if max_concurrent:
         app.add_middleware(AdmissionLimit, limit=max_concurrent, wait=queue_seconds,
-                           retry_after_seconds=retry_after_seconds)
+                           retry_after_seconds=retry_after_seconds, per_agent=per_agent)
 
-    def unavailable_response(detail: str) -> JSONResponse:
-        return unavailable(detail, retry_after_seconds)
+    def unavailable_response(detail: str, request: Request) -> JSONResponse:
+        return unavailable(detail, retry_after_seconds, request.scope)
 
     async def try_later(request: Request, exc: Exception) -> JSONResponse:
         # Registered for TRY_LATER only, all of them ours.
-        return unavailable_response(describe(cast(MemoryServiceError, exc)))
+        return unavailable_response(describe(cast(MemoryServiceError, exc)), request)
 
     async def store_failed(request: Request, exc: Exception) -> JSONResponse:
         # The library's text may name hosts and ports: logged, not sent.
         log.warning("%s %s: a store is unavailable or overloaded: %s: %s", request.method,
                     route_template(request.scope), type(exc).__name__, exc)  # the template: no ids
-        return unavailable_response("a store is overloaded or unreachable; try again shortly")
+        return unavailable_response("a store is overloaded or unreachable; try again shortly", request)
 
     for kind in TRY_LATER:
         app.add_exception_handler(kind, try_later)

@@ -196,7 +196,7 @@ class StallGuard:
                     log.warning("%s %s: answered 503, the %s store does not answer", scope["method"],
                                 route_template(scope), " and ".join(frozen))
                     response = unavailable(f"the {' and '.join(frozen)} store does not answer; try again shortly",
-                                           self.retry_after)
+                                           self.retry_after, scope)
                     await response(scope, receive, send)
                     return
         finally:

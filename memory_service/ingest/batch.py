@@ -18,6 +18,13 @@ while reading it) or failed (an outage: send it again with the same message_id).
 item never fails the others; only an outage of Redis itself fails the whole call (and a
 call sent again records what is missing and answers the rest as duplicates).
 
+A call cut short (503: Redis went away mid-call, or the stall guard gave up on a frozen
+store) says what it recorded: ``BatchProgress`` holds the answers given so far, and the 503
+carries them (memory_service/http/overload.py, ``PARTIAL_ANSWER``): ``recorded`` and
+``duplicate`` items are recorded, the others ``refused`` or ``failed``, a failed one saying
+whether it may have reached the store (its write was under way: if it did, the recovery
+records it, and sending it again with the same message_id answers duplicate) or not.
+
 Order: a pipeline runs its commands in order, so the messages of one session get their
 sequence numbers in the batch's order (after whatever the session held before), and are
 committed in that order. Formation: the gate of each session is evaluated once, on its
@@ -35,6 +42,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from memory_service.access.reach import Reach
 from memory_service.domain import limits
@@ -77,6 +85,31 @@ class _Item:
     memory: Memory | None = None
 
 
+class BatchProgress:
+    """The answers a batch gave so far, for an answer cut short (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self.items: Sequence[BatchMessageIn | RefusedItem] = ()
+        self.answers: list[BatchItemOut | None] = []
+        self.writing: set[int] = set()  # indexes of the items whose store write began
+
+    def so_far(self) -> dict[str, Any]:
+        """What the batch answered, each item not answered yet as failed: the fields of BatchOut."""
+        done: list[BatchItemOut] = []
+        for index, (item, answer) in enumerate(zip(self.items, self.answers, strict=True)):
+            if answer is None:
+                assert isinstance(item, BatchMessageIn)  # refused items are answered first
+                why = ("interrupted while it was written: it may have been stored, and then it is recorded within "
+                       "RECORD_RECOVERY_AFTER_SECONDS; send it again with the same message_id (answered duplicate if "
+                       "it was)" if index in self.writing else
+                       "interrupted before it was written: it is not recorded; send it again with the same message_id")
+                answer = _failed(index, item, why)
+            done.append(answer)
+        counts = {status: sum(1 for a in done if a.status == status) for status in
+                  ("recorded", "duplicate", "refused", "failed")}
+        return {**counts, "items": [a.model_dump(mode="json") for a in done], "sessions": []}
+
+
 class BatchLedger:
     """Records batches with a SessionLedger's parts (its group commit, scheduler, queue)."""
 
@@ -84,10 +117,14 @@ class BatchLedger:
         self.ledger = ledger
 
     async def record_batch(self, agent_id: str, items: Sequence[BatchMessageIn | RefusedItem],
-                           reach: Reach | None = None) -> BatchOut:
+                           reach: Reach | None = None, progress: BatchProgress | None = None) -> BatchOut:
         """Record ``items``: messages of ``agent_id``, and those the caller refused already
-        (unreadable, beyond its key), answered as such. See the module's docstring."""
-        answers: list[BatchItemOut | None] = [None] * len(items)
+        (unreadable, beyond its key), answered as such; ``progress`` holds the answers as they
+        are given. See the module's docstring."""
+        progress = progress or BatchProgress()
+        progress.items = items
+        answers: list[BatchItemOut | None] = progress.answers
+        answers[:] = [None] * len(items)
         live: list[_Item] = []
         for index, item in enumerate(items):
             if isinstance(item, RefusedItem):
@@ -102,6 +139,7 @@ class BatchLedger:
                 continue
             live.append(_Item(index, item, digest_of(item.role, item.user_id, item.content)))
         live = await self._reserve(agent_id, live, reach, answers)
+        progress.writing.update(item.index for item in live)
         live = await self._store(agent_id, live, answers)
         commits = await self._commit(agent_id, live, answers)
         sessions = await self._schedule(commits)

@@ -66,7 +66,7 @@ class SessionLedger:
         self.settings, self.state, self.queue, self.agents = settings, state, queue, agents
         self.embedder, self.formation = embedder, formation
         self.fresh = fresh or FreshVectors(None)  # a live session's user message embedded at once
-        self.writes = GroupCommit()
+        self.writes = GroupCommit(settings.store_write_max_rows, settings.store_write_max_chars)
 
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates.

@@ -114,7 +114,9 @@ export interface paths {
          *
          *     Needs `write` on the agent; a key limited to users records only its users' messages
          *     (the others are refused, 403; a batch of none of them answers 403). At most
-         *     MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413).
+         *     MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413). A 503 cut
+         *     short after the batch's first write carries the same fields: what was recorded, and
+         *     each other item `failed` (send those again with the same `message_id`).
          */
         post: operations["record_batch"];
         delete?: never;

@@ -14,6 +14,7 @@ MAX_BATCH_BYTES (memory_service/http/guard.py) and its length by MAX_BATCH_MESSA
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -36,12 +37,18 @@ from memory_service.domain.models import (
 from memory_service.domain.namespaces import validate_id
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import UnusableJSON, check_charset, parse_json_values, strict_router
+from memory_service.ingest.batch import BatchProgress
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, SessionPage
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.keys import Role
 from memory_service.schemas.records import BatchOut, RecordOut
 
 router = strict_router(tags=["sessions"])
+
+# A batch body larger than this is parsed and checked in a thread: 8 MB is about a second of
+# CPU, which on the event loop would stall every other agent's requests; in a thread they
+# run between its turns at the GIL.
+PARSE_IN_THREAD_BYTES = 262_144
 
 # The batch route's path, for its larger body limit (MAX_BATCH_BYTES).
 BATCH_PATH = re.compile(r"/v1/agents/[^/]+/messages/batch")
@@ -134,16 +141,28 @@ async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep,
 
     Needs `write` on the agent; a key limited to users records only its users' messages
     (the others are refused, 403; a batch of none of them answers 403). At most
-    MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413)."""
+    MAX_BATCH_MESSAGES items (else 413) in at most MAX_BATCH_BYTES (else 413). A 503 cut
+    short after the batch's first write carries the same fields: what was recorded, and
+    each other item `failed` (send those again with the same `message_id`)."""
     check_charset(request.headers.get("content-type"))
-    raw = _batch_items(parse_json_values(await request.body()), service.settings.max_batch_messages)
-    items = [_read_item(index, item) for index, item in enumerate(raw)]
+    body = await request.body()
+    if len(body) > PARSE_IN_THREAD_BYTES:  # the event loop's other requests run between the GIL's turns
+        items = await asyncio.to_thread(_read_body, body, service.settings.max_batch_messages)
+    else:
+        items = _read_body(body, service.settings.max_batch_messages)
     users = [item.user_id if isinstance(item, BatchMessageIn) else None for item in items]
     for index, refused in enumerate(authorize_users(principal, Role.WRITE, agent_id, users)):
         item = items[index]
         if refused is not None and isinstance(item, BatchMessageIn):
             items[index] = RefusedItem(refused, item.session_id, item.message_id)
-    return await service.record_batch(agent_id, items, principal)
+    progress = BatchProgress()
+    request.state.partial_answer = progress.so_far  # a 503 cut short says what was recorded (overload.PARTIAL_ANSWER)
+    return await service.record_batch(agent_id, items, principal, progress)
+
+
+def _read_body(body: bytes, limit: int) -> list[BatchMessageIn | RefusedItem]:
+    raw = _batch_items(parse_json_values(body), limit)
+    return [_read_item(index, item) for index, item in enumerate(raw)]
 
 
 def _batch_items(body: Any, limit: int) -> list[Any]:

@@ -1,0 +1,206 @@
+"""Fair across agents: one agent's requests cannot take another's share of a process's
+admission slots (memory_service/http/overload.py), a large batch is written to the store in
+bounded statements (memory_service/ingest/group_commit.py), and a batch's 503 cut short says
+which of its items were recorded (memory_service/ingest/batch.py, ``BatchProgress``).
+
+The servers are real, on loopback. A request holds its admission slot while its body is
+still arriving, so the tests hold slots by sending a request's headers and keeping its body
+back, with no store stalled and no timing claimed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+
+from memory_service.http.app import create_app
+from memory_service.runtime import open_service
+from memory_service.stores.loopback import LoopbackServer
+
+from .conftest import flush, suite_settings
+from .test_access import OPERATOR, OPERATOR_KEY, bearer, make_key
+from .test_overload import HANG, guard, own_graph  # noqa: F401  (own_graph: a fixture)
+
+
+def item(agent_user: str, session: str, i: int, content: str = "I prefer window seats.") -> dict:
+    return {"session_id": session, "user_id": agent_user, "role": "user", "content": content, "message_id": f"m{i}"}
+
+
+async def test_an_agent_holding_all_its_slots_does_not_keep_another_agent_out(falkordb_url):
+    """A pool of 4, a share of 2 per agent. Agent A sends 4 batches whose bodies it keeps
+    back: 2 are admitted and hold A's share, the other 2 wait. A's next request is refused
+    for A's share (not for a full pool), also when its path names agent B; agent B is
+    admitted at once. Once A's bodies arrive, its 2 admitted batches are recorded and the 2
+    that waited past the queue timeout were refused with nothing recorded."""
+    await flush(falkordb_url)
+    settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY,
+                              api_max_concurrent_requests=4, api_max_concurrent_per_agent=2,
+                              api_queue_timeout_seconds=0.3, store_stall_seconds=60)
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG, limits=httpx.Limits(max_connections=20)) as http:
+        for agent in ("A", "B"):
+            assert (await http.put(f"/v1/agents/{agent}", json={}, headers=OPERATOR)).status_code == 200
+        key_a = bearer((await make_key(http, OPERATOR, role="write", agents=["A"]))["key"])
+        key_b = bearer((await make_key(http, OPERATOR, role="write", agents=["B"]))["key"])
+        release = asyncio.Event()
+
+        def held_body(i: int):
+            async def body():
+                await release.wait()
+                yield httpx.Response(200, json={"messages": [item("alice", f"s{i}", i)]}).content
+            return body()
+
+        holders = [asyncio.create_task(http.post("/v1/agents/A/messages/batch", content=held_body(i),
+                                                 headers={**key_a, "content-type": "application/json"}))
+                   for i in range(4)]
+        # Until A's share is taken: A's probe waits behind it, then is refused for its share.
+        for _ in range(int(HANG / 0.3)):
+            probe = await guard(http.get("/v1/agents/A", headers=key_a))
+            if probe.status_code == 503:
+                break
+        assert probe.status_code == 503 and probe.headers["retry-after"], probe.text
+        assert probe.json()["detail"].startswith("this agent's share of the service is in use (2 of its requests"), \
+            probe.json()
+        # A's key naming agent B is still A's: refused for A's share, not admitted as B.
+        spoof = await guard(http.get("/v1/agents/B/sessions", headers=key_a))
+        assert spoof.status_code == 503 and "this agent's share" in spoof.json()["detail"]
+        # B is admitted while A holds its share: a read, and a batch recorded.
+        assert (await guard(http.get("/v1/agents/B", headers=key_b))).status_code == 200
+        recorded = await guard(http.post("/v1/agents/B/messages/batch", headers=key_b,
+                                         json={"messages": [item("bob", "b1", 1)]}))
+        assert recorded.status_code == 200 and recorded.json()["recorded"] == 1, recorded.text
+        release.set()
+        answers = [await guard(task) for task in holders]
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses == [200, 200, 503, 503], [a.text for a in answers]
+        for answer in answers:
+            if answer.status_code == 503:
+                assert "nothing of this request was done" in answer.json()["detail"]
+                assert set(answer.json()) == {"detail", "retry_after"}  # refused at admission: no items
+        sessions = (await http.get("/v1/agents/A/sessions", headers=key_a)).json()["sessions"]
+        assert len(sessions) == 2  # the two admitted batches, nothing of the refused ones
+
+
+async def test_freed_slots_go_to_the_waiting_agent_holding_fewest_in_turn():
+    """The fair queue's order: within an agent first come, first served; across agents the
+    one holding the fewest first, in turn among equals; an agent at its share waits while
+    the pool has room."""
+    from memory_service.http.overload import FairSlots
+
+    slots = FairSlots(limit=3, per_lane=2)
+    order: list[str] = []
+
+    async def one(lane: str, name: str) -> None:
+        await slots.acquire(lane)
+        order.append(name)
+
+    for lane in ("A", "A"):
+        await slots.acquire(lane)  # A holds its share of 2; one slot of the pool is free
+    tasks = [asyncio.create_task(one(lane, name)) for lane, name in
+             (("A", "a1"), ("A", "a2"), ("B", "b1"), ("C", "c1"), ("B", "b2"), ("C", "c2"))]
+    await asyncio.sleep(0)
+    assert order == ["b1"]  # A waits at its share though the pool had room; B takes the free slot
+    assert slots.waiting("A") == 2 and slots.waiting("C") == 2
+    slots.release("A")  # A holds 1, B 1, C 0: C first
+    await asyncio.sleep(0)
+    assert order == ["b1", "c1"]
+    slots.release("B")  # A 1, B 0, C 1: B next
+    await asyncio.sleep(0)
+    assert order == ["b1", "c1", "b2"]
+    slots.release("C")  # A 1, B 1, C 0: C
+    await asyncio.sleep(0)
+    slots.release("B")  # A 1, B 0 (none waiting), C 1: A, its first
+    await asyncio.sleep(0)
+    assert order == ["b1", "c1", "b2", "c2", "a1"]
+    assert slots.held == 3 and slots.holding("A") == 2
+    slots.release("C")  # A at its share again: a2 waits, the slot stays free
+    await asyncio.sleep(0)
+    assert order[-1] == "a1" and slots.held == 2
+    slots.release("A")
+    await asyncio.sleep(0)
+    assert order[-1] == "a2"
+    await asyncio.gather(*tasks)
+    # A waiter that gives up leaves the queue and takes nothing.
+    waiting = asyncio.create_task(slots.acquire("A"))
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await asyncio.gather(waiting, return_exceptions=True)
+    assert slots.waiting("A") == 0 and slots.holding("A") == 2
+    # One that gave up (its wait cancelled) as a slot was handed on, before it ran again, is
+    # skipped: the slot stays free.
+    full = FairSlots(limit=1)
+    await full.acquire("A")
+    late = asyncio.create_task(full.acquire("B"))
+    await asyncio.sleep(0)
+    late.cancel()
+    full.release("A")
+    await asyncio.gather(late, return_exceptions=True)
+    assert full.held == 0 and full.waiting("B") == 0
+
+
+async def test_a_large_batch_is_written_in_bounded_statements(settings):
+    """STORE_WRITE_MAX_CHARS of 10,000: a batch of 20 messages of 2,000 characters is 4 or
+    more statements of at most 10,000 characters each, one at a time, and all recorded."""
+    settings = settings.model_copy(update={"store_write_max_chars": 10_000, "store_write_max_rows": 256})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        assert (await http.put("/v1/agents/a1", json={})).status_code == 200
+        _, backend = await service.agents.backend_for("a1")
+        statements: list[tuple[int, int]] = []
+        in_flight = 0
+        write = backend.write
+
+        async def watched(memories):
+            nonlocal in_flight
+            in_flight += 1
+            statements.append((len(memories), sum(len(m.content) for m in memories)))
+            assert in_flight == 1, "two statements of one agent at once"
+            try:
+                return await write(memories)
+            finally:
+                in_flight -= 1
+
+        backend.write = watched
+        body = {"messages": [item("alice", f"s{i % 3}", i, f"{i:04d} " + "window seat " * 166) for i in range(20)]}
+        answer = await http.post("/v1/agents/a1/messages/batch", json=body)
+        assert answer.status_code == 200 and answer.json()["recorded"] == 20, answer.text
+        assert sum(rows for rows, _ in statements) == 20
+        assert len(statements) >= 4 and all(chars <= 10_000 for _, chars in statements), statements
+
+
+async def test_a_batch_cut_short_by_a_frozen_store_says_what_was_recorded(settings, own_graph):  # noqa: F811
+    """The graph freezes while a batch is written: the stall guard answers 503, and the
+    answer lists every item: the one recorded before (duplicate, with its sequence), the
+    refused one, and the rest failed, saying they may have reached the store. Sent again
+    once the store answers, the batch records them."""
+    settings = settings.model_copy(update={"falkordb_url": own_graph.url, "redis_url": settings.falkordb_url,
+                                           "store_read_timeout_seconds": 30})
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        first = await http.post("/v1/agents/a1/messages/batch", json={"messages": [item("alice", "s1", 0)]})
+        assert first.status_code == 200 and first.json()["recorded"] == 1
+        batch = {"messages": [item("alice", "s1", 0), {"session_id": "s1", "message_id": "bad"},
+                              item("alice", "s1", 2), item("alice", "s2", 3, "Aisle seats on short flights.")]}
+        own_graph.stall()
+        try:
+            cut = await guard(http.post("/v1/agents/a1/messages/batch", json=batch))
+        finally:
+            own_graph.resume()
+        assert cut.status_code == 503 and cut.headers["retry-after"], cut.text
+        body = cut.json()
+        assert body["detail"] == "the graph store does not answer; try again shortly"
+        assert (body["recorded"], body["duplicate"], body["refused"], body["failed"]) == (0, 1, 1, 2), body
+        items = body["items"]
+        assert [i["status"] for i in items] == ["duplicate", "refused", "failed", "failed"]
+        assert items[0]["sequence"] == 1 and items[1]["code"] == 422
+        for failed in items[2:]:
+            assert failed["code"] == 503 and "it may have been stored" in failed["detail"]
+            assert "send it again with the same message_id" in failed["detail"]
+        again = await guard(http.post("/v1/agents/a1/messages/batch", json=batch))
+        assert again.status_code == 200, again.text
+        assert [i["status"] for i in again.json()["items"]][2:] in (["recorded", "recorded"],
+                                                                    ["duplicate", "duplicate"],
+                                                                    ["recorded", "duplicate"],
+                                                                    ["duplicate", "recorded"])
