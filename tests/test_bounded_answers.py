@@ -131,3 +131,29 @@ async def test_the_typed_client_follows_the_pages(hub):
 async def test_every_list_refuses_a_page_above_its_maximum(hub, path, limit):
     answer = await hub["http"].get(path, params={"limit": limit})
     assert answer.status_code == 422 and "limit" in answer.text, (path, answer.text)
+
+
+async def test_a_search_naming_the_hub_reads_only_its_newest_facts(hub, falkordb_url):
+    """The graph signal and the memory block read at most FACTS_PER_ENTITY facts of an entity
+    (the newest, chosen in the store), not the hub's thousands; search and the block still answer."""
+    from memory_service.recall.graph_signal import FACTS_PER_ENTITY, query_graph
+    from memory_service.stores.graph import GraphBackend
+
+    backend = GraphBackend(falkordb_url, suite_settings(falkordb_url))
+    await backend.start()
+    try:
+        found = await query_graph(backend, AGENT, None, ["hub"])
+        every = await backend.current_facts(AGENT, f"user:{AGENT}:alice", [hub["id"]])
+    finally:
+        await backend.close()
+    assert [e.id for e in found.entities] == [hub["id"]]
+    assert len(every) == FACTS and len(found.facts) == FACTS_PER_ENTITY < FACTS
+    newest = sorted(every, key=lambda f: (f.created_at, f.id))[-FACTS_PER_ENTITY:]
+    assert {f.id for f in found.facts} == {f.id for f in newest}
+    searched = await hub["http"].get("/v1/search", headers=hub["keys"]["reader"],
+                                     params={"agent_id": AGENT, "query": "who does Hub know", "scope": "agent"})
+    assert searched.status_code == 200, searched.text
+    block = await hub["http"].get("/v1/context", headers=hub["keys"]["alice"],
+                                  params={"agent_id": AGENT, "user_id": "alice", "session_id": "s-new",
+                                          "query": "who does Hub know"})
+    assert block.status_code == 200, block.text

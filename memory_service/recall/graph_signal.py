@@ -11,8 +11,9 @@ namespace. From them:
   reaches. It reaches its own entities (hop 0), the entities their facts link them to (hop
   1), and those the facts of hop-1 entities link to (hop 2; ``SEARCH_GRAPH_HOPS``), at most
   ``SEARCH_GRAPH_FANOUT`` new entities per hop, the facts sharing words with the query
-  first, then the newest: so a hub with a thousand facts costs its d edges read, never a
-  thousand entities followed. Then the shared topics: the namesakes, in the search's shards
+  first, then the newest: so a hub with a thousand facts costs its d edges walked in the
+  store, never a thousand entities followed, and at most FACTS_PER_ENTITY of its facts (the
+  newest) are read. Then the shared topics: the namesakes, in the search's shards
   and agent namespace, of the entities reached (a shard holds the topic knowledge about a
   place or a thing a user only mentions; found by the same name-key seeks as the query's
   entities). A path weighs ``SEARCH_GRAPH_HOP_DECAY`` per fact followed (x
@@ -50,6 +51,10 @@ from memory_service.schemas.search import EntityWeight, GraphPath, Structure
 from memory_service.stores.base import Candidate, MemoryBackend
 
 ENTITIES_PER_MEMORY = 20  # entities of one candidate the re-rank reads
+# Facts of one entity a search or a memory block reads, the newest: what a read costs the
+# store is bounded whatever an entity's degree (a hub of 3,960 facts, built with a write key,
+# cost every search naming it ~580 ms to read whole). An entity of the benchmarks has far fewer.
+FACTS_PER_ENTITY = 200
 TOPIC_KINDS = (NamespaceKind.SHARD, NamespaceKind.AGENT)  # where shared topics are looked up
 _WORD = re.compile(r"\w+")
 
@@ -90,12 +95,14 @@ async def query_graph(backend: MemoryBackend, agent_id: str, namespaces: Sequenc
 
 async def facts_of(backend: MemoryBackend, agent_id: str, namespaces: dict[str, str], as_of: datetime | None,
                    include_superseded: bool) -> list[Fact]:
-    """The facts of the entities ``namespaces`` maps to their namespace, each once."""
+    """The facts of the entities ``namespaces`` maps to their namespace, each once: at most
+    FACTS_PER_ENTITY of each, the newest."""
     by_namespace: dict[str, list[str]] = {}
     for entity_id, namespace in namespaces.items():
         by_namespace.setdefault(namespace, []).append(entity_id)
     fact_lists = await asyncio.gather(*(
-        backend.current_facts(agent_id, ns, ids, as_of=as_of, include_superseded=include_superseded)
+        backend.current_facts(agent_id, ns, ids, as_of=as_of, include_superseded=include_superseded,
+                              per_entity=FACTS_PER_ENTITY)
         for ns, ids in by_namespace.items()))
     return list({f.id: f for facts in fact_lists for f in facts}.values())
 

@@ -396,10 +396,11 @@ class MemoryBackend(ABC):
 
     async def current_facts(self, agent_id: str, namespace: Namespace | str, entity_ids: Sequence[str],
                             predicate: str | None = None, as_of: datetime | None = None,
-                            include_superseded: bool = False) -> list[Fact]:
+                            include_superseded: bool = False, per_entity: int | None = None) -> list[Fact]:
         """The facts of ``namespace`` with one of these entities as subject or object: current
         ones (neither invalidated nor expired); with ``as_of``, those true then; with
-        ``include_superseded``, all of them. Oldest first."""
+        ``include_superseded``, all of them; with ``per_entity``, only the newest that many of
+        each entity (a read's bound: a hub's thousands are never all read). Oldest first."""
         raise self._no_graph()
 
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,

@@ -372,9 +372,9 @@ class EntityGraph(MemoryBackend):
 
     async def current_facts(self, agent_id: str, namespace: Namespace | str, entity_ids: Sequence[str],
                             predicate: str | None = None, as_of: datetime | None = None,
-                            include_superseded: bool = False) -> list[Fact]:
+                            include_superseded: bool = False, per_entity: int | None = None) -> list[Fact]:
         return await self._facts_of(agent_id, list(entity_ids), [_group(agent_id, namespace)], predicate, as_of,
-                                    include_superseded)
+                                    include_superseded, per_entity)
 
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,
@@ -509,14 +509,19 @@ class EntityGraph(MemoryBackend):
     # Helpers ---------------------------------------------------------------------------
 
     async def _facts_of(self, agent_id: str, entity_ids: list[str], groups: list[str] | None, predicate: str | None,
-                        as_of: datetime | None, include_superseded: bool) -> list[Fact]:
+                        as_of: datetime | None, include_superseded: bool, per_entity: int | None = None) -> list[Fact]:
         if not entity_ids:
             return []
         filters, params = _fact_filters(groups, predicate, as_of, include_superseded)
         params["ids"] = list(dict.fromkeys(entity_ids))
-        rows = await self._read(agent_id, f"MATCH (s:{ENTITY})-[e:RELATES_TO]-(:{ENTITY}) "
-                                          f"WHERE {' AND '.join(['s.uuid IN $ids', *filters])} "
-                                          f"WITH DISTINCT e RETURN {_FACT_FIELDS} ORDER BY e.created_ts, e.uuid",
+        match = f"MATCH (s:{ENTITY})-[e:RELATES_TO]-(:{ENTITY}) WHERE {' AND '.join(['s.uuid IN $ids', *filters])} "
+        if per_entity is not None:
+            # The newest ``per_entity`` of each entity, chosen in the store: a hub's d edges are
+            # walked there, and only what is kept is sent and parsed.
+            match += ("WITH s, e ORDER BY e.created_ts DESC, e.uuid DESC WITH s, collect(e)[0..$per_entity] AS kept "
+                      "UNWIND kept AS e ")
+            params["per_entity"] = per_entity
+        rows = await self._read(agent_id, f"{match}WITH DISTINCT e RETURN {_FACT_FIELDS} ORDER BY e.created_ts, e.uuid",
                                 **params)
         return [_fact(r) for r in rows]
 

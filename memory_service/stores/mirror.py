@@ -520,8 +520,9 @@ class MirroredBackend(MemoryBackend):
 
     async def current_facts(self, agent_id: str, namespace: Namespace | str, entity_ids: Sequence[str],
                             predicate: str | None = None, as_of: datetime | None = None,
-                            include_superseded: bool = False) -> list[Fact]:
-        return await self.primary.current_facts(agent_id, namespace, entity_ids, predicate, as_of, include_superseded)
+                            include_superseded: bool = False, per_entity: int | None = None) -> list[Fact]:
+        return await self.primary.current_facts(agent_id, namespace, entity_ids, predicate, as_of, include_superseded,
+                                                per_entity)
 
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
                               superseded_by: str | None = None) -> Fact:
