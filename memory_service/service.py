@@ -265,6 +265,9 @@ class MemoryService:
         return await self.formation.session_status(session_id)
 
     # The worker's jobs
+    async def recover_windows(self) -> list[str]:
+        return await self.pipeline.recover_windows()
+
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
         return await self.pipeline.run_formation(session_id, window)
 
