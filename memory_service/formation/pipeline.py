@@ -31,8 +31,9 @@ from memory_service.stores.registry import BackendRegistry
 
 log = logging.getLogger(__name__)
 
-# A window claimed this long ago without a job is lost, not about to be enqueued by its claimer.
-WINDOW_RECOVERY_GRACE_SECONDS = 5.0
+# A window claimed this long ago without a job is lost, not about to be enqueued by its claimer
+# (enqueuing it twice would be harmless: arq refuses the second; a restart takes longer than this).
+WINDOW_RECOVERY_GRACE_SECONDS = 1.0
 EMBED_BATCH = 256  # memories read, embedded and stored per step of an embedding job
 EMBED_JOB_SECONDS = 10.0  # then the job enqueues its sequel: formation jobs get their turn
 # While records keep coming, a pass waits this long before the next one, so that it finds a
