@@ -88,6 +88,10 @@ class Settings(BaseSettings):
     worker_max_tries: int = Field(default=5, ge=1, description="Tries of a formation or consolidation job before it fails visibly")
     worker_retry_backoff_seconds: float = Field(default=2.0, ge=0, description="First retry delay; doubles on each try")
     worker_job_timeout_seconds: float = Field(default=300, gt=0, description="A job running longer is cancelled and retried")
+    worker_lease_seconds: float = Field(
+        default=10, ge=1, le=120,
+        description="A worker's lease, renewed every quarter of it: a job whose worker let it lapse (died) is run again "
+                    "by another worker at once, not after the job timeout")
     worker_max_jobs: int = Field(default=10, ge=1, description="Jobs one worker runs at once")
     worker_keep_result_seconds: float = Field(default=3600, ge=1, description="How long a job's result is kept for waiting clients")
     form_wait_seconds: float = Field(default=120, gt=0, description="How long POST /form waits for the window to be stored")

@@ -95,6 +95,7 @@ from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend, MemoryState
+from memory_service.stores.readiness import refusal
 from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
@@ -277,6 +278,9 @@ class MemoryService:
         return await self.formation.session_status(session_id)
 
     # The worker's jobs
+    async def recover_windows(self) -> list[str]:
+        return await self.pipeline.recover_windows()
+
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
         return await self.pipeline.run_formation(session_id, window)
 
@@ -618,17 +622,11 @@ class MemoryService:
         return values
 
     async def health(self) -> dict[str, Any]:
-        state: dict[str, Any]
-        queue: dict[str, Any]
-        try:
-            state = {"ok": await self.state.ping()}
-        except Exception as exc:
-            state = {"ok": False, "error": str(exc)}
+        """Readiness: each store would take a write now (memory_service/stores/readiness.py;
+        the graph store's own check: GraphBackend.health), not only answer a PING."""
+        state = await _ready(self.state.redis)
         backends = await self.registry.health()
-        try:
-            queue = {"ok": await self.queue.ping()}
-        except Exception as exc:
-            queue = {"ok": False, "error": str(exc)}
+        queue = await _ready(self.queue.pool)
         return {
             "ok": state["ok"] and queue["ok"] and all(b.get("ok") for b in backends.values()),
             "state": state,
@@ -636,6 +634,15 @@ class MemoryService:
             "backends": backends,
             "default_backend": self.settings.default_memory_backend,
         }
+
+
+async def _ready(client: Any) -> dict[str, Any]:
+    """A Redis store's readiness: ``{"ok": True}``, or ``ok`` False with the reason."""
+    try:
+        why = await refusal(client)
+    except Exception as exc:  # health reports, it never raises
+        return {"ok": False, "error": str(exc)}
+    return {"ok": True} if why is None else {"ok": False, "error": why}
 
 
 def _audited(record: MemoryRecord) -> dict[str, object]:

@@ -18,7 +18,12 @@ Job model (see the README's "Jobs" section):
   ``backfill_embeddings`` every 2 minutes (memories stored while the embedder was down),
   cron ``retention`` daily, cron ``recover_in_flight`` every minute (records a crashed API
   process left between their store write and their commit, once RECORD_RECOVERY_AFTER_SECONDS
-  old: docs/ingest.md). arq runs each cron tick on one worker only, however many run.
+  old: docs/ingest.md), cron ``recover_windows`` every minute (a window claimed with no job
+  queued for it, a crash between the claim and the enqueue: enqueued again).
+  arq runs each cron tick on one worker only, however many run.
+- Leases (memory_service/formation/leases.py): each worker holds one, renewed every quarter
+  of WORKER_LEASE_SECONDS; a job whose worker's lease ended is released and run again by a
+  live worker at once, not after arq's job timeout.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from memory_service._vendor.arq.worker import Worker, func
 from memory_service.access.pseudonyms import install_log_filter, namespace_for_log
 from memory_service.config import Settings
 from memory_service.formation.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME
+from memory_service.formation.leases import Leases, WorkerLease, new_worker_id
 from memory_service.service import MemoryService
 from memory_service.state import metrics, tracing
 from memory_service.state.pools import arq_client
@@ -117,6 +123,10 @@ async def recover_in_flight(ctx: Ctx) -> dict[str, int]:
     return await _service(ctx).recover_in_flight()
 
 
+async def recover_windows(ctx: Ctx) -> list[str]:
+    return await _service(ctx).recover_windows()
+
+
 async def backfill_embeddings(ctx: Ctx) -> dict[str, int]:
     """Embed memories stored while the embedder was down, a bounded batch per tick."""
     return await _service(ctx).backfill_embeddings(limit=_service(ctx).settings.embedding_backfill_per_run)
@@ -129,10 +139,21 @@ async def retention(ctx: Ctx) -> dict[str, int]:
 
 
 def build_worker(service: MemoryService, *, handle_signals: bool = False, burst: bool = False) -> Worker:
-    """A worker on the service's Redis (its own connections), with the service in every job's ctx."""
+    """A worker on the service's Redis (its own connections), with the service in every job's
+    ctx, and a lease of its own (memory_service/formation/leases.py) held while it runs."""
     s: Settings = service.settings
     every = s.cleanup_cold_sessions_every_minutes
     install_log_filter("arq.worker", "arq.jobs")  # arq's job lines quote job ids and arguments: user namespaces
+    worker_id = new_worker_id()
+    pool = arq_client(s.job_queue_url(), s, QUEUE_NAME)  # open_service set REDIS_URL
+    lease = WorkerLease(Leases(pool, QUEUE_NAME), worker_id, s.worker_lease_seconds)
+
+    async def take_lease(ctx: Ctx) -> None:
+        await lease.start()
+
+    async def end_lease(ctx: Ctx) -> None:
+        await lease.stop()
+
     return Worker(
         functions=[
             func(form_window, name=FORM_JOB, max_tries=s.worker_max_tries),
@@ -143,11 +164,15 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
             cron(sweep_cold_sessions, minute=set(range(0, 60, every)), run_at_startup=True),
             cron(retention, hour={3}, minute={17}),
             cron(recover_in_flight, minute=set(range(60)), run_at_startup=True),
+            cron(recover_windows, minute=set(range(60)), run_at_startup=True),
             cron(backfill_embeddings, minute=set(range(0, 60, 2)), run_at_startup=True),
         ],
         # Its own bounded pool with the store timeouts (arq's RedisSettings has no read timeout).
-        redis_pool=arq_client(s.job_queue_url(), s, QUEUE_NAME),  # open_service set REDIS_URL
+        redis_pool=pool,
         queue_name=QUEUE_NAME,
+        worker_id=worker_id,
+        on_startup=take_lease,
+        on_shutdown=end_lease,
         ctx={"service": service},
         handle_signals=handle_signals,
         burst=burst,

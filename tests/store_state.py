@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from memory_service.formation.jobs import QUEUE_NAME
-from memory_service.state.keyspace import outbox_lock
+from memory_service.state.keyspace import WORKERS, outbox_lock
 
 # Keys neither compared nor counted (a read may write them): the service's counters (of
 # reads served too), the API keys' request counters, and FalkorDB's log of the queries run
@@ -21,7 +21,7 @@ QUERY_LOG_PREFIX = b"telemetry{"
 # The job queue's keys (arq:* and the queue itself), which a worker's cron jobs write on
 # their own schedule, and the outbox's delivery leases, which its relay takes and releases
 # on its own schedule too (ms:outbox:{outbox}:lock:<target>).
-WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode())
+WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode(), WORKERS.encode())  # WORKERS: their leases
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
     every primary of it (tests/conftest.py, ``server_urls``). Counters and FalkorDB's query
     logs (telemetry{<graph>}, written in the background a moment after a graph's queries)
     are neither compared nor counted; with a worker running, neither are the job queue's
-    keys nor the outbox's delivery leases, which it writes at any time."""
+    keys, the outbox's delivery leases nor the workers' leases, which it writes at any time."""
     from .conftest import server_urls
 
     parts = [_server_state(server, worker_running) for server in server_urls(url)]

@@ -32,6 +32,8 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("AGENTS", (), "ms:agents"),
     ("BROWSE_INDEX", (), "ms:browse-index"),
     ("RETENTION_AGENTS", (), "ms:retention:agents"),
+    ("WORKERS", (), "ms:workers"),
+    ("windows", (S1,), "ms:windows:{s:240}"),
     ("active", (S1,), "ms:active:{s:240}"),
     ("in_flight", (S1,), "ms:inflight:{s:240}"),
     ("metrics", (S1,), "ms:metrics:{s:240}"),

@@ -25,6 +25,7 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
+from memory_service._vendor.arq.constants import in_progress_key_prefix
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
@@ -141,6 +142,11 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
         reservation = await state.reserve_message("s2", "a1", "x2", "digest")
         await state.release_message("s2", "x2", reservation.sequence, "refused")
         await state.settle_in_flight("s2")
+        # The recovery of held windows, and the release of a job whose worker's lease ended
+        # (on the job queue's Redis).
+        await service.recover_windows()
+        await service.queue.pool.set(in_progress_key_prefix + "orphan", "worker-gone")
+        assert await service.queue.leases.release(["orphan"]) == ["orphan"]
         await state.counters("s2")
         await state.migrated("a1", "graph")
         await state.put_shard("a1", "sh1", ShardIn(name="travel"))

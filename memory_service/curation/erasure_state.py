@@ -115,6 +115,7 @@ class ErasureState:
                         generation_key(f"session:{session_id}"))
             pipe.zrem(keyspace.active(tag), session_id)
             pipe.zrem(keyspace.in_flight(tag), session_id)
+            pipe.zrem(keyspace.windows(tag), session_id)
             await pipe.execute()
         # After (the agent's keys have the agent's tag): a crash between leaves the agent's set
         # and its session order naming an empty session (harmless).

@@ -19,6 +19,7 @@ from memory_service._vendor.arq.jobs import Job, JobStatus
 from memory_service.access.pseudonyms import scrub_text
 from memory_service.config import Settings
 from memory_service.domain.namespaces import Namespace
+from memory_service.formation.leases import Leases
 from memory_service.state import tracing
 from memory_service.state.pools import arq_client
 
@@ -42,9 +43,14 @@ def consolidation_job_id(namespace: str, version: int) -> str:
     return f"consolidate:{Namespace.parse(namespace).group_id}:{version}"
 
 
+# How often POST /form, waiting on a job, checks that its worker is alive (leases.py).
+WAIT_CHECK_SECONDS = 1.0
+
+
 class JobQueue:
     def __init__(self, pool: ArqRedis):
         self.pool = pool
+        self.leases = Leases(pool, QUEUE_NAME)
 
     @classmethod
     async def connect(cls, redis_url: str, settings: Settings | None = None) -> JobQueue:
@@ -91,8 +97,19 @@ class JobQueue:
         return Job(job_id, self.pool, _queue_name=QUEUE_NAME)
 
     async def wait(self, job_id: str, timeout: float) -> Any:
-        """The job's result; raises the job's own error if it failed, TimeoutError if late."""
-        return await self.job(job_id).result(timeout=timeout, poll_delay=0.05)
+        """The job's result; raises the job's own error if it failed, TimeoutError if late.
+
+        Never waits on a dead worker: every WAIT_CHECK_SECONDS, a job in progress under a
+        worker whose lease ended is released, and a live worker runs it again."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return await self.job(job_id).result(timeout=min(left, WAIT_CHECK_SECONDS), poll_delay=0.05)
+            except TimeoutError:
+                if left <= WAIT_CHECK_SECONDS:
+                    raise
+                await self.leases.release([job_id])
 
     async def status(self, job_id: str) -> dict[str, Any]:
         job = self.job(job_id)

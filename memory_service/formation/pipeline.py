@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from memory_service._vendor.arq.jobs import JobStatus
 from memory_service.access.audit import AuditLog
 from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind
@@ -19,7 +20,7 @@ from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
-from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue
+from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
 from memory_service.formation.schedule import FormationSchedule
 from memory_service.formation.steps import FormationResult, form_window
 from memory_service.schemas.formation import FormationSummary
@@ -30,6 +31,9 @@ from memory_service.stores.registry import BackendRegistry
 
 log = logging.getLogger(__name__)
 
+# A window claimed this long ago without a job is lost, not about to be enqueued by its claimer
+# (enqueuing it twice would be harmless: arq refuses the second; a restart takes longer than this).
+WINDOW_RECOVERY_GRACE_SECONDS = 1.0
 EMBED_BATCH = 256  # memories read, embedded and stored per step of an embedding job
 EMBED_JOB_SECONDS = 10.0  # then the job enqueues its sequel: formation jobs get their turn
 # While records keep coming, a pass waits this long before the next one, so that it finds a
@@ -143,6 +147,36 @@ class FormationPipeline:
             await self.state.settle_swept(visited, unformable, time.time())
         if seen:
             log.info("cold-session sweep looked at %d session(s), enqueued %d window(s)", len(seen), len(enqueued))
+        return enqueued
+
+    async def recover_windows(self) -> list[str]:
+        """Enqueue again the job of each window held without one; the job ids enqueued.
+
+        A window claimed more than WINDOW_RECOVERY_GRACE_SECONDS ago (the claimer enqueues
+        its job a moment after the claim) is looked at: its job not found (lost between the
+        claim and the enqueue by a crash, or by a store that lost its last writes) is
+        enqueued again; one in progress under a worker whose lease ended is released
+        (memory_service/formation/leases.py). A job queued, running or kept failed is left
+        alone: a failure stays visible until its result expires (WORKER_KEEP_RESULT_SECONDS),
+        then the window is tried again. At most COLD_SWEEP_MAX_SESSIONS a run, each sent to
+        the back of the index, so every held window gets its turn.
+        """
+        now = time.time()
+        enqueued: list[str] = []
+        for session_id in await self.state.held_windows(now - WINDOW_RECOVERY_GRACE_SECONDS,
+                                                        self.settings.cold_sweep_max_sessions):
+            record = await self.formation.windows.load(session_id)
+            await self.state.looked_at_window(session_id, now, held=record is not None)
+            if record is None:
+                continue
+            job_id = formation_job_id(session_id, record.claim.window)
+            status = await self.queue.job(job_id).status()
+            if status is JobStatus.not_found:
+                enqueued.append(await self.queue.enqueue_formation(session_id, record.claim.window))
+            elif status is JobStatus.in_progress:
+                await self.queue.leases.release([job_id])
+        if enqueued:
+            log.warning("enqueued again the lost formation job of %d window(s)", len(enqueued))
         return enqueued
 
     async def embed_pending(self, agent_id: str, batch: int = EMBED_BATCH,

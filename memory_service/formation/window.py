@@ -25,6 +25,12 @@ metrics, so that every transition is one script on one slot of a Redis Cluster):
 - gone: the post-completion work (FIFO trims, consolidation triggers) ran; the hash is
   deleted and the session may claim its next window.
 
+A session holding a window is in its bucket's index of held windows (``keyspace.windows``)
+from the claim until the window is gone; the worker's ``recover_windows`` cron enqueues the
+job of each window held longer than a minute again (a no-op while its job is queued or
+running), so a window whose job was lost (a crash between its claim and its enqueue) is
+formed without waiting for a message, a sweep or ``POST /form``.
+
 Every transition names the window number and the state it expects, so a late duplicate
 of a job (two workers racing on one window) cannot advance it twice: it finds the state
 the winner left and carries on from there, doing only idempotent work. A window that
@@ -36,6 +42,7 @@ enqueues its job again, and the job resumes at the step the state names.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
@@ -67,6 +74,8 @@ class WindowState(StrEnum):
 # answer is {'stale'} (the caller reads again). Nothing else can make a gate that was open
 # close (messages and tokens only grow until a window completes), so the gate's rule lives
 # in Python alone (memory_service.formation.gates) and this script never re-evaluates it.
+# The session (ARGV[4]) is in its bucket's index of held windows (KEYS[5]) from its claim
+# (time ARGV[5]) until its window is gone: where ``recover_windows`` looks.
 _CLAIM = """
 local window = redis.call('HGET', KEYS[3], 'window')
 if not window then
@@ -88,6 +97,7 @@ if not window then
     redis.call('HSET', KEYS[3], 'window', window, 'ids', cjson.encode(ids), 'state', 'claimed')
   end
 end
+redis.call('ZADD', KEYS[5], 'NX', ARGV[5], ARGV[4])
 return {'claim', redis.call('HGET', KEYS[3], 'window'), redis.call('HGET', KEYS[3], 'ids')}
 """
 
@@ -132,11 +142,13 @@ for _, metric in ipairs(cjson.decode(ARGV[2])) do redis.call('HINCRBYFLOAT', KEY
 return removed
 """
 
-# The last step: forget window ARGV[1] once its post-processing ran. 1 if this call did.
+# The last step: forget window ARGV[1] once its post-processing ran, and take the session
+# (ARGV[2]) out of its bucket's index of held windows (KEYS[2]). 1 if this call did.
 _FINISH = """
 local current = redis.call('HMGET', KEYS[1], 'window', 'state')
 if current[1] == ARGV[1] and current[2] == 'completed' then
   redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], ARGV[2])
   return 1
 end
 return 0
@@ -246,8 +258,10 @@ class WindowStore:
         """
         k = keyspace.session_keys(session_id)
         row = await self._claim(keys=[k["meta"], k["pending"], keyspace.window(session_id),
-                                      keyspace.legacy_claim(session_id)],
-                                args=[limit, min_messages, "" if formed_windows is None else formed_windows])
+                                      keyspace.legacy_claim(session_id),
+                                      keyspace.windows(keyspace.session_tag(session_id))],
+                                args=[limit, min_messages, "" if formed_windows is None else formed_windows,
+                                      session_id, repr(time.time())])
         if not row:
             return None
         if row[0] == "stale":
@@ -317,4 +331,6 @@ class WindowStore:
 
     async def finish(self, record: WindowRecord) -> bool:
         """completed → gone, once the post-completion work ran. True if this call did it."""
-        return bool(await self._finish(keys=[keyspace.window(record.claim.session_id)], args=[record.claim.window]))
+        session_id = record.claim.session_id
+        return bool(await self._finish(keys=[keyspace.window(session_id), keyspace.windows(keyspace.session_tag(session_id))],
+                                       args=[record.claim.window, session_id]))

@@ -121,6 +121,9 @@ Sessions (the ledger, memory_service/state/store.py; the window, memory_service/
     ms:active:{s:<b>}                       zset    session id -> last activity (or the cold sweep's
                                                     last visit), while messages are pending: the
                                                     bucket's share of the active set                 per session pending
+    ms:windows:{s:<b>}                      zset    session id -> when its window was claimed (or first
+                                                    seen held), while it holds one: where the
+                                                    recovery of lost formation jobs looks            per session forming
     ms:inflight:{s:<b>}                     zset    session id -> time of its oldest in-flight
                                                     reservation (at most): where the recovery looks  per session in flight
     ms:metrics:{s:<b>}                      hash    the service's counters (formations, LLM calls,
@@ -215,6 +218,13 @@ Global::
     ms:keyspace                             string  the keyspace's version (KEYSPACE_VERSION), written
                                                     by the service's start and by upgrade-keyspace   global
 
+The job queue's Redis (QUEUE_REDIS_URL, a plain Redis; memory_service/formation/leases.py)::
+
+    ms:workers                              zset    worker id -> the end of its lease (ms): a job
+                                                    whose in-progress mark names a worker whose
+                                                    lease ended is run again; ended leases are
+                                                    forgotten an hour later                          per worker running
+
 Not built here: the job queue (``memory-service:jobs``, memory_service/formation/jobs.py)
 and arq's own ``arq:*`` keys, on QUEUE_REDIS_URL (arq's transactions name a job's keys and
 the queue together, so the queue is a plain Redis, never a cluster); each agent's FalkorDB
@@ -260,12 +270,18 @@ USER_DIGEST_KEY = "ms:user-digest-key"
 AGENTS = "ms:agents"
 BROWSE_INDEX = "ms:browse-index"
 RETENTION_AGENTS = "ms:retention:agents"
+WORKERS = "ms:workers"  # on the job queue's Redis
 OUTBOX_TAG = "outbox"
 
 
 def active(tag: str) -> str:
     """A bucket's share of the active set (``tag``: ``session_tag``)."""
     return f"ms:active:{{{tag}}}"
+
+
+def windows(tag: str) -> str:
+    """A bucket's index of the sessions holding a window (memory_service/formation/window.py)."""
+    return f"ms:windows:{{{tag}}}"
 
 
 def in_flight(tag: str) -> str:

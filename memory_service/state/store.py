@@ -672,6 +672,20 @@ class StateStore:
         rows = sorted(((member, float(score)) for shard in shards for member, score in shard), key=lambda r: r[1])
         return rows[:limit]
 
+    async def held_windows(self, claimed_before: float, limit: int) -> list[str]:
+        """Up to ``limit`` sessions holding a window claimed (or last looked at by the
+        recovery) before ``claimed_before``, longest first."""
+        return [sid for sid, _ in await self._due(keyspace.windows, claimed_before, limit)]
+
+    async def looked_at_window(self, session_id: str, now: float, held: bool) -> None:
+        """The recovery looked at the session's window: to the back of the index, or out of it
+        if the session holds none any more."""
+        index = keyspace.windows(keyspace.session_tag(session_id))
+        if held:
+            await self.redis.zadd(index, {session_id: now}, xx=True)
+        else:
+            await self.redis.zrem(index, session_id)
+
     async def sessions_in_flight(self, reserved_before: float, limit: int) -> list[str]:
         """Up to ``limit`` sessions holding a reservation made before ``reserved_before``
         (or that the recovery has not looked at since one was)."""

@@ -47,6 +47,7 @@ from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import redis.exceptions
 from falkordb.asyncio.query_result import QueryResult
 
 from memory_service.config import Settings, redact_url
@@ -54,7 +55,7 @@ from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.state import keyspace, metrics, tracing
-from memory_service.stores import compact_reply, postings
+from memory_service.stores import compact_reply, postings, readiness
 from memory_service.stores.base import (
     Brief,
     Candidate,
@@ -125,6 +126,14 @@ def _disable_telemetry_unless_asked(settings: Settings) -> None:
     # graphiti-core reads this variable when it is imported; private conversations
     # must not leave the machine by default.
     os.environ["GRAPHITI_TELEMETRY_ENABLED"] = "true" if settings.graphiti_telemetry_enabled else "false"
+
+
+# What readiness queries (never created: a read of a missing graph is answered "empty key").
+READINESS_GRAPH = GRAPH_PREFIX + "readiness"
+# The write each agent graph takes after its server started, before the service is ready.
+WARM_UP = "CREATE (n) DELETE n"
+# How long a start waits for that warm-up before it goes on in the background.
+WARM_UP_WAIT_SECONDS = 5.0
 
 
 def graph_name(agent_id: str) -> str:
@@ -242,9 +251,14 @@ class GraphBackend(EntityGraph):
         self._building: asyncio.Task[None] | None = None
         self._stored: tuple[float, dict[str, float]] | None = None  # (when, gauges) of the last count
         self._counting: asyncio.Task[None] | None = None
+        self._warmed: tuple[str, ...] | None = None  # the servers' run ids the agent graphs were warmed for
+        self._warming: tuple[tuple[str, ...], asyncio.Task[None]] | None = None
 
     async def start(self) -> None:
         await self.client.connection.ping()
+        if (warming := self._warm_up(await readiness.check(self.client.connection))) is not None:
+            with suppress(TimeoutError):  # a big store goes on warming in the background (GET /health: 503)
+                await asyncio.wait_for(asyncio.shield(warming), WARM_UP_WAIT_SECONDS)
         await migrate_layout(self.client, self)
         self._building = asyncio.create_task(self._build_missing_postings())
 
@@ -301,6 +315,10 @@ class GraphBackend(EntityGraph):
             await redis.delete(lock)
 
     async def close(self) -> None:
+        if self._warming is not None:
+            self._warming[1].cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._warming[1]
         if self._building is not None:
             self._building.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -312,11 +330,66 @@ class GraphBackend(EntityGraph):
             await pool.disconnect()  # the client does not own the pool it was given
 
     async def health(self) -> dict[str, Any]:
+        """Ready when a write would succeed: the server takes writes (memory_service/stores/
+        readiness.py), answers a query, and every agent graph it loaded at its start took its
+        first write (``_warm_up``)."""
         try:
-            await self.client.connection.ping()
-            return {"ok": True, "url": redact_url(self.url), "agent_graphs": len(await self.agents())}
+            why, runs = await readiness.check(self.client.connection)
+            if why is None and self._warm_up((why, runs)) is not None:
+                why = "the graph store is warming up its graphs after its start"
+            if why is None:
+                await self._probe_query()
         except Exception as exc:  # health reports, it never raises
             return {"ok": False, "url": redact_url(self.url), "error": str(exc)}
+        if why is not None:
+            return {"ok": False, "url": redact_url(self.url), "error": why}
+        return {"ok": True, "url": redact_url(self.url), "agent_graphs": len(await self.agents())}
+
+    async def _probe_query(self) -> None:
+        """A real query through FalkorDB's query path, which creates nothing: a read of a graph
+        that does not exist (answered "empty key")."""
+        try:
+            await self.client.connection.execute_command("GRAPH.RO_QUERY", READINESS_GRAPH, "RETURN 1")
+        except Exception as exc:
+            if not _is_missing_graph(exc):
+                raise
+
+    def _warm_up(self, checked: tuple[str | None, tuple[str, ...]]) -> asyncio.Task[None] | None:
+        """The warm-up of the agent graphs for the servers' current run, if it is not done.
+
+        After a server replays its append-only file (a restart after a crash), the first
+        write to each graph it loaded blocks the whole server for seconds (about 10 s for
+        a graph of 10,000 messages: FalkorDB applies what the replay left pending), and
+        every other command waits meanwhile. Each agent graph takes one write that changes
+        nothing (a node created and deleted in one query) before the service calls itself
+        ready; a write blocked past the read timeout is sent again.
+        """
+        why, runs = checked
+        if why is not None or runs == self._warmed:
+            return None
+        if self._warming is None or self._warming[0] != runs or self._warming[1].done():
+            self._warming = (runs, asyncio.create_task(self._warm_graphs(runs)))
+        return self._warming[1]
+
+    async def _warm_graphs(self, runs: tuple[str, ...]) -> None:
+        started = time.monotonic()
+        try:
+            names = [name for name in await self.client.list_graphs() if agent_of_graph(name) is not None]
+            for name in names:
+                while True:
+                    try:
+                        if await self.client.connection.exists(name):  # not one an erasure just removed
+                            await self.client.connection.execute_command("GRAPH.QUERY", name, WARM_UP)
+                        break
+                    except redis.exceptions.TimeoutError:  # still blocked on this graph: it will answer
+                        continue
+            self._warmed = runs
+            if names:
+                log.info("the graph store's %d agent graph(s) warmed up in %.1fs", len(names), time.monotonic() - started)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the next GET /health starts it again
+            log.warning("warming up the agent graphs failed: %s: %s", type(exc).__name__, exc)
 
     async def gauges(self) -> dict[str, float]:
         """``memories_stored{store="graph"}`` and ``graph_entities_stored``, counted at most once

@@ -218,6 +218,7 @@ class Worker:
         expires_extra_ms: int = expires_extra_ms,
         timezone: Optional[timezone] = None,
         log_results: bool = True,
+        worker_id: Optional[str] = None,
     ):
         self.functions: dict[str, Union[Function, CronJob]] = {f.name: f for f in map(func, functions)}
         if queue_name is None:
@@ -300,6 +301,9 @@ class Worker:
         self.job_deserializer = job_deserializer
         self.expires_extra_ms = expires_extra_ms
         self.log_results = log_results
+        # memory-service: the value of the in-progress keys this worker sets (arq's own: b'1'),
+        # so that a job whose worker died can be told from a running one.
+        self.worker_id = worker_id
 
         # default to system timezone
         self.timezone = datetime.now().astimezone().tzinfo if timezone is None else timezone
@@ -462,7 +466,7 @@ class Worker:
                     continue
 
                 pipe.multi()
-                pipe.psetex(in_progress_key, int(self.in_progress_timeout_s * 1000), b'1')
+                pipe.psetex(in_progress_key, int(self.in_progress_timeout_s * 1000), (self.worker_id or '1').encode())
                 try:
                     await pipe.execute()
                 except (ResponseError, WatchError):
