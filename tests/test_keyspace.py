@@ -47,6 +47,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("shards", ("a1",), "ms:shards:a1"),
     ("user_sessions", ("a1", "alice"), "ms:u:{user:a1:alice}:sessions"),
     ("user_recorded", ("a1", "alice"), "ms:u:{user:a1:alice}:recorded"),
+    ("user_joined", ("a1", "alice"), "ms:u:{user:a1:alice}:joined"),
     ("embed_due", ("a1",), "ms:embed:{embed:a1}:due"),
     ("embed_lock", ("a1",), "ms:embed:{embed:a1}:job"),
     ("startup_records", ("a1",), "ms:startup:{agent:a1}"),
@@ -58,7 +59,8 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("audit_stream", ("a1",), "ms:audit:agent:a1"),
     ("audit_stream", (None,), "ms:audit:system"),
     ("session_keys", ("s1",), {part: f"ms:s:{{s:240}}:s1:{part}" for part in
-                               ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed")}),
+                               ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed",
+                                "participants")}),
     ("window", ("s1",), "ms:s:{s:240}:s1:window"),
     ("legacy_claim", ("s1",), "ms:s:{s:240}:s1:claim"),
     ("cons_pending", ("user:a1:alice",), "ms:cons:{user:a1:alice}:user:a1:alice:pending"),
