@@ -295,7 +295,7 @@ async def query_one(http: httpx.AsyncClient, q: LmeQuestion, budgets: Sequence[i
 
 
 async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], concurrency: int, console: Console,
-                      out: dict) -> None:
+                      out: dict, time_limit: float | None = None) -> None:
     """Fills ``out`` as it goes: a failure keeps what was measured before it."""
     from memory_service.config import Settings
     from memory_service.http.app import create_app
@@ -320,6 +320,9 @@ async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], 
                 async def one(q: LmeQuestion) -> None:
                     async with gate:
                         t0 = time.perf_counter()
+                        if time_limit is not None and t0 - started > time_limit:
+                            out["not_started"] = out.get("not_started", 0) + 1
+                            return
                         await ingest_one(http, q, settings.max_message_chars, timing)
                         timing["embed_wait"].append(await wait_embedded(app.state.service, q.question_id))
                         errors.extend(await check_formed(http, q, settings.max_message_chars))
@@ -366,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=2, help="questions ingested at once (default 2)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
+    parser.add_argument("--time-limit", type=float, metavar="S",
+                        help="start no question after S seconds of the service's run; report those done "
+                             "(the baselines are reported on the same questions)")
     args = parser.parse_args(argv)
     budgets = sorted({int(b) for b in args.budgets.split(",") if b.strip()})
     if not args.path.is_file():
@@ -395,7 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            asyncio.run(run_service(questions, budgets, args.concurrency, console, service))
+            asyncio.run(run_service(questions, budgets, args.concurrency, console, service, args.time_limit))
         except BenchError as exc:
             failure = str(exc)
         except httpx.HTTPError as exc:
@@ -406,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     report(console, summaries, budgets)
     if "timing" in service:
         t = service["timing"]
+        if service.get("not_started"):
+            console.print(f"[yellow]time limit[/yellow]: {service['not_started']} questions not started")
         console.print(f"service: {len(service.get('records', []))} questions, {service['messages']} messages in "
                       f"{service['seconds']:.0f} s; p50/p95 ms: batch {t['batch'].get('median_ms', 0):.0f}/"
                       f"{t['batch'].get('p95_ms', 0):.0f}, form {t['form'].get('median_ms', 0):.0f}/"
