@@ -202,6 +202,17 @@ class XmlEvidence:
     parse_error: str | None = None
 
 
+def own_texts(root: ET.Element) -> list[str]:
+    """Each element's own text (its text and its children's tails, not the children's
+    text), for the elements that have any."""
+    out = []
+    for el in root.iter():
+        own = (el.text or "") + "".join(child.tail or "" for child in el)
+        if own.strip():
+            out.append(own)
+    return out
+
+
 def evidence_in_xml(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> XmlEvidence:
     """Which of ``turns`` the block holds: an element whose own text (not its children's)
     contains at least ``threshold`` of the turn's content words; and, by id, which turns
@@ -210,12 +221,9 @@ def evidence_in_xml(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -> 
         root = ET.fromstring(xml)
     except ET.ParseError as exc:
         return XmlEvidence(set(), None, str(exc))
-    element_words: list[frozenset[str]] = []
+    element_words = [frozenset(WORD.findall(text.lower())) for text in own_texts(root)]
     ids: set[str] | None = None
     for el in root.iter():
-        own = (el.text or "") + "".join(child.tail or "" for child in el)
-        if own.strip():
-            element_words.append(frozenset(WORD.findall(own.lower())))
         if (sources := el.get("sources")) is not None:
             ids = (ids or set()) | set(sources.split())
     by_text = set()
@@ -269,15 +277,18 @@ def block_composition(xml: str, turns: Sequence[Turn], threshold: float = 0.7) -
     return out
 
 
-def pack_turns(turns: Iterable[Turn], budget: int) -> tuple[str, list[str]]:
+def pack_turns(turns: Iterable[Turn], budget: int, skip: bool = False) -> tuple[str, list[str]]:
     """The baselines' memory block: the given turns (best first), whole, as
     ``<Turn>speaker: text [image: caption]</Turn>`` items, until the next one would not
-    fit; and the ids of the turns packed."""
+    fit (with ``skip``: a turn that does not fit is passed over and the next ones tried);
+    and the ids of the turns packed."""
     head, tail = "<MemoryContext>\n", "</MemoryContext>"
     out, ids, used = [], [], len(head) + len(tail)
     for turn in turns:
         item = f"  <Turn>{escape(turn.doc)}</Turn>\n"
         if used + len(item) > budget:
+            if skip:
+                continue
             break
         out.append(item)
         ids.append(turn.dia_id)

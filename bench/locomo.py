@@ -68,6 +68,7 @@ from baselines import (  # noqa: E402
     turn_times,
 )
 from context_bench import print_machine  # noqa: E402
+from evidence import context_metrics, grouped, in_half, loss_columns, record, retrieval_metrics, split_halves, summary_table  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -173,11 +174,14 @@ async def _run_baselines(samples: list[Sample], budgets: Sequence[int], embedder
                 records["rrf"].append(retrieval_record(q, [[ids[i]] for i in fused]))
                 seconds["rrf"].append(t_bm + t_dense + t_fuse)
             ev_turns = [by_id[e] for e in q.evidence]
+            bm_found = [ids[i] for i in bm_top]
             rec = {"sample_id": q.sample_id, "qa_index": q.index, "category": q.category,
-                   "bm25_packed": {}, "bm25_packed_by_id": {}, "recency": {}}
+                   "bm25_packed": {}, "bm25_packed_by_id": {}, "recency": {},
+                   "protocol": retrieval_metrics([[i] for i in bm_found], q.evidence, KS)}
             for b in budgets:
                 xml, packed_ids = pack_turns((turns[i] for i in bm_all), b)
                 present = evidence_in_xml(xml, ev_turns)
+                rec["protocol"].update(context_metrics(xml, ev_turns, bm_found, b))
                 rec["bm25_packed"][str(b)] = len(present.by_text) / len(ev_turns)
                 rec["bm25_packed_by_id"][str(b)] = recall_at(packed_ids, q.evidence)
                 xml, _ = pack_turns(recency, b)
@@ -362,8 +366,12 @@ async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: lis
                 kinds_top10[x.get("kind", "?")] += 1
                 activated_top10 += bool(x.get("activated"))
                 results_top10 += 1
-            rec = retrieval_record(q, [x.get("source_message_ids") or [] for x in results])
+            sources = [x.get("source_message_ids") or [] for x in results]
+            rec = retrieval_record(q, sources)
             rec["kinds@10"] = [x.get("kind") for x in results[:10]]
+            rec["protocol"] = retrieval_metrics(sources, q.evidence, KS)
+            rec["protocol"].update(retrieval_metrics([s for s, x in zip(sources, results, strict=True)
+                                                      if x.get("kind") == "message"], q.evidence, (10,), "msg "))
             records.append(rec)
     summary = retrieval_summary(records, seconds)
     summary["kinds_top10"] = dict(kinds_top10.most_common())
@@ -373,7 +381,11 @@ async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: lis
 
 
 async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: Sequence[int],
-                      errors: list[str], recall: dict[str, str] | None = None) -> dict:
+                      errors: list[str], recall: dict[str, str] | None = None,
+                      found: dict[tuple[str, int], Sequence[str]] | None = None) -> dict:
+    """The block per question and budget. With ``found`` (search's top-20 evidence per
+    (sample, question)), each record also gets the shared protocol's context metrics and
+    where the evidence is lost (bench/evidence.py)."""
     records = []
     seconds: dict[str, list[float]] = {str(b): [] for b in budgets}
     chars: dict[str, list[int]] = {str(b): [] for b in budgets}
@@ -387,7 +399,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
             user = speaker_of_question(q.question, sample.speaker_a, sample.speaker_b)
             ev_turns = [by_id[e] for e in q.evidence]
             rec = {"sample_id": q.sample_id, "qa_index": q.index, "category": q.category, "user_id": user,
-                   "service": {}, "service_by_id": {}, "chars": {}}
+                   "service": {}, "service_by_id": {}, "chars": {}, "protocol": {}}
             for b in budgets:
                 params = {"agent_id": sample.sample_id, "user_id": user, "session_id": last, "query": q.question,
                           "budget": b, **(recall or {})}
@@ -410,6 +422,8 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                 if present.parse_error:
                     errors.append(f"{where}: the block does not parse: {present.parse_error}")
                 rec["service"][str(b)] = len(present.by_text) / len(ev_turns)
+                if found is not None:
+                    rec["protocol"].update(context_metrics(xml, ev_turns, found.get((q.sample_id, q.index), ()), b))
                 for section, row in block_composition(xml, ev_turns).items():
                     total = composition[str(b)].setdefault(section, dict.fromkeys(row, 0) | {"blocks": 0})
                     total["blocks"] += 1
@@ -489,7 +503,8 @@ async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Se
             raise BenchError(f"GET /v1/context has no {' or '.join(sorted(missing))} parameter in this "
                              "service yet: evidence-in-context cannot be measured")
         console.print(f"  context: {questions} queries x {len(budgets)} budgets ...")
-        out["context"] = await run_context(http, samples, budgets, errors)
+        found = {(r["sample_id"], r["qa_index"]): r["found@20"] for r in out["search"]["per_question"]}
+        out["context"] = await run_context(http, samples, budgets, errors, found=found)
         for spec in recall_grid:
             console.print(f"  context with {spec}: {questions} queries x {len(budgets)} budgets ...")
             run = await run_context(http, samples, budgets, errors, recall_params(spec))
@@ -627,10 +642,45 @@ def report(console: Console, base: dict, service: dict, budgets: Sequence[int], 
     return targets
 
 
+CATEGORIES = {1: "c1 multi-hop", 2: "c2 temporal", 3: "c3 open-domain", 4: "c4 single-hop"}
+
+
+def protocol(base: dict, service: dict, halves: dict[str, str]) -> dict[str, dict]:
+    """The shared protocol's summaries (bench/evidence.py): per method, the whole, both halves
+    and each category; the service's search and context records joined per question."""
+    def key(r: dict) -> str:
+        return f"{r['sample_id']}#{r['qa_index']}"
+
+    bm25 = [record(key(r), halves[key(r)], r["category"], **r["protocol"]) for r in base["per_question"]["context"]]
+    out = {"bm25": grouped(bm25, CATEGORIES.get)}
+    if "search" in service:
+        ctx = {key(r): r["protocol"] for r in service.get("context", {}).get("per_question", [])}
+        recs = [record(key(r), halves[key(r)], r["category"], **r["protocol"], **ctx.get(key(r), {}))
+                for r in service["search"]["per_question"]]
+        out = {"service": grouped(recs, CATEGORIES.get), **out}
+    return out
+
+
+def protocol_report(console: Console, summaries: dict[str, dict], budgets: Sequence[int]) -> None:
+    rows = ["all", "half a", "half b", *CATEGORIES.values()]
+    console.print(summary_table("The shared protocol: turn recall over evidence turns, whole, halves, categories",
+                                summaries, [("R@5", "R@5"), ("R@10", "R@10"), ("R@20", "R@20"), ("all@10", "all@10"),
+                                            ("any@10", "any@10"), ("msg R@10", "msg R@10")], rows))
+    console.print(summary_table("Evidence in context (70 % rule): share of evidence turns shown, and questions with all",
+                                summaries, [(f"ctx @{b:,}", f"ctx@{b}") for b in budgets]
+                                + [(f"all @{b:,}", f"ctx_all@{b}") for b in budgets], rows))
+    for b in budgets:
+        console.print(summary_table(f"Where the evidence is lost at {b:,} characters (shares of evidence turns)",
+                                    summaries, loss_columns(b), rows))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("path", type=Path, help="a LoCoMo-format JSON file (e.g. locomo_dev.json)")
     parser.add_argument("--limit-samples", type=int, metavar="N", help="only the first N samples")
+    parser.add_argument("--half", choices=("a", "b", "both"), default="both",
+                        help="the questions of one half (bench/evidence.py: per conversation and category, "
+                             "SHA-256 order of '<sample_id>#<qa index>', alternating); every conversation is ingested")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write everything as JSON to OUT")
     parser.add_argument("--budgets", default="2000,4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=5, help="samples ingested at once (default 5)")
@@ -656,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(f"command: {command}")
     started = time.perf_counter()
     samples = load_locomo(args.path, args.limit_samples)
+    halves = split_halves((f"{q.sample_id}#{q.index}", (q.sample_id, q.category)) for s in samples for q in s.questions)
+    for s in samples:
+        s.questions = [q for q in s.questions if in_half(halves[f"{q.sample_id}#{q.index}"], args.half)]
     questions = sum(len(s.questions) for s in samples)
     data = {"path": str(args.path), "samples": [s.sample_id for s in samples],
             "sessions": sum(len(s.sessions) for s in samples), "turns": sum(len(s.turns) for s in samples),
@@ -678,6 +731,8 @@ def main(argv: list[str] | None = None) -> int:
             failure = f"the service did not start (uvicorn exit status {exc.code}); its start-up error is in the log above"
     header["load_avg_1_5_15_at_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     targets = report(console, base, service, budgets, questions)
+    summaries = protocol(base, service, halves)
+    protocol_report(console, summaries, budgets)
     console.print(f"load average at end: {header['load_avg_1_5_15_at_end']}; took {time.perf_counter() - started:.1f} s")
 
     if args.json:
@@ -686,7 +741,8 @@ def main(argv: list[str] | None = None) -> int:
             "benchmark": "locomo", "machine": header, "command": command,
             "settings": {"budgets": budgets, "top_k": TOP_K, "rrf_k": RRF_K, "concurrency": args.concurrency,
                          "service": service.get("settings")},
-            "data": data, "baselines": base, "service": service, "targets": targets,
+            "data": data, "baselines": base, "service": service, "targets": targets, "protocol": summaries,
+            "halves": {"rule": "bench/evidence.py split_halves, per (sample_id, category)", "half": args.half},
             "failure": failure,
         }, indent=1, default=_jsonable) + "\n")
         console.print(f"results written to {args.json}")
