@@ -15,8 +15,6 @@ import pytest
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
-pytest.importorskip("bm25s")  # a bench-only dependency (pip install -e '.[bench]')
-
 from baselines import Turn  # noqa: E402
 from evidence import (  # noqa: E402
     Block,
