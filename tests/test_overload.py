@@ -261,6 +261,7 @@ async def test_past_the_admission_limit_requests_wait_then_answer_503_and_metric
         assert refused.status_code == 503 and refused.headers["retry-after"] == "2"
         assert refused.json()["detail"] == "the service is at capacity (1 requests in progress); try again shortly"
         assert (await guard(http.get("/metrics"))).status_code == 200
+        assert (await guard(http.get("/health/live"))).status_code == 200  # a liveness probe is never queued
         own_graph.resume()
         assert (await guard(holding)).status_code == 200
         assert (await http.post("/v1/sessions/s2/messages", json=message(3))).status_code == 200

@@ -26,7 +26,8 @@ does not reach counts to the key's own.
 
 Admission is per process: with R replicas an agent may run R times its share at once.
 What is shared by every replica is counted in Redis: the rate limits (memory_service/access/keys.py).
-/health and /metrics are never queued, nor is ``POST /v1/sessions/{id}/form``: with
+/health, /health/live and /metrics are never queued (a liveness probe queued behind a
+flood would get the process restarted for being busy), nor is ``POST /v1/sessions/{id}/form``: with
 ``wait`` it sleeps until the worker stored the window (up to FORM_WAIT_SECONDS, tens of
 seconds with an LLM), and a few sessions ending at once must not take every slot.
 
@@ -213,7 +214,7 @@ class AdmissionLimit:
     (``lane_of``); the others wait up to ``wait`` seconds for a slot (``FairSlots``), then
     answer 503 with Retry-After."""
 
-    NEVER_QUEUED = frozenset({"/health", "/metrics"})
+    NEVER_QUEUED = frozenset({"/health", "/health/live", "/metrics"})
     LONG_POLL_SUFFIX = "/form"  # POST /v1/sessions/{id}/form
 
     def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0):
