@@ -31,7 +31,7 @@ from typing import Any
 
 from memory_service.access.audit import AuditLog, audited_fact
 from memory_service.access.authorization import authorize_session
-from memory_service.access.cursors import Cursors
+from memory_service.access.cursors import Cursors, position_field
 from memory_service.access.keys import KeyStore, Principal
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.access.reach import Reach
@@ -93,9 +93,9 @@ from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
+from memory_service.stores import readiness
 from memory_service.stores.agents import AgentDirectory
 from memory_service.stores.base import MemoryBackend, MemoryState
-from memory_service.stores.readiness import refusal
 from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
@@ -373,10 +373,7 @@ class MemoryService:
         listed = "entities|" + json.dumps([agent_id, str(chosen) if chosen else None, entity_type, name_prefix])
         inner = None
         if cursor is not None:
-            inner = (await self.cursors.open(cursor, listed, scope)).get("c")
-            if not isinstance(inner, str):
-                raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` "
-                                   "as it came")
+            inner = position_field(await self.cursors.open(cursor, listed, scope), "c", str)
         _, backend = await self.agents.backend_for(agent_id)
         entities, after = await backend.list_entities(agent_id, chosen, entity_type, name_prefix, inner, limit,
                                                       within=within)
@@ -399,11 +396,7 @@ class MemoryService:
         after = None
         if cursor is not None:
             body = await self.cursors.open(cursor, listed, scope)
-            ts, fact_id = body.get("t"), body.get("i")
-            if not isinstance(ts, int) or isinstance(ts, bool) or not isinstance(fact_id, str):
-                raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` "
-                                   "as it came")
-            after = (ts, fact_id)
+            after = (position_field(body, "t", int), position_field(body, "i", str))
         _, backend = await self.agents.backend_for(agent_id)
         detail = await backend.get_entity(agent_id, entity_id, as_of, include_superseded, within=within, after=after,
                                           limit=limit)
@@ -624,9 +617,9 @@ class MemoryService:
     async def health(self) -> dict[str, Any]:
         """Readiness: each store would take a write now (memory_service/stores/readiness.py;
         the graph store's own check: GraphBackend.health), not only answer a PING."""
-        state = await _ready(self.state.redis)
+        state = await readiness.report(self.state.redis)
         backends = await self.registry.health()
-        queue = await _ready(self.queue.pool)
+        queue = await readiness.report(self.queue.pool)
         return {
             "ok": state["ok"] and queue["ok"] and all(b.get("ok") for b in backends.values()),
             "state": state,
@@ -634,15 +627,6 @@ class MemoryService:
             "backends": backends,
             "default_backend": self.settings.default_memory_backend,
         }
-
-
-async def _ready(client: Any) -> dict[str, Any]:
-    """A Redis store's readiness: ``{"ok": True}``, or ``ok`` False with the reason."""
-    try:
-        why = await refusal(client)
-    except Exception as exc:  # health reports, it never raises
-        return {"ok": False, "error": str(exc)}
-    return {"ok": True} if why is None else {"ok": False, "error": why}
 
 
 def _audited(record: MemoryRecord) -> dict[str, object]:

@@ -86,6 +86,15 @@ class Cursors:
         return body
 
 
+def position_field(position: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    """The ``name`` of an opened cursor's position, if it is of ``kind`` (never a boolean for
+    a number); InvalidInput (422) otherwise."""
+    value = position.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` as it came")
+    return value
+
+
 def _kind(list_name: str) -> str:
     """The list's kind: its name up to the first '|' (the rest names the agent, filters)."""
     return list_name.split("|", 1)[0]

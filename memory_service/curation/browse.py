@@ -28,7 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from memory_service.access.audit import AUDIT_SCAN_LIMIT, AuditLog
-from memory_service.access.cursors import Cursors
+from memory_service.access.cursors import Cursors, position_field
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex
@@ -69,13 +69,6 @@ def _digest(filters: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(filters, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = body.get(name)
-    if not isinstance(value, kind) or isinstance(value, bool):
-        raise InvalidInput("cursor: damaged (a field is missing or of the wrong type); pass a page's `next` as it came")
-    return value
-
-
 def _when(timestamp: float | None) -> datetime | None:
     return datetime.fromtimestamp(timestamp, UTC) if timestamp is not None else None
 
@@ -114,7 +107,7 @@ class Browser:
         users the agent knows, the sessions they took part in (what ``users_page`` and
         ``sessions_page`` list), never the agent's own totals."""
         scope = None if reachable is None and users is None else [sorted(reachable or ()), sorted(users or ())]
-        after = _field(await self._open(cursor, "agents", None, scope, {}), "a", str) if cursor else None
+        after = position_field(await self._open(cursor, "agents", None, scope, {}), "a", str) if cursor else None
         if reachable is None:
             ids = await self.state.agents_after(after, limit + 1)
         else:
@@ -131,7 +124,7 @@ class Browser:
 
     async def users_page(self, agent_id: str, reach: Reach, cursor: str | None, limit: int) -> UserPage:
         filters = {"agent": agent_id}
-        after = _field(await self._open(cursor, "users", agent_id, reach.view, filters), "u", str) if cursor else None
+        after = position_field(await self._open(cursor, "users", agent_id, reach.view, filters), "u", str) if cursor else None
         if reach.users is None:
             ids = await self.state.users_after(agent_id, after, limit + 1)
         else:
@@ -148,7 +141,7 @@ class Browser:
         """The agent's sessions, newest first (by creation); ``user_id``: those the user took
         part in. For a user, or a key limited to users, the cost is their sessions'."""
         filters = {"agent": agent_id, "user": user_id}
-        before = _field(await self._open(cursor, "sessions", agent_id, reach.view, filters), "n", int) if cursor else None
+        before = position_field(await self._open(cursor, "sessions", agent_id, reach.view, filters), "n", int) if cursor else None
         users = [user_id] if user_id is not None else sorted(reach.users) if reach.users is not None else None
         if users is None:
             rows = await self.state.sessions_before(agent_id, before, limit + 1)
@@ -199,7 +192,7 @@ class Browser:
         after, hint = None, None
         if cursor:
             body = await self._open(cursor, "memories", agent_id, reach.view, filters)
-            after = (float(_field(body, "t", (int, float))), _field(body, "i", str))
+            after = (float(position_field(body, "t", (int, float))), position_field(body, "i", str))
             hint = body.get("h") if isinstance(body.get("h"), (int, float)) else None
         chosen = await self._namespaces(agent_id, reach, namespace, user_id, session_id)
         if chosen == []:

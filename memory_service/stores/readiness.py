@@ -38,3 +38,13 @@ async def check(client: Any) -> tuple[str | None, tuple[str, ...]]:
 async def refusal(client: Any) -> str | None:
     """None if every primary of ``client`` would take a write now, else why not."""
     return (await check(client))[0]
+
+
+async def report(client: Any) -> dict[str, Any]:
+    """``client``'s part of a readiness report: ``{"ok": True}``, or ``ok`` False with the
+    reason (an error reaching it included: a report never raises)."""
+    try:
+        why = await refusal(client)
+    except Exception as exc:
+        return {"ok": False, "error": str(exc)}
+    return {"ok": True} if why is None else {"ok": False, "error": why}
