@@ -13,7 +13,10 @@ from hypothesis import strategies as st
 
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.recall.render import (
+    ALLOWANCE_SHARE,
     FACTS_SHARE,
+    PASSAGE_CHARS,
+    WHOLE_CHARS,
     MIN_BUDGET_CHARS,
     ContextInputs,
     FactItem,
@@ -24,6 +27,7 @@ from memory_service.recall.render import (
     age,
     budget_for_model,
     clean,
+    passage,
     render_context,
 )
 
@@ -380,41 +384,95 @@ def relevant(text: str, score: float, kind: str = "message") -> RelevantItem:
     return RelevantItem(MemoryKind(kind), NOW, text, score=score, terms=("seat",))
 
 
-def test_relevant_memories_share_the_budget_by_score_and_short_ones_leave_room_to_the_next():
-    long = "I asked about the seat again and " + "then talked about other things " * 20
-    inputs = ContextInputs(relevant=[relevant(f"{i} {long}", score) for i, score in enumerate((1.0, 0.8, 0.5, 0.2))],
-                           asked=True)
-    shown = texts(parse(render_context(inputs, 1200, NOW).xml), "Memory")
-    lengths = [len(t) for t in shown]
-    assert lengths == sorted(lengths, reverse=True) and lengths[0] > lengths[-1]
-    assert all("seat" in t for t in shown)  # each cut keeps the query's word
-    # A short item takes only what it needs: the next gets the rest of its share.
-    short = ContextInputs(relevant=[relevant("The seat is 14C.", 1.0), relevant(f"x {long}", 0.2)], asked=True)
-    alone = ContextInputs(relevant=[relevant("other words", 1.0), relevant(f"x {long}", 0.2)], asked=True)
-    assert len(texts(parse(render_context(short, 900, NOW).xml), "Memory")[1]) > \
-        len(texts(parse(render_context(ContextInputs(relevant=[relevant("The seat is 14C. " * 8, 1.0),
-                                                                relevant(f"x {long}", 0.2)], asked=True),
-                                          900, NOW).xml), "Memory")[1])
-    assert texts(parse(render_context(alone, 900, NOW).xml), "Memory")[0] == "other words"
+def test_a_short_relevant_memory_is_whole_or_left_out_and_a_long_one_shows_its_passage():
+    # Short ones (up to WHOLE_CHARS) are never cut: one that does not fit leaves the room to
+    # a shorter one after it.
+    first, second, third = ("The seat is 14C, by the window. " * 6).strip(), "The seat costs 40 euros extra. " * 9, "Seat 14C."
+    inputs = ContextInputs(relevant=[relevant(first, 1.0), relevant(second, 0.9), relevant(third, 0.8)], asked=True)
+    shown = texts(parse(render_context(inputs, 600, NOW).xml), "Memory")
+    assert shown == [first, third]
+    # A long one shows the sentences around the query's word, whole, with its neighbours,
+    # and says where it goes on.
+    filler = [f"We also talked about topic number {i} for a while." for i in range(60)]
+    said = "The seat I want on every flight is 14C."
+    long = " ".join([*filler[:30], said, *filler[30:]])
+    assert len(long) > WHOLE_CHARS
+    others = [relevant(f"A seat note number {i}.", 1.0) for i in range(9)]
+    cut = texts(parse(render_context(ContextInputs(relevant=[relevant(long, 1.0), *others], asked=True), 4000,
+                                     NOW).xml), "Memory")[0]
+    assert said in cut and cut.startswith("…We also talked") and cut.endswith("while.…")
+    assert len(cut) <= PASSAGE_CHARS and "topic number 29 " in cut and "topic number 30 " in cut
+    # Its passage grows with its share of a larger budget, never past the text.
+    wide = texts(parse(render_context(ContextInputs(relevant=[relevant(long, 1.0), *others], asked=True), 60_000,
+                                      NOW).xml), "Memory")[0]
+    assert wide == long
 
 
-def test_with_a_query_relevant_memories_come_before_the_background():
+def test_passage_keeps_whole_sentences_around_the_best_match():
+    text = ("We met in May. The weather was bad. I bought a ceramic vase in Lisbon for my mother. "
+            "It cost 40 euros. Then we went home.")
+    assert passage(text, ("vase", "lisbon"), 60) == "…I bought a ceramic vase in Lisbon for my mother.…"
+    assert passage(text, ("vase", "lisbon"), 90) == ("…The weather was bad. I bought a ceramic vase in Lisbon for "
+                                                     "my mother. It cost 40 euros.…")
+    assert passage(text, ("vase",), 1000) == text
+    # A sentence longer than the room is cut around the word.
+    assert "vase" in passage(text, ("vase",), 30) and len(passage(text, ("vase",), 30)) <= 30
+
+
+def test_with_a_query_the_background_is_kept_within_its_allowance_and_the_rest_competes_after():
+    directives = [directive(f"Always mention the rule number {i} when it applies.") for i in range(12)]
     inputs = ContextInputs(
         shards=[ShardContext("t", "Topic", facts=[fact("a shard fact about nothing asked")], consolidated="summary " * 20)],
-        users=[UserContext("u", directives=[directive("Always answer briefly.")], consolidated="Use metric units.")],
-        episodes=[episode("the latest episode " * 5)],
-        relevant=[relevant("The window seat is 14C.", 1.0), relevant("Aisle seats are for long flights.", 0.9)],
+        users=[UserContext("u", directives=directives, consolidated="Use metric units.")],
+        episodes=[episode("We talked about the trip to Lisbon and the seats.")],
+        relevant=[relevant(f"The window seat number {i} is by the wing.", 1.0 - i / 100) for i in range(40)],
         asked=True,
     )
-    root = parse(render_context(inputs, 480, NOW).xml)
-    assert texts(root, "Memory") == ["The window seat is 14C.", "Aisle seats are for long flights."]
-    # How to act (the user's directives, and their consolidation) comes before everything.
-    assert texts(root, "Directive") == ["Always answer briefly."]
+    budget = 4000
+    root = parse(render_context(inputs, budget, NOW).xml)
+    # The conversation's episode is there, and how to act, but only within the allowance:
+    # the relevant memories get the rest.
+    assert texts(root, "Episode") == ["We talked about the trip to Lisbon and the seats."]
     assert texts(root, "ConsolidatedMemory") == ["Use metric units."]
-    assert root.find("CollectiveMemory") is None and root.find(".//Episode") is None
+    user = ET.tostring(root.find("UserMemory"), encoding="unicode")
+    conversation = ET.tostring(root.find("CurrentConversationContext"), encoding="unicode")
+    assert len(user) + len(conversation) <= budget * ALLOWANCE_SHARE + 40  # + indentation
+    assert 0 < len(texts(root, "Directive")) < len(directives)
+    assert len(texts(root, "Memory")) >= 8 and root.find("CollectiveMemory") is None
+    # With few relevant memories, the background left out of the allowance comes back.
+    few = parse(render_context(replace(inputs, relevant=inputs.relevant[:2]), budget, NOW).xml)
+    assert len(texts(few, "Directive")) == len(directives) and len(texts(few, "Memory")) == 2
     # Without a query the same inputs keep the recency order: the latest episode first.
-    recent = parse(render_context(replace(inputs, asked=False), 480, NOW).xml)
+    recent = parse(render_context(replace(inputs, asked=False), budget, NOW).xml)
     assert texts(recent, "Episode")
+
+
+def test_the_latest_episode_is_there_when_the_relevant_memories_repeat_it():
+    said = ["Alice booked the flight to Lisbon for May.", "She wants the window seat 14C.", "Bob comes along too."]
+    inputs = ContextInputs(episodes=[episode(" ".join(said))], asked=True,
+                           relevant=[relevant(f"alice: {s}", 1.0) for s in said])
+    root = parse(render_context(inputs, 2000, NOW).xml)
+    assert texts(root, "Episode") == [" ".join(said)]
+    # A message the episode shows whole is left out, its form named on the episode.
+    assert texts(root, "Memory") == []
+    (kept,) = root.iter("Episode")
+    assert kept.get("also") == "message"
+    # Shortened, never dropped, when the allowance is smaller than the episode.
+    long = episode(" ".join(f"Then we talked about the {n} part of the plan." for n in ("first", "second", "third",
+                                                                                         "fourth", "fifth", "sixth")))
+    tight = parse(render_context(ContextInputs(episodes=[long], asked=True,
+                                               relevant=[relevant("other words " * 30, 1.0)]), 1000, NOW).xml)
+    (short,) = texts(tight, "Episode")
+    assert short.endswith("…") and short.startswith("Then we talked about the first part")
+
+
+def test_a_message_is_never_split_across_elements():
+    """The episode shows the message's first sentence: the message is still shown whole."""
+    first, rest = "I've got tickets to see the Jonas Brothers on July 17th.", "Then The Lumineers in Rhode Island."
+    inputs = ContextInputs(episodes=[episode(f"u: {first} We talked about music.")], asked=True,
+                           relevant=[relevant(f"u: {first} {rest}", 1.0)])
+    root = parse(render_context(inputs, 2000, NOW).xml)
+    assert texts(root, "Memory") == [f"u: {first} {rest}"]
 
 
 def test_each_sentence_is_shown_once_and_the_other_forms_are_named():

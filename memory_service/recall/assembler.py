@@ -395,21 +395,29 @@ class ContextAssembler:
                       if recall.scope is RecallScope.SHARED else ())]))
                 if not namespaces:
                     return [], True, 0
-                inputs, _ = await asyncio.shield(shown)  # what it shows is left out (read by now, but for consolidation's reads)
-                exclude: set[str] = {m.id for m in inputs.episodes}
-                exclude |= {m.id for u in inputs.users for m in u.directives}
-                exclude |= {m.id for sh in inputs.shards for m in (*sh.facts, *sh.suggestions)}
-                if asked.like is not None:
-                    exclude.add(asked.like)
-                top_k = min(wanted + len(exclude), s.search_max_top_k)
+                # What the block reads for its other sections (read by now, but for
+                # consolidation's reads) stays among the hits: the renderer shows each thing
+                # once, and a directive or an episode the allowance leaves out earns its place
+                # here by relevance. Those do not count against ``wanted``.
+                inputs, _ = await asyncio.shield(shown)
+                elsewhere: set[str] = {m.id for m in inputs.episodes}
+                elsewhere |= {m.id for u in inputs.users for m in u.directives}
+                elsewhere |= {m.id for sh in inputs.shards for m in (*sh.facts, *sh.suggestions)}
+                top_k = min(wanted + len(elsewhere) + 1, s.search_max_top_k)
                 request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score)
                 vector = await asked.fresh if asked.fresh is not None else None
                 ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=entities,
                                                     like=asked.like if asked.reusable else None, vector=vector)
-                hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in exclude]
+                hits = [(m, e) for m, e in ranking.results(top_k) if m.id != asked.like]  # never the query itself
                 similar = [(m, e) for m, e in hits if similar_enough(e)]
-                below = len([m for m, _ in ranking.candidates(top_k) if m.id not in exclude]) + len(hits) - len(similar)
-                kept = await ranking.briefs(similar[:wanted])  # only those shown are read, and only what it shows
+                below = len([m for m, _ in ranking.candidates(top_k) if m.id != asked.like]) + len(hits) - len(similar)
+                chosen, new = [], 0
+                for hit in similar:
+                    if new == wanted:
+                        break
+                    chosen.append(hit)
+                    new += hit[0].id not in elsewhere
+                kept = await ranking.briefs(chosen)  # only those shown are read, and only what it shows
         except MemoryServiceError:
             raise
         except Exception as exc:  # an outage shrinks the block instead of failing the prompt

@@ -257,6 +257,7 @@ class _Item:
     form: str = ""  # what it is, named in the ``also`` of an item that shows its content
     weight: float = 1.0  # a relevant item's score: its share of the sliding budget
     terms: tuple[str, ...] = ()  # a relevant item's query words: its cut keeps them
+    tier_name: str = ""  # the tier it is kept in (the priority order's name)
     line: str | None = None  # set when kept
     body: str = ""  # the escaped text of ``line``
     also: tuple[str, ...] = ()  # the forms of left-out duplicates whose content it shows
@@ -314,21 +315,40 @@ def memory_date(moment: datetime) -> str:
 _RECENT_ORDER = ("startup_p0", "startup_p1", "latest_episode", "relevant", "query_facts", "user_consolidated",
                  "user_directives", "own_facts", "startup_p2", "shard_consolidated", "relevant_more", "facts",
                  "episodes", "suggestions", "other_users", "startup_p3", "older")
-_ASKED_ORDER = ("startup_p0", "startup_p1", "user_consolidated", "user_directives", "query_facts", "relevant",
-                "relevant_more", "latest_episode", "own_facts", "startup_p2", "shard_consolidated", "facts",
+_ASKED_ORDER = ("startup_p0", "startup_p1", "user_consolidated", "user_directives", "latest_episode", "query_facts",
+                "relevant", "relevant_more", "own_facts", "startup_p2", "shard_consolidated", "facts",
                 "episodes", "suggestions", "other_users", "startup_p3", "older")
+# With a query, these tiers are kept within the allowance (ALLOWANCE_SHARE); what does not fit
+# it comes back after the relevant memories (before ``own_facts``).
+_ALLOWANCE_TIERS = ("user_consolidated", "user_directives", "latest_episode")
 _STARTUP_TIERS = ("startup_p0", "startup_p1", "startup_p2", "startup_p3")
 # Sections whose items are kept each on its own merit: one that does not fit leaves the
 # room to a shorter one after it (in every other list, the older items go with it).
 _SKIPPING = ("relevant", "startup", "facts")
 # Sections whose items are kept whole or not at all.
 _WHOLE = ("startup", "facts")
-# A relevant item no longer than this is shown whole, whatever its share, while the room
-# lasts (a message cut to its share loses what it said; the next item loses its room instead).
-WHOLE_CHARS = 400
-# A longer one is cut to its share around the query's words, never below this many characters
-# (a share too small to say anything would take the room of a next item's whole text).
+# A relevant item no longer than this is shown whole, whatever its share, when it fits the
+# room left (a message cut to its share loses what it said); one that does not fit leaves the
+# room to a shorter one after it. About the longest user turn of a chat (LongMemEval's user
+# turns: median 285, p90 416 characters; an assistant's answers run to thousands).
+WHOLE_CHARS = 800
+# A longer one shows its passage: the sentences that hold the query's words, with their
+# neighbours, in at most its share or this many characters, whichever is more (enough to be
+# read alone), never below MIN_EXCERPT_CHARS.
+PASSAGE_CHARS = 600
 MIN_EXCERPT_CHARS = 200
+# With a query, the background that says how to act and where the conversation stands (the
+# latest episode, the requesting user's consolidated memory and directives) is kept first,
+# but only within this share of the budget; the rest of it competes after the query's facts
+# and relevant memories, like the other background.
+ALLOWANCE_SHARE = 0.15
+# Forms that gather several things said (a window's episode, a consolidation): one may show
+# only its sentences not shown already. Every other form is one thing said, shown whole or
+# left out as a duplicate of one item that shows all of it: never split across elements.
+_COMPOSITE_FORMS = frozenset({"episode", "consolidated", "consolidatedmemory"})
+# A composite that shows all of a thing said (a message, an episode) carries it; a directive,
+# a fact or a suggestion is kept in its own form even then (how to act is not a summary).
+_SAID_FORMS = frozenset({"message", "episode", "observation"})
 # A sentence of fewer words is never a duplicate ("Thanks!" said twice is not repetition).
 MIN_DUPLICATE_WORDS = 3
 SENTENCES_CACHED = 4096  # texts whose sentences are kept (a few MB)
@@ -394,10 +414,11 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         group = next(groups)
         for pos, text in enumerate(texts):
             rank = pos if newest_first else len(texts) - 1 - pos  # 0 = the newest (or the best)
+            name = first_tier if rank == 0 and first_tier is not None else tier
             item = _Item(parent, tag, attrs[pos] if attrs else "", clean(text), section, group,
                          form=forms[pos] if forms else tag.lower(), weight=weights[pos] if weights else 1.0,
-                         terms=terms[pos] if terms else ())
-            item_tier = tier_of[first_tier if rank == 0 and first_tier is not None else tier]
+                         terms=terms[pos] if terms else (), tier_name=name)
+            item_tier = tier_of[name]
             # Equal ranks across lists (round-robin) are broken by the list's own tier, so
             # older items of every list go in the docstring's order too.
             ranked.append(((item_tier if rank < RECENT_ITEMS else tier_of[later_tier], rank, tier_of[tier], group),
@@ -451,28 +472,51 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             "collective", "suggestions")
 
     # Keep greedily in priority order, counting the exact size as we go.
-    size = dropped = duplicates = facts_size = 0
+    size = dropped = duplicates = facts_size = allowance_size = 0
     facts_room = int(budget_chars * FACTS_SHARE)
+    allowance_room = int(budget_chars * ALLOWANCE_SHARE) if inputs.asked else None
+    allowance_tiers = {tier_of[t] for t in _ALLOWANCE_TIERS} if inputs.asked else set()
     # The relevant memories share what is left when the first of them comes: each its part of
     # the rest by its score; what a short one leaves goes to the next (the sliding budget).
     relevant_room: int | None = None
     relevant_weight = sum(item.weight for _, item in ranked if item.section == "relevant")
-    shown_by: dict[str, _Item] = {}  # each sentence key shown, and the item showing it
+    shown_in: dict[str, list[_Item]] = {}  # each sentence key shown, and the items showing it whole
     closed: set[int] = set()  # lists that already lost an item: their older items go too
     sections = {"startup": 0, "collective": 0, "user": 0, "conversation": 0, "facts": 0, "relevant": 0}
-    for _, item in sorted(ranked, key=lambda entry: entry[0]):
+    deferred: list[_Item] = []  # allowance items that did not fit the allowance
+    # Within the allowance the latest episode comes last (it shows what the directives do not)
+    # but keeps its room: up to half the allowance is held for it until it comes.
+    latest = next((item for _, item in ranked if item.tier_name == "latest_episode"), None)
+    reserve = min(latest.shell() + len(latest.text) + len(conversation.open) + len(conversation.close),
+                  allowance_room // 2) if latest is not None and allowance_room is not None else 0
+
+    def in_order() -> Iterator[tuple[_Item, bool]]:
+        """Every item in priority order, each with whether it is within the allowance; the
+        items deferred from the allowance come back after the relevant memories."""
+        back_at = tier_of["own_facts"]
+        pending = True
+        for key, item in sorted(ranked, key=lambda entry: entry[0]):
+            if pending and key[0] >= back_at:
+                pending = False
+                yield from ((d, False) for d in deferred)
+            yield item, key[0] in allowance_tiers
+        if pending:
+            yield from ((d, False) for d in deferred)
+
+    for item, allowed in in_order():
         if item.group in closed:
             dropped += 1
             continue
-        # Each thing once: an item all of whose sentences are shown already is left out, its
-        # form folded into the item that shows them; one that repeats some shows the rest.
+        # Each thing once: an item one kept item shows all of is left out, its form folded
+        # into that item's ``also``. A composite (an episode, a consolidation) that repeats
+        # some sentences shows the rest; any other item is shown whole (never split).
         sentences = _sentences(item.text)
         keys = [key for _, key in sentences if key]
-        if keys and all(key in shown_by for key in keys):
+        holder = _holder(keys, shown_in, absorbs=item.form in _SAID_FORMS)
+        if holder is not None:
             duplicates += 1
             if item.section == "relevant":
                 relevant_weight -= item.weight
-            holder = shown_by[keys[0]]
             if item.form != holder.form and item.form not in holder.also and holder.line is not None:
                 folded = holder.render(holder.body, (*holder.also, item.form))
                 grown = len(folded) - len(holder.line)
@@ -483,29 +527,42 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
                     holder.line, holder.also = folded, (*holder.also, item.form)
             continue
         text = item.text
-        if item.section not in _WHOLE and any(key in shown_by for key in keys):
-            text = f" {ELLIPSIS} ".join(piece for piece, key in sentences if key is None or key not in shown_by)
+        if item.form in _COMPOSITE_FORMS and any(key in shown_in for key in keys):
+            text = f" {ELLIPSIS} ".join(piece for piece, key in sentences if key is None or key not in shown_in)
         room = budget_chars - size - item.parent.unopened_overhead()
         # The facts' share counts their lines and their own container, not the root's.
         own_overhead = 0 if item.parent.opened else len(item.parent.open) + len(item.parent.close)
         if item.section == "facts":
             room = min(room, facts_room - facts_size - own_overhead)
+        if allowed and allowance_room is not None:  # its lines and containers, not the root's
+            reserve = 0 if item is latest else reserve
+            room = min(room, allowance_room - allowance_size - reserve - item.parent.unopened_overhead()
+                       + (0 if root.opened else len(root.open) + len(root.close)))
         body = _escape_text(text)  # escaped once: its length sizes the relevant room, then the line
+        passage = False
         if item.section == "relevant":
             if relevant_room is None:
                 relevant_room = room
             share = int(relevant_room * item.weight / relevant_weight) if relevant_weight > 0 else relevant_room
             relevant_weight -= item.weight
-            whole = len(text) <= WHOLE_CHARS
-            room = min(room, max(share, item.shell() + (len(body) if whole else MIN_EXCERPT_CHARS)))
+            if len(text) > max(WHOLE_CHARS, share):  # long: its passage, in its share or PASSAGE_CHARS
+                passage = True
+                room = min(room, item.shell() + max(share, PASSAGE_CHARS))
         line = item.render(body)
         if len(line) > room:
+            if allowed and item.tier_name != "latest_episode":
+                deferred.append(item)  # it competes again after the relevant memories
+                continue
             if item.section not in _SKIPPING:
                 closed.add(item.group)
-            # A startup record or a fact is given whole or not at all: half a rule can mislead.
-            cut = None if item.section in _WHOLE else (
-                _excerpt_escaped(text, item.terms, room - item.shell()) if item.section == "relevant"
-                else _truncate(text, room - item.shell()))
+            # A startup record or a fact is given whole or not at all: half a rule can mislead;
+            # a short relevant memory too (one that does not fit leaves the room to the next).
+            if item.section in _WHOLE or (item.section == "relevant" and not passage):
+                cut = None
+            elif item.section == "relevant":
+                cut = _passage_escaped(text, item.terms, room - item.shell())
+            else:
+                cut = _truncate(text, room - item.shell())
             if cut is None:
                 dropped += 1
                 continue
@@ -513,6 +570,9 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             sentences = _sentences(_unescape(cut))  # what the cut shows, not the whole text
         if item.section == "facts":
             facts_size += len(line) + own_overhead
+        if allowed:
+            allowance_size += len(line) + item.parent.unopened_overhead() - (
+                0 if root.opened else len(root.open) + len(root.close))
         if item.section == "relevant" and relevant_room is not None:
             relevant_room -= len(line)
         size += len(line) + item.parent.unopened_overhead()
@@ -520,7 +580,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
         item.line, item.body = line, body
         for _, key in sentences:  # the sentences it shows (a repeated one was dropped from it)
             if key:
-                shown_by.setdefault(key, item)
+                shown_in.setdefault(key, []).append(item)
         sections[item.section] += 1
 
     xml = "".join(_emit(root)) if root.opened else EMPTY
@@ -531,13 +591,54 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
                            left_out={"duplicate": duplicates, "over_budget": dropped})
 
 
-def _excerpt_escaped(text: str, terms: Sequence[str], room: int) -> str | None:
-    """The escaped excerpt of ``text`` around ``terms`` that fits ``room`` characters."""
+def _holder(keys: Sequence[str], shown_in: Mapping[str, Sequence[_Item]], absorbs: bool) -> _Item | None:
+    """The first kept item that shows every sentence of ``keys`` (None: none, or no keys);
+    a composite only when it ``absorbs`` the item (a thing said, not how to act or a fact)."""
+    if not keys or any(key not in shown_in for key in keys):
+        return None
+    holders = set(shown_in[keys[0]]).intersection(*(shown_in[key] for key in keys[1:]))
+    return next((item for item in shown_in[keys[0]] if item in holders
+                 and (absorbs or item.form not in _COMPOSITE_FORMS)), None)
+
+
+def passage(text: str, terms: Sequence[str], chars: int) -> str:
+    """The passage of ``text`` that holds the query's ``terms``, in at most ``chars``
+    characters: the sentence with the most of them (the first such), then its neighbours,
+    before and after in turn, while they fit whole; an ellipsis where the text goes on. A
+    sentence longer than ``chars`` is cut around its first term (``excerpt``)."""
+    if len(text) <= chars:
+        return text
+    pieces = [p.strip() for p in _SENTENCE_END.split(text) if p.strip()]
+    if not pieces:
+        return excerpt(text, terms, chars)
+    lowered = [p.lower() for p in pieces]
+    hits = [sum(1 for t in set(terms) if t in low) for low in lowered]
+    best = max(range(len(pieces)), key=lambda i: (hits[i], -i))
+    start = end = best  # the passage is pieces[start:end + 1]
+
+    def size(first: int, last: int) -> int:
+        return sum(len(p) + 1 for p in pieces[first:last + 1]) - 1 + len(ELLIPSIS) * ((first > 0) + (last < len(pieces) - 1))
+
+    if size(start, end) > chars:
+        return excerpt(text, terms, chars)
+    grown = True
+    while grown:
+        grown = False
+        if start > 0 and size(start - 1, end) <= chars:
+            start, grown = start - 1, True
+        if end < len(pieces) - 1 and size(start, end + 1) <= chars:
+            end, grown = end + 1, True
+    return (ELLIPSIS if start > 0 else "") + " ".join(pieces[start:end + 1]) + (ELLIPSIS if end < len(pieces) - 1 else "")
+
+
+def _passage_escaped(text: str, terms: Sequence[str], room: int) -> str | None:
+    """The escaped passage of ``text`` around ``terms`` that fits ``room`` characters (None:
+    less than MIN_EXCERPT_CHARS of room)."""
     chars = room
-    while chars >= MIN_TRUNCATED_CHARS:
-        body = _escape_text(excerpt(text, terms, chars))
+    while chars >= MIN_EXCERPT_CHARS:
+        body = _escape_text(passage(text, terms, chars))
         if len(body) <= room:
-            return body
+            return body or None
         chars -= max(1, len(body) - room)
     return None
 
