@@ -153,15 +153,49 @@ def record(key: str, half: str, group: object, **metrics: float | None) -> dict:
 
 
 def context_metrics(xml: str, evidence: Sequence[Turn], found: Iterable[str], budget: int,
-                    answer: frozenset[str] | None = None) -> dict[str, float | None]:
+                    answer: frozenset[str] | None = None,
+                    ranked: Sequence[str] | None = None) -> dict[str, float | None]:
     """One block's metrics at ``budget``: ``ctx`` (share of evidence shown), ``ctx_all``
-    (all shown), the loss kinds, and ``ans`` (the answer's words all in the block; None
-    when ``answer`` is None, i.e. not extractive)."""
+    (all shown), the loss kinds, ``ans`` (the answer's words all in the block; None
+    when ``answer`` is None, i.e. not extractive), where its characters go (``spent``), and
+    with ``ranked`` (the texts of search's top 20) ``top20_shown``: the share of them
+    one element of the block holds (>= THRESHOLD of their content words)."""
     block = Block.of(xml)
     loss = loss_shares(evidence_losses(block, evidence, found))
     out: dict[str, float | None] = {f"ctx@{budget}": loss["shown"], f"ctx_all@{budget}": float(loss["shown"] == 1.0)}
     out.update({f"{k}@{budget}": v for k, v in loss.items() if k != "shown"})
     out[f"ans@{budget}"] = None if answer is None else float(answer <= block.words)
+    out.update({f"{k}@{budget}": v for k, v in spent(xml, evidence).items()})
+    if ranked:
+        held = [words for words in map(content_words, ranked) if words]
+        out[f"top20_shown@{budget}"] = sum(
+            max((len(w & el) / len(w) for el in block.sets), default=0.0) >= THRESHOLD for w in held) / len(held) \
+            if held else None
+    return out
+
+
+def spent(xml: str, evidence: Sequence[Turn]) -> dict[str, float]:
+    """Where a block's characters go, as shares of its length: ``evidence_chars`` (items
+    holding >= THRESHOLD of an evidence turn's content words), ``user_chars`` (<UserMemory>),
+    ``conversation_chars`` (<CurrentConversationContext>), ``relevant_chars``
+    (<RelevantMemories>). Items are leaf elements, measured as serialised (markup included)."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError:
+        return {}
+    wanted = [w for w in (turn_words(t) for t in evidence) if w]
+    total = max(len(xml), 1)
+    out = {"evidence_chars": 0.0, "user_chars": 0.0, "conversation_chars": 0.0, "relevant_chars": 0.0}
+    for section in root:
+        size = len(ET.tostring(section, encoding="unicode"))
+        name = {"UserMemory": "user_chars", "CurrentConversationContext": "conversation_chars",
+                "RelevantMemories": "relevant_chars"}.get(section.tag)
+        if name:
+            out[name] += size / total
+        for el in section.iter():
+            own = frozenset(WORD.findall((el.text or "").lower()))
+            if not len(el) and own and any(len(w & own) >= THRESHOLD * len(w) for w in wanted):
+                out["evidence_chars"] += len(ET.tostring(el, encoding="unicode").rstrip()) / total
     return out
 
 
@@ -239,6 +273,13 @@ def summary_table(title: str, methods: Mapping[str, Mapping[str, dict]], columns
                 cells.append(cell)
             t.add_row(row, str(s["questions"]), name, *cells)
     return t
+
+
+def spent_columns(budget: int) -> list[tuple[str, str]]:
+    """Where the block's characters go, and how much of search's top 20 it shows."""
+    return [(f"{label} @{budget:,}", f"{key}@{budget}") for label, key in (
+        ("evidence", "evidence_chars"), ("relevant", "relevant_chars"), ("user", "user_chars"),
+        ("conversation", "conversation_chars"), ("top-20 shown", "top20_shown"))]
 
 
 def loss_columns(budget: int) -> list[tuple[str, str]]:

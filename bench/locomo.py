@@ -68,7 +68,17 @@ from baselines import (  # noqa: E402
     turn_times,
 )
 from context_bench import print_machine  # noqa: E402
-from evidence import context_metrics, grouped, in_half, loss_columns, record, retrieval_metrics, split_halves, summary_table  # noqa: E402
+from evidence import (  # noqa: E402
+    context_metrics,
+    grouped,
+    in_half,
+    loss_columns,
+    record,
+    retrieval_metrics,
+    spent_columns,
+    split_halves,
+    summary_table,
+)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -331,6 +341,11 @@ async def check_formed(http: httpx.AsyncClient, samples: list[Sample]) -> list[s
     return errors
 
 
+# The texts of search's top results per (sample, question), for the block's top20_shown (not
+# kept in the JSON: the texts are the benchmark's).
+RANKED: dict[tuple[str, int], list[str]] = {}
+
+
 async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: list[str],
                      warnings: Counter) -> dict:
     records, seconds = [], []
@@ -369,6 +384,7 @@ async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: lis
             sources = [x.get("source_message_ids") or [] for x in results]
             rec = retrieval_record(q, sources)
             rec["kinds@10"] = [x.get("kind") for x in results[:10]]
+            RANKED[(q.sample_id, q.index)] = [x.get("content", "") for x in results]
             rec["protocol"] = retrieval_metrics(sources, q.evidence, KS)
             rec["protocol"].update(retrieval_metrics([s for s, x in zip(sources, results, strict=True)
                                                       if x.get("kind") == "message"], q.evidence, (10,), "msg "))
@@ -423,7 +439,8 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                     errors.append(f"{where}: the block does not parse: {present.parse_error}")
                 rec["service"][str(b)] = len(present.by_text) / len(ev_turns)
                 if found is not None:
-                    rec["protocol"].update(context_metrics(xml, ev_turns, found.get((q.sample_id, q.index), ()), b))
+                    rec["protocol"].update(context_metrics(xml, ev_turns, found.get((q.sample_id, q.index), ()), b,
+                                                           ranked=RANKED.get((q.sample_id, q.index))))
                 for section, row in block_composition(xml, ev_turns).items():
                     total = composition[str(b)].setdefault(section, dict.fromkeys(row, 0) | {"blocks": 0})
                     total["blocks"] += 1
@@ -672,6 +689,8 @@ def protocol_report(console: Console, summaries: dict[str, dict], budgets: Seque
     for b in budgets:
         console.print(summary_table(f"Where the evidence is lost at {b:,} characters (shares of evidence turns)",
                                     summaries, loss_columns(b), rows))
+        console.print(summary_table(f"Where the block's characters go at {b:,} (shares of its length), and the share "
+                                    "of search's top 20 it shows", summaries, spent_columns(b), rows))
 
 
 def main(argv: list[str] | None = None) -> int:

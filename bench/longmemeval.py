@@ -68,6 +68,7 @@ from evidence import (  # noqa: E402
     loss_columns,
     record,
     retrieval_metrics,
+    spent_columns,
     split_halves,
     summary_table,
 )
@@ -287,7 +288,7 @@ async def query_one(http: httpx.AsyncClient, q: LmeQuestion, budgets: Sequence[i
         xml = r.json().get("xml", "")
         if len(xml) > b:
             errors.append(f"context {q.question_id} @ {b}: {len(xml)} chars")
-        m.update(context_metrics(xml, q.evidence, found, b, answer))
+        m.update(context_metrics(xml, q.evidence, found, b, answer, ranked=[x.get("content", "") for x in results]))
         m[f"chars@{b}"] = float(len(xml))
     rec = record(q.question_id, q.half, q.question_type, **m)
     rec["kinds@10"] = kinds[:10]
@@ -358,6 +359,8 @@ def report(console: Console, methods: dict[str, dict[str, dict]], budgets: Seque
     for b in budgets:
         console.print(summary_table(f"Where the evidence is lost at {b:,} characters (shares of evidence turns)",
                                     methods, loss_columns(b), rows))
+        console.print(summary_table(f"Where the block's characters go at {b:,} (shares of its length), and the share "
+                                    "of search's top 20 it shows", methods, spent_columns(b), rows))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -127,3 +127,20 @@ def test_the_longmemeval_mapping(tmp_path):
     pieces = longmemeval.parts(q.turns[0].text, 50)
     assert all(len(p) <= 50 for p in pieces) and "".join(pieces) == q.turns[0].text
     assert longmemeval.turn_of("s1:1~2") == "s1:1"
+
+
+def test_where_the_characters_go_and_how_much_of_search_the_block_shows():
+    evidence = turn("s1:0", "We adopted a grey kitten called Pixel last week.")
+    xml = ("<MemoryContext><UserMemory><User id=\"u\"><Directives><Directive>Always answer in French please."
+           "</Directive></Directives></User></UserMemory><RelevantMemories><Memory>user: We adopted a grey kitten "
+           "called Pixel last week.</Memory><Memory>Something else entirely about trains.</Memory>"
+           "</RelevantMemories></MemoryContext>")
+    m = context_metrics(xml, [evidence], found=["s1:0"], budget=4000,
+                        ranked=["We adopted a grey kitten called Pixel last week.", "Trains run late on Sundays here.",
+                                "Something else entirely about trains.", "A thing the block never shows at all."])
+    assert m["top20_shown@4000"] == 0.5
+    item = len("<Memory>user: We adopted a grey kitten called Pixel last week.</Memory>")
+    assert m["evidence_chars@4000"] == pytest.approx(item / len(xml))
+    assert 0 < m["user_chars@4000"] < m["relevant_chars@4000"] < 1
+    assert m["conversation_chars@4000"] == 0.0
+    assert "top20_shown@4000" not in context_metrics(xml, [evidence], [], 4000)  # no ranking given

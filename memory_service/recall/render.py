@@ -54,10 +54,14 @@ first. Without a query (``ContextInputs.asked`` False):
 16. older items of every list (beyond the ``RECENT_ITEMS`` newest), newest first,
     round-robin over the lists in the order above.
 
-With a query, the sections compete by relevance: what says how to act (P0, P1, the user's
-consolidated directives and every directive read), then what matches the query (its entities'
-facts, then every relevant memory, best first), then the background in the order above (the
-latest episode, the shards' consolidated memories, ...): ``_ASKED_ORDER``.
+With a query, the sections compete by relevance: the agent's P0 and P1 records, then an
+**allowance** (``ALLOWANCE_SHARE`` of the budget, 15 %) for what says how to act and where
+the conversation stands: the requesting user's consolidated memory and directives, then the
+latest episode (up to half the allowance is held for it until it comes, and it is shortened,
+never dropped, when it does not fit). What does not fit the allowance comes back after the
+relevant memories. Then what matches the query (its entities' facts, then every relevant
+memory, best first), then the background in the order above (the user's own facts, the
+shards' consolidated memories, ...): ``_ASKED_ORDER``.
 
 "Recent" means among the ``RECENT_ITEMS`` newest of its list. Within one list the oldest
 items go first: once an item of a list is left out, every older item of it is too. The
@@ -68,18 +72,24 @@ priority rank in its tier, whatever their count).
 **The relevant memories share a sliding budget** (seed 002's accordion): when the first of
 them comes, the room left is theirs; each gets a share of what remains in proportion to its
 search score among the ones still to come, and what a short one leaves goes to the next. One
-of at most ``WHOLE_CHARS`` characters is shown whole while the room lasts (a message cut to
-its share loses what it said); a longer one (an episode) is cut to its share, at least
-``MIN_EXCERPT_CHARS``, around the query's words (``excerpt``). One that does not fit leaves
-the room to a shorter one after it. Each shows its ``date`` (the day, UTC) and its ``kind``
-unless it is a message: about 40 characters of markup an item, half what a kind, a minute
-and an age cost.
+of at most ``WHOLE_CHARS`` characters (or of at most its share) is shown whole or not at all:
+one that does not fit leaves the room to a shorter one after it (a message cut to its share
+loses what it said). A longer one shows its **passage** (``passage``): the sentence that holds
+the most of the query's words, with its neighbours before and after while they fit whole, in
+its share or ``PASSAGE_CHARS``, whichever is more, with an ellipsis where the text goes on.
+Each shows its ``date`` (the day, UTC) and its ``kind`` unless it is a message: about 40
+characters of markup an item, half what a kind, a minute and an age cost.
 
 **Each thing once.** A sentence (of ``MIN_DUPLICATE_WORDS`` words or more; a message's
-"speaker: " prefix aside) is shown once: an item all of whose sentences an item kept before
-it shows is left out as a duplicate, and its form (message, directive, episode, fact...) is
-named in the keeping item's ``also`` attribute; an item that repeats some of them shows the
-rest, an ellipsis where they were. The priority order decides which form is kept.
+"speaker: " prefix aside) is shown once where it can be: an item one kept item shows all
+of is left out as a duplicate, and its form (message, directive, episode, fact...) is named
+in the keeping item's ``also`` attribute. The priority order decides which form is kept (with
+a query: the allowance's directives and episode, then the query's facts, then search's
+rank). Two exceptions keep every item whole: an item is never split across elements (one
+whose sentences are shown by several items, or partly, is shown whole), and a directive, a
+fact or a suggestion is never folded into a composite (an episode or a consolidated memory
+that happens to show it). Only a composite shows its sentences not shown already, an
+ellipsis where the others were.
 
 The known facts have a share of the budget, ``FACTS_SHARE`` (a fifth): their lines (and
 their container's) never take more, so the facts of an entity-rich query cannot crowd out
