@@ -476,7 +476,10 @@ async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)
     out["settings"] = {"extractor": settings.extractor, "embedder": getattr(settings, "embedder", None), "gate_messages": settings.memory_formation_msg_interval,
                        "gate_tokens": settings.memory_formation_token_interval,
-                       "min_messages": settings.never_form_memories_less_than_n_messages}
+                       "min_messages": settings.never_form_memories_less_than_n_messages,
+                       # A block's reads stop at this deadline (CONTEXT_DEADLINE_SECONDS): on a loaded
+                       # machine raise it, or blocks lose their relevant memories to the clock.
+                       "context_deadline_seconds": settings.context_deadline_seconds}
     errors: list[str] = out.setdefault("errors", [])
     with tempfile.TemporaryDirectory(prefix="locomo-bench-") as tmp:
         server = LoopbackServer(create_app(settings, data_dir=Path(tmp), run_worker=True, host="127.0.0.1"))

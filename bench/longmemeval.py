@@ -304,7 +304,10 @@ async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], 
 
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)
     out["settings"] = {"extractor": settings.extractor, "max_message_chars": settings.max_message_chars,
-                       "gate_messages": settings.memory_formation_msg_interval}
+                       "gate_messages": settings.memory_formation_msg_interval,
+                       # A block's reads stop at this deadline (CONTEXT_DEADLINE_SECONDS): on a loaded
+                       # machine raise it, or blocks lose their relevant memories to the clock.
+                       "context_deadline_seconds": settings.context_deadline_seconds}
     errors: list[str] = out.setdefault("errors", [])
     records: list[dict] = out.setdefault("records", [])
     timing: dict[str, list[float]] = {k: [] for k in ("batch", "form", "embed_wait", "search",

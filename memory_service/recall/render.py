@@ -489,6 +489,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
     # The relevant memories share what is left when the first of them comes: each its part of
     # the rest by its score; what a short one leaves goes to the next (the sliding budget).
     relevant_room: int | None = None
+    best = True  # the next relevant memory is the best
     relevant_weight = sum(item.weight for _, item in ranked if item.section == "relevant")
     shown_in: dict[str, list[_Item]] = {}  # each sentence key shown, and the items showing it whole
     closed: set[int] = set()  # lists that already lost an item: their older items go too
@@ -555,7 +556,11 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
                 relevant_room = room
             share = int(relevant_room * item.weight / relevant_weight) if relevant_weight > 0 else relevant_room
             relevant_weight -= item.weight
-            if len(text) > max(WHOLE_CHARS, share):  # long: its passage, in its share or PASSAGE_CHARS
+            # The best is shown whole up to half the room (a long answer is most often the one
+            # asked about); any other up to WHOLE_CHARS or its share.
+            whole_up_to = max(WHOLE_CHARS, share, relevant_room // 2 if best else 0)
+            best = False
+            if len(text) > whole_up_to:  # long: its passage, in its share or PASSAGE_CHARS
                 passage = True
                 room = min(room, item.shell() + max(share, PASSAGE_CHARS))
         line = item.render(body)
