@@ -130,3 +130,28 @@ async def test_a_sentence_said_in_several_forms_is_shown_once(http, falkordb_url
     # It was a message, a directive and part of the episode: the other forms left out, named.
     assert body["left_out"]["duplicate"] >= 1
     assert 'also="' in xml
+
+
+async def test_a_formed_session_keeps_its_conversation_section_beside_the_memories_that_repeat_it(http, falkordb_url):
+    """A 9-message session formed with POST /form: its block, with a query its messages
+    answer, shows <CurrentConversationContext> (the relevant memories repeat the episode's
+    sentences; the episode is kept, and a message it shows whole is folded into it)."""
+    lines = [("alice", "We are planning the trip to Lisbon for the first week of May."),
+             ("alice", "I want the aisle seat 14C on the night flight to Lisbon."),
+             ("alice", "Bob is coming with me and he prefers the window."),
+             ("alice", "We booked the hotel near the river in Lisbon."),
+             ("alice", "The hotel has a rooftop pool and a late breakfast."),
+             ("alice", "Can you check the train from the airport to the hotel?"),
+             ("alice", "We land at seven in the morning on the night flight."),
+             ("alice", "Bob wants to visit the tile museum on the second day."),
+             ("alice", "Thanks, that is all for the flight and the hotel.")]
+    await record(http, "s1", lines)
+    formed = await http.post("/v1/sessions/s1/form")
+    assert formed.status_code in (200, 202), formed.text
+    await wait_embedding_idle(falkordb_url, AGENT)
+    for budget in (1000, 4000):
+        body, memories = await context(http, query="the night flight and the hotel in Lisbon", budget=budget)
+        root = ET.fromstring(body["xml"])
+        assert [e.tag for e in root if e.tag == "CurrentConversationContext"], body["xml"]
+        assert root.find("CurrentConversationContext/Episode").text
+    assert memories  # and the memories that match the query beside it

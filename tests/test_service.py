@@ -186,9 +186,9 @@ async def test_hostile_content_cannot_break_the_memory_xml(service):
     xml = (await service.assemble_memory_context("a1", "alice", "h1")).xml
     root = ET.fromstring(xml)
     assert root.tag == "MemoryContext"
-    # The episode may repeat what is shown; relevant memories may all fall below the threshold.
+    # The session's formed episode is always there; relevant memories may all fall below the threshold.
     assert [e.tag for e in root] in (["UserMemory", "CurrentConversationContext", "RelevantMemories"],
-                                     ["UserMemory", "RelevantMemories"], ["UserMemory", "CurrentConversationContext"])
+                                     ["UserMemory", "CurrentConversationContext"])
     assert len(list(root.iter("MemoryContext"))) == 1
     # The turn itself (as the directive formed from it, shown once), found and escaped.
     assert any(hostile in (e.text or "") for e in root.iter())
