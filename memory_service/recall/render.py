@@ -72,7 +72,8 @@ priority rank in its tier, whatever their count).
 **The relevant memories share a sliding budget** (seed 002's accordion): when the first of
 them comes, the room left is theirs; each gets a share of what remains in proportion to its
 search score among the ones still to come, and what a short one leaves goes to the next. One
-of at most ``WHOLE_CHARS`` characters (or of at most its share) is shown whole or not at all:
+of at most ``WHOLE_CHARS`` characters (or of at most its share; the best of them, of at most
+half the room) is shown whole or not at all:
 one that does not fit leaves the room to a shorter one after it (a message cut to its share
 loses what it said). A longer one shows its **passage** (``passage``): the sentence that holds
 the most of the query's words, with its neighbours before and after while they fit whole, in
