@@ -509,3 +509,20 @@ def test_a_duplicate_folded_into_a_fact_keeps_the_facts_within_their_share():
         known = re.search(r" *<KnownFacts.*</KnownFacts>\n", rendered.xml, re.S)
         assert known is None or len(known.group(0)) <= budget * FACTS_SHARE, budget
         assert rendered.xml.count(said) <= 1
+
+
+def test_the_best_relevant_memory_is_whole_up_to_half_the_room():
+    """A long answer ranked first (an assistant's reply asked about) is shown whole when it
+    takes at most half the room; the same text ranked second shows its passage."""
+    answer = " ".join(f"Step {i}: set the seat heater to level {i} and wait a minute." for i in range(25))
+    assert WHOLE_CHARS < len(answer) < 1900
+    others = [relevant(f"A seat note number {i}.", 0.9) for i in range(9)]
+    first = texts(parse(render_context(ContextInputs(relevant=[relevant(answer, 1.0), *others], asked=True), 4000,
+                                       NOW).xml), "Memory")
+    assert first[0] == answer
+    second = texts(parse(render_context(ContextInputs(relevant=[others[0], relevant(answer, 0.95), *others[1:]],
+                                                      asked=True), 4000, NOW).xml), "Memory")
+    assert second[1] != answer and second[1].endswith("…") and len(second[1]) <= PASSAGE_CHARS
+    # Longer than half the room: the best shows its passage too.
+    assert texts(parse(render_context(ContextInputs(relevant=[relevant(answer, 1.0), *others], asked=True), 2500,
+                                      NOW).xml), "Memory")[0] != answer
