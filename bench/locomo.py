@@ -67,6 +67,7 @@ from baselines import (  # noqa: E402
     summarize_ms,
     turn_times,
 )
+from block_replay import Capture  # noqa: E402
 from context_bench import print_machine  # noqa: E402
 from evidence import (  # noqa: E402
     context_metrics,
@@ -81,6 +82,8 @@ from evidence import (  # noqa: E402
 )
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
+
+from memory_service.recall.search import query_terms  # noqa: E402
 
 TOP_K = 20
 KS = (5, 10, 20)
@@ -344,6 +347,8 @@ async def check_formed(http: httpx.AsyncClient, samples: list[Sample]) -> list[s
 # The texts of search's top results per (sample, question), for the block's top20_shown (not
 # kept in the JSON: the texts are the benchmark's).
 RANKED: dict[tuple[str, int], list[str]] = {}
+CAPTURE = Capture()  # the renderer's inputs of every block (``--capture``)
+HALF_OF: dict[str, str] = {}  # "<sample>#<qa index>" -> its half, for the capture
 
 
 async def run_search(http: httpx.AsyncClient, samples: list[Sample], errors: list[str],
@@ -441,6 +446,11 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
                 if found is not None:
                     rec["protocol"].update(context_metrics(xml, ev_turns, found.get((q.sample_id, q.index), ()), b,
                                                            ranked=RANKED.get((q.sample_id, q.index))))
+                    if recall is None:
+                        CAPTURE.case(f"{q.sample_id}#{q.index}", HALF_OF.get(f"{q.sample_id}#{q.index}", "?"),
+                                     CATEGORIES.get(q.category, q.category), b, tuple(query_terms(q.question)),
+                                     ev_turns, list(found.get((q.sample_id, q.index), ())),
+                                     RANKED.get((q.sample_id, q.index), []), None)
                 for section, row in block_composition(xml, ev_turns).items():
                     total = composition[str(b)].setdefault(section, dict.fromkeys(row, 0) | {"blocks": 0})
                     total["blocks"] += 1
@@ -704,6 +714,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the questions of one half (bench/evidence.py: per conversation and category, "
                              "SHA-256 order of '<sample_id>#<qa index>', alternating); every conversation is ingested")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write everything as JSON to OUT")
+    parser.add_argument("--capture", type=Path, metavar="PATH",
+                        help="also keep every block's renderer inputs in PATH, for bench/block_replay.py")
     parser.add_argument("--budgets", default="2000,4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=5, help="samples ingested at once (default 5)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
@@ -729,6 +741,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     samples = load_locomo(args.path, args.limit_samples)
     halves = split_halves((f"{q.sample_id}#{q.index}", (q.sample_id, q.category)) for s in samples for q in s.questions)
+    HALF_OF.update(halves)
     for s in samples:
         s.questions = [q for q in s.questions if in_half(halves[f"{q.sample_id}#{q.index}"], args.half)]
     questions = sum(len(s.questions) for s in samples)
@@ -744,7 +757,10 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall))
+            with CAPTURE.active():
+                asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall))
+            if args.capture:
+                CAPTURE.save(args.capture)
         except BenchError as exc:
             failure = str(exc)
         except httpx.HTTPError as exc:

@@ -57,6 +57,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
 from baselines import BM25Index, Session, Turn, pack_turns, summarize_ms  # noqa: E402
+from block_replay import Capture  # noqa: E402
 from context_bench import print_machine  # noqa: E402
 from evidence import (  # noqa: E402
     SEARCH_DEPTH,
@@ -74,6 +75,8 @@ from evidence import (  # noqa: E402
 )
 from locomo import BenchError, _jsonable, detail, owned_namespace  # noqa: E402
 from rich.console import Console  # noqa: E402
+
+from memory_service.recall.search import query_terms  # noqa: E402
 
 KS = (5, 10, 20)
 USER = "user"
@@ -288,7 +291,10 @@ async def query_one(http: httpx.AsyncClient, q: LmeQuestion, budgets: Sequence[i
         xml = r.json().get("xml", "")
         if len(xml) > b:
             errors.append(f"context {q.question_id} @ {b}: {len(xml)} chars")
-        m.update(context_metrics(xml, q.evidence, found, b, answer, ranked=[x.get("content", "") for x in results]))
+        ranked = [x.get("content", "") for x in results]
+        m.update(context_metrics(xml, q.evidence, found, b, answer, ranked=ranked))
+        CAPTURE.case(q.question_id, q.half, q.question_type, b, tuple(query_terms(q.question)), list(q.evidence),
+                     sorted(found), ranked, answer)
         m[f"chars@{b}"] = float(len(xml))
     rec = record(q.question_id, q.half, q.question_type, **m)
     rec["kinds@10"] = kinds[:10]
@@ -347,6 +353,9 @@ async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], 
             await server.stop()
 
 
+CAPTURE = Capture()  # the renderer's inputs of every block (``--capture``)
+
+
 # --- reporting --------------------------------------------------------------------------
 
 def report(console: Console, methods: dict[str, dict[str, dict]], budgets: Sequence[int]) -> None:
@@ -372,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--half", choices=("a", "b", "both"), default="both", help="which half (default both)")
     parser.add_argument("--limit-questions", type=int, metavar="N", help="only the first N questions (of the half)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write everything as JSON to OUT")
+    parser.add_argument("--capture", type=Path, metavar="PATH",
+                        help="also keep every block's renderer inputs in PATH, for bench/block_replay.py")
     parser.add_argument("--budgets", default="4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=2, help="questions ingested at once (default 2)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
@@ -407,12 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            asyncio.run(run_service(questions, budgets, args.concurrency, console, service, args.time_limit))
+            with CAPTURE.active():
+                asyncio.run(run_service(questions, budgets, args.concurrency, console, service, args.time_limit))
         except BenchError as exc:
             failure = str(exc)
         except httpx.HTTPError as exc:
             failure = f"HTTP error talking to the service: {type(exc).__name__}: {exc}"
         done = {r["key"] for r in service.get("records", [])}
+        if args.capture:
+            CAPTURE.save(args.capture)
         records = {"service": service.get("records", []), **{k: [r for r in v if r["key"] in done] for k, v in base.items()}}
     summaries = {name: grouped(recs) for name, recs in records.items()}
     report(console, summaries, budgets)

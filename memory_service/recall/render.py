@@ -348,6 +348,8 @@ WHOLE_CHARS = 800
 # read alone), never below MIN_EXCERPT_CHARS.
 PASSAGE_CHARS = 600
 MIN_EXCERPT_CHARS = 200
+# The best relevant memory is shown whole up to this share of the relevant room.
+BEST_WHOLE_SHARE = 0.5
 # With a query, the background that says how to act and where the conversation stands (the
 # latest episode, the requesting user's consolidated memory and directives) is kept first,
 # but only within this share of the budget; the rest of it competes after the query's facts
@@ -559,7 +561,7 @@ def render_context(inputs: ContextInputs, budget_chars: int, now: datetime | Non
             relevant_weight -= item.weight
             # The best is shown whole up to half the room (a long answer is most often the one
             # asked about); any other up to WHOLE_CHARS or its share.
-            whole_up_to = max(WHOLE_CHARS, share, relevant_room // 2 if best else 0)
+            whole_up_to = max(WHOLE_CHARS, share, int(relevant_room * BEST_WHOLE_SHARE) if best else 0)
             best = False
             if len(text) > whole_up_to:  # long: its passage, in its share or PASSAGE_CHARS
                 passage = True
