@@ -1,9 +1,11 @@
 """The memory block for one model call: what it shows, cached, and never failing the prompt.
 
 The block is read from the session's episodes, each user's directives, the active shards'
-facts and suggestions, and (with a query, or the latest user message) the most relevant
-memories in the user's scope, and the knowledge graph's facts about the entities the query
-names and about the user (memory_service/recall/graph_signal.py). Blocks are cached under the generations of everything they
+facts and suggestions, and (with a query, or the latest user message, unless it is small
+talk: memory_service/domain/smalltalk.py) the most relevant memories in the user's scope but
+the session's latest messages the host sends itself (``host_window``), and the knowledge
+graph's facts about the entities the query names and about the user
+(memory_service/recall/graph_signal.py). Blocks are cached under the generations of everything they
 read, so any write to those namespaces invalidates them (memory_service/state/cache.py owns
 the cache, its generations and the last good blocks). A store that fails shrinks the block
 or serves the last good one.
