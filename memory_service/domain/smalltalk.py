@@ -11,10 +11,11 @@ small talk when nothing content-bearing remains once these are taken out:
 - the formulas of greeting, farewell, thanks, wishes, encouragement and acknowledgement
   ("see you tomorrow", "have a great weekend", "that's the spirit", "makes sense"), each
   with the name it addresses ("Bye Jon!", "Good night, Gina!");
-- the words of phatic talk: greetings, thanks, assent, reactions, laughter, intensifiers and
-  the conversation's own verbs ("hi", "thanks", "yep", "wow", "lol", "really", "chatting");
-- the words search never looks for (``QUERY_STOPWORDS``, one-letter words) and the pieces of
-  contractions ("you're" -> "re").
+- the words of phatic talk: greetings, thanks, assent, reactions, laughter, intensifiers,
+  the conversation's own verbs ("hi", "thanks", "yep", "wow", "lol", "really", "chatting")
+  and the light verbs that name no topic by themselves ("let me know", "keep going");
+- the words search never looks for (``QUERY_STOPWORDS``, one-letter words), the pieces of
+  contractions ("you're" -> "re") and the pronouns ("yourself").
 
 Anything else is content: a name ("Lisbon?"), a number ("2pm"), a noun or a verb of a request
 ("thanks, can you also book Lisbon?", "Bye! Remember my flight is at 6am"). The rule errs
@@ -48,7 +49,10 @@ _FORMULAS = (
     r"thanks\s+for\s+(?:asking|everything|the\s+chat|chatting|listening)", r"how\s+about\s+you",
     r"how\s+(?:are|r)\s+(?:you|u|things)(?:\s+doing)?(?:\s+today)?", r"what's\s+up", r"nice\s+to\s+(?:meet|see|hear)",
     r"(?:i\s+)?should\s+get\s+going", r"gotta\s+go", r"means\s+a\s+lot",
-    r"that's\s+all(?:\s+for\s+(?:now|today))?",
+    r"that's\s+all(?:\s+for\s+(?:now|today))?", r"stay\s+(?:safe|in\s+touch|tuned)", r"take\s+it\s+easy",
+    r"catching\s+up", r"owe\s+you\s+one",
+    r"(?:your|the)\s+(?:support|help|kindness|encouragement|kind\s+words)\s+means?",
+    r"thanks\s+for\s+(?:the|your|all\s+(?:the|your))?\s*(?:support|help|kind\s+words|encouragement|offer)",
 )
 # The words that address someone, after (or before) which a name is a vocative, not content.
 _ADDRESS = (r"hi|hello|hey|hiya|howdy|bye|goodbye|thanks|thank\s+you|cheers|congrats|congratulations|"
@@ -76,12 +80,15 @@ _PHATIC = frozenset(stem(w) for w in """
     think guess suppose mean know see hear sound sounds seem seems feel agree bet wait
     say tell chat chatting talk talking speak catch going go gonna wanna gotta get
     helpful help kind
+    let lets need like keep make take give want come stay try
     again anyway anyways meantime
     there guys everyone mate buddy dude friend pal man bro sis dear hon babe
     """.split())
-# The pieces a contraction leaves ("you're" -> "you", "re"); the stopwords hold the words before them.
+# The pieces a contraction leaves ("you're" -> "you", "re"; the stopwords hold the words before
+# them), and the pronouns the stopwords leave out.
 _CONTRACTIONS = frozenset("re ve ll nt don didn doesn isn wasn aren weren won wouldn couldn shouldn haven hasn hadn "
-                          "ain im ive id youre thats whats".split())
+                          "ain im ive id youre thats whats us myself yourself ourselves yourselves himself herself "
+                          "themselves itself".split())
 
 
 def content_words(text: str) -> list[str]:
