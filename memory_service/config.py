@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from memory_service.domain.limits import (
     MAX_GRAPH_FANOUT,
     MAX_GRAPH_HOPS,
+    MAX_HOST_WINDOW,
     MAX_RANK_WEIGHT,
     MAX_TOP_K_CEILING,
     MESSAGE_CHARS_CEILING,
@@ -230,6 +231,11 @@ class Settings(BaseSettings):
     context_scope: Literal["session", "user", "shared"] = Field(
         default="shared", description="Where relevant memories are looked for: the session; the user's memory and "
                                       "sessions; or those, the active shards and the agent's namespace")
+    context_host_window: int = Field(
+        default=0, ge=0, le=MAX_HOST_WINDOW,
+        description="How many of the session's latest messages the host sends to the model itself, left out of the "
+                    "block's relevant memories. 0: the service cannot know what a host sends, and a message the model "
+                    "sees twice costs budget where one it never sees is lost")
     context_deadline_seconds: float = Field(
         default=1.0, gt=0, le=60,
         description="Memory reads of one memory block stop after this long and the block is built from what arrived "

@@ -8,6 +8,7 @@ import gzip
 import json
 import sys
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,28 @@ def test_where_the_characters_go_and_how_much_of_search_the_block_shows():
     assert 0 < m["user_chars@4000"] < m["relevant_chars@4000"] < 1
     assert m["conversation_chars@4000"] == 0.0
     assert "top20_shown@4000" not in context_metrics(xml, [evidence], [], 4000)  # no ranking given
+
+
+def test_a_captured_block_is_rendered_again_under_other_constants(tmp_path):
+    from block_replay import Capture, replay
+
+    from memory_service.domain.models import MemoryKind
+    from memory_service.recall import assembler
+    from memory_service.recall.render import ContextInputs, RelevantItem
+
+    evidence = turn("s1:0", "We adopted a grey kitten called Pixel last week and she sleeps all day long.")
+    long = " ".join(["We talked about the weather for a while and then about other things."] * 27)
+    now = datetime(2024, 6, 1, tzinfo=UTC)
+    inputs = ContextInputs(asked=True, relevant=[
+        RelevantItem(MemoryKind.MESSAGE, now, long, 1.0, ("kitten",)),
+        RelevantItem(MemoryKind.MESSAGE, now, f"user: {evidence.text}", 0.9, ("kitten",))])
+    capture = Capture()
+    with capture.active():
+        assembler.render_context(inputs, 2000)
+    capture.case("q1", "a", "g", 2000, ("kitten",), [evidence], ["s1:0"], [evidence.text], None)
+    capture.save(tmp_path / "c.pickle")
+    cases = __import__("pickle").loads((tmp_path / "c.pickle").read_bytes())
+    assert len(cases) == 1 and assembler.render_context.__name__ == "render_context"  # unpatched after
+    # The best (long) one whole up to all of the room leaves none to the evidence; a passage does.
+    assert replay(cases, {"BEST_WHOLE_SHARE": 1.0, "WHOLE_CHARS": 2000})["half a"]["ctx@2000"] == 0.0
+    assert replay(cases, {"BEST_WHOLE_SHARE": 0.0, "PASSAGE_CHARS": 200})["half a"]["ctx@2000"] == 1.0

@@ -82,6 +82,10 @@ async def test_the_session_loop_through_the_async_client(live_server, http):
         block = await client.context(agent_id=AGENT, user_id="alice", session_id="s-1", model="gpt-4o-mini",
                                      query="which seat")
         assert isinstance(block, ContextOut) and "window seats" in block.xml and block.chars <= block.budget
+        windowed = await client.context(agent_id=AGENT, user_id="alice", session_id="s-1", query="which seat",
+                                        host_window=2)  # the host sends both messages itself
+        assert windowed.recall is not None and windowed.recall.host_window == 2
+        assert windowed.sections["relevant"] == 0
         found = await client.search(AGENT, "window seats", scope="user", user_id="alice", top_k=3)
         assert isinstance(found, SearchResult) and found.scope == "user"
         assert found.results and all("window" in hit.content.lower() for hit in found.results[:1])

@@ -44,7 +44,7 @@ async def seats(http, falkordb_url):
 
 async def test_the_server_defaults_and_a_threshold_turned_off(seats):
     body, memories = await context(seats, scope="user", budget=4000)
-    assert body["recall"] == {"min_score": None, "min_similarity": 0.3, "top_k": 40, "scope": "user"}
+    assert body["recall"] == {"min_score": None, "min_similarity": 0.3, "top_k": 40, "scope": "user", "host_window": 0}
     assert any("aisle" in m for m in memories)
     assert not any("Sounds good" in m for m in memories)  # no word of the query, dissimilar: left out
     everything, shown = await context(seats, scope="user", budget=4000, min_similarity=-1)
@@ -99,6 +99,8 @@ async def test_agent_settings_and_context_types_and_the_call_override_in_that_or
     ({"min_score": 2}, "min_score"), ({"min_score": -0.1}, "min_score"), ({"min_similarity": 1.5}, "min_similarity"),
     ({"top_k": -1}, "top_k"), ({"top_k": 100_000}, "top_k"), ({"scope": "everyone"}, "scope"),
     ({"context_type": "poem"}, "context_type"), ({"min_score": "nan"}, "min_score"),
+    ({"host_window": -1}, "host_window"), ({"host_window": 1001}, "host_window"), ({"host_window": 10**30}, "host_window"),
+    ({"host_window": 1.5}, "host_window"), ({"host_window": "all"}, "host_window"),
 ])
 async def test_bad_recall_parameters_are_refused(seats, params, word):
     r = await seats.get("/v1/context", params={"agent_id": AGENT, "user_id": "alice", "session_id": "s1", **params})
@@ -108,6 +110,8 @@ async def test_bad_recall_parameters_are_refused(seats, params, word):
 @pytest.mark.parametrize("context", [
     {"min_score": 5}, {"top_k": -2}, {"scope": "galaxy"}, {"types": {"poem": {"top_k": 1}}},
     {"types": {"task": {"top_k": 1, "colour": "red"}}}, {"threshold": 0.5},
+    {"host_window": -3}, {"host_window": 5000}, {"host_window": 2.5}, {"host_window": "last ten"},
+    {"types": {"chat": {"host_window": -1}}},
 ])
 async def test_bad_agent_recall_settings_are_refused_and_change_nothing(seats, context):
     good = await seats.put(f"/v1/agents/{AGENT}", json={"context": {"top_k": 3}})
@@ -115,6 +119,44 @@ async def test_bad_agent_recall_settings_are_refused_and_change_nothing(seats, c
     r = await seats.put(f"/v1/agents/{AGENT}", json={"context": context})
     assert r.status_code == 422, r.text
     assert (await seats.get(f"/v1/agents/{AGENT}")).json()["context"]["top_k"] == 3
+
+
+async def test_the_hosts_window_is_left_out_of_the_relevant_memories(seats):
+    """The session's latest messages that the host sends the model itself (per call, the
+    agent's setting, its context type's) are not shown again; older ones and other sessions'
+    are; and nothing else of the block changes."""
+    def aisle(memories):
+        return [m for m in memories if "aisle" in m]
+
+    base, memories = await context(seats, scope="user", budget=4000)
+    assert len(aisle(memories)) == 2 and any("train" in m for m in memories)
+    # The last three of s1's four messages are in the host's prompt: both aisle ones left out.
+    body, windowed = await context(seats, scope="user", budget=4000, host_window=3)
+    assert aisle(windowed) == [] and any("train" in m for m in windowed), windowed
+    assert body["recall"]["host_window"] == 3
+    assert {k: v for k, v in body["sections"].items() if k != "relevant"} == \
+        {k: v for k, v in base["sections"].items() if k != "relevant"}
+    # A window of the last message only: the older aisle messages come back.
+    _, last_only = await context(seats, scope="user", budget=4000, host_window=1)
+    assert len(aisle(last_only)) == 2
+    # The agent's setting, its context type's, and the call's over them.
+    r = await seats.put(f"/v1/agents/{AGENT}", json={"context": {"host_window": 3, "types": {"task": {"host_window": 0}}}})
+    assert r.status_code == 200 and r.json()["context"]["host_window"] == 3, r.text
+    body, memories = await context(seats, scope="user", budget=4000)
+    assert aisle(memories) == [] and body["recall"]["host_window"] == 3
+    _, memories = await context(seats, scope="user", budget=4000, context_type="task")
+    assert len(aisle(memories)) == 2
+    _, memories = await context(seats, scope="user", budget=4000, host_window=0)
+    assert len(aisle(memories)) == 2
+
+
+async def test_a_question_from_a_new_session_is_unaffected_by_the_window(seats):
+    """The harness's case: the question is asked from a session with no messages of its own."""
+    params = {"session_id": "fresh", "scope": "user", "budget": 4000}
+    plain, memories = await context(seats, **params)
+    windowed, same = await context(seats, **params, host_window=50)
+    assert same == memories and len([m for m in same if "aisle" in m]) == 2
+    assert windowed["xml"] == plain["xml"]
 
 
 async def test_a_sentence_said_in_several_forms_is_shown_once(http, falkordb_url):

@@ -70,7 +70,8 @@ async def test_after_a_move_the_old_home_is_no_current_fact_and_as_of_shows_it(s
     # The user's own facts show without a query; with one, those it asks about.
     plain = await service.assemble_memory_context("gr", "carol", "m2")
     assert any("Lyon" in f for f in known_facts(plain.xml)) and "Paris" not in "".join(known_facts(plain.xml))
-    unrelated = await service.assemble_memory_context("gr", "carol", "m2", query="hello there")
+    # ("hello there" would be no query at all: small talk is not searched, tests/test_small_talk.py)
+    unrelated = await service.assemble_memory_context("gr", "carol", "m2", query="what is the capital of Peru")
     assert not known_facts(unrelated.xml), unrelated.xml
     asked = await service.assemble_memory_context("gr", "carol", "m2", query="where do I live these days?")
     assert [f for f in known_facts(asked.xml) if "Lyon" in f] and "Paris" not in "".join(known_facts(asked.xml))

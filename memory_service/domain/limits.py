@@ -23,6 +23,8 @@ MAX_SEARCH_NAMESPACES = 100  # namespaces one search may list
 MAX_NAMESPACE_CHARS = len("shard") + 2 + 2 * MAX_ID_LENGTH  # kind, two separators, two ids
 MAX_TOP_K_CEILING = 10_000  # SEARCH_MAX_TOP_K may not be set higher
 CONTEXT_BUDGET_CEILING = 10_000_000  # characters; a memory block's budget may not be larger
+# A memory block's host window (messages the host sends itself) is at most this many: each block reads them.
+MAX_HOST_WINDOW = 1_000
 TAGS_CEILING = 1_000  # MAX_MEMORY_TAGS may not be set higher
 TAG_CHARS_CEILING = 1_000  # nor MAX_TAG_CHARS
 MAX_GRAPH_HOPS = 2  # facts search's graph signal may follow out of the query's entities

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from memory_service.domain.errors import MemoryServiceError
-from memory_service.domain.limits import MESSAGE_CHARS_CEILING, check_time, text_problem
+from memory_service.domain.limits import MAX_HOST_WINDOW, MESSAGE_CHARS_CEILING, check_time, text_problem
 from memory_service.domain.namespaces import Namespace, normalize_id, validate_id, validate_message_id
 
 
@@ -330,6 +330,10 @@ class Recall(BaseModel):
         description="a memory found by the vector signal alone is left out below this cosine similarity")
     top_k: int | None = Field(default=None, ge=0, le=1000, description="most query-relevant memories the block shows")
     scope: RecallScope | None = Field(default=None, description="where relevant memories are looked for")
+    host_window: int | None = Field(
+        default=None, ge=0, le=MAX_HOST_WINDOW,
+        description="how many of the session's latest messages the host already sends to the model: they are left "
+                    "out of the relevant memories")
 
     def over(self, wider: Recall) -> Recall:
         """These settings, with ``wider``'s where these leave one unset."""

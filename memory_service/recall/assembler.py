@@ -1,9 +1,11 @@
 """The memory block for one model call: what it shows, cached, and never failing the prompt.
 
 The block is read from the session's episodes, each user's directives, the active shards'
-facts and suggestions, and (with a query, or the latest user message) the most relevant
-memories in the user's scope, and the knowledge graph's facts about the entities the query
-names and about the user (memory_service/recall/graph_signal.py). Blocks are cached under the generations of everything they
+facts and suggestions, and (with a query, or the latest user message, unless it is small
+talk: memory_service/domain/smalltalk.py) the most relevant memories in the user's scope but
+the session's latest messages the host sends itself (``host_window``), and the knowledge
+graph's facts about the entities the query names and about the user
+(memory_service/recall/graph_signal.py). Blocks are cached under the generations of everything they
 read, so any write to those namespaces invalidates them (memory_service/state/cache.py owns
 the cache, its generations and the last good blocks). A store that fails shrinks the block
 or serves the last good one.
@@ -27,6 +29,7 @@ from memory_service.domain.errors import BackendUnavailable, InvalidInput, Memor
 from memory_service.domain.graph import EntityType, Fact, normalise_name, query_names
 from memory_service.domain.models import AgentSettings, ContextType, Memory, MemoryKind, Recall, RecallScope, Shard
 from memory_service.domain.namespaces import Namespace
+from memory_service.domain.smalltalk import is_small_talk
 from memory_service.domain.text import stem
 from memory_service.embedding.fresh import FreshVectors
 from memory_service.recall.graph_signal import QueryGraph, query_graph
@@ -145,7 +148,7 @@ class ContextAssembler:
         s = self.settings
         server = Recall(min_score=s.context_min_score, min_similarity=s.context_min_similarity,
                         top_k=min(round(s.context_top_k * max(1.0, budget / RELEVANT_COUNTS_PER_CHARS)), s.search_max_top_k),
-                        scope=RecallScope(s.context_scope))
+                        scope=RecallScope(s.context_scope), host_window=s.context_host_window)
         return call.over(agent.context.types.get(context_type, Recall()).over(agent.context.over(server)))
 
     async def _assemble(self, agent_id: str, user_id: str, session_id: str, budget: int, last_good_key: str,
@@ -215,8 +218,9 @@ class ContextAssembler:
 
         # Every recent read of the block in one call (one round trip on the graph): the
         # session's episodes, each user's directives and consolidated memory, each shard's
-        # facts, suggestions and consolidated memory, and without a query the session's
-        # latest messages (the query is the latest user message among them).
+        # facts, suggestions and consolidated memory, and the session's latest messages:
+        # without a query the latest user message among them is the query, and the host's
+        # window of them (``recall.host_window``) is left out of the relevant memories.
         reads: list[RecentRead] = []
 
         def ask(namespace: Namespace, kind: MemoryKind, limit: int) -> int:
@@ -234,8 +238,9 @@ class ContextAssembler:
         facts_at = [ask(ns, MemoryKind.FACT, s.context_facts_per_shard) for ns in shard_ns]
         suggestions_at = [ask_merged(ns, MemoryKind.SUGGESTION, s.context_suggestions_per_shard) for ns in shard_ns]
         shown = len(reads)
-        messages_at = ask(Namespace.session(session_id), MemoryKind.MESSAGE, LATEST_MESSAGES) \
-            if query is None and session_id else None
+        window = recall.host_window or 0
+        latest = max(LATEST_MESSAGES if query is None else 0, window)
+        messages_at = ask(Namespace.session(session_id), MemoryKind.MESSAGE, latest) if latest and session_id else None
 
         async def read_recent() -> list[list[Memory]] | None:
             try:
@@ -312,13 +317,20 @@ class ContextAssembler:
         # is no query), then at once the known facts and the search, which waits for the
         # facts' entities only at its graph signal, after the scope's scan.
         question = asyncio.ensure_future(self._question(query, latest_messages if messages_at is not None else None))
-        tasks = [recent, question, facts_read := asyncio.ensure_future(facts()),
+
+        async def host_window() -> set[str]:
+            """The ids of the messages the host sends the model itself: the session's latest ``window``."""
+            said = await latest_messages() if window else None
+            return {m.id for m in said[-window:]} if said else set()
+
+        tasks = [recent, question, window_read := asyncio.ensure_future(host_window()),
+                 facts_read := asyncio.ensure_future(facts()),
                  shown_read := asyncio.ensure_future(showing()), scope := asyncio.ensure_future(user_scope())]
         try:
             (inputs, complete), asked, (fact_items, _, facts_complete), (relevant, relevant_complete, below) = \
                 await asyncio.gather(shown_read, question, facts_read, self._relevant(
                     agent_id, session_id, shards, backend, shown_read, question, facts_read, scope, deadline,
-                    sources, recall))
+                    sources, recall, window_read))
         finally:
             for task in tasks:
                 task.cancel()  # never left running when the gather failed
@@ -327,13 +339,18 @@ class ContextAssembler:
 
     async def _question(self, query: str | None, said: Callable[[], Awaitable[list[Memory] | None]] | None) -> _Question:
         """The block's query: ``query``, or without one the latest user message of what the
-        session ``said`` (whose stored embedding the search reuses)."""
+        session ``said`` (whose stored embedding the search reuses). Small talk is no query
+        (memory_service/domain/smalltalk.py): searching "Thanks, bye!" finds the other goodbyes."""
         like, reusable = None, False
+        if query is not None and is_small_talk(query):
+            return _Question(None, None)
         if query is None:
             messages = await said() if said is not None else []
             if messages is None:  # the read failed: the block shows no relevant memories
                 return _Question(None, None, failed=True)
             latest = [m for m in messages if m.metadata.role in (None, "user")]
+            if latest and is_small_talk(latest[-1].content):
+                return _Question(None, None)
             if latest:
                 message, embedder = latest[-1], self.retriever.embedder
                 query, like = message.content[: self.settings.search_max_query_chars], message.id
@@ -348,7 +365,8 @@ class ContextAssembler:
                         shown: Awaitable[tuple[ContextInputs, bool]], question: Awaitable[_Question],
                         facts: Awaitable[tuple[list[FactItem], QueryGraph | None, bool]],
                         user_scope: Awaitable[list[Namespace] | None], deadline: float,
-                        sources: set[str], recall: Recall) -> tuple[list[RelevantItem], bool, int]:
+                        sources: set[str], recall: Recall,
+                        host_window: Awaitable[set[str]]) -> tuple[list[RelevantItem], bool, int]:
         """The block's query-relevant memories, best first, each with its score (the renderer
         gives each its share of the budget by it); whether every read succeeded; and how many
         candidates fell below the thresholds.
@@ -358,8 +376,9 @@ class ContextAssembler:
         session they spoke in (scope user and shared); the active shards and the agent's own
         namespace (scope shared). A candidate below ``recall.min_score``, or found by the vector
         signal alone below ``recall.min_similarity``, is left out: the budget is a ceiling,
-        not a target. Memories the block already shows elsewhere are left out. Without a
-        query, the session's latest user message is the query (and is itself left out).
+        not a target. Memories the block already shows elsewhere are left out, and so are the
+        session's messages in the ``host_window`` (those the host sends the model itself).
+        Without a query, the session's latest user message is the query (and is itself left out).
 
         The search starts once the ``question`` and ``user_scope`` are known; the ``facts``'
         entities (its graph signal) and what the block ``shown`` (left out) are awaited when
@@ -398,19 +417,21 @@ class ContextAssembler:
                 # What the block reads for its other sections (read by now, but for
                 # consolidation's reads) stays among the hits: the renderer shows each thing
                 # once, and a directive or an episode the allowance leaves out earns its place
-                # here by relevance. Those do not count against ``wanted``.
+                # here by relevance. Those do not count against ``wanted``. The query's own
+                # message and the host's window are left out.
                 inputs, _ = await asyncio.shield(shown)
                 elsewhere: set[str] = {m.id for m in inputs.episodes}
                 elsewhere |= {m.id for u in inputs.users for m in u.directives}
                 elsewhere |= {m.id for sh in inputs.shards for m in (*sh.facts, *sh.suggestions)}
-                top_k = min(wanted + len(elsewhere) + 1, s.search_max_top_k)
+                left_out = set(await host_window) | ({asked.like} if asked.like is not None else set())
+                top_k = min(wanted + len(elsewhere) + len(left_out), s.search_max_top_k)
                 request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score)
                 vector = await asked.fresh if asked.fresh is not None else None
                 ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=entities,
                                                     like=asked.like if asked.reusable else None, vector=vector)
-                hits = [(m, e) for m, e in ranking.results(top_k) if m.id != asked.like]  # never the query itself
+                hits = [(m, e) for m, e in ranking.results(top_k) if m.id not in left_out]
                 similar = [(m, e) for m, e in hits if similar_enough(e)]
-                below = len([m for m, _ in ranking.candidates(top_k) if m.id != asked.like]) + len(hits) - len(similar)
+                below = len([m for m, _ in ranking.candidates(top_k) if m.id not in left_out]) + len(hits) - len(similar)
                 chosen, new = [], 0
                 for hit in similar:
                     if new == wanted:

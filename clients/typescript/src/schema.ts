@@ -135,13 +135,15 @@ export interface paths {
         /**
          * Get Context
          * @description The memory block for one model call, within its character budget, with the memories
-         *     most relevant to the query (or to the session's latest user message). Needs `read` on
+         *     most relevant to the query (or to the session's latest user message; none for small talk,
+         *     which has nothing to search for). Needs `read` on
          *     the agent (and, for a key limited to users, the user). A session of another agent, and
          *     for a key limited to users a session none of them took part in, gets the block of an
          *     unknown session; such a key's block shows only its users' memory.
          *
          *     The relevant memories: at most `top_k`, from `scope`, none below `min_score` (or, found by
-         *     the vector signal alone, below `min_similarity`); each unset one comes from the agent's
+         *     the vector signal alone, below `min_similarity`), none of the session's latest `host_window`
+         *     messages (the host sends those to the model itself); each unset one comes from the agent's
          *     settings for `context_type`, then the agent's, then the server's. The answer says how many
          *     were left out and why (`left_out`) and the settings used (`recall`).
          */
@@ -1068,6 +1070,11 @@ export interface components {
             top_k?: number | null;
             /** @description where relevant memories are looked for */
             scope?: components["schemas"]["RecallScope"] | null;
+            /**
+             * Host Window
+             * @description how many of the session's latest messages the host already sends to the model: they are left out of the relevant memories
+             */
+            host_window?: number | null;
             /** Types */
             types?: {
                 [key: string]: components["schemas"]["Recall"];
@@ -1953,6 +1960,11 @@ export interface components {
             top_k?: number | null;
             /** @description where relevant memories are looked for */
             scope?: components["schemas"]["RecallScope"] | null;
+            /**
+             * Host Window
+             * @description how many of the session's latest messages the host already sends to the model: they are left out of the relevant memories
+             */
+            host_window?: number | null;
         };
         /**
          * RecallScope
@@ -2784,7 +2796,7 @@ export interface operations {
                 session_id: string;
                 /** @description target model name; selects the budget */
                 model?: string | null;
-                /** @description what the model is asked now; default: the session's latest user message. Adds <RelevantMemories> */
+                /** @description what the model is asked now; default: the session's latest user message. Adds <RelevantMemories>, unless it is small talk (greetings, thanks, farewells, assent: nothing to search for) */
                 query?: string | null;
                 /** @description character budget; overrides the model's */
                 budget?: number | null;
@@ -2800,6 +2812,8 @@ export interface operations {
                 top_k?: number | null;
                 /** @description where relevant memories are looked for: session, user, shared (those, the shards and the agent's namespace) */
                 scope?: components["schemas"]["RecallScope"] | null;
+                /** @description how many of the session's latest messages (any role) the host already sends to the model: left out of the relevant memories */
+                host_window?: number | null;
             };
             header?: never;
             path?: never;

@@ -73,6 +73,11 @@ describe("the session loop", () => {
     assert.match(context.xml, /^<\w/);
     assert.match(context.xml, /9am/);
     assert.ok(context.chars <= context.budget);
+    // The session's latest messages the host sends the model itself are not shown again.
+    const windowed = await client.getContext({
+      agent_id: AGENT, user_id: USER, session_id: SESSION, query: "when does the flight leave?", host_window: 2,
+    });
+    assert.equal(windowed.recall?.host_window, 2);
 
     const found = await client.searchMemories({ agent_id: AGENT, query: "flight Berlin", scope: "user", user_id: USER, top_k: 3 });
     assert.ok(found.results.length > 0);

@@ -157,14 +157,17 @@ class AsyncMemoryClient:
                       query: str | None = None, budget: int | None = None,
                       as_of: datetime | None = None, context_type: str | None = None,
                       min_score: float | None = None, min_similarity: float | None = None,
-                      top_k: int | None = None, scope: str | None = None) -> ContextOut:
+                      top_k: int | None = None, scope: str | None = None,
+                      host_window: int | None = None) -> ContextOut:
         """The memory block for one model call (``query``: what the model is asked now; ``as_of``:
         its <KnownFacts> are the facts true then). ``context_type`` (chat, task, document),
         ``min_score``, ``min_similarity``, ``top_k`` and ``scope`` (session, user, shared) pick
-        its relevant memories; unset ones come from the agent's settings."""
+        its relevant memories, ``host_window`` (how many of the session's latest messages the
+        host sends the model itself) leaves those out of them; unset ones come from the agent's
+        settings."""
         params = query_params(agent_id=agent_id, user_id=user_id, session_id=session_id, model=model, query=query,
                               budget=budget, as_of=as_of, context_type=context_type, min_score=min_score,
-                              min_similarity=min_similarity, top_k=top_k, scope=scope)
+                              min_similarity=min_similarity, top_k=top_k, scope=scope, host_window=host_window)
         result: ContextOut = parse(ContextOut, await self._send("GET", "/v1/context", params=params))
         return result
 
