@@ -15,9 +15,9 @@ from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.recall.render import (
     ALLOWANCE_SHARE,
     FACTS_SHARE,
+    MIN_BUDGET_CHARS,
     PASSAGE_CHARS,
     WHOLE_CHARS,
-    MIN_BUDGET_CHARS,
     ContextInputs,
     FactItem,
     RelevantItem,
