@@ -19,6 +19,9 @@
 - **Answer-in-context**: every content word of the gold answer somewhere in the block's
   text, over questions whose answer is extractive (its content words all appear in the
   question's evidence turns, taken together).
+- **User memory** (``um@B``): the characters of the block's ``<UserMemory>`` section at
+  budget B (0 for a baseline or a block without one), the standing cost of what is kept
+  about the user.
 - **Summaries** of per-question records: the mean of each metric over the whole, each
   half and each group (category or question type), and tables of them.
 """
@@ -26,6 +29,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -162,7 +166,18 @@ def context_metrics(xml: str, evidence: Sequence[Turn], found: Iterable[str], bu
     out: dict[str, float | None] = {f"ctx@{budget}": loss["shown"], f"ctx_all@{budget}": float(loss["shown"] == 1.0)}
     out.update({f"{k}@{budget}": v for k, v in loss.items() if k != "shown"})
     out[f"ans@{budget}"] = None if answer is None else float(answer <= block.words)
+    out[f"um@{budget}"] = float(user_memory_chars(xml))
     return out
+
+
+_USER_MEMORY = re.compile(r"<UserMemory>.*?</UserMemory>", re.DOTALL)
+
+
+def user_memory_chars(xml: str) -> int:
+    """Characters of the block's ``<UserMemory>`` section, its tags included (0 without one):
+    what the user's standing memory costs in every block of that user."""
+    found = _USER_MEMORY.search(xml)
+    return len(found.group(0)) if found else 0
 
 
 def retrieval_metrics(found_lists: Sequence[Iterable[str]], evidence: Sequence[str], ks: Sequence[int],
