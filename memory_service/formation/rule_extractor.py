@@ -571,6 +571,9 @@ def _standing_instruction(clause: str, addressed: bool = False) -> bool:
     return (verb in _SERVICE or verb in _MANNER) and (general or habitual)
 
 
+_JOINED = re.compile(r"(?<![,;])\s(?:and|or)\s+", re.IGNORECASE)
+
+
 def _clause_starts(text: str) -> list[int]:
     starts = [0] + [m.end() for m in _CLAUSE_BREAK.finditer(text)]
     return sorted({_filler_end(text, s) for s in starts})
@@ -659,10 +662,15 @@ def statement_kind(sentence: str) -> str | None:
         return None
     reported = _REPORTED.search(text)
     found = None
+    # "I need a plan to call home and send messages": after a first-person subject, a verb
+    # joined by a bare "and"/"or" shares that subject; it is no instruction.
+    continued = {m.end() for m in _JOINED.finditer(text)} if _OWN_RESOLUTION.match(text) else set()
     for start in _clause_starts(text):
         if reported and reported.start() < start:
             break  # everything from here on may be someone else's words
         clause = text[start:start + CLAUSE_CHARS]
+        if start in continued and not _OWN_RESOLUTION.match(clause):
+            continue
         kind = _clause_kind(clause)
         if kind == DIRECTIVE or (found == ABOUT_USER and _follows_from(clause)):
             return DIRECTIVE
