@@ -19,6 +19,9 @@
 - **Answer-in-context**: every content word of the gold answer somewhere in the block's
   text, over questions whose answer is extractive (its content words all appear in the
   question's evidence turns, taken together).
+- **User memory** (``um@B``): the characters of the block's ``<UserMemory>`` section at
+  budget B (0 for a baseline or a block without one), the standing cost of what is kept
+  about the user.
 - **Summaries** of per-question records: the mean of each metric over the whole, each
   half and each group (category or question type), and tables of them.
 """
@@ -26,6 +29,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import statistics
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -171,6 +175,7 @@ def context_metrics(xml: str, evidence: Sequence[Turn], found: Iterable[str], bu
         out[f"top20_shown@{budget}"] = sum(
             max((len(w & el) / len(w) for el in block.sets), default=0.0) >= THRESHOLD for w in held) / len(held) \
             if held else None
+    out[f"um@{budget}"] = float(user_memory_chars(xml))
     return out
 
 
@@ -197,6 +202,16 @@ def spent(xml: str, evidence: Sequence[Turn]) -> dict[str, float]:
             if not len(el) and own and any(len(w & own) >= THRESHOLD * len(w) for w in wanted):
                 out["evidence_chars"] += len(ET.tostring(el, encoding="unicode").rstrip()) / total
     return out
+
+
+_USER_MEMORY = re.compile(r"<UserMemory>.*?</UserMemory>", re.DOTALL)
+
+
+def user_memory_chars(xml: str) -> int:
+    """Characters of the block's ``<UserMemory>`` section, its tags included (0 without one):
+    what the user's standing memory costs in every block of that user."""
+    found = _USER_MEMORY.search(xml)
+    return len(found.group(0)) if found else 0
 
 
 def retrieval_metrics(found_lists: Sequence[Iterable[str]], evidence: Sequence[str], ks: Sequence[int],

@@ -1,12 +1,18 @@
 """Benchmark: what offline formation keeps of a conversation window, and in what form.
 
-tests/data/formation_labelled.json holds conversation windows written by hand for this
-purpose (no benchmark data copied): ``{"id", "split", "why", "shards", "messages",
+Two sets of conversation windows written by hand for this purpose (no benchmark data
+copied), in one format: tests/data/formation_labelled.json (invented group and
+one-to-one chats, dense with things worth keeping) and
+tests/data/formation_assistant_chats.json (a user and an assistant as in real assistant
+use: mostly task requests and questions, some lasting facts about the user, few standing
+preferences, some small talk). Each window is ``{"id", "split", "why", "shards", "messages",
 "expect"}``, each message ``[user_id, role, text]`` and each expected memory
 ``{"kind": "directive"|"fact"|"suggestion", "owner": user_id | "shard": shard_id,
 "has": [words]}``. docs/extraction.md ("Formation that keeps meaning") gives the
 labelling rule: directives say how the assistant should act; statements about a user are
-facts in the user's namespace phrased in the third person with the user as subject; topic
+facts in the user's namespace phrased in the third person with the user as subject; a
+request for this turn's task (however it asks for the reply to look) and the assistant's
+advice are no directive; topic
 knowledge and proposals are shard facts and suggestions phrased as facts; pleasantries,
 questions and fragments whose meaning lies in another turn are nothing.
 
@@ -19,7 +25,10 @@ expected. "nothing" is scored per window: a window expected to yield no memory t
 yields none. ``form`` is the share of the facts and suggestions made that are phrased as
 facts, matched or not.
 
-    .venv/bin/python bench/formation_quality.py [--rules OTHER_rule_extractor.py] [--split dev|holdout] [--json OUT] [-v]
+Figures are printed for all windows, each split, and each set (whole and per split).
+
+    .venv/bin/python bench/formation_quality.py [--rules OTHER_rule_extractor.py] [--split dev|holdout]
+        [--set formation_labelled|formation_assistant_chats] [--json OUT] [-v]
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ if str(ROOT) not in sys.path:
 from memory_service.domain.models import MemoryKind, Role, Shard  # noqa: E402
 from memory_service.formation.extractor import ExtractedItem, Window, WindowMessage  # noqa: E402
 
-DATA = ROOT / "tests" / "data" / "formation_labelled.json"
+SETS = (ROOT / "tests" / "data" / "formation_labelled.json", ROOT / "tests" / "data" / "formation_assistant_chats.json")
 AGENT = "bench"
 T0 = datetime(2026, 5, 1, 9, 0, tzinfo=UTC)
 SHARDS = {
@@ -58,8 +67,11 @@ FIRST_PERSON = re.compile(r"\b(?:i|i'm|im|i've|i'd|i'll|me|my|mine|myself|we|we'
                           re.IGNORECASE)
 
 
-def load(path: Path = DATA) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
+def load(paths: tuple[Path, ...] = SETS) -> list[dict[str, Any]]:
+    """Every window of ``paths``, each marked with its set (the file's stem) as ``"set"``."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows += [{**row, "set": path.stem} for row in json.loads(path.read_text(encoding="utf-8"))]
     return rows
 
 
@@ -154,19 +166,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rules", type=Path, help="another rule_extractor.py to score (e.g. from git show)")
     parser.add_argument("--split", choices=("dev", "holdout"), help="one split only (default: all, then each)")
+    parser.add_argument("--set", choices=[p.stem for p in SETS], help="one set only (default: both, then each)")
     parser.add_argument("--json", type=Path, help="also write the figures as JSON")
     parser.add_argument("-v", "--verbose", action="store_true", help="list every extra and missed memory")
     args = parser.parse_args()
-    rows = load()
+    rows = [r for r in load() if args.set is None or r["set"] == args.set]
     extractor = _extractor_from(args.rules)
     splits = [args.split] if args.split else [None, "dev", "holdout"]
+    sets = [None] if args.set else [None, *(p.stem for p in SETS)]
     out = {}
-    for split in splits:
-        part = [r for r in rows if split is None or r["split"] == split]
-        out[split or "all"] = result = score(part, extractor)
-        print(render(split or "all", result))
-        if args.verbose and split == splits[0]:
-            print("\n".join("    " + e for e in result["errors"]))
+    for set_name in sets:
+        for split in splits:
+            part = [r for r in rows if (split is None or r["split"] == split) and (set_name is None or r["set"] == set_name)]
+            name = "/".join(x for x in (set_name, split) if x) or "all"
+            out[name] = result = score(part, extractor)
+            print(render(name, result))
+            if args.verbose and set_name is None and split == splits[0]:
+                print("\n".join("    " + e for e in result["errors"]))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 

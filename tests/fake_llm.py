@@ -104,7 +104,7 @@ def answer(prompt: str, schema: dict, take: int | None = None) -> dict:
         if match := _LINE.match(line):
             messages.append((int(match.group(1)), match.group(3), json.loads(match.group(4))))
     episode = " ".join(text.split(".")[0] + "." for _, _, text in messages)
-    directives = [{"user_id": user, "content": text, "messages": [n]}
+    directives = [{"user_id": user, "content": text, "messages": [n], "holds": "in later conversations"}
                   for n, user, text in messages if user and "prefer" in text.lower()]
     directives = directives[: schema["properties"]["directives"]["maxItems"]]
     if take is not None:

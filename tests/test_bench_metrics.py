@@ -26,6 +26,7 @@ from evidence import (  # noqa: E402
     record,
     retrieval_metrics,
     split_halves,
+    user_memory_chars,
 )
 
 
@@ -92,6 +93,14 @@ def test_answer_in_context_counts_extractive_answers_only():
     m = context_metrics("<B><I>rent: 900 euros a month</I></B>", ev, found=[], budget=100, answer=words)
     assert m["ans@100"] == 1.0
     assert context_metrics("<B><I>the rent</I></B>", ev, [], 100, answer=words)["ans@100"] == 0.0
+
+
+def test_the_user_memory_section_is_measured_in_characters_per_block():
+    section = '<UserMemory><User id="u"><Directives><Directive>Keep answers short.</Directive></Directives></User></UserMemory>'
+    xml = f"<MemoryContext>{section}<RelevantMemories><Memory>x</Memory></RelevantMemories></MemoryContext>"
+    assert user_memory_chars(xml) == len(section)
+    assert user_memory_chars("<MemoryContext/>") == 0
+    assert context_metrics(xml, [turn("D1:1", "x")], (), 4000)["um@4000"] == len(section)
 
 
 def test_grouped_summaries_give_the_whole_both_halves_and_each_group():

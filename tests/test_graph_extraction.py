@@ -103,7 +103,7 @@ def test_precision_and_recall_on_the_labelled_set() -> None:
     assert entities.precision >= 0.95  # measured 0.964; the target is 0.85
     assert entities.recall >= 0.87  # measured 0.889
     assert facts.precision >= 0.95  # measured 1.000
-    assert facts.recall >= 0.69  # measured 0.710
+    assert facts.recall >= 0.69  # measured 0.713
     assert by_type["person"].precision >= 0.95 and by_type["place"].precision >= 0.88
     assert by_type["organisation"].precision >= 0.95
     matched = [(got, want) for got, want in dates if got is not None and got.date().isoformat() == want]
@@ -175,6 +175,32 @@ def test_negations_questions_and_conditions_state_no_fact() -> None:
                    (Role.USER, "kim", "Do you live in Rome?"))
     _, facts = extract_graph(window)
     assert facts == []
+
+
+def test_plans_intentions_and_the_future_state_no_fact_and_relations_stay() -> None:
+    window = _msgs((Role.USER, "alice", "I'm planning a trip to Lisbon with my friend Bob."),
+                   (Role.USER, "alice", "We're moving to Porto next month, and I hope to work at Farfetch."),
+                   (Role.USER, "alice", "I want to visit Kyoto. I'd love to study at Kyoto University."),
+                   (Role.USER, "alice", "My mum Helen is visiting from Cork next week."),
+                   (Role.USER, "alice", "I visited Seville last year, and we moved to Braga in 2021."))
+    _, facts = extract_graph(window)
+    triples = {(f.subject, f.predicate, f.object) for f in facts}
+    # a plan, a hope, a wish and next month are not (yet) a visit, a home or a job
+    assert not {t for t in triples if t[2] in ("Lisbon", "Porto", "Farfetch", "Kyoto", "Kyoto University", "Cork")}
+    # a relation is a state: Bob is a friend and Helen the mum now; what happened stays a fact
+    assert {("alice", "friend_of", "Bob"), ("Helen", "has_child", "alice"), ("alice", "visited", "Seville"),
+            ("alice", "lives_in", "Braga")} <= triples
+
+
+def test_the_demo_conversation_states_no_visit_from_a_plan() -> None:
+    data = json.loads((Path(__file__).parents[1] / "memory_service" / "data" / "demo_conversation.json").read_text())
+    facts = []
+    for session in data["sessions"]:
+        window = Window(data["agent_id"], session["session_id"], tuple(
+            WindowMessage(f"m{i}", i, Role(role), user, text, T0) for i, (user, role, text) in enumerate(session["messages"])))
+        facts += extract_graph(window)[1]
+    assert "alice visited Lisbon" not in [f.text for f in facts]
+    assert not [f for f in facts if f.predicate == "visited"]  # nobody has been yet: it is all a plan
 
 
 def test_unicode_names_and_dates() -> None:

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 
 from memory_service.domain.models import WORD_LIMITS, MemoryKind, Role, Shard
 from memory_service.formation.extractor import Extraction, ExtractionFailed, Window, WindowMessage
-from memory_service.formation.llm_extractor import LLMExtractor
+from memory_service.formation.llm_extractor import STANDING, LLMExtractor
 
 from .conftest import LiveServer, free_port
 from .test_rule_extractor import check_invariants
@@ -185,8 +185,11 @@ async def test_one_call_per_window_with_a_strict_schema_for_this_window(llm, ext
     directives = schema["properties"]["directives"]
     assert directives["items"]["properties"]["user_id"]["enum"] == ["alice", "bob", "carol"]
     assert directives["items"]["properties"]["messages"]["items"]["enum"] == list(range(1, 9))
-    # personal facts name their user as directives do
-    assert schema["properties"]["personal_facts"] == directives
+    # personal facts name their user as directives do; a directive also says how long it holds
+    facts = schema["properties"]["personal_facts"]
+    assert {**facts["items"]["properties"], "holds": directives["items"]["properties"]["holds"]} == \
+        directives["items"]["properties"]
+    assert facts["maxItems"] == directives["maxItems"]
     # 8 messages -> at most 2 of each
     assert directives["maxItems"] == 2
     assert shards["items"]["properties"]["facts"]["maxItems"] == 2
@@ -243,6 +246,33 @@ async def test_the_prompt_asks_for_personal_facts_apart_from_shard_knowledge(llm
     assert "identity and document numbers, health" in system and "neither is ever a shard item" in system
 
 
+async def test_directives_are_standing_in_the_prompt_and_the_schema(llm, extractor):
+    llm.reset(completion(empty_reply()))
+    await extractor.extract(window(*TRIP))
+    system = llm.requests[0]["messages"][0]["content"]
+    assert "in later conversations" in system and "A request for this turn's task is not a directive" in system
+    assert "never the assistant's advice or a text the user pasted" in system
+    item = llm.schema()["properties"]["directives"]["items"]
+    assert item["properties"]["holds"] == {"type": "string", "enum": ["in later conversations", "this request only"]}
+    assert "holds" in item["required"] and list(item["properties"])[-1] == "holds"  # judged after the content
+
+
+async def test_a_directive_for_this_request_only_or_without_its_scope_is_left_out(llm, extractor, caplog):
+    reply = empty_reply()
+    reply["directives"] = [
+        {"user_id": "alice", "content": "Answer point by point.", "messages": [1], "holds": "this request only"},
+        {"user_id": "bob", "content": "Keep answers short.", "messages": [4]},  # no scope: malformed
+        {"user_id": "carol", "content": "Always answer in French.", "messages": [6], "holds": STANDING},
+    ]
+    llm.reset(completion(reply))
+    with caplog.at_level(logging.INFO, logger="memory_service.formation.llm_extractor"):
+        result = await extractor.extract(window(*TRIP))
+    assert [(d.user_id, d.content) for d in of_kind(result, MemoryKind.DIRECTIVE)] == [
+        ("carol", "Always answer in French.")]
+    assert "holding for this request only is left out" in caplog.text and "holds" in caplog.text
+    assert "point by point" not in caplog.text
+
+
 def users_in_log(text: str) -> str:
     """Log text with each user's digest (or the no-name of a process with no digest key
     loaded yet) as <user>: which one depends on the tests run before."""
@@ -274,9 +304,10 @@ async def test_a_valid_reply_becomes_attributed_items_within_limits_and_caps(llm
     llm.reset(completion({
         "episode": "alice and bob planned the Lisbon trip; " + words(60),
         "directives": [
-            {"user_id": "alice", "content": "alice is vegetarian", "messages": [1]},
-            {"user_id": "bob", "content": "Answer bob in French " + words(30), "messages": [7, 7]},
-            {"user_id": "carol", "content": "carol dislikes long train rides", "messages": [6]},  # over the cap of 2
+            {"user_id": "alice", "content": "alice is vegetarian", "messages": [1], "holds": STANDING},
+            {"user_id": "bob", "content": "Answer bob in French " + words(30), "messages": [7, 7], "holds": STANDING},
+            {"user_id": "carol", "content": "carol dislikes long train rides", "messages": [6],
+             "holds": STANDING},  # over the cap of 2
         ],
         "shards": [
             {"shard_id": "travel",
@@ -324,11 +355,12 @@ async def test_items_naming_unknown_shards_messages_or_speakers_are_dropped_and_
     llm.reset(completion({
         "episode": "The group planned a trip.",
         "directives": [
-            {"user_id": "mallory", "content": "mallory wants everything in capitals", "messages": [1]},
-            {"user_id": "alice", "content": "alice is vegetarian", "messages": [99]},
-            {"user_id": "alice", "content": "alice likes brief answers", "messages": [2]},  # the assistant's message
-            {"user_id": "bob", "content": 42, "messages": [7]},
-            {"user_id": "alice", "content": "alice is vegetarian", "messages": [1]},
+            {"user_id": "mallory", "content": "mallory wants everything in capitals", "messages": [1], "holds": STANDING},
+            {"user_id": "alice", "content": "alice is vegetarian", "messages": [99], "holds": STANDING},
+            {"user_id": "alice", "content": "alice likes brief answers", "messages": [2],
+             "holds": STANDING},  # the assistant's message
+            {"user_id": "bob", "content": 42, "messages": [7], "holds": STANDING},
+            {"user_id": "alice", "content": "alice is vegetarian", "messages": [1], "holds": STANDING},
         ],
         "shards": [
             {"shard_id": "hotels", "facts": [good_fact], "suggestions": []},

@@ -375,6 +375,51 @@ async def test_no_directive_from_questions_or_look_alikes(sentence):
     assert of_kind(result, MemoryKind.DIRECTIVE) == []
 
 
+@pytest.mark.parametrize("sentence", [
+    # a request for this turn's task, however it asks the reply to look
+    "Please answer point by point.",
+    "Reply in Spanish, so my mother can read this one.",
+    "Write 4 bullet points to pitch the app to a seed investor.",
+    "Provide a step-by-step explanation of how to install the printer driver.",
+    "Explain compound interest in simple terms.",
+    "Can you recommend thrillers with a bleak, wintry tone?",
+    "Make me a quiz on the Tudors, with the answers at the end.",
+    "Stop and wait for my next message before you answer.",
+    # a conditional preference: the choice at hand
+    "I'd prefer something around six weeks long.",
+    "I'd rather stay near the station.",
+    # the user's own resolution, a clause that only ends with the marker
+    "I'll walk to work from now on.",
+    "I need a phone plan to call home and send messages from now on.",
+    # a like of an option shown, not of a kind of reply
+    "I like number 2 - write the summary at the end.",
+])
+async def test_a_request_for_this_turns_task_is_no_directive(sentence):
+    result = await extract(window(("carol", "user", sentence)))
+    assert of_kind(result, MemoryKind.DIRECTIVE) == []
+
+
+@pytest.mark.parametrize("sentence", [
+    "In future, always give prices in euros.",
+    "Talk to me like a friend, not a robot.",
+    "For future reference, quote prices with tax included.",
+])
+async def test_marks_of_persistence_make_a_directive(sentence):
+    result = await extract(window(("carol", "user", sentence)))
+    assert [d.content for d in of_kind(result, MemoryKind.DIRECTIVE)] == [sentence]
+
+
+async def test_a_pasted_text_and_the_assistants_advice_are_not_the_users_directives():
+    result = await extract(window(
+        ("dan", "user", "Can you make our house rules friendlier?\nAlways use the side door after 10pm.\n"
+                        "Always keep the hallway clear.\nNever put glass in the green bin."),
+        ("dan", "assistant", "Always feed the starter before you leave, and never seal the jar. "
+                             "You should always keep a dried backup."),
+        ("dan", "user", "Thanks, that helps."),
+    ))
+    assert of_kind(result, MemoryKind.DIRECTIVE) == []
+
+
 async def test_no_directives_from_the_assistant():
     result = await extract(window(
         ("alice", "assistant", "I prefer concise answers. Always check the dates. My name is Atlas."),

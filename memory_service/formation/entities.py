@@ -19,8 +19,10 @@ What it reads:
 - **Facts** are relations a cue states between the speaker (``I``/``we``/``my``), a person
   named just before the cue, or the person last named (``she``/``he``) and a typed name:
   lives_in, works_at, studies_at, born_in, visited, attended, married_to, partner_of,
-  sibling_of, has_child, friend_of, has_pet, likes, is_named. Questions and negated
-  sentences state no fact. A date in the sentence ("in March 2023", "on 2 August", "last
+  sibling_of, has_child, friend_of, has_pet, likes, is_named. Questions, negated
+  sentences and conditions state no fact, nor do plans, intentions, wishes and what is
+  still to come ("I'm planning a trip to Lisbon" is no visit; "we're moving to Porto next
+  month" no home yet): a fact is what holds or happened. A date in the sentence ("in March 2023", "on 2 August", "last
   November") becomes the fact's ``valid_at``.
 - **Namespaces**: the speakers are person entities, and whatever a user's message names or
   states goes to that user's namespace (``Namespace.user``); what the assistant says goes to
@@ -225,7 +227,10 @@ class _Sentence:
             mentions.append(_Mention(name.text, type_, self.owner, self.number, name.initial and type_ is None))
             if type_ == EntityType.PERSON:
                 last_person = name.text
-            if predicate is None or type_ is None or _no_claim(prefix, question):
+            # A relation is a state ("my mum Helen is visiting next week": she is the mum now);
+            # the future and plans only undo events and whereabouts.
+            after = "" if predicate in _STATES else lower[name.end:]
+            if predicate is None or type_ is None or _no_claim(prefix, question, after, plans=predicate not in _STATES):
                 continue
             subject = self._subject(prefix, predicate, last_person if type_ != EntityType.PERSON else None,
                                     mentions, by_user)
@@ -352,13 +357,36 @@ _INTERROGATIVE = re.compile(
     r"should|have|has|had|shall|may|might)\b")
 
 
-def _no_claim(prefix: str, question: bool) -> bool:
-    """Whether the clause holding a cue states nothing: a question, a negation, a condition or a
-    mere possibility ("If you liked…", "You might like…", "I don't live in…")."""
-    clause = re.split(r"[,;:]|\b(?:and|but|so|because|while)\b", prefix)[-1]
+# A plan, an intention, a wish or the future: what the clause speaks of has not happened
+# ("I'm planning a trip to Lisbon" is no visit, "we're moving to Porto next month" no home yet).
+_UNREALISED = re.compile(
+    r"\b(?:will|shall|gonna|going\s+to\s+[a-z]+|plan(?:s|ning|ned)?|intend(?:s|ing)?|want(?:s|ed)?\s+to|wanna|"
+    r"hop(?:e|es|ing)\s+to|(?:thinking|dreaming)\s+(?:of|about)|consider(?:s|ing)?|about\s+to|wish(?:es)?|"
+    r"looking\s+forward|(?:'d|would)\s+(?:like|love))\b|'ll\b"
+)
+_LATER = re.compile(
+    r"\b(?:next|upcoming|coming|this\s+coming)\s+(?:week|weekend|month|year|summer|winter|spring|autumn|fall|"
+    r"monday|tuesday|wednesday|thursday|friday|saturday|sunday)\b|\b(?:tomorrow|tonight|soon|someday|one\s+day|"
+    r"in\s+the\s+future)\b"
+)
+_CLAUSE = re.compile(r"[,;:]|\b(?:and|but|so|because|while)\b")
+
+
+_STATES = frozenset({"_relative", "child_of", "has_pet", "is_named"})
+
+
+def _no_claim(prefix: str, question: bool, after: str = "", plans: bool = True) -> bool:
+    """Whether the clause holding a cue states nothing: a question, a negation, a condition, a
+    mere possibility ("If you liked…", "You might like…", "I don't live in…"), or a plan,
+    intention or wish, or something still to come (``after``: the sentence after the name;
+    "I'm planning a trip to Lisbon", "moving to Porto next month"), unless ``plans`` is
+    False (a relation: a state, which a plan does not undo)."""
+    clause = _CLAUSE.split(prefix)[-1]
+    rest = _CLAUSE.split(after, maxsplit=1)[0]
     if question and (_INTERROGATIVE.match(prefix) or _INTERROGATIVE.match(clause.strip())):
         return True
-    return bool(_NEGATED.search(clause) or re.search(r"\b(?:if|unless|might|could|should|would)\b", clause))
+    return bool(_NEGATED.search(clause) or re.search(r"\b(?:if|unless|might|could|should|would)\b", clause)
+                or (plans and bool(_UNREALISED.search(clause) or _LATER.search(clause) or _LATER.search(rest))))
 
 
 def _relative_predicate(prefix: str) -> str:

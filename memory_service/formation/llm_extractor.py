@@ -26,6 +26,8 @@ Failure policy:
 - what the model puts in a shard is not trusted to be topic knowledge: formation checks
   every shard item again and routes one about a person to that person's namespace
   (memory_service.formation.steps.PersonalGuard);
+- a directive says how long it holds (``holds``): one the model marks "this request only"
+  (a request for this turn's task) is left out, and one without it is malformed;
 - an item that is wrong on its own (wrong field types, an unknown shard or message number,
   a directive of someone who did not speak as a user; an entity of an unknown type or
   namespace, a fact naming no entity or with a predicate that is not snake_case, a
@@ -48,7 +50,7 @@ import re
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -81,6 +83,10 @@ MAX_ITEMS = 12
 # Entities and facts: one of each per message shown, at least 2, never more than MAX_GRAPH_ITEMS.
 MAX_GRAPH_ITEMS = 24
 SCHEMA_NAME = "memory_extraction"
+# What a directive's "holds" may say; only the first is a directive (a request for this
+# turn's task is not).
+STANDING = "in later conversations"
+HOLDS = (STANDING, "this request only")
 _PREDICATE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 # A known fact's text and a known entity's aliases as the prompt shows them: with the caps on
 # how many are shown (known_limits), these bound what the known graph adds to a prompt.
@@ -98,12 +104,23 @@ a JSON string.
 Produce:
 - "episode": what happened in this window, at most {WORD_LIMITS[MemoryKind.EPISODE]} words, \
 naming who said what; "" if nothing happened worth remembering.
-- "directives": how the assistant should act for a user: their instructions and their \
-preferences about what it does or how it replies ("always answer in French", "I prefer \
-aisle seats when you book"), at most {WORD_LIMITS[MemoryKind.DIRECTIVE]} words each, with \
-the user_id of the user they belong to. Only what users said, never the assistant; not \
-one-off requests. A statement about the user (name, diet, job, home, family, hobbies, what \
-they like) is not a directive: it is a personal fact.
+- "directives": how the assistant should act for a user in later conversations: their \
+standing instructions and preferences about what it does or how it replies ("always answer \
+in French", "from now on keep answers short", "call me Ali", "I prefer aisle seats when you \
+book", "I'm vegetarian, so never suggest meat"), at most {WORD_LIMITS[MemoryKind.DIRECTIVE]} \
+words each, with the user_id of the user they belong to, and "holds": "in later \
+conversations" for such a rule. A directive holds beyond this turn: it says so (always, \
+never, from now on, in future, whenever you…, stop doing…), is about the replies in \
+general ("keep your answers short"), says how to address or treat the user, or is a \
+preference in the present tense ("I prefer…"). A request for this turn's task is not a \
+directive, however it asks the reply to look: "can you suggest vases in a warmer tone?", \
+"give me the steps with short explanations", "answer point by point", "expand on the \
+second stanza", "write 5 bullet points for the pitch", "reply in Spanish so my mother can \
+read this one"; nor is a preference for the choice at hand ("I'd prefer something around \
+eight weeks long"). Leave those out, or mark one you are unsure of "holds": "this \
+request only". Only what users said of themselves, never the assistant's advice or a text \
+the user pasted to be worked on. A statement about the user (name, diet, job, home, family, \
+hobbies, what they like) is not a directive: it is a personal fact.
 - "shards": one entry per shard listed below, each with
   - "facts": knowledge on the shard's topic and extraction focus, at most \
 {WORD_LIMITS[MemoryKind.FACT]} words each, phrased as a fact with its own subject and no \
@@ -230,6 +247,10 @@ class _Drop(Exception):
     """One item is unusable: dropped, the rest kept."""
 
 
+class _NotStanding(Exception):
+    """A directive the model marked as holding for this request only: left out, as asked."""
+
+
 class _Reply(BaseModel):
     episode: str | None
     directives: list[Any]
@@ -256,6 +277,12 @@ class _UsersOwn(_Item):
     """A directive or a personal fact: it names the user it belongs to."""
 
     user_id: str
+
+
+class _Directive(_UsersOwn):
+    """A directive says how long it holds: only one for later conversations is kept."""
+
+    holds: Literal["in later conversations", "this request only"]
 
 
 class _GraphEntity(BaseModel):
@@ -361,11 +388,12 @@ class _Plan:
         required, no additional properties; enum, minItems and maxItems allowed)."""
         numbers = list(range(1, len(self.shown) + 1))
 
-        def items(extra: dict[str, Any], max_items: int) -> dict[str, Any]:
+        def items(extra: dict[str, Any], max_items: int, after: dict[str, Any] | None = None) -> dict[str, Any]:
             properties = {
                 **extra,
                 "content": {"type": "string"},
                 "messages": {"type": "array", "minItems": 1, "items": {"type": "integer", "enum": numbers}},
+                **(after or {}),
             }
             return {
                 "type": "array",
@@ -382,7 +410,9 @@ class _Plan:
         user_id = {"type": "string", "enum": list(self.speakers)} if self.speakers else {"type": "string"}
         properties: dict[str, Any] = {
             "episode": {"type": "string"},
-            "directives": items({"user_id": user_id}, self.cap if self.speakers else 0),
+            # Said after the content: the model judges what it wrote, standing or this request's.
+            "directives": items({"user_id": user_id}, self.cap if self.speakers else 0,
+                                after={"holds": {"type": "string", "enum": list(HOLDS)}}),
             "personal_facts": items({"user_id": user_id}, self.cap if self.speakers else 0),
         }
         if self.shards:
@@ -479,6 +509,10 @@ class _Plan:
             except _Drop as why:
                 self._dropped(kind.value, raw, str(why))
                 continue
+            except _NotStanding:
+                log.info("session %s: a directive marked as holding for this request only is left out",
+                         self.window.session_id)
+                continue
             key = (item.user_id if shard_id is None else None, item.content.casefold())
             if key not in seen:
                 seen.add(key)
@@ -491,9 +525,12 @@ class _Plan:
     def _item(self, kind: MemoryKind, raw: Any, shard_id: str | None) -> ExtractedItem:
         try:
             personal = kind is MemoryKind.DIRECTIVE or shard_id is None  # said by a user about themself
-            parsed = (_UsersOwn if personal else _Item).model_validate(raw)
+            model = _Directive if kind is MemoryKind.DIRECTIVE else _UsersOwn if personal else _Item
+            parsed = model.model_validate(raw)
         except ValidationError as exc:
             raise _Drop(_first_error(exc)) from None
+        if isinstance(parsed, _Directive) and parsed.holds != STANDING:
+            raise _NotStanding
         unknown = sorted({n for n in parsed.messages if not 1 <= n <= len(self.shown)})
         if unknown:
             raise _Drop(f"unknown message number(s) {unknown}")

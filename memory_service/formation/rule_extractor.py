@@ -175,13 +175,23 @@ def _key(text: str) -> str:
 #    b. stable context about the user: a name, diet, health, age, occupation, home,
 #       family and pets, or a habit in the present simple ("I work night shifts",
 #       "I don't drink alcohol", "I never fly at night");
-#    c. an instruction to the assistant that outlasts this reply: an imperative with
-#       always/never/only/don't ever naming something the assistant does for the user,
-#       an instruction about the form of its replies ("keep answers short", "reply in
-#       Spanish"), "I want you to…" with either, "from now on…", "whenever you suggest…",
-#       "remember that I…".
-# Everything else is not a directive: pleasantries ("always good chatting with you"),
+#    c. an instruction to the assistant that outlasts this reply: it carries a mark of
+#       persistence, or its object is the replies in general. Marks: always/never/only/
+#       don't ever with a verb naming something the assistant does for the user ("never
+#       book red-eyes"; an everyday verb, "always use fresh yeast", only with the user,
+#       the replies or "you"), "from now on", "in future", "whenever/every time/when you
+#       <verb>…", "stop <doing>…", "remember that I…", a prohibition of a style of reply
+#       ("don't use emojis", "avoid jargon"), how to address or treat the user ("call me
+#       Ali", "talk to me like a friend"). The replies in general: a plural or "every"
+#       reply as the object or the place ("keep answers short", "keep your explanations
+#       simple", "… in your replies").
+# Everything else is not a directive. A request for this turn's task is not one, however
+# it asks the reply to look ("Please answer point by point", "write 5 bullet points…",
+# "reply in Spanish so my mother can read this one", "can you suggest … in an earthy
+# tone?"), nor a conditional preference for the choice at hand ("I'd prefer something
+# around eight weeks long"); pleasantries ("always good chatting with you"),
 # encouragement ("never give up!"), compliments and other people's habits have no cue.
+# Only the user's sentences are read: the assistant's advice is never the user's rule.
 
 _WEEKDAY = r"(?:monday|tuesday|wednesday|thursday|friday|saturday|sunday)"
 _MONTH = (r"(?:january|february|march|april|may|june|july|august|september|october|november|"
@@ -382,6 +392,18 @@ _MANNER = frozenset(
     "be stop quit speak talk give tell make start begin end skip stick treat say go try sound act".split()
 )
 _NAMING = frozenset("call address refer spell".split())
+# Service verbs as often said of anyone's life as of the assistant's work ("always use
+# fresh yeast", "always keep ripe fruit in the fridge", a pasted house rule): with
+# always/never they are the assistant's rule only when the clause names the user, the
+# replies or "you", or when said to the assistant ("I want you to always check…").
+_EVERYDAY = frozenset(
+    "use keep avoid put wake add check double-check plan pick choose round convert sort label share offer "
+    "provide default order".split()
+)
+# Verbs of how the assistant treats the user ("talk to me like a friend", "be more direct
+# with me"): how to treat someone holds beyond one reply.
+_TREAT = frozenset("be talk speak treat act sound".split())
+_TOWARD_ME = re.compile(r"\s*(?:[a-z-]+\s+){0,3}?(?:with\s+me|to\s+me\s+(?:like|as)|me\s+(?:like|as))\b", re.IGNORECASE)
 _LANGUAGE = (
     r"(?:english|spanish|french|german|portuguese|italian|dutch|polish|russian|chinese|mandarin|"
     r"cantonese|japanese|korean|arabic|hindi|turkish|greek|swedish|norwegian|danish|finnish|czech|"
@@ -396,7 +418,40 @@ _REPLY_FORM = re.compile(
     r"profanity|caveats|disclaimers|with\s+me|in\s+" + _LANGUAGE + r")\b",
     re.IGNORECASE,
 )
-# A preference about the assistant's doings or replies is how it should act.
+# The assistant's replies in general, not this one: a plural or "every" reply as the
+# object ("keep answers short", "keep your explanations simple", "write all code examples
+# in Python") or as where it goes ("… in your replies", "at the end of every answer").
+# "the answers", "a summary", "your response" are this reply's.
+_REPLY_NOUNS = r"(?:answers|replies|responses|explanations|summaries|code\s+(?:examples|snippets|samples))"
+_GENERAL = r"(?:your|all(?:\s+(?:of\s+)?your)?)\s+(?:[a-z-]+\s+)?"
+_REPLIES_OBJECT = re.compile(r"\s*(?:me\s+)?(?:" + _GENERAL + r")?" + _REPLY_NOUNS + r"\b", re.IGNORECASE)
+_REPLIES_PLACE = re.compile(
+    r"\b(?:in|from|of|to|with|on)\s+(?:" + _GENERAL + _REPLY_NOUNS + r"|(?:every|each)\s+(?:answer|reply|response|message))\b",
+    re.IGNORECASE,
+)
+# A style of reply (not its content or layout): forbidding one holds for every reply
+# ("don't use emojis", "avoid jargon"); asking for a layout (bullet points, a table, a
+# tone, a language) is this reply's.
+_STYLE = re.compile(
+    r"\b(?:emojis?|emoticons?|jargon|acronyms|exclamation\s+marks?|swearing|profanity|caveats|disclaimers)\b",
+    re.IGNORECASE,
+)
+# Habitual clauses about the assistant: "whenever you suggest…", "when you explain things".
+_WHEN_YOU = re.compile(
+    r"\b(?:when|whenever|every\s+time|each\s+time|any\s*time)\s+you\s+(?P<verb>[a-z]+(?:-[a-z]+)?)\b"
+    r"(?!\s+(?:the|this|that|it|these|those)\b)",
+    re.IGNORECASE,
+)
+# A conditional preference ("I'd prefer…", "I'd rather…") is a choice among the options at
+# hand; it stands only with a mark that it holds in general.
+_IN_GENERAL = re.compile(
+    r"\b(?:always|generally|in\s+general|usually|normally|as\s+a\s+rule|whenever|every\s+time|"
+    r"from\s+now\s+on|in\s+(?:the\s+)?future)\b",
+    re.IGNORECASE,
+)
+# A preference about the assistant's doings or replies is how it should act (read up to the
+# clause's end: "I like number 2 - write the summary…" likes an option, not a kind of reply).
+_CLAUSE_END = re.compile(r"[,;:(]|\s[-–—]\s")
 _ABOUT_ASSISTANT = re.compile(r"\b(?:you|your|yours)\b|" + _REPLY_FORM.pattern, re.IGNORECASE)
 _ADDRESS_ME = re.compile(
     r"(?:(?:you\s+(?:can|may)|just|please)\s+)*call\s+me\b|(?:address|refer\s+to)\s+me\s+as\b", re.IGNORECASE
@@ -411,11 +466,15 @@ _IMPERATIVE = re.compile(
 _HABITUAL_MOD = ("always", "never", "never ever", "only", "don't ever", "dont ever", "do not ever", "no longer")
 # Markers that make whatever follows a standing rule.
 _FROM_NOW_ON = re.compile(
-    r"\b(?:from\s+now\s+on|going\s+forward|from\s+here\s+on(?:\s+out)?|for\s+all\s+future)\b", re.IGNORECASE
+    r"\b(?:from\s+now\s+on|going\s+forward|from\s+here\s+on(?:\s+out)?|for\s+all\s+future|"
+    r"for\s+future\s+reference)\b",
+    re.IGNORECASE,
 )
+# "I'm going to exercise more from now on" is the user's resolution, not a rule for the assistant.
+_OWN_RESOLUTION = re.compile(r"\W*(?:i|i'm|i'll|i've|i'd|im|we|we're|we'll|my|our)\b", re.IGNORECASE)
 _EVERY_TIME = re.compile(
     r"(?:whenever|every\s+time|each\s+time|any\s*time|in\s+(?:the\s+)?future,?)\s+(?:you\s+)?"
-    r"(?P<verb>[a-z]+(?:-[a-z]+)?)\b",
+    r"(?:(?:always|never|please|also|just|don't|do\s+not)\s+)*(?P<verb>[a-z]+(?:-[a-z]+)?)\b",
     re.IGNORECASE,
 )
 _REQUEST = re.compile(
@@ -465,33 +524,54 @@ def _verb_base(word: str) -> set[str]:
     return {word}
 
 
-def _standing_instruction(clause: str) -> bool:
-    """An imperative (after "please", "I want you to", "could you") that outlasts this reply."""
-    if _FROM_NOW_ON.search(clause):
-        return True
+def _standing_instruction(clause: str, addressed: bool = False) -> bool:
+    """An imperative (after "please", or after "I want you to", "could you": ``addressed``)
+    that outlasts this reply: it carries a mark of persistence or is about the replies in
+    general (the rule above). A request for this turn's task is not one."""
     match = _IMPERATIVE.match(clause)
+    verb = match.group("verb").lower() if match else ""
+    # "From now on, use metric units", "keep things brief from now on"; not "I'll track my
+    # moods from now on" (the user's own resolution) nor a clause that only ends with it.
+    if (m := _FROM_NOW_ON.search(clause)) and not _OWN_RESOLUTION.match(clause) and (
+            m.start() == 0 or verb in _SERVICE | _MANNER | _NAMING):
+        return True
     if not match:
         return False
     mod = " ".join((match.group("mod") or "").lower().split())
-    verb = match.group("verb").lower()
     rest = clause[match.end():]
     about_me = bool(_ABOUT_ME.search(rest))
     about_replies = bool(_REPLY_FORM.search(clause))
+    general = bool(_REPLIES_OBJECT.match(rest) or _REPLIES_PLACE.search(clause))
+    habitual = bool((m := _WHEN_YOU.search(rest)) and m.group("verb").lower() in _SERVICE | _MANNER)
     if mod in _HABITUAL_MOD:  # "always reply in Spanish", "never give me more than two options"
+        if verb in _EVERYDAY:  # "always use fresh yeast" may be anyone's advice
+            return addressed or about_me or about_replies or bool(re.search(r"\b(?:you|your)\b", rest, re.IGNORECASE))
         return verb in _SERVICE or ((verb in _MANNER or verb in _NAMING) and (about_me or about_replies))
-    if mod in ("stop", "quit"):  # "stop apologizing in your answers", "stop calling me buddy"
-        return about_replies or (about_me and bool(_verb_base(verb) & (_SERVICE | _NAMING)))
-    if mod:  # "don't use emojis in your replies", "don't call me sir", "(I'd prefer it if you) didn't…"
-        if _PARTICULAR_OBJECT.match(rest):
+    if mod in ("stop", "quit"):  # a habit ended: "stop apologizing in your answers", "stop calling me buddy"
+        if not verb.endswith("ing"):  # "stop and wait for…" is this turn's
             return False
+        return about_replies or (about_me and bool(_verb_base(verb) & (_SERVICE | _NAMING)))
+    if _PARTICULAR_OBJECT.match(rest):  # "don't send me the file", "keep it short": this one
+        return False
+    if mod:  # "don't use emojis", "don't call me sir", "(I'd prefer it if you) didn't…"
         return (
-            (verb in _SERVICE and (about_me or about_replies))
-            or (verb in _NAMING and about_me)
-            or (verb in _MANNER and about_replies)
+            (verb in _NAMING and about_me)
+            or (verb in _SERVICE and bool(_STYLE.search(rest)))
+            or (verb in _SERVICE and verb not in _EVERYDAY and about_me)
+            or ((verb in _SERVICE or verb in _MANNER) and (general or habitual))
         )
-    # A plain imperative is a one-off task ("book the 9am train") unless it is about the
-    # form of the assistant's replies ("keep answers short", "use British spelling").
-    return (verb in _SERVICE or verb in _MANNER) and about_replies and not _PARTICULAR_OBJECT.match(rest)
+    # A plain imperative is this turn's task ("book the 9am train", "answer point by point",
+    # "write 5 bullet points…"), unless it is about the replies in general ("keep answers
+    # short"), says when it applies ("avoid jargon when you explain things"), forbids a
+    # style ("avoid emojis") or says how to treat the user ("talk to me like a friend").
+    if verb == "avoid" and _STYLE.search(rest):
+        return True
+    if verb in _TREAT and _TOWARD_ME.match(rest):
+        return True
+    return (verb in _SERVICE or verb in _MANNER) and (general or habitual)
+
+
+_JOINED = re.compile(r"(?<![,;])\s(?:and|or)\s+", re.IGNORECASE)
 
 
 def _clause_starts(text: str) -> list[int]:
@@ -507,7 +587,7 @@ def _clause_kind(clause: str) -> str | None:
     """What a clause states as it starts: how the assistant should act (``DIRECTIVE``),
     something lasting about the user (``ABOUT_USER``), or neither (None)."""
     if m := _REQUEST.match(clause):  # "I'd like you to…", "I'd prefer it if you…": for every reply?
-        return DIRECTIVE if _standing_instruction(clause[m.end():]) else None
+        return DIRECTIVE if _standing_instruction(clause[m.end():], addressed=True) else None
     if m := _PREFERENCE.match(clause):
         negated = bool(re.search(r"\b(?:can't|cant|cannot)\s+stand\b", clause[: m.end()], re.IGNORECASE))
         if m.group("verb").lower() == "stand" and not negated:
@@ -517,10 +597,12 @@ def _clause_kind(clause: str) -> str | None:
         # "prefer" chooses between options the assistant picks from; a like or dislike of
         # the assistant's replies or doings ("I like short answers", "…when you book") is
         # about how it acts; any other like is about the user ("I love hiking").
-        if m.group("verb").lower() == "prefer" or _ABOUT_ASSISTANT.search(clause):
+        if m.group("verb").lower() == "prefer" or _ABOUT_ASSISTANT.search(_CLAUSE_END.split(clause, maxsplit=1)[0]):
             return DIRECTIVE
         return ABOUT_USER
     if m := _WOULD_RATHER.match(clause):
+        if not _IN_GENERAL.search(clause):  # "I'd prefer something around eight weeks long": this choice
+            return None
         rest = clause[m.end():]
         if _first_word(rest) == "not":  # "I'd rather not." / "I'd rather not, it's late" answer a proposal
             return DIRECTIVE if re.match(r"\s*not\s+[a-z]", rest, re.IGNORECASE) else None
@@ -572,7 +654,7 @@ def statement_kind(sentence: str) -> str | None:
         # Only a request about every later reply: "Could you always answer in bullet points?"
         start = _filler_end(text)
         m = _REQUEST.match(text, start)
-        standing = m is not None and not _hypothetical(text) and _standing_instruction(text[m.end():m.end() + CLAUSE_CHARS])
+        standing = m is not None and not _hypothetical(text) and _standing_instruction(text[m.end():m.end() + CLAUSE_CHARS], addressed=True)
         return DIRECTIVE if standing else None
     if _hypothetical(text) or _ONE_OCCASION.search(text):
         return None
@@ -580,10 +662,15 @@ def statement_kind(sentence: str) -> str | None:
         return None
     reported = _REPORTED.search(text)
     found = None
+    # "I need a plan to call home and send messages": after a first-person subject, a verb
+    # joined by a bare "and"/"or" shares that subject; it is no instruction.
+    continued = {m.end() for m in _JOINED.finditer(text)} if _OWN_RESOLUTION.match(text) else set()
     for start in _clause_starts(text):
         if reported and reported.start() < start:
             break  # everything from here on may be someone else's words
         clause = text[start:start + CLAUSE_CHARS]
+        if start in continued and not _OWN_RESOLUTION.match(clause):
+            continue
         kind = _clause_kind(clause)
         if kind == DIRECTIVE or (found == ABOUT_USER and _follows_from(clause)):
             return DIRECTIVE
