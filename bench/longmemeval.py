@@ -381,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--half", choices=("a", "b", "both"), default="both", help="which half (default both)")
     parser.add_argument("--limit-questions", type=int, metavar="N", help="only the first N questions (of the half)")
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write everything as JSON to OUT")
+    parser.add_argument("--types", metavar="T1,T2", help="only questions of these types (e.g. single-session-assistant)")
     parser.add_argument("--capture", type=Path, metavar="PATH",
                         help="also keep every block's renderer inputs in PATH, for bench/block_replay.py")
     parser.add_argument("--budgets", default="4000,16000", help="context budgets, comma-separated (chars)")
@@ -403,7 +404,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     questions, stats = load(args.path, max_chars)
     total = Counter(q.half for q in questions)
-    questions = [q for q in questions if in_half(q.half, args.half)][:args.limit_questions]
+    questions = [q for q in questions if in_half(q.half, args.half)
+                 and (not args.types or q.question_type in args.types.split(","))][:args.limit_questions]
     data = {"path": str(args.path), "questions": len(questions), "halves_in_file": dict(total),
             "by_half": dict(Counter(q.half for q in questions)), "by_type": dict(Counter(q.question_type for q in questions)),
             "turns": sum(len(q.turns) for q in questions), "file": stats,
