@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 import httpx2
 import pytest
@@ -31,7 +32,7 @@ from .store_state import snapshot
 CLI = str(Path(sys.executable).parent / "memory-service")
 OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, OTHER = "acme", "rival"
-TOOLS = {"memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete",
+TOOLS = {"memory_context", "memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete",
          "entity_search", "entity_get", "entity_write"}
 
 
@@ -108,6 +109,35 @@ async def test_stdio_lists_the_tools_with_schemas_and_searches(api, keys):
 
         refused = await client.call_tool("memory_search", {"query": "pelican", "scope": "user"})
         assert refused.is_error and "422" in text(refused) and "user_id" in text(refused)
+
+
+async def test_stdio_gives_the_memory_block_and_leaves_out_the_hosts_window(api, keys, falkordb_url):
+    def memories(result: Any) -> list[str]:
+        assert not result.is_error, text(result)
+        return [m.text or "" for m in ET.fromstring(result.structured_content["xml"]).iter("Memory")]
+
+    asked = {"user_id": "alice", "session_id": "s1", "query": "my pelican Bo", "budget": 4000}
+    async with stdio(api.base_url, keys["agent"]) as client:
+        schema = {tool.name: tool for tool in (await client.list_tools()).tools}["memory_context"]
+        assert schema.annotations.read_only_hint and schema.input_schema["required"] == ["user_id", "session_id"]
+        shown = await client.call_tool("memory_context", asked)
+        assert any("pelican" in m for m in memories(shown))
+        assert shown.structured_content["budget"] == 4000 and shown.structured_content["recall"]["host_window"] == 0
+        windowed = await client.call_tool("memory_context", {**asked, "host_window": 1, "context_type": "task"})
+        assert not any("pelican" in m for m in memories(windowed))  # the host sends s1's last message itself
+        assert (windowed.structured_content["recall"]["host_window"], windowed.structured_content["context_type"]) == (
+            1, "task")
+
+        before = snapshot(falkordb_url, worker_running=True)
+        for bad, named in (({"host_window": -1}, "host_window"), ({"host_window": 1001}, "host_window"),
+                           ({"budget": 10}, "budget"), ({"budget": 10**8}, "budget"),
+                           ({"context_type": "poem"}, "context_type"), ({"user_id": "a:b"}, "user_id")):
+            refused = await client.call_tool("memory_context", {**asked, **bad})
+            assert refused.is_error and named in text(refused), text(refused)
+        assert snapshot(falkordb_url, worker_running=True) == before
+    async with stdio(api.base_url, keys["other"]) as client:
+        refused = await client.call_tool("memory_context", asked)
+    assert refused.is_error and "403" in text(refused) and "pelican" not in text(refused)
 
 
 async def test_stdio_with_a_key_of_another_agent_names_the_refusal_and_changes_nothing(api, keys, falkordb_url):

@@ -361,6 +361,11 @@ async def test_the_mcp_tools_hold_nothing_of_another_user_and_hide_as_unknown(se
 
         got = await tool("memory_get", {"memory_id": ids["alice_directive"]})
         assert not got.is_error and got.structured_content["content"] == "Alice wants teal lockers"
+        for session in HIDDEN:  # the block of an unknown session: nothing of bob's (tool() checks)
+            block = await tool("memory_context", {"user_id": "alice", "session_id": session, **query})
+            assert not block.is_error and "<" in block.structured_content["xml"], tool_text(block)
+        bobs_block = await tool("memory_context", {"user_id": "bob", "session_id": SHARED, **query})
+        assert bobs_block.is_error and "403" in tool_text(bobs_block)
 
     async with stdio(running.base_url, alice_key, agent=AGENT) as client:
         await check(client)

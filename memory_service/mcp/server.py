@@ -27,7 +27,10 @@ from memory_service import __version__
 from memory_service.access.authorization import is_loopback
 from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryApiError, MemoryRecord, WriteBlocksOut
 from memory_service.domain.graph import EntityType
-from memory_service.domain.models import MemoryKind
+from memory_service.domain.limits import CONTEXT_BUDGET_CEILING, MAX_HOST_WINDOW
+from memory_service.domain.models import ContextType, MemoryKind
+from memory_service.recall.render import MIN_BUDGET_CHARS
+from memory_service.schemas.context import ContextOut
 from memory_service.schemas.graph import ENTITY_ID_PATTERN, MAX_ENTITY_PAGE, MAX_FACT_PAGE, EntityDetailOut, EntityPage
 from memory_service.schemas.search import Scope, SearchResult
 
@@ -35,7 +38,8 @@ T = TypeVar("T")
 Transport = Literal["stdio", "http"]
 
 INSTRUCTIONS = (
-    "Long-term memory of agent {agent}. memory_search finds memories (each result explained, best first); "
+    "Long-term memory of agent {agent}. memory_context gives the XML memory block of a user's session for the "
+    "model's next call (within a character budget); memory_search finds memories (each result explained, best first); "
     "memory_get reads one by id; memory_write, memory_update, memory_delete and memory_undelete curate them, "
     "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date. "
     "entity_search lists the people, places and things the agent knows of; entity_get reads one with its facts "
@@ -97,6 +101,27 @@ def build_server(client: AsyncMemoryClient, agent_id: str, *, pass_through_keys:
             agent_id, query, scope=scope.value, user_id=user_id, session_id=session_id, shard_id=shard_id,
             namespaces=namespaces, top_k=top_k, min_score=min_score, kinds=[k.value for k in kinds] if kinds else None,
             tags=tags, since=since, until=until, as_of=as_of, include_superseded=include_superseded))
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    async def memory_context(
+        ctx: Context,
+        user_id: Annotated[str, Field(min_length=1, description="whose session")],
+        session_id: Annotated[str, Field(min_length=1, description="the session the model call belongs to")],
+        query: Annotated[str | None, Field(description="what the model is asked now (default: the session's latest "
+                                                       "user message); small talk searches nothing")] = None,
+        budget: Annotated[int | None, Field(ge=MIN_BUDGET_CHARS, le=CONTEXT_BUDGET_CEILING,
+                                            description="the block's size in characters (default: the server's)")] = None,
+        host_window: Annotated[int | None, Field(ge=0, le=MAX_HOST_WINDOW, description=(
+            "how many of the session's latest messages (any role) the host already sends the model: left out of "
+            "the relevant memories (default: the agent's setting)"))] = None,
+        context_type: Annotated[ContextType | None, Field(description="chat (the default), task or document: the "
+                                                                      "agent's settings for it apply")] = None,
+    ) -> ContextOut:
+        """The memory block for the model's next call in a user's session (GET /v1/context): XML within the
+        budget, with the memories most relevant to the query; also its size, sections and what was left out."""
+        return await call(lambda: api(ctx).context(
+            agent_id=agent_id, user_id=user_id, session_id=session_id, query=query, budget=budget,
+            host_window=host_window, context_type=context_type.value if context_type else None))
 
     @server.tool()
     async def memory_get(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
