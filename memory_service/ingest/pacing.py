@@ -1,0 +1,130 @@
+"""Pacing bulk work: one agent's batches give way to other agents' requests in the process.
+
+Admission (memory_service/http/overload.py) gives each agent a share of the requests a
+process runs at once, but what it admits shares one event loop and one store. A batch of
+hundreds of messages is CPU on the loop (its items read and checked, its statements built)
+and long pipelines in the store, done in steps with no await between their parts: a
+neighbour's request, whose every round trip waits behind whatever steps are ready, took
+10-20x its unloaded time while one agent sent batches, though it was admitted at once.
+
+So bulk work (a batch) runs in bounded steps (at most BATCH_STEP_MESSAGES messages and
+BATCH_STEP_CHARS characters of content, ``steps``; memory_service/ingest/batch.py and the
+batch route), and before each step it calls ``step()``: while another
+agent's *interactive* request (any admitted request that is not bulk) is in flight in this
+process, the step waits until none is, for at most ``max_pause`` seconds per step. The
+neighbour's request then finds the loop and the store with at most the steps already under
+way, and the batch goes on as soon as it is answered. Alone, or beside other agents' bulk
+work only, a batch never waits (agents that all send batches share the process as
+admission shares it). The bound per step keeps bulk work going at some pace even under a
+flood of other agents' small requests: at least one step per ``max_pause``.
+
+Who is bulk and whose interactive request is in flight is told by admission, which knows
+each request's lane (its agent) before the body is read: ``interactive(lane)`` around an
+interactive request, ``bulk(lane)`` around a bulk one; ``bulk`` keeps the lane in the
+request's context, where ``step()`` finds it (a call outside a paced request, a test or a
+script, does not wait).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class Pacing:
+    """The interactive requests in flight per lane, and the bulk steps waiting for them."""
+
+    def __init__(self, max_pause: float):
+        self.max_pause = max_pause
+        self._interactive: Counter[str] = Counter()
+        self._total = 0
+        self._waiters: set[asyncio.Future[None]] = set()
+        self.paused = 0  # steps that waited, for /metrics and tests
+
+    def others_busy(self, lane: str) -> bool:
+        """Whether an interactive request of a lane other than ``lane`` is in flight."""
+        return self._total > self._interactive.get(lane, 0)
+
+    @contextmanager
+    def interactive(self, lane: str) -> Iterator[None]:
+        self._interactive[lane] += 1
+        self._total += 1
+        try:
+            yield
+        finally:
+            self._total -= 1
+            self._interactive[lane] -= 1
+            if not self._interactive[lane]:
+                del self._interactive[lane]
+            for waiter in self._waiters:  # each checks again whether it may go on
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    @contextmanager
+    def bulk(self, lane: str) -> Iterator[None]:
+        token = _BULK.set(_Bulk(self, lane))
+        try:
+            yield
+        finally:
+            _BULK.reset(token)
+
+    async def pause(self, lane: str) -> None:
+        """Wait while another lane's interactive request is in flight, at most ``max_pause``."""
+        if self.max_pause <= 0 or not self.others_busy(lane):
+            return
+        self.paused += 1
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.max_pause
+        while self.others_busy(lane):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            waiter: asyncio.Future[None] = loop.create_future()
+            self._waiters.add(waiter)
+            try:
+                async with asyncio.timeout(left):
+                    await waiter
+            except TimeoutError:
+                return
+            finally:
+                self._waiters.discard(waiter)
+
+
+@dataclass(frozen=True, slots=True)
+class _Bulk:
+    pacing: Pacing
+    lane: str
+
+
+_BULK: ContextVar[_Bulk | None] = ContextVar("memory_service_bulk", default=None)
+
+
+async def step() -> None:
+    """Before a step of bulk work: give way to other agents' requests in flight (see the
+    module's docstring); at once outside a paced bulk request."""
+    bulk = _BULK.get()
+    if bulk is not None:
+        await bulk.pacing.pause(bulk.lane)
+
+
+def steps(items: Sequence[T], size: int, chars: int, length: Callable[[T], int]) -> list[slice]:
+    """``items`` cut into steps of at most ``size`` items and ``chars`` characters (by
+    ``length``; an item longer than ``chars`` is a step alone), in order."""
+    bounds: list[slice] = []
+    start, held = 0, 0
+    for index, item in enumerate(items):
+        n = length(item)
+        if index > start and (index - start >= size or held + n > chars):
+            bounds.append(slice(start, index))
+            start, held = index, 0
+        held += n
+    if start < len(items):
+        bounds.append(slice(start, len(items)))
+    return bounds
