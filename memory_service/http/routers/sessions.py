@@ -165,6 +165,7 @@ async def _read_body(body: bytes, limit: int, step_messages: int, step_chars: in
     if len(body) > PARSE_IN_THREAD_BYTES:  # the event loop's other requests run between the GIL's turns
         value = await asyncio.to_thread(parse_json_values, body)
     else:
+        await pacing.step()
         value = parse_json_values(body)
     raw = _batch_items(value, limit)
     items: list[BatchMessageIn | RefusedItem] = []
