@@ -35,6 +35,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
 
+from memory_service.state import metrics
+
 T = TypeVar("T")
 
 
@@ -46,7 +48,6 @@ class Pacing:
         self._interactive: Counter[str] = Counter()
         self._total = 0
         self._waiters: set[asyncio.Future[None]] = set()
-        self.paused = 0  # steps that waited, for /metrics and tests
 
     def others_busy(self, lane: str) -> bool:
         """Whether an interactive request of a lane other than ``lane`` is in flight."""
@@ -79,22 +80,24 @@ class Pacing:
         """Wait while another lane's interactive request is in flight, at most ``max_pause``."""
         if self.max_pause <= 0 or not self.others_busy(lane):
             return
-        self.paused += 1
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.max_pause
-        while self.others_busy(lane):
-            left = deadline - loop.time()
-            if left <= 0:
-                return
-            waiter: asyncio.Future[None] = loop.create_future()
-            self._waiters.add(waiter)
-            try:
-                async with asyncio.timeout(left):
-                    await waiter
-            except TimeoutError:
-                return
-            finally:
-                self._waiters.discard(waiter)
+        started = loop.time()
+        try:
+            while self.others_busy(lane):
+                left = started + self.max_pause - loop.time()
+                if left <= 0:
+                    return
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._waiters.add(waiter)
+                try:
+                    async with asyncio.timeout(left):
+                        await waiter
+                except TimeoutError:
+                    return
+                finally:
+                    self._waiters.discard(waiter)
+        finally:
+            metrics.BULK_PAUSE_SECONDS.inc(loop.time() - started)
 
 
 @dataclass(frozen=True, slots=True)
