@@ -270,6 +270,10 @@ class Settings(BaseSettings):
         default=0.25, ge=0,
         description="Longest a step of one agent's batch waits, before it goes on, while another agent's request "
                     "(not a batch) is in flight in the process (memory_service/ingest/pacing.py); 0: batches never wait")
+    api_bulk_steps_at_once: int = Field(
+        default=1, ge=1,
+        description="Steps of batches (BATCH_STEP_MESSAGES) one API process runs at once, whoever's they are; the "
+                    "others wait their turn (memory_service/ingest/pacing.py)")
     api_queue_timeout_seconds: float = Field(
         default=1.0, ge=0, description="How long a request waits for a slot before it answers 503 with Retry-After")
     overload_retry_after_seconds: int = Field(

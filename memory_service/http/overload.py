@@ -219,11 +219,11 @@ class AdmissionLimit:
     LONG_POLL_SUFFIX = "/form"  # POST /v1/sessions/{id}/form
 
     def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0,
-                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0):
+                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1):
         self.app, self.limit, self.wait, self.retry_after = app, limit, wait, retry_after_seconds
         self.slots = FairSlots(limit, per_agent)
         self.bulk = bulk
-        self.pacing = Pacing(bulk_pause)
+        self.pacing = Pacing(bulk_pause, bulk_steps)
         self.refused = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -290,7 +290,8 @@ class UnexpectedErrors:
 
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
             queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str,
-            per_agent: int = 0, bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0) -> None:
+            per_agent: int = 0, bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0,
+            bulk_steps: int = 1) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
     ``max_concurrent``, admit at most that many requests at once, ``per_agent`` of one agent
     (the others wait up to ``queue_seconds``). ``describe`` words our own errors for the
@@ -298,7 +299,7 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
     if max_concurrent:
         app.add_middleware(AdmissionLimit, limit=max_concurrent, wait=queue_seconds,
                            retry_after_seconds=retry_after_seconds, per_agent=per_agent, bulk=bulk,
-                           bulk_pause=bulk_pause)
+                           bulk_pause=bulk_pause, bulk_steps=bulk_steps)
 
     def unavailable_response(detail: str, request: Request) -> JSONResponse:
         return unavailable(detail, retry_after_seconds, request.scope)

@@ -144,14 +144,14 @@ class BatchLedger:
         commits: dict[str, Commit] = {}
         enqueue = False
         for part in self._steps(stored):
-            await pacing.step()
-            last, wants = await self._commit(agent_id, stored[part], answers)
+            async with pacing.step():
+                last, wants = await self._commit(agent_id, stored[part], answers)
             commits.update(last)  # a later step's commit of a session is its last
             enqueue |= wants
         if enqueue:
             await self.ledger.enqueue_embedding(agent_id)
-        await pacing.step()
-        sessions = await self._schedule(commits)
+        async with pacing.step():
+            sessions = await self._schedule(commits)
         done = [a for a in answers if a is not None]
         assert len(done) == len(items)
         counts = {status: sum(1 for a in done if a.status == status) for status in
@@ -171,8 +171,8 @@ class BatchLedger:
         reserved: list[_Item] = []
         try:
             for part in self._steps(live):
-                await pacing.step()
-                reserved += await self._reserve(agent_id, live[part], reach, answers)
+                async with pacing.step():
+                    reserved += await self._reserve(agent_id, live[part], reach, answers)
         except BaseException:
             await asyncio.shield(self._let_go(reserved, [None] * len(reserved), "unhold"))
             raise
@@ -185,12 +185,12 @@ class BatchLedger:
         stored: list[_Item] = []
         for part in self._steps(reserved):
             try:
-                await pacing.step()
-            except BaseException:
+                async with pacing.step():
+                    progress.writing.update(item.index for item in reserved[part])
+                    stored += await self._store(agent_id, reserved[part], answers)
+            except BaseException:  # the rows of this step and the next are let go of, as a record's are
                 await asyncio.shield(self._let_go(reserved[part.start:], [None] * (len(reserved) - part.start), "unhold"))
                 raise
-            progress.writing.update(item.index for item in reserved[part])
-            stored += await self._store(agent_id, reserved[part], answers, reserved[part.stop:])
         return stored
 
     async def _reserve(self, agent_id: str, live: list[_Item], reach: Reach | None,
@@ -225,12 +225,10 @@ class BatchLedger:
                 kept.append(item)
         return kept
 
-    async def _store(self, agent_id: str, live: list[_Item], answers: list[BatchItemOut | None],
-                     later: list[_Item]) -> list[_Item]:
+    async def _store(self, agent_id: str, live: list[_Item], answers: list[BatchItemOut | None]) -> list[_Item]:
         """The items' store writes, through the agent's group commit; a row the store refused
         alone is released (refused), one an outage failed is left held (failed), as a
-        record's write would. ``later``: the items reserved for the next steps, let go of
-        too if the caller goes away during this one."""
+        record's write would."""
         if not live:
             return live
         reservation = live[0].reservation
@@ -240,11 +238,7 @@ class BatchLedger:
         for item in live:
             item.memory = _memory(agent_id, item, now)
         memories = [item.memory for item in live if item.memory is not None]
-        try:
-            outcomes = await self.ledger.writes.write_many(backend, agent_id, memories)
-        except BaseException:  # the caller went away: the rows not written are let go of, as a record's are
-            await asyncio.shield(self._let_go([*live, *later], [None] * (len(live) + len(later)), "unhold"))
-            raise
+        outcomes = await self.ledger.writes.write_many(backend, agent_id, memories)
         kept: list[_Item] = []
         for item, outcome in zip(live, outcomes, strict=True):
             m = item.message

@@ -26,7 +26,7 @@ Bounded: a statement holds at most ``max_rows`` rows and ``max_chars`` character
 (one row larger than that is written alone), so what one agent sends, however large, holds
 the store for one bounded statement at a time, the agent's lane writing one after the
 other and other agents' lanes going between. A lane whose task a batch started (its
-context) waits before each statement as the batch's steps do (memory_service/ingest/pacing.py).
+context) gives way before each statement as the batch's steps do (memory_service/ingest/pacing.py).
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ class GroupCommit:
         batch: list[_Row] = []
         try:
             while lane.waiting:
-                await pacing.step()  # a batch's rows give way to other agents' requests (ingest/pacing.py)
+                await pacing.give_way()  # a batch's rows give way to other agents' requests (ingest/pacing.py)
                 batch = self._next_batch(lane)
                 if batch:
                     await self._store(backend, batch)

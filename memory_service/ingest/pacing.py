@@ -3,34 +3,40 @@
 Admission (memory_service/http/overload.py) gives each agent a share of the requests a
 process runs at once, but what it admits shares one event loop and one store. A batch of
 hundreds of messages is CPU on the loop (its items read and checked, its statements built)
-and long pipelines in the store, done in steps with no await between their parts: a
-neighbour's request, whose every round trip waits behind whatever steps are ready, took
-10-20x its unloaded time while one agent sent batches, though it was admitted at once.
+and long pipelines in the store, done with no await between their parts: a neighbour's
+request, whose every round trip waits behind whatever of the batches is ready, took 10-30x
+its unloaded time while one agent sent batches, though it was admitted at once.
 
-So bulk work (a batch) runs in bounded steps (at most BATCH_STEP_MESSAGES messages and
+So bulk work (a batch) is done in bounded steps (at most BATCH_STEP_MESSAGES messages and
 BATCH_STEP_CHARS characters of content, ``steps``; memory_service/ingest/batch.py and the
-batch route), and before each step it calls ``step()``: while another
-agent's *interactive* request (any admitted request that is not bulk) is in flight in this
-process, the step waits until none is, for at most ``max_pause`` seconds per step. The
-neighbour's request then finds the loop and the store with at most the steps already under
-way, and the batch goes on as soon as it is answered. Alone, or beside other agents' bulk
-work only, a batch never waits (agents that all send batches share the process as
-admission shares it). The bound per step keeps bulk work going at some pace even under a
-flood of other agents' small requests: at least one step per ``max_pause``.
+batch route), each inside ``async with step()``:
+
+- at most API_BULK_STEPS_AT_ONCE steps run at once in the process, whoever's batches they
+  are (first come, first served): a request arriving finds at most that much bulk work under
+  way, whatever the agents' shares of admission let in;
+- before it runs, a step gives way (``give_way``): while another agent's *interactive*
+  request (any admitted request that is not bulk) is in flight in this process, it waits
+  until none is, for at most API_BULK_PAUSE_SECONDS. The neighbour's request finds the loop
+  and the store with at most the step under way, and the batch goes on as soon as it is
+  answered. An agent's own requests, and other agents' batches, never make it wait, and the
+  bound keeps bulk work going under a flood of small requests: a step per pause at least.
+
+A store statement of a batch gives way too (memory_service/ingest/group_commit.py), without
+taking a step of its own: the step that wrote its rows holds one.
 
 Who is bulk and whose interactive request is in flight is told by admission, which knows
 each request's lane (its agent) before the body is read: ``interactive(lane)`` around an
 interactive request, ``bulk(lane)`` around a bulk one; ``bulk`` keeps the lane in the
-request's context, where ``step()`` finds it (a call outside a paced request, a test or a
-script, does not wait).
+request's context, where ``step()`` and ``give_way()`` find it (outside a paced request, a
+test or a script, neither waits).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TypeVar
@@ -43,8 +49,9 @@ T = TypeVar("T")
 class Pacing:
     """The interactive requests in flight per lane, and the bulk steps waiting for them."""
 
-    def __init__(self, max_pause: float):
+    def __init__(self, max_pause: float, steps_at_once: int = 1):
         self.max_pause = max_pause
+        self.steps = asyncio.Semaphore(steps_at_once)
         self._interactive: Counter[str] = Counter()
         self._total = 0
         self._waiters: set[asyncio.Future[None]] = set()
@@ -109,12 +116,24 @@ class _Bulk:
 _BULK: ContextVar[_Bulk | None] = ContextVar("memory_service_bulk", default=None)
 
 
-async def step() -> None:
-    """Before a step of bulk work: give way to other agents' requests in flight (see the
-    module's docstring); at once outside a paced bulk request."""
+async def give_way() -> None:
+    """Before bulk work: wait while another agent's request is in flight (see the module's
+    docstring); at once outside a paced bulk request."""
     bulk = _BULK.get()
     if bulk is not None:
         await bulk.pacing.pause(bulk.lane)
+
+
+@asynccontextmanager
+async def step() -> AsyncIterator[None]:
+    """One step of bulk work: one of the process's API_BULK_STEPS_AT_ONCE, after giving way."""
+    bulk = _BULK.get()
+    if bulk is None:
+        yield
+        return
+    async with bulk.pacing.steps:
+        await bulk.pacing.pause(bulk.lane)
+        yield
 
 
 def steps(items: Sequence[T], size: int, chars: int, length: Callable[[T], int]) -> list[slice]:

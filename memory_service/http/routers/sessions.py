@@ -165,13 +165,13 @@ async def _read_body(body: bytes, limit: int, step_messages: int, step_chars: in
     if len(body) > PARSE_IN_THREAD_BYTES:  # the event loop's other requests run between the GIL's turns
         value = await asyncio.to_thread(parse_json_values, body)
     else:
-        await pacing.step()
-        value = parse_json_values(body)
+        async with pacing.step():
+            value = parse_json_values(body)
     raw = _batch_items(value, limit)
     items: list[BatchMessageIn | RefusedItem] = []
     for part in pacing.steps(range(len(raw)), step_messages, step_chars, lambda index: _content_chars(raw[index])):
-        await pacing.step()
-        items += [_read_item(index, raw[index]) for index in range(part.start, part.stop)]
+        async with pacing.step():
+            items += [_read_item(index, raw[index]) for index in range(part.start, part.stop)]
     return items
 
 
