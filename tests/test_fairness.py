@@ -282,6 +282,39 @@ async def test_a_batch_gives_way_while_another_agents_request_is_in_flight(falko
         await answered(second)
 
 
+async def test_batches_of_several_agents_run_one_step_at_a_time(settings):
+    """API_BULK_STEPS_AT_ONCE of 1: two agents' batches sent at once both record every item,
+    and their store writes (one agent's lane each, which could overlap) never overlap: the
+    process runs one step of bulk work at a time, whoever's."""
+    settings = settings.model_copy(update={"batch_step_messages": 4, "api_bulk_steps_at_once": 1})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        for agent in ("a1", "a2"):
+            assert (await http.put(f"/v1/agents/{agent}", json={})).status_code == 200
+        _, backend = await service.agents.backend_for("a1")
+        assert (await service.agents.backend_for("a2"))[1] is backend
+        in_flight, most = 0, 0
+        write = backend.write
+
+        async def watched(memories):
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                await asyncio.sleep(0.01)  # a slow store: a second write would start meanwhile
+                return await write(memories)
+            finally:
+                in_flight -= 1
+
+        backend.write = watched
+        answers = await asyncio.gather(*(http.post(f"/v1/agents/{agent}/messages/batch", json={
+            "messages": [item("alice", f"{agent}-s", i) for i in range(40)]}) for agent in ("a1", "a2")))
+        for answer in answers:
+            assert answer.status_code == 200 and answer.json()["recorded"] == 40, answer.text
+        assert most == 1, f"{most} store writes of batches at once"
+
+
 def test_bulk_steps_hold_a_bounded_count_and_size():
     """``pacing.steps``: at most n items and c characters a step, in order; an item larger
     than c is a step alone."""
