@@ -1,7 +1,9 @@
 """Fair across agents: one agent's requests cannot take another's share of a process's
 admission slots (memory_service/http/overload.py), a large batch is written to the store in
-bounded statements (memory_service/ingest/group_commit.py), and a batch's 503 cut short says
-which of its items were recorded (memory_service/ingest/batch.py, ``BatchProgress``).
+bounded statements (memory_service/ingest/group_commit.py), a batch works in steps that give
+way to other agents' requests, one step at a time in a process (memory_service/ingest/pacing.py),
+and a batch's 503 cut short says which of its items were recorded (memory_service/ingest/batch.py,
+``BatchProgress``).
 
 The servers are real, on loopback. A request holds its admission slot while its body is
 still arriving, so the tests hold slots by sending a request's headers and keeping its body
