@@ -272,6 +272,14 @@ class Settings(BaseSettings):
         default=4, ge=0,
         description="Of those, the most one agent's requests take at once in a process (its share; more wait, and a "
                     "freed slot goes to the waiting agent holding the fewest); 0: no share, up to the whole pool")
+    api_bulk_pause_seconds: float = Field(
+        default=0.25, ge=0,
+        description="Longest a step of one agent's batch waits, before it goes on, while another agent's request "
+                    "(not a batch) is in flight in the process (memory_service/ingest/pacing.py); 0: batches never wait")
+    api_bulk_steps_at_once: int = Field(
+        default=1, ge=1,
+        description="Steps of batches (BATCH_STEP_MESSAGES) one API process runs at once, whoever's they are; the "
+                    "others wait their turn (memory_service/ingest/pacing.py)")
     api_queue_timeout_seconds: float = Field(
         default=1.0, ge=0, description="How long a request waits for a slot before it answers 503 with Retry-After")
     overload_retry_after_seconds: int = Field(
@@ -295,6 +303,13 @@ class Settings(BaseSettings):
         default=8_388_608, ge=1024,
         description="Largest body of a batch of messages, in bytes (MAX_REQUEST_BYTES holds for every other route); "
                     "larger answers 413 before it is parsed")
+    batch_step_messages: int = Field(
+        default=16, ge=1, le=10_000,
+        description="A batch is read, reserved, written and committed this many messages at a time (at most), "
+                    "giving way to other agents' requests between steps (API_BULK_PAUSE_SECONDS)")
+    batch_step_chars: int = Field(
+        default=16_384, ge=1,
+        description="Most content characters of one such step (a single message larger than it is a step alone)")
     store_write_max_rows: int = Field(
         default=256, ge=1, le=10_000,
         description="Most messages one store write holds: a batch (and concurrent records of one agent) is written in "

@@ -1,7 +1,9 @@
 """Fair across agents: one agent's requests cannot take another's share of a process's
 admission slots (memory_service/http/overload.py), a large batch is written to the store in
-bounded statements (memory_service/ingest/group_commit.py), and a batch's 503 cut short says
-which of its items were recorded (memory_service/ingest/batch.py, ``BatchProgress``).
+bounded statements (memory_service/ingest/group_commit.py), a batch works in steps that give
+way to other agents' requests, one step at a time in a process (memory_service/ingest/pacing.py),
+and a batch's 503 cut short says which of its items were recorded (memory_service/ingest/batch.py,
+``BatchProgress``).
 
 The servers are real, on loopback. A request holds its admission slot while its body is
 still arriving, so the tests hold slots by sending a request's headers and keeping its body
@@ -204,3 +206,123 @@ async def test_a_batch_cut_short_by_a_frozen_store_says_what_was_recorded(settin
                                                                     ["duplicate", "duplicate"],
                                                                     ["recorded", "duplicate"],
                                                                     ["duplicate", "recorded"])
+
+
+async def test_a_batch_gives_way_while_another_agents_request_is_in_flight(falkordb_url):
+    """Pacing (memory_service/ingest/pacing.py): agent B's record is admitted and in flight
+    (its body kept back), and agent A's batch waits between its steps meanwhile
+    (API_BULK_PAUSE_SECONDS of 60: far longer than the test looks), though A's own requests
+    that are not batches are answered; once B's record is answered, A's batch goes on and
+    records all its items. A's own request in flight does not hold A's batch back, and with a
+    short pause a batch goes on, a step at a time, even while B's request stays."""
+    await flush(falkordb_url)
+    settings = suite_settings(falkordb_url, api_auth="keys", operator_api_key=OPERATOR_KEY,
+                              api_max_concurrent_requests=8, api_max_concurrent_per_agent=2,
+                              api_queue_timeout_seconds=0.3, store_stall_seconds=60, api_bulk_pause_seconds=60,
+                              batch_step_messages=4)
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG, limits=httpx.Limits(max_connections=20)) as http:
+        for agent in ("A", "B"):
+            assert (await http.put(f"/v1/agents/{agent}", json={}, headers=OPERATOR)).status_code == 200
+        keys = {agent: bearer((await make_key(http, OPERATOR, role="write", agents=[agent]))["key"])
+                for agent in ("A", "B")}
+
+        async def hold(agent: str, session: str) -> list[tuple[asyncio.Event, asyncio.Task]]:
+            """Two records of ``agent`` admitted (its share), their bodies kept back: in flight
+            until their events are set."""
+            held = []
+            for n in range(2):
+                release = asyncio.Event()
+
+                async def content(release=release, n=n):
+                    await release.wait()
+                    yield httpx.Response(200, json={"agent_id": agent, "user_id": "bob", "role": "user",
+                                                    "content": "I like tea.", "message_id": f"{session}-{n}"}).content
+
+                held.append((release, asyncio.create_task(http.post(
+                    f"/v1/sessions/{session}/messages", content=content(),
+                    headers={**keys[agent], "content-type": "application/json"}))))
+            for _ in range(int(HANG / 0.3)):  # until both hold a slot: the agent's next request waits, refused
+                probe = await guard(http.get(f"/v1/agents/{agent}", headers=keys[agent]))
+                if probe.status_code == 503:
+                    return held
+            raise AssertionError("the held records were not admitted")
+
+        async def answered(held: tuple[asyncio.Event, asyncio.Task]) -> None:
+            held[0].set()
+            assert (await guard(held[1])).status_code == 200
+
+        def batch(session: str) -> dict:
+            return {"messages": [item("alice", session, i) for i in range(20)]}
+
+        # B's record in flight: A's batch does not finish; A's reads are answered meanwhile.
+        first, second = await hold("B", "sb")
+        await answered(first)
+        paced = asyncio.create_task(http.post("/v1/agents/A/messages/batch", headers=keys["A"], json=batch("sa")))
+        done, _ = await asyncio.wait({paced}, timeout=3)
+        assert not done, "A's batch went on while B's request was in flight"
+        assert (await guard(http.get("/v1/agents/A", headers=keys["A"]))).status_code == 200
+        await answered(second)
+        answer = await guard(paced)
+        assert answer.status_code == 200 and answer.json()["recorded"] == 20, answer.text
+
+        # A's own record in flight does not hold A's batch back.
+        first, second = await hold("A", "sa2")
+        await answered(first)
+        answer = await guard(http.post("/v1/agents/A/messages/batch", headers=keys["A"], json=batch("sa3")))
+        assert answer.status_code == 200 and answer.json()["recorded"] == 20, answer.text
+        await answered(second)
+
+    # A pause of 50 ms a step: the batch goes on, a step at a time, while B's request stays.
+    settings = settings.model_copy(update={"api_bulk_pause_seconds": 0.05})
+    async with LoopbackServer(create_app(settings, run_worker=False)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG, limits=httpx.Limits(max_connections=20)) as http:
+        first, second = await hold("B", "sb2")
+        await answered(first)
+        answer = await guard(http.post("/v1/agents/A/messages/batch", headers=keys["A"], json=batch("sa4")))
+        assert answer.status_code == 200 and answer.json()["recorded"] == 20, answer.text
+        await answered(second)
+
+
+async def test_batches_of_several_agents_run_one_step_at_a_time(settings):
+    """API_BULK_STEPS_AT_ONCE of 1: two agents' batches sent at once both record every item,
+    and their store writes (one agent's lane each, which could overlap) never overlap: the
+    process runs one step of bulk work at a time, whoever's."""
+    settings = settings.model_copy(update={"batch_step_messages": 4, "api_bulk_steps_at_once": 1})
+    async with open_service(settings, run_worker=False) as service, \
+            LoopbackServer(create_app(service=service)) as server, \
+            httpx.AsyncClient(base_url=server.base_url, timeout=HANG) as http:
+        for agent in ("a1", "a2"):
+            assert (await http.put(f"/v1/agents/{agent}", json={})).status_code == 200
+        _, backend = await service.agents.backend_for("a1")
+        assert (await service.agents.backend_for("a2"))[1] is backend
+        in_flight, most = 0, 0
+        write = backend.write
+
+        async def watched(memories):
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                await asyncio.sleep(0.01)  # a slow store: a second write would start meanwhile
+                return await write(memories)
+            finally:
+                in_flight -= 1
+
+        backend.write = watched
+        answers = await asyncio.gather(*(http.post(f"/v1/agents/{agent}/messages/batch", json={
+            "messages": [item("alice", f"{agent}-s", i) for i in range(40)]}) for agent in ("a1", "a2")))
+        for answer in answers:
+            assert answer.status_code == 200 and answer.json()["recorded"] == 40, answer.text
+        assert most == 1, f"{most} store writes of batches at once"
+
+
+def test_bulk_steps_hold_a_bounded_count_and_size():
+    """``pacing.steps``: at most n items and c characters a step, in order; an item larger
+    than c is a step alone."""
+    from memory_service.ingest.pacing import steps
+
+    sizes = [3, 3, 3, 10, 1, 1, 1, 1, 1, 4]
+    parts = steps(sizes, 3, 6, lambda n: n)
+    assert [sizes[p] for p in parts] == [[3, 3], [3], [10], [1, 1, 1], [1, 1, 4]]
+    assert steps([], 3, 6, lambda n: n) == []

@@ -59,6 +59,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from memory_service.access.keys import Principal
 from memory_service.domain.errors import BackendUnavailable, FormationPending, MemoryServiceError
 from memory_service.http.access_log import route_template
+from memory_service.ingest.pacing import Pacing
 from memory_service.stores.outages import UNAVAILABLE, is_unavailable
 
 log = logging.getLogger(__name__)
@@ -217,9 +218,12 @@ class AdmissionLimit:
     NEVER_QUEUED = frozenset({"/health", "/health/live", "/metrics"})
     LONG_POLL_SUFFIX = "/form"  # POST /v1/sessions/{id}/form
 
-    def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0):
+    def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0,
+                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1):
         self.app, self.limit, self.wait, self.retry_after = app, limit, wait, retry_after_seconds
         self.slots = FairSlots(limit, per_agent)
+        self.bulk = bulk
+        self.pacing = Pacing(bulk_pause, bulk_steps)
         self.refused = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -241,8 +245,10 @@ class AdmissionLimit:
                 detail = f"the service is at capacity ({self.limit} requests in progress); try again shortly"
             await unavailable(detail, self.retry_after)(scope, receive, send)
             return
+        bulk = self.bulk is not None and scope["method"] == "POST" and self.bulk.fullmatch(scope["path"]) is not None
         try:
-            await self.app(scope, receive, send)
+            with self.pacing.bulk(lane) if bulk else self.pacing.interactive(lane):
+                await self.app(scope, receive, send)
         finally:
             self.slots.release(lane)
 
@@ -284,14 +290,16 @@ class UnexpectedErrors:
 
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
             queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str,
-            per_agent: int = 0) -> None:
+            per_agent: int = 0, bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0,
+            bulk_steps: int = 1) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
     ``max_concurrent``, admit at most that many requests at once, ``per_agent`` of one agent
     (the others wait up to ``queue_seconds``). ``describe`` words our own errors for the
     caller (it redacts what a store's error text says about where it listens)."""
     if max_concurrent:
         app.add_middleware(AdmissionLimit, limit=max_concurrent, wait=queue_seconds,
-                           retry_after_seconds=retry_after_seconds, per_agent=per_agent)
+                           retry_after_seconds=retry_after_seconds, per_agent=per_agent, bulk=bulk,
+                           bulk_pause=bulk_pause, bulk_steps=bulk_steps)
 
     def unavailable_response(detail: str, request: Request) -> JSONResponse:
         return unavailable(detail, retry_after_seconds, request.scope)

@@ -58,6 +58,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.formation import gates
 from memory_service.formation.jobs import EMBED_LOCK_MS
 from memory_service.formation.steps import message_memory_id
+from memory_service.ingest import pacing
 from memory_service.ingest.group_commit import RowRefused
 from memory_service.ingest.sessions import SessionLedger
 from memory_service.schemas.records import BatchItemOut, BatchOut, BatchSessionOut, ItemStatus
@@ -80,7 +81,7 @@ class _Item:
 
     index: int
     message: BatchMessageIn
-    digest: str
+    digest: str = ""  # taken in the item's reservation step
     reservation: Reservation | None = None
     memory: Memory | None = None
 
@@ -137,17 +138,60 @@ class BatchLedger:
             except MemoryServiceError as exc:
                 answers[index] = _refused(index, item, exc)
                 continue
-            live.append(_Item(index, item, digest_of(item.role, item.user_id, item.content)))
-        live = await self._reserve(agent_id, live, reach, answers)
-        progress.writing.update(item.index for item in live)
-        live = await self._store(agent_id, live, answers)
-        commits = await self._commit(agent_id, live, answers)
-        sessions = await self._schedule(commits)
+            live.append(_Item(index, item))
+        reserved = await self._reserve_steps(agent_id, live, reach, answers)
+        stored = await self._store_steps(agent_id, reserved, answers, progress)
+        commits: dict[str, Commit] = {}
+        enqueue = False
+        for part in self._steps(stored):
+            async with pacing.step():
+                last, wants = await self._commit(agent_id, stored[part], answers)
+            commits.update(last)  # a later step's commit of a session is its last
+            enqueue |= wants
+        if enqueue:
+            await self.ledger.enqueue_embedding(agent_id)
+        async with pacing.step():
+            sessions = await self._schedule(commits)
         done = [a for a in answers if a is not None]
         assert len(done) == len(items)
         counts = {status: sum(1 for a in done if a.status == status) for status in
                   ("recorded", "duplicate", "refused", "failed")}
         return BatchOut(**counts, items=done, sessions=sessions)
+
+    def _steps(self, items: list[_Item]) -> list[slice]:
+        """The batch's steps (memory_service/ingest/pacing.py): reserved, written and
+        committed a step at a time, in order, giving way to other agents between steps."""
+        settings = self.ledger.settings
+        return pacing.steps(items, settings.batch_step_messages, settings.batch_step_chars,
+                            lambda item: len(item.message.content))
+
+    async def _reserve_steps(self, agent_id: str, live: list[_Item], reach: Reach | None,
+                             answers: list[BatchItemOut | None]) -> list[_Item]:
+        """``_reserve`` a step at a time; if the caller goes away, what was reserved is let go of."""
+        reserved: list[_Item] = []
+        try:
+            for part in self._steps(live):
+                async with pacing.step():
+                    reserved += await self._reserve(agent_id, live[part], reach, answers)
+        except BaseException:
+            await asyncio.shield(self._let_go(reserved, [None] * len(reserved), "unhold"))
+            raise
+        return reserved
+
+    async def _store_steps(self, agent_id: str, reserved: list[_Item], answers: list[BatchItemOut | None],
+                           progress: BatchProgress) -> list[_Item]:
+        """``_store`` a step at a time; if the caller goes away, what is held and not written
+        is let go of."""
+        stored: list[_Item] = []
+        for part in self._steps(reserved):
+            try:
+                async with pacing.step():
+                    progress.writing.update(item.index for item in reserved[part])
+                    stored += await self._store(agent_id, reserved[part], answers)
+            except BaseException:  # the rows of this step and the next are let go of, as a record's are
+                await asyncio.shield(self._let_go(reserved[part.start:], [None] * (len(reserved) - part.start), "unhold"))
+                raise
+        return stored
 
     async def _reserve(self, agent_id: str, live: list[_Item], reach: Reach | None,
                        answers: list[BatchItemOut | None]) -> list[_Item]:
@@ -157,6 +201,8 @@ class BatchLedger:
         decides it (``StateStore.reserve_messages``), else the item is refused, 409."""
         if not live:
             return live
+        for item in live:
+            item.digest = digest_of(item.message.role, item.message.user_id, item.message.content)
         users = tuple(reach.view) if reach is not None and reach.view is not None else None
         calls = [ReserveCall(i.message.session_id, agent_id, i.message.message_id, i.digest, i.message.incognito,
                              i.message.user_id, users) for i in live]
@@ -192,11 +238,7 @@ class BatchLedger:
         for item in live:
             item.memory = _memory(agent_id, item, now)
         memories = [item.memory for item in live if item.memory is not None]
-        try:
-            outcomes = await self.ledger.writes.write_many(backend, agent_id, memories)
-        except BaseException:  # the caller went away: the rows not written are let go of, as a record's are
-            await asyncio.shield(self._let_go(live, [None] * len(live), "unhold"))
-            raise
+        outcomes = await self.ledger.writes.write_many(backend, agent_id, memories)
         kept: list[_Item] = []
         for item, outcome in zip(live, outcomes, strict=True):
             m = item.message
@@ -230,11 +272,11 @@ class BatchLedger:
             await self.ledger.let_go(item.message.session_id, item.message.message_id, item.reservation.sequence, how)
 
     async def _commit(self, agent_id: str, live: list[_Item],
-                      answers: list[BatchItemOut | None]) -> dict[str, Commit]:
-        """Every stored item made pending, in one pipeline, in order; one embedding job
-        enqueued for the agent if a commit asked for it. The last commit of each session."""
+                      answers: list[BatchItemOut | None]) -> tuple[dict[str, Commit], bool]:
+        """Every stored item made pending, in one pipeline, in order. The last commit of each
+        session, and whether a commit asked for the agent's embedding job."""
         if not live:
-            return {}
+            return {}, False
         lock_ms = EMBED_LOCK_MS if self.ledger.embedder is not None else 0
         calls = []
         for item in live:
@@ -258,9 +300,7 @@ class BatchLedger:
                                           item.reservation.sequence)
             last[m.session_id] = commit
             enqueue |= commit.enqueue_embedding
-        if enqueue:
-            await self.ledger.enqueue_embedding(agent_id)
-        return last
+        return last, enqueue
 
     async def _schedule(self, commits: dict[str, Commit]) -> list[BatchSessionOut]:
         """Each session's gate on its last commit's counters; an open one claims its window."""

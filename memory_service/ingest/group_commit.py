@@ -25,7 +25,8 @@ the rows are told apart before anyone is answered:
 Bounded: a statement holds at most ``max_rows`` rows and ``max_chars`` characters of content
 (one row larger than that is written alone), so what one agent sends, however large, holds
 the store for one bounded statement at a time, the agent's lane writing one after the
-other and other agents' lanes going between.
+other and other agents' lanes going between. A lane whose task a batch started (its
+context) gives way before each statement as the batch's steps do (memory_service/ingest/pacing.py).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memory_service.domain.models import Memory
+from memory_service.ingest import pacing
 from memory_service.stores.base import MemoryBackend
 from memory_service.stores.outages import is_unavailable
 
@@ -115,6 +117,7 @@ class GroupCommit:
         batch: list[_Row] = []
         try:
             while lane.waiting:
+                await pacing.give_way()  # a batch's rows give way to other agents' requests (ingest/pacing.py)
                 batch = self._next_batch(lane)
                 if batch:
                     await self._store(backend, batch)

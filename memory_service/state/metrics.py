@@ -73,6 +73,8 @@ JOB_TIMEOUTS = Counter(f"{PREFIX}job_timeouts", "Worker job tries stopped by WOR
                        registry=REGISTRY)
 STORE_FROZEN = Counter(f"{PREFIX}store_frozen", "Requests answered 503 because a store did not answer its probe",
                        ["store"], registry=REGISTRY)
+BULK_PAUSE_SECONDS = Counter(f"{PREFIX}bulk_pause_seconds", "Seconds batches' steps waited while other agents' "
+                             "requests were in flight (memory_service/ingest/pacing.py)", registry=REGISTRY)
 
 # Flat names of StateStore.add_metrics (and the formation's completion) -> HELP text, for
 # the names that stay one series each (memory_service_<name>_total).

@@ -37,6 +37,7 @@ from memory_service.domain.models import (
 from memory_service.domain.namespaces import validate_id
 from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import UnusableJSON, check_charset, parse_json_values, strict_router
+from memory_service.ingest import pacing
 from memory_service.ingest.batch import BatchProgress
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, SessionPage
 from memory_service.schemas.formation import FormationSummary
@@ -45,9 +46,9 @@ from memory_service.schemas.records import BatchOut, RecordOut
 
 router = strict_router(tags=["sessions"])
 
-# A batch body larger than this is parsed and checked in a thread: 8 MB is about a second of
-# CPU, which on the event loop would stall every other agent's requests; in a thread they
-# run between its turns at the GIL.
+# A batch body larger than this is parsed in a thread: 8 MB is about a second of CPU, which
+# on the event loop would stall every other agent's requests; in a thread they run between
+# its turns at the GIL. Its items are then checked on the loop, in paced steps.
 PARSE_IN_THREAD_BYTES = 262_144
 
 # The batch route's path, for its larger body limit (MAX_BATCH_BYTES).
@@ -146,10 +147,8 @@ async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep,
     each other item `failed` (send those again with the same `message_id`)."""
     check_charset(request.headers.get("content-type"))
     body = await request.body()
-    if len(body) > PARSE_IN_THREAD_BYTES:  # the event loop's other requests run between the GIL's turns
-        items = await asyncio.to_thread(_read_body, body, service.settings.max_batch_messages)
-    else:
-        items = _read_body(body, service.settings.max_batch_messages)
+    items = await _read_body(body, service.settings.max_batch_messages, service.settings.batch_step_messages,
+                             service.settings.batch_step_chars)
     users = [item.user_id if isinstance(item, BatchMessageIn) else None for item in items]
     for index, refused in enumerate(authorize_users(principal, Role.WRITE, agent_id, users)):
         item = items[index]
@@ -160,9 +159,25 @@ async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep,
     return await service.record_batch(agent_id, items, principal, progress)
 
 
-def _read_body(body: bytes, limit: int) -> list[BatchMessageIn | RefusedItem]:
-    raw = _batch_items(parse_json_values(body), limit)
-    return [_read_item(index, item) for index, item in enumerate(raw)]
+async def _read_body(body: bytes, limit: int, step_messages: int, step_chars: int) -> list[BatchMessageIn | RefusedItem]:
+    """The body's items, each a message or refused; checked in steps that give way to other
+    agents' requests (memory_service/ingest/pacing.py)."""
+    if len(body) > PARSE_IN_THREAD_BYTES:  # the event loop's other requests run between the GIL's turns
+        value = await asyncio.to_thread(parse_json_values, body)
+    else:
+        async with pacing.step():
+            value = parse_json_values(body)
+    raw = _batch_items(value, limit)
+    items: list[BatchMessageIn | RefusedItem] = []
+    for part in pacing.steps(range(len(raw)), step_messages, step_chars, lambda index: _content_chars(raw[index])):
+        async with pacing.step():
+            items += [_read_item(index, raw[index]) for index in range(part.start, part.stop)]
+    return items
+
+
+def _content_chars(item: Any) -> int:
+    content = item.get("content") if isinstance(item, dict) else None
+    return len(content) if isinstance(content, str) else 0
 
 
 def _batch_items(body: Any, limit: int) -> list[Any]:
