@@ -10,7 +10,7 @@ packing constant can be tuned in seconds on one half and checked on the other, i
 re-ingesting a benchmark per try. Search and formation are not re-run: only what the
 renderer decides changes.
 
-    .venv/bin/python bench/block_replay.py /tmp/lme.capture WHOLE_CHARS=400,800 PASSAGE_CHARS=300,600
+    .venv/bin/python bench/block_replay.py /tmp/lme.capture WHOLE_CHARS=400,800 BEST_WHOLE_SHARE=0,0.5
 """
 
 from __future__ import annotations

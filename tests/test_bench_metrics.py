@@ -178,4 +178,4 @@ def test_a_captured_block_is_rendered_again_under_other_constants(tmp_path):
     assert len(cases) == 1 and assembler.render_context.__name__ == "render_context"  # unpatched after
     # The best (long) one whole up to all of the room leaves none to the evidence; a passage does.
     assert replay(cases, {"BEST_WHOLE_SHARE": 1.0, "WHOLE_CHARS": 2000})["half a"]["ctx@2000"] == 0.0
-    assert replay(cases, {"BEST_WHOLE_SHARE": 0.0, "PASSAGE_CHARS": 200})["half a"]["ctx@2000"] == 1.0
+    assert replay(cases, {"BEST_WHOLE_SHARE": 0.0})["half a"]["ctx@2000"] == 1.0

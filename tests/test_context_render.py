@@ -16,7 +16,6 @@ from memory_service.recall.render import (
     ALLOWANCE_SHARE,
     FACTS_SHARE,
     MIN_BUDGET_CHARS,
-    PASSAGE_CHARS,
     WHOLE_CHARS,
     ContextInputs,
     FactItem,
@@ -401,7 +400,7 @@ def test_a_short_relevant_memory_is_whole_or_left_out_and_a_long_one_shows_its_p
     cut = texts(parse(render_context(ContextInputs(relevant=[relevant(long, 1.0), *others], asked=True), 4000,
                                      NOW).xml), "Memory")[0]
     assert said in cut and cut.startswith("…We also talked") and cut.endswith("while.…")
-    assert len(cut) <= PASSAGE_CHARS and "topic number 29 " in cut and "topic number 30 " in cut
+    assert len(cut) <= 500 and "topic number 29 " in cut and "topic number 30 " in cut  # its share
     # Its passage grows with its share of a larger budget, never past the text.
     wide = texts(parse(render_context(ContextInputs(relevant=[relevant(long, 1.0), *others], asked=True), 60_000,
                                       NOW).xml), "Memory")[0]
@@ -522,7 +521,7 @@ def test_the_best_relevant_memory_is_whole_up_to_half_the_room():
     assert first[0] == answer
     second = texts(parse(render_context(ContextInputs(relevant=[others[0], relevant(answer, 0.95), *others[1:]],
                                                       asked=True), 4000, NOW).xml), "Memory")
-    assert second[1] != answer and second[1].endswith("…") and len(second[1]) <= PASSAGE_CHARS
+    assert second[1] != answer and second[1].endswith("…") and len(second[1]) <= 500
     # Longer than half the room: the best shows its passage too.
     assert texts(parse(render_context(ContextInputs(relevant=[relevant(answer, 1.0), *others], asked=True), 2500,
                                       NOW).xml), "Memory")[0] != answer
