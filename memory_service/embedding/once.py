@@ -6,9 +6,10 @@ a memory another caller holds is skipped and named back (``busy``), so a reader 
 it. The model is called in turns of the embedder's batch size (the local model runs one call
 at a time: a formation job's embedding waits behind one turn, not the whole read), renewing
 the claims when a third of the lease has passed; the claims are renewed once more before the
-write, and only the vectors whose claim held are written. The claims are released at the
-end, whatever happened: a memory left unwritten (the embedder or the store failed) is
-claimable again at once, and one whose claimer died, after the lease.
+write, and only the vectors whose claim held are written. A written memory keeps its claim
+until the lease ends (a reader whose read came just before the write must not claim it
+again); a memory left unwritten (the embedder or the store failed) is released, claimable
+again at once; one whose claimer died, after the lease.
 """
 
 from __future__ import annotations
@@ -45,12 +46,15 @@ async def embed_once(embedder: Embedder, claims: EmbedClaims, backend: MemoryBac
     claim = await claims.claim(agent_id, [m.id for m in memories])
     held = set(claim.ids)
     result = Embedded(claimed=len(held), busy=[m.id for m in memories if m.id not in held])
+    written: set[str] = set()
     try:
-        await _embed_and_write(embedder, claims, claim, backend, [m for m in memories if m.id in held], step,
-                               result, on_turn)
+        written = await _embed_and_write(embedder, claims, claim, backend, [m for m in memories if m.id in held],
+                                         step, result, on_turn)
     finally:
+        # What was written keeps its claim until the lease ends: a reader whose read came just
+        # before the write finds it claimed. The rest is claimable again at once.
         try:
-            await claims.release(claim)
+            await claims.release(claim, [i for i in claim.ids if i not in written])
         except Exception as exc:  # the claims expire after their lease
             log.warning("could not release %d embedding claims of agent %s: %s", len(claim.ids), agent_id, exc)
     return result
@@ -58,7 +62,8 @@ async def embed_once(embedder: Embedder, claims: EmbedClaims, backend: MemoryBac
 
 async def _embed_and_write(embedder: Embedder, claims: EmbedClaims, claim: Claim, backend: MemoryBackend,
                            todo: list[Memory], step: int, result: Embedded,
-                           on_turn: Callable[[Sequence[Memory]], None] | None) -> None:
+                           on_turn: Callable[[Sequence[Memory]], None] | None) -> set[str]:
+    """Embed ``todo`` in turns and write the vectors whose claim held; the ids written."""
     done: list[Memory] = []
     renewed = time.monotonic()
     while todo:
@@ -75,6 +80,7 @@ async def _embed_and_write(embedder: Embedder, claims: EmbedClaims, claim: Claim
             result.lost += len(done) - len(kept)
             done, todo = kept, [m for m in todo if m.id in held]
             renewed = time.monotonic()
+    vectors: dict[str, list[float]] = {}
     if done:
         held = await claims.renew(claim, [m.id for m in done])
         vectors = {m.id: m.embedding for m in done if m.id in held and m.embedding is not None}
@@ -84,3 +90,4 @@ async def _embed_and_write(embedder: Embedder, claims: EmbedClaims, claim: Claim
         log.warning("%d embedding claims of agent %s expired before their write (an embedder slower than "
                     "EMBEDDING_CLAIM_SECONDS?): those vectors are dropped, the memories are embedded again",
                     result.lost, claim.agent_id)
+    return set(vectors)

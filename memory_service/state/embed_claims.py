@@ -12,8 +12,10 @@ others skip it.
   claimer renews its claims: only those still holding its token are renewed and written. A
   claim that expired meanwhile (a claimer slower than its lease) may be another's by now:
   its vector is dropped, not written a second time.
-- After the write the claims are released (the memory is no longer marked, so no reader
-  returns it again).
+- After the write a claim is left to expire, not released: a reader that read the memory as
+  unembedded just before the write (its read is stale) must find it claimed, not claim it
+  again. A memory the claimer did not write (the embedder or the store failed) is released,
+  claimable again at once.
 - A claimer that dies between claim and write leaves its keys to expire: the memory is still
   marked ``needs_embedding``, and the next reader after the lease claims it. Nothing is lost.
 
@@ -102,11 +104,13 @@ class EmbedClaims:
         held = cast(list[Any], await self._renew(keys=self._keys(claim.agent_id, ids), args=[claim.token, self.lease_ms]))
         return {i for i, ok in zip(ids, held) if int(ok)}
 
-    async def release(self, claim: Claim) -> int:
-        """Let go of the claim (its vectors are written, or it gives up); how many it held."""
-        if not claim.ids:
+    async def release(self, claim: Claim, memory_ids: Sequence[str] | None = None) -> int:
+        """Let go of the claim on ``memory_ids`` (all of it by default): memories it did not
+        write, claimable again at once; how many it held."""
+        ids = list(claim.ids if memory_ids is None else memory_ids)
+        if not ids:
             return 0
-        return int(await self._release(keys=self._keys(claim.agent_id, claim.ids), args=[claim.token]))
+        return int(await self._release(keys=self._keys(claim.agent_id, ids), args=[claim.token]))
 
     @staticmethod
     def _keys(agent_id: str, ids: Sequence[str]) -> list[str]:
