@@ -499,7 +499,10 @@ async def drain(client: httpx.AsyncClient, server: Server, sessions: list[Sessio
 
     async def poll(session_id: str) -> None:
         async with limiter:
-            body = (await client.get(f"/v1/sessions/{session_id}")).json()
+            reply = await client.get(f"/v1/sessions/{session_id}")
+        if reply.status_code != 200:  # shed under load (503 with Retry-After): asked again next round
+            return
+        body = reply.json()
         status[session_id] = body
         if body["pending_job"] is None and not body["gate"]["open"]:
             unsettled.discard(session_id)
@@ -524,7 +527,12 @@ async def drain(client: httpx.AsyncClient, server: Server, sessions: list[Sessio
         rep.problems.append(f"{len(unsettled)} session(s) still forming {timeout:.0f} s after the last record")
     if rep.embedding_lag_s is None:
         rep.problems.append(f"messages still waiting for their embedding {timeout:.0f} s after the last record")
-    await asyncio.gather(*(poll(s.session_id) for s in sessions))
+    status.clear()
+    for _ in range(60):  # every session read afresh (one shed under load is asked again)
+        await asyncio.gather(*(poll(s.session_id) for s in sessions if s.session_id not in status))
+        if len(status) == len(sessions):
+            break
+        await asyncio.sleep(0.5)
     for s in sessions:
         body = status[s.session_id]
         accounted = body["formed_messages"] + body["gate"]["pending_messages"]
