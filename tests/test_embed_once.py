@@ -21,32 +21,17 @@ from memory_service.embedding.once import embed_once
 from memory_service.formation.steps import message_memory_id
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
-from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .fake_embeddings import EmbeddingsServer
 from .helpers import T0, msg
-from .test_worker import WorkerProcess, make_settings
+from .test_slots import until
+from .test_worker import WorkerProcess, make_settings, store, url  # noqa: F401 (the module's own store)
 
 MODEL = "fake-embedding"
 COUNTERS = ("embedded_at_record", "embedded_after_record", "embeddings_backfilled")
 # No formation (its memories are embedded as it writes them, not counted here), no cold sweep.
 QUIET = {"memory_formation_msg_interval": 100_000, "memory_formation_token_interval": 10_000_000,
          "consider_cold_after_minutes": 1000, "worker_job_timeout_seconds": 60}
-
-
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> str:
-    server = EmbeddedFalkorDB(tmp_path_factory.mktemp("embed-once-store"))
-    yield server.start()
-    server.stop()
-
-
-@pytest.fixture
-async def url(store) -> str:
-    redis = Redis.from_url(store)
-    await redis.flushall()
-    await redis.aclose()
-    return store
 
 
 def remote(embeddings: EmbeddingsServer, **more) -> dict[str, object]:
@@ -69,14 +54,6 @@ async def stored_vectors(service, agent_id: str) -> dict[str, tuple[str | None, 
                                          "n.embedding_model AS model, n.needs_embedding AS needs, "
                                          "n.embedding IS NOT NULL AS has")
     return {r["id"]: (r["model"] if r["has"] else None, bool(r["needs"])) for r in rows}
-
-
-async def until(check, what: str, timeout: float = 120) -> None:
-    for _ in range(int(timeout / 0.1)):
-        if await check():
-            return
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --- the claims themselves ------------------------------------------------------------------------
@@ -189,10 +166,10 @@ async def test_two_workers_the_backfill_and_record_time_runs_embed_each_message_
                         return False
                 return True
 
-            await until(all_embedded, "every message embedded")
+            await until(all_embedded, "every message embedded", timeout=120)
             done.set()
             await backfilling
-            await until(lambda: _idle(service, agents), "the embedding jobs to let go of their locks")
+            await until(lambda: _idle(service, agents), "the embedding jobs to let go of their locks", timeout=120)
 
             counters = await service.state.metrics()
             assert sum(counters.get(c, 0) for c in COUNTERS) == len(texts), {c: counters.get(c) for c in COUNTERS}
