@@ -20,7 +20,12 @@ repetition:
 Reported per embedder (medians over the repetitions, each repetition's own p50/p95/p99):
 messages/s, request latency, errors by status, CPU busy of the API process (API + worker +
 embedder), of the store (redis-server with FalkorDB) and of this client process (1.0 = one
-core), formation and embedding lag, and ratio = ingest messages/s ÷ baseline requests/s.
+core), formation and embedding lag, ratio = ingest messages/s ÷ baseline requests/s, and
+*embedded per message*: the growth of the embedding counters (record-time runs, embedding
+jobs, backfill) over the repetition, once they stop moving, ÷ messages sent (1.00: every
+message embedded once). ``--align-cron S`` starts each ingest S seconds before an even
+minute, when the worker's backfill cron runs, so that it meets the backlog; ``--turn-chars
+N`` makes turns of about N characters.
 
 Correctness, checked on every run (a violation prints FAIL and exits 1): every record
 answers 200, not a duplicate, with its session's next sequence number; afterwards the
@@ -110,11 +115,16 @@ ASSISTANT_TURNS = [
 ]
 
 
-def turn(rng: random.Random, role: str) -> str:
-    template = rng.choice(USER_TURNS if role == "user" else ASSISTANT_TURNS)
-    city, city2 = rng.sample(CITIES, 2)
-    return template.format(thing=rng.choice(THINGS), city=city, city2=city2, food=rng.choice(FOODS),
-                           day=rng.randint(1, 28), hour=rng.randint(5, 11), n=rng.randint(2, 9))
+def turn(rng: random.Random, role: str, chars: int = 0) -> str:
+    """A generated chat turn; with ``chars``, turns joined up to about that many characters."""
+    text = ""
+    while not text or len(text) < chars:
+        template = rng.choice(USER_TURNS if role == "user" else ASSISTANT_TURNS)
+        city, city2 = rng.sample(CITIES, 2)
+        text += (" " if text else "") + template.format(
+            thing=rng.choice(THINGS), city=city, city2=city2, food=rng.choice(FOODS), day=rng.randint(1, 28),
+            hour=rng.randint(5, 11), n=rng.randint(2, 9))
+    return text
 
 
 @dataclass
@@ -124,7 +134,7 @@ class Session:
     messages: list[dict]
 
 
-def conversations(tag: str, sessions: int, messages: int, agents: int, seed: int) -> list[Session]:
+def conversations(tag: str, sessions: int, messages: int, agents: int, seed: int, chars: int = 0) -> list[Session]:
     rng = random.Random(seed)
     per, extra = divmod(messages, sessions)
     out = []
@@ -135,7 +145,7 @@ def conversations(tag: str, sessions: int, messages: int, agents: int, seed: int
         for i in range(per + (1 if s < extra else 0)):
             role = "user" if i % 2 == 0 else "assistant"
             rows.append({"agent_id": agent, "user_id": users[(i // 2) % len(users)], "role": role,
-                         "content": turn(rng, role), "message_id": f"m{i}"})
+                         "content": turn(rng, role, chars), "message_id": f"m{i}"})
         out.append(Session(f"{tag}-s{s}", agent, rows))
     return out
 
@@ -274,6 +284,8 @@ class Repetition:
     ingest: Figures
     formation_lag_s: float | None = None  # None: not drained before the timeout
     embedding_lag_s: float | None = None
+    embeddings: dict[str, float] = field(default_factory=dict)  # the embedding counters' growth in the repetition
+    embedded_per_message: float | None = None  # their sum / messages sent (1.0: each embedded once)
     windows_formed: int = 0
     problems: list[str] = field(default_factory=list)
 
@@ -419,6 +431,47 @@ async def unembedded_messages(store_url: str, agents: list[str]) -> int:
         await db.aclose()
 
 
+EMBEDDING_COUNTERS = ("embedded_at_record", "embedded_after_record", "embeddings_backfilled")
+
+
+async def embedding_counters(store_url: str) -> dict[str, float]:
+    """The deployment's embedding counters (the metrics' shards in Redis, summed)."""
+    from redis.asyncio import Redis
+
+    from memory_service.state import keyspace
+
+    redis = Redis.from_url(store_url, decode_responses=True)
+    try:
+        totals = dict.fromkeys(EMBEDDING_COUNTERS, 0.0)
+        for tag in keyspace.metric_tags():
+            shard = await redis.hmget(keyspace.metrics(tag), list(EMBEDDING_COUNTERS))
+            for name, value in zip(EMBEDDING_COUNTERS, shard):
+                totals[name] += float(value or 0)
+        return totals
+    finally:
+        await redis.aclose()
+
+
+async def settled_counters(store_url: str, quiet: float = 3.0, timeout: float = 60.0) -> dict[str, float]:
+    """The embedding counters once they stopped moving for ``quiet`` seconds: a path still
+    embedding what it read before the backlog drained (the backfill's last batch) is counted."""
+    last, since, deadline = await embedding_counters(store_url), time.monotonic(), time.monotonic() + timeout
+    while time.monotonic() < deadline and time.monotonic() - since < quiet:
+        await asyncio.sleep(0.5)
+        now = await embedding_counters(store_url)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+async def before_the_cron(lead: float, console: Console) -> None:
+    """Wait until the worker's backfill cron (every even minute) is ``lead`` seconds away, so
+    that it runs while the repetition's backlog is being embedded."""
+    wait = (120 - lead - time.time() % 120) % 120
+    console.print(f"waiting {wait:.0f} s: the backfill cron then fires {lead:.0f} s into the ingest")
+    await asyncio.sleep(wait)
+
+
 async def stored_messages(store_url: str, agents: list[str], session_ids: set[str]) -> int:
     from falkordb.asyncio import FalkorDB
 
@@ -446,7 +499,10 @@ async def drain(client: httpx.AsyncClient, server: Server, sessions: list[Sessio
 
     async def poll(session_id: str) -> None:
         async with limiter:
-            body = (await client.get(f"/v1/sessions/{session_id}")).json()
+            reply = await client.get(f"/v1/sessions/{session_id}")
+        if reply.status_code != 200:  # shed under load (503 with Retry-After): asked again next round
+            return
+        body = reply.json()
         status[session_id] = body
         if body["pending_job"] is None and not body["gate"]["open"]:
             unsettled.discard(session_id)
@@ -471,7 +527,12 @@ async def drain(client: httpx.AsyncClient, server: Server, sessions: list[Sessio
         rep.problems.append(f"{len(unsettled)} session(s) still forming {timeout:.0f} s after the last record")
     if rep.embedding_lag_s is None:
         rep.problems.append(f"messages still waiting for their embedding {timeout:.0f} s after the last record")
-    await asyncio.gather(*(poll(s.session_id) for s in sessions))
+    status.clear()
+    for _ in range(60):  # every session read afresh (one shed under load is asked again)
+        await asyncio.gather(*(poll(s.session_id) for s in sessions if s.session_id not in status))
+        if len(status) == len(sessions):
+            break
+        await asyncio.sleep(0.5)
     for s in sessions:
         body = status[s.session_id]
         accounted = body["formed_messages"] + body["gate"]["pending_messages"]
@@ -514,20 +575,27 @@ class Variant:
     async def repetition(self, r: int, console: Console) -> None:
         a = self.args
         base = await baseline(self.clients, self.server, a.baseline_requests)
-        sessions = conversations(f"r{r}", a.sessions, a.messages, a.agents, seed=100 + r)
+        sessions = conversations(f"r{r}", a.sessions, a.messages, a.agents, seed=100 + r, chars=a.turn_chars)
         problems: list[str] = []
+        counted = await embedding_counters(self.server.store_url)
+        if a.align_cron is not None:
+            await before_the_cron(a.align_cron, console)
         if a.route == "batch":
             figures_, last_ack = await ingest_batches(self.clients, self.server, sessions, a.batch_size, problems)
         else:
             figures_, last_ack = await ingest(self.clients, self.server, sessions, problems)
         rep = Repetition(base, figures_, problems=problems)
         await drain(self.client, self.server, sessions, last_ack, a.drain_timeout, rep)
+        after = await settled_counters(self.server.store_url)
+        rep.embeddings = {name: after[name] - counted[name] for name in EMBEDDING_COUNTERS}
+        rep.embedded_per_message = sum(rep.embeddings.values()) / sum(len(s.messages) for s in sessions)
         self.reps.append(rep)
         console.print(f"{self.label} repetition {r + 1}: ingest {figures_.rate:.0f} msg/s "
                       f"(p95 {figures_.p95_ms:.0f} ms), baseline {base.rate:.0f} req/s, "
                       f"formation lag {fmt_lag(rep.formation_lag_s)}, embedding lag "
                       f"{fmt_lag(rep.embedding_lag_s)}, cpu api {figures_.cpu['api']:.2f} "
-                      f"store {figures_.cpu['store']:.2f} client {figures_.cpu['client']:.2f}"
+                      f"store {figures_.cpu['store']:.2f} client {figures_.cpu['client']:.2f}, embedded per message "
+                      f"{rep.embedded_per_message:.2f} ({', '.join(f'{k} {v:.0f}' for k, v in rep.embeddings.items())})"
                       + (f", [red]{len(rep.problems)} problem(s)[/red]" if rep.problems else ""))
 
     async def stop(self) -> None:
@@ -569,7 +637,7 @@ def table(results: dict[str, dict[str, list[Repetition]]], args: argparse.Namesp
                     "message (per request for the baseline)")
     for column in ("embedder", "code", "ingest msg/s", "p50 ms", "p95 ms", "p99 ms", "errors", "baseline req/s",
                    "ratio", "api cores", "api CPU ms", "worker CPU ms", "store CPU ms", "client CPU ms",
-                   "baseline api CPU ms", "formation lag s", "embedding lag s", "windows"):
+                   "baseline api CPU ms", "formation lag s", "embedding lag s", "embedded per message", "windows"):
         t.add_column(column, justify="left" if column in ("embedder", "code") else "right")
     for embedder, code, reps in ((e, c, reps) for e, by_code in results.items() for c, reps in by_code.items()):
         def m(get) -> float | None:
@@ -593,7 +661,7 @@ def table(results: dict[str, dict[str, list[Repetition]]], args: argparse.Namesp
                   f(m(lambda r: per(r, "worker")), 2), f(m(lambda r: per(r, "store")), 2),
                   f(m(lambda r: per(r, "client")), 2), f(m(lambda r: per(r, "api", "baseline")), 2),
                   f(m(lambda r: r.formation_lag_s)), f(m(lambda r: r.embedding_lag_s)),
-                  f(m(lambda r: r.windows_formed), 0))
+                  f(m(lambda r: r.embedded_per_message), 2), f(m(lambda r: r.windows_formed), 0))
     return t
 
 
@@ -613,6 +681,11 @@ def main() -> int:
                         help="single: POST /v1/sessions/{id}/messages a message at a time; batch: POST "
                              "/v1/agents/{id}/messages/batch, --batch-size messages a request (use fewer --clients)")
     parser.add_argument("--batch-size", type=int, default=500, help="--route batch: messages per request")
+    parser.add_argument("--turn-chars", type=int, default=0,
+                        help="turns of about this many characters (generated turns joined); default: one short turn")
+    parser.add_argument("--align-cron", type=float, metavar="SECONDS",
+                        help="start each repetition's ingest this long before an even minute, when the worker's "
+                             "backfill cron runs: the cron then meets the embedding backlog")
     parser.add_argument("--worker-process", action="store_true",
                         help="serve --no-worker and a `memory-service worker` process beside it (default: in-process)")
     parser.add_argument("--code", action="append", default=[], metavar="NAME=DIR",

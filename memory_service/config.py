@@ -140,6 +140,10 @@ class Settings(BaseSettings):
                     "(unset: learned from one probe call); local: must be 384 if set")
     embedding_timeout_seconds: float = Field(default=30, gt=0, description="EMBEDDER=openai: read timeout of one call (connect: HTTP_CONNECT_TIMEOUT_SECONDS)")
     embedding_batch_size: int = Field(default=32, ge=1, le=2048, description="Texts per model run (local) or per request (openai)")
+    embedding_claim_seconds: float = Field(
+        default=30, gt=0, le=3600,
+        description="Lease of a claim on embedding a stored memory (memory_service/state/embed_claims.py): a process "
+                    "that dies between its claim and its write leaves the memory to the next reader after this")
     # End of embeddings.
 
     # The re-ranker after fusion (memory_service/recall/rerank.py; the choice: docs/ranking.md).

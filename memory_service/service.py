@@ -118,7 +118,7 @@ class MemoryService:
         self.agents = AgentDirectory(settings, state, self.registry)
         self.formation = FormationSchedule(settings, state, queue, extractor.name)
         # A live session's user message is embedded as it is recorded, for its block (embedding/fresh.py).
-        self.fresh = FreshVectors(embedder, settings.context_embed_on_record)
+        self.fresh = FreshVectors(embedder, settings.context_embed_on_record, state)
         self.sessions = SessionLedger(settings, state, queue, self.agents, embedder, self.formation, self.fresh)
         self.batches = BatchLedger(self.sessions)
         self.assembler = ContextAssembler(settings, state, self.agents, self.retriever, self.fresh)

@@ -5,12 +5,13 @@ It answers ``POST /v1/embeddings`` with the deterministic hash embedder's vector
 service's vector search still ranks sensibly), scaled and in reverse order so that the
 client must normalise and sort. Faults are scripted: ``failures`` answers the next calls
 with those statuses, ``down`` answers 503 until it is unset, ``delay`` holds every call, and
-``hold`` (an event) holds every call until it is set.
+``hold`` (an event) holds every call until it is set. ``seen`` counts each text it embedded.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
@@ -30,6 +31,7 @@ class EmbeddingsServer:
     failures: list[int | None] = field(default_factory=list)  # statuses for the next calls (None: answer)
     delay: float = 0.0
     batches: list[int] = field(default_factory=list)
+    seen: Counter[str] = field(default_factory=Counter)  # text -> how many times it was embedded
     calls: int = 0
     down: bool = False  # while set, every call answers 503
     hold: asyncio.Event | None = None  # while not set, every call waits
@@ -60,6 +62,7 @@ class EmbeddingsServer:
         body = await request.json()
         inputs = body["input"]
         self.batches.append(len(inputs))
+        self.seen.update(inputs)
         vectors = await self.hash.embed(inputs)
         data = [{"object": "embedding", "index": i, "embedding": [3 * x for x in v]} for i, v in enumerate(vectors)]
         return {"object": "list", "model": body["model"], "data": data[::-1],

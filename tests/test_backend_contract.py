@@ -347,6 +347,16 @@ async def test_unembedded_and_set_embeddings_round_trip(backend):
     assert await backend.set_embeddings(A1, {}) == 0
 
 
+async def test_unembedded_looks_past_the_ids_a_reader_excludes(backend):
+    """A reader skips the memories another caller claimed (memory_service/embedding/once.py)
+    and reads past them, instead of the same first ones again."""
+    await backend.write([memory(f"bare{i}", MemoryKind.MESSAGE, SESSION, f"message {i}", i) for i in range(5)])
+    first = {m.id for m in await backend.unembedded(A1, 2)}
+    rest = {m.id for m in await backend.unembedded(A1, 10, first)}
+    assert len(first) == 2 and rest == {f"bare{i}" for i in range(5)} - first
+    assert await backend.unembedded(A1, 10, {f"bare{i}" for i in range(5)}) == []
+
+
 async def test_agents_lists_the_agents_with_memories(backend):
     assert await backend.agents() == []
     await backend.write([memory("e1", MemoryKind.EPISODE, SESSION, "one", 1),

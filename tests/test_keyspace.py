@@ -50,6 +50,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("user_joined", ("a1", "alice"), "ms:u:{user:a1:alice}:joined"),
     ("embed_due", ("a1",), "ms:embed:{embed:a1}:due"),
     ("embed_lock", ("a1",), "ms:embed:{embed:a1}:job"),
+    ("embed_claim", ("a1", "m1"), "ms:embed:{embed:a1}:claim:m1"),
     ("startup_records", ("a1",), "ms:startup:{agent:a1}"),
     ("reembed", ("a1",), "ms:reembed:a1"),
     ("trace_job", ("j1",), "ms:trace:job:j1"),
@@ -101,7 +102,8 @@ TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags", "us
 # How the map writes each builder's parameters.
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
-                "target": "<target>", "tag": "s:<b>", "job_id": "<job id>", "term": "<stem>"}
+                "target": "<target>", "tag": "s:<b>", "job_id": "<job id>", "term": "<stem>",
+                "memory_id": "<memory>"}
 
 
 def _builders() -> dict[str, object]:

@@ -148,6 +148,9 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
         await service.queue.pool.set(in_progress_key_prefix + "orphan", "worker-gone")
         assert await service.queue.leases.release(["orphan"]) == ["orphan"]
         await state.counters("s2")
+        # An embedding claim let go of unwritten (the job's written ones expire instead).
+        claim = await state.embed_claims.claim("a1", ["unwritten1", "unwritten2"])
+        assert await state.embed_claims.release(claim) == 2
         await state.migrated("a1", "graph")
         await state.put_shard("a1", "sh1", ShardIn(name="travel"))
         # Startup records, retention's indexes, keys and rate limits.

@@ -11,6 +11,9 @@ once, in the background, as the worker would embed it (its search text, the embe
 model); the vector is stored as the worker stores it (the worker's job then finds nothing
 to do for it), and the block that asks for it awaits that run instead of starting its
 own: the model runs once, and from the record on, not after the block's first reads.
+The run claims the message first, as the job and the backfill do
+(memory_service/embedding/once.py): a message another process claimed first is theirs to
+embed (the block then embeds its question itself), so a stored message is embedded once.
 
 Bounded: at most ``MAX_IN_FLIGHT`` runs at a time (a message past it waits for the
 worker, as before), ``MAX_LIVE_SESSIONS`` sessions remembered, ``MAX_KEPT`` vectors kept
@@ -32,7 +35,8 @@ from collections.abc import Awaitable
 
 from memory_service.domain.models import Memory, MemoryKind, Role
 from memory_service.embedding.embedders import Embedder
-from memory_service.embedding.memories import embed_memories
+from memory_service.embedding.once import embed_once
+from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
@@ -45,8 +49,9 @@ KEEP_SECONDS = 60.0
 
 
 class FreshVectors:
-    def __init__(self, embedder: Embedder | None, enabled: bool = True):
+    def __init__(self, embedder: Embedder | None, enabled: bool = True, state: StateStore | None = None):
         self.embedder = embedder if enabled else None
+        self.state = state  # the embedding claims and the counter; without it, nothing runs
         self._live: OrderedDict[str, float] = OrderedDict()  # session id -> when its block was last asked
         self._kept: OrderedDict[str, tuple[float, asyncio.Future[list[float] | None]]] = OrderedDict()  # memory id ->
         self._running: set[asyncio.Task[None]] = set()
@@ -65,7 +70,7 @@ class FreshVectors:
     def recorded(self, agent_id: str, backend: MemoryBackend, memory: Memory) -> bool:
         """``memory`` (a message) was recorded for the first time: embed it now when it is a
         user's, in a live session, and a run is free. Whether a run started."""
-        if self.embedder is None or memory.kind is not MemoryKind.MESSAGE or memory.metadata.role not in (None, Role.USER):
+        if self.embedder is None or self.state is None or memory.kind is not MemoryKind.MESSAGE or memory.metadata.role not in (None, Role.USER):
             return False
         asked = self._live.get(memory.metadata.session_id or "")
         if asked is None or time.monotonic() - asked > LIVE_SECONDS or len(self._running) >= MAX_IN_FLIGHT:
@@ -123,16 +128,23 @@ class FreshVectors:
 
     async def _embed(self, agent_id: str, backend: MemoryBackend, memory: Memory,
                      vector: asyncio.Future[list[float] | None]) -> None:
-        embedder = self.embedder
-        assert embedder is not None
+        embedder, state = self.embedder, self.state
+        assert embedder is not None and state is not None
+
+        def embedded(turn: object) -> None:  # the block need not wait for the store's write
+            if not vector.done():
+                vector.set_result(memory.embedding)
+
+        stored = 0
         try:
-            embedded = await embed_memories(embedder, [memory])  # logs a failure
+            stored = (await embed_once(embedder, state.embed_claims, backend, agent_id, [memory], 1, embedded)).stored
+        except Exception as exc:  # the worker's job embeds it, as before
+            log.warning("embedding a live message failed; the worker embeds it: %s", exc)
         finally:
             if not vector.done():
-                vector.set_result(memory.embedding)  # None when the model failed (or was cancelled)
-        if not embedded or memory.embedding is None:
-            return
-        try:
-            await backend.set_embeddings(agent_id, {memory.id: memory.embedding}, model=embedder.name)
-        except Exception as exc:  # the worker's job embeds it, as before
-            log.warning("storing a live message's vector failed; the worker embeds it: %s", exc)
+                vector.set_result(memory.embedding)  # None: the model failed, or another process claimed it
+        if stored:
+            try:
+                await state.add_metrics(embedded_at_record=stored)
+            except Exception as exc:
+                log.warning("could not count a live message's embedding: %s", exc)

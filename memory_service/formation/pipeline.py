@@ -17,7 +17,7 @@ from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
-from memory_service.embedding.memories import embed_memories
+from memory_service.embedding.once import Embedded, embed_once
 from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
@@ -189,29 +189,42 @@ class FormationPipeline:
         are ``EMBED_LINGER_SECONDS`` apart. After ``seconds`` the job enqueues its sequel,
         keeping the lock. A failing embedder ends the job and keeps the lock until it
         expires: records do not call the embedder again before then (the backfill cron also
-        retries). docs/ingest.md tells the whole protocol. Counts: ``embedded``, ``passes``.
+        retries). Each memory is claimed before it is embedded (memory_service/embedding/once.py):
+        one another caller claimed (a record-time run, the backfill) is skipped for the rest of
+        the pass, and the job keeps its lock for another pass, until that caller has written it
+        or its claim was let go or expired (a caller that died): then the job claims it.
+        docs/ingest.md tells the whole protocol. Counts: ``embedded``, ``passes``.
         """
         report = {"embedded": 0, "passes": 0}
+        if self.embedder is None:
+            return report
         _, backend = await self.agents.backend_for(agent_id)
         deadline = time.monotonic() + seconds
         try:
             while True:
                 report["passes"] += 1
                 await self.state.start_embedding(agent_id)
-                while memories := await backend.unembedded(agent_id, batch):
-                    embedded = await self._embed_in_turns(memories)
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in embedded if m.embedding is not None},
-                                                        model=self.embedder.name if self.embedder else None)
-                    report["embedded"] += done
-                    if len(embedded) < len(memories):  # the embedder failed (it logged why)
+                busy: set[str] = set()  # claimed by another caller: not read again this pass
+                gone: set[str] = set()  # read but not written (removed meanwhile, a claim expired): nor these
+                while memories := await backend.unembedded(agent_id, batch, busy | gone):
+                    outcome = await self._embed_once(backend, agent_id, memories)
+                    report["embedded"] += outcome.stored
+                    if outcome.failed:  # the embedder failed (it logged why)
                         return report
+                    busy.update(outcome.busy)
+                    if outcome.stored < outcome.claimed:
+                        gone.update(m.id for m in memories if m.id not in busy)
                     await self.state.renew_embedding_lock(agent_id, EMBED_LOCK_MS)
                     if time.monotonic() > deadline:
                         await self.queue.enqueue_embedding(agent_id)
                         return report
-                    if len(memories) < batch or done < len(memories):  # all there was (or removed meanwhile)
+                    if len(memories) < batch:  # all there was
                         break
-                if not await self.state.finish_embedding(agent_id, EMBED_LOCK_MS):
+                # What another caller holds it writes; if it fails or dies, its claims are let go
+                # or expire: so the job keeps its lock and looks again, and claims them then.
+                if busy:
+                    await self.state.renew_embedding_lock(agent_id, EMBED_LOCK_MS)
+                elif not await self.state.finish_embedding(agent_id, EMBED_LOCK_MS):
                     return report
                 if time.monotonic() > deadline:
                     await self.queue.enqueue_embedding(agent_id)
@@ -221,43 +234,45 @@ class FormationPipeline:
             if report["embedded"]:
                 await self.state.add_metrics(embedded_after_record=report["embedded"])
 
-    async def _embed_in_turns(self, memories: list[Memory]) -> list[Memory]:
-        """Embed ``memories`` in calls of the embedder's own batch size (the local model runs
-        one call at a time: a formation job's embedding waits behind one of these, not behind
-        the whole read); those embedded, up to the first call that failed."""
-        step = self.settings.embedding_batch_size
-        for start in range(0, len(memories), step):
-            if self.embedder is None or not await embed_memories(self.embedder, memories[start:start + step]):
-                return memories[:start]
-        return memories
+    async def _embed_once(self, backend: MemoryBackend, agent_id: str, memories: list[Memory]) -> Embedded:
+        """Claim, embed and store ``memories`` (those no other caller holds), in calls of the
+        embedder's own batch size."""
+        assert self.embedder is not None
+        return await embed_once(self.embedder, self.state.embed_claims, backend, agent_id, memories,
+                                self.settings.embedding_batch_size)
 
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
         """Embed the memories stored without an embedding (the embedder was down); counts.
 
-        Resumable by construction: what is embedded is no longer ``unembedded``. Stops at
-        ``limit`` memories, or when the embedder fails (what is left waits for the next run).
+        Resumable by construction: what is embedded is no longer ``unembedded``. A memory
+        another caller claimed (the agent's embedding job, a record-time run) is skipped: it
+        embeds it. Stops at ``limit`` memories, or when the embedder fails (what is left
+        waits for the next run).
         """
         report = {"embedded": 0, "failed_batches": 0}
         if self.embedder is None:
             return report
-        for backend in await self.registry.live():
-            for agent_id in await backend.agents():
-                while limit is None or report["embedded"] < limit:
-                    size = batch if limit is None else min(batch, limit - report["embedded"])
-                    memories = await backend.unembedded(agent_id, size)
-                    if not memories:
-                        break
-                    if not await embed_memories(self.embedder, memories):  # it logged why
-                        report["failed_batches"] += 1
-                        return report
-                    done = await backend.set_embeddings(agent_id, {m.id: m.embedding for m in memories if m.embedding is not None},
-                                                        model=self.embedder.name)
-                    report["embedded"] += done
-                    if on_progress:
-                        on_progress(agent_id, done)
-                    if done < len(memories):  # removed meanwhile: do not loop on them
-                        break
-        if report["embedded"]:
-            await self.state.add_metrics(embeddings_backfilled=report["embedded"])
+        try:
+            for backend in await self.registry.live():
+                for agent_id in await backend.agents():
+                    skipped: set[str] = set()
+                    while limit is None or report["embedded"] < limit:
+                        size = batch if limit is None else min(batch, limit - report["embedded"])
+                        memories = await backend.unembedded(agent_id, size, skipped)
+                        if not memories:
+                            break
+                        outcome = await self._embed_once(backend, agent_id, memories)
+                        report["embedded"] += outcome.stored
+                        if on_progress and outcome.stored:
+                            on_progress(agent_id, outcome.stored)
+                        if outcome.failed:  # it logged why
+                            report["failed_batches"] += 1
+                            return report
+                        skipped.update(outcome.busy)
+                        if outcome.stored < outcome.claimed:  # removed meanwhile, or its claim expired
+                            skipped.update(m.id for m in memories)
+        finally:
+            if report["embedded"]:
+                await self.state.add_metrics(embeddings_backfilled=report["embedded"])
         return report

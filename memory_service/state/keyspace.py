@@ -65,6 +65,11 @@ Agents (memory_service/state/store.py unless named)::
     ms:embed:{embed:<agent>}:job            string  the agent's embedding lock, with a lifetime: a job
                                                     is queued or running (or the embedder failed
                                                     lately)                                          per agent
+    ms:embed:{embed:<agent>}:claim:<memory> string  a claim on embedding the memory: the claimer's
+                                                    token, with a short lifetime (a claimer that
+                                                    dies leaves it to the next after it; memory_
+                                                    service/state/embed_claims.py)                   per memory being
+                                                                                                     embedded
     ms:reembed:<agent>                      hash    the agent's embedding model after a re-embed
                                                     (``model``, ``switched_at``) and, while one runs,
                                                     its target, cursor and counts (memory_service/
@@ -361,6 +366,10 @@ def embed_due(agent_id: str) -> str:
 
 def embed_lock(agent_id: str) -> str:
     return f"ms:embed:{{embed:{agent_id}}}:job"
+
+
+def embed_claim(agent_id: str, memory_id: str) -> str:
+    return f"ms:embed:{{embed:{agent_id}}}:claim:{memory_id}"
 
 
 def reembed(agent_id: str) -> str:

@@ -84,6 +84,7 @@ HELP = {
     "formed_memories": "Memories written by formations",
     "consolidations": "Consolidations that merged items",
     "consolidated_items": "Items merged by consolidations",
+    "embedded_at_record": "Messages embedded as they were recorded (a live session's, by the API process)",
     "embedded_after_record": "Messages embedded after they were recorded",
     "embeddings_backfilled": "Memories embedded by the backfill",
     "purged_memories": "Soft-deleted memories purged by retention",

@@ -39,6 +39,7 @@ from memory_service.domain.errors import session_taken
 from memory_service.domain.models import AgentSettings, ShardIn
 from memory_service.state import keyspace, metrics
 from memory_service.state.cache import BlockCache, agent_wide, generation_key
+from memory_service.state.embed_claims import EmbedClaims
 from memory_service.state.pools import redis_client
 
 # The store's client decodes responses (memory_service.state.pools.redis_client, decode_responses=True);
@@ -376,9 +377,10 @@ def _commit_of(reply: list[Any], enqueue_embedding: bool) -> Commit:
 
 
 class StateStore:
-    def __init__(self, redis: Redis):
+    def __init__(self, redis: Redis, embed_claim_seconds: float = 30.0):
         self.redis = redis
         self.cache = BlockCache(redis)  # generations, cached and last good memory blocks
+        self.embed_claims = EmbedClaims(redis, embed_claim_seconds)  # who embeds a stored memory
         self._reserve = redis.register_script(_RESERVE)
         self._commit = redis.register_script(_COMMIT)
         self._settle_swept = redis.register_script(_SETTLE_SWEPT)
@@ -390,7 +392,8 @@ class StateStore:
     @classmethod
     def from_url(cls, url: str, settings: Settings | None = None) -> StateStore:
         """On a bounded pool with the settings' timeouts (memory_service/state/pools.py)."""
-        return cls(redis_client(url, settings or Settings()))
+        settings = settings or Settings()
+        return cls(redis_client(url, settings), settings.embedding_claim_seconds)
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -222,8 +222,9 @@ class MemoryBackend(ABC):
         raise NotSupported(f"the {self.name} backend cannot list memories")
 
     @abstractmethod
-    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
-        """Up to ``limit`` of the agent's memories stored without an embedding."""
+    async def unembedded(self, agent_id: str, limit: int, exclude: Collection[str] = ()) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories stored without an embedding, but those of
+        ``exclude`` (a reader's skipped ids: claimed by another, memory_service/embedding/once.py)."""
 
     async def stored_embedding(self, agent_id: str, memory_id: str, model: str | None) -> list[float] | None:
         """The stored embedding of one memory, if it has one of ``model`` (a search by a stored

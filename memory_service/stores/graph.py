@@ -42,7 +42,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -986,10 +986,11 @@ class GraphBackend(EntityGraph):
         names = await self.client.list_graphs()
         return sorted(a for a in map(agent_of_graph, names) if a is not None)
 
-    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+    async def unembedded(self, agent_id: str, limit: int, exclude: Collection[str] = ()) -> list[Memory]:
+        skip = " AND NOT n.uuid IN $exclude" if exclude else ""
         rows = await self._read(
-            agent_id, f"MATCH (n:{LABEL}) WHERE n.needs_embedding = true RETURN {_READ_FIELDS} LIMIT $limit",
-            limit=limit,
+            agent_id, f"MATCH (n:{LABEL}) WHERE n.needs_embedding = true{skip} RETURN {_READ_FIELDS} LIMIT $limit",
+            limit=limit, exclude=list(exclude),
         )
         return [_memory(row) for row in rows]
 

@@ -486,8 +486,8 @@ class MirroredBackend(MemoryBackend):
     async def agents(self) -> list[str]:
         return await self.primary.agents()
 
-    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
-        return await self.primary.unembedded(agent_id, limit)
+    async def unembedded(self, agent_id: str, limit: int, exclude: Collection[str] = ()) -> list[Memory]:
+        return await self.primary.unembedded(agent_id, limit, exclude)
 
     # The knowledge graph: the graph's alone (see the module docstring) ---------------------------
 

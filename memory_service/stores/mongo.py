@@ -45,7 +45,7 @@ import logging
 import math
 import re
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -440,10 +440,13 @@ class MongoBackend(MemoryBackend):
     async def agents(self) -> list[str]:
         return sorted(a for a in await self.memories.distinct("agent_id") if isinstance(a, str))
 
-    async def unembedded(self, agent_id: str, limit: int) -> list[Memory]:
+    async def unembedded(self, agent_id: str, limit: int, exclude: Collection[str] = ()) -> list[Memory]:
         if limit <= 0:
             return []
-        cursor = self.memories.find({"agent_id": agent_id, "needs_embedding": True}, _NO_VECTOR).limit(limit)
+        query: dict[str, Any] = {"agent_id": agent_id, "needs_embedding": True}
+        if exclude:
+            query["_id"] = {"$nin": list(exclude)}
+        cursor = self.memories.find(query, _NO_VECTOR).limit(limit)
         return [_memory(d) for d in await cursor.to_list()]
 
     async def search(self, agent_id: str, query: StoreQuery) -> SignalHits:
