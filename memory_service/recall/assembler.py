@@ -376,8 +376,10 @@ class ContextAssembler:
         session they spoke in (scope user and shared); the active shards and the agent's own
         namespace (scope shared). A candidate below ``recall.min_score``, or found by the vector
         signal alone below ``recall.min_similarity``, is left out: the budget is a ceiling,
-        not a target. Memories the block already shows elsewhere are left out, and so are the
-        session's messages in the ``host_window`` (those the host sends the model itself).
+        not a target. Memories the block reads for its other sections stay among the hits
+        without counting against ``top_k`` (the renderer shows each thing once, and one its
+        allowance leaves out earns its place here); the session's messages in the
+        ``host_window`` (those the host sends the model itself) are left out.
         Without a query, the session's latest user message is the query (and is itself left out).
 
         The search starts once the ``question`` and ``user_scope`` are known; the ``facts``'
