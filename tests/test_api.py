@@ -56,7 +56,10 @@ async def test_force_formation_then_context_has_the_memories(http):
     assert data["chars"] == len(data["xml"]) <= data["budget"]
     # No query: the latest user message is the query; what the vector signal alone finds
     # dissimilar to it (below CONTEXT_MIN_SIMILARITY) is left out, and said so.
-    assert [e.tag for e in root][-2:] == ["UserMemory", "CurrentConversationContext"]
+    # The travel shard's fact formed from it is found by the search and shown once, among the
+    # relevant memories (not again in <CollectiveMemory>).
+    assert [e.tag for e in root][-3:] == ["UserMemory", "CurrentConversationContext", "RelevantMemories"]
+    assert [m.get("kind") for m in root.iter("Memory")] == ["fact"] and root.find("CollectiveMemory") is None
     assert data["left_out"]["below_threshold"] >= 1 and data["recall"]["min_similarity"] == 0.3
     assert "window seats" in data["xml"]
     assert data["sections"]["conversation"] == 1

@@ -5,7 +5,9 @@ Two things remove memories for good: the erasure of a user
 (memory_service/curation/retention.py). After the stores, the same traces stay behind in
 both cases: the memories' ids on their namespaces' consolidation queues, the generations
 of the namespaces they were in (a memory block built on them must not be served again),
-the agent's cached and last good blocks (memory_service/state/cache.py). ``Removal``
+the agent's cached and last good blocks (memory_service/state/cache.py), and the claims on
+embedding them (memory_service/state/embed_claims.py: a key that names the memory, kept a
+lease after its vector is written). ``Removal``
 forgets them, one way for both, so that the two cannot drift apart.
 
 What differs stays with each caller: which memories go and how they leave the stores, the
@@ -39,6 +41,8 @@ class Removal:
         ``dropped``: namespaces whose Redis keys the caller deletes whole (an erasure's own
         user namespace, the sessions it removes): their queues are not trimmed and their
         generations not bumped (a bump would only write the key again)."""
+        memories = list(memories)
+        await self.state.embed_claims.forget(agent_id, [m.id for m in memories])
         memories = [m for m in memories if m.namespace not in dropped]
         queued: dict[str, list[str]] = {}
         for memory in memories:

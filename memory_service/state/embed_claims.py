@@ -82,6 +82,7 @@ class Claim:
 class EmbedClaims:
     def __init__(self, redis: Redis, lease_seconds: float = 30.0):
         self.lease_ms = max(1, int(lease_seconds * 1000))
+        self._redis = redis
         self._claim = redis.register_script(_CLAIM)
         self._renew = redis.register_script(_RENEW)
         self._release = redis.register_script(_RELEASE)
@@ -111,6 +112,12 @@ class EmbedClaims:
         if not ids:
             return 0
         return int(await self._release(keys=self._keys(claim.agent_id, ids), args=[claim.token]))
+
+    async def forget(self, agent_id: str, memory_ids: Sequence[str]) -> int:
+        """Delete every claim on these memories, whoever holds it: they left the stores for
+        good (a purge, an erasure), and a claim key names its memory. One slot (the agent's tag)."""
+        ids = list(dict.fromkeys(memory_ids))
+        return int(await self._redis.delete(*self._keys(agent_id, ids))) if ids else 0
 
     @staticmethod
     def _keys(agent_id: str, ids: Sequence[str]) -> list[str]:
