@@ -39,6 +39,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -757,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            with CAPTURE.active():
+            with CAPTURE.active() if args.capture else nullcontext():
                 asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall))
             if args.capture:
                 CAPTURE.save(args.capture)

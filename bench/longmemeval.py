@@ -48,6 +48,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -420,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     failure = None
     if not args.baselines_only:
         try:
-            with CAPTURE.active():
+            with CAPTURE.active() if args.capture else nullcontext():
                 asyncio.run(run_service(questions, budgets, args.concurrency, console, service, args.time_limit))
         except BenchError as exc:
             failure = str(exc)
