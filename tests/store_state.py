@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import redis
 
 from memory_service.formation.jobs import QUEUE_NAME
-from memory_service.state.keyspace import WORKERS, outbox_lock
+from memory_service.state.keyspace import WORKERS, embed_claim, outbox_lock
 
 # Keys neither compared nor counted (a read may write them): the service's counters (of
 # reads served too), the API keys' request counters, and FalkorDB's log of the queries run
@@ -22,6 +22,10 @@ QUERY_LOG_PREFIX = b"telemetry{"
 # their own schedule, and the outbox's delivery leases, which its relay takes and releases
 # on its own schedule too (ms:outbox:{outbox}:lock:<target>).
 WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode(), WORKERS.encode())  # WORKERS: their leases
+# Embedding claims (ms:embed:{embed:<agent>}:claim:<memory>) are leases too: a written memory
+# keeps its claim until the lease ends (EMBEDDING_CLAIM_SECONDS), so a claim taken by an
+# earlier request's embedding expires on its own schedule, between any two snapshots.
+EMBED_CLAIM_PREFIX, EMBED_CLAIM_MARK = embed_claim("", "").encode().split(b"{embed:}")
 
 
 @dataclass(frozen=True)
@@ -51,8 +55,10 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
     """The stores' state: the server at ``url`` and, when the suite runs on a Redis Cluster,
     every primary of it (tests/conftest.py, ``server_urls``). Counters and FalkorDB's query
     logs (telemetry{<graph>}, written in the background a moment after a graph's queries)
-    are neither compared nor counted; with a worker running, neither are the job queue's
-    keys, the outbox's delivery leases nor the workers' leases, which it writes at any time."""
+    and the embedding claims (leases that end on their own) are neither compared nor counted;
+    with a worker running, neither are the job queue's keys, the outbox's delivery leases nor
+    the workers' leases, which it writes at any time. A key that ends between the scan and
+    its read (a lease, a job's key) is left out, as if the scan had not seen it."""
     from .conftest import server_urls
 
     parts = [_server_state(server, worker_running) for server in server_urls(url)]
@@ -64,7 +70,8 @@ def _server_state(url: str, worker_running: bool) -> StoreState:
     client = redis.Redis.from_url(url)
     try:
         keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(WORKER_KEYS)))
-        bookkeeping = [k for k in keys if k.startswith((METRICS_PREFIX, QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))]
+        bookkeeping = [k for k in keys if k.startswith((METRICS_PREFIX, QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))
+                       or (k.startswith(EMBED_CLAIM_PREFIX) and EMBED_CLAIM_MARK in k)]
         keys = [k for k in keys if k not in bookkeeping]
         with client.pipeline(transaction=False) as pipe:  # one round trip per step, however many keys
             for key in keys:
@@ -78,12 +85,15 @@ def _server_state(url: str, worker_running: bool) -> StoreState:
         contents = []
         size = 0
         for key, kind in zip(keys, kinds):
-            content = _graph_content(client, key) if kind == b"graphdata" else next(replies) or b""
+            content = _graph_content(client, key) if kind == b"graphdata" else next(replies)
+            usage = next(replies)
+            if content is None or usage is None:  # it ended between the scan and its read
+                continue
             if kind == b"hash":  # by its fields: a hash table's order changes as Redis rehashes it on reads
                 content = repr(sorted(client.hgetall(key).items())).encode()
-            size += next(replies) or 0
+            size += usage
             contents.append((key.decode(errors="backslashreplace"), hashlib.sha256(content).hexdigest()))
         graphs = tuple(sorted(g.decode() for g in client.execute_command("GRAPH.LIST")))
-        return StoreState(keys=len(keys), graphs=graphs, bytes=size, contents=tuple(contents))
+        return StoreState(keys=len(contents), graphs=graphs, bytes=size, contents=tuple(contents))
     finally:
         client.close()
