@@ -250,7 +250,9 @@ class MemoryServiceStore(BaseStore):
         return items[:wanted]
 
     def _list_namespaces(self, op: ListNamespacesOp) -> Plan[Result]:
-        conditions = tuple(op.match_conditions or ())
+        # A path given as one string is one label (PostgresStore reads it so too).
+        conditions = tuple(MatchCondition(c.match_type, (c.path,) if isinstance(c.path, str) else tuple(c.path))
+                           for c in op.match_conditions or ())
         for condition in conditions:
             if condition.match_type not in ("prefix", "suffix"):
                 raise ValueError(f"unknown match type {condition.match_type!r}: prefix or suffix")
