@@ -143,7 +143,7 @@ class MemoryMiddleware(AgentMiddleware[AgentState[Any], Any, Any]):
         answer: ContextOut = yield call("context", agent_id=self.agent_id, user_id=who.user_id,
                                         session_id=who.session_id, model=self.model or _model_name(request.model),
                                         host_window=min(sent, MAX_HOST_WINDOW), **self.context_options)
-        return answer.xml
+        return answer.xml if any(answer.sections.values()) else ""  # nothing to show yet: the prompt as it is
 
     # Running them --------------------------------------------------------------------------
 

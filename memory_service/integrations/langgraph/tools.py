@@ -53,7 +53,7 @@ class MemoryTools:
     def memory_search(
         self,
         query: Annotated[str, Field(min_length=1, description="what to look for, in plain words")],
-        runtime: ToolRuntime,
+        runtime: ToolRuntime[Any, Any],
         scope: Annotated[Where, Field(description="user: this user's memories and conversations (the default); "
                                                   "session: this conversation; agent: everything you know")] = "user",
         top_k: Annotated[int, Field(ge=1, le=50, description="how many results")] = 5,
@@ -76,7 +76,7 @@ class MemoryTools:
     def memory_write(
         self,
         content: Annotated[str, Field(min_length=1, description="the memory, in one or a few sentences")],
-        runtime: ToolRuntime,
+        runtime: ToolRuntime[Any, Any],
         namespace: Annotated[Where, Field(description="user: about this user, kept for their next conversations (the "
                                                       "default); session: this conversation only; agent: for "
                                                       "everyone")] = "user",
@@ -125,7 +125,7 @@ class MemoryTools:
         deleted: DeletedMemory = yield call("memory_delete", self.agent_id, memory_id)
         return _json(deleted.model_dump(mode="json"))
 
-    def _who(self, runtime: ToolRuntime) -> RunIdentity:
+    def _who(self, runtime: ToolRuntime[Any, Any]) -> RunIdentity:
         return identify(runtime, user_id=self.user_id, session_id=self.session_id)
 
 
