@@ -21,6 +21,8 @@ from langchain.agents import create_agent
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, BaseMessage, ToolMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.graph import START, StateGraph
+from langgraph.runtime import Runtime
 from pydantic import Field
 
 from memory_service.client import AsyncMemoryClient, MemoryClient
@@ -288,3 +290,27 @@ async def test_the_examples_hooks_and_tools_run_concurrently_on_one_async_client
     for i, config in enumerate(configs):
         assert recorded(memory, WRITER, config["configurable"]["thread_id"]) == [
             ("user", f"question {i}"), ("assistant", f"answer {i}")]
+
+
+async def test_a_graph_reads_and_writes_the_store_through_its_runtime(memory, amemory):
+    from typing_extensions import TypedDict
+
+    from memory_service.integrations.langgraph import MemoryServiceStore
+
+    class State(TypedDict, total=False):
+        text: str
+        found: list[str]
+
+    def remember(state: State, runtime: Runtime) -> State:
+        runtime.store.put(("notes", "alice"), "n1", {"text": state["text"]})
+        return {"found": [item.value["text"] for item in runtime.store.search(("notes",), query="window seats")]}
+
+    async def aremember(state: State, runtime: Runtime) -> State:
+        await runtime.store.aput(("notes", "alice"), "n2", {"text": state["text"]})
+        return {"found": [item.key for item in await runtime.store.asearch(("notes", "alice"))]}
+
+    store = MemoryServiceStore(next(_writers), client=memory, async_client=amemory)
+    graph = StateGraph(State).add_node("remember", remember).add_edge(START, "remember").compile(store=store)
+    assert (await asyncio.to_thread(graph.invoke, {"text": "window seats"}))["found"] == ["window seats"]
+    agraph = StateGraph(State).add_node("remember", aremember).add_edge(START, "remember").compile(store=store)
+    assert sorted((await agraph.ainvoke({"text": "aisle seats"}))["found"]) == ["n1", "n2"]
