@@ -25,7 +25,7 @@ from langgraph.graph import START, StateGraph
 from langgraph.runtime import Runtime
 from pydantic import Field
 
-from memory_service.client import AsyncMemoryClient, MemoryClient
+from memory_service.client import AsyncMemoryClient, InvalidRequest, MemoryClient
 from memory_service.http.app import create_app
 from memory_service.integrations.langgraph import MemoryMiddleware, memory_tools
 from memory_service.stores.loopback import free_port
@@ -253,6 +253,10 @@ def test_refusals_of_the_service_and_missing_identities_are_clear(memory):
                         context={"user_id": "u"})
     with pytest.raises(ValueError, match="context_options"):
         MemoryMiddleware("a", client=memory, context_options={"user_id": "x"})
+    tiny = create_agent(scripted(AIMessage("hi")),
+                        middleware=[MemoryMiddleware(new_agent(), client=memory, context_options={"budget": 1})])
+    with pytest.raises(InvalidRequest, match="budget"):  # the service's 422, naming the field
+        tiny.invoke({"messages": [{"role": "user", "content": "hello"}]}, thread("tiny"), context={"user_id": "u"})
 
 
 # The docs page's examples, run as written against the server.

@@ -1155,6 +1155,15 @@ def test_times_come_from_the_service(store):
     assert store.get(("t",), "k") == second
 
 
+def test_index_false_on_a_stored_value_takes_it_out_of_the_ranking(store):
+    store.put(("ns",), "k", {"text": "quiet harbour"})
+    assert [i.score is not None for i in store.search(("ns",), query="harbour")] == [True]
+    store.put(("ns",), "k", {"text": "quiet harbour"}, index=False)  # the same value: only the tags change
+    assert [i.score for i in store.search(("ns",), query="harbour")] == [None]
+    store.put(("ns",), "k", {"text": "quiet harbour"})
+    assert [i.score is not None for i in store.search(("ns",), query="harbour")] == [True]
+
+
 def test_a_deleted_key_put_again_is_live_and_keeps_its_first_creation(store, clients, agent):
     client, _ = clients
     store.put(("t",), "k", {"v": 1})
