@@ -18,10 +18,11 @@ from memory_service.client.errors import (
                      ServiceUnavailable,
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
+from memory_service.domain.models import keyed_memory_id
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 __all__ = [
     "AsyncMemoryClient", "MemoryClient", "MemoryApiError", "InvalidRequest", "AuthenticationError", "PermissionDenied",
     "NotFoundError", "ConflictError", "RateLimitError", "ServerError", "ServiceUnavailable", "MemoryRecord",
-    "DeletedMemory", "StartupRecord", "StartupBlock", "DeletedStartupRecord", "WriteBlocksOut",
+    "DeletedMemory", "StartupRecord", "StartupBlock", "DeletedStartupRecord", "WriteBlocksOut", "keyed_memory_id",
 ]

@@ -16,7 +16,6 @@ and the item; a plain memory_write is keyed only when its caller gives ``idempot
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ from memory_service.domain.limits import (
     check_tags,
     text_problem,
 )
-from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance
+from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance, keyed_memory_id
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
@@ -125,12 +124,6 @@ class MemoryUpdate(BaseModel):
     @classmethod
     def _title(cls, value: str | None) -> str | None:
         return _check_text(value, "title")
-
-
-def keyed_id(agent_id: str, key: str) -> str:
-    """The memory id of an idempotent write: the same agent and key, the same id (the width
-    of a random one, within MEMORY_ID_CHARS). The agent is in it, so two agents' keys never meet."""
-    return hashlib.sha256(f"{agent_id}\x1f{key}".encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)
@@ -247,7 +240,7 @@ class MemoryTools:
             provenance.user_id = namespace.fields[1]
         elif namespace.kind is NamespaceKind.SESSION:
             provenance.session_id = namespace.fields[0]
-        memory_id = uuid.uuid4().hex if body.idempotency_key is None else keyed_id(agent_id, body.idempotency_key)
+        memory_id = uuid.uuid4().hex if body.idempotency_key is None else keyed_memory_id(agent_id, body.idempotency_key)
         return Memory(id=memory_id, kind=body.kind, namespace=str(namespace), content=body.content,
                       metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
 

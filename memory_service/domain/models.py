@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -33,6 +34,15 @@ OpaqueId = Annotated[str, AfterValidator(lambda v: validate_message_id(v, "the i
 # A namespace as text ('user:<agent_id>:<user_id>'): its ids NFC-normalised like every id,
 # checked in full where it is parsed (Namespace.parse).
 NamespaceText = Annotated[str, AfterValidator(normalize_id)]
+
+
+def keyed_memory_id(agent_id: str, idempotency_key: str) -> str:
+    """The memory id of an idempotent write (memory_write with ``idempotency_key``): the same
+    agent and key, the same id (the width of a random one, within the tools' MEMORY_ID_CHARS).
+    The agent is in it, so two agents' keys never meet. The client exports it, so that a
+    caller that writes by key can read, update or delete by that key without writing first
+    (the LangGraph store does: memory_service/integrations/langgraph/store.py)."""
+    return hashlib.sha256(f"{agent_id}\x1f{idempotency_key}".encode()).hexdigest()[:32]
 
 
 def utcnow() -> datetime:
