@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import socket
 import subprocess
@@ -387,3 +388,25 @@ async def test_a_tool_call_with_the_api_down_is_an_error_result_naming_it():
     async with stdio(down, "msk_whatever") as client:
         result = await client.call_tool("memory_search", {"query": "pelican"})
     assert result.is_error and "did not answer" in text(result) and down in text(result), text(result)
+
+
+async def test_the_host_configurations_of_the_docs_start_the_server(api, keys):
+    """docs/mcp.md's stdio entries (mcpServers, as Claude Desktop, Cursor and Claude Code read
+    them) parse and start the server that lists its tools, with the API's URL and key swapped
+    for the test's."""
+    page = (Path(__file__).parent.parent / "docs" / "mcp.md").read_text()
+    entries = [entry for block in re.findall(r"```json\n(.*?)```", page, re.S) if "mcpServers" in block
+               for entry in json.loads(block)["mcpServers"].values()]
+    assert {"command" in entry for entry in entries} == {True, False}  # stdio entries and an HTTP one
+    assert all(entry["url"].endswith("/mcp") for entry in entries if "url" in entry)
+    for entry in (entry for entry in entries if "command" in entry):
+        assert entry["command"] == "memory-service" and entry["args"][0] == "mcp"
+        args = list(entry["args"])
+        args[args.index("--api") + 1] = api.base_url
+        args = [AGENT if arg in ("trip-planner", "assistant") else arg.replace("assistant", AGENT) for arg in args]
+        env = {**clean_env(), "MEMORY_SERVICE_API_KEY": keys["agent"]}
+        async with Client(StdioServerParameters(command=CLI, args=args, env=env)) as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+        assert names == (TOOLS if "reference" not in args else {"create_entities", "create_relations",
+               "add_observations", "delete_entities", "delete_observations", "delete_relations", "read_graph",
+               "search_nodes", "open_nodes"}), args
