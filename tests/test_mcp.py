@@ -7,17 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import secrets
 import socket
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
 
 import httpx2
+import jsonschema
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
@@ -32,8 +34,21 @@ from .store_state import snapshot
 CLI = str(Path(sys.executable).parent / "memory-service")
 OPERATOR_KEY = secrets.token_urlsafe(32)
 AGENT, OTHER = "acme", "rival"
-TOOLS = {"memory_context", "memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete",
-         "entity_search", "entity_get", "entity_write"}
+# Each tool's hints: (readOnlyHint, destructiveHint, idempotentHint, openWorldHint).
+HINTS = {
+    "memory_record": (False, False, False, False),
+    "memory_context": (True, False, True, False),
+    "memory_search": (True, False, True, False),
+    "memory_get": (True, False, True, False),
+    "memory_write": (False, False, False, False),
+    "memory_update": (False, True, True, False),
+    "memory_delete": (False, True, True, False),
+    "memory_undelete": (False, False, True, False),
+    "entity_search": (True, False, True, False),
+    "entity_get": (True, False, True, False),
+    "entity_write": (False, True, True, False),
+}
+TOOLS = set(HINTS)
 
 
 @pytest.fixture(scope="module")
@@ -56,12 +71,13 @@ async def keys(api, falkordb_url) -> dict[str, str]:
     return made
 
 
-def stdio(api_url: str, key: str | None, agent: str = AGENT) -> Client:
+def stdio(api_url: str, key: str | None, agent: str = AGENT, extra: Sequence[str] = ()) -> Client:
+    """`memory-service mcp` over stdio (``extra``: more options, e.g. the profile)."""
     env = {k: v for k, v in clean_env().items() if k != "MEMORY_SERVICE_API_KEY"}
     if key:
         env["MEMORY_SERVICE_API_KEY"] = key
     return Client(StdioServerParameters(command=CLI, args=["mcp", "--transport", "stdio", "--api", api_url,
-                                                           "--agent", agent], env=env))
+                                                           "--agent", agent, *extra], env=env))
 
 
 @asynccontextmanager
@@ -92,6 +108,39 @@ def over_http(url: str, key: str | None = None, authorization: str | None = None
 
 def text(result: Any) -> str:
     return " ".join(block.text for block in result.content if getattr(block, "text", None))
+
+
+@asynccontextmanager
+async def connected(transport: str, api_url: str, key: str, extra: Sequence[str] = ()) -> AsyncIterator[Client]:
+    """A client of `memory-service mcp` over ``transport`` (stdio or http), calling with ``key``."""
+    if transport == "stdio":
+        async with stdio(api_url, key, extra=extra) as client:
+            yield client
+        return
+    async with http_mcp(api_url, *extra) as url, over_http(url, key) as client:
+        yield client
+
+
+async def listed_tools(client: Client, hints: dict[str, tuple[bool, bool, bool, bool]]) -> dict[str, Any]:
+    """The tools, checked: exactly those of ``hints``, each with those hints, a title and an output schema."""
+    tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    assert set(tools) == set(hints)
+    for name, tool in tools.items():
+        a = tool.annotations
+        assert a is not None and a.title, name
+        assert (a.read_only_hint, a.destructive_hint, a.idempotent_hint, a.open_world_hint) == hints[name], name
+        assert tool.output_schema and tool.output_schema["type"] == "object", name
+        jsonschema.Draft202012Validator.check_schema(tool.output_schema)
+        assert tool.description, name
+    return tools
+
+
+def answered(tools: dict[str, Any], name: str, result: Any) -> dict[str, Any]:
+    """A successful call's structured content, valid against the tool's output schema."""
+    assert not result.is_error, (name, text(result))
+    jsonschema.validate(result.structured_content, tools[name].output_schema)
+    content: dict[str, Any] = result.structured_content
+    return content
 
 
 async def test_stdio_lists_the_tools_with_schemas_and_searches(api, keys):
@@ -277,3 +326,87 @@ async def test_stdio_update_clears_the_fields_named_in_clear(api, keys, falkordb
             refused = await client.call_tool("memory_update", {"memory_id": memory_id, "clear": [unclearable]})
             assert refused.is_error and "clear" in text(refused) and "'title', 'confidence' or 'tags'" in text(refused)
         assert snapshot(falkordb_url, worker_running=True) == before
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+async def test_every_tool_is_listed_with_its_hints_and_output_schema_and_answers_it(api, keys, transport):
+    """The memory profile over each transport: every tool listed with its four hints, a title
+    and an output schema, then called, its structured content valid against that schema."""
+    async with connected(transport, api.base_url, keys["agent"]) as client:
+        tools = await listed_tools(client, HINTS)
+        record = tools["memory_record"].input_schema
+        assert set(record["required"]) == {"user_id", "session_id", "role", "content"}
+        assert record["$defs"]["Role"]["enum"] == ["user", "assistant", "tool", "system"]
+
+        async def call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+            return answered(tools, name, await client.call_tool(name, arguments))
+
+        line = {"user_id": "alice", "session_id": "s1", "role": "user", "content": "Bo sleeps on the pier.",
+                "message_id": f"m-{transport}"}
+        recorded = await call("memory_record", line)
+        assert (recorded["message_id"], recorded["duplicate"], recorded["sequence"]) == (f"m-{transport}", False, 2)
+        assert (await call("memory_record", line))["duplicate"] is True  # the same id again: a safe retry
+        fresh = await call("memory_record", {**line, "role": "assistant", "content": "Noted.", "message_id": None})
+        assert fresh["message_id"] and fresh["sequence"] == 3  # no id: the server's client made one
+        block = await call("memory_context", {"user_id": "alice", "session_id": "s1", "query": "where does Bo sleep"})
+        assert "pier" in block["xml"]
+        assert (await call("memory_search", {"query": "pelican"}))["results"]
+        memory = await call("memory_write", {"content": "Bo dislikes rain.", "namespace": f"agent:{AGENT}",
+                                             "kind": "fact"})
+        assert (await call("memory_get", {"memory_id": memory["id"]}))["content"] == "Bo dislikes rain."
+        assert (await call("memory_update", {"memory_id": memory["id"], "tags": ["bo"]}))["tags"] == ["bo"]
+        assert (await call("memory_delete", {"memory_id": memory["id"]}))["purge_at"]
+        assert (await call("memory_undelete", {"memory_id": memory["id"]}))["deleted_at"] is None
+        graph = await call("entity_write", {"items": [{"kind": "edge", "source": "Alice", "target": "Porto",
+                                                       "rel_type": "lives_in"}],
+                                            "namespace": f"user:{AGENT}:alice"})
+        porto = next(e for e in graph["entities"] if e["name"] == "Porto")
+        assert [e["id"] for e in (await call("entity_search", {"name": "Por"}))["entities"]] == [porto["id"]]
+        assert [f["text"] for f in (await call("entity_get", {"entity_id": porto["id"]}))["facts"]] == [
+            "Alice lives in Porto"]
+
+
+async def test_memory_record_refuses_bad_input_and_changes_nothing(api, keys, falkordb_url):
+    line = {"user_id": "alice", "session_id": "s1", "role": "user", "content": "Bo sleeps on the pier.",
+            "message_id": "m1"}  # m1 holds "I keep a pelican named Bo." already
+    async with stdio(api.base_url, keys["agent"]) as client:
+        before = snapshot(falkordb_url, worker_running=True)
+        for bad, named in (({"role": "robot"}, "role"), ({"content": ""}, "content"), ({"user_id": "a:b"}, "user_id"),
+                           ({"session_id": ""}, "session_id"), ({"created_at": "yesterday"}, "created_at"),
+                           ({}, "409")):  # another content under a recorded message's id
+            refused = await client.call_tool("memory_record", {**line, **bad})
+            assert refused.is_error and named in text(refused), (bad, text(refused))
+        assert snapshot(falkordb_url, worker_running=True) == before
+    async with stdio(api.base_url, keys["other"]) as client:
+        refused = await client.call_tool("memory_record", {**line, "message_id": "m9"})
+    assert refused.is_error and "403" in text(refused)
+    assert snapshot(falkordb_url, worker_running=True) == before
+
+
+async def test_a_tool_call_with_the_api_down_is_an_error_result_naming_it():
+    down = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with stdio(down, "msk_whatever") as client:
+        result = await client.call_tool("memory_search", {"query": "pelican"})
+    assert result.is_error and "did not answer" in text(result) and down in text(result), text(result)
+
+
+async def test_the_host_configurations_of_the_docs_start_the_server(api, keys):
+    """docs/mcp.md's stdio entries (mcpServers, as Claude Desktop, Cursor and Claude Code read
+    them) parse and start the server that lists its tools, with the API's URL and key swapped
+    for the test's."""
+    page = (Path(__file__).parent.parent / "docs" / "mcp.md").read_text()
+    entries = [entry for block in re.findall(r"```json\n(.*?)```", page, re.S) if "mcpServers" in block
+               for entry in json.loads(block)["mcpServers"].values()]
+    assert {"command" in entry for entry in entries} == {True, False}  # stdio entries and an HTTP one
+    assert all(entry["url"].endswith("/mcp") for entry in entries if "url" in entry)
+    for entry in (entry for entry in entries if "command" in entry):
+        assert entry["command"] == "memory-service" and entry["args"][0] == "mcp"
+        args = list(entry["args"])
+        args[args.index("--api") + 1] = api.base_url
+        args = [AGENT if arg in ("trip-planner", "assistant") else arg.replace("assistant", AGENT) for arg in args]
+        env = {**clean_env(), "MEMORY_SERVICE_API_KEY": keys["agent"]}
+        async with Client(StdioServerParameters(command=CLI, args=args, env=env)) as client:
+            names = {tool.name for tool in (await client.list_tools()).tools}
+        assert names == (TOOLS if "reference" not in args else {"create_entities", "create_relations",
+               "add_observations", "delete_entities", "delete_observations", "delete_relations", "read_graph",
+               "search_nodes", "open_nodes"}), args

@@ -350,6 +350,12 @@ async def test_the_mcp_tools_hold_nothing_of_another_user_and_hide_as_unknown(se
         for session in HIDDEN:
             hidden = await tool("memory_write", {**write, "namespace": f"session:{session}"})
             assert same_result(hidden, session) == same_result(nowhere, UNKNOWN), session
+        line = {"user_id": "alice", "role": "user", "content": "Can I join?", "message_id": "mcp-j1"}
+        joined = {session: await tool("memory_record", {**line, "session_id": session}) for session in (BOBS, FOREIGN)}
+        assert joined[BOBS].is_error and "409" in tool_text(joined[BOBS])  # as the route: bob's session is not hers
+        assert same_result(joined[BOBS], BOBS) == same_result(joined[FOREIGN], FOREIGN)
+        as_bob = await tool("memory_record", {**line, "user_id": "bob", "session_id": OWN})
+        assert as_bob.is_error and "403" in tool_text(as_bob)
         after = snapshot(falkordb_url)
         assert after == before, before.changes(after)  # nothing refused changed anything
 
@@ -371,6 +377,41 @@ async def test_the_mcp_tools_hold_nothing_of_another_user_and_hide_as_unknown(se
         await check(client)
     async with http_mcp(running.base_url, agent=AGENT) as url, over_http(url, alice_key) as client:
         await check(client)
+
+
+async def test_the_reference_profile_holds_nothing_of_another_user(server, world, falkordb_url):
+    """`memory-service mcp --profile reference` over bob's namespace with alice's key, over
+    stdio and HTTP: his graph reads as an empty one and a write is refused, changing nothing;
+    over her own namespace her writes go through."""
+    running, _ = server
+    _, keys, _ = world
+    alice_key = keys["alice"]["Authorization"].removeprefix("Bearer ")
+    entity = {"name": "Locker", "entityType": "object", "observations": [f"Code {SECRET}"]}
+    async with stdio(running.base_url, keys["admin"]["Authorization"].removeprefix("Bearer "), agent=AGENT,
+                     extra=["--profile", "reference", "--namespace", f"user:{AGENT}:bob"]) as client:
+        bobs_graph = await client.call_tool("create_entities", {"entities": [entity]})  # a key for all users may
+        assert not bobs_graph.is_error and SECRET in str(bobs_graph.structured_content)
+
+    async def check(client: Any) -> None:
+        before = snapshot(falkordb_url)
+        graph = await client.call_tool("read_graph", {})
+        assert not graph.is_error and graph.structured_content == {"entities": [], "relations": []}
+        for name, arguments in (("search_nodes", {"query": "Locker"}), ("open_nodes", {"names": ["Locker"]})):
+            found = await client.call_tool(name, arguments)
+            assert found.structured_content == {"entities": [], "relations": []}, name
+        refused = await client.call_tool("create_entities", {"entities": [entity]})
+        assert refused.is_error and "403" in tool_text(refused)
+        assert snapshot(falkordb_url) == before
+
+    bobs = ["--profile", "reference", "--namespace", f"user:{AGENT}:bob"]
+    async with stdio(running.base_url, alice_key, agent=AGENT, extra=bobs) as client:
+        await check(client)
+    async with http_mcp(running.base_url, *bobs, agent=AGENT) as url, over_http(url, alice_key) as client:
+        await check(client)
+    hers = ["--profile", "reference", "--namespace", f"user:{AGENT}:alice"]
+    async with stdio(running.base_url, alice_key, agent=AGENT, extra=hers) as client:
+        made = await client.call_tool("create_entities", {"entities": [{**entity, "observations": ["Teal"]}]})
+        assert not made.is_error and made.structured_content["entities"][0]["observations"] == ["Teal"]
 
 
 RACE_TRIES = 100  # per pair of routes: 300 races of a fresh session per setting

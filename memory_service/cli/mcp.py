@@ -23,11 +23,17 @@ def mcp_command(
     host: Annotated[str, typer.Option(help="http: interface to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="http: port to listen on", min=1, max=65535)] = 8765,
     path: Annotated[str, typer.Option(help="http: the MCP endpoint's path")] = "/mcp",
+    profile: Annotated[str, typer.Option("--profile", help=(
+        "memory (the service's tools: memory_record, memory_context, memory_search, ...) or reference (the "
+        "reference memory server's knowledge-graph tools: create_entities, read_graph, ...)"))] = "memory",
+    namespace: Annotated[str | None, typer.Option("--namespace", help=(
+        "reference profile: the namespace its graph lives in, 'user:<agent>:<user>', 'shard:<agent>:<shard>' "
+        "or 'agent:<agent>' (the default)"))] = None,
 ) -> None:
-    """Serve the memory tools (memory_search, memory_get, memory_write, memory_update,
-    memory_delete, memory_undelete) over MCP, as a client of the HTTP API: its API key
-    decides what they may do. See docs/mcp.md."""
-    from memory_service.mcp.server import serve
+    """Serve the memory tools (memory_record, memory_context, memory_search, memory_get,
+    memory_write, ..., or with --profile reference the reference memory server's) over MCP,
+    as a client of the HTTP API: its API key decides what they may do. See docs/mcp.md."""
+    from memory_service.mcp.server import PROFILES, serve
 
     # stdout is the protocol's channel on stdio: every message goes to stderr.
     def fail(message: str) -> typer.Exit:
@@ -42,9 +48,12 @@ def mcp_command(
         raise fail(str(exc)) from None
     if not api.startswith(("http://", "https://")):
         raise fail(f"--api must be an http:// or https:// URL, not {api!r}")
+    if profile not in PROFILES:
+        raise fail(f"--profile must be {' or '.join(PROFILES)}, not {profile!r}")
     chosen: Literal["stdio", "http"] = "http" if transport == "http" else "stdio"
     try:
-        asyncio.run(serve(chosen, api, key or None, agent, host=host, port=port, path=path))
+        asyncio.run(serve(chosen, api, key or None, agent, host=host, port=port, path=path,
+                          profile="reference" if profile == "reference" else "memory", namespace=namespace))
     except ValueError as exc:
         raise fail(str(exc)) from None
     except KeyboardInterrupt:
