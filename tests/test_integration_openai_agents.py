@@ -174,13 +174,20 @@ async def test_bad_input_is_refused_with_a_clear_error(memory, memory_server):
         MemorySession("s", memory, agent_id="", user_id=USER)
     with pytest.raises(ValueError, match="user_id must be a non-empty string"):
         MemorySession("s", memory, agent_id=AGENT, user_id=None)  # type: ignore[arg-type]
-    with MemoryClient(memory_server.base_url) as sync_client:
-        with pytest.raises(TypeError, match="AsyncMemoryClient"):
-            MemorySession("s", sync_client, agent_id=AGENT, user_id=USER)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="AsyncMemoryClient or MemoryClient"):
+        MemorySession("s", memory_server.base_url, agent_id=AGENT, user_id=USER)  # type: ignore[arg-type]
     session = MemorySession("s-bad", memory, agent_id=AGENT, user_id=USER)
     with pytest.raises(TypeError, match=r"items\[1\] must be an input item"):
         await session.add_items([{"role": "user", "content": "ok"}, "not an item"])  # type: ignore[list-item]
     assert await session.get_items() == [] and await recorded(memory, "s-bad") == []
+
+
+async def test_the_sync_client_serves_too(memory, memory_server):
+    with MemoryClient(memory_server.base_url) as sync_client:
+        session = MemorySession("s-sync", sync_client, agent_id=AGENT, user_id=USER)
+        model = ScriptedModel([[assistant_message("Hello.")]])
+        await Runner.run(planner(session, model), "Hi", session=session)
+    assert await recorded(memory, "s-sync") == [("user", "Hi"), ("assistant", "Hello.")]
 
 
 async def test_a_refused_record_keeps_nothing_in_the_history(memory):

@@ -25,8 +25,7 @@ from agents import Agent, FunctionTool, RunContextWrapper, SQLiteSession, functi
 from agents.items import TResponseInputItem
 from agents.memory import SessionSettings
 
-from memory_service.client import AsyncMemoryClient
-from memory_service.integrations._conversation import DEFAULT_MAX_CHARS, Conversation, Role, Turn
+from memory_service.integrations._conversation import DEFAULT_MAX_CHARS, Client, Conversation, Role, Turn
 from memory_service.integrations._tools import memory_functions
 
 # Items with nothing readable for memory: kept in the history only.
@@ -92,7 +91,7 @@ class MemorySession:
     recorded for one item.
     """
 
-    def __init__(self, session_id: str, client: AsyncMemoryClient, *, agent_id: str, user_id: str,
+    def __init__(self, session_id: str, client: Client, *, agent_id: str, user_id: str,
                  db_path: str | Path = ":memory:", session_settings: SessionSettings | None = None, model: str | None = None,
                  budget: int | None = None, max_chars: int = DEFAULT_MAX_CHARS):
         self.conversation = Conversation(client, agent_id=agent_id, user_id=user_id, session_id=session_id,

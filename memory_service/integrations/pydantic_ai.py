@@ -33,8 +33,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.toolsets import FunctionToolset
 
-from memory_service.client import AsyncMemoryClient
-from memory_service.integrations._conversation import DEFAULT_MAX_CHARS, Conversation, Turn
+from memory_service.integrations._conversation import DEFAULT_MAX_CHARS, Client, Conversation, Turn
 from memory_service.integrations._tools import memory_functions
 
 
@@ -88,7 +87,7 @@ class MemoryCapability(AbstractCapability[Any]):
     - after the run: its new messages recorded in the session, in one request.
     """
 
-    client: AsyncMemoryClient
+    client: Client
     agent_id: str
     user_id: str
     session_id: str
