@@ -10,8 +10,8 @@ names another user or a namespace. Each answers text for the model; a refusal of
 act on; an outage (the service unreachable) raises, for the framework to handle as it does
 a failing tool.
 
-No ``from __future__ import annotations`` here: some frameworks read the annotations of a
-tool function as they are, not as strings to resolve.
+No ``from __future__ import annotations`` here: LlamaIndex's FunctionTool cannot resolve a
+tool function's annotations given as strings (``Literal`` is "not fully defined").
 """
 
 from collections.abc import Awaitable, Callable
