@@ -224,11 +224,17 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     session_ns = Namespace.session(session_id)
     ids_by_uuid = {message_memory_id(session_id, mid): mid for mid in claim.message_ids}
     stored = {ids_by_uuid[m.id]: m for m in await backend.get(agent_id, session_ns, list(ids_by_uuid))}
-    missing = [mid for mid in claim.message_ids if mid not in stored]
-    if missing:
-        raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: {missing[:5]}")
+    if missing := [mid for mid in claim.message_ids if mid not in stored]:
+        # A message deleted after it was recorded and before its window was formed is left
+        # out: forming it would bring its words back in an episode. One that is not stored at
+        # all is a fault of the store.
+        found = await backend.find(agent_id, [message_memory_id(session_id, mid) for mid in missing])
+        deleted = {m.id for m in found if m.deleted_at is not None}
+        if lost := [mid for mid in missing if message_memory_id(session_id, mid) not in deleted]:
+            raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: "
+                               f"{lost[:5]}")
     roles = {mid: role for mid, m in stored.items() if (role := m.metadata.role) is not None}
-    if roleless := [mid for mid in claim.message_ids if mid not in roles]:  # every recorded message has one
+    if roleless := [mid for mid in stored if mid not in roles]:  # every recorded message has one
         raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} stored without a role: "
                            f"{roleless[:5]}")
     messages = tuple(
@@ -240,12 +246,13 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
             content=stored[mid].content,
             created_at=stored[mid].valid_at,
         )
-        for mid, seq in claim.messages
+        for mid, seq in claim.messages if mid in stored
     )
     window = Window(agent_id=agent_id, session_id=session_id, messages=messages, shards=tuple(s for s in shards if s.active))
     if isinstance(extractor, GraphExtractor):  # shown what the graph knows, to say what the window supersedes
         window = replace(window, known=await known_graph(backend, window, extractor.known_limits))
-    extraction = await extractor.extract(window)
+    # A window whose every message was deleted forms nothing (no extractor call, no episode).
+    extraction = await extractor.extract(window) if messages else Extraction()
     # The ids name the window AND this extraction: two extractions of one window (an LLM
     # answers differently each time) never share an id, whatever positions their items hold.
     window_digest = hashlib.sha256("\x1f".join(claim.message_ids).encode()).hexdigest()[:16]
