@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.turns import backlog
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 
@@ -116,7 +117,8 @@ class Reembedder:
             page, following = await backend.reembed_candidates(agent_id, self.model, cursor, self.batch)
             if page:
                 try:
-                    vectors = await self.embedder.embed([text for _, text in page])
+                    with backlog():  # the model gives way to searches and formation between runs
+                        vectors = await self.embedder.embed([text for _, text in page])
                 except Exception as exc:  # EmbedderUnavailable, or any failure of the model: stop, resumable
                     done.stopped = f"the embedder failed: {exc}"
                     log.warning("re-embed of agent %s stopped: %s", agent_id, done.stopped)

@@ -18,6 +18,7 @@ from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.once import Embedded, embed_once
+from memory_service.embedding.turns import backlog
 from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
@@ -236,10 +237,12 @@ class FormationPipeline:
 
     async def _embed_once(self, backend: MemoryBackend, agent_id: str, memories: list[Memory]) -> Embedded:
         """Claim, embed and store ``memories`` (those no other caller holds), in calls of the
-        embedder's own batch size."""
+        embedder's own batch size. The embedding job and the backfill are the backlog: their
+        model runs give way to a caller someone waits for (memory_service/embedding/turns.py)."""
         assert self.embedder is not None
-        return await embed_once(self.embedder, self.state.embed_claims, backend, agent_id, memories,
-                                self.settings.embedding_batch_size)
+        with backlog():
+            return await embed_once(self.embedder, self.state.embed_claims, backend, agent_id, memories,
+                                    self.settings.embedding_batch_size)
 
     async def backfill_embeddings(self, batch: int = 64, limit: int | None = None,
                                   on_progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
