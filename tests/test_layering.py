@@ -31,6 +31,7 @@ LAYERS = (
     "domain",      # the vocabulary: ids, namespaces, models, errors, limits, text scoring
     "schemas",     # what goes over the wire
     "client",      # the typed HTTP client (vocabulary and schemas only)
+    "integrations",  # the framework adapters: the client alone, nothing of the server
     "config",      # Settings
     "state",       # Redis: pools, counters, cursors
     "access",      # keys, principals, reach, audit, pseudonyms
