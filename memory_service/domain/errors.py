@@ -2,6 +2,8 @@
 
 import reprlib
 
+from memory_service.domain import secrets
+
 
 class MemoryServiceError(Exception):
     """Base class: every error here carries a sentence meant for the caller."""
@@ -95,12 +97,18 @@ _SHORT = reprlib.Repr(maxlevel=3, maxdict=8, maxlist=8, maxtuple=8, maxset=8, ma
                       maxother=PREVIEW_CHARS)
 
 
+# How far past the quoted part a secret is looked for: one cut in two is still found whole.
+PREVIEW_SECRET_MARGIN = 512
+
+
 def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
     """``repr(value)`` cut to ``limit`` characters: enough to recognise a bad input, never an
-    echo of a large one. Bounded work whatever the size of ``value``, and always valid
-    Unicode (repr escapes lone surrogates), so an answer quoting it can always be encoded."""
+    echo of a large one, nor of a secret in it (redacted whatever the agent's policy:
+    memory_service/domain/secrets.py). Bounded work whatever the size of ``value``, and
+    always valid Unicode (repr escapes lone surrogates), so an answer quoting it can always
+    be encoded."""
     if isinstance(value, str):
-        text = repr(value[: limit + 1])
+        text = repr(secrets.redact(value[: limit + PREVIEW_SECRET_MARGIN]).text[: limit + 1])
     elif isinstance(value, int) and value.bit_length() > 4 * limit:
         text = f"<an integer of {value.bit_length()} bits>"  # repr of a huge int is slow, or refused
     else:
