@@ -12,9 +12,9 @@ personal data kept unless asked for, dedup and idempotent writes with redacted c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from pathlib import Path
 
 import httpx
 import pytest
@@ -32,7 +32,7 @@ from memory_service.runtime import open_service
 from memory_service.state import tracing
 from memory_service.stores.loopback import LoopbackServer
 
-from .conftest import flush, server_urls, suite_settings
+from .conftest import REPO, flush, server_urls, suite_settings
 from .helpers import wait_embedding_idle
 from .store_state import snapshot
 
@@ -242,8 +242,8 @@ async def test_refuse_stores_nothing_and_names_the_kind_never_the_value(http, fa
                                                               "content": "fine", "title": SECRETS["github"]}),
         await http.patch(f"/v1/agents/{AGENT}/memories/nope", json={"content": SECRETS["iban"]}),
         await http.post(f"/v1/agents/{AGENT}/writes/parse", json={
-            "namespace": f"agent:{AGENT}", "text": f'<memory_write>{{"observations": [{{"text": "pin is 4821"}}]}}'
-                                                    f'</memory_write>'}),
+            "namespace": f"agent:{AGENT}", "text": '<memory_write>{"observations": [{"text": "pin is 4821"}]}'
+                                                    '</memory_write>'}),
         await http.put(f"/v1/agents/{AGENT}/startup/r1", json={"priority": "P0", "title": "Me",
                                                                "content": f"SSN {SECRETS['ssn']}"}),
     ]
@@ -351,6 +351,20 @@ def test_the_planner_redacts_before_it_takes_ids(tmp_path, falkordb_url):
         plan_import(tmp_path, AGENT, None, refuse)
 
 
-def test_the_readme_and_the_page_name_the_settings():
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+async def test_the_pages_example_runs(http, server, capsys):
+    page = (REPO / "docs" / "redaction.md").read_text()
+    start = page.index("```python\n", page.index("## An example")) + len("```python\n")
+    code = page[start:page.index("```", start)]
+    placeholder = 'API, KEY = "http://127.0.0.1:8080", None'
+    assert placeholder in code
+    code = code.replace(placeholder, f'API, KEY = "{server.base_url}", None')
+    await asyncio.to_thread(exec, compile(code, "docs/redaction.md", "exec"), {"__name__": "page"})
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "{'password': 1}"
+    assert out[1].startswith("422 content: holds 1 phone, which this agent's redaction policy (mode refuse)")
+    assert out[2] == "['My password is [redacted:password], mail me at ana@example.org']"
+
+
+def test_the_readme_names_the_settings_and_the_page():
+    readme = (REPO / "README.md").read_text()
     assert "`REDACTION_MODE`" in readme and "`REDACTION_KINDS`" in readme and "docs/redaction.md" in readme
