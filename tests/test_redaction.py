@@ -15,6 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import subprocess
+import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -32,11 +35,12 @@ from memory_service.runtime import open_service
 from memory_service.state import tracing
 from memory_service.stores.loopback import LoopbackServer
 
-from .conftest import REPO, flush, server_urls, suite_settings
+from .conftest import REPO, clean_env, flush, server_urls, state_keys, suite_settings
 from .helpers import wait_embedding_idle
 from .store_state import snapshot
 
 AGENT = "vault"
+CLI = str(Path(sys.executable).parent / "memory-service")
 # One of each kind, written as a user would paste it.
 SECRETS = {
     "api_key": "sk-proj-Q7xWm2Lp9RtY4vBn8KcZ3dHf6JsA1gUe",
@@ -349,6 +353,35 @@ def test_the_planner_redacts_before_it_takes_ids(tmp_path, falkordb_url):
     refuse = suite_settings(falkordb_url, redaction_mode="refuse")
     with pytest.raises(SecretsRefused, match=r"MEMORY.md, line 3: holds 1 password"):
         plan_import(tmp_path, AGENT, None, refuse)
+
+
+async def test_the_import_command_redacts_and_refuses_naming_the_file_and_line(falkordb_url, tmp_path):
+    await flush(falkordb_url)
+    (tmp_path / "MEMORY.md").write_text(f"# Ops\n\n- deploy with {SECRETS['github']}\n- the NAS password is "
+                                        f"{SECRETS['password']}\n- backups run at 2am\n")
+    settings = suite_settings(falkordb_url)
+    env = {**clean_env(), "EMBEDDER": "hash", "EMBEDDING_DIMENSION": "64", "COLUMNS": "200",
+           "FALKORDB_URL": settings.falkordb_url, **({"REDIS_URL": settings.redis_url} if settings.redis_url else {})}
+
+    def run(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([CLI, "import", str(tmp_path), "--agent", AGENT], capture_output=True, text=True,
+                              timeout=180, env={**env, **extra})
+
+    refused = await asyncio.to_thread(run, REDACTION_MODE="refuse")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "cannot import: MEMORY.md, line 3: holds 1 api_key" in refused.stdout
+    assert not leaks(refused.stdout + refused.stderr)
+    assert not (await agent_keys(falkordb_url))  # nothing stored: the command stopped before the store
+    done = await asyncio.to_thread(run)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "redacted before anything was stored (docs/redaction.md): 1 api_key, 1 password" in done.stdout
+    assert not leaks(done.stdout + done.stderr) and not leaks(everything_stored(falkordb_url))
+    assert "[redacted:password]" in everything_stored(falkordb_url)
+
+
+async def agent_keys(url: str) -> list[bytes]:
+    """The state store's keys of the agent (none before anything was recorded for it)."""
+    return [k for k in await state_keys(url) if AGENT.encode() in k]
 
 
 async def test_the_pages_example_runs(http, server, capsys):
