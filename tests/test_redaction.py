@@ -308,9 +308,12 @@ async def test_an_error_quoting_the_input_never_quotes_a_secret(http):
     answer = await http.post("/v1/sessions/s1/messages", json={
         "agent_id": AGENT, "user_id": "alice", "role": "user", "content": f"key {SECRETS['api_key']}", "oops": 1})
     assert answer.status_code == 422 and not leaks(answer.text)
-    answer = await http.post("/v1/sessions/s1/messages", json={
-        "agent_id": AGENT, "user_id": "alice", "role": "oracle", "content": "x"})
-    assert answer.status_code == 422
+    missing = await http.post("/v1/sessions/s1/messages", json={  # no role: the body is quoted whole
+        "agent_id": AGENT, "user_id": "alice", "content": f"pw: {SECRETS['password']}, card {SECRETS['card']}"})
+    assert missing.status_code == 422 and "[redacted:password]" in missing.text and not leaks(missing.text)
+    batch = await http.post(f"/v1/agents/{AGENT}/messages/batch", json={"messages": [
+        {"session_id": "s1", "user_id": "alice", "message_id": "b1", "content": f"token={SECRETS['jwt']}"}]})
+    assert batch.status_code == 200 and batch.json()["refused"] == 1 and not leaks(batch.text)
     block = '<memory_write>{"observations": [{"text": ["' + SECRETS["github"] + '"]}]}</memory_write>'
     malformed = await http.post(f"/v1/agents/{AGENT}/writes/parse", json={"text": block, "namespace": f"agent:{AGENT}"})
     assert malformed.status_code == 422 and "(got ['[redacted:api_key]'])" in malformed.text, malformed.text
