@@ -426,8 +426,14 @@ async def _redacted(redactor: Redactor, content: str | None, title: str | None,
                     tags: list[str] | None) -> tuple[str | None, str | None, list[str] | None, dict[str, int]]:
     """A memory's content, title and tags as the agent's redaction policy stores them (each
     left None if None), and what was redacted from them, by kind."""
-    parts = [await redactor.redacted(text, field) for text, field in
-             ((content, "content"), (title, "title"), *((tag, "tags") for tag in tags or ())) if text is not None]
-    texts = iter(p.text for p in parts)
-    return (None if content is None else next(texts), None if title is None else next(texts),
-            None if tags is None else list(texts), merged(*(p.counts for p in parts)))
+    counts: list[dict[str, int]] = []
+
+    async def one(text: str, field: str) -> str:
+        redacted = await redactor.redacted(text, field)
+        counts.append(redacted.counts)
+        return redacted.text
+
+    content = None if content is None else await one(content, "content")
+    title = None if title is None else await one(title, "title")
+    tags = None if tags is None else [await one(tag, "tags") for tag in tags]
+    return content, title, tags, merged(*counts)

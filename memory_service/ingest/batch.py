@@ -15,8 +15,8 @@ Each item is answered on its own (``BatchItemOut``): recorded, duplicate, refuse
 fault: an id recorded with other content, a session of another agent or of other users, a
 content the store refused, a content over MAX_MESSAGE_CHARS, a content holding a secret the
 agent's redaction policy refuses (docs/redaction.md; in mode redact its secrets are redacted
-as the single route's are), or a problem the caller found while reading it) or failed (an outage: send it again with the same message_id). One bad
-item never fails the others; only an outage of Redis itself fails the whole call (and a
+as the single route's are), or a problem the caller found while reading it) or failed (an
+outage: send it again with the same message_id). One bad item never fails the others; only an outage of Redis itself fails the whole call (and a
 call sent again records what is missing and answers the rest as duplicates).
 
 A call cut short (503: Redis went away mid-call, or the stall guard gave up on a frozen
@@ -56,6 +56,7 @@ from memory_service.domain.errors import (
 )
 from memory_service.domain.models import AgentSettings, BatchMessageIn, Memory, MemoryKind, Provenance, RefusedItem
 from memory_service.domain.namespaces import Namespace
+from memory_service.domain.redaction import SecretsRefused
 from memory_service.formation import gates
 from memory_service.formation.jobs import EMBED_LOCK_MS
 from memory_service.formation.steps import message_memory_id
@@ -238,8 +239,8 @@ class BatchLedger:
         for item in live:
             try:
                 redacted = await redactor.redacted(item.message.content, f"messages.{item.index}.content")
-            except MemoryServiceError as exc:  # SecretsRefused
-                answers[item.index] = _refused(item.index, item.message, exc)
+            except SecretsRefused as refused:
+                answers[item.index] = _refused(item.index, item.message, refused)
                 continue
             if redacted.changed:
                 item.message = item.message.model_copy(update={"content": redacted.text})
