@@ -89,7 +89,10 @@ Accept = Callable[[re.Match[str], str], Span | None]
 
 # Every pattern starts with a literal or a character class, and looks behind only after it:
 # Python's engine then skips to the places that may match (a pattern that starts by looking
-# behind is tried at every character, five times slower). A pattern that starts with a
+# behind is tried at every character, five times slower). A value's run of characters is
+# possessive (``{m,n}+``) where what follows it may not continue it: a run that is too long
+# fails at once, not after giving back each of its characters (a hostile text of
+# "token=token=..." would otherwise cost O(length x 250)). A pattern that starts with a
 # word of varying length checks what comes before it in its ``accept`` (``_word_start``).
 
 # Six digits, in pairs at most one separator apart: in every card number, IBAN (its account
@@ -137,19 +140,19 @@ def _mixed_value(match: re.Match[str], text: str) -> Span | None:
 _KEY_TAIL = r"(?![A-Za-z0-9_-])"
 _PROVIDER_KEYS: list[tuple[tuple[str, ...], str, Accept]] = [
     # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-) and Anthropic (sk-ant-api03-...)
-    (("sk-",), r"sk-(?<![A-Za-z0-9_-]sk-)[A-Za-z0-9_-]{20,250}" + _KEY_TAIL, _mixed_whole),
+    (("sk-",), r"sk-(?<![A-Za-z0-9_-]sk-)[A-Za-z0-9_-]{20,250}+" + _KEY_TAIL, _mixed_whole),
     # Stripe secret and restricted keys, webhook secrets
-    (("_live_", "_test_"), r"[sr]k_(?<![A-Za-z0-9]...)(?:live|test)_[A-Za-z0-9]{16,250}(?![A-Za-z0-9])", _whole),
-    (("whsec_",), r"whsec_(?<![A-Za-z0-9]whsec_)[A-Za-z0-9+/=]{24,250}(?![A-Za-z0-9])", _whole),
+    (("_live_", "_test_"), r"[sr]k_(?<![A-Za-z0-9]...)(?:live|test)_[A-Za-z0-9]{16,250}+(?![A-Za-z0-9])", _whole),
+    (("whsec_",), r"whsec_(?<![A-Za-z0-9]whsec_)[A-Za-z0-9+/=]{24,250}+(?![A-Za-z0-9])", _whole),
     # AWS access key ids
     (("akia", "asia", "abia", "acca"), r"A(?:KIA|SIA|BIA|CCA)(?<![A-Za-z0-9]....)[A-Z2-7]{16}(?![A-Za-z0-9])", _whole),
     # GitHub tokens (personal, OAuth, user-to-server, server-to-server, refresh; fine-grained)
     (("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
-     r"g(?:h[pousr]_(?<![A-Za-z0-9_]....)[A-Za-z0-9]{36,251}|ithub_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{22,255})"
+     r"g(?:h[pousr]_(?<![A-Za-z0-9_]....)[A-Za-z0-9]{36,251}+|ithub_pat_(?<![A-Za-z0-9_]github_pat_)[A-Za-z0-9_]{22,255}+)"
      r"(?![A-Za-z0-9_])", _whole),
-    (("glpat-",), r"glpat-(?<![A-Za-z0-9]glpat-)[A-Za-z0-9_-]{20,250}" + _KEY_TAIL, _whole),
+    (("glpat-",), r"glpat-(?<![A-Za-z0-9]glpat-)[A-Za-z0-9_-]{20,250}+" + _KEY_TAIL, _whole),
     # Slack tokens and incoming webhooks
-    (("xox",), r"xox[abposr]-(?<![A-Za-z0-9].....)[A-Za-z0-9-]{10,250}(?![A-Za-z0-9-])", _mixed_whole),
+    (("xox",), r"xox[abposr]-(?<![A-Za-z0-9].....)[A-Za-z0-9-]{10,250}+(?![A-Za-z0-9-])", _mixed_whole),
     (("hooks.slack.com",), r"https://hooks\.slack\.com/services/[A-Za-z0-9/_-]{20,200}", _whole),
     # Google API keys
     (("aiza",), r"AIza(?<![A-Za-z0-9_-]AIza)[0-9A-Za-z_-]{35}" + _KEY_TAIL, _whole),
@@ -178,7 +181,7 @@ def _aws_secret(match: re.Match[str], text: str) -> Span | None:
 
 # A value named as a key, a secret or a token: letters and digits mixed, 16 characters or more
 # (quoted or not; a JSON string's escaped quote too).
-_NAMED_VALUE = r"""(?:\s+(?:is|was|=|:)|\s*[:=])\s*(?:\\?["'`])?(?P<v>[A-Za-z0-9_\-./+=~]{16,250})(?![A-Za-z0-9_\-./+=~])"""
+_NAMED_VALUE = r"""(?:\s+(?:is|was|=|:)|\s*[:=])\s*(?:\\?["'`])?(?P<v>[A-Za-z0-9_\-./+=~]{16,250}+)(?![A-Za-z0-9_\-./+=~])"""
 # Found at "key", "secret" or "token" (a pattern that starts with a list of words is tried at
 # every letter they start with: five times slower); the words before it are checked after.
 _NAMED_KEY = r"(?i)(?:key|secret)(?:[ _-]?id)?" + _NAMED_VALUE
@@ -203,9 +206,9 @@ def _named(match: re.Match[str], text: str) -> Span | None:
 
 # Tokens -----------------------------------------------------------------------------------
 
-_JWT = r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*" + _KEY_TAIL
+_JWT = r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,}+\.eyJ[A-Za-z0-9_-]{8,}+\.[A-Za-z0-9_-]*+" + _KEY_TAIL
 _AUTH_HEADER = (r"(?i)(?:bearer|authorization\s*:\s*(?:basic|token|bearer))\s+"
-                r"(?P<v>[A-Za-z0-9\-._~+/]{12,}=*)(?![A-Za-z0-9\-._~+/=])")
+                r"(?P<v>[A-Za-z0-9\-._~+/]{12,}+=*+)(?![A-Za-z0-9\-._~+/=])")
 
 # Private keys -------------------------------------------------------------------------------
 
