@@ -11,8 +11,9 @@ transport: no socket, no uvicorn), with API keys on. Timed per record, as median
   stack and the framework on a route that touches nothing;
 * **auth**: the key check alone (``KeyStore.authenticate``, its Redis read included);
 * **record**: ``MemoryService.record_message`` called directly (no HTTP);
-* inside it, wrapped where they are called: **reserve** (the settings read and the reserve
-  script), **store write** (the group commit's write: the graph statement, the postings
+* inside it, wrapped where they are called: **redaction** (the secrets' detectors, and the
+  agent's redaction policy read when they find something: docs/redaction.md), **reserve**
+  (the settings read and the reserve script), **store write** (the group commit's write: the graph statement, the postings
   included), **postings** (the postings' script alone), **commit** (the commit script and the
   writes after it), **hand-off** (the record-time embedding's start and the job's enqueue).
 
@@ -22,6 +23,7 @@ other). Wall times include the store's own time (its process runs on the same co
 
     .venv/bin/python bench/record_layers.py                 # plain and cluster, 300 records each
     .venv/bin/python bench/record_layers.py --records 1000 --no-cluster
+    .venv/bin/python bench/record_layers.py --no-cluster --secret   # every message holds a card number
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from memory_service.domain.models import MessageIn  # noqa: E402
 from memory_service.http.app import create_app  # noqa: E402
 from memory_service.runtime import open_service  # noqa: E402
 from memory_service.schemas.keys import KeyIn  # noqa: E402
+from memory_service.stores.agents import Redactor  # noqa: E402
 from memory_service.stores.embedded import EmbeddedFalkorDB  # noqa: E402
 
 SENDS: Counter[str] = Counter()
@@ -147,7 +150,14 @@ def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.3f}" if values else "-"
 
 
-async def measure(settings: Settings, records: int, label: str) -> None:
+# A realistic message: two sentences, a date and a time, a number (the detectors' cues are
+# looked for, none finds anything); with --secret, a card number the card detector takes.
+MESSAGE = ("Thanks! I booked the flight to Lisbon for March 14th, the 10:40 one, and the hotel near Alfama for 3 "
+           "nights at 129 EUR a night. Could I get a window seat on flight {i}, please?")
+SECRET = " You can charge my card 4539 1488 0343 6467."
+
+
+async def measure(settings: Settings, records: int, label: str, secret: bool = False) -> None:
     async with open_service(settings, run_worker=False) as service:
         app = create_app(settings, service=service, host="0.0.0.0")
         key = await service.keys.create(KeyIn(name="bench", role="write", agents=["bench-a"]), "bench")
@@ -165,6 +175,7 @@ async def measure(settings: Settings, records: int, label: str) -> None:
             ledger, graph = service.sessions, await service.registry.get("graph")
             name_scripts(state=service.state, claims=service.state.embed_claims, cache=service.state.cache,
                          postings=graph.postings, keys=service.keys)  # type: ignore[attr-defined]
+            timers.wrap(Redactor, "redacted", "redaction")
             timers.wrap(service.state, "reserve_message", "reserve")
             timers.wrap(ledger.writes, "write", "store write")
             timers.wrap(graph.postings, "index_entries", "postings")  # type: ignore[attr-defined]
@@ -176,7 +187,7 @@ async def measure(settings: Settings, records: int, label: str) -> None:
             for i in range(records):
                 session = sessions[i % len(sessions)]
                 body = {"agent_id": "bench-a", "user_id": "ann", "role": "user",
-                        "content": f"I would like a window seat on flight {i} to Lisbon, please.", "message_id": f"r{i}"}
+                        "content": MESSAGE.format(i=i) + (SECRET if secret else ""), "message_id": f"r{i}"}
                 SENDS.clear()
                 COUNTING[0] = True
                 started = time.perf_counter()
@@ -202,7 +213,7 @@ async def measure(settings: Settings, records: int, label: str) -> None:
         print(f"  floor (GET /health/live, same stack)        {ms(floor)}")
         print(f"  auth (key check alone)                      {ms(auth)}")
         print(f"  record (MemoryService.record_message)       {ms(direct)}")
-        for layer in ("reserve", "store write", "postings", "commit", "hand-off"):
+        for layer in ("redaction", "reserve", "store write", "postings", "commit", "hand-off"):
             print(f"    {layer:<40} {ms(timers.spent.get(layer, []))}")
         total = Counter[str]()
         for one in sends:
@@ -216,6 +227,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--records", type=int, default=300)
     parser.add_argument("--no-cluster", action="store_true")
+    parser.add_argument("--secret", action="store_true", help="every message holds a card number (redacted)")
     args = parser.parse_args()
     install_counter()
     quiet = {"embedder": "hash", "embedding_dimension": 64, "memory_formation_msg_interval": 1_000_000,
@@ -225,7 +237,7 @@ async def main() -> None:
         url = server.start()
         try:
             await measure(Settings(_env_file=None, falkordb_url=url, redis_url=None, **quiet), args.records,
-                          "plain keyspace (one embedded server)")
+                          "plain keyspace (one embedded server)", args.secret)
             if not args.no_cluster:
                 from tests.redis_cluster import RedisCluster
 
@@ -234,7 +246,7 @@ async def main() -> None:
                 try:
                     await measure(Settings(_env_file=None, falkordb_url=cluster_url, redis_url=cluster_url,
                                            queue_redis_url=url, **quiet), args.records,
-                                  "cluster keyspace (three masters; the job queue on the plain server)")
+                                  "cluster keyspace (three masters; the job queue on the plain server)", args.secret)
                 finally:
                     cluster.stop()
         finally:

@@ -21,6 +21,8 @@ from memory_service.domain.limits import (
     MAX_TOP_K_CEILING,
     MESSAGE_CHARS_CEILING,
 )
+from memory_service.domain.redaction import RedactionMode
+from memory_service.domain.secrets import SECRET_KINDS, Kind
 
 MIN_CONTEXT_BUDGET = 64
 
@@ -399,6 +401,16 @@ class Settings(BaseSettings):
         default_factory=list,
         description='Agents whose memory tools may write, update, delete and undelete (JSON list of agent ids, or ["*"] '
                     "for every agent); empty: writes are off for every agent")
+    # Secrets and personal data kept out of the stores (docs/redaction.md): every agent's
+    # default, which its settings' `redaction` may change.
+    redaction_mode: RedactionMode = Field(
+        default=RedactionMode.REDACT,
+        description="What recording a message, a memory, a write block, a startup record or an import does with the "
+                    "secrets it finds: redact (each replaced by [redacted:<kind>]), refuse (422, nothing stored) or off")
+    redaction_kinds: list[Kind] = Field(
+        default_factory=lambda: list(SECRET_KINDS), max_length=len(Kind),
+        description="JSON list of the kinds looked for: api_key, token, private_key, password, card_number, iban, "
+                    "government_id (the default: the secrets), and email, phone (personal data)")
     max_memory_tags: int = Field(default=20, ge=0, le=1_000, description="Most tags one memory may carry")
     max_tag_chars: int = Field(default=64, ge=1, le=1_000, description="Longest tag, in characters")
     purge_after_days: int = Field(

@@ -23,6 +23,7 @@ never did.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -38,7 +39,7 @@ from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.curation.browse import BROWSE_INDEX_VERSION, Browser
 from memory_service.curation.erasure import Eraser
-from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import
+from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import, plan_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
 from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
@@ -486,7 +487,11 @@ class MemoryService:
     # Startup records (memory_service/recall/startup.py; `memory-service import`: curation/legacy_import.py)
     async def put_startup_record(self, agent_id: str, record_id: str, body: StartupRecordIn,
                                  actor: str | None = None) -> tuple[StartupRecord, StartupRecord | None, bool]:
-        """(the record now, the record replaced, whether anything changed)."""
+        """(the record now, the record replaced, whether anything changed). Its title and
+        content are redacted first, as the agent's redaction policy says (docs/redaction.md)."""
+        redactor = self.agents.redactor(agent_id)
+        body = body.model_copy(update={"title": await redactor.text(body.title, "title"),
+                                       "content": await redactor.text(body.content, "content")})
         record, before, changed = await self.startup.put(agent_id, record_id, body)
         if changed and actor is not None:
             await self.audit.append(actor, "startup.put", agent_id, record_id,
@@ -510,7 +515,13 @@ class MemoryService:
 
     async def import_legacy(self, plan: ImportPlan, key_id: str = "cli", on_progress: Progress | None = None) -> ImportReport:
         """Bring the agent in step with a planned import (``legacy_import.plan_import``): records and
-        memories added, replaced and removed, audited under ``key_id``."""
+        memories added, replaced and removed, audited under ``key_id``. A plan made with another
+        redaction policy than the agent's is made again with the agent's (docs/redaction.md)."""
+        policy = await self.agents.redaction_policy(plan.agent_id)
+        if policy != plan.policy:
+            plan = await asyncio.to_thread(plan_import, plan.path, plan.agent_id, plan.user_id, self.settings,
+                                           plan.prune, policy)
+        metrics.redacted(plan.redacted)
         return await apply_import(plan, self.startup, self.tools, self.audit, key_id, on_progress)
     # The memory tools (memory_service/curation/tools.py; search is ``search`` with ``tags``) and retention
     async def memory_get(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> MemoryRecord:
@@ -571,7 +582,7 @@ class MemoryService:
                 "entities": entities, "facts": facts})
         return WriteBlocksOut(blocks=done.blocks, written=done.memories.records,
                               entities=[EntityOut.of(e) for e in done.entities], facts=[FactOut.of(f) for f in done.facts],
-                              superseded=done.superseded, already_stored=done.already_stored)
+                              superseded=done.superseded, already_stored=done.already_stored, redacted=done.redacted)
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()

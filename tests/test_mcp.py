@@ -410,3 +410,29 @@ async def test_the_host_configurations_of_the_docs_start_the_server(api, keys):
         assert names == (TOOLS if "reference" not in args else {"create_entities", "create_relations",
                "add_observations", "delete_entities", "delete_observations", "delete_relations", "read_graph",
                "search_nodes", "open_nodes"}), args
+
+
+async def test_stdio_writes_have_their_secrets_redacted_and_a_refusal_names_the_kind(api, keys, falkordb_url):
+    """The write tools go through the API's redaction (docs/redaction.md): what an agent
+    writes through MCP keeps no secret, and a policy that refuses answers an error result
+    naming the kind, never the value."""
+    api_key, password = "sk-proj-Q7xWm2Lp9RtY4vBn8KcZ3dHf6JsA1gUe", "Tr0ub4dor&3x"
+    async with stdio(api.base_url, keys["agent"]) as client:
+        written = await client.call_tool("memory_write", {"content": f"the deploy key is {api_key}",
+                                                          "namespace": f"agent:{AGENT}", "kind": "fact"})
+        assert not written.is_error, text(written)
+        assert written.structured_content["content"] == "the deploy key is [redacted:api_key]"
+        assert written.structured_content["redacted"] == {"api_key": 1}
+        items = [{"kind": "entity", "name": "Router", "type": "device", "text": f"admin password: {password}"}]
+        graph = await client.call_tool("entity_write", {"items": items, "namespace": f"user:{AGENT}:alice"})
+        assert not graph.is_error, text(graph)
+        assert graph.structured_content["entities"][0]["summary"] == "admin password: [redacted:password]"
+        assert graph.structured_content["redacted"] == {"password": 1}
+        async with AsyncMemoryClient(api.base_url, keys["agent"]) as admin:
+            await admin.put_agent(AGENT, redaction={"mode": "refuse"})
+        before = snapshot(falkordb_url, worker_running=True)
+        refused = await client.call_tool("memory_write", {"content": f"my password is {password}",
+                                                          "namespace": f"agent:{AGENT}", "kind": "fact"})
+        assert refused.is_error and "422" in text(refused) and "holds 1 password" in text(refused), text(refused)
+        assert password not in text(refused)
+        assert snapshot(falkordb_url, worker_running=True) == before

@@ -141,7 +141,7 @@ async def test_writes_off_another_agents_namespace_or_session_store_nothing(http
 async def test_text_without_blocks_stores_nothing(http):
     answer = await parse(http, "Just an answer, <b>no</b> blocks.")
     assert answer.status_code == 200 and answer.json() == {"blocks": 0, "written": [], "entities": [], "facts": [],
-                                                           "superseded": [], "already_stored": []}
+                                                           "superseded": [], "already_stored": [], "redacted": {}}
     assert await audit(http, "memory.write_blocks") == []
 
 

@@ -21,6 +21,7 @@ from memory_service.cli.common import console, load_settings, with_running_store
 from memory_service.config import Settings
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, describe, plan_import
 from memory_service.domain.errors import MemoryServiceError
+from memory_service.domain.secrets import describe as describe_secrets
 
 CLI_KEY_ID = "cli"
 
@@ -57,6 +58,8 @@ def import_command(
     for what, changes in (("startup records", report.records), ("memories", report.memories)):
         table.add_row(what, str(changes.added), str(changes.replaced), str(changes.unchanged), str(changes.removed))
     console.print(table)
+    if report.redacted:
+        console.print(f"redacted before anything was stored (docs/redaction.md): {describe_secrets(report.redacted)}")
     if report.pruned:
         console.print(f"pruned (empty or missing now, what they gave removed): {', '.join(report.pruned)}")
     if report.kept:

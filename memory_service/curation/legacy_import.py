@@ -31,6 +31,13 @@ memory tools and from other files' lines are never in the file's entry, so never
 Memories of the first releases' imports (their ids had the file in the digest) are adopted
 by the first re-import of their file: still-present lines are replaced by the new ids.
 
+Secrets: every record's and memory's text is redacted as the agent's redaction policy says
+before its id is taken (docs/redaction.md): the import stores no secret, nor a digest of one,
+and a file imported again gives the same ids. In mode refuse a file holding one imports
+nothing (the error names the file, the line and the kinds, never the value). The files are
+planned with the server's policy (REDACTION_MODE, REDACTION_KINDS) before the store is
+opened; ``MemoryService.import_legacy`` plans again if the agent's own differs.
+
 A file that is empty, or missing from a folder imported again, is not taken to mean "forget
 what it gave" unless ``--prune`` says so: an emptied file is more often a mistake than a
 wish, and the command says what it kept. Everything is read and checked before anything is
@@ -58,6 +65,7 @@ from memory_service.curation.tools import MemoryTools
 from memory_service.domain.errors import InvalidInput
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace, validate_id
+from memory_service.domain.redaction import Policy, merged
 from memory_service.embedding.memories import embed_memories
 from memory_service.recall.startup import StartupRecords
 from memory_service.schemas.startup import MAX_TITLE_CHARS, Priority, StartupRecordIn
@@ -102,6 +110,8 @@ class ImportPlan:
     agent_id: str
     user_id: str | None
     root: Path
+    path: Path  # as given: the file, or the folder (root)
+    policy: Policy  # the redaction policy its texts were planned with
     prune: bool = False  # an empty file, or one missing from the folder, loses what it gave before
     folder: bool = False  # PATH is a folder (a file missing from it is known to be gone)
     records: list[PlannedRecord] = field(default_factory=list)
@@ -111,6 +121,13 @@ class ImportPlan:
     empty: list[str] = field(default_factory=list)  # markdown files with nothing in them
     skipped: list[str] = field(default_factory=list)  # not markdown
     ids: set[str] = field(default_factory=set)  # of the records and memories planned
+    redacted: dict[str, int] = field(default_factory=dict)  # what the policy took out of them, by kind
+
+    def redact(self, text: str, where: str) -> str:
+        """``text`` (of the file and line ``where``) as the plan's policy stores it."""
+        redacted = self.policy.apply(text, where)
+        self.redacted = merged(self.redacted, redacted.counts)
+        return redacted.text
 
 
 @dataclass
@@ -132,9 +149,11 @@ class ImportReport:
     skipped: list[str] = field(default_factory=list)
     pruned: list[str] = field(default_factory=list)  # imported before, empty or missing now, their items removed
     kept: list[str] = field(default_factory=list)  # likewise, without --prune: what they gave is kept
+    redacted: dict[str, int] = field(default_factory=dict)  # what the redaction policy took out, by kind
 
     def counts(self) -> dict[str, Any]:
-        return {"records": self.records.__dict__.copy(), "memories": self.memories.__dict__.copy()}
+        return {"records": self.records.__dict__.copy(), "memories": self.memories.__dict__.copy(),
+                "redacted": dict(self.redacted)}
 
 
 def _digest(*parts: str) -> str:
@@ -156,14 +175,18 @@ def _heading_kind(title: str) -> Priority | MemoryKind | None:
     return None
 
 
-def plan_import(path: Path, agent_id: str, user_id: str | None, settings: Settings, prune: bool = False) -> ImportPlan:
-    """Read and check everything under ``path``; what the import would store. Raises InvalidInput."""
+def plan_import(path: Path, agent_id: str, user_id: str | None, settings: Settings, prune: bool = False,
+                policy: Policy | None = None) -> ImportPlan:
+    """Read and check everything under ``path``; what the import would store, its texts
+    redacted by ``policy`` (default: the server's). Raises InvalidInput (SecretsRefused, in
+    mode refuse, for a text holding a secret)."""
     validate_id(agent_id, "agent_id")
     if user_id is not None:
         validate_id(user_id, "user_id")
     if not path.exists():
         raise InvalidInput(f"PATH: {path} does not exist")
-    plan = ImportPlan(agent_id, user_id, path, prune=prune, folder=path.is_dir())
+    policy = policy or Policy.of(settings.redaction_mode, settings.redaction_kinds)
+    plan = ImportPlan(agent_id, user_id, path, path, policy, prune=prune, folder=path.is_dir())
     if path.is_file():
         if not _is_markdown(path):
             raise InvalidInput(f"PATH: {path} is not a markdown file (.md, .markdown)")
@@ -195,7 +218,7 @@ def plan_import(path: Path, agent_id: str, user_id: str | None, settings: Settin
         name = file.name.lower()
         top_level = file.parent == root
         if top_level and name in IDENTITY_FILES:
-            _add_record(plan, source, Priority.P0, *_titled(text, file), settings)
+            _add_record(plan, source, Priority.P0, *_titled(text, file), settings, line=1)
         else:
             _plan_sections(plan, source, text, at, settings, records=top_level and name == MEMORY_FILE)
     return plan
@@ -233,7 +256,9 @@ def _titled(text: str, file: Path) -> tuple[str, str]:
     return file.stem[:MAX_TITLE_CHARS] or file.name, text.strip()
 
 
-def _add_record(plan: ImportPlan, source: str, priority: Priority, title: str, content: str, settings: Settings) -> None:
+def _add_record(plan: ImportPlan, source: str, priority: Priority, title: str, content: str, settings: Settings,
+                line: int) -> None:
+    title, content = plan.redact(title, f"{source}, line {line}"), plan.redact(content, f"{source}, line {line}")
     if len(content) > settings.startup_max_record_chars:
         raise InvalidInput(f"{source}: the {priority.value} record {title!r} is {len(content)} characters long; the limit "
                            f"is {settings.startup_max_record_chars} (STARTUP_MAX_RECORD_CHARS): shorten or split it")
@@ -295,7 +320,7 @@ def _plan_sections(plan: ImportPlan, source: str, text: str, at: datetime, setti
         if isinstance(section.kind, Priority) and records:
             body = "\n".join(lines[section.start:section.end]).strip()
             if body:
-                _add_record(plan, source, section.kind, section.title, body, settings)
+                _add_record(plan, source, section.kind, section.title, body, settings, line=section.start)
             continue
         kind = section.kind if isinstance(section.kind, MemoryKind) else MemoryKind.FACT
         where = _digest(section.title)[:12]
@@ -306,6 +331,7 @@ def _plan_sections(plan: ImportPlan, source: str, text: str, at: datetime, setti
             if len(content) > settings.max_message_chars:
                 raise InvalidInput(f"{source}, line {first + 1}: {len(content)} characters; the limit of a memory is "
                                    f"{settings.max_message_chars} (MAX_MESSAGE_CHARS)")
+            content = plan.redact(content, f"{source}, line {first + 1}")
             memory_id = ID_PREFIX + _digest(plan.agent_id, namespace, content)
             if memory_id in listed:
                 continue  # the same line twice in one file: one memory, listed once
@@ -362,7 +388,8 @@ async def apply_import(plan: ImportPlan, startup: StartupRecords, tools: MemoryT
     before = set(known) | {r.source for r in existing if r.source}
     gone = sorted(s for s in before if s in plan.empty or (plan.folder and s not in plan.files))
     report = ImportReport(files=plan.files, skipped=[*plan.skipped, *plan.empty],
-                          pruned=gone if plan.prune else [], kept=[] if plan.prune else gone)
+                          pruned=gone if plan.prune else [], kept=[] if plan.prune else gone,
+                          redacted=dict(plan.redacted))
     synced = {*plan.files, *report.pruned}  # the files whose records and memories follow the plan
 
     # Records: a file's records are exactly the ones it gives now.

@@ -7,6 +7,10 @@ policy purges, memory_service/curation/retention.py). A memory of another agent 
 that does not exist. Every change bumps the write generation of the memory's namespace and
 of the agent, so no cached memory block shows what it was before.
 
+What a write stores has its secrets redacted first, as the agent's redaction policy says
+(its content, title and tags; stores/agents.py, ``Redactor``; docs/redaction.md): an
+idempotent write repeated redacts the same way, so it matches what it stored.
+
 Writes may be idempotent: a write with an idempotency key gets an id derived from the agent
 and the key, so repeating it stores nothing new and answers the memory already there. Write
 blocks (memory_service/curation/write_blocks.py) key every memory by the message, the block
@@ -37,12 +41,13 @@ from memory_service.domain.limits import (
 )
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, Provenance, keyed_memory_id
 from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.domain.redaction import merged
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.schemas.memories import DeletedOut, MemoryRecord
 from memory_service.state.cache import agent_wide
 from memory_service.state.store import StateStore
-from memory_service.stores.agents import AgentDirectory
+from memory_service.stores.agents import AgentDirectory, Redactor
 from memory_service.stores.base import MemoryBackend
 
 TITLE_CHARS = 200
@@ -182,7 +187,9 @@ class MemoryTools:
         session of the agent), kept in their provenance. A body with an ``idempotency_key``
         already stored is answered as stored and not written again (its id in ``already_stored``)."""
         reach = await self._writer(agent_id, guard, session_id)
-        memories = [await self._prepare(agent_id, body, reach, session_id, message_id) for body in bodies]
+        redactor = self.agents.redactor(agent_id)
+        prepared = [await self._prepare(agent_id, body, reach, session_id, message_id, redactor) for body in bodies]
+        memories = [memory for memory, _ in prepared]
         if not memories:
             return Written([], [])
         _, backend = await self.agents.backend_for(agent_id)
@@ -204,8 +211,10 @@ class MemoryTools:
             await self.state.index_agent(agent_id)
             for user_id in users:
                 await self.state.index_agent(agent_id, user_id)
-        return Written([self.record(stored.get(m.id, m)) for m in memories],
-                       list(dict.fromkeys(m.id for m in memories if m.id in stored)))
+        records = [self.record(stored.get(m.id, m)) for m in memories]
+        for record, (_, redacted) in zip(records, prepared, strict=True):
+            record.redacted = redacted or None
+        return Written(records, list(dict.fromkeys(m.id for m in memories if m.id in stored)))
 
     async def writable_target(self, agent_id: str, namespace: str, guard: NamespaceGuard = None,
                               session_id: str | None = None, message_id: str | None = None) -> Namespace:
@@ -227,7 +236,8 @@ class MemoryTools:
         return reach
 
     async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
-                       message_id: str | None) -> Memory:
+                       message_id: str | None, redactor: Redactor) -> tuple[Memory, dict[str, int]]:
+        """The memory ``body`` stores, checked, its secrets redacted; and what was redacted."""
         namespace = await self._writable_namespace(agent_id, body.namespace, reach)
         if message_id is not None:
             await self._cited(agent_id, message_id, session_id, namespace)
@@ -241,8 +251,10 @@ class MemoryTools:
         elif namespace.kind is NamespaceKind.SESSION:
             provenance.session_id = namespace.fields[0]
         memory_id = uuid.uuid4().hex if body.idempotency_key is None else keyed_memory_id(agent_id, body.idempotency_key)
-        return Memory(id=memory_id, kind=body.kind, namespace=str(namespace), content=body.content,
-                      metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
+        content, title, kept_tags, redacted = await _redacted(redactor, body.content, body.title, tags)
+        assert content is not None and kept_tags is not None  # given, so redacted
+        return Memory(id=memory_id, kind=body.kind, namespace=str(namespace), content=content, metadata=provenance,
+                      valid_at=_now(), title=title, tags=kept_tags, confidence=body.confidence), redacted
 
     async def update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
                      guard: NamespaceGuard = None) -> tuple[MemoryRecord, MemoryRecord]:
@@ -259,15 +271,19 @@ class MemoryTools:
         changes: dict[str, object] = {}
         if body.content is not None:
             check_message_chars(body.content, self.settings.max_message_chars)
-            changes["content"] = body.content
         if body.kind is not None:
             self._check_kind(body.kind)
             changes["kind"] = body.kind
-        if "tags" in given:
-            changes["tags"] = self._tags(body.tags or [])
-        for name in ("title", "confidence"):
-            if name in given:
-                changes[name] = getattr(body, name)
+        tags = self._tags(body.tags or []) if "tags" in given else None
+        content, title, tags, redacted = await _redacted(self.agents.redactor(agent_id), body.content, body.title, tags)
+        if content is not None:
+            changes["content"] = content
+        if tags is not None:
+            changes["tags"] = tags
+        if "title" in given:
+            changes["title"] = title
+        if "confidence" in given:
+            changes["confidence"] = body.confidence
         before = self.record(memory)
         updated = memory.model_copy(update={**changes, "updated_at": _now()})
         if updated.search_text != memory.search_text:
@@ -275,7 +291,9 @@ class MemoryTools:
             await embed_memories(self.embedder, [updated])  # re-indexed: the stores take the new vector
         await backend.replace(agent_id, [updated])
         await self._changed(agent_id, updated)
-        return before, self.record(updated)
+        after = self.record(updated)
+        after.redacted = redacted or None
+        return before, after
 
     async def delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[DeletedOut, bool]:
         """Soft delete; (the answer, whether this call deleted it). A second call answers the same dates."""
@@ -395,3 +413,20 @@ class MemoryTools:
         # The agent's generation too: a block's relevant memories come from sessions it does
         # not list as dependencies (every session the user spoke in).
         await self.state.cache.bump(*sorted({m.namespace for m in memories}), agent_wide(agent_id))
+
+
+async def _redacted(redactor: Redactor, content: str | None, title: str | None,
+                    tags: list[str] | None) -> tuple[str | None, str | None, list[str] | None, dict[str, int]]:
+    """A memory's content, title and tags as the agent's redaction policy stores them (each
+    left None if None), and what was redacted from them, by kind."""
+    counts: list[dict[str, int]] = []
+
+    async def one(text: str, field: str) -> str:
+        redacted = await redactor.redacted(text, field)
+        counts.append(redacted.counts)
+        return redacted.text
+
+    content = None if content is None else await one(content, "content")
+    title = None if title is None else await one(title, "title")
+    tags = None if tags is None else [await one(tag, "tags") for tag in tags]
+    return content, title, tags, merged(*counts)

@@ -35,6 +35,11 @@ position in the text and the item's kind, position and content; entities and fac
 ids stable per namespace, and mentions are merged. Parsing the same text for the same
 message again stores nothing new and answers the same ids, all in ``already_stored``.
 
+Secrets: the text is redacted as the agent's redaction policy says before it is parsed
+(stores/agents.py, ``Redactor``; docs/redaction.md), so no block stores one, in a memory, an
+entity's name or a fact; no detector's value crosses a JSON string's quote, so a block
+stays JSON. A repeated parse redacts the same way: its keys, and so its ids, are the same.
+
 Order, so that a failure half-way (a store outage) is completed by a retry: everything is
 checked and the names resolved (a read) before anything is written; then the memories,
 the entities, the facts, the mentions, and last the facts the new ones supersede. Every
@@ -422,6 +427,7 @@ class BlockWrites:
     facts: list[Fact]
     superseded: list[str]
     already_stored: list[str]
+    redacted: dict[str, int]  # what the agent's redaction policy took out of the text, by kind
 
     @property
     def new_memories(self) -> list[str]:
@@ -441,6 +447,8 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
     with entities, edges or observations naming an entity (NotSupported, 409) before anything
     is written; their observations alone are stored as anywhere."""
     check_message_chars(text, tools.settings.max_message_chars)
+    redacted = await tools.agents.redactor(agent_id).redacted(text, "text")
+    text = redacted.text
     parsed = parse_write_blocks(text)
     blocks = [located.block for located in parsed]
     target = await tools.writable_target(agent_id, namespace, guard, session_id, message_id)
@@ -449,7 +457,7 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
     plan = graph_plan(blocks, str(target), message_id)
     if plan.empty:
         written = await tools.write_many(agent_id, writes, guard, session_id, message_id)
-        return BlockWrites(len(parsed), written, [], [], [], list(written.already_stored))
+        return BlockWrites(len(parsed), written, [], [], [], list(written.already_stored), redacted.counts)
     if target.kind is NamespaceKind.SESSION:
         raise InvalidInput("namespace: entities and edges live in a user's, a shard's or the agent's namespace, not "
                            "a session's; write the block's entities, edges and observations naming an entity there")
@@ -488,7 +496,7 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
     stated = list(dict.fromkeys([*changes.stated, *(i for i in statements if i not in changes.stated)]))
     return BlockWrites(len(parsed), written, [by_id[i] for i in entity_ids if i in by_id],
                        [facts[i] for i in stated if i in facts and (i in changes.stated or facts[i].current_at())],
-                       changes.superseded, already)
+                       changes.superseded, already, redacted.counts)
 
 
 def _described(resolved: graph_update.Resolved,

@@ -2,6 +2,8 @@
 
 import reprlib
 
+from memory_service.domain import secrets
+
 
 class MemoryServiceError(Exception):
     """Base class: every error here carries a sentence meant for the caller."""
@@ -95,14 +97,40 @@ _SHORT = reprlib.Repr(maxlevel=3, maxdict=8, maxlist=8, maxtuple=8, maxset=8, ma
                       maxother=PREVIEW_CHARS)
 
 
+# How far past the quoted part a secret is looked for: one cut in two is still found whole.
+PREVIEW_SECRET_MARGIN = 512
+
+
 def preview(value: object, limit: int = PREVIEW_CHARS) -> str:
     """``repr(value)`` cut to ``limit`` characters: enough to recognise a bad input, never an
-    echo of a large one. Bounded work whatever the size of ``value``, and always valid
-    Unicode (repr escapes lone surrogates), so an answer quoting it can always be encoded."""
+    echo of a large one, nor of a secret in it (redacted whatever the agent's policy:
+    memory_service/domain/secrets.py). Bounded work whatever the size of ``value``, and
+    always valid Unicode (repr escapes lone surrogates), so an answer quoting it can always
+    be encoded."""
     if isinstance(value, str):
-        text = repr(value[: limit + 1])
+        text = repr(_redacted(value, limit)[: limit + 1])
     elif isinstance(value, int) and value.bit_length() > 4 * limit:
         text = f"<an integer of {value.bit_length()} bits>"  # repr of a huge int is slow, or refused
     else:
-        text = _SHORT.repr(value)
+        text = _SHORT.repr(_without_secrets(value, limit))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _redacted(text: str, limit: int) -> str:
+    return secrets.redact(text[: limit + PREVIEW_SECRET_MARGIN]).text
+
+
+def _without_secrets(value: object, limit: int, depth: int = 0) -> object:
+    """``value`` with the strings it holds redacted, as far as ``_SHORT`` shows it (a request
+    body quoted whole: a field missing from a message that holds a key)."""
+    if isinstance(value, str):
+        return _redacted(value, limit)
+    if depth >= _SHORT.maxlevel:
+        return value
+    if isinstance(value, dict):
+        return {_without_secrets(k, limit, depth + 1): _without_secrets(v, limit, depth + 1)
+                for k, v in list(value.items())[: _SHORT.maxdict + 1]}
+    if isinstance(value, (list, tuple)):
+        items = [_without_secrets(v, limit, depth + 1) for v in value[: _SHORT.maxlist + 1]]
+        return items if isinstance(value, list) else tuple(items)
+    return value

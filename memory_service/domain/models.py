@@ -17,6 +17,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from memory_service.domain.errors import MemoryServiceError
 from memory_service.domain.limits import MAX_HOST_WINDOW, MESSAGE_CHARS_CEILING, check_time, text_problem
 from memory_service.domain.namespaces import Namespace, normalize_id, validate_id, validate_message_id
+from memory_service.domain.redaction import RedactionSettings
 
 
 def _checked_id(what: str) -> AfterValidator:
@@ -373,6 +374,10 @@ class AgentSettings(BaseModel):
                                    "another agent. Keys for all users are not limited by it")
     context: ContextSettings = Field(default_factory=ContextSettings,
                                      description="how its memory blocks pick the memories relevant to a query")
+    redaction: RedactionSettings = Field(
+        default_factory=RedactionSettings,
+        description="what recording does with the secrets and personal data it finds (docs/redaction.md); unset "
+                    "fields take REDACTION_MODE and REDACTION_KINDS")
     # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
     # so that settings stored before the check was made still read.
     agent_extras: dict[str, Any] = Field(default_factory=dict)

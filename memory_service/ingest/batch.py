@@ -13,9 +13,10 @@ recorded one way is a duplicate the other way.
 
 Each item is answered on its own (``BatchItemOut``): recorded, duplicate, refused (its own
 fault: an id recorded with other content, a session of another agent or of other users, a
-content the store refused, a content over MAX_MESSAGE_CHARS, or a problem the caller found
-while reading it) or failed (an outage: send it again with the same message_id). One bad
-item never fails the others; only an outage of Redis itself fails the whole call (and a
+content the store refused, a content over MAX_MESSAGE_CHARS, a content holding a secret the
+agent's redaction policy refuses (docs/redaction.md; in mode redact its secrets are redacted
+as the single route's are), or a problem the caller found while reading it) or failed (an
+outage: send it again with the same message_id). One bad item never fails the others; only an outage of Redis itself fails the whole call (and a
 call sent again records what is missing and answers the rest as duplicates).
 
 A call cut short (503: Redis went away mid-call, or the stall guard gave up on a frozen
@@ -40,7 +41,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -55,6 +56,7 @@ from memory_service.domain.errors import (
 )
 from memory_service.domain.models import AgentSettings, BatchMessageIn, Memory, MemoryKind, Provenance, RefusedItem
 from memory_service.domain.namespaces import Namespace
+from memory_service.domain.redaction import SecretsRefused
 from memory_service.formation import gates
 from memory_service.formation.jobs import EMBED_LOCK_MS
 from memory_service.formation.steps import message_memory_id
@@ -63,6 +65,7 @@ from memory_service.ingest.group_commit import RowRefused
 from memory_service.ingest.sessions import SessionLedger
 from memory_service.schemas.records import BatchItemOut, BatchOut, BatchSessionOut, ItemStatus
 from memory_service.state.store import Commit, CommitCall, Reservation, ReserveCall
+from memory_service.stores.agents import Redactor
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,7 @@ class _Item:
     index: int
     message: BatchMessageIn
     digest: str = ""  # taken in the item's reservation step
+    redacted: dict[str, int] = field(default_factory=dict)  # what the agent's redaction policy took out
     reservation: Reservation | None = None
     memory: Memory | None = None
 
@@ -139,7 +143,8 @@ class BatchLedger:
                 answers[index] = _refused(index, item, exc)
                 continue
             live.append(_Item(index, item))
-        reserved = await self._reserve_steps(agent_id, live, reach, answers)
+        redactor = self.ledger.agents.redactor(agent_id)  # the agent's policy read once, if an item needs it
+        reserved = await self._reserve_steps(agent_id, live, reach, answers, redactor)
         stored = await self._store_steps(agent_id, reserved, answers, progress)
         commits: dict[str, Commit] = {}
         enqueue = False
@@ -166,13 +171,13 @@ class BatchLedger:
                             lambda item: len(item.message.content))
 
     async def _reserve_steps(self, agent_id: str, live: list[_Item], reach: Reach | None,
-                             answers: list[BatchItemOut | None]) -> list[_Item]:
+                             answers: list[BatchItemOut | None], redactor: Redactor) -> list[_Item]:
         """``_reserve`` a step at a time; if the caller goes away, what was reserved is let go of."""
         reserved: list[_Item] = []
         try:
             for part in self._steps(live):
                 async with pacing.step():
-                    reserved += await self._reserve(agent_id, live[part], reach, answers)
+                    reserved += await self._reserve(agent_id, live[part], reach, answers, redactor)
         except BaseException:
             await asyncio.shield(self._let_go(reserved, [None] * len(reserved), "unhold"))
             raise
@@ -194,11 +199,14 @@ class BatchLedger:
         return stored
 
     async def _reserve(self, agent_id: str, live: list[_Item], reach: Reach | None,
-                       answers: list[BatchItemOut | None]) -> list[_Item]:
+                       answers: list[BatchItemOut | None], redactor: Redactor) -> list[_Item]:
         """Every item's reservation in one pipeline; an id committed before is a duplicate at
         once (nothing is written again), an id known with other content a conflict. A key
         limited to users records only into the sessions it may: its reservation's script
-        decides it (``StateStore.reserve_messages``), else the item is refused, 409."""
+        decides it (``StateStore.reserve_messages``), else the item is refused, 409. Each item's
+        secrets are redacted first, as the single route's are (an item the agent's policy
+        refuses is refused, 422)."""
+        live = await self._redacted(live, answers, redactor)
         if not live:
             return live
         for item in live:
@@ -219,10 +227,25 @@ class BatchLedger:
                 answers[item.index] = _refused(item.index, m, Conflict(
                     f"message_id {preview(m.message_id)} was already recorded in session {preview(m.session_id)} with other content"))
             elif reservation.committed:
-                answers[item.index] = _answer(item.index, m, "duplicate", reservation.sequence)
+                answers[item.index] = _answer(item.index, m, "duplicate", reservation.sequence, item.redacted)
             else:
                 item.reservation = reservation
                 kept.append(item)
+        return kept
+
+    @staticmethod
+    async def _redacted(live: list[_Item], answers: list[BatchItemOut | None], redactor: Redactor) -> list[_Item]:
+        kept = []
+        for item in live:
+            try:
+                redacted = await redactor.redacted(item.message.content, f"messages.{item.index}.content")
+            except SecretsRefused as refused:
+                answers[item.index] = _refused(item.index, item.message, refused)
+                continue
+            if redacted.changed:
+                item.message = item.message.model_copy(update={"content": redacted.text})
+                item.redacted = redacted.counts
+            kept.append(item)
         return kept
 
     async def _store(self, agent_id: str, live: list[_Item], answers: list[BatchItemOut | None]) -> list[_Item]:
@@ -297,7 +320,7 @@ class BatchLedger:
                                                               "message_id")
                 continue
             answers[item.index] = _answer(item.index, m, "recorded" if commit.first else "duplicate",
-                                          item.reservation.sequence)
+                                          item.reservation.sequence, item.redacted)
             last[m.session_id] = commit
             enqueue |= commit.enqueue_embedding
         return last, enqueue
@@ -334,9 +357,10 @@ def _memory(agent_id: str, item: _Item, now: datetime) -> Memory:
     )
 
 
-def _answer(index: int, message: BatchMessageIn, status: ItemStatus, sequence: int) -> BatchItemOut:
+def _answer(index: int, message: BatchMessageIn, status: ItemStatus, sequence: int,
+            redacted: dict[str, int]) -> BatchItemOut:
     return BatchItemOut(index=index, status=status, session_id=message.session_id, message_id=message.message_id,
-                        sequence=sequence)
+                        sequence=sequence, redacted=redacted)
 
 
 def _refused(index: int, message: BatchMessageIn, error: MemoryServiceError) -> BatchItemOut:

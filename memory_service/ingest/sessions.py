@@ -1,6 +1,8 @@
 """The session ledger: recording messages, and evaluating the formation gates as each commits.
 
-A message is stored (and indexed for full-text search) first, then committed to its
+A message's secrets are redacted first, as its agent's policy says (stores/agents.py,
+``Redactor``; docs/redaction.md): nothing of them reaches a store, a log or its digest.
+Then the message is stored (and indexed for full-text search), then committed to its
 session's pending window; a gate that opens claims the window and enqueues its formation
 job (memory_service/formation/schedule.py). Its embedding comes after: the worker's embedding job (docs/ingest.md).
 ``form_memories`` forms what is pending on request and waits for it.
@@ -19,7 +21,7 @@ import hashlib
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import cast
 
@@ -58,6 +60,7 @@ class RecordResult:
     duplicate: bool
     gate: GateStatus
     formation_job: str | None = None  # the job forming the session's window, if a gate opened
+    redacted: dict[str, int] = field(default_factory=dict)  # by kind: what the agent's redaction policy took out
 
 
 class SessionLedger:
@@ -84,6 +87,10 @@ class SessionLedger:
         (``StateStore.reserve_messages``).
         """
         limits.check_message_chars(message.content, self.settings.max_message_chars)
+        # Secrets out before anything is kept of the message, its digest included (docs/redaction.md).
+        redacted = await self.agents.redactor(message.agent_id).redacted(message.content, "content")
+        if redacted.changed:
+            message = message.model_copy(update={"content": redacted.text})
         message_id = message.message_id or uuid.uuid4().hex
         digest = hashlib.sha256(f"{message.role}\x1f{message.user_id}\x1f{message.content}".encode()).hexdigest()[:16]
         reservation = await self.state.reserve_message(session_id, message.agent_id, message_id, digest,
@@ -114,7 +121,8 @@ class SessionLedger:
         await self._store(backend, memory, reservation.sequence)
         commit = await self._commit(session_id, message_id, reservation.sequence, memory, message.incognito)
         gate = gates.evaluate(commit.counters, self.settings)
-        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate)
+        result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate,
+                              redacted=redacted.counts)
         if commit.first:
             self.fresh.recorded(message.agent_id, backend, memory)
         if gate.open:

@@ -28,6 +28,10 @@ class MemoryRecord(BaseModel):
     access_count: int = Field(0, description="memory_get calls (bookkeeping, never used for ranking)")
     last_accessed_at: datetime | None = None
     served_by: str | None = None
+    redacted: dict[str, int] | None = Field(
+        default=None, description="in the answer of a write or an update: what the agent's redaction policy took out of its "
+                          "content, title and tags, by kind (each value is [redacted:<kind>] in the stored text); "
+                          "None when nothing was (docs/redaction.md)")
 
 
 class DeletedOut(BaseModel):
@@ -49,3 +53,5 @@ class WriteBlocksOut(BaseModel):
     already_stored: list[str] = Field(default_factory=list,
                                       description="ids in `written`, `entities` and `facts` that were stored before "
                                                   "this call (the same text parsed again for the same message: all)")
+    redacted: dict[str, int] = Field(default_factory=dict, description="what the agent's redaction policy took out "
+                                     "of the text before it was parsed, by kind (docs/redaction.md)")

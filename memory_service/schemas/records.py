@@ -9,6 +9,10 @@ from pydantic import BaseModel, Field
 
 from memory_service.schemas.formation import GateStatus
 
+REDACTED_DESCRIPTION = ("what the agent's redaction policy took out of the content before it was stored, by kind "
+                        "(e.g. {\"api_key\": 1}): each value is [redacted:<kind>] in the stored text; empty when "
+                        "nothing was (docs/redaction.md)")
+
 
 class RecordOut(BaseModel):
     session_id: str
@@ -17,6 +21,7 @@ class RecordOut(BaseModel):
     duplicate: bool
     gate: GateStatus
     formation_job: str | None = Field(default=None, description="id of the job forming the session's window, when a gate opened")
+    redacted: dict[str, int] = Field(default_factory=dict, description=REDACTED_DESCRIPTION)
 
 
 # What became of one item of a batch: recorded (stored and pending, as a 200 of the single
@@ -34,6 +39,7 @@ class BatchItemOut(BaseModel):
     sequence: int | None = Field(default=None, description="the message's sequence number in its session (recorded, duplicate)")
     code: int | None = Field(default=None, description="refused or failed: the status the single-message route would answer")
     detail: str | None = Field(default=None, description="refused or failed: why")
+    redacted: dict[str, int] = Field(default_factory=dict, description="recorded or duplicate: " + REDACTED_DESCRIPTION)
 
 
 class BatchSessionOut(BaseModel):

@@ -73,6 +73,10 @@ JOB_TIMEOUTS = Counter(f"{PREFIX}job_timeouts", "Worker job tries stopped by WOR
                        registry=REGISTRY)
 STORE_FROZEN = Counter(f"{PREFIX}store_frozen", "Requests answered 503 because a store did not answer its probe",
                        ["store"], registry=REGISTRY)
+REDACTED = Counter(f"{PREFIX}redacted_values", "Secrets and personal data redacted before they were stored "
+                   "(docs/redaction.md), by kind", ["kind"], registry=REGISTRY)
+REDACTION_REFUSALS = Counter(f"{PREFIX}redaction_refusals", "Texts refused (422) by an agent's redaction policy "
+                             "(mode refuse), by the first kind found", ["kind"], registry=REGISTRY)
 BULK_PAUSE_SECONDS = Counter(f"{PREFIX}bulk_pause_seconds", "Seconds batches' steps waited while other agents' "
                              "requests were in flight (memory_service/ingest/pacing.py)", registry=REGISTRY)
 
@@ -95,6 +99,12 @@ HELP = {
 _LLM = re.compile(r"^(consolidation_)?llm_(calls|attempts|prompt_tokens|completion_tokens|seconds)$")
 _flat: dict[str, Counter] = {}
 _NAME = re.compile(r"^[a-z_][a-z0-9_]*$")
+
+
+def redacted(counts: Mapping[str, int]) -> None:
+    """Count what a redaction took out, by kind (``memory_service_redacted_values_total``)."""
+    for kind, n in counts.items():
+        REDACTED.labels(kind).inc(n)
 
 
 def count(name: str, value: float = 1.0) -> None:

@@ -1,11 +1,12 @@
-"""Agents and shards: their settings (in the state store) and the backend each agent uses."""
+"""Agents and shards: their settings (in the state store), the backend each agent uses, and
+its redaction policy applied to the texts recorded for it (``Redactor``)."""
 
 from __future__ import annotations
 
 import logging
 
 from memory_service.config import Settings
-from memory_service.domain import limits
+from memory_service.domain import limits, secrets
 from memory_service.domain.errors import InvalidInput, NotFound, preview
 from memory_service.domain.models import (
     BACKEND_ALIASES,
@@ -16,6 +17,9 @@ from memory_service.domain.models import (
     ShardIn,
     backend_name,
 )
+from memory_service.domain.redaction import Policy, SecretsRefused
+from memory_service.domain.secrets import Redacted
+from memory_service.state import metrics
 from memory_service.state.store import StateStore
 from memory_service.stores.base import MemoryBackend
 from memory_service.stores.registry import BackendRegistry
@@ -65,6 +69,17 @@ class AgentDirectory:
             settings = await self.state.get_agent(agent_id) or AgentSettings()
         return await self.registry.resolve(settings.requested_backend(), self.settings.default_memory_backend, agent_id)
 
+    async def redaction_policy(self, agent_id: str) -> Policy:
+        """The agent's redaction policy: its settings' ``redaction`` over REDACTION_MODE and
+        REDACTION_KINDS (docs/redaction.md)."""
+        settings = await self.state.get_agent(agent_id)
+        return Policy.of(self.settings.redaction_mode, self.settings.redaction_kinds,
+                         settings.redaction if settings is not None else None)
+
+    def redactor(self, agent_id: str) -> Redactor:
+        """The agent's texts as its policy stores them (one redactor per request)."""
+        return Redactor(self, agent_id)
+
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard, bool]:
         previous, stored = await self.replace_shard(agent_id, shard_id, shard)
         return stored, previous is None
@@ -81,3 +96,42 @@ class AgentDirectory:
 
     async def list_shards(self, agent_id: str) -> list[Shard]:
         return [Shard.of(agent_id, sid, s) for sid, s in (await self.state.shards(agent_id)).items()]
+
+
+class Redactor:
+    """One agent's texts as its redaction policy stores them: what every record path calls on
+    what it was given, before anything is stored, embedded, logged or audited.
+
+    A text in which no detector finds anything of any kind (most) is answered as it is,
+    without reading the policy; else the policy is read (once per redactor: a batch reads it
+    once) and applied: the text redacted, or SecretsRefused (422) in mode refuse. What it
+    redacts is counted (``memory_service_redacted_values_total``) and logged by kind and
+    count, never a value."""
+
+    def __init__(self, agents: AgentDirectory, agent_id: str):
+        self.agents, self.agent_id = agents, agent_id
+        self._policy: Policy | None = None
+
+    async def redacted(self, text: str, field: str) -> Redacted:
+        """``text`` as the policy stores it; ``field`` names it in a refusal and in the log."""
+        if not secrets.find(text):
+            return Redacted(text, {})
+        if self._policy is None:
+            self._policy = await self.agents.redaction_policy(self.agent_id)
+        try:
+            redacted = self._policy.apply(text, field)
+        except SecretsRefused as refused:
+            metrics.REDACTION_REFUSALS.labels(next(iter(refused.counts))).inc()
+            log.info("agent %s: refused a %s holding %s (redaction mode refuse)", self.agent_id, field,
+                     secrets.describe(refused.counts))
+            raise
+        if redacted.changed:
+            metrics.redacted(redacted.counts)
+            log.info("agent %s: redacted %s in a %s", self.agent_id, secrets.describe(redacted.counts), field)
+        return redacted
+
+    async def text(self, text: str, field: str) -> str:
+        return (await self.redacted(text, field)).text
+
+    async def optional(self, text: str | None, field: str) -> str | None:
+        return None if text is None else await self.text(text, field)

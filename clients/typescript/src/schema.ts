@@ -790,6 +790,8 @@ export interface components {
             users_join_sessions?: boolean;
             /** @description how its memory blocks pick the memories relevant to a query */
             context?: components["schemas"]["ContextSettings"];
+            /** @description what recording does with the secrets and personal data it finds (docs/redaction.md); unset fields take REDACTION_MODE and REDACTION_KINDS */
+            redaction?: components["schemas"]["RedactionSettings"];
             /** Agent Extras */
             agent_extras?: {
                 [key: string]: unknown;
@@ -827,6 +829,8 @@ export interface components {
             users_join_sessions?: boolean;
             /** @description how its memory blocks pick the memories relevant to a query */
             context?: components["schemas"]["ContextSettings"];
+            /** @description what recording does with the secrets and personal data it finds (docs/redaction.md); unset fields take REDACTION_MODE and REDACTION_KINDS */
+            redaction?: components["schemas"]["RedactionSettings"];
             /** Agent Extras */
             agent_extras?: {
                 [key: string]: unknown;
@@ -978,6 +982,13 @@ export interface components {
              * @description refused or failed: why
              */
             detail?: string | null;
+            /**
+             * Redacted
+             * @description recorded or duplicate: what the agent's redaction policy took out of the content before it was stored, by kind (e.g. {"api_key": 1}): each value is [redacted:<kind>] in the stored text; empty when nothing was (docs/redaction.md)
+             */
+            redacted?: {
+                [key: string]: number;
+            };
         };
         /** BatchOut */
         BatchOut: {
@@ -1682,6 +1693,11 @@ export interface components {
              */
             tokens_per_minute?: number | null;
         };
+        /**
+         * Kind
+         * @enum {string}
+         */
+        Kind: "api_key" | "token" | "private_key" | "password" | "card_number" | "iban" | "government_id" | "email" | "phone";
         /** MemoryDetail */
         MemoryDetail: {
             memory: components["schemas"]["MemoryRecord"];
@@ -1770,6 +1786,13 @@ export interface components {
             last_accessed_at?: string | null;
             /** Served By */
             served_by?: string | null;
+            /**
+             * Redacted
+             * @description in the answer of a write or an update: what the agent's redaction policy took out of its content, title and tags, by kind (each value is [redacted:<kind>] in the stored text); None when nothing was (docs/redaction.md)
+             */
+            redacted?: {
+                [key: string]: number;
+            } | null;
         };
         /**
          * MemoryState
@@ -1988,6 +2011,32 @@ export interface components {
              * @description id of the job forming the session's window, when a gate opened
              */
             formation_job?: string | null;
+            /**
+             * Redacted
+             * @description what the agent's redaction policy took out of the content before it was stored, by kind (e.g. {"api_key": 1}): each value is [redacted:<kind>] in the stored text; empty when nothing was (docs/redaction.md)
+             */
+            redacted?: {
+                [key: string]: number;
+            };
+        };
+        /**
+         * RedactionMode
+         * @enum {string}
+         */
+        RedactionMode: "redact" | "refuse" | "off";
+        /**
+         * RedactionSettings
+         * @description An agent's redaction policy; a field left None takes the server's (REDACTION_MODE,
+         *     REDACTION_KINDS).
+         */
+        RedactionSettings: {
+            /** @description redact (store the text with each value replaced by [redacted:<kind>]), refuse (store nothing: 422 naming the kinds found) or off; None: REDACTION_MODE */
+            mode?: components["schemas"]["RedactionMode"] | null;
+            /**
+             * Kinds
+             * @description the kinds looked for: api_key, token, private_key, password, card_number, iban, government_id, email, phone; None: REDACTION_KINDS
+             */
+            kinds?: components["schemas"]["Kind"][] | null;
         };
         /**
          * Rerank
@@ -2570,6 +2619,13 @@ export interface components {
              * @description ids in `written`, `entities` and `facts` that were stored before this call (the same text parsed again for the same message: all)
              */
             already_stored?: string[];
+            /**
+             * Redacted
+             * @description what the agent's redaction policy took out of the text before it was parsed, by kind (docs/redaction.md)
+             */
+            redacted?: {
+                [key: string]: number;
+            };
         };
         /**
          * Role

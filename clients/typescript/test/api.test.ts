@@ -213,6 +213,33 @@ describe("the memory tools", () => {
   });
 });
 
+describe("secrets kept out (docs/redaction.md)", () => {
+  const key = "sk-proj-Q7xWm2Lp9RtY4vBn8KcZ3dHf6JsA1gUe";
+
+  test("a message's and a memory's secrets are redacted, and the answer says which kinds", async () => {
+    const recorded = await client.recordMessage("ts-secrets", {
+      agent_id: AGENT, user_id: USER, role: "user", content: `my key is ${key} and my password is hunter2`,
+    });
+    assert.deepEqual(recorded.redacted, { api_key: 1, password: 1 });
+    const written = await client.memoryWrite(AGENT, {
+      content: `the deploy key is ${key}`, namespace: `agent:${AGENT}`, kind: "fact",
+    });
+    assert.equal(written.content, "the deploy key is [redacted:api_key]");
+    assert.deepEqual(written.redacted, { api_key: 1 });
+  });
+
+  test("an agent whose policy refuses: InvalidRequest naming the kind, never the value", async () => {
+    const other = "ts-refusing";
+    await operator.putAgent(other, { redaction: { mode: "refuse", kinds: ["api_key"] } });
+    await assert.rejects(
+      operator.recordMessage("ts-secrets-2", { agent_id: other, user_id: USER, role: "user", content: `key ${key}` }),
+      (error: unknown) => error instanceof InvalidRequest && error.status === 422 && /holds 1 api_key/.test(error.detail)
+        && !error.detail.includes(key),
+    );
+    assert.equal((await operator.getAgent(other)).redaction?.mode, "refuse");
+  });
+});
+
 describe("operations", () => {
   test("health, liveness and metrics", async () => {
     assert.deepEqual(await client.checkHealth(), { ok: true });

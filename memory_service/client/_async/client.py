@@ -33,6 +33,7 @@ from memory_service.client._common import (
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
 from memory_service.domain.models import Agent, BatchMessageIn, Shard
+from memory_service.domain.redaction import RedactionSettings
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.browse import (
     AgentPage,
@@ -386,12 +387,16 @@ class AsyncMemoryClient:
 
     async def put_agent(self, agent_id: str, *, memory_backend: str | None = None,
                         agent_extras: dict[str, Any] | None = None,
-                        users_join_sessions: bool | None = None) -> Agent:
+                        users_join_sessions: bool | None = None,
+                        redaction: RedactionSettings | Mapping[str, Any] | None = None) -> Agent:
         """Create or replace the agent's settings (a setting not given takes its default:
         ``users_join_sessions`` off, keys limited to some users record only into sessions
-        their users took part in)."""
+        their users took part in; ``redaction`` unset, the server's REDACTION_MODE and
+        REDACTION_KINDS: secrets redacted, docs/redaction.md)."""
+        if isinstance(redaction, RedactionSettings):
+            redaction = redaction.model_dump(mode="json", exclude_none=True)
         request = body(memory_backend=memory_backend, agent_extras=agent_extras,
-                       users_join_sessions=users_join_sessions)
+                       users_join_sessions=users_join_sessions, redaction=redaction)
         result: Agent = parse(Agent, await self._send("PUT", f"/v1/agents/{seg(agent_id)}", json=request))
         return result
 

@@ -68,7 +68,7 @@ async def record_message(session_id: SessionId, body: MessageIn, service: Servic
     result = await service.record_message(session_id, body, service.reach(principal, body.agent_id))
     return RecordOut(
         session_id=result.session_id, message_id=result.message_id, sequence=result.sequence,
-        duplicate=result.duplicate, gate=result.gate, formation_job=result.formation_job,
+        duplicate=result.duplicate, gate=result.gate, formation_job=result.formation_job, redacted=result.redacted,
     )
 
 
