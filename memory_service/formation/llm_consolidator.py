@@ -54,6 +54,12 @@ class LLMConsolidator:
     async def aclose(self) -> None:
         await self._chat.aclose()
 
+    def estimate_tokens(self, previous: str | None, items: list[str], word_limit: int) -> int:
+        """The tokens a merge is expected to take (reserved against the agent's LLM budget):
+        the request's characters / 4, plus two tokens a word of the reply's limit."""
+        chars = len(SYSTEM_PROMPT) + len(prompt(previous, items, word_limit, "")) + len(json.dumps(SCHEMA)) + 200
+        return chars // 4 + 1 + 2 * word_limit
+
     async def merge(self, previous: str | None, items: list[str], word_limit: int, *, subject: str = "") -> Merged:
         started = time.perf_counter()
         usage = ExtractionUsage()
