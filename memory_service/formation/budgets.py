@@ -14,7 +14,8 @@ A window whose call would cross a budget is extracted whole by the offline (rule
 extractor, the reason kept with its stored extraction, or, with ``when_spent: wait``,
 left claimed: the job ends with ``waiting`` and the window is tried again (by the
 ``recover_windows`` cron every minute, a new message's gate or ``POST /form``) until a
-period turns or the budget is raised. The decision is made once per extraction, before
+period turns or the budget is raised. A call estimated above a whole budget could wait for
+ever: it is made offline in both modes. The decision is made once per extraction, before
 the window's state moves, so it never mixes an LLM's and the offline extractor's items in
 one window, and a stored extraction is never asked for again (memory_service/formation/
 window.py). A merge (consolidation) that would cross a budget is made by rule, in both
@@ -136,9 +137,17 @@ class Refusal:
     resets_at: datetime
 
     @property
+    def never_fits(self) -> bool:
+        """The call alone is estimated above the whole budget: waiting for a period would not help."""
+        return self.need > self.limit
+
+    @property
     def reason(self) -> str:
-        return (f"{_SCOPES[self.which]} LLM budget is spent: {self.used} of {self.limit} tokens used, and this call "
-                f"was estimated at {self.need}; it resets at {self.resets_at.isoformat().replace('+00:00', 'Z')}")
+        reason = (f"{_SCOPES[self.which]} LLM budget is spent: {self.used} of {self.limit} tokens used, and this "
+                  f"call was estimated at {self.need}")
+        if self.never_fits:
+            return reason + ", more than the whole budget"
+        return reason + f"; it resets at {self.resets_at.isoformat().replace('+00:00', 'Z')}"
 
 
 class BudgetWait(Exception):
@@ -262,7 +271,7 @@ class BudgetedExtractor:
         admitted = await self.ledger.reserve(window.agent_id, budget, need)
         if isinstance(admitted, Refusal):
             reason = admitted.reason
-            if budget.when_spent == "wait":
+            if budget.when_spent == "wait" and not admitted.never_fits:  # else it would wait for ever
                 await self.ledger.note(window.agent_id, "waits")
                 log.info("session %s: window left pending: %s", window.session_id, reason)
                 raise BudgetWait(reason)
