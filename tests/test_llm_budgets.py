@@ -9,11 +9,13 @@ with its worker in-process; the HTTP tests run the real app on loopback.
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 
 import httpx
 import pytest
 
+from memory_service.client import AsyncMemoryClient, InvalidRequest, MemoryClient, PermissionDenied
 from memory_service.domain.models import AgentSettings, LLMBudget
 from memory_service.formation.budgets import BudgetedConsolidator, Refusal, Reservation, UsageLedger
 from memory_service.formation.consolidation import RuleBasedConsolidator
@@ -22,6 +24,7 @@ from memory_service.formation.llm_consolidator import LLMConsolidator
 from memory_service.formation.pipeline import WINDOW_RECOVERY_GRACE_SECONDS
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
+from memory_service.schemas.usage import AgentUsage
 from memory_service.state.pools import redis_client
 from memory_service.stores.loopback import LoopbackServer
 
@@ -264,3 +267,44 @@ async def test_bad_budgets_are_refused_and_nothing_is_stored(falkordb_url, echo,
         usage = await http.get(f"/v1/agents/{AGENT}/usage")
         assert usage.status_code == 200 and usage.json()["day"]["limit"] == 500
         assert (await http.get("/v1/agents/no:such/usage")).status_code == 422
+
+
+OPERATOR_KEY = secrets.token_urlsafe(32)
+
+
+async def test_the_usage_route_and_the_clients(falkordb_url, echo):
+    """GET /v1/agents/{id}/usage needs `read` over all the agent's users (usage is the agent's);
+    the async and the sync client's ``usage`` read it, ``put_agent`` sets the budget."""
+    await flush(falkordb_url)
+    settings = llm_settings(falkordb_url, echo, api_auth="keys", operator_api_key=OPERATOR_KEY)
+    async with LoopbackServer(create_app(settings, run_worker=True)) as server, \
+            AsyncMemoryClient(server.base_url, OPERATOR_KEY) as operator:
+        reader = await operator.create_key(name="reader", role="read", agents=[AGENT])
+        alices = await operator.create_key(name="alice's", role="read", agents=[AGENT], users=["alice"])
+        others = await operator.create_key(name="other", role="admin", agents=["other"])
+        agent = await operator.put_agent(AGENT, llm_budget=LLMBudget(tokens_per_day=1_000_000, when_spent="wait"))
+        assert agent.llm_budget.when_spent == "wait"
+        for i, text in enumerate(LINES):
+            await operator.record("s1", agent_id=AGENT, user_id="alice", role="user", content=text, message_id=f"m{i}")
+        formed = await operator.form("s1")
+        assert formed.formed and formed.extractor == "llm" and formed.llm_budget is None
+
+        async with AsyncMemoryClient(server.base_url, reader.key) as client:
+            usage = await client.usage(AGENT)
+        assert usage.day.formations == 1 and usage.day.tokens == echo.prompt_tokens + echo.completion_tokens
+        assert usage.budget == LLMBudget(tokens_per_day=1_000_000, when_spent="wait")
+
+        def sync_usage() -> AgentUsage:
+            with MemoryClient(server.base_url, reader.key) as client:
+                return client.usage(AGENT)
+
+        assert (await asyncio.to_thread(sync_usage)) == usage
+        for key, refused in ((alices.key, PermissionDenied), (others.key, PermissionDenied)):
+            async with AsyncMemoryClient(server.base_url, key) as client:
+                with pytest.raises(refused):
+                    await client.usage(AGENT)
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            assert (await http.get(f"/v1/agents/{AGENT}/usage")).status_code == 401
+        with pytest.raises(InvalidRequest):
+            await operator.put_agent(AGENT, llm_budget={"tokens_per_day": 0})
+        assert (await operator.usage(AGENT)).budget.tokens_per_day == 1_000_000
