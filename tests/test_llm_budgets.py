@@ -146,6 +146,7 @@ async def test_wait_keeps_the_window_pending_until_the_next_period(service, echo
     # Asked again in the same day: still waiting, still no call.
     assert (await service.form_memories("s1")).waiting and echo.calls == 0
     assert (await service.agent_usage(AGENT)).day.waits == 2
+    assert (await service.state.metrics()).get("budget_waits") == 2
 
     # The next UTC day (the ledger's clock moved on): the recovery cron enqueues the window again.
     service.usage_ledger.clock = lambda: time.time() + 86_400

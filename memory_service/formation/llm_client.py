@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import httpx
 import openai
 
 from memory_service.formation.extractor import ExtractionUsage

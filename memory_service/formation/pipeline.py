@@ -84,7 +84,9 @@ class FormationPipeline:
                                    name_similarity=self.settings.entity_name_similarity,
                                    resolve_candidates=self.settings.entity_resolve_candidates,
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))
-        if not result.already_formed and result.waiting is None:  # messages that arrived meanwhile may have opened a gate
+        if result.waiting is not None:
+            await self.state.add_metrics(budget_waits=1)
+        elif not result.already_formed:  # messages that arrived meanwhile may have opened a gate
             await self.formation.schedule(session_id, gated=True)
         return result.summary()
 
