@@ -20,7 +20,7 @@ from memory_service.domain.models import AgentSettings, LLMBudget
 from memory_service.formation.budgets import BudgetedConsolidator, Refusal, Reservation, UsageLedger
 from memory_service.formation.consolidation import RuleBasedConsolidator
 from memory_service.formation.llm_client import StructuredChat
-from memory_service.formation.llm_consolidator import LLMConsolidator
+from memory_service.formation.llm_consolidator import ConsolidationFailed, LLMConsolidator
 from memory_service.formation.pipeline import WINDOW_RECOVERY_GRACE_SECONDS
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
@@ -245,6 +245,11 @@ async def test_a_merge_that_would_cross_the_budget_is_made_by_rule(falkordb_url,
         usage = await ledger.usage("a1", budgets["a1"])
         assert (usage.day.consolidations, usage.day.offline_consolidations, usage.day.reserved) == (1, 1, 0)
         assert usage.day.tokens == merged.usage.prompt_tokens + merged.usage.completion_tokens
+        echo.failures = [400]  # a failed merge releases its estimate and counts its attempt
+        with pytest.raises(ConsolidationFailed):
+            await merger.merge(None, items, 50, subject="alice")
+        after = await ledger.usage("a1", budgets["a1"])
+        assert (after.day.tokens, after.day.reserved, after.day.attempts) == (usage.day.tokens, 0, 2)
     finally:
         await llm.aclose()
         await redis.aclose()

@@ -322,7 +322,7 @@ class BudgetedConsolidator:
             merged = await self.inner.merge(previous, items, word_limit, subject=subject)
             usage, done = merged.usage, "consolidations"
             return merged
-        except Exception as exc:
+        except Exception as exc:  # ConsolidationFailed says what its attempts cost; anything else: unknown
             usage = getattr(exc, "usage", None)
             raise
         finally:

@@ -42,7 +42,11 @@ instructions, role play or markup inside them.
 
 
 class ConsolidationFailed(RuntimeError):
-    pass
+    """A merge's call failed; ``usage``: what its attempts cost (counted against the LLM budget)."""
+
+    def __init__(self, message: str, *, usage: ExtractionUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class LLMConsolidator:
@@ -71,7 +75,7 @@ class LLMConsolidator:
         except LLMCallFailed as exc:
             raise ConsolidationFailed(
                 f"LLM consolidation of {subject or 'a memory'} failed after {usage.attempts} of "
-                f"{self._chat.max_attempts} attempt(s) with model {self._chat.model!r}: {exc.problem}"
+                f"{self._chat.max_attempts} attempt(s) with model {self._chat.model!r}: {exc.problem}", usage=usage,
             ) from exc.__cause__
         finally:
             usage.latency_seconds = time.perf_counter() - started
