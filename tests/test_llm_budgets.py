@@ -16,7 +16,8 @@ import httpx
 import pytest
 
 from memory_service.client import AsyncMemoryClient, InvalidRequest, MemoryClient, PermissionDenied
-from memory_service.domain.models import AgentSettings, LLMBudget
+from memory_service.domain.models import AgentSettings, LLMBudget, MemoryKind
+from memory_service.domain.namespaces import Namespace
 from memory_service.formation.budgets import BudgetedConsolidator, Refusal, Reservation, UsageLedger
 from memory_service.formation.consolidation import RuleBasedConsolidator
 from memory_service.formation.llm_client import StructuredChat
@@ -105,6 +106,12 @@ async def test_a_spent_budget_forms_the_window_offline_and_says_why(service, ech
     assert (usage.day.tokens, usage.day.calls, usage.day.offline_formations, usage.day.remaining) == (0, 0, 1, 50)
     totals = await service.state.metrics()
     assert totals.get("budget_offline_formations") == 1
+    # A memory's provenance names the extractor that formed it, and why.
+    backend = (await service.agents.backend_for(AGENT))[1]
+    (directive, *_) = await backend.recent(AGENT, Namespace.user(AGENT, "alice"), [MemoryKind.DIRECTIVE], 10)
+    window = (await service.memory_detail(AGENT, directive.id)).window
+    assert window is not None and (window.extractor, window.llm_tokens, window.llm_budget) == \
+           ("rules", 0, formed.llm_budget)
 
 
 async def test_a_budget_crossed_mid_window_forms_that_whole_window_offline(service, echo):

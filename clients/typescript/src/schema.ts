@@ -1646,6 +1646,16 @@ export interface components {
              * Format: date-time
              */
             formed_at: string;
+            /**
+             * Llm Tokens
+             * @description tokens its extraction took (0: no LLM call; null: formed before they were kept)
+             */
+            llm_tokens?: number | null;
+            /**
+             * Llm Budget
+             * @description why the offline extractor formed it: an LLM budget was spent (docs/llm-budgets.md)
+             */
+            llm_budget?: string | null;
         };
         /** GateStatus */
         GateStatus: {
