@@ -82,7 +82,8 @@ class JobQueue:
             # (memory_service/formation/budgets.py): drop it and enqueue again.
             info = await self.job(job_id).result_info()
             if info is not None and (not info.success or waited(info.result)):
-                log.info("re-enqueueing %s after its failure: %s", scrub_text(job_id), scrub_text(str(info.result)))
+                log.info("re-enqueueing %s after its %s: %s", scrub_text(job_id), "failure" if not info.success else
+                         "wait for the LLM budget", scrub_text(str(info.result)))
                 await self.pool.delete(result_key_prefix + job_id)
                 await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
         return job_id

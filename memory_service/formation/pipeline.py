@@ -178,11 +178,13 @@ class FormationPipeline:
         enqueued again; one in progress under a worker whose lease ended is released
         (memory_service/formation/leases.py). A job queued, running or kept failed is left
         alone: a failure stays visible until its result expires (WORKER_KEEP_RESULT_SECONDS),
-        then the window is tried again. At most COLD_SWEEP_MAX_SESSIONS a run, each sent to
+        then the window is tried again. A job that ended leaving its window waiting for the LLM
+        budget (formation/budgets.py, ``when_spent: wait``) is enqueued again at every run. At most COLD_SWEEP_MAX_SESSIONS a run, each sent to
         the back of the index, so every held window gets its turn.
         """
         now = time.time()
         enqueued: list[str] = []
+        waiting = 0
         for session_id in await self.state.held_windows(now - WINDOW_RECOVERY_GRACE_SECONDS,
                                                         self.settings.cold_sweep_max_sessions):
             record = await self.formation.windows.load(session_id)
@@ -191,15 +193,19 @@ class FormationPipeline:
                 continue
             job_id = formation_job_id(session_id, record.claim.window)
             status = await self.queue.job(job_id).status()
-            if status is JobStatus.not_found or (status is JobStatus.complete and waited(
-                    (info := await self.queue.job(job_id).result_info()) and info.result)):
-                # lost, or ended waiting for the LLM budget (tried again each run: a period may have turned)
+            if status is JobStatus.not_found:
+                enqueued.append(await self.queue.enqueue_formation(session_id, record.claim.window))
+            elif status is JobStatus.complete and waited((info := await self.queue.job(job_id).result_info())
+                                                         and info.result):
+                # It ended waiting for the LLM budget: tried again each run (a period may have turned).
+                waiting += 1
                 enqueued.append(await self.queue.enqueue_formation(session_id, record.claim.window))
             elif status is JobStatus.in_progress:
                 await self.queue.leases.release([job_id])
-        if enqueued:
-            log.warning("enqueued again the formation job of %d window(s) (lost, or waiting for the LLM budget)",
-                        len(enqueued))
+        if len(enqueued) > waiting:
+            log.warning("enqueued again the lost formation job of %d window(s)", len(enqueued) - waiting)
+        if waiting:
+            log.info("tried again %d window(s) waiting for the LLM budget", waiting)
         return enqueued
 
     async def embed_pending(self, agent_id: str, batch: int = EMBED_BATCH,
