@@ -321,3 +321,33 @@ async def test_the_usage_route_and_the_clients(falkordb_url, echo):
         with pytest.raises(InvalidRequest):
             await operator.put_agent(AGENT, llm_budget={"tokens_per_day": 0})
         assert (await operator.usage(AGENT)).budget.tokens_per_day == 1_000_000
+
+
+async def test_a_window_extracted_offline_stays_offline_on_its_retry(falkordb_url, echo, monkeypatch):
+    """A try that dies after storing the offline extraction: the retry, with the budget raised
+    meanwhile, writes the stored extraction and asks no extractor (docs/formation.md)."""
+    await flush(falkordb_url)
+    async with open_service(llm_settings(falkordb_url, echo), run_worker=False) as service:
+        await budget(service, tokens_per_day=50)
+        await say(service, "s1")
+        assert await service.formation.schedule("s1")  # claimed; no worker runs the job
+        window = (await service.formation.windows.load("s1")).claim.window
+        _, backend = await service.agents.backend_for(AGENT)
+        write = type(backend).write
+
+        async def dies(self, memories):
+            raise ConnectionError("the store went away")
+
+        monkeypatch.setattr(type(backend), "write", dies)
+        with pytest.raises(ConnectionError):
+            await service.pipeline.run_formation("s1", window)
+        stored = await service.formation.windows.load("s1")
+        assert stored.state.value == "extracted" and stored.extraction.extractor == "rules"
+        monkeypatch.setattr(type(backend), "write", write)
+        await budget(service, tokens_per_day=1_000_000)
+        summary = await service.pipeline.run_formation("s1", window)
+        assert summary.formed and summary.extractor == "rules" and summary.llm_budget and echo.calls == 0
+        status = await service.session_status("s1")
+        assert (status["formed_windows"], status["formed_messages"]) == (1, len(LINES))
+        usage = await service.agent_usage(AGENT)
+        assert (usage.day.offline_formations, usage.day.formations, usage.day.tokens) == (1, 0, 0)
