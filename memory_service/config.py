@@ -124,6 +124,8 @@ class Settings(BaseSettings):
     llm_max_attempts: int = Field(default=3, ge=1, description="Calls per window on malformed output or a transient error, before the job retries")
     llm_known_entities: int = Field(default=30, ge=0, le=200, description="Stored entities the window names shown to the LLM extractor (0: none, and no known facts)")
     llm_known_facts: int = Field(default=40, ge=0, le=200, description="Current facts of those entities shown to the LLM extractor, which may say the window supersedes them")
+    llm_tokens_per_day: int | None = Field(default=None, ge=1, description="LLM tokens the whole deployment may spend per UTC day, every agent's formation and consolidation together; unset: no cap (docs/llm-budgets.md)")
+    llm_tokens_per_month: int | None = Field(default=None, ge=1, description="LLM tokens the whole deployment may spend per UTC month; unset: no cap")
     consolidator: Literal["rules", "llm"] | None = Field(
         default=None, description="How pending directives and suggestions are merged: rules, or llm (one call per merge); unset: as EXTRACTOR")
 

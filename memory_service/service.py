@@ -62,6 +62,7 @@ from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_id
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.fresh import FreshVectors
 from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
+from memory_service.formation.budgets import UsageLedger
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.gates import CHARS_PER_TOKEN
@@ -92,6 +93,7 @@ from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlock
 from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
+from memory_service.schemas.usage import AgentUsage
 from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores import readiness
@@ -130,8 +132,11 @@ class MemoryService:
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
         # The worker's formation logs the facts it closes (``fact.invalidate``) in the same log.
+        # LLM usage per agent and period, and the budgets' reservations (memory_service/formation/budgets.py).
+        self.usage_ledger = UsageLedger(state.redis, tokens_per_day=settings.llm_tokens_per_day,
+                                        tokens_per_month=settings.llm_tokens_per_month)
         self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
-                                          extractor, self.consolidator, embedder, self.audit)
+                                          extractor, self.consolidator, embedder, self.audit, self.usage_ledger)
         self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit)
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
@@ -222,6 +227,11 @@ class MemoryService:
 
     async def get_agent(self, agent_id: str) -> Agent:
         return await self.agents.get_agent(agent_id)
+
+    async def agent_usage(self, agent_id: str) -> AgentUsage:
+        """The agent's LLM usage today and this month against its budgets (any agent id: an
+        agent without settings or usage has none)."""
+        return await self.usage_ledger.usage(agent_id, await self.pipeline.llm_budget(agent_id))
 
     async def put_shard(self, agent_id: str, shard_id: str, shard: ShardIn, actor: str | None = None) -> tuple[Shard, bool]:
         """Create or replace a shard: (the shard now, whether it was created)."""

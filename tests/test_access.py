@@ -155,6 +155,7 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("POST", "/v1/agents/{agent_id}/search"): Case("POST", f"/v1/agents/{AGENT}/search", "read", {"query": "pelican"}),
         ("PUT", "/v1/agents/{agent_id}"): Case("PUT", f"/v1/agents/{AGENT}", "admin", {"agent_extras": {"x": 1}}),
         ("GET", "/v1/agents/{agent_id}"): Case("GET", f"/v1/agents/{AGENT}", "read"),
+        ("GET", "/v1/agents/{agent_id}/usage"): Case("GET", f"/v1/agents/{AGENT}/usage", "read"),
         ("PUT", "/v1/agents/{agent_id}/shards/{shard_id}"): Case("PUT", f"/v1/agents/{AGENT}/shards/travel", "admin",
                                                                   {"name": "renamed"}),
         ("GET", "/v1/agents/{agent_id}/shards"): Case("GET", f"/v1/agents/{AGENT}/shards", "read"),

@@ -77,6 +77,8 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("agent_api_keys", ("a1",), "ms:agent:a1:keys"),
     ("rate_counter", ("3f9c0a7d2b1e4c58", "r", 29_000_000), "ms:rl:{3f9c0a7d2b1e4c58}:r:29000000"),
     ("rate_counter", ("3f9c0a7d2b1e4c58", "t", 28_999_999), "ms:rl:{3f9c0a7d2b1e4c58}:t:28999999"),
+    ("llm_usage", ("a1", "d2026-12-07"), "ms:llm:{llm}:a1:d2026-12-07"),
+    ("llm_usage", (None, "m2026-12"), "ms:llmd:{llm}:m2026-12"),
     ("OUTBOX_ENTRIES", (), "ms:outbox:{outbox}:entries"),
     ("OUTBOX_REFS", (), "ms:outbox:{outbox}:refs"),
     ("OUTBOX_SEQ", (), "ms:outbox:{outbox}:seq"),
@@ -103,7 +105,7 @@ TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags", "us
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
                 "target": "<target>", "tag": "s:<b>", "job_id": "<job id>", "term": "<stem>",
-                "memory_id": "<memory>"}
+                "memory_id": "<memory>", "period": "<period>"}
 
 
 def _builders() -> dict[str, object]:

@@ -10,7 +10,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
@@ -358,6 +358,23 @@ class ContextSettings(Recall):
     types: dict[ContextType, Recall] = Field(default_factory=dict)
 
 
+class LLMBudget(BaseModel):
+    """How many LLM tokens (prompt and completion, formation and consolidation together) an
+    agent may spend per UTC day and per UTC month (None: no limit of the agent's own; the
+    deployment's caps, LLM_TOKENS_PER_DAY and LLM_TOKENS_PER_MONTH, still hold), and what
+    formation does once a call would cross one (docs/llm-budgets.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens_per_day: int | None = Field(default=None, ge=1, le=10**12,
+                                       description="tokens the agent may spend per UTC day; null: no daily limit")
+    tokens_per_month: int | None = Field(default=None, ge=1, le=10**13,
+                                         description="tokens the agent may spend per UTC month; null: no monthly limit")
+    when_spent: Literal["offline", "wait"] = Field(
+        default="offline", description="once a window's call would cross a budget: `offline` forms it with the offline "
+                                       "(rule) extractor, `wait` keeps it pending until the budget allows the call")
+
+
 class AgentSettings(BaseModel):
     """Per-agent settings. ``memory_backend`` routes the agent; None means the default.
 
@@ -378,6 +395,9 @@ class AgentSettings(BaseModel):
         default_factory=RedactionSettings,
         description="what recording does with the secrets and personal data it finds (docs/redaction.md); unset "
                     "fields take REDACTION_MODE and REDACTION_KINDS")
+    llm_budget: LLMBudget = Field(default_factory=LLMBudget,
+                                  description="its LLM token budgets per day and month, and what formation does when "
+                                              "one is spent")
     # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
     # so that settings stored before the check was made still read.
     agent_extras: dict[str, Any] = Field(default_factory=dict)

@@ -43,6 +43,7 @@ def consolidated_memory_id(namespace: Namespace, version: int) -> str:
 class Merged:
     content: str
     usage: ExtractionUsage | None = None  # what a model call cost, for consolidators that make one
+    fallback: str | None = None  # why it was merged by rule and not by the LLM (a budget spent: formation/budgets.py)
 
 
 class Consolidator(Protocol):
@@ -156,6 +157,8 @@ async def consolidate(
     content = merged.content
     if merged.usage:
         outcome["usage"] = asdict(merged.usage)
+    if merged.fallback:
+        outcome["llm_budget"] = merged.fallback
     memory = Memory(
         id=consolidated_memory_id(namespace, version + 1),
         kind=MemoryKind.CONSOLIDATED,

@@ -92,6 +92,10 @@ class Extraction:
     items: list[ExtractedItem] = field(default_factory=list)
     usage: ExtractionUsage | None = None
     graph: ExtractedGraph | None = None  # None: formation reads the graph offline (extract_graph)
+    # Set when the configured extractor's call would have crossed an LLM budget
+    # (memory_service/formation/budgets.py): the extractor that made it instead, and why.
+    extractor: str | None = None
+    fallback: str | None = None
 
 
 class ExtractionFailed(RuntimeError):

@@ -43,6 +43,11 @@ def consolidation_job_id(namespace: str, version: int) -> str:
     return f"consolidate:{Namespace.parse(namespace).group_id}:{version}"
 
 
+def waited(result: Any) -> bool:
+    """Whether a formation job's result says it left its window waiting for the LLM budget."""
+    return isinstance(result, dict) and result.get("waiting") is True
+
+
 # How often POST /form, waiting on a job, checks that its worker is alive (leases.py).
 WAIT_CHECK_SECONDS = 1.0
 
@@ -73,10 +78,12 @@ class JobQueue:
         if job is None:
             # arq holds the id: the job is queued or running (a duplicate, nothing to do), or
             # its result is kept. A kept failure must not block the window for keep_result
-            # seconds: drop it and enqueue again.
+            # seconds, nor a formation that left its window waiting for the LLM budget
+            # (memory_service/formation/budgets.py): drop it and enqueue again.
             info = await self.job(job_id).result_info()
-            if info is not None and not info.success:
-                log.info("re-enqueueing %s after its failure: %s", scrub_text(job_id), scrub_text(str(info.result)))
+            if info is not None and (not info.success or waited(info.result)):
+                log.info("re-enqueueing %s after its %s: %s", scrub_text(job_id), "failure" if not info.success else
+                         "wait for the LLM budget", scrub_text(str(info.result)))
                 await self.pool.delete(result_key_prefix + job_id)
                 await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
         return job_id
@@ -118,6 +125,8 @@ class JobQueue:
         if status is JobStatus.complete and (info := await job.result_info()) is not None:
             out["success"] = info.success
             out["tries"] = info.job_try
+            if waited(info.result):  # the window is still held: it waits for the LLM budget
+                out["waiting"] = info.result.get("llm_budget")
             if not info.success:
                 out["error"] = f"{type(info.result).__name__}: {info.result}"
         elif status in (JobStatus.queued, JobStatus.deferred, JobStatus.in_progress):

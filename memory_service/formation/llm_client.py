@@ -17,13 +17,17 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import httpx
 import openai
 
 from memory_service.formation.extractor import ExtractionUsage
 from memory_service.state import metrics, tracing
 
 log = logging.getLogger(__name__)
+
+try:  # the HTTP library openai is built on: httpx2 from openai 3.x, httpx before
+    from httpx2 import Timeout as _TIMEOUT
+except ImportError:  # pragma: no cover - openai 2.x
+    from httpx import Timeout as _TIMEOUT  # type: ignore[assignment]
 
 T = TypeVar("T")
 
@@ -92,11 +96,11 @@ class StructuredChat:
         # otherwise read OPENAI_API_KEY from the environment: pass a placeholder.
         # A connect timeout of its own: an unreachable endpoint fails fast, a slow model may
         # take the whole read timeout.
-        timeout = httpx.Timeout(timeout_seconds, connect=min(connect_timeout_seconds, timeout_seconds))
-        # openai (3.x) is built on httpx2 and annotates httpx2.Timeout only, but it converts an
-        # httpx.Timeout itself (openai/_httpx2.py, normalize_httpx_timeout).
+        # openai 3.x is built on httpx2, and 3.63 hands the timeout to its httpx2 client
+        # unconverted (an httpx.Timeout there is a TypeError): give it its own library's.
+        timeout = _TIMEOUT(timeout_seconds, connect=min(connect_timeout_seconds, timeout_seconds))
         self._client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key or "unused",
-                                          timeout=timeout, max_retries=0)  # type: ignore[arg-type]
+                                          timeout=timeout, max_retries=0)
 
     async def aclose(self) -> None:
         await self._client.close()

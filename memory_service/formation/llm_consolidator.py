@@ -42,7 +42,11 @@ instructions, role play or markup inside them.
 
 
 class ConsolidationFailed(RuntimeError):
-    pass
+    """A merge's call failed; ``usage``: what its attempts cost (counted against the LLM budget)."""
+
+    def __init__(self, message: str, *, usage: ExtractionUsage | None = None) -> None:
+        super().__init__(message)
+        self.usage = usage
 
 
 class LLMConsolidator:
@@ -53,6 +57,12 @@ class LLMConsolidator:
 
     async def aclose(self) -> None:
         await self._chat.aclose()
+
+    def estimate_tokens(self, previous: str | None, items: list[str], word_limit: int) -> int:
+        """The tokens a merge is expected to take (reserved against the agent's LLM budget):
+        the request's characters / 4, plus two tokens a word of the reply's limit."""
+        chars = len(SYSTEM_PROMPT) + len(prompt(previous, items, word_limit, "")) + len(json.dumps(SCHEMA)) + 200
+        return chars // 4 + 1 + 2 * word_limit
 
     async def merge(self, previous: str | None, items: list[str], word_limit: int, *, subject: str = "") -> Merged:
         started = time.perf_counter()
@@ -65,7 +75,7 @@ class LLMConsolidator:
         except LLMCallFailed as exc:
             raise ConsolidationFailed(
                 f"LLM consolidation of {subject or 'a memory'} failed after {usage.attempts} of "
-                f"{self._chat.max_attempts} attempt(s) with model {self._chat.model!r}: {exc.problem}"
+                f"{self._chat.max_attempts} attempt(s) with model {self._chat.model!r}: {exc.problem}", usage=usage,
             ) from exc.__cause__
         finally:
             usage.latency_seconds = time.perf_counter() - started

@@ -217,6 +217,17 @@ class LLMExtractor:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
+    def estimate_tokens(self, window: Window) -> int:
+        """The tokens the call on ``window`` is expected to take, reserved against the agent's
+        LLM budget before it is made (memory_service/formation/budgets.py): the request's
+        characters / 4, plus a quarter of that (at least 256) for the reply. 0: no call."""
+        plan = _Plan.of(window)
+        if not plan.shown:
+            return 0
+        chars = len(SYSTEM_PROMPT) + len(plan.prompt(self.max_prompt_chars)) + len(json.dumps(plan.schema()))
+        prompt = chars // 4 + 1
+        return prompt + max(256, prompt // 4)
+
     async def extract(self, window: Window) -> Extraction:
         started = time.perf_counter()
         plan = _Plan.of(window)

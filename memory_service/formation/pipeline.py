@@ -14,14 +14,16 @@ from typing import Any
 from memory_service._vendor.arq.jobs import JobStatus
 from memory_service.access.audit import AuditLog
 from memory_service.config import Settings
-from memory_service.domain.models import Memory, MemoryKind
+from memory_service.domain.models import LLMBudget, Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.once import Embedded, embed_once
 from memory_service.embedding.turns import backlog
-from memory_service.formation.consolidation import Consolidator, consolidate
+from memory_service.formation.budgets import BudgetedConsolidator, BudgetedExtractor, UsageLedger
+from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator, consolidate
 from memory_service.formation.extractor import Extractor
-from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id
+from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id, waited
+from memory_service.formation.rule_extractor import RuleBasedExtractor
 from memory_service.formation.schedule import FormationSchedule
 from memory_service.formation.steps import FormationResult, form_window
 from memory_service.schemas.formation import FormationSummary
@@ -46,11 +48,25 @@ EMBED_LINGER_SECONDS = 0.25
 class FormationPipeline:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
                  agents: AgentDirectory, formation: FormationSchedule, extractor: Extractor, consolidator: Consolidator,
-                 embedder: Embedder | None, audit: AuditLog | None = None):
+                 embedder: Embedder | None, audit: AuditLog | None = None, ledger: UsageLedger | None = None):
         self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
         self.agents, self.formation = agents, formation
         self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
         self.audit = audit  # where the facts formation closes are logged (``fact.invalidate``)
+        # An extractor or consolidator that spends tokens says how many it expects (estimate_tokens):
+        # held to the agents' LLM budgets, with the offline one to fall back on (formation/budgets.py).
+        self.ledger = ledger
+        if ledger is not None and hasattr(extractor, "estimate_tokens"):
+            self.extractor = BudgetedExtractor(extractor, RuleBasedExtractor(), ledger, self.llm_budget)
+
+    async def llm_budget(self, agent_id: str) -> LLMBudget:
+        settings = await self.state.get_agent(agent_id)
+        return settings.llm_budget if settings is not None else LLMBudget()
+
+    def _consolidator(self, agent_id: str) -> Consolidator:
+        if self.ledger is None or not hasattr(self.consolidator, "estimate_tokens"):
+            return self.consolidator
+        return BudgetedConsolidator(self.consolidator, RuleBasedConsolidator(), self.ledger, agent_id, self.llm_budget)
 
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
         """Form window ``window`` of the session, resuming at the step its state names."""
@@ -69,7 +85,9 @@ class FormationPipeline:
                                    name_similarity=self.settings.entity_name_similarity,
                                    resolve_candidates=self.settings.entity_resolve_candidates,
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))
-        if not result.already_formed:  # messages that arrived meanwhile may have opened a gate
+        if result.waiting is not None:
+            await self.state.add_metrics(budget_waits=1)
+        elif not result.already_formed:  # messages that arrived meanwhile may have opened a gate
             await self.formation.schedule(session_id, gated=True)
         return result.summary()
 
@@ -101,7 +119,7 @@ class FormationPipeline:
         _, backend = await self.agents.backend_for(agent_id)
         words = self.settings.user_memory_words if ns.kind is NamespaceKind.USER else self.settings.shard_memory_words
         outcome = await consolidate(namespace=ns, version=version, count=count, backend=backend, state=self.state,
-                                    consolidator=self.consolidator, word_limit=words, agent_id=agent_id,
+                                    consolidator=self._consolidator(agent_id), word_limit=words, agent_id=agent_id,
                                     embedder=self.embedder)
         counters = {"consolidations": 1, "consolidated_items": outcome["items"]} if outcome["consolidated"] else {}
         if usage := outcome.get("usage"):
@@ -109,6 +127,8 @@ class FormationPipeline:
                 consolidation_llm_calls=usage["calls"], consolidation_llm_attempts=usage["attempts"],
                 consolidation_llm_prompt_tokens=usage["prompt_tokens"],
                 consolidation_llm_completion_tokens=usage["completion_tokens"], consolidation_llm_seconds=usage["latency_seconds"])
+        if outcome.get("llm_budget"):
+            counters["budget_offline_consolidations"] = 1
         if counters:
             await self.state.add_metrics(**counters)
         if outcome["consolidated"]:
@@ -159,11 +179,13 @@ class FormationPipeline:
         enqueued again; one in progress under a worker whose lease ended is released
         (memory_service/formation/leases.py). A job queued, running or kept failed is left
         alone: a failure stays visible until its result expires (WORKER_KEEP_RESULT_SECONDS),
-        then the window is tried again. At most COLD_SWEEP_MAX_SESSIONS a run, each sent to
+        then the window is tried again. A job that ended leaving its window waiting for the LLM
+        budget (formation/budgets.py, ``when_spent: wait``) is enqueued again at every run. At most COLD_SWEEP_MAX_SESSIONS a run, each sent to
         the back of the index, so every held window gets its turn.
         """
         now = time.time()
         enqueued: list[str] = []
+        waiting = 0
         for session_id in await self.state.held_windows(now - WINDOW_RECOVERY_GRACE_SECONDS,
                                                         self.settings.cold_sweep_max_sessions):
             record = await self.formation.windows.load(session_id)
@@ -174,10 +196,17 @@ class FormationPipeline:
             status = await self.queue.job(job_id).status()
             if status is JobStatus.not_found:
                 enqueued.append(await self.queue.enqueue_formation(session_id, record.claim.window))
+            elif status is JobStatus.complete and waited((info := await self.queue.job(job_id).result_info())
+                                                         and info.result):
+                # It ended waiting for the LLM budget: tried again each run (a period may have turned).
+                waiting += 1
+                enqueued.append(await self.queue.enqueue_formation(session_id, record.claim.window))
             elif status is JobStatus.in_progress:
                 await self.queue.leases.release([job_id])
-        if enqueued:
-            log.warning("enqueued again the lost formation job of %d window(s)", len(enqueued))
+        if len(enqueued) > waiting:
+            log.warning("enqueued again the lost formation job of %d window(s)", len(enqueued) - waiting)
+        if waiting:
+            log.info("tried again %d window(s) waiting for the LLM budget", waiting)
         return enqueued
 
     async def embed_pending(self, agent_id: str, batch: int = EMBED_BATCH,

@@ -44,6 +44,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.formation import graph_update, resolution
+from memory_service.formation.budgets import BudgetWait
 from memory_service.formation.entities import extract_graph
 from memory_service.formation.extractor import (
     ExtractedItem,
@@ -85,6 +86,8 @@ class FormationResult:
     usage: ExtractionUsage | None = None
     already_formed: bool = False  # the window was finished before (by an earlier or a racing run)
     graph: graph_update.GraphChanges | None = None  # what the write step changed in the knowledge graph
+    fallback: str | None = None  # why the offline extractor formed it: an LLM budget was spent
+    waiting: str | None = None  # why it was not formed yet: an LLM budget was spent (``when_spent: wait``)
 
     @property
     def formed(self) -> bool:
@@ -99,7 +102,9 @@ class FormationResult:
                                 message_ids=self.message_ids if self.formed else [],
                                 memories=self.counts() if self.formed else {}, written=self.written,
                                 extractor=self.extractor, usage=asdict(self.usage) if self.usage else None,
-                                reason="formed" if self.formed else "window already formed")
+                                llm_budget=self.waiting or self.fallback, waiting=self.waiting is not None,
+                                reason="formed" if self.formed else
+                                "waiting for the LLM budget" if self.waiting else "window already formed")
 
 
 # Kinds that are merged into a consolidated memory once enough of them are pending.
@@ -141,7 +146,11 @@ async def form_window(
     claim = record.claim  # as stored: the snapshot every try reads
 
     if record.state is WindowState.CLAIMED:
-        extraction = await _extract(claim, agent_id, backend, extractor, shards)
+        try:
+            extraction = await _extract(claim, agent_id, backend, extractor, shards)
+        except BudgetWait as wait:  # the window stays claimed: tried again when the budget allows
+            result.waiting = wait.reason
+            return result
         record = await windows.store_extraction(record, extraction)
         if record is None:
             result.already_formed = True
@@ -152,6 +161,7 @@ async def form_window(
                            "but holds no extraction")
     result.memories = list(stored.memories)
     result.usage = stored.usage
+    result.extractor, result.fallback = stored.extractor or result.extractor, stored.fallback
     result.message_ids = claim.message_ids
 
     if record.state is WindowState.EXTRACTED:
@@ -172,6 +182,8 @@ async def form_window(
         if usage := stored.usage:
             metrics.update(llm_calls=usage.calls, llm_attempts=usage.attempts, llm_prompt_tokens=usage.prompt_tokens,
                            llm_completion_tokens=usage.completion_tokens, llm_seconds=usage.latency_seconds)
+        if stored.fallback:
+            metrics["budget_offline_formations"] = 1
         # The namespaces whose cached blocks the window changes: its memories', and those of
         # the entities and facts it wrote (the block shows their facts, memory_service/recall).
         changed = [m.namespace for m in result.memories] + [e.namespace for e in stored.entities]
@@ -182,10 +194,12 @@ async def form_window(
             # sequences of its messages). Only the run that completed the window writes it.
             sequences = [seq for _, seq in claim.messages]
             if sequences:
+                tokens = stored.usage.prompt_tokens + stored.usage.completion_tokens if stored.usage else 0
                 await windows.state.record_formed_window(session_id, {
-                    "window": claim.window, "extractor": extractor.name, "first_sequence": min(sequences),
+                    "window": claim.window, "extractor": result.extractor, "first_sequence": min(sequences),
                     "last_sequence": max(sequences), "messages": len(sequences), "memories": len(result.memories),
-                    "formed_at": round(time.time(), 3)}, max(sequences))
+                    "formed_at": round(time.time(), 3), "llm_tokens": tokens, "llm_budget": stored.fallback},
+                    max(sequences))
         record = await windows.load(session_id)  # completed, by this run or a racing one
         if record is None or record.claim.window != claim.window:
             result.already_formed = True
@@ -274,7 +288,8 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     texts |= {m.id: m.content for m in memories}
     return StoredExtraction(memories, extraction.usage, tuple(entities), tuple(facts),
                             tuple(graph_update.mentions(texts, entities)), tuple(supersedes),
-                            max(m.created_at for m in messages) if messages else None)
+                            max(m.created_at for m in messages) if messages else None,
+                            extraction.extractor, extraction.fallback)
 
 
 def extraction_memories(window: Window, window_key: str, extraction: Extraction) -> list[Memory]:

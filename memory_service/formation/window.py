@@ -189,6 +189,8 @@ class StoredExtraction:
     mentions: tuple[Mention, ...] = ()
     supersedes: tuple[str, ...] = ()  # ids of stored facts the window makes no longer true (the LLM says)
     observed_at: datetime | None = None  # the window's time: its latest message's
+    extractor: str | None = None  # who made it, when not the configured extractor (an LLM budget was spent)
+    fallback: str | None = None  # why not (memory_service/formation/budgets.py)
 
     def to_json(self) -> str:
         # Vectors are not stored: the write step embeds (a failing embedder never fails it).
@@ -200,6 +202,7 @@ class StoredExtraction:
             "mentions": [[m.memory_id, list(m.names)] for m in self.mentions],
             "supersedes": list(self.supersedes),
             "observed_at": self.observed_at.isoformat() if self.observed_at else None,
+            "extractor": self.extractor, "fallback": self.fallback,
         })
 
     @classmethod
@@ -211,7 +214,8 @@ class StoredExtraction:
                    tuple(ExtractedFact.model_validate(f) for f in data.get("facts", ())),
                    tuple(Mention(memory_id, tuple(names)) for memory_id, names in data.get("mentions", ())),
                    tuple(str(fact_id) for fact_id in data.get("supersedes", ())),
-                   datetime.fromisoformat(data["observed_at"]) if data.get("observed_at") else None)
+                   datetime.fromisoformat(data["observed_at"]) if data.get("observed_at") else None,
+                   data.get("extractor"), data.get("fallback"))
 
 
 @dataclass(frozen=True, slots=True)

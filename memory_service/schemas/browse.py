@@ -86,6 +86,10 @@ class FormedWindow(BaseModel):
     messages: int
     memories: int = Field(description="memories the window's extraction made")
     formed_at: datetime
+    llm_tokens: int | None = Field(default=None, description="tokens its extraction took (0: no LLM call; null: "
+                                                             "formed before they were kept)")
+    llm_budget: str | None = Field(default=None, description="why the offline extractor formed it: an LLM budget "
+                                                             "was spent (docs/llm-budgets.md)")
 
 
 class MemoryDetail(BaseModel):

@@ -31,6 +31,10 @@ class FormationSummary(BaseModel):
     written: int = Field(default=0, description="how many of them were new (0 when the window was already formed)")
     extractor: str = ""
     usage: dict[str, Any] | None = Field(default=None, description="LLM calls, attempts, tokens and seconds, when an LLM formed it")
+    llm_budget: str | None = Field(default=None, description="when an LLM budget was spent: why the offline "
+                                                              "extractor formed the window, or why it waits")
+    waiting: bool = Field(default=False, description="the window stays pending until the LLM budget allows its call "
+                                                     "(the agent's `llm_budget.when_spent` is `wait`)")
     job_id: str | None = None
     reason: str = ""
 
@@ -52,4 +56,5 @@ class FormationSummary(BaseModel):
             "formed": bool(formed), "message_ids": [m for s in summaries for m in s.message_ids],
             "memories": memories, "written": sum(s.written for s in summaries), "usage": usage,
             "reason": f"formed {len(formed)} windows" if formed else last.reason,
+            "llm_budget": next((s.llm_budget for s in reversed(summaries) if s.llm_budget), None),
         })

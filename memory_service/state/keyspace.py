@@ -160,6 +160,19 @@ The memory block's cache (memory_service/state/cache.py)::
                                                     cached blocks, so that an erasure deletes them
                                                     without a scan; pruned as blocks arrive          per live cached block
 
+LLM usage and budgets (memory_service/formation/budgets.py), all on the ``{llm}`` slot, so that
+the reservation of a call checks and counts the agent's and the deployment's periods in one
+script (one slot: a few commands per LLM call, far below one node's throughput)::
+
+    ms:llm:{llm}:<agent>:<period>           hash    the agent's LLM usage in a UTC day (``d<YYYY-MM-DD>``)
+                                                    or month (``m<YYYY-MM>``): tokens (counted against
+                                                    its budget: settled calls' own, in-flight calls'
+                                                    estimates), reserved, prompt_tokens, completion_tokens,
+                                                    calls, attempts, formations, consolidations,
+                                                    offline_formations, offline_consolidations, waits;
+                                                    expiring a day after its period ends               per agent and period used
+    ms:llmd:{llm}:<period>                  hash    the same for the whole deployment                per period
+
 API keys (memory_service/access/keys.py; grows with keys, never with traffic)::
 
     ms:key:{<id>}                           hash    the key's record (``hash``: its secret's SHA-256) per key
@@ -479,6 +492,17 @@ def last_good_block(identity: str) -> str:
 
 def cache_index(agent_id: str) -> str:
     return f"ms:ctxkeys:{agent_id}"
+
+
+# LLM usage and budgets ---------------------------------------------------------------
+
+LLM_TAG = "{llm}"
+
+
+def llm_usage(agent_id: str | None, period: str) -> str:
+    """The LLM usage of ``agent_id`` (None: the whole deployment) in ``period`` (``d2026-12-07``,
+    ``m2026-12``). Agent ids hold no ':', so no agent's key can be the deployment's."""
+    return f"ms:llmd:{LLM_TAG}:{period}" if agent_id is None else f"ms:llm:{LLM_TAG}:{agent_id}:{period}"
 
 
 # API keys ----------------------------------------------------------------------------

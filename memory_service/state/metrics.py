@@ -95,6 +95,9 @@ HELP = {
     "purge_runs": "Retention runs",
     "stale_purged_memories": "Stale memories purged",
     "stale_purge_runs": "Stale purge runs",
+    "budget_offline_formations": "Windows formed by the offline extractor because an LLM budget was spent",
+    "budget_offline_consolidations": "Merges made by rule because an LLM budget was spent",
+    "budget_waits": "Formation runs that left a window pending because an LLM budget was spent (when_spent: wait)",
 }
 _LLM = re.compile(r"^(consolidation_)?llm_(calls|attempts|prompt_tokens|completion_tokens|seconds)$")
 _flat: dict[str, Counter] = {}

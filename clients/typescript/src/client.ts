@@ -207,6 +207,11 @@ export class MemoryClient {
     return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}", { params: { path: { agent_id: agentId } } }));
   }
 
+  /** The agent's LLM usage today and this month (UTC) against its budgets (docs/llm-budgets.md). */
+  agentUsage(agentId: string) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/usage", { params: { path: { agent_id: agentId } } }));
+  }
+
   /** Create or replace a shard (a topic the agent keeps facts and suggestions on). */
   putShard(agentId: string, shardId: string, shard: BodyOf<"put_shard">) {
     return this.unwrap("PUT", this.api.PUT("/v1/agents/{agent_id}/shards/{shard_id}", {

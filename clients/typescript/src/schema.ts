@@ -245,6 +245,28 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Agent Usage
+         * @description The agent's LLM usage (tokens, calls, windows formed by the LLM or offline) today and this
+         *     month, UTC, against its budgets (`llm_budget` in its settings) and the deployment's caps.
+         *     Needs `read` on the agent, for all its users: usage is the agent's, not a user's.
+         */
+        get: operations["agent_usage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent_id}/shards/{shard_id}": {
         parameters: {
             query?: never;
@@ -792,6 +814,8 @@ export interface components {
             context?: components["schemas"]["ContextSettings"];
             /** @description what recording does with the secrets and personal data it finds (docs/redaction.md); unset fields take REDACTION_MODE and REDACTION_KINDS */
             redaction?: components["schemas"]["RedactionSettings"];
+            /** @description its LLM token budgets per day and month, and what formation does when one is spent */
+            llm_budget?: components["schemas"]["LLMBudget"];
             /** Agent Extras */
             agent_extras?: {
                 [key: string]: unknown;
@@ -831,6 +855,8 @@ export interface components {
             context?: components["schemas"]["ContextSettings"];
             /** @description what recording does with the secrets and personal data it finds (docs/redaction.md); unset fields take REDACTION_MODE and REDACTION_KINDS */
             redaction?: components["schemas"]["RedactionSettings"];
+            /** @description its LLM token budgets per day and month, and what formation does when one is spent */
+            llm_budget?: components["schemas"]["LLMBudget"];
             /** Agent Extras */
             agent_extras?: {
                 [key: string]: unknown;
@@ -855,6 +881,17 @@ export interface components {
              * @description sessions recorded in
              */
             sessions: number;
+        };
+        /** AgentUsage */
+        AgentUsage: {
+            /** Agent Id */
+            agent_id: string;
+            /** @description the agent's budgets, as its settings hold them */
+            budget: components["schemas"]["LLMBudget"];
+            day: components["schemas"]["PeriodUsage"];
+            month: components["schemas"]["PeriodUsage"];
+            /** @description the deployment-wide caps, which hold for every agent */
+            deployment: components["schemas"]["DeploymentCaps"];
         };
         /**
          * ApiKey
@@ -1124,6 +1161,25 @@ export interface components {
              * @description whether there was a record to delete
              */
             deleted: boolean;
+        };
+        /** DeploymentCap */
+        DeploymentCap: {
+            /**
+             * Limit
+             * @description LLM_TOKENS_PER_DAY or LLM_TOKENS_PER_MONTH; null: none
+             */
+            limit?: number | null;
+            /**
+             * Spent
+             * @description whether every agent's calls together reached it
+             * @default false
+             */
+            spent?: boolean;
+        };
+        /** DeploymentCaps */
+        DeploymentCaps: {
+            day: components["schemas"]["DeploymentCap"];
+            month: components["schemas"]["DeploymentCap"];
         };
         /** DroppedRecord */
         DroppedRecord: {
@@ -1557,6 +1613,17 @@ export interface components {
             usage?: {
                 [key: string]: unknown;
             } | null;
+            /**
+             * Llm Budget
+             * @description when an LLM budget was spent: why the offline extractor formed the window, or why it waits
+             */
+            llm_budget?: string | null;
+            /**
+             * Waiting
+             * @description the window stays pending until the LLM budget allows its call (the agent's `llm_budget.when_spent` is `wait`)
+             * @default false
+             */
+            waiting?: boolean;
             /** Job Id */
             job_id?: string | null;
             /**
@@ -1590,6 +1657,16 @@ export interface components {
              * Format: date-time
              */
             formed_at: string;
+            /**
+             * Llm Tokens
+             * @description tokens its extraction took (0: no LLM call; null: formed before they were kept)
+             */
+            llm_tokens?: number | null;
+            /**
+             * Llm Budget
+             * @description why the offline extractor formed it: an LLM budget was spent (docs/llm-budgets.md)
+             */
+            llm_budget?: string | null;
         };
         /** GateStatus */
         GateStatus: {
@@ -1698,6 +1775,32 @@ export interface components {
          * @enum {string}
          */
         Kind: "api_key" | "token" | "private_key" | "password" | "card_number" | "iban" | "government_id" | "email" | "phone";
+        /**
+         * LLMBudget
+         * @description How many LLM tokens (prompt and completion, formation and consolidation together) an
+         *     agent may spend per UTC day and per UTC month (None: no limit of the agent's own; the
+         *     deployment's caps, LLM_TOKENS_PER_DAY and LLM_TOKENS_PER_MONTH, still hold), and what
+         *     formation does once a call would cross one (docs/llm-budgets.md).
+         */
+        LLMBudget: {
+            /**
+             * Tokens Per Day
+             * @description tokens the agent may spend per UTC day; null: no daily limit
+             */
+            tokens_per_day?: number | null;
+            /**
+             * Tokens Per Month
+             * @description tokens the agent may spend per UTC month; null: no monthly limit
+             */
+            tokens_per_month?: number | null;
+            /**
+             * When Spent
+             * @description once a window's call would cross a budget: `offline` forms it with the offline (rule) extractor, `wait` keeps it pending until the budget allows the call
+             * @default offline
+             * @enum {string}
+             */
+            when_spent?: "offline" | "wait";
+        };
         /** MemoryDetail */
         MemoryDetail: {
             memory: components["schemas"]["MemoryRecord"];
@@ -1929,6 +2032,97 @@ export interface components {
              * @description claimed, extracted, written or completed (memory_service/formation/window.py)
              */
             state: string;
+        };
+        /**
+         * PeriodUsage
+         * @description LLM usage in one UTC day or month (formation and consolidation together).
+         */
+        PeriodUsage: {
+            /**
+             * Period
+             * @description the day (2026-12-07) or month (2026-12), UTC
+             */
+            period: string;
+            /**
+             * Resets At
+             * Format: date-time
+             * @description when the next period starts
+             */
+            resets_at: string;
+            /**
+             * Tokens
+             * @description tokens counted against the budget: the settled calls' own and the estimates of calls in flight
+             * @default 0
+             */
+            tokens?: number;
+            /**
+             * Reserved
+             * @description estimates of calls in flight (a worker killed mid-call leaves its estimate counted)
+             * @default 0
+             */
+            reserved?: number;
+            /**
+             * Prompt Tokens
+             * @default 0
+             */
+            prompt_tokens?: number;
+            /**
+             * Completion Tokens
+             * @default 0
+             */
+            completion_tokens?: number;
+            /**
+             * Calls
+             * @description LLM requests that answered
+             * @default 0
+             */
+            calls?: number;
+            /**
+             * Attempts
+             * @description LLM requests sent, retries included
+             * @default 0
+             */
+            attempts?: number;
+            /**
+             * Formations
+             * @description windows extracted by the LLM
+             * @default 0
+             */
+            formations?: number;
+            /**
+             * Consolidations
+             * @description merges made by the LLM
+             * @default 0
+             */
+            consolidations?: number;
+            /**
+             * Offline Formations
+             * @description windows extracted offline because a budget was spent
+             * @default 0
+             */
+            offline_formations?: number;
+            /**
+             * Offline Consolidations
+             * @description merges made by rule because a budget was spent
+             * @default 0
+             */
+            offline_consolidations?: number;
+            /**
+             * Waits
+             * @description formation runs that left a window pending because a budget was spent (`when_spent: wait`)
+             * @default 0
+             */
+            waits?: number;
+            /**
+             * Limit
+             * @description the agent's budget for the period; null: none
+             */
+            limit?: number | null;
+            /**
+             * Remaining
+             * @description tokens left of it (never below 0); null: no budget
+             */
+            remaining?: number | null;
         };
         /**
          * Priority
@@ -3073,6 +3267,37 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Agent"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    agent_usage: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AgentUsage"];
                 };
             };
             /** @description Validation Error */

@@ -88,6 +88,19 @@ describe("the session loop", () => {
     assert.deepEqual(posted.results.map((h) => h.id), found.results.map((h) => h.id));
   });
 
+  test("the agent's LLM usage and budget", async () => {
+    await operator.putAgent(AGENT, { llm_budget: { tokens_per_day: 5000, when_spent: "wait" } });
+    try {
+      const usage = await operator.agentUsage(AGENT);
+      assert.equal(usage.budget.tokens_per_day, 5000);
+      assert.equal(usage.day.limit, 5000);
+      assert.equal(usage.day.formations, 0); // the rule extractor spends no tokens
+      await assert.rejects(operator.putAgent(AGENT, { llm_budget: { tokens_per_day: 0 } }), InvalidRequest);
+    } finally {
+      await operator.putAgent(AGENT, {});
+    }
+  });
+
   test("a read key may search but not record", async () => {
     const made = await operator.createKey({ name: "ts-read", role: "read", agents: [AGENT] });
     const reader = new MemoryClient(server.baseUrl, { apiKey: made.key });

@@ -33,7 +33,7 @@ from memory_service.client._common import (
     seg,
 )
 from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
-from memory_service.domain.models import Agent, BatchMessageIn, Shard
+from memory_service.domain.models import Agent, BatchMessageIn, LLMBudget, Shard
 from memory_service.domain.redaction import RedactionSettings
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.browse import (
@@ -54,6 +54,7 @@ from memory_service.schemas.keys import ApiKey, NewKey
 from memory_service.schemas.records import BatchOut, RecordOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
+from memory_service.schemas.usage import AgentUsage
 
 
 class MemoryClient:
@@ -389,20 +390,30 @@ class MemoryClient:
     def put_agent(self, agent_id: str, *, memory_backend: str | None = None,
                         agent_extras: dict[str, Any] | None = None,
                         users_join_sessions: bool | None = None,
-                        redaction: RedactionSettings | Mapping[str, Any] | None = None) -> Agent:
+                        redaction: RedactionSettings | Mapping[str, Any] | None = None,
+                        llm_budget: LLMBudget | Mapping[str, Any] | None = None) -> Agent:
         """Create or replace the agent's settings (a setting not given takes its default:
         ``users_join_sessions`` off, keys limited to some users record only into sessions
         their users took part in; ``redaction`` unset, the server's REDACTION_MODE and
-        REDACTION_KINDS: secrets redacted, docs/redaction.md)."""
+        REDACTION_KINDS: secrets redacted, docs/redaction.md; no ``llm_budget`` of its own).
+        ``llm_budget``: tokens per UTC day and month and ``when_spent`` (docs/llm-budgets.md)."""
         if isinstance(redaction, RedactionSettings):
             redaction = redaction.model_dump(mode="json", exclude_none=True)
+        budget = llm_budget.model_dump() if isinstance(llm_budget, LLMBudget) else \
+            dict(llm_budget) if llm_budget is not None else None
         request = body(memory_backend=memory_backend, agent_extras=agent_extras,
-                       users_join_sessions=users_join_sessions, redaction=redaction)
+                       users_join_sessions=users_join_sessions, redaction=redaction, llm_budget=budget)
         result: Agent = parse(Agent, self._send("PUT", f"/v1/agents/{seg(agent_id)}", json=request))
         return result
 
     def get_agent(self, agent_id: str) -> Agent:
         result: Agent = parse(Agent, self._send("GET", f"/v1/agents/{seg(agent_id)}"))
+        return result
+
+    def usage(self, agent_id: str) -> AgentUsage:
+        """The agent's LLM usage today and this month (UTC) against its budgets and the
+        deployment's caps (docs/llm-budgets.md). Needs ``read`` for all the agent's users."""
+        result: AgentUsage = parse(AgentUsage, self._send("GET", f"/v1/agents/{seg(agent_id)}/usage"))
         return result
 
     def put_shard(self, agent_id: str, shard_id: str, *, name: str, extraction_focus: str | None = None,

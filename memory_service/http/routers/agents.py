@@ -1,7 +1,7 @@
 """Agents and their shards: settings (including the memory backend) and topics, and the
 list of agents a key may see (the browse API, memory_service/curation/browse.py).
 
-Changing them needs `admin` on the agent, reading them `read` for all its users; every
+Changing them needs `admin` on the agent, reading them (and the agent's LLM usage) `read` for all its users; every
 change is audited by the service (``agent.put``, ``shard.put``). Listing agents needs any
 valid key, and lists the agents it reaches.
 """
@@ -20,6 +20,7 @@ from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, AgentPage
 from memory_service.schemas.keys import Role
+from memory_service.schemas.usage import AgentUsage
 
 router = strict_router(tags=["agents"])
 
@@ -49,6 +50,15 @@ async def get_agent(agent_id: AgentId, service: ServiceDep, principal: CallerDep
     """The agent's settings. Needs `read` on the agent, for all its users."""
     authorize(principal, Role.READ, agent_id)
     return await service.get_agent(agent_id)
+
+
+@router.get("/v1/agents/{agent_id}/usage", response_model=AgentUsage)
+async def agent_usage(agent_id: AgentId, service: ServiceDep, principal: CallerDep) -> AgentUsage:
+    """The agent's LLM usage (tokens, calls, windows formed by the LLM or offline) today and this
+    month, UTC, against its budgets (`llm_budget` in its settings) and the deployment's caps.
+    Needs `read` on the agent, for all its users: usage is the agent's, not a user's."""
+    authorize(principal, Role.READ, agent_id)
+    return await service.agent_usage(agent_id)
 
 
 @router.put("/v1/agents/{agent_id}/shards/{shard_id}", response_model=Shard)

@@ -416,6 +416,7 @@
         if (s.pending_window || s.gate.pending_messages > 0) formationCounts.pending += 1;
         if (failed(status)) formationCounts.failed += 1;
       }
+      if (!append) await showUsage();
       $("#formation-summary").textContent = `Windows formed: ${formationCounts.formed}; pending: ${formationCounts.pending}; `
         + `failed: ${formationCounts.failed} (sessions listed: ${rows.length}${pages.formation ? ", more below" : ""})`;
       fillTable($("#formation-table"), [
@@ -430,6 +431,17 @@
     await loadOutbox();
   }
 
+  // The agent's LLM usage against its budgets (GET /v1/agents/{id}/usage; a key for some users may not read it).
+  async function showUsage() {
+    const line = $("#formation-usage");
+    const usage = await api("GET", `/v1/agents/${enc(agent)}/usage`).catch(() => null);
+    const period = (name, p) => `${name} ${p.period}: ${p.tokens} tokens`
+      + (p.limit === null ? " (no budget)" : ` of ${p.limit}${p.tokens >= p.limit ? ", spent" : ""}`)
+      + `, ${p.formations} window(s) by the LLM, ${p.offline_formations} offline, ${p.waits} wait(s)`;
+    line.textContent = usage ? `LLM usage — ${period("today", usage.day)}; ${period("month", usage.month)}; `
+      + `when spent: ${usage.budget.when_spent}` : "";
+  }
+
   function failed(status) {
     const job = status && status.pending_job;
     return Boolean(job && (job.success === false || job.error));
@@ -437,6 +449,9 @@
 
   function windowState({ s, status }) {
     if (failed(status)) return h("span", { class: "badge off" }, `failed: ${status.pending_job.error || "see the job"}`);
+    if (status && status.pending_job && status.pending_job.waiting) {
+      return h("span", { class: "badge pending" }, `waiting for the LLM budget: ${status.pending_job.waiting}`);
+    }
     if (s.pending_window) return h("span", { class: "badge pending" }, `pending: window ${s.pending_window.window} `
       + `(${s.pending_window.state}, ${s.pending_window.messages} messages)`);
     if (s.gate.pending_messages > 0) {
@@ -458,7 +473,8 @@
         ["gate", `${status.gate.open ? "open" : "closed"}: ${status.gate.reason} (${status.gate.pending_messages} messages, `
           + `${fmt(status.gate.pending_tokens, 0)} tokens pending)`],
         ["pending window", job ? `window ${job.window}: ${job.state}, job ${job.status}`
-          + (job.tries ? `, try ${job.tries}` : "") + (job.error ? `: ${job.error}` : "") : "none"],
+          + (job.tries ? `, try ${job.tries}` : "") + (job.error ? `: ${job.error}` : "")
+          + (job.waiting ? `; waiting for the LLM budget: ${job.waiting}` : "") : "none"],
       ]);
       const lastBox = last
         ? h("table", { class: "data kv", id: "last-window" })
@@ -466,7 +482,9 @@
       if (last) {
         keyValues(lastBox, [["window", last.window], ["extractor", last.extractor],
           ["messages", `${last.first_sequence}–${last.last_sequence} (${last.messages})`],
-          ["memories made", last.memories], ["formed at", when(new Date(last.formed_at * 1000).toISOString())]]);
+          ["memories made", last.memories], ["formed at", when(new Date(last.formed_at * 1000).toISOString())],
+          ["LLM tokens", last.llm_tokens ?? "(not kept)"],
+          ...(last.llm_budget ? [["formed offline because", last.llm_budget]] : [])]);
       }
       const made = h("table", { class: "data", id: "formation-memories" });
       const page = await api("GET", `/v1/agents/${enc(agent)}/memories`, { params: { limit: 20 } });
