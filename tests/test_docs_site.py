@@ -124,3 +124,11 @@ def test_the_pages_standalone_examples_run(page, code, tmp_path):
     ran = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert ran.returncode == 0, f"{page}: {ran.stderr[-2000:]}"
     assert ran.stdout.strip()
+
+
+def test_the_typescript_pages_example_is_the_one_make_test_ts_runs():
+    """docs/typescript.md shows clients/typescript/examples/quickstart.mjs as it is; `make
+    test-ts` runs that file against a real server (Node is not needed here)."""
+    page = (REPO / "docs" / "typescript.md").read_text()
+    shown = re.search(r"^```js\n(.*?)^```$", page, re.MULTILINE | re.DOTALL)
+    assert shown and shown[1] == (REPO / "clients" / "typescript" / "examples" / "quickstart.mjs").read_text()
