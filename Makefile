@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-cluster lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor
+.PHONY: install demo test test-cluster lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor docs docs-serve docs-pages
 
 install: $(STAMP)
 
@@ -83,6 +83,21 @@ inspector-vendor:
 	sed '/sourceMappingURL/d' scripts/inspector-vendor/node_modules/cytoscape/dist/cytoscape.min.js > $(INSPECTOR_VENDOR)/cytoscape.min.js
 	cp scripts/inspector-vendor/node_modules/cytoscape/LICENSE $(INSPECTOR_VENDOR)/cytoscape.LICENSE
 
+# The documentation site (mkdocs.yml, mkdocs-material): `docs` builds it into site/ with
+# --strict (a broken link, a missing anchor or a page left out of the nav fails it), as
+# tests/test_docs_site.py does; `docs-serve` serves it on 127.0.0.1:8000. `docs-pages`
+# regenerates the two generated pages after a setting or a route changed: docs/configuration.md
+# (from Settings) and docs/api.md (from the OpenAPI schema); commit them.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve --strict
+
+docs-pages: $(STAMP)
+	$(PY) scripts/docs-config
+	$(PY) scripts/docs-api
+
 serve: $(STAMP)
 	$(VENV)/bin/memory-service serve
 
@@ -92,4 +107,4 @@ bench: $(STAMP)
 	$(PY) bench/formation_bench.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis site

@@ -75,14 +75,14 @@ class Settings(BaseSettings):
     mirror_to_mongo: bool = Field(default=True, description="With MONGODB_URI set, copy every graph write to MongoDB through the outbox")
     outbox_drain_seconds: float = Field(default=1.0, gt=0, description="How often undelivered outbox writes are retried")
 
-    default_memory_backend: str = "graph"
+    default_memory_backend: str = Field(default="graph", description="Backend for agents that name none, or an unknown or failing one")
     backend_retry_seconds: float = Field(default=300.0, ge=0, description="How long a failed backend factory is not retried")
-    graphiti_telemetry_enabled: bool = False
+    graphiti_telemetry_enabled: bool = Field(default=False, description="Graphiti's telemetry; off unless the operator turns it on")
 
     # Formation gates.
-    never_form_memories_less_than_n_messages: int = Field(default=4, ge=1)
-    memory_formation_msg_interval: int = Field(default=20, ge=1)
-    memory_formation_token_interval: int = Field(default=1000, ge=1)
+    never_form_memories_less_than_n_messages: int = Field(default=4, ge=1, description="Minimum new messages before any formation")
+    memory_formation_msg_interval: int = Field(default=20, ge=1, description="New messages that open the gate")
+    memory_formation_token_interval: int = Field(default=1000, ge=1, description="Weighted tokens that open the gate")
     consider_cold_after_minutes: float = Field(default=10, ge=0, description="Idle minutes after which a session's pending messages are formed")
     cleanup_cold_sessions_every_minutes: int = Field(default=10, ge=1, le=60, description="How often the cold-session sweep runs")
     max_window_messages: int = Field(default=200, ge=1, description="Most messages one formation window holds")
@@ -170,20 +170,20 @@ class Settings(BaseSettings):
                     "(weight/(SEARCH_RRF_K + rank) against 1/(SEARCH_RRF_K + rank)); 0 changes nothing")
 
     # Memory context.
-    context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET)
+    context_budget_chars: int = Field(default=6000, ge=MIN_CONTEXT_BUDGET, description="Default character budget of the memory block (minimum 64)")
     context_model_budgets: dict[str, int] = Field(
         default_factory=lambda: {"*gpt-4o-mini*": 4000, "*llama*": 2000, "*phi*": 1500, "*gemma*": 2000, "*qwen*:*b": 2000},
         description="fnmatch pattern of a model name -> character budget; first match wins",
     )
-    context_cache_ttl_seconds: int = Field(default=3600, ge=0)
+    context_cache_ttl_seconds: int = Field(default=3600, ge=0, description="Lifetime of a cached block (0 disables the cache)")
     context_embed_on_record: bool = Field(
         default=True, description="A user message recorded in a session whose block was asked for (without a query) "
                                   "is embedded at once in the API process, for the block that follows "
                                   "(memory_service/embedding/fresh.py)")
-    context_recent_episodes: int = Field(default=8, ge=0)
-    context_directives_per_user: int = Field(default=20, ge=0)
-    context_facts_per_shard: int = Field(default=30, ge=0)
-    context_suggestions_per_shard: int = Field(default=10, ge=0)
+    context_recent_episodes: int = Field(default=8, ge=0, description="Episodes of the session read for the block")
+    context_directives_per_user: int = Field(default=20, ge=0, description="Directives read per user")
+    context_facts_per_shard: int = Field(default=30, ge=0, description="Facts read per shard")
+    context_suggestions_per_shard: int = Field(default=10, ge=0, description="Suggestions read per shard")
 
     # Search and the query-aware memory block.
     embedding_backfill_per_run: int = Field(
