@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memory_service.access.audit import AuditLog
+from memory_service.events.log import Cause, Changed, EventLog
+from memory_service.schemas.events import EventType
 from memory_service.access.keys import KeyStore
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.curation.removal import Removal
@@ -148,9 +150,9 @@ def _without_user(memory: Memory, user_id: str) -> Memory:
 
 class Eraser:
     def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
-                 keys: KeyStore, audit: AuditLog):
+                 keys: KeyStore, audit: AuditLog, events: EventLog | None = None):
         self.state, self.registry, self.agents = state, registry, agents
-        self.keys, self.audit = keys, audit
+        self.keys, self.audit, self.events = keys, audit, events
         self.redis_side = ErasureState(state, queue)
         self.removal = Removal(state, self.redis_side)
 
@@ -314,6 +316,8 @@ class Eraser:
         forgotten = await self.removal.forget(agent_id, held.removed.values(), dropped)
         report.consolidation_items, report.cached_blocks = forgotten.consolidation_items, forgotten.cached_blocks
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
+        if self.events is not None:  # the change events naming the user or its sessions go too
+            await self.events.remove_user(agent_id, user_id, report.sessions_removed)
 
         # 5. Only when something was found: the stores' own logs and files. An unknown user
         #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and
@@ -331,6 +335,8 @@ class Eraser:
                      len(report.sessions_touched), len(report.sessions_removed), len(report.shared_removed),
                      len(report.keys_revoked), len(report.keys_narrowed))
         report.audit_entries = len((await self.audit.read(agent_id, user_id=user_id, limit=1000)).entries)
+        if self.events is not None and found:  # naming no user: seen only by callers for every user
+            await self.events.emit(agent_id, EventType.ERASED, [Changed(None, None, ())], Cause(key_id=actor))
         return report
 
     async def _forget_keys(self, agent_id: str, user_id: str, digest: str, actor: str, report: ErasureReport) -> None:

@@ -40,8 +40,12 @@ from memory_service.curation.staleness import StaleFilter
 from memory_service.domain.models import Memory, count_kinds
 from memory_service.state import keyspace
 
+from memory_service.events.log import Cause
+from memory_service.schemas.events import EventType
+
 if TYPE_CHECKING:
     from memory_service.access.audit import AuditLog
+    from memory_service.events.log import EventLog
     from memory_service.config import Settings
     from memory_service.curation.erasure_state import ErasureState
     from memory_service.state.store import StateStore
@@ -155,9 +159,9 @@ class Retention:
     """The daily purge of soft-deleted memories past PURGE_AFTER_DAYS."""
 
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, index: RetentionIndex,
-                 erasure_state: ErasureState, audit: AuditLog):
+                 erasure_state: ErasureState, audit: AuditLog, events: EventLog | None = None):
         self.settings, self.state, self.agents, self.index = settings, state, agents, index
-        self.removal, self.audit = Removal(state, erasure_state), audit
+        self.removal, self.audit, self.events = Removal(state, erasure_state), audit, events
 
     async def purge(self, now: datetime | None = None) -> PurgeReport:
         """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""
@@ -200,6 +204,7 @@ class Retention:
         purged = 0
         if doomed:
             purged = await self._remove(agent_id, backend, held)
+            await self._emit(agent_id, held, "deleted")
             await backend.purge_query_log(agent_id)
             await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
                                     after={"purged": len(doomed), "reason": "deleted",
@@ -241,6 +246,7 @@ class Retention:
             after = cursor
             if doomed := await judge.stale(batch):
                 purged += await self._remove(agent_id, backend, doomed)
+                await self._emit(agent_id, doomed, "stale")
                 kinds.update(count_kinds(doomed))
             if len(batch) < STALE_BATCH:
                 break
@@ -250,6 +256,10 @@ class Retention:
                                     after={"purged": sum(kinds.values()), "reason": "stale",
                                            "not_accessed_since": cutoff.isoformat(), "kinds": dict(kinds)})
         return purged
+
+    async def _emit(self, agent_id: str, purged: list[Memory], reason: str) -> None:
+        if self.events is not None:
+            await self.events.emit_memories(agent_id, EventType.PURGED, purged, Cause(key_id=PURGE_ACTOR, reason=reason))
 
     async def _remove(self, agent_id: str, backend: MemoryBackend, held: list[Memory]) -> int:
         """Purge these memories: queued writes quoting them, every store, Redis (but the query log)."""

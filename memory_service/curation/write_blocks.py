@@ -63,6 +63,7 @@ from pydantic import (
 )
 
 from memory_service.access.audit import AuditLog
+from memory_service.events.log import Cause, EventLog
 from memory_service.curation.tools import MemoryTools, MemoryWrite, NamespaceGuard, Written
 from memory_service.domain.errors import InvalidInput, preview
 from memory_service.domain.graph import (
@@ -434,7 +435,8 @@ class BlockWrites:
 async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, namespace: str,
                              session_id: str | None = None, message_id: str | None = None,
                              guard: NamespaceGuard = None, audit: AuditLog | None = None,
-                             actor: str = WRITE_BLOCKS_ACTOR) -> BlockWrites:
+                             actor: str = WRITE_BLOCKS_ACTOR, events: EventLog | None = None,
+                             cause: Cause = Cause()) -> BlockWrites:
     """Parse ``text`` and store what its blocks say, all or none (everything is checked, and
     the graph's names resolved, before anything is written). Each fact a block's fact closes
     is logged in ``audit`` under ``actor``. A backend without a graph (Mongo) refuses blocks
@@ -476,7 +478,8 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
         named.setdefault(memory_ids[i], set()).add(normalise_name(about))
     changes = await graph_update.apply(
         backend, agent_id, plan.entities, plan.facts, [Mention(m, tuple(sorted(n))) for m, n in named.items()],
-        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolution)
+        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolution,
+        events=events, cause=cause)
     if changes.entities or changes.facts or changes.mentions or changes.superseded or described:
         await tools.state.cache.bump(str(target), agent_wide(agent_id))
 

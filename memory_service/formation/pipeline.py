@@ -13,6 +13,7 @@ from typing import Any
 
 from memory_service._vendor.arq.jobs import JobStatus
 from memory_service.access.audit import AuditLog
+from memory_service.events.log import EventLog
 from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
@@ -45,11 +46,12 @@ EMBED_LINGER_SECONDS = 0.25
 class FormationPipeline:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
                  agents: AgentDirectory, formation: FormationSchedule, extractor: Extractor, consolidator: Consolidator,
-                 embedder: Embedder | None, audit: AuditLog | None = None):
+                 embedder: Embedder | None, audit: AuditLog | None = None, events: EventLog | None = None):
         self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
         self.agents, self.formation = agents, formation
         self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
         self.audit = audit  # where the facts formation closes are logged (``fact.invalidate``)
+        self.events = events  # where the memories formed and the facts closed are announced
 
     async def run_formation(self, session_id: str, window: int) -> FormationSummary:
         """Form window ``window`` of the session, resuming at the step its state names."""
@@ -64,7 +66,7 @@ class FormationPipeline:
         _, backend = await self.agents.backend_for(agent_id)
         result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
                                    extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
-                                   embedder=self.embedder, audit=self.audit,
+                                   embedder=self.embedder, audit=self.audit, events=self.events,
                                    name_similarity=self.settings.entity_name_similarity,
                                    resolve_candidates=self.settings.entity_resolve_candidates,
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))
