@@ -50,6 +50,7 @@ from memory_service.domain.models import (
     AgentSettings,
     BatchMessageIn,
     ContextType,
+    Memory,
     MemoryKind,
     MessageIn,
     Recall,
@@ -59,12 +60,12 @@ from memory_service.domain.models import (
 )
 from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_ids
 from memory_service.embedding.embedders import Embedder
+from memory_service.embedding.fresh import FreshVectors
+from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
 from memory_service.events.delivery import Delivery
 from memory_service.events.log import Cause, Changed, EventLog, Visibility
 from memory_service.events.sse import EventStreams
 from memory_service.events.webhooks import Webhooks
-from memory_service.embedding.fresh import FreshVectors
-from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.gates import CHARS_PER_TOKEN
@@ -595,7 +596,7 @@ class MemoryService:
                               entities=[EntityOut.of(e) for e in done.entities], facts=[FactOut.of(f) for f in done.facts],
                               superseded=done.superseded, already_stored=done.already_stored)
 
-    async def _emit_records(self, agent_id: str, type_: EventType, records: Sequence[MemoryRecord],
+    async def _emit_records(self, agent_id: str, type_: EventType, records: Sequence[MemoryRecord | Memory],
                             actor: str | None, session_id: str | None = None) -> None:
         groups: dict[tuple[str, str], list[str]] = {}
         for r in records:

@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memory_service.access.audit import AuditLog
-from memory_service.events.log import Cause, Changed, EventLog
-from memory_service.schemas.events import EventType
 from memory_service.access.keys import KeyStore
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.curation.removal import Removal
@@ -43,6 +41,7 @@ from memory_service.domain.errors import BackendUnavailable, NotSupported
 from memory_service.domain.graph import Entity, Fact
 from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
 from memory_service.domain.namespaces import Namespace
+from memory_service.events.log import Cause, Changed, EventLog
 from memory_service.formation.jobs import JobQueue
 from memory_service.schemas.erasure import (
     ErasureReport,
@@ -52,6 +51,7 @@ from memory_service.schemas.erasure import (
     SharedRemoval,
     UserExport,
 )
+from memory_service.schemas.events import EventType
 from memory_service.schemas.graph import EntityOut, FactOut
 from memory_service.state.persistence import rewrite as rewrite_persistence
 from memory_service.state.store import StateStore

@@ -38,16 +38,15 @@ from typing import TYPE_CHECKING, cast
 from memory_service.curation.removal import Removal
 from memory_service.curation.staleness import StaleFilter
 from memory_service.domain.models import Memory, count_kinds
-from memory_service.state import keyspace
-
 from memory_service.events.log import Cause
 from memory_service.schemas.events import EventType
+from memory_service.state import keyspace
 
 if TYPE_CHECKING:
     from memory_service.access.audit import AuditLog
-    from memory_service.events.log import EventLog
     from memory_service.config import Settings
     from memory_service.curation.erasure_state import ErasureState
+    from memory_service.events.log import EventLog
     from memory_service.state.store import StateStore
     from memory_service.stores.agents import AgentDirectory
     from memory_service.stores.base import MemoryBackend

@@ -63,7 +63,6 @@ from pydantic import (
 )
 
 from memory_service.access.audit import AuditLog
-from memory_service.events.log import Cause, EventLog
 from memory_service.curation.tools import MemoryTools, MemoryWrite, NamespaceGuard, Written
 from memory_service.domain.errors import InvalidInput, preview
 from memory_service.domain.graph import (
@@ -81,6 +80,7 @@ from memory_service.domain.graph import (
 from memory_service.domain.limits import check_message_chars, json_problem, unique_keys
 from memory_service.domain.models import MemoryKind, utcnow
 from memory_service.domain.namespaces import NamespaceKind
+from memory_service.events.log import Cause, EventLog
 from memory_service.formation import graph_update
 from memory_service.state.cache import agent_wide
 

@@ -87,7 +87,7 @@ class Delivery:
         url, secret = str(record["url"]), str(record["secret"])
         delivery = keyspace.webhook_delivery(agent_id, hook_id)
         dead_key, replay_key = keyspace.webhook_dead(agent_id, hook_id), keyspace.webhook_replay(agent_id, hook_id)
-        for event_id, raw in sorted(cast(dict[str, str], await self.redis.hgetall(replay_key)).items()):  # type: ignore[misc]
+        for event_id, raw in sorted(cast(dict[str, str], await self.redis.hgetall(replay_key)).items()):
             letter = json.loads(raw)
             error = await self._post(client, url, secret, Event.model_validate(letter["event"]))
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -98,14 +98,14 @@ class Delivery:
                 await pipe.execute()
             counts["failed" if error else "delivered"] += 1
 
-        state = cast(dict[str, str], await self.redis.hgetall(delivery))  # type: ignore[misc]
+        state = cast(dict[str, str], await self.redis.hgetall(delivery))
         if float(state.get("next_at") or 0) > time.time():
             return  # backing off
         cursor, attempts = state.get("cursor") or "0-0", int(state.get("attempts") or 0)
         for event in await self.events.read(agent_id, cursor, self.settings.webhook_batch):
             error = await self._post(client, url, secret, event)
             if error is None:
-                await self.redis.hset(delivery, mapping={"cursor": event.id, "attempts": 0, "next_at": 0,  # type: ignore[misc]
+                await self.redis.hset(delivery, mapping={"cursor": event.id, "attempts": 0, "next_at": 0,
                                                          "last_error": ""})
                 counts["delivered"] += 1
                 attempts = 0
@@ -115,7 +115,7 @@ class Delivery:
             if attempts < self.settings.webhook_max_attempts:
                 wait = min(self.settings.webhook_retry_base_seconds * 2 ** (attempts - 1),
                            self.settings.webhook_retry_max_seconds)
-                await self.redis.hset(delivery, mapping={"attempts": attempts, "next_at": time.time() + wait,  # type: ignore[misc]
+                await self.redis.hset(delivery, mapping={"attempts": attempts, "next_at": time.time() + wait,
                                                          "last_error": error})
                 return
             letter = {"event": event.model_dump(mode="json"), "attempts": attempts, "error": error,

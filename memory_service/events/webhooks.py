@@ -84,8 +84,8 @@ class Webhooks:
         """(the webhook, whether it is new). Replacing one keeps its cursor and dead letters."""
         await check_url(body.url, self.allow_private)
         hooks = keyspace.webhooks(agent_id)
-        existing = cast(str | None, await self.redis.hget(hooks, hook_id))  # type: ignore[misc]
-        if existing is None and await self.redis.hlen(hooks) >= self.max_per_agent:  # type: ignore[misc]
+        existing = cast(str | None, await self.redis.hget(hooks, hook_id))
+        if existing is None and await self.redis.hlen(hooks) >= self.max_per_agent:
             raise Conflict(f"agent {preview(agent_id)} has {self.max_per_agent} webhooks already "
                            "(WEBHOOK_MAX_PER_AGENT); delete one first")
         created = json.loads(existing)["created_at"] if existing else datetime.now(UTC).timestamp()
@@ -98,23 +98,23 @@ class Webhooks:
                                                                                 count=1))
                 pipe.hset(delivery, mapping={"cursor": last[0][0] if last else "0-0", "attempts": 0})
             await pipe.execute()
-        await self.redis.sadd(keyspace.HOOK_AGENTS, agent_id)  # type: ignore[misc]
+        await self.redis.sadd(keyspace.HOOK_AGENTS, agent_id)
         return await self.get(agent_id, hook_id), existing is None
 
     async def record(self, agent_id: str, hook_id: str) -> dict[str, str | float]:
         """The stored webhook (with its secret); NotFound."""
-        raw = cast(str | None, await self.redis.hget(keyspace.webhooks(agent_id), hook_id))  # type: ignore[misc]
+        raw = cast(str | None, await self.redis.hget(keyspace.webhooks(agent_id), hook_id))
         if raw is None:
             raise NotFound(f"agent {preview(agent_id)} has no webhook {preview(hook_id)}")
         return cast(dict[str, str | float], json.loads(raw))
 
     async def ids(self, agent_id: str) -> list[str]:
-        return sorted(cast(list[str], await self.redis.hkeys(keyspace.webhooks(agent_id))))  # type: ignore[misc]
+        return sorted(cast(list[str], await self.redis.hkeys(keyspace.webhooks(agent_id))))
 
     async def get(self, agent_id: str, hook_id: str) -> WebhookOut:
         record = await self.record(agent_id, hook_id)
-        state = cast(dict[str, str], await self.redis.hgetall(keyspace.webhook_delivery(agent_id, hook_id)))  # type: ignore[misc]
-        dead = cast(int, await self.redis.hlen(keyspace.webhook_dead(agent_id, hook_id)))  # type: ignore[misc]
+        state = cast(dict[str, str], await self.redis.hgetall(keyspace.webhook_delivery(agent_id, hook_id)))
+        dead = await self.redis.hlen(keyspace.webhook_dead(agent_id, hook_id))
         return WebhookOut(id=hook_id, agent_id=agent_id, url=str(record["url"]),
                           created_at=datetime.fromtimestamp(float(record["created_at"]), UTC),
                           cursor=state.get("cursor") or None, attempts=int(state.get("attempts") or 0),
@@ -133,12 +133,12 @@ class Webhooks:
                         keyspace.webhook_replay(agent_id, hook_id))
             await pipe.execute()
         if not await self.ids(agent_id):
-            await self.redis.srem(keyspace.HOOK_AGENTS, agent_id)  # type: ignore[misc]
+            await self.redis.srem(keyspace.HOOK_AGENTS, agent_id)
 
     async def dead_letters(self, agent_id: str, hook_id: str) -> DeadLetterPage:
         await self.record(agent_id, hook_id)
-        dead = cast(dict[str, str], await self.redis.hgetall(keyspace.webhook_dead(agent_id, hook_id)))  # type: ignore[misc]
-        replay = cast(dict[str, str], await self.redis.hgetall(keyspace.webhook_replay(agent_id, hook_id)))  # type: ignore[misc]
+        dead = cast(dict[str, str], await self.redis.hgetall(keyspace.webhook_dead(agent_id, hook_id)))
+        replay = cast(dict[str, str], await self.redis.hgetall(keyspace.webhook_replay(agent_id, hook_id)))
         letters = [DeadLetter.model_validate({**json.loads(raw), "replaying": False}) for raw in dead.values()]
         letters += [DeadLetter.model_validate({**json.loads(raw), "replaying": True}) for raw in replay.values()]
         return DeadLetterPage(dead_letters=sorted(letters, key=lambda d: _order(d.event.id)))
@@ -150,17 +150,17 @@ class Webhooks:
 
     async def drop(self, agent_id: str, hook_id: str, event_id: str) -> None:
         await self.record(agent_id, hook_id)
-        removed = await self.redis.hdel(keyspace.webhook_dead(agent_id, hook_id), event_id)  # type: ignore[misc]
-        removed += await self.redis.hdel(keyspace.webhook_replay(agent_id, hook_id), event_id)  # type: ignore[misc]
+        removed = await self.redis.hdel(keyspace.webhook_dead(agent_id, hook_id), event_id)
+        removed += await self.redis.hdel(keyspace.webhook_replay(agent_id, hook_id), event_id)
         if not removed:
             raise NotFound(f"webhook {preview(hook_id)} has no dead letter {preview(event_id)}")
 
     async def _move(self, agent_id: str, hook_id: str, event_id: str, source: object, target: object) -> None:
         await self.record(agent_id, hook_id)
         src, dst = source(agent_id, hook_id), target(agent_id, hook_id)  # type: ignore[operator]
-        raw = cast(str | None, await self.redis.hget(src, event_id))  # type: ignore[misc]
+        raw = cast(str | None, await self.redis.hget(src, event_id))
         if raw is None:
-            if await self.redis.hexists(dst, event_id):  # type: ignore[misc]
+            if await self.redis.hexists(dst, event_id):
                 return  # asked twice: already moved
             raise NotFound(f"webhook {preview(hook_id)} has no dead letter {preview(event_id)}")
         async with self.redis.pipeline(transaction=True) as pipe:

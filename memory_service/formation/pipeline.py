@@ -13,12 +13,12 @@ from typing import Any
 
 from memory_service._vendor.arq.jobs import JobStatus
 from memory_service.access.audit import AuditLog
-from memory_service.events.log import EventLog
 from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.once import Embedded, embed_once
+from memory_service.events.log import EventLog
 from memory_service.formation.consolidation import Consolidator, consolidate
 from memory_service.formation.extractor import Extractor
 from memory_service.formation.jobs import EMBED_LOCK_MS, JobQueue, formation_job_id

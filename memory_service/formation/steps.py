@@ -37,13 +37,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 
 from memory_service.access.audit import AuditLog
-from memory_service.events.log import Cause, EventLog
 from memory_service.domain.errors import NotSupported
 from memory_service.domain.graph import ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
+from memory_service.events.log import Cause, EventLog
 from memory_service.formation import graph_update, resolution
 from memory_service.formation.entities import extract_graph
 from memory_service.formation.extractor import (
