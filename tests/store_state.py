@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-import re
-
 import hashlib
+import re
 from dataclasses import dataclass
 
 import redis

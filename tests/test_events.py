@@ -255,3 +255,29 @@ async def test_private_addresses_are_refused_unless_allowed(falkordb_url):
             await check_url(url, allow_private=False)
         await check_url(url, allow_private=True)
     await check_url("https://93.184.215.14/hook", allow_private=False)
+
+
+async def test_the_clients_follow_events_and_manage_webhooks(server, http):
+    from memory_service.client import AsyncMemoryClient, MemoryClient
+    from memory_service.client.errors import NotFoundError
+
+    memory = await write(http, "Alice keeps a marmoset.")
+    async with AsyncMemoryClient(server.base_url) as client:
+        events = [e async for e in client.events(AGENT, after="0-0", timeout=0.5)]
+        assert [(e.type.value, e.memory_ids) for e in events] == [("written", [memory["id"]])]
+        assert [e async for e in client.events(AGENT, after=events[0].id, timeout=0.5)] == []
+        hook = await client.put_webhook(AGENT, "c1", url="http://127.0.0.1:9/hook", secret=SECRET)
+        assert hook.id == "c1" and hook.cursor == events[0].id
+        assert [h.id for h in await client.list_webhooks(AGENT)] == ["c1"]
+        assert (await client.webhook_dead_letters(AGENT, "c1")).dead_letters == []
+        with pytest.raises(NotFoundError):
+            await client.replay_dead_letter(AGENT, "c1", "1-0")
+        await client.delete_webhook(AGENT, "c1")
+        with pytest.raises(NotFoundError):
+            await client.get_webhook(AGENT, "c1")
+
+    def follow() -> list:
+        with MemoryClient(server.base_url) as sync:
+            return list(sync.events(AGENT, after="0-0", timeout=0.5))
+
+    assert [e.id for e in await asyncio.to_thread(follow)] == [events[0].id]
