@@ -143,7 +143,8 @@ class MemoryService:
         self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
                                           extractor, self.consolidator, embedder, self.audit,
                                           self.events)
-        self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit, self.events)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit, self.events,
+                             self.webhooks)
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)

@@ -42,6 +42,7 @@ from memory_service.domain.graph import Entity, Fact
 from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
 from memory_service.domain.namespaces import Namespace
 from memory_service.events.log import Cause, Changed, EventLog
+from memory_service.events.webhooks import Webhooks
 from memory_service.formation.jobs import JobQueue
 from memory_service.schemas.erasure import (
     ErasureReport,
@@ -150,9 +151,9 @@ def _without_user(memory: Memory, user_id: str) -> Memory:
 
 class Eraser:
     def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
-                 keys: KeyStore, audit: AuditLog, events: EventLog | None = None):
+                 keys: KeyStore, audit: AuditLog, events: EventLog | None = None, webhooks: Webhooks | None = None):
         self.state, self.registry, self.agents = state, registry, agents
-        self.keys, self.audit, self.events = keys, audit, events
+        self.keys, self.audit, self.events, self.webhooks = keys, audit, events, webhooks
         self.redis_side = ErasureState(state, queue)
         self.removal = Removal(state, self.redis_side)
 
@@ -318,6 +319,8 @@ class Eraser:
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
         if self.events is not None:  # the change events naming the user or its sessions go too
             await self.events.remove_user(agent_id, user_id, report.sessions_removed)
+        if self.webhooks is not None:  # and the webhooks' dead letters of them
+            await self.webhooks.forget_user(agent_id, user_id, report.sessions_removed)
 
         # 5. Only when something was found: the stores' own logs and files. An unknown user
         #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 from redis.asyncio import Redis
 
@@ -37,18 +36,19 @@ class EventStreams:
         self.active = 0
         self._client: Redis | None = None
 
-    def _reader(self) -> Redis:
-        """The streams' own pool (created on first use); the state's client when no REDIS_URL is
-        known (an in-process service built by hand): its reads then block briefly."""
+    def _reader(self) -> tuple[Redis, float]:
+        """The streams' own pool (created on first use) and how long one read may wait; the
+        state's client when no REDIS_URL is known (a service built by hand, not by
+        memory_service/runtime.py): its reads then wait less than its read timeout."""
+        s = self.settings
+        if s.redis_url is None:
+            return self.events.redis, min(s.events_sse_heartbeat_seconds, s.store_read_timeout_seconds / 2)
         if self._client is None:
-            s = self.settings
-            if s.redis_url is None:
-                return self.events.redis
             tuned = s.model_copy(update={
                 "redis_max_connections": s.events_sse_max_streams, "redis_pool_timeout_seconds": 1.0,
                 "store_read_timeout_seconds": s.store_read_timeout_seconds + s.events_sse_heartbeat_seconds})
             self._client = redis_client(s.redis_url, tuned)
-        return self._client
+        return self._client, s.events_sse_heartbeat_seconds
 
     async def close(self) -> None:
         if self._client is not None:
@@ -67,10 +67,10 @@ class EventStreams:
         try:
             deadline = time.monotonic() + seconds
             visibility = Visibility(reach)
-            client: Any = self._reader()
+            client, longest = self._reader()
             yield f"retry: 1000\n: events of agent {agent_id} after {after}\n\n"
             while (left := deadline - time.monotonic()) > 0:
-                wait = min(left, self.settings.events_sse_heartbeat_seconds)
+                wait = min(left, longest)
                 events = await self.events.read(agent_id, after, READ_BATCH, client, max(1, int(wait * 1000)))
                 if not events:
                     yield ": heartbeat\n\n"

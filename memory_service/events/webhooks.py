@@ -17,6 +17,7 @@ import asyncio
 import ipaddress
 import json
 import socket
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import cast
 from urllib.parse import urlsplit
@@ -155,6 +156,19 @@ class Webhooks:
         if not removed:
             raise NotFound(f"webhook {preview(hook_id)} has no dead letter {preview(event_id)}")
 
+    async def forget_user(self, agent_id: str, user_id: str, sessions: Sequence[str] = ()) -> int:
+        """Drop the dead letters (and replays) whose event names ``user_id``, its namespace or
+        the ``sessions`` an erasure removed whole; how many."""
+        names = {f"user:{agent_id}:{user_id}", *sessions, *(f"session:{s}" for s in sessions)}
+        dropped = 0
+        for hook_id in await self.ids(agent_id):
+            for key in (keyspace.webhook_dead(agent_id, hook_id), keyspace.webhook_replay(agent_id, hook_id)):
+                held = cast(dict[str, str], await self.redis.hgetall(key))
+                doomed = [event_id for event_id, raw in held.items() if _names(json.loads(raw)["event"], user_id, names)]
+                if doomed:
+                    dropped += await self.redis.hdel(key, *doomed)
+        return dropped
+
     async def _move(self, agent_id: str, hook_id: str, event_id: str, source: object, target: object) -> None:
         await self.record(agent_id, hook_id)
         src, dst = source(agent_id, hook_id), target(agent_id, hook_id)  # type: ignore[operator]
@@ -167,6 +181,10 @@ class Webhooks:
             pipe.hset(dst, event_id, raw)
             pipe.hdel(src, event_id)
             await pipe.execute()
+
+
+def _names(event: dict[str, object], user_id: str, names: set[str]) -> bool:
+    return event.get("user_id") == user_id or event.get("namespace") in names or event.get("session_id") in names
 
 
 def _order(event_id: str) -> tuple[int, int]:
