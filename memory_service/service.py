@@ -149,7 +149,7 @@ class MemoryService:
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
-                                   self.audit, self.events)
+                                   self.audit, self.events, self.webhooks)
         self.cursors = Cursors(self.pseudonyms)
         self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit,
                                self.cursors)

@@ -41,7 +41,7 @@ from memory_service.domain.errors import BackendUnavailable, NotSupported
 from memory_service.domain.graph import Entity, Fact
 from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
 from memory_service.domain.namespaces import Namespace
-from memory_service.events.log import Cause, Changed, EventLog
+from memory_service.events.log import Cause, Changed, EventLog, names_user
 from memory_service.events.webhooks import Webhooks
 from memory_service.formation.jobs import JobQueue
 from memory_service.schemas.erasure import (
@@ -317,10 +317,12 @@ class Eraser:
         forgotten = await self.removal.forget(agent_id, held.removed.values(), dropped)
         report.consolidation_items, report.cached_blocks = forgotten.consolidation_items, forgotten.cached_blocks
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
-        if self.events is not None:  # the change events naming the user or its sessions go too
+        # The change events naming the user or its sessions go too, from the stream and from
+        # the webhooks' dead letters.
+        if self.events is not None:
             await self.events.remove_user(agent_id, user_id, report.sessions_removed)
-        if self.webhooks is not None:  # and the webhooks' dead letters of them
-            await self.webhooks.forget_user(agent_id, user_id, report.sessions_removed)
+        if self.webhooks is not None:
+            await self.webhooks.forget(agent_id, lambda e: names_user(e, agent_id, user_id, report.sessions_removed))
 
         # 5. Only when something was found: the stores' own logs and files. An unknown user
         #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and

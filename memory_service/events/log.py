@@ -20,12 +20,13 @@ namespace (``visible``), as everywhere (memory_service/access/reach.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.exceptions import WatchError
 
 from memory_service.access.reach import Reach
 from memory_service.domain.models import Memory
@@ -111,22 +112,43 @@ class EventLog:
             raw = answer[0][1] if answer else []
         return [event_of(agent_id, str(entry_id), fields) for entry_id, fields in raw]
 
+    async def remove(self, agent_id: str, doomed: Callable[[Event], bool]) -> int:
+        """Delete the events ``doomed`` judges (an erasure's, a purge's), rewriting the stream:
+        XDEL only flags an entry, whose fields stay in the stream's nodes (and in a snapshot of
+        the store) until its whole node goes. The kept entries keep their ids and the stream its
+        last id (XSETID), so a reader resumes as before. One read: the stream is bounded."""
+        key = keyspace.event_stream(agent_id)
+        for _ in range(5):  # an event appended meanwhile: read again
+            async with self.redis.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(key)
+                    raw = cast(list[tuple[str, dict[str, str]]], await pipe.xrange(key))
+                    gone = {str(i) for i, f in raw if doomed(event_of(agent_id, str(i), f))}
+                    if not gone:
+                        return 0
+                    last = str((await pipe.xinfo_stream(key))["last-generated-id"])
+                    kept = [(str(i), f) for i, f in raw if str(i) not in gone]
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    pipe.delete(key)
+                    for entry_id, fields in kept:
+                        pipe.xadd(key, fields, id=entry_id)  # type: ignore[arg-type]
+                    if kept:
+                        pipe.execute_command("XSETID", key, last)
+                    await pipe.execute()
+                    return len(gone)
+                except WatchError:
+                    continue
+        raise RuntimeError(f"the events of agent {agent_id!r} kept changing while being rewritten")
+
     async def remove_user(self, agent_id: str, user_id: str, sessions: Sequence[str] = ()) -> int:
-        """Delete the events naming ``user_id``, its namespace or the ``sessions`` an erasure
-        removed whole: the stream is bounded, so one pass."""
-        key, namespace = keyspace.event_stream(agent_id), str(Namespace.user(agent_id, user_id))
-        gone = set(sessions) | {str(Namespace.session(s)) for s in sessions}
-        doomed: list[str] = []
-        cursor = "-"
-        while batch := cast(list[tuple[str, dict[str, str]]], await self.redis.xrange(key, cursor, "+", count=1000)):
-            doomed += [str(i) for i, f in batch if f.get("user_id") == user_id or f.get("namespace") in (namespace, *gone)
-                       or f.get("session_id") in gone]
-            cursor = f"({batch[-1][0]}"
-            if len(batch) < 1000:
-                break
-        for start in range(0, len(doomed), 1000):
-            await self.redis.xdel(key, *doomed[start:start + 1000])
-        return len(doomed)
+        """Delete the events naming ``user_id``, its namespace or the ``sessions`` an erasure removed whole."""
+        return await self.remove(agent_id, lambda event: names_user(event, agent_id, user_id, sessions))
+
+
+def names_user(event: Event, agent_id: str, user_id: str, sessions: Sequence[str] = ()) -> bool:
+    """Whether ``event`` names the user, its namespace or one of ``sessions``."""
+    names = {str(Namespace.user(agent_id, user_id)), *(str(Namespace.session(s)) for s in sessions)}
+    return event.user_id == user_id or event.namespace in names or event.session_id in sessions
 
 
 def event_of(agent_id: str, entry_id: str, fields: dict[str, str]) -> Event:

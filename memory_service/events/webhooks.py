@@ -17,7 +17,7 @@ import asyncio
 import ipaddress
 import json
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import cast
 from urllib.parse import urlsplit
@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 from redis.asyncio import Redis
 
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, preview
-from memory_service.schemas.events import DeadLetter, DeadLetterPage, WebhookIn, WebhookOut
+from memory_service.schemas.events import DeadLetter, DeadLetterPage, Event, WebhookIn, WebhookOut
 from memory_service.state import keyspace
 
 
@@ -156,17 +156,16 @@ class Webhooks:
         if not removed:
             raise NotFound(f"webhook {preview(hook_id)} has no dead letter {preview(event_id)}")
 
-    async def forget_user(self, agent_id: str, user_id: str, sessions: Sequence[str] = ()) -> int:
-        """Drop the dead letters (and replays) whose event names ``user_id``, its namespace or
-        the ``sessions`` an erasure removed whole; how many."""
-        names = {f"user:{agent_id}:{user_id}", *sessions, *(f"session:{s}" for s in sessions)}
+    async def forget(self, agent_id: str, doomed: Callable[[Event], bool]) -> int:
+        """Drop the dead letters (and replays) of the agent's webhooks whose event ``doomed``
+        judges (an erasure's, a purge's); how many."""
         dropped = 0
         for hook_id in await self.ids(agent_id):
             for key in (keyspace.webhook_dead(agent_id, hook_id), keyspace.webhook_replay(agent_id, hook_id)):
                 held = cast(dict[str, str], await self.redis.hgetall(key))
-                doomed = [event_id for event_id, raw in held.items() if _names(json.loads(raw)["event"], user_id, names)]
-                if doomed:
-                    dropped += await self.redis.hdel(key, *doomed)
+                gone = [i for i, raw in held.items() if doomed(Event.model_validate(json.loads(raw)["event"]))]
+                if gone:
+                    dropped += await self.redis.hdel(key, *gone)
         return dropped
 
     async def _move(self, agent_id: str, hook_id: str, event_id: str, source: object, target: object) -> None:
@@ -181,10 +180,6 @@ class Webhooks:
             pipe.hset(dst, event_id, raw)
             pipe.hdel(src, event_id)
             await pipe.execute()
-
-
-def _names(event: dict[str, object], user_id: str, names: set[str]) -> bool:
-    return event.get("user_id") == user_id or event.get("namespace") in names or event.get("session_id") in names
 
 
 def _order(event_id: str) -> tuple[int, int]:
