@@ -283,8 +283,9 @@ async def test_the_clients_follow_events_and_manage_webhooks(server, http):
     assert [e.id for e in await asyncio.to_thread(follow)] == [events[0].id]
 
 
-async def test_the_purge_and_an_erasure_are_events_and_the_erasure_leaves_nothing_of_the_user(falkordb_url):
-    from datetime import UTC, datetime, timedelta
+async def test_an_erasure_is_an_event_and_leaves_nothing_of_the_user(falkordb_url):
+    """(The purge's events: tests/test_retention.py, whose process counters a purge here would move.)"""
+    from datetime import UTC, datetime
 
     from memory_service.curation.tools import MemoryWrite
     from memory_service.events.log import Changed
@@ -293,26 +294,22 @@ async def test_the_purge_and_an_erasure_are_events_and_the_erasure_leaves_nothin
     from memory_service.state import keyspace
 
     await flush(falkordb_url)
-    settings = suite_settings(falkordb_url, memory_write_agents=["*"], webhook_allow_private=True, purge_after_days=1)
+    settings = suite_settings(falkordb_url, memory_write_agents=["*"], webhook_allow_private=True)
     async with open_service(settings, run_worker=False) as service:
         def body(user: str, text: str) -> MemoryWrite:
             return MemoryWrite(namespace=f"user:{AGENT}:{user}", kind="observation", content=text)
 
-        gone = await service.memory_write(AGENT, body("bob", "Bob plays chess."))
-        await service.memory_delete(AGENT, gone.id)
-        await service.retention.purge(now=datetime.now(UTC) + timedelta(days=3))
-        purged = (await service.events.read(AGENT, "0-0", 100))[-1]
-        assert (purged.type, purged.memory_ids, purged.reason, purged.key_id) == (EventType.PURGED, [gone.id],
-                                                                                  "deleted", "retention")
-
+        bobs = await service.memory_write(AGENT, body("bob", "Bob plays chess."))
+        (first,) = await service.events.read(AGENT, "0-0", 100)  # bob's, before alice's
         alices = await service.memory_write(AGENT, body("alice", "Alice keeps a marmoset."))
         await service.webhooks.put(AGENT, "h", WebhookIn(url="http://127.0.0.1:9/", secret=SECRET))
         (dead_id,) = await service.events.emit(AGENT, EventType.WRITTEN, [Changed(f"user:{AGENT}:alice", "fact", ("x",))])
-        letter = {"event": (await service.events.read(AGENT, purged.id, 100))[-1].model_dump(mode="json"),
+        letter = {"event": (await service.events.read(AGENT, first.id, 100))[-1].model_dump(mode="json"),
                   "attempts": 1, "error": "down", "dead_at": datetime.now(UTC).isoformat()}
         await service.state.redis.hset(keyspace.webhook_dead(AGENT, "h"), dead_id, json.dumps(letter))
         await service.erase_user(AGENT, "alice", actor="k1")
         left = await service.events.read(AGENT, "0-0", 100)
         assert all(e.user_id != "alice" and alices.id not in e.memory_ids for e in left)
+        assert left[0].memory_ids == [bobs.id]  # another user's events stay
         assert left[-1].type is EventType.ERASED and left[-1].user_id is None and left[-1].key_id == "k1"
         assert (await service.webhooks.dead_letters(AGENT, "h")).dead_letters == []
