@@ -425,6 +425,42 @@ class Settings(BaseSettings):
                     "daily retention job (messages pending formation, consolidation items not yet merged and a "
                     "namespace's latest consolidated memory are kept); 0: off")
 
+    # Change events (docs/events.md): each agent's stream, read as server-sent events or
+    # delivered to webhooks by the worker.
+    events_stream_maxlen: int = Field(
+        default=10_000, ge=100, le=10_000_000,
+        description="About how many change events each agent's stream keeps (older ones are trimmed: a reader or "
+                    "webhook further behind misses them)")
+    events_sse_max_seconds: float = Field(
+        default=300.0, gt=0, le=3600,
+        description="Longest life of one server-sent event stream (GET /v1/agents/{agent_id}/events); the client "
+                    "reconnects with Last-Event-ID")
+    events_sse_heartbeat_seconds: float = Field(
+        default=15.0, gt=0, le=300, description="How often an idle event stream sends a heartbeat comment")
+    events_sse_max_streams: int = Field(
+        default=100, ge=1,
+        description="Event streams one API process serves at once, each holding a connection of their own pool "
+                    "(never the API's) while it waits; past it, 503")
+    webhook_max_attempts: int = Field(
+        default=8, ge=1, le=100, description="Deliveries of one event a webhook fails before it goes to the "
+                                             "webhook's dead letters")
+    webhook_retry_base_seconds: float = Field(
+        default=2.0, gt=0, description="The wait after a webhook's first failed delivery; doubled after each "
+                                       "further failure")
+    webhook_retry_max_seconds: float = Field(
+        default=600.0, gt=0, description="The longest wait between two deliveries of one event")
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=60, description="Connect and read timeout of one webhook delivery")
+    webhook_poll_seconds: int = Field(
+        default=2, ge=1, le=60, description="How often (seconds) the worker delivers the webhooks' new events")
+    webhook_batch: int = Field(default=100, ge=1, le=10_000,
+                               description="Most events one webhook is sent per delivery run")
+    webhook_max_per_agent: int = Field(default=10, ge=1, le=1000, description="Most webhooks one agent may have")
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Let webhook URLs name loopback, private, link-local or reserved addresses (off: refused, "
+                    "422, and checked again at each delivery)")
+
     # Production (docs/deploy.md): waiting for the stores at start, telling a frozen store
     # from a slow one, metrics, traces and logs.
     store_startup_wait_seconds: float = Field(

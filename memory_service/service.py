@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -51,6 +51,7 @@ from memory_service.domain.models import (
     AgentSettings,
     BatchMessageIn,
     ContextType,
+    Memory,
     MemoryKind,
     MessageIn,
     Recall,
@@ -62,6 +63,10 @@ from memory_service.domain.namespaces import Namespace, NamespaceKind, checks_id
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.fresh import FreshVectors
 from memory_service.embedding.reembed import Reembedder, ReembedProgress, ReembedReport
+from memory_service.events.delivery import Delivery
+from memory_service.events.log import Cause, Changed, EventLog, Visibility
+from memory_service.events.sse import EventStreams
+from memory_service.events.webhooks import Webhooks
 from memory_service.formation.budgets import UsageLedger
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator
 from memory_service.formation.extractor import Extractor
@@ -78,6 +83,7 @@ from memory_service.recall.search import Retriever, SearchRequest
 from memory_service.schemas.audit import AuditPage
 from memory_service.schemas.browse import AgentPage, MemoryDetail, MemoryPage, SessionPage, UserPage
 from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.events import DeadLetterPage, Event, EventType, WebhookIn, WebhookOut
 from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.schemas.graph import (
     DEFAULT_FACT_PAGE,
@@ -94,7 +100,7 @@ from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
 from memory_service.schemas.usage import AgentUsage
-from memory_service.state import metrics, tracing
+from memory_service.state import keyspace, metrics, tracing
 from memory_service.state.store import StateStore
 from memory_service.stores import readiness
 from memory_service.stores.agents import AgentDirectory
@@ -131,18 +137,25 @@ class MemoryService:
         digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
+        # Change events (memory_service/events/): appended where memories change, delivered to webhooks.
+        self.events = EventLog(state.redis, settings.events_stream_maxlen)
+        self.webhooks = Webhooks(state.redis, settings.webhook_allow_private, settings.webhook_max_per_agent)
+        self.delivery = Delivery(settings, state.redis, self.events, self.webhooks)
+        self.event_streams = EventStreams(settings, self.events)
         # The worker's formation logs the facts it closes (``fact.invalidate``) in the same log.
         # LLM usage per agent and period, and the budgets' reservations (memory_service/formation/budgets.py).
         self.usage_ledger = UsageLedger(state.redis, tokens_per_day=settings.llm_tokens_per_day,
                                         tokens_per_month=settings.llm_tokens_per_month)
         self.pipeline = FormationPipeline(settings, state, queue, self.registry, self.agents, self.formation,
-                                          extractor, self.consolidator, embedder, self.audit, self.usage_ledger)
-        self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit)
+                                          extractor, self.consolidator, embedder, self.audit, self.usage_ledger,
+                                          self.events)
+        self.eraser = Eraser(state, queue, self.registry, self.agents, self.keys, self.audit, self.events,
+                             self.webhooks)
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
-                                   self.audit)
+                                   self.audit, self.events, self.webhooks)
         self.cursors = Cursors(self.pseudonyms)
         self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit,
                                self.cursors)
@@ -151,6 +164,7 @@ class MemoryService:
         self.registry.register(name, factory)
 
     async def close(self) -> None:
+        await self.event_streams.close()
         await self.assembler.close()
         await self.fresh.close()
         await self.registry.close()
@@ -546,6 +560,8 @@ class MemoryService:
         """(the memory, whether it was already stored: its idempotency key used before; then
         nothing changed and nothing is audited)."""
         record, already = await self.tools.write(agent_id, body, guard)
+        if not already:
+            await self._emit_records(agent_id, EventType.WRITTEN, [record], actor)
         if actor is not None and not already:
             await self.audit.append(actor, "memory.write", agent_id, record.id, after=_audited(record))
         return record, already
@@ -553,6 +569,7 @@ class MemoryService:
     async def memory_update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
                             guard: NamespaceGuard = None, actor: str | None = None) -> MemoryRecord:
         before, after = await self.tools.update(agent_id, memory_id, body, guard)
+        await self._emit_records(agent_id, EventType.UPDATED, [after], actor)
         if actor is not None:
             changed = sorted(f for f in ("content", "title", "tags", "confidence", "kind")
                              if getattr(before, f) != getattr(after, f))
@@ -563,6 +580,8 @@ class MemoryService:
     async def memory_delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
                             actor: str | None = None) -> DeletedOut:
         deleted, changed = await self.tools.delete(agent_id, memory_id, guard)
+        if changed:
+            await self._emit_records(agent_id, EventType.DELETED, [await self.tools.peek(agent_id, memory_id)], actor)
         if changed and actor is not None:
             await self.audit.append(actor, "memory.delete", agent_id, memory_id, after=deleted.model_dump(mode="json"))
         return deleted
@@ -570,6 +589,8 @@ class MemoryService:
     async def memory_undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
                               actor: str | None = None) -> MemoryRecord:
         record, changed = await self.tools.undelete(agent_id, memory_id, guard)
+        if changed:
+            await self._emit_records(agent_id, EventType.UNDELETED, [record], actor)
         if changed and actor is not None:
             await self.audit.append(actor, "memory.undelete", agent_id, memory_id, after=_audited(record))
         return record
@@ -583,8 +604,11 @@ class MemoryService:
         (ids only: the memories' audited fields, the new entities' and facts' ids); each fact a
         block closes as ``fact.invalidate``."""
         done = await store_write_blocks(self.tools, agent_id, text, namespace, session_id, message_id, guard,
-                                        audit=self.audit, actor=actor or WRITE_BLOCKS_ACTOR)
+                                        audit=self.audit, actor=actor or WRITE_BLOCKS_ACTOR,
+                                        events=self.events, cause=Cause(key_id=actor, session_id=session_id))
         memories = done.new_memories
+        await self._emit_records(agent_id, EventType.WRITTEN,
+                                 [r for r in done.memories.records if r.id in set(memories)], actor, session_id)
         entities, facts = done.new([e.id for e in done.entities]), done.new([f.id for f in done.facts])
         if (memories or entities or facts) and actor is not None:
             await self.audit.append(actor, "memory.write_blocks", agent_id, message_id, after={
@@ -593,6 +617,68 @@ class MemoryService:
         return WriteBlocksOut(blocks=done.blocks, written=done.memories.records,
                               entities=[EntityOut.of(e) for e in done.entities], facts=[FactOut.of(f) for f in done.facts],
                               superseded=done.superseded, already_stored=done.already_stored, redacted=done.redacted)
+
+    async def _emit_records(self, agent_id: str, type_: EventType, records: Sequence[MemoryRecord | Memory],
+                            actor: str | None, session_id: str | None = None) -> None:
+        groups: dict[tuple[str, str], list[str]] = {}
+        for r in records:
+            groups.setdefault((r.namespace, r.kind.value), []).append(r.id)
+        await self.events.emit(agent_id, type_, [Changed(ns, kind, tuple(ids)) for (ns, kind), ids in groups.items()],
+                               Cause(key_id=actor, session_id=session_id))
+
+    # Change events and webhooks (memory_service/events/, docs/events.md)
+    async def read_events(self, agent_id: str, after: str, count: int, reach: Reach | None, *,
+                          client: Any = None, block_ms: int | None = None,
+                          visibility: Visibility | None = None) -> tuple[list[Event], str]:
+        """(the events after ``after`` the caller may see, the id to resume after: the last
+        read, seen or not). ``client``/``block_ms``: wait on that connection for one."""
+        events = await self.events.read(agent_id, after, count, client, block_ms)
+        shown = await (visibility or Visibility(reach)).shown(events)
+        return shown, events[-1].id if events else after
+
+    async def latest_event_id(self, agent_id: str) -> str:
+        """The id of the agent's newest event ("0-0" when it has none): a stream from now on starts after it."""
+        newest = await self.events.redis.xrevrange(keyspace.event_stream(agent_id), count=1)
+        return str(newest[0][0]) if newest else "0-0"
+
+    def event_stream(self, agent_id: str, after: str, reach: Reach | None, seconds: float | None = None) -> AsyncIterator[str]:
+        """The agent's events after ``after`` as server-sent events, for ``seconds`` at most
+        (memory_service/events/sse.py); BackendUnavailable when the process serves its most streams."""
+        return self.event_streams.open(agent_id, after, reach, seconds)
+
+    async def put_webhook(self, agent_id: str, hook_id: str, body: WebhookIn, actor: str | None = None) -> tuple[WebhookOut, bool]:
+        hook, created = await self.webhooks.put(agent_id, hook_id, body)
+        if actor is not None:
+            await self.audit.append(actor, "webhook.put", agent_id, hook_id, after={"url": hook.url})
+        return hook, created
+
+    async def webhook(self, agent_id: str, hook_id: str) -> WebhookOut:
+        return await self.webhooks.get(agent_id, hook_id)
+
+    async def list_webhooks(self, agent_id: str) -> list[WebhookOut]:
+        return await self.webhooks.list(agent_id)
+
+    async def delete_webhook(self, agent_id: str, hook_id: str, actor: str | None = None) -> None:
+        await self.webhooks.delete(agent_id, hook_id)
+        if actor is not None:
+            await self.audit.append(actor, "webhook.delete", agent_id, hook_id)
+
+    async def dead_letters(self, agent_id: str, hook_id: str) -> DeadLetterPage:
+        return await self.webhooks.dead_letters(agent_id, hook_id)
+
+    async def replay_dead_letter(self, agent_id: str, hook_id: str, event_id: str, actor: str | None = None) -> None:
+        await self.webhooks.replay(agent_id, hook_id, event_id)
+        if actor is not None:
+            await self.audit.append(actor, "webhook.replay", agent_id, hook_id, after={"event_id": event_id})
+
+    async def drop_dead_letter(self, agent_id: str, hook_id: str, event_id: str, actor: str | None = None) -> None:
+        await self.webhooks.drop(agent_id, hook_id, event_id)
+        if actor is not None:
+            await self.audit.append(actor, "webhook.drop", agent_id, hook_id, after={"event_id": event_id})
+
+    async def deliver_webhooks(self) -> dict[str, int]:
+        """The worker's pass over every webhook (memory_service/events/delivery.py)."""
+        return await self.delivery.run()
 
     async def purge_expired(self) -> PurgeReport:
         return await self.retention.purge()

@@ -19,7 +19,8 @@ Job model (see the README's "Jobs" section):
   cron ``retention`` daily, cron ``recover_in_flight`` every minute (records a crashed API
   process left between their store write and their commit, once RECORD_RECOVERY_AFTER_SECONDS
   old: docs/ingest.md), cron ``recover_windows`` every minute (a window claimed with no job
-  queued for it, a crash between the claim and the enqueue: enqueued again).
+  queued for it, a crash between the claim and the enqueue: enqueued again), cron
+  ``deliver_webhooks`` every WEBHOOK_POLL_SECONDS (change events to webhooks, docs/events.md).
   arq runs each cron tick on one worker only, however many run.
 - Leases (memory_service/formation/leases.py): each worker holds one, renewed every quarter
   of WORKER_LEASE_SECONDS; a job whose worker's lease ended is released and run again by a
@@ -132,6 +133,11 @@ async def backfill_embeddings(ctx: Ctx) -> dict[str, int]:
     return await _service(ctx).backfill_embeddings(limit=_service(ctx).settings.embedding_backfill_per_run)
 
 
+async def deliver_webhooks(ctx: Ctx) -> dict[str, int]:
+    """Send the agents' new change events to their webhooks (memory_service/events/delivery.py)."""
+    return await _service(ctx).deliver_webhooks()
+
+
 async def retention(ctx: Ctx) -> dict[str, int]:
     """Purge memories soft-deleted more than PURGE_AFTER_DAYS ago (memory_service/curation/retention.py):
     it logs its counts and records them in /metrics and the audit log."""
@@ -163,6 +169,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         cron_jobs=[
             cron(sweep_cold_sessions, minute=set(range(0, 60, every)), run_at_startup=True),
             cron(retention, hour={3}, minute={17}),
+            cron(deliver_webhooks, second=set(range(0, 60, s.webhook_poll_seconds)), run_at_startup=True),
             cron(recover_in_flight, minute=set(range(60)), run_at_startup=True),
             cron(recover_windows, minute=set(range(60)), run_at_startup=True),
             cron(backfill_embeddings, minute=set(range(0, 60, 2)), run_at_startup=True),

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 
 import redis
@@ -26,6 +27,9 @@ WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode(), WORKERS.e
 # keeps its claim until the lease ends (EMBEDDING_CLAIM_SECONDS), so a claim taken by an
 # earlier request's embedding expires on its own schedule, between any two snapshots.
 EMBED_CLAIM_PREFIX, EMBED_CLAIM_MARK = embed_claim("", "").encode().split(b"{embed:}")
+# The webhooks' delivery state (cursor, attempts, dead letters, replays, lease: ms:ev:{ev:<agent>}:hook:<id>
+# and the like), which the worker's delivery writes on its own schedule (memory_service/events/delivery.py).
+WEBHOOK_DELIVERY = re.compile(rb"^ms:ev:\{ev:[^}]*\}:(hook|dead|replay|lock):")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ def snapshot(url: str, *, worker_running: bool = False) -> StoreState:
 def _server_state(url: str, worker_running: bool) -> StoreState:
     client = redis.Redis.from_url(url)
     try:
-        keys = sorted(k for k in client.scan_iter(count=1000) if not (worker_running and k.startswith(WORKER_KEYS)))
+        keys = sorted(k for k in client.scan_iter(count=1000)
+                      if not (worker_running and (k.startswith(WORKER_KEYS) or WEBHOOK_DELIVERY.match(k))))
         bookkeeping = [k for k in keys if k.startswith((METRICS_PREFIX, QUERY_LOG_PREFIX, RATE_COUNTER_PREFIX))
                        or (k.startswith(EMBED_CLAIM_PREFIX) and EMBED_CLAIM_MARK in k)]
         keys = [k for k in keys if k not in bookkeeping]

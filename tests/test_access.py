@@ -96,6 +96,10 @@ async def world(keyed_server, falkordb_url):
         assert memory.status_code == 201, memory.text
         keys.ids["memory"] = memory.json()["id"]
         keys.ids.update(await alice_moved(keyed_server.state.service))
+        hook = await http.put(f"/v1/agents/{AGENT}/webhooks/h1", headers=admin,
+                              json={"url": "https://93.184.215.14/hook", "secret": "pelican-secret-000"})
+        assert hook.status_code == 201, hook.text  # no worker runs here: nothing is sent to it
+        keys.ids["dead"] = await dead_letter(keyed_server.state.service)
         yield http, keys
 
 
@@ -114,6 +118,17 @@ async def alice_moved(service: Any) -> dict[str, str]:
     (closed,) = changes.superseded
     (person,) = [e for e in (await backend.find_entities(AGENT, alice, ["alice"]))]
     return {"entity": person.id, "fact": closed}
+
+
+async def dead_letter(service: Any) -> str:
+    """A dead letter of AGENT's webhook h1 (as the worker's delivery leaves one); its event id."""
+    from memory_service.state import keyspace
+
+    (event,) = (await service.events.read(AGENT, "0-0", 1))
+    letter = {"event": event.model_dump(mode="json"), "attempts": 8, "error": "HTTP 500",
+              "dead_at": datetime.now(UTC).isoformat()}
+    await service.state.redis.hset(keyspace.webhook_dead(AGENT, "h1"), event.id, json.dumps(letter))
+    return str(event.id)
 
 
 @dataclass
@@ -195,6 +210,22 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("GET", "/v1/agents/{agent_id}/memories"): Case("GET", f"/v1/agents/{AGENT}/memories", "read",
                                                         params={"user_id": "alice"}),
         ("GET", "/v1/agents/{agent_id}/memories/{memory_id}/detail"): Case("GET", f"{memory}/detail", "read"),
+        ("GET", "/v1/agents/{agent_id}/events"): Case("GET", f"/v1/agents/{AGENT}/events", "read", lists_users=True,
+                                                      params={"after": "0-0", "timeout": 0.2}),
+        ("GET", "/v1/agents/{agent_id}/webhooks"): Case("GET", f"/v1/agents/{AGENT}/webhooks", "admin"),
+        ("PUT", "/v1/agents/{agent_id}/webhooks/{webhook_id}"): Case(
+            "PUT", f"/v1/agents/{AGENT}/webhooks/h2", "admin",
+            {"url": "https://93.184.215.14/hook", "secret": "pelican-secret-000"}, ok=(200, 201)),
+        ("GET", "/v1/agents/{agent_id}/webhooks/{webhook_id}"): Case("GET", f"/v1/agents/{AGENT}/webhooks/h1", "admin"),
+        ("DELETE", "/v1/agents/{agent_id}/webhooks/{webhook_id}"): Case("DELETE", f"/v1/agents/{AGENT}/webhooks/h1",
+                                                                        "admin", ok=(204,)),
+        ("GET", "/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters"): Case(
+            "GET", f"/v1/agents/{AGENT}/webhooks/h1/dead-letters", "admin"),
+        ("POST", "/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters/{event_id}/replay"): Case(
+            "POST", f"/v1/agents/{AGENT}/webhooks/h1/dead-letters/{keys.ids.get('dead', '1-0')}/replay", "admin",
+            ok=(202,)),
+        ("DELETE", "/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters/{event_id}"): Case(
+            "DELETE", f"/v1/agents/{AGENT}/webhooks/h1/dead-letters/{keys.ids.get('dead', '1-0')}", "admin", ok=(204,)),
         ("GET", "/v1/agents/{agent_id}/startup/block"): Case(
             "GET", f"/v1/agents/{AGENT}/startup/block", "read",
             params={"session_id": "alice-s1", "mode": "first-run", "model": "gpt-4o-mini"}),

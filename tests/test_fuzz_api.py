@@ -63,7 +63,10 @@ def fuzz_server(falkordb_url):
     app = create_app(suite_settings(falkordb_url, never_form_memories_less_than_n_messages=1_000_000,
                                     memory_write_agents=["*"],
                                     memory_formation_msg_interval=1_000_000,
-                                    memory_formation_token_interval=1_000_000_000, form_wait_seconds=60),
+                                    memory_formation_token_interval=1_000_000_000, form_wait_seconds=60,
+                                    # an event stream ends within a second; a webhook is tried once, briefly
+                                    events_sse_max_seconds=1, events_sse_heartbeat_seconds=0.5,
+                                    webhook_timeout_seconds=0.5, webhook_max_attempts=1),
                      run_worker=True)
     with ThreadedServer(app) as server, httpx.Client(base_url=server.base_url, timeout=60) as http:
         assert http.put(f"/v1/agents/{AGENT}", json={"agent_extras": {"tone": "warm"}}).status_code == 200

@@ -58,6 +58,13 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("memory_access", ("a1",), "ms:memaccess:{retention:a1}"),
     ("retention_deleted", ("a1",), "ms:retention:{retention:a1}:deleted"),
     ("audit_stream", ("a1",), "ms:audit:agent:a1"),
+    ("HOOK_AGENTS", (), "ms:ev:hook-agents"),
+    ("event_stream", ("a1",), "ms:ev:{ev:a1}:stream"),
+    ("webhooks", ("a1",), "ms:ev:{ev:a1}:hooks"),
+    ("webhook_delivery", ("a1", "h1"), "ms:ev:{ev:a1}:hook:h1"),
+    ("webhook_dead", ("a1", "h1"), "ms:ev:{ev:a1}:dead:h1"),
+    ("webhook_replay", ("a1", "h1"), "ms:ev:{ev:a1}:replay:h1"),
+    ("webhook_lock", ("a1", "h1"), "ms:ev:{ev:a1}:lock:h1"),
     ("audit_stream", (None,), "ms:audit:system"),
     ("session_keys", ("s1",), {part: f"ms:s:{{s:240}}:s1:{part}" for part in
                                ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed",
@@ -105,7 +112,7 @@ TAG_HELPERS = {"session_tag", "bucket_tags", "namespace_tag", "metric_tags", "us
 PLACEHOLDERS = {"agent_id": "<agent>", "user_id": "<user>", "session_id": "<session>", "namespace": "<namespace>",
                 "digest": "<digest>", "identity": "<identity>", "key_id": "<id>", "kind": "<r|t>", "minute": "<minute>",
                 "target": "<target>", "tag": "s:<b>", "job_id": "<job id>", "term": "<stem>",
-                "memory_id": "<memory>", "period": "<period>"}
+                "memory_id": "<memory>", "period": "<period>", "hook_id": "<hook>"}
 
 
 def _builders() -> dict[str, object]:

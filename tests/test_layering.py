@@ -35,6 +35,7 @@ LAYERS = (
     "config",      # Settings
     "state",       # Redis: pools, counters, cursors
     "access",      # keys, principals, reach, audit, pseudonyms
+    "events",      # change events: the stream, webhooks and their delivery
     "stores",      # the store interface, the registry, each store
     "embedding",
     "formation",   # windows -> memories

@@ -27,6 +27,18 @@ from memory_service.worker import retention
 from .helpers import mirrored_service, msg, outbox_drained
 from .test_erasure import graph_findings, mongo_findings, redis_findings
 
+
+async def purge_findings(service, needles) -> list[str]:
+    """``redis_findings`` but the one trace a purge leaves on purpose: the ``purged`` change
+    event naming the memory's id (a host needs it to drop its copy; docs/events.md), which is
+    checked to be the only event naming it and to hold none of its words."""
+    from memory_service.schemas.events import EventType
+
+    naming = [e for e in await service.events.read(AGENT, "0-0", 10_000) if set(needles) & set(e.memory_ids)]
+    assert naming and {e.type for e in naming} == {EventType.PURGED}  # the earlier events went
+    assert not any(n in e.model_dump_json() for e in naming for n in needles if n not in e.memory_ids)
+    return [hit for hit in await redis_findings(service.settings.job_queue_url(), needles) if "ms:ev:{ev:" not in hit]
+
 AGENT = "keeper"
 WRITES = {"memory_write_agents": ["*"], "purge_after_days": 30}
 
@@ -83,7 +95,7 @@ async def test_a_purge_leaves_no_trace_anywhere_and_is_counted(service):
     assert not any((await reads(service, "narwhal", doomed.id)).values())
     needles = ("narwhal", doomed.id)
     assert await graph_findings(service.settings.falkordb_url, needles) == []
-    assert await redis_findings(service.settings.job_queue_url(), needles) == []  # indexes, caches, query log, audit
+    assert await purge_findings(service, needles) == []  # indexes, caches, query log, audit
     assert kept.id in [r.id for r in (await service.search(AGENT, "otter")).results]  # the rest stays
     assert (await service.retention.purge(now=later(31))).purged == 0  # nothing more to do
 
@@ -179,7 +191,7 @@ async def test_a_purge_reaches_mongodb_and_leaves_no_trace_there(mongo_service, 
     await mongo_proxy.start()
     await outbox_drained(backend)
     assert await mongo_findings(mongo.db, needles) == []  # memories, summaries (user_memory), every collection
-    assert await redis_findings(service.settings.job_queue_url(), needles) == []  # outbox entries delivered and gone
+    assert await purge_findings(service, needles) == []  # outbox entries delivered and gone
     assert await mongo.find(AGENT, [doomed.id]) == []
     assert [m.id for m in await mongo.find(AGENT, [kept.id])] == [kept.id]
 
@@ -276,7 +288,7 @@ async def test_a_stale_memory_is_purged_everywhere_and_what_was_read_updated_or_
     assert not any((await reads(service, "narwhal", named["e0"], "session:s-old")).values())
     needles = ("narwhal", named["m1"], named["e0"], named["m0"], named["v1"])
     assert await graph_findings(service.settings.falkordb_url, needles) == []
-    assert await redis_findings(service.settings.job_queue_url(), needles) == []  # access, caches, query log, audit
+    assert await purge_findings(service, needles) == []  # access, caches, query log, audit
     assert (await service.memory_get(AGENT, named["m3"])).content == "The otter sleeps by the river."
 
     async with LoopbackServer(create_app(service=service)) as server:
@@ -328,7 +340,7 @@ async def test_a_stale_purge_reaches_mongodb_and_leaves_no_trace_there(settings,
         needles = ("narwhal", named["m1"], named["e0"], named["d0"])
         assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection
         assert await graph_findings(graph_url, needles) == []
-        assert await redis_findings(service.settings.job_queue_url(), needles) == []  # outbox entries delivered and gone
+        assert await purge_findings(service, needles) == []  # outbox entries delivered and gone
         kept = {"m3", "m6", "v3"}  # read, pending formation, the latest consolidated memory
         assert {m.id for m in await mongo.find(AGENT, list(named.values()))} == {named[n] for n in kept}
         ns = Namespace.session("s-old")

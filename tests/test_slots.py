@@ -178,6 +178,23 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
         assert token is not None
         await outbox.release("mongo", token)
         await outbox.drop("mongo", [entry])
+        # Change events and a webhook that is down: a dead letter, its replay, the webhook deleted.
+        from memory_service.events.delivery import Delivery
+        from memory_service.events.log import Changed
+        from memory_service.schemas.events import EventType, WebhookIn
+        from memory_service.stores.loopback import free_port
+
+        service.webhooks.allow_private = True
+        await service.webhooks.put("a1", "h1", WebhookIn(url=f"http://127.0.0.1:{free_port()}/", secret="x" * 16))
+        await service.events.emit("a1", EventType.WRITTEN, [Changed("user:a1:alice", "fact", ("m1",))])
+        down = Delivery(service.settings.model_copy(update={"webhook_allow_private": True, "webhook_max_attempts": 1,
+                                                            "webhook_timeout_seconds": 1}),
+                        state.redis, service.events, service.webhooks)
+        await down.run()
+        (letter,) = (await service.webhooks.dead_letters("a1", "h1")).dead_letters
+        await service.webhooks.replay("a1", "h1", letter.event.id)
+        await down.run()
+        await service.webhooks.delete("a1", "h1")
         # An erasure: a session shared with another user, and one of hers alone; the cache purge.
         await service.record_message("s1", msg("a1", "carol", "hi", mid="c1", role=Role.USER))
         await service.record_message("s3", msg("a1", "alice", "mine", mid="a3"))

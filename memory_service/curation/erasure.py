@@ -41,6 +41,8 @@ from memory_service.domain.errors import BackendUnavailable, NotSupported
 from memory_service.domain.graph import Entity, Fact
 from memory_service.domain.models import Memory, MemoryKind, count_kinds, utcnow
 from memory_service.domain.namespaces import Namespace
+from memory_service.events.log import Cause, Changed, EventLog, names_user
+from memory_service.events.webhooks import Webhooks
 from memory_service.formation.jobs import JobQueue
 from memory_service.schemas.erasure import (
     ErasureReport,
@@ -50,6 +52,7 @@ from memory_service.schemas.erasure import (
     SharedRemoval,
     UserExport,
 )
+from memory_service.schemas.events import EventType
 from memory_service.schemas.graph import EntityOut, FactOut
 from memory_service.state.persistence import rewrite as rewrite_persistence
 from memory_service.state.store import StateStore
@@ -148,9 +151,9 @@ def _without_user(memory: Memory, user_id: str) -> Memory:
 
 class Eraser:
     def __init__(self, state: StateStore, queue: JobQueue, registry: BackendRegistry, agents: AgentDirectory,
-                 keys: KeyStore, audit: AuditLog):
+                 keys: KeyStore, audit: AuditLog, events: EventLog | None = None, webhooks: Webhooks | None = None):
         self.state, self.registry, self.agents = state, registry, agents
-        self.keys, self.audit = keys, audit
+        self.keys, self.audit, self.events, self.webhooks = keys, audit, events, webhooks
         self.redis_side = ErasureState(state, queue)
         self.removal = Removal(state, self.redis_side)
 
@@ -314,6 +317,12 @@ class Eraser:
         forgotten = await self.removal.forget(agent_id, held.removed.values(), dropped)
         report.consolidation_items, report.cached_blocks = forgotten.consolidation_items, forgotten.cached_blocks
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
+        # The change events naming the user or its sessions go too, from the stream and from
+        # the webhooks' dead letters.
+        if self.events is not None:
+            await self.events.remove_user(agent_id, user_id, report.sessions_removed)
+        if self.webhooks is not None:
+            await self.webhooks.forget(agent_id, lambda e: names_user(e, agent_id, user_id, report.sessions_removed))
 
         # 5. Only when something was found: the stores' own logs and files. An unknown user
         #    costs no query-log trim (its marker takes FalkorDB a second or two to log) and
@@ -331,6 +340,8 @@ class Eraser:
                      len(report.sessions_touched), len(report.sessions_removed), len(report.shared_removed),
                      len(report.keys_revoked), len(report.keys_narrowed))
         report.audit_entries = len((await self.audit.read(agent_id, user_id=user_id, limit=1000)).entries)
+        if self.events is not None and found:  # naming no user: seen only by callers for every user
+            await self.events.emit(agent_id, EventType.ERASED, [Changed(None, None, ())], Cause(key_id=actor))
         return report
 
     async def _forget_keys(self, agent_id: str, user_id: str, digest: str, actor: str, report: ErasureReport) -> None:

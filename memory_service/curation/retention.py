@@ -38,12 +38,16 @@ from typing import TYPE_CHECKING, cast
 from memory_service.curation.removal import Removal
 from memory_service.curation.staleness import StaleFilter
 from memory_service.domain.models import Memory, count_kinds
+from memory_service.events.log import Cause
+from memory_service.schemas.events import Event, EventType
 from memory_service.state import keyspace
 
 if TYPE_CHECKING:
     from memory_service.access.audit import AuditLog
     from memory_service.config import Settings
     from memory_service.curation.erasure_state import ErasureState
+    from memory_service.events.log import EventLog
+    from memory_service.events.webhooks import Webhooks
     from memory_service.state.store import StateStore
     from memory_service.stores.agents import AgentDirectory
     from memory_service.stores.base import MemoryBackend
@@ -155,9 +159,10 @@ class Retention:
     """The daily purge of soft-deleted memories past PURGE_AFTER_DAYS."""
 
     def __init__(self, settings: Settings, state: StateStore, agents: AgentDirectory, index: RetentionIndex,
-                 erasure_state: ErasureState, audit: AuditLog):
+                 erasure_state: ErasureState, audit: AuditLog, events: EventLog | None = None,
+                 webhooks: Webhooks | None = None):
         self.settings, self.state, self.agents, self.index = settings, state, agents, index
-        self.removal, self.audit = Removal(state, erasure_state), audit
+        self.removal, self.audit, self.events, self.webhooks = Removal(state, erasure_state), audit, events, webhooks
 
     async def purge(self, now: datetime | None = None) -> PurgeReport:
         """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""
@@ -200,6 +205,7 @@ class Retention:
         purged = 0
         if doomed:
             purged = await self._remove(agent_id, backend, held)
+            await self._emit(agent_id, held, "deleted")
             await backend.purge_query_log(agent_id)
             await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
                                     after={"purged": len(doomed), "reason": "deleted",
@@ -241,6 +247,7 @@ class Retention:
             after = cursor
             if doomed := await judge.stale(batch):
                 purged += await self._remove(agent_id, backend, doomed)
+                await self._emit(agent_id, doomed, "stale")
                 kinds.update(count_kinds(doomed))
             if len(batch) < STALE_BATCH:
                 break
@@ -250,6 +257,21 @@ class Retention:
                                     after={"purged": sum(kinds.values()), "reason": "stale",
                                            "not_accessed_since": cutoff.isoformat(), "kinds": dict(kinds)})
         return purged
+
+    async def _emit(self, agent_id: str, purged: list[Memory], reason: str) -> None:
+        """The purged memories' earlier change events go (from the stream and the webhooks'
+        dead letters), and one ``purged`` event names their ids: the one trace a purge leaves,
+        which a host needs to drop its own copy (trimmed with the stream, docs/events.md)."""
+        ids = {m.id for m in purged}
+
+        def named(event: Event) -> bool:
+            return not ids.isdisjoint(event.memory_ids)
+
+        if self.webhooks is not None:
+            await self.webhooks.forget(agent_id, named)
+        if self.events is not None:
+            await self.events.remove(agent_id, named)
+            await self.events.emit_memories(agent_id, EventType.PURGED, purged, Cause(key_id=PURGE_ACTOR, reason=reason))
 
     async def _remove(self, agent_id: str, backend: MemoryBackend, held: list[Memory]) -> int:
         """Purge these memories: queued writes quoting them, every store, Redis (but the query log)."""

@@ -85,6 +85,7 @@ from memory_service.domain.graph import (
 from memory_service.domain.limits import check_message_chars, json_problem, unique_keys
 from memory_service.domain.models import MemoryKind, utcnow
 from memory_service.domain.namespaces import NamespaceKind
+from memory_service.events.log import Cause, EventLog
 from memory_service.formation import graph_update
 from memory_service.state.cache import agent_wide
 
@@ -440,7 +441,8 @@ class BlockWrites:
 async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, namespace: str,
                              session_id: str | None = None, message_id: str | None = None,
                              guard: NamespaceGuard = None, audit: AuditLog | None = None,
-                             actor: str = WRITE_BLOCKS_ACTOR) -> BlockWrites:
+                             actor: str = WRITE_BLOCKS_ACTOR, events: EventLog | None = None,
+                             cause: Cause = Cause()) -> BlockWrites:
     """Parse ``text`` and store what its blocks say, all or none (everything is checked, and
     the graph's names resolved, before anything is written). Each fact a block's fact closes
     is logged in ``audit`` under ``actor``. A backend without a graph (Mongo) refuses blocks
@@ -484,7 +486,8 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
         named.setdefault(memory_ids[i], set()).add(normalise_name(about))
     changes = await graph_update.apply(
         backend, agent_id, plan.entities, plan.facts, [Mention(m, tuple(sorted(n))) for m, n in named.items()],
-        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolution)
+        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolution,
+        events=events, cause=cause)
     if changes.entities or changes.facts or changes.mentions or changes.superseded or described:
         await tools.state.cache.bump(str(target), agent_wide(agent_id))
 

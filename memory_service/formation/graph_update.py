@@ -69,7 +69,9 @@ from memory_service.domain.graph import (
 )
 from memory_service.domain.models import utcnow
 from memory_service.embedding.embedders import Embedder
+from memory_service.events.log import Cause, Changed, EventLog
 from memory_service.formation import resolution
+from memory_service.schemas.events import EventType
 from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
@@ -258,13 +260,15 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
                 audit: AuditLog | None = None, actor: str = FORMATION_ACTOR, embedder: Embedder | None = None,
                 threshold: float = resolution.DEFAULT_THRESHOLD,
                 max_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
-                resolved: Resolution | None = None, supersedes: Sequence[str] = ()) -> GraphChanges:
+                resolved: Resolution | None = None, supersedes: Sequence[str] = (),
+                events: EventLog | None = None, cause: Cause = Cause()) -> GraphChanges:
     """Write one window's entities, facts and mentions; close the facts they replace. Each
     merge of a new name into a stored entity and each fact closed is logged in ``audit``
     under ``actor``, when given. ``embedder`` gives entities their name embeddings (resolution
     compares them). ``resolved``: ``entities`` resolved already (``resolve``), by a caller that
     looked before writing anything else. ``supersedes``: ids of facts the extractor says the
-    window ends (an LLM shown them), closed too."""
+    window ends (an LLM shown them), closed too. ``events``: where the facts closed are
+    announced (``superseded``, by namespace, with ``cause``)."""
 
     changes = GraphChanges()
     if not entities and not supersedes:
@@ -305,6 +309,12 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     if new_facts or plan:
         changes.facts, closed = await backend.write_facts(agent_id, new_facts, [c for c, _ in plan.values()])
         changes.superseded = closed
+        if events is not None and closed:
+            by_namespace: dict[str, list[str]] = {}
+            for fact_id_ in closed:
+                by_namespace.setdefault(plan[fact_id_][1].namespace, []).append(fact_id_)
+            await events.emit(agent_id, EventType.SUPERSEDED,
+                              [Changed(ns, "graph_fact", tuple(ids)) for ns, ids in by_namespace.items()], cause)
         if audit is not None:  # after the store's change: a retried window finds them closed and logs nothing
             for fact_id_ in closed:
                 await audit.append(actor, "fact.invalidate", agent_id, fact_id_, before=audited_fact(plan[fact_id_][1]),

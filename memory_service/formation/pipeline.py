@@ -19,6 +19,7 @@ from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.once import Embedded, embed_once
 from memory_service.embedding.turns import backlog
+from memory_service.events.log import EventLog
 from memory_service.formation.budgets import BudgetedConsolidator, BudgetedExtractor, UsageLedger
 from memory_service.formation.consolidation import Consolidator, RuleBasedConsolidator, consolidate
 from memory_service.formation.extractor import Extractor
@@ -48,11 +49,13 @@ EMBED_LINGER_SECONDS = 0.25
 class FormationPipeline:
     def __init__(self, settings: Settings, state: StateStore, queue: JobQueue, registry: BackendRegistry,
                  agents: AgentDirectory, formation: FormationSchedule, extractor: Extractor, consolidator: Consolidator,
-                 embedder: Embedder | None, audit: AuditLog | None = None, ledger: UsageLedger | None = None):
+                 embedder: Embedder | None, audit: AuditLog | None = None, ledger: UsageLedger | None = None,
+                 events: EventLog | None = None):
         self.settings, self.state, self.queue, self.registry = settings, state, queue, registry
         self.agents, self.formation = agents, formation
         self.extractor, self.consolidator, self.embedder = extractor, consolidator, embedder
         self.audit = audit  # where the facts formation closes are logged (``fact.invalidate``)
+        self.events = events  # where the memories formed and the facts closed are announced
         # An extractor or consolidator that spends tokens says how many it expects (estimate_tokens):
         # held to the agents' LLM budgets, with the offline one to fall back on (formation/budgets.py).
         self.ledger = ledger
@@ -81,7 +84,7 @@ class FormationPipeline:
         _, backend = await self.agents.backend_for(agent_id)
         result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
                                    extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
-                                   embedder=self.embedder, audit=self.audit,
+                                   embedder=self.embedder, audit=self.audit, events=self.events,
                                    name_similarity=self.settings.entity_name_similarity,
                                    resolve_candidates=self.settings.entity_resolve_candidates,
                                    post_process=lambda formed: self._after_formation(agent_id, backend, formed))

@@ -43,6 +43,7 @@ from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, S
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
+from memory_service.events.log import Cause, EventLog
 from memory_service.formation import graph_update, resolution
 from memory_service.formation.budgets import BudgetWait
 from memory_service.formation.entities import extract_graph
@@ -59,6 +60,7 @@ from memory_service.formation.known_graph import known_graph
 from memory_service.formation.personal import is_personal, personal_item
 from memory_service.formation.rule_extractor import split_sentences
 from memory_service.formation.window import Claim, StoredExtraction, WindowState, WindowStore
+from memory_service.schemas.events import EventType
 from memory_service.schemas.formation import FormationSummary
 from memory_service.stores.base import MemoryBackend
 
@@ -122,6 +124,7 @@ async def form_window(
     embedder: Embedder | None = None,
     post_process: Callable[[FormationResult], Awaitable[None]] | None = None,
     audit: AuditLog | None = None,
+    events: EventLog | None = None,
     name_similarity: float = resolution.DEFAULT_THRESHOLD,
     resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
 ) -> FormationResult:
@@ -132,6 +135,10 @@ async def form_window(
     and each name merged into a stored entity (``entity.merge``, undone by
     ``MemoryService.split_entity``). ``embedder`` also embeds the entities' names, which
     resolution compares (``name_similarity``, ``resolve_candidates``: graph_update.resolve).
+
+    ``events``: where the memories written are announced (``formed``, naming the session and
+    window) and each fact closed (``superseded``): after the store took them and before the
+    window is marked written, so a retried write step announces them again (at least once).
 
     ``post_process`` is the post-completion work; it runs on every run that finds the
     window completed, so it must be idempotent.
@@ -167,8 +174,11 @@ async def form_window(
     if record.state is WindowState.EXTRACTED:
         await embed_memories(embedder, result.memories)
         written = await backend.write(result.memories)
+        cause = Cause(session_id=session_id, window=claim.window)
         result.graph = await _write_graph(agent_id, backend, claim, stored, audit, embedder, name_similarity,
-                                          resolve_candidates)
+                                          resolve_candidates, events, cause)
+        if events is not None:
+            await events.emit_memories(agent_id, EventType.FORMED, result.memories, cause)
         record = await windows.mark_written(record, written)
         if record is None:
             result.already_formed = True
@@ -215,7 +225,8 @@ async def form_window(
 async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stored: StoredExtraction,
                        audit: AuditLog | None = None, embedder: Embedder | None = None,
                        name_similarity: float = resolution.DEFAULT_THRESHOLD,
-                       resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES) -> graph_update.GraphChanges | None:
+                       resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES, events: EventLog | None = None,
+                       cause: Cause = Cause()) -> graph_update.GraphChanges | None:
     """The window's entities, facts and mentions into the agent's graph (after its memories,
     which the mentions link from), and the facts it supersedes closed; None on a store
     without a graph (Mongo)."""
@@ -226,7 +237,8 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
         return await graph_update.apply(
             backend, agent_id, stored.entities, stored.facts, stored.mentions,
             memory_ids=[m.id for m in stored.memories], observed_at=observed, audit=audit, embedder=embedder,
-            threshold=name_similarity, max_candidates=resolve_candidates, supersedes=stored.supersedes)
+            threshold=name_similarity, max_candidates=resolve_candidates, supersedes=stored.supersedes,
+            events=events, cause=cause)
     except NotSupported:
         return None
 

@@ -39,6 +39,7 @@ from memory_service.http.routers import (
     audit,
     context,
     entities,
+    events,
     health,
     keys,
     memories,
@@ -57,7 +58,7 @@ from memory_service.stores import outages
 __all__ = ["ContextOut", "RecordOut", "create_app", "operation_id"]
 
 # In the order their paths appear in the OpenAPI schema.
-ROUTERS = (sessions, context, search, agents, health, users, keys, audit, startup, memories, entities)
+ROUTERS = (sessions, context, search, agents, health, users, keys, audit, startup, memories, entities, events)
 
 log = logging.getLogger(__name__)
 

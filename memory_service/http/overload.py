@@ -27,7 +27,8 @@ does not reach counts to the key's own.
 Admission is per process: with R replicas an agent may run R times its share at once.
 What is shared by every replica is counted in Redis: the rate limits (memory_service/access/keys.py).
 /health, /health/live and /metrics are never queued (a liveness probe queued behind a
-flood would get the process restarted for being busy), nor is ``POST /v1/sessions/{id}/form``: with
+flood would get the process restarted for being busy), nor is ``GET /v1/agents/{id}/events`` (a
+stream, docs/events.md: EVENTS_SSE_MAX_STREAMS bounds them), nor ``POST /v1/sessions/{id}/form``: with
 ``wait`` it sleeps until the worker stored the window (up to FORM_WAIT_SECONDS, tens of
 seconds with an LLM), and a few sessions ending at once must not take every slot.
 
@@ -217,6 +218,8 @@ class AdmissionLimit:
 
     NEVER_QUEUED = frozenset({"/health", "/health/live", "/metrics"})
     LONG_POLL_SUFFIX = "/form"  # POST /v1/sessions/{id}/form
+    # GET /v1/agents/{id}/events: a stream minutes long, bounded by EVENTS_SSE_MAX_STREAMS instead.
+    STREAM_SUFFIX = "/events"
 
     def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0,
                  bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1):
@@ -228,7 +231,8 @@ class AdmissionLimit:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.NEVER_QUEUED or (
-                scope["method"] == "POST" and scope["path"].endswith(self.LONG_POLL_SUFFIX)):
+                scope["method"] == "POST" and scope["path"].endswith(self.LONG_POLL_SUFFIX)) or (
+                scope["method"] == "GET" and scope["path"].endswith(self.STREAM_SUFFIX)):
             await self.app(scope, receive, send)
             return
         lane = await lane_of(scope)

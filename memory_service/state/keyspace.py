@@ -91,6 +91,25 @@ Agents (memory_service/state/store.py unless named)::
     ms:audit:agent:<agent>                  stream  the agent's changes, append-only, kept
                                                     (memory_service/access/audit.py)                 per change
 
+Change events (memory_service/events/), each agent's on the ``{ev:<agent>}`` slot (the delivery
+of one webhook names its keys together; docs/events.md)::
+
+    ms:ev:{ev:<agent>}:stream               stream  the agent's change events (memories formed, written,
+                                                    updated, deleted, ...), the entry id the event's
+                                                    id; capped at about EVENTS_STREAM_MAXLEN          per change (bounded)
+    ms:ev:{ev:<agent>}:hooks                hash    webhook id -> JSON webhook (its URL and secret)   per webhook
+    ms:ev:{ev:<agent>}:hook:<hook>          hash    the webhook's delivery: cursor (the last event
+                                                    delivered or dead-lettered), attempts and
+                                                    next_at of the event at its head, last_error      per webhook
+    ms:ev:{ev:<agent>}:dead:<hook>          hash    event id -> JSON dead letter (the event, its
+                                                    attempts, the last error), kept until an
+                                                    operator replays or drops it                     per dead letter
+    ms:ev:{ev:<agent>}:replay:<hook>        hash    event id -> JSON dead letter to deliver again     per replay asked
+    ms:ev:{ev:<agent>}:lock:<hook>          string  the lease of the worker delivering the webhook,
+                                                    with a lifetime                                  per webhook delivering
+    ms:ev:hook-agents                       set     the agents with a webhook (where the delivery
+                                                    looks)                                           per agent
+
 Sessions (the ledger, memory_service/state/store.py; the window, memory_service/formation/window.py);
 ``<b>`` is the session's bucket, ``session_tag``::
 
@@ -288,6 +307,7 @@ USER_DIGEST_KEY = "ms:user-digest-key"
 AGENTS = "ms:agents"
 BROWSE_INDEX = "ms:browse-index"
 RETENTION_AGENTS = "ms:retention:agents"
+HOOK_AGENTS = "ms:ev:hook-agents"
 WORKERS = "ms:workers"  # on the job queue's Redis
 OUTBOX_TAG = "outbox"
 
@@ -408,6 +428,37 @@ def retention_deleted(agent_id: str) -> str:
 def audit_stream(agent_id: str | None) -> str:
     """The agent's audit stream; None: the system stream (changes spanning every agent)."""
     return f"ms:audit:agent:{agent_id}" if agent_id else "ms:audit:system"
+
+
+# Change events (memory_service/events/) ---------------------------------------------
+
+
+def _events_prefix(agent_id: str) -> str:
+    return f"ms:ev:{{ev:{agent_id}}}:"
+
+
+def event_stream(agent_id: str) -> str:
+    return _events_prefix(agent_id) + "stream"
+
+
+def webhooks(agent_id: str) -> str:
+    return _events_prefix(agent_id) + "hooks"
+
+
+def webhook_delivery(agent_id: str, hook_id: str) -> str:
+    return _events_prefix(agent_id) + f"hook:{hook_id}"
+
+
+def webhook_dead(agent_id: str, hook_id: str) -> str:
+    return _events_prefix(agent_id) + f"dead:{hook_id}"
+
+
+def webhook_replay(agent_id: str, hook_id: str) -> str:
+    return _events_prefix(agent_id) + f"replay:{hook_id}"
+
+
+def webhook_lock(agent_id: str, hook_id: str) -> str:
+    return _events_prefix(agent_id) + f"lock:{hook_id}"
 
 
 # The graph store's full-text postings ----------------------------------------------

@@ -796,6 +796,140 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/events": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Event Stream
+         * @description The agent's change events as they happen (text/event-stream), each `id`, `event` (its
+         *     type) and `data` (the JSON event, without memory content); a heartbeat comment while idle.
+         *     Needs `read`; a key limited to users gets the events of the namespaces it may read.
+         */
+        get: operations["event_stream"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/webhooks": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List Webhooks
+         * @description The agent's webhooks with their delivery state (never their secrets). Needs `admin`.
+         */
+        get: operations["list_webhooks"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/webhooks/{webhook_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get Webhook
+         * @description One webhook: its URL, cursor, failed attempts, next attempt, last error and dead letters.
+         */
+        get: operations["get_webhook"];
+        /**
+         * Put Webhook
+         * @description Create (201) or replace (200) a webhook: `url` (http or https; no loopback or private
+         *     address unless WEBHOOK_ALLOW_PRIVATE) and `secret` (signs each delivery; never answered).
+         *     A new webhook gets the events from now on. Needs `admin` with a key for all users.
+         */
+        put: operations["put_webhook"];
+        post?: never;
+        /**
+         * Delete Webhook
+         * @description Delete the webhook with its delivery state and dead letters; 404 if there is none.
+         */
+        delete: operations["delete_webhook"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Webhook Dead Letters
+         * @description The events the worker gave up delivering (after WEBHOOK_MAX_ATTEMPTS), oldest first,
+         *     each with its attempts and last error; `replaying` for those handed back.
+         */
+        get: operations["webhook_dead_letters"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters/{event_id}/replay": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Replay Dead Letter
+         * @description Deliver the dead letter again: the worker sends it on its next run (once: a failure
+         *     makes it a dead letter again). 404 for an unknown dead letter.
+         */
+        post: operations["replay_dead_letter"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters/{event_id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Drop Dead Letter
+         * @description Drop the dead letter for good; 404 for an unknown one.
+         */
+        delete: operations["drop_dead_letter"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -1134,6 +1268,30 @@ export interface components {
          * @enum {string}
          */
         ContextType: "chat" | "task" | "document";
+        /** DeadLetter */
+        DeadLetter: {
+            event: components["schemas"]["Event"];
+            /** Attempts */
+            attempts: number;
+            /** Error */
+            error: string;
+            /**
+             * Dead At
+             * Format: date-time
+             */
+            dead_at: string;
+            /**
+             * Replaying
+             * @description replay asked: the worker delivers it again
+             * @default false
+             */
+            replaying?: boolean;
+        };
+        /** DeadLetterPage */
+        DeadLetterPage: {
+            /** Dead Letters */
+            dead_letters: components["schemas"]["DeadLetter"][];
+        };
         /** DeletedOut */
         DeletedOut: {
             /** Id */
@@ -1445,6 +1603,68 @@ export interface components {
             /** Notes */
             notes?: string[];
         };
+        /**
+         * Event
+         * @description One change of an agent's memory. ``id`` orders the agent's events and is the same at
+         *     every delivery of the event: a host de-duplicates on it.
+         */
+        Event: {
+            /**
+             * Id
+             * @description the event's id, increasing per agent (its stream entry id)
+             */
+            id: string;
+            /** Agent Id */
+            agent_id: string;
+            type: components["schemas"]["EventType"];
+            /**
+             * At
+             * Format: date-time
+             */
+            at: string;
+            /**
+             * Memory Ids
+             * @description the memories (for superseded: the facts)
+             */
+            memory_ids?: string[];
+            /**
+             * Kind
+             * @description their kind (for superseded: 'graph_fact')
+             */
+            kind?: string | null;
+            /** Namespace */
+            namespace?: string | null;
+            /**
+             * User Id
+             * @description the user of a user namespace
+             */
+            user_id?: string | null;
+            /**
+             * Session Id
+             * @description the cause: the session of a formed window
+             */
+            session_id?: string | null;
+            /**
+             * Window
+             * @description the cause: the window's number in its session
+             */
+            window?: number | null;
+            /**
+             * Key Id
+             * @description the cause: the API key that made the change
+             */
+            key_id?: string | null;
+            /**
+             * Reason
+             * @description the cause, for purged: 'deleted' or 'stale'
+             */
+            reason?: string | null;
+        };
+        /**
+         * EventType
+         * @enum {string}
+         */
+        EventType: "formed" | "written" | "updated" | "deleted" | "undeleted" | "purged" | "superseded" | "erased" | "corrected" | "expired" | "forgotten";
         /** Explanation */
         Explanation: {
             /**
@@ -2751,6 +2971,53 @@ export interface components {
             input?: unknown;
             /** Context */
             ctx?: Record<string, never>;
+        };
+        /** WebhookIn */
+        WebhookIn: {
+            /**
+             * Url
+             * @description an http(s) URL the events are POSTed to
+             */
+            url: string;
+            /**
+             * Secret
+             * @description the HMAC-SHA256 key of the signature header; never answered back
+             */
+            secret: string;
+        };
+        /** WebhookOut */
+        WebhookOut: {
+            /** Id */
+            id: string;
+            /** Agent Id */
+            agent_id: string;
+            /** Url */
+            url: string;
+            /**
+             * Created At
+             * Format: date-time
+             */
+            created_at: string;
+            /**
+             * Cursor
+             * @description the last event delivered (or dead-lettered)
+             */
+            cursor?: string | null;
+            /**
+             * Attempts
+             * @description failed deliveries of the event after the cursor
+             * @default 0
+             */
+            attempts?: number;
+            /** Next Attempt At */
+            next_attempt_at?: string | null;
+            /** Last Error */
+            last_error?: string | null;
+            /**
+             * Dead Letters
+             * @default 0
+             */
+            dead_letters?: number;
         };
         /**
          * WriteBlocksIn
@@ -4236,6 +4503,287 @@ export interface operations {
                 content: {
                     "application/json": components["schemas"]["EntitySplitOut"];
                 };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    event_stream: {
+        parameters: {
+            query?: {
+                /** @description resume after this event id (as the Last-Event-ID header); omitted: from now on; 0-0: every event the stream still holds */
+                after?: string | null;
+                /** @description end the stream after this many seconds (at most EVENTS_SSE_MAX_SECONDS) */
+                timeout?: number | null;
+            };
+            header?: {
+                /** @description the last event id the client received */
+                "last-event-id"?: string | null;
+            };
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description server-sent events */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "text/event-stream": unknown;
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    list_webhooks: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"][];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    get_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the webhook's id (letters, digits, '-', '_'; at most 64) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    put_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the webhook's id (letters, digits, '-', '_'; at most 64) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["WebhookIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"];
+                };
+            };
+            /** @description created */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["WebhookOut"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    delete_webhook: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the webhook's id (letters, digits, '-', '_'; at most 64) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    webhook_dead_letters: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the webhook's id (letters, digits, '-', '_'; at most 64) */
+                webhook_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["DeadLetterPage"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    replay_dead_letter: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the webhook's id (letters, digits, '-', '_'; at most 64) */
+                webhook_id: string;
+                /** @description an event's id */
+                event_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": unknown;
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    drop_dead_letter: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the webhook's id (letters, digits, '-', '_'; at most 64) */
+                webhook_id: string;
+                /** @description an event's id */
+                event_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            204: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content?: never;
             };
             /** @description Validation Error */
             422: {

@@ -47,6 +47,7 @@ from memory_service.schemas.browse import (
 )
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.events import DeadLetterPage, Event, WebhookOut
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.graph import EntityDetailOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
@@ -501,6 +502,56 @@ class AsyncMemoryClient:
         answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/users/{seg(user_id)}/export")
         result: UserExport = parse(UserExport, answer)
         return result
+
+    # Change events (docs/events.md): the agent's stream, and webhooks.
+
+    async def events(self, agent_id: str, *, after: str | None = None,
+                     timeout: float | None = None) -> AsyncIterator[Event]:
+        """The agent's change events as they happen, until the server ends the stream (after
+        EVENTS_SSE_MAX_SECONDS, or ``timeout``); resume with ``after`` = the last event's id.
+        ``after`` omitted: from now on; "0-0": every event the stream still holds."""
+        async with self._http.stream("GET", f"{self.base_url}/v1/agents/{seg(agent_id)}/events",
+                                     params=query_params(after=after, timeout=timeout), headers=self._headers,
+                                     timeout=httpx.Timeout(self._timeout, read=None)) as response:
+            if response.status_code >= 400:
+                await response.aread()
+                raise failure(response)
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    yield Event.model_validate_json(line[len("data: "):])
+
+    async def put_webhook(self, agent_id: str, webhook_id: str, *, url: str, secret: str) -> WebhookOut:
+        """Create or replace a webhook (an admin key for all users); its secret signs each delivery."""
+        answer = await self._send("PUT", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}",
+                                  json={"url": url, "secret": secret})
+        result: WebhookOut = parse(WebhookOut, answer)
+        return result
+
+    async def get_webhook(self, agent_id: str, webhook_id: str) -> WebhookOut:
+        answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}")
+        result: WebhookOut = parse(WebhookOut, answer)
+        return result
+
+    async def list_webhooks(self, agent_id: str) -> list[WebhookOut]:
+        result: list[WebhookOut] = parse(list[WebhookOut], await self._send("GET", f"/v1/agents/{seg(agent_id)}/webhooks"))
+        return result
+
+    async def delete_webhook(self, agent_id: str, webhook_id: str) -> None:
+        await self._send("DELETE", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}")
+
+    async def webhook_dead_letters(self, agent_id: str, webhook_id: str) -> DeadLetterPage:
+        """The events the worker gave up delivering to the webhook, oldest first."""
+        answer = await self._send("GET", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}/dead-letters")
+        result: DeadLetterPage = parse(DeadLetterPage, answer)
+        return result
+
+    async def replay_dead_letter(self, agent_id: str, webhook_id: str, event_id: str) -> None:
+        """Have the worker deliver the dead letter once more."""
+        await self._send("POST", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}/dead-letters/"
+                                 f"{seg(event_id)}/replay")
+
+    async def drop_dead_letter(self, agent_id: str, webhook_id: str, event_id: str) -> None:
+        await self._send("DELETE", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}/dead-letters/{seg(event_id)}")
 
     # Operations.
 

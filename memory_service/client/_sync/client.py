@@ -48,6 +48,7 @@ from memory_service.schemas.browse import (
 )
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.erasure import ErasureReport, UserExport
+from memory_service.schemas.events import DeadLetterPage, Event, WebhookOut
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.graph import EntityDetailOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
@@ -502,6 +503,56 @@ class MemoryClient:
         answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/users/{seg(user_id)}/export")
         result: UserExport = parse(UserExport, answer)
         return result
+
+    # Change events (docs/events.md): the agent's stream, and webhooks.
+
+    def events(self, agent_id: str, *, after: str | None = None,
+                     timeout: float | None = None) -> Iterator[Event]:
+        """The agent's change events as they happen, until the server ends the stream (after
+        EVENTS_SSE_MAX_SECONDS, or ``timeout``); resume with ``after`` = the last event's id.
+        ``after`` omitted: from now on; "0-0": every event the stream still holds."""
+        with self._http.stream("GET", f"{self.base_url}/v1/agents/{seg(agent_id)}/events",
+                                     params=query_params(after=after, timeout=timeout), headers=self._headers,
+                                     timeout=httpx.Timeout(self._timeout, read=None)) as response:
+            if response.status_code >= 400:
+                response.read()
+                raise failure(response)
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    yield Event.model_validate_json(line[len("data: "):])
+
+    def put_webhook(self, agent_id: str, webhook_id: str, *, url: str, secret: str) -> WebhookOut:
+        """Create or replace a webhook (an admin key for all users); its secret signs each delivery."""
+        answer = self._send("PUT", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}",
+                                  json={"url": url, "secret": secret})
+        result: WebhookOut = parse(WebhookOut, answer)
+        return result
+
+    def get_webhook(self, agent_id: str, webhook_id: str) -> WebhookOut:
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}")
+        result: WebhookOut = parse(WebhookOut, answer)
+        return result
+
+    def list_webhooks(self, agent_id: str) -> list[WebhookOut]:
+        result: list[WebhookOut] = parse(list[WebhookOut], self._send("GET", f"/v1/agents/{seg(agent_id)}/webhooks"))
+        return result
+
+    def delete_webhook(self, agent_id: str, webhook_id: str) -> None:
+        self._send("DELETE", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}")
+
+    def webhook_dead_letters(self, agent_id: str, webhook_id: str) -> DeadLetterPage:
+        """The events the worker gave up delivering to the webhook, oldest first."""
+        answer = self._send("GET", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}/dead-letters")
+        result: DeadLetterPage = parse(DeadLetterPage, answer)
+        return result
+
+    def replay_dead_letter(self, agent_id: str, webhook_id: str, event_id: str) -> None:
+        """Have the worker deliver the dead letter once more."""
+        self._send("POST", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}/dead-letters/"
+                                 f"{seg(event_id)}/replay")
+
+    def drop_dead_letter(self, agent_id: str, webhook_id: str, event_id: str) -> None:
+        self._send("DELETE", f"/v1/agents/{seg(agent_id)}/webhooks/{seg(webhook_id)}/dead-letters/{seg(event_id)}")
 
     # Operations.
 
