@@ -183,7 +183,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/facts/{fact_id}/restore", "/v1/agents/{agent_id}/entities/{entity_id}/split",
         "/v1/agents/{agent_id}/messages/batch",
         "/v1/agents", "/v1/agents/{agent_id}/users", "/v1/agents/{agent_id}/sessions",
-        "/v1/agents/{agent_id}/memories/{memory_id}/detail",
+        "/v1/agents/{agent_id}/memories/{memory_id}/detail", "/v1/agents/{agent_id}/usage",
     }
     assert (await http.get("/docs")).status_code == 200
 
@@ -216,6 +216,7 @@ OPERATION_IDS = {
     ("GET", "/v1/keys"): "list_keys",
     ("DELETE", "/v1/keys/{key_id}"): "revoke_key",
     ("GET", "/v1/audit"): "read_audit",
+    ("GET", "/v1/agents/{agent_id}/usage"): "agent_usage",
     ("GET", "/v1/agents/{agent_id}/events"): "event_stream",
     ("GET", "/v1/agents/{agent_id}/webhooks"): "list_webhooks",
     ("PUT", "/v1/agents/{agent_id}/webhooks/{webhook_id}"): "put_webhook",
