@@ -79,7 +79,15 @@ FACT = {"id": "fact_" + "1" * 24, "namespace": "user:trip:alice", "subject_id": 
         "object_id": "ent_" + "2" * 24, "text": "alice lives in Lyon", "valid_at": "2026-05-01T09:00:00Z",
         "invalid_at": None, "superseded_by": None, "created_at": "2026-05-01T09:00:00Z", "expired_at": None,
         "current": True, "memory_ids": ["mem-1"], "message_ids": ["m-1"]}
+EVENT = {"id": "1714554000000-0", "agent_id": "trip", "type": "written", "at": AT, "memory_ids": ["mem-1"],
+         "kind": "fact", "namespace": "shard:trip:travel", "user_id": None, "session_id": None, "window": None,
+         "key_id": "3f9c0a7d2b1e4c58", "reason": None}
 SAMPLES: dict[str, Any] = {
+    "Event": EVENT,
+    "WebhookOut": {"id": "crm", "agent_id": "trip", "url": "https://hooks.example.com/memory", "created_at": AT,
+                   "cursor": EVENT["id"], "attempts": 1, "next_attempt_at": AT, "last_error": "503", "dead_letters": 1},
+    "DeadLetterPage": {"dead_letters": [{"event": EVENT, "attempts": 8, "error": "connection refused", "dead_at": AT,
+                                         "replaying": False}]},
     "RecordOut": {"session_id": "s-1", "message_id": "m-1", "sequence": 4, "duplicate": False, "gate": GATE,
                   "formation_job": "form:s-1:1"},
     "BatchOut": {"recorded": 1, "duplicate": 0, "refused": 1, "failed": 0,

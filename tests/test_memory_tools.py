@@ -173,7 +173,7 @@ async def test_a_message_deleted_before_its_window_is_formed_is_left_out_of_it(h
     assert formed.status_code == 200, formed.text
     assert formed.json()["formed"] and formed.json()["memories"] == {}
     assert not [h for h in await search(http, "bank PIN 9931", top_k=50) if "9931" in h["content"]]
-    assert (await http.get("/v1/sessions/s2")).json()["pending_job"] is None
+    assert (await http.get("/v1/sessions/s2")).json()["formed_messages"] == 1  # not pending: formed
 
 
 @pytest.mark.parametrize(("body", "status", "field"), [
