@@ -19,9 +19,9 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
@@ -82,6 +82,11 @@ class MemoryWrite(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=TAGS_CEILING,
                             description="at most MAX_MEMORY_TAGS, each at most MAX_TAG_CHARS characters")
     confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="when it expires (ISO 8601 with a time zone, in the future, within "
+                                  "MEMORY_EXPIRY_MAX_DAYS): from then on search, the memory block and browse skip it, "
+                                  "and the retention job purges it; without it the agent's time to live for the kind "
+                                  "or shard applies, if any (docs/expiry.md)")
     idempotency_key: str | None = Field(
         default=None, min_length=1, max_length=IDEMPOTENCY_KEY_CHARS,
         description="makes the write repeatable: the same key for the same agent stores one memory and answers it "
@@ -114,6 +119,8 @@ class MemoryUpdate(BaseModel):
     tags: list[str] | None = Field(default=None, max_length=TAGS_CEILING)
     confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     kind: MemoryKind | None = None
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="a new expiry (in the future, within MEMORY_EXPIRY_MAX_DAYS); null: it never expires")
 
     @field_validator("content")
     @classmethod
@@ -234,6 +241,11 @@ class MemoryTools:
         self._check_kind(body.kind)
         check_message_chars(body.content, self.settings.max_message_chars)
         tags = self._tags(body.tags)
+        now = _now()
+        expires_at = self._check_expiry(body.expires_at, now)
+        if expires_at is None:
+            policy = await self.agents.expiry_policy(agent_id)
+            expires_at = policy.expires_at(body.kind.value, str(namespace), now)
         provenance = Provenance(agent_id=agent_id, session_id=session_id,
                                 message_ids=[message_id] if message_id else [])
         if namespace.kind is NamespaceKind.USER:
@@ -242,7 +254,8 @@ class MemoryTools:
             provenance.session_id = namespace.fields[0]
         memory_id = uuid.uuid4().hex if body.idempotency_key is None else keyed_memory_id(agent_id, body.idempotency_key)
         return Memory(id=memory_id, kind=body.kind, namespace=str(namespace), content=body.content,
-                      metadata=provenance, valid_at=_now(), title=body.title, tags=tags, confidence=body.confidence)
+                      metadata=provenance, valid_at=now, title=body.title, tags=tags, confidence=body.confidence,
+                      expires_at=expires_at)
 
     async def update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
                      guard: NamespaceGuard = None) -> tuple[MemoryRecord, MemoryRecord]:
@@ -251,6 +264,9 @@ class MemoryTools:
         backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         if memory.deleted_at is not None:
             raise Conflict(f"memory {memory_id!r} is deleted: undelete it before updating it")
+        if memory.expired():
+            raise Conflict(f"memory {memory_id!r} expired at {memory.expires_at}: the retention job purges it; "
+                           "write it again to keep it")
         given = body.model_fields_set
         if "content" in given and body.content is None:
             raise InvalidInput("content: must not be null (send the new content, or leave the field out)")
@@ -268,6 +284,8 @@ class MemoryTools:
         for name in ("title", "confidence"):
             if name in given:
                 changes[name] = getattr(body, name)
+        if "expires_at" in given:
+            changes["expires_at"] = self._check_expiry(body.expires_at, _now())
         before = self.record(memory)
         updated = memory.model_copy(update={**changes, "updated_at": _now()})
         if updated.search_text != memory.search_text:
@@ -330,7 +348,7 @@ class MemoryTools:
         return MemoryRecord(
             id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content, title=memory.title,
             tags=list(memory.tags), confidence=memory.confidence, valid_at=memory.valid_at, created_at=memory.valid_at,
-            updated_at=memory.updated_at, deleted_at=memory.deleted_at,
+            updated_at=memory.updated_at, deleted_at=memory.deleted_at, expires_at=memory.expires_at,
             purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days), provenance=memory.metadata,
             access_count=access_count, last_accessed_at=last_accessed_at, served_by=memory.served_by)
 
@@ -382,6 +400,18 @@ class MemoryTools:
             raise InvalidInput("message_id: give the session_id the message was said in")
         if not await self.state.has_message(said_in, message_id):
             raise NotFound(f"message_id: session {said_in!r} has no message {message_id!r}")
+
+    def _check_expiry(self, expires_at: datetime | None, now: datetime) -> datetime | None:
+        """A writer's ``expires_at``: ahead of ``now`` and within MEMORY_EXPIRY_MAX_DAYS."""
+        if expires_at is None:
+            return None
+        if expires_at <= now:
+            raise InvalidInput(f"expires_at: {expires_at.isoformat()} has passed; give a time in the future")
+        horizon = self.settings.memory_expiry_max_days
+        if expires_at > now + timedelta(days=horizon):
+            raise InvalidInput(f"expires_at: {expires_at.isoformat()} is more than MEMORY_EXPIRY_MAX_DAYS "
+                               f"({horizon} days) ahead")
+        return expires_at.astimezone(UTC)
 
     def _check_kind(self, kind: MemoryKind) -> None:
         if kind not in WRITABLE_KINDS:

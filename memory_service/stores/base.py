@@ -288,7 +288,8 @@ class MemoryBackend(ABC):
         embedding; without one the memory waits for the backfill). Namespace, kind, time and
         provenance stay. Ids not stored are skipped; return how many were updated.
 
-        Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``."""
+        Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``,
+        and one whose ``expires_at`` has passed; ``expires_at`` is overwritten too."""
 
     # Retention (memory_service/curation/retention.py, docs/memory-tools.md) ----------------------
 
@@ -300,6 +301,12 @@ class MemoryBackend(ABC):
         (``valid_at``, id) and following ``after`` (the previous batch's last memory:
         ``(valid_at.timestamp(), id)``). Read through an index on the time, so a batch costs
         the memories in the range, not the agent's."""
+
+    @abstractmethod
+    async def expired(self, agent_id: str, now: datetime, limit: int) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories whose ``expires_at`` is at or before ``now``,
+        whatever their namespace or state, soonest expired first (then by id): what the
+        retention job purges (docs/expiry.md). Read through an index on ``expires_at``."""
 
     # Erasing a user (memory_service/curation/erasure.py, docs/erasure.md) ----------------------
 

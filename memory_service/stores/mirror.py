@@ -479,6 +479,10 @@ class MirroredBackend(MemoryBackend):
         # The graph's, as ``export``: MongoDB mirrors it, and what is purged leaves both.
         return await self.primary.written_before(agent_id, before, limit, after)
 
+    async def expired(self, agent_id: str, now: datetime, limit: int) -> list[Memory]:
+        # The graph's, as ``written_before``: what is purged leaves both stores.
+        return await self.primary.expired(agent_id, now, limit)
+
     async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
         # The graph's, as ``export``: a cursor names a position in one store's order.
         return await self.primary.list_memories(agent_id, listing)
