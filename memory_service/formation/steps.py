@@ -35,9 +35,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 
 from memory_service.access.audit import AuditLog
 from memory_service.domain.errors import NotSupported
+from memory_service.domain.expiry import ExpiryPolicy
 from memory_service.domain.graph import ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
@@ -119,6 +121,7 @@ async def form_window(
     audit: AuditLog | None = None,
     name_similarity: float = resolution.DEFAULT_THRESHOLD,
     resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
+    expiry: ExpiryPolicy | None = None,
 ) -> FormationResult:
     """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
 
@@ -127,6 +130,9 @@ async def form_window(
     and each name merged into a stored entity (``entity.merge``, undone by
     ``MemoryService.split_entity``). ``embedder`` also embeds the entities' names, which
     resolution compares (``name_similarity``, ``resolve_candidates``: graph_update.resolve).
+
+    ``expiry``: the agent's times to live; a memory the window forms expires that long after
+    its extraction (stored with it, so every try writes the same time; docs/expiry.md).
 
     ``post_process`` is the post-completion work; it runs on every run that finds the
     window completed, so it must be idempotent.
@@ -141,7 +147,7 @@ async def form_window(
     claim = record.claim  # as stored: the snapshot every try reads
 
     if record.state is WindowState.CLAIMED:
-        extraction = await _extract(claim, agent_id, backend, extractor, shards)
+        extraction = await _extract(claim, agent_id, backend, extractor, shards, expiry)
         record = await windows.store_extraction(record, extraction)
         if record is None:
             result.already_formed = True
@@ -218,7 +224,7 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
 
 
 async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
-                   shards: list[Shard]) -> StoredExtraction:
+                   shards: list[Shard], expiry: ExpiryPolicy | None = None) -> StoredExtraction:
     """The memories ONE extractor call makes of exactly the claimed messages."""
     session_id = claim.session_id
     session_ns = Namespace.session(session_id)
@@ -229,7 +235,7 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
         # out: forming it would bring its words back in an episode. One that is not stored at
         # all is a fault of the store.
         found = await backend.find(agent_id, [message_memory_id(session_id, mid) for mid in missing])
-        deleted = {m.id for m in found if m.deleted_at is not None}
+        deleted = {m.id for m in found if m.deleted_at is not None or m.expired()}
         if lost := [mid for mid in missing if message_memory_id(session_id, mid) not in deleted]:
             raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: "
                                f"{lost[:5]}")
@@ -261,6 +267,8 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
     memories = tuple(extraction_memories(window, window_key, extraction))
+    if expiry is not None:
+        expiry.applied(memories, datetime.now(UTC))
     # The knowledge graph's share of the window: the extractor's (checked like its shard
     # items), else read offline. Stored with the extraction, so every try of the write step
     # writes the same graph.

@@ -91,6 +91,7 @@ HELP = {
     "purge_runs": "Retention runs",
     "stale_purged_memories": "Stale memories purged",
     "stale_purge_runs": "Stale purge runs",
+    "expired_purged_memories": "Memories purged past their expires_at",
 }
 _LLM = re.compile(r"^(consolidation_)?llm_(calls|attempts|prompt_tokens|completion_tokens|seconds)$")
 _flat: dict[str, Counter] = {}

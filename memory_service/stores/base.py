@@ -100,10 +100,11 @@ class Brief:
     valid_at: datetime
     text: str
     served_by: str | None = None
+    expires_at: datetime | None = None  # a cached block showing it lives no longer (docs/expiry.md)
 
     @classmethod
     def of(cls, memory: Memory) -> Brief:
-        return cls(memory.id, memory.kind, memory.valid_at, memory.search_text, memory.served_by)
+        return cls(memory.id, memory.kind, memory.valid_at, memory.search_text, memory.served_by, memory.expires_at)
 
 
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first

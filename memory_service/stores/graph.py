@@ -836,8 +836,11 @@ class GraphBackend(EntityGraph):
         if not ids:
             return []
         rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
-                                                f"AND {_LIVE} RETURN n.uuid, n.kind, n.valid_at, n.text", ids=list(ids))
-        return [Brief(i, MemoryKind(kind), _moment(valid_at), text or "", "graph") for i, kind, valid_at, text in rows]
+                                                f"AND {_LIVE} RETURN n.uuid, n.kind, n.valid_at, n.text, n.expires_at",
+                                      ids=list(ids))
+        return [Brief(i, MemoryKind(kind), _moment(valid_at), text or "", "graph",
+                      None if expires is None else datetime.fromtimestamp(float(expires), UTC))
+                for i, kind, valid_at, text, expires in rows]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
         return (await self.recent_many(agent_id, [RecentRead(namespace, kinds, limit)]))[0]
