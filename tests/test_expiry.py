@@ -163,3 +163,20 @@ async def test_over_http_expiry_and_times_to_live_are_checked_and_answered(servi
             assert shard.status_code in (200, 201) and shard.json()["memory_ttl"] == 43_200
             listed = (await http.get(f"/v1/agents/{AGENT}/memories")).json()
             assert [m["content"] for m in listed["memories"]] == ["Alice is in Oslo."]  # the bad writes stored nothing
+
+
+async def test_the_docs_example_runs(settings, capsys):
+    """docs/expiry.md's example, as written, against a real server (writes on for its agent)."""
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "expiry.md").read_text()
+    start = page.index("```python\n") + len("```python\n")
+    code = page[start:page.index("```", start)]
+    placeholder = 'API, AGENT = "http://127.0.0.1:8080", "concierge"'
+    assert placeholder in code
+    config = settings.model_copy(update={"memory_write_agents": ["concierge"]})
+    async with LoopbackServer(create_app(config, run_worker=True)) as server:
+        code = code.replace(placeholder, f'API, AGENT = "{server.base_url}", "concierge"')
+        await asyncio.to_thread(exec, compile(code, "docs/expiry.md", "exec"), {"__name__": "docs"})
+    out = capsys.readouterr().out
+    assert "door code expires at 20" in out and "hotel expires at 20" in out and "door code now expires: None" in out
