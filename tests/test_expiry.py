@@ -180,3 +180,31 @@ async def test_the_docs_example_runs(settings, capsys):
         await asyncio.to_thread(exec, compile(code, "docs/expiry.md", "exec"), {"__name__": "docs"})
     out = capsys.readouterr().out
     assert "door code expires at 20" in out and "hotel expires at 20" in out and "door code now expires: None" in out
+
+
+async def test_graph_facts_of_expired_memories_alone_end_as_facts_do_at_the_purge(settings):
+    """A fact the graph formed from memories that all expired is closed by the purge (its
+    ``invalid_at`` their expiry, the edge and its history kept), audited; the graph backend."""
+    async with open_service(settings.model_copy(update=WRITES), run_worker=True) as service:
+        await service.put_agent(AGENT, AgentSettings(memory_ttl=dict.fromkeys(
+            ("episode", "directive", "fact", "suggestion", "observation"), 2)))
+        await record_all(service, "s1", AGENT, [
+            ("alice", "user", "I live in Porto and I work at Sonae."), ("alice", "assistant", "Noted."),
+            ("alice", "user", "I prefer window seats on every flight."), ("alice", "assistant", "Window seats it is.")])
+        formed = await service.form_memories("s1")
+        assert formed.formed
+        _, backend = await service.agents.backend_for(AGENT)
+        facts = await backend.facts_citing(AGENT, [m.id for m in await backend.export(AGENT, Namespace.session("s1"))
+                                                   if m.kind is MemoryKind.EPISODE])
+        assert facts and all(f.current_at() for f in facts)
+        memories = await backend.find(AGENT, sorted({i for f in facts for i in f.memory_ids}))
+        end = max(m.expires_at for m in memories)
+        await asyncio.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds()) + 0.1)
+        report = await service.retention.purge()
+        assert report.expired == len(memories)
+        closed = [await backend.get_fact(AGENT, f.id) for f in facts]
+        assert all(not f.current_at() and f.invalid_at == end and f.expired_at is not None for f in closed)
+        assert [f.memory_ids for f in closed] == [f.memory_ids for f in facts]  # the history stays
+        entries = (await service.audit_page(AGENT, action="fact.invalidate")).entries
+        assert sorted(e.target for e in entries) == sorted(f.id for f in facts)
+        assert all(e.key_id == "retention" and e.after["reason"] == "expired" for e in entries)

@@ -41,8 +41,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
+from memory_service.access.audit import audited_fact
 from memory_service.curation.removal import Removal
 from memory_service.curation.staleness import StaleFilter
+from memory_service.domain.errors import Conflict, NotFound
 from memory_service.domain.models import Memory, count_kinds
 from memory_service.state import keyspace
 
@@ -201,6 +203,7 @@ class Retention:
         purged, kinds, seen = 0, Counter[str](), set[str]()
         while batch := [m for m in await backend.expired(agent_id, now, EXPIRED_BATCH) if m.id not in seen]:
             seen.update(m.id for m in batch)  # a memory the store failed to drop is not read again
+            await self._close_facts(agent_id, backend, batch, now)  # while their sources are still stored
             purged += await self._remove(agent_id, backend, batch)
             kinds.update(count_kinds(batch))
         if kinds:
@@ -253,6 +256,26 @@ class Retention:
                                if m.deleted_at is not None}
         await self.index.forget(agent_id, [i for i in ids if i not in still_deleted_later])
         return purged
+
+    async def _close_facts(self, agent_id: str, backend: MemoryBackend, expired: list[Memory], now: datetime) -> None:
+        """The graph's facts that came from ``expired`` memories alone (none of their sources
+        is live any longer) end as facts do: closed, ``invalid_at`` the latest expiry of their
+        sources, the edge and its history kept; each audited as ``fact.invalidate``."""
+        facts = await backend.facts_citing(agent_id, [m.id for m in expired])
+        if not facts:
+            return
+        sources = {m.id: m for m in await backend.find(agent_id, sorted({i for f in facts for i in f.memory_ids}))}
+        for fact in facts:
+            cited = [sources[i] for i in fact.memory_ids if i in sources]
+            if any(m.live for m in cited):
+                continue  # still held by a memory that lives
+            invalid_at = max((m.expires_at for m in cited if m.expires_at is not None), default=now)
+            try:
+                closed = await backend.invalidate_fact(agent_id, fact.id, invalid_at)
+            except (Conflict, NotFound):
+                continue  # closed or erased meanwhile
+            await self.audit.append(PURGE_ACTOR, "fact.invalidate", agent_id, fact.id, before=audited_fact(fact),
+                                    after={**audited_fact(closed), "reason": "expired"})
 
     async def _purge_stale(self, now: datetime, report: PurgeReport) -> None:
         days = self.settings.stale_purge_days

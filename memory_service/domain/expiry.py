@@ -11,17 +11,14 @@ memory_service/curation/tools.py).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 from pydantic import BeforeValidator
 
 from memory_service.domain.namespaces import Namespace, NamespaceKind
-
-if TYPE_CHECKING:  # models imports this module (its settings' Ttl)
-    from memory_service.domain.models import Memory
 
 # The longest time to live or expiry horizon the service takes at all (MEMORY_EXPIRY_MAX_DAYS
 # may hold writes to less).
@@ -76,9 +73,3 @@ class ExpiryPolicy:
     def expires_at(self, kind: str, namespace: str, stored_at: datetime) -> datetime | None:
         ttl = self.ttl(kind, namespace)
         return stored_at + timedelta(seconds=ttl) if ttl else None
-
-    def applied(self, memories: Sequence[Memory], stored_at: datetime) -> None:
-        """Give each memory without an ``expires_at`` the one its kind and shard set (in place)."""
-        for memory in memories:
-            if memory.expires_at is None:
-                memory.expires_at = self.expires_at(memory.kind.value, memory.namespace, stored_at)

@@ -267,8 +267,11 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
     memories = tuple(extraction_memories(window, window_key, extraction))
-    if expiry is not None:
-        expiry.applied(memories, datetime.now(UTC))
+    if expiry is not None:  # each memory without an end takes its kind's or shard's time to live
+        extracted_at = datetime.now(UTC)
+        for memory in memories:
+            memory.expires_at = memory.expires_at or expiry.expires_at(memory.kind.value, memory.namespace,
+                                                                       extracted_at)
     # The knowledge graph's share of the window: the extractor's (checked like its shard
     # items), else read offline. Stored with the extraction, so every try of the write step
     # writes the same graph.

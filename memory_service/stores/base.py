@@ -442,6 +442,11 @@ class MemoryBackend(ABC):
         """One fact by id, current or not. An unknown id raises NotFound."""
         raise self._no_graph()
 
+    async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
+        """The current facts that came from one of these memories (their ``memory_ids``), for
+        the purge of expired memories (docs/expiry.md). A store without a graph holds none."""
+        return []
+
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,
                          after: tuple[int, str] | None = None, limit: int = 200) -> EntityDetail:

@@ -535,6 +535,9 @@ class MirroredBackend(MemoryBackend):
     async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
         return await self.primary.restore_fact(agent_id, fact_id)
 
+    async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
+        return await self.primary.facts_citing(agent_id, memory_ids)
+
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,
                             cursor: str | None = None, limit: int = 50,
