@@ -312,7 +312,7 @@ async def test_stdio_update_clears_the_fields_named_in_clear(api, keys, falkordb
         schema = {tool.name: tool for tool in (await client.list_tools()).tools}["memory_update"].input_schema
         assert "clear" in schema["properties"] and "clear" not in schema.get("required", [])
         arrays = [shape for shape in schema["properties"]["clear"]["anyOf"] if shape["type"] == "array"]
-        assert [shape["items"]["enum"] for shape in arrays] == [["title", "confidence", "tags"]]
+        assert [shape["items"]["enum"] for shape in arrays] == [["title", "confidence", "tags", "expires_at"]]
         written = await client.call_tool("memory_write", {"content": "Bo the pelican sleeps on the pier.",
                                                           "namespace": f"agent:{AGENT}", "kind": "fact",
                                                           "title": "Bo's bed", "tags": ["pets", "pier"],
@@ -343,7 +343,7 @@ async def test_stdio_update_clears_the_fields_named_in_clear(api, keys, falkordb
         assert both.is_error and "confidence, title" in text(both) and "both" in text(both), text(both)
         for unclearable in ("content", "kind", "everything"):
             refused = await client.call_tool("memory_update", {"memory_id": memory_id, "clear": [unclearable]})
-            assert refused.is_error and "clear" in text(refused) and "'title', 'confidence' or 'tags'" in text(refused)
+            assert refused.is_error and "clear" in text(refused) and "'title', 'confidence', 'tags' or 'expires_at'" in text(refused)
         assert snapshot(falkordb_url, worker_running=True) == before
 
 
