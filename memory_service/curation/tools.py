@@ -27,6 +27,7 @@ from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex, purge_at
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound, preview
+from memory_service.domain.expiry import ExpiryPolicy
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
     MESSAGE_CHARS_CEILING,
@@ -189,7 +190,9 @@ class MemoryTools:
         session of the agent), kept in their provenance. A body with an ``idempotency_key``
         already stored is answered as stored and not written again (its id in ``already_stored``)."""
         reach = await self._writer(agent_id, guard, session_id)
-        memories = [await self._prepare(agent_id, body, reach, session_id, message_id) for body in bodies]
+        # The agent's times to live, read once, for the bodies without their own expires_at.
+        policy = await self.agents.expiry_policy(agent_id) if any(b.expires_at is None for b in bodies) else None
+        memories = [await self._prepare(agent_id, body, reach, session_id, message_id, policy) for body in bodies]
         if not memories:
             return Written([], [])
         _, backend = await self.agents.backend_for(agent_id)
@@ -234,7 +237,7 @@ class MemoryTools:
         return reach
 
     async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
-                       message_id: str | None) -> Memory:
+                       message_id: str | None, policy: ExpiryPolicy | None = None) -> Memory:
         namespace = await self._writable_namespace(agent_id, body.namespace, reach)
         if message_id is not None:
             await self._cited(agent_id, message_id, session_id, namespace)
@@ -243,8 +246,7 @@ class MemoryTools:
         tags = self._tags(body.tags)
         now = _now()
         expires_at = self._check_expiry(body.expires_at, now)
-        if expires_at is None:
-            policy = await self.agents.expiry_policy(agent_id)
+        if expires_at is None and policy is not None:
             expires_at = policy.expires_at(body.kind.value, str(namespace), now)
         provenance = Provenance(agent_id=agent_id, session_id=session_id,
                                 message_ids=[message_id] if message_id else [])
