@@ -418,6 +418,11 @@ class Settings(BaseSettings):
     purge_after_days: int = Field(
         default=30, ge=0, description="Days a soft-deleted memory is kept (undelete brings it back) before the daily "
                                       "retention job purges it from every store; 0: never purged")
+    # Expiry (docs/expiry.md): memories written or formed with an end.
+    memory_expiry_max_days: int = Field(
+        default=3650, ge=1, le=36_500,
+        description="Farthest a memory's expires_at (or an agent's or shard's time to live) may reach, in days from "
+                    "now; an expired memory leaves every read at once and the daily retention job purges it")
     # Stale purge (docs/memory-tools.md, "Retention"): memories nobody read or changed for long.
     stale_purge_days: int = Field(
         default=0, ge=0, le=36_500,

@@ -139,8 +139,8 @@ async def deliver_webhooks(ctx: Ctx) -> dict[str, int]:
 
 
 async def retention(ctx: Ctx) -> dict[str, int]:
-    """Purge memories soft-deleted more than PURGE_AFTER_DAYS ago (memory_service/curation/retention.py):
-    it logs its counts and records them in /metrics and the audit log."""
+    """Purge memories soft-deleted more than PURGE_AFTER_DAYS ago, and those past their
+    expires_at (memory_service/curation/retention.py): it logs its counts and records them in /metrics and the audit log."""
     return (await _service(ctx).purge_expired()).counts()
 
 

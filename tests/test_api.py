@@ -86,7 +86,7 @@ async def test_agents_and_shards(http):
     replaced = await http.put(f"/v1/agents/{AGENT}/shards/food", json={"name": "food", "active": False})
     assert (created.status_code, replaced.status_code) == (201, 200)
     shards = (await http.get(f"/v1/agents/{AGENT}/shards")).json()
-    assert shards == [{"name": "food", "extraction_focus": "", "active": False, "agent_id": AGENT, "shard_id": "food"}]
+    assert shards == [{"name": "food", "extraction_focus": "", "active": False, "memory_ttl": None, "agent_id": AGENT, "shard_id": "food"}]
 
 
 @pytest.mark.parametrize("settings", [

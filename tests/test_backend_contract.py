@@ -742,3 +742,49 @@ async def test_the_graph_narrows_a_dense_window_and_reads_ties_past_its_probe(se
         assert listed == [m.id for m in expected]
     finally:
         await backend.close()
+
+
+async def test_an_expired_memory_leaves_every_read_but_by_id_and_the_purge_finds_it(backend):
+    """Expiry (docs/expiry.md): a memory whose ``expires_at`` has passed is skipped as a
+    soft-deleted one is (get, recent, count, search agent-wide and scoped, briefs, admitted,
+    the browse list), found by id, and listed by ``expired`` for the retention job."""
+    from memory_service.stores.base import MemoryListing
+
+    now = datetime.now(UTC)
+    gone = memory("x1", MemoryKind.FACT, USER, "alice owns a red kayak", 1, embedding=X)
+    gone.expires_at = now - timedelta(seconds=5)
+    later = memory("x2", MemoryKind.FACT, USER, "alice owns a blue kayak", 2, embedding=XY)
+    later.expires_at = now + timedelta(hours=1)
+    kept = memory("x3", MemoryKind.FACT, USER, "alice owns a green kayak", 3, embedding=Y)
+    assert await backend.write([gone, later, kept]) == 3
+    assert [m.id for m in await backend.get(A1, USER, ["x1", "x2", "x3"])] == ["x2", "x3"]
+    assert [m.id for m in await backend.recent(A1, USER, [MemoryKind.FACT], 10)] == ["x2", "x3"]
+    [[*many]] = await backend.recent_many(A1, [RecentRead(USER, [MemoryKind.FACT], 10)])
+    assert [m.id for m in many] == ["x2", "x3"]
+    assert await backend.count(A1, USER) == 2
+    for scope in (None, [USER]):
+        hits = await backend.search(A1, query(["kayak"], vector=X, namespaces=scope))
+        assert sorted(i.id for i, _ in hits["fulltext"]) == ["x2", "x3"]
+        assert "x1" not in [i.id for i, _ in hits.get("vector", [])]
+    assert sorted(b.id for b in await backend.briefs(A1, ["x1", "x2", "x3"])) == ["x2", "x3"]
+    assert sorted(c.id for c in await backend.admitted(A1, ["x1", "x2", "x3"], query())) == ["x2", "x3"]
+    assert [m.id for m in (await backend.list_memories(A1, MemoryListing())).memories] == ["x3", "x2"]
+    found = {m.id: m for m in await backend.find(A1, ["x1", "x2", "x3"])}
+    assert found["x1"].expires_at == gone.expires_at and found["x1"].expired() and not found["x1"].live
+    assert found["x2"].expires_at == later.expires_at and found["x2"].live and found["x3"].expires_at is None
+    assert [m.id for m in await backend.expired(A1, now, 10)] == ["x1"]
+    assert [m.id for m in await backend.expired(A1, now + timedelta(hours=2), 10)] == ["x1", "x2"]
+    assert await backend.expired(A2, now, 10) == []
+    # An update moves the expiry: the memory is back in the reads once it lies ahead again.
+    await backend.replace(A1, [found["x1"].model_copy(update={"expires_at": now + timedelta(hours=1)})])
+    assert await backend.count(A1, USER) == 3 and await backend.expired(A1, now, 10) == []
+
+
+async def test_a_memory_expiring_in_a_moment_is_read_until_then_and_not_after(backend):
+    soon = memory("s1", MemoryKind.FACT, USER, "alice is at the harbour", 1)
+    soon.expires_at = datetime.now(UTC) + timedelta(seconds=1.0)
+    await backend.write([soon])
+    assert [m.id for m in await backend.get(A1, USER, ["s1"])] == ["s1"]
+    await asyncio.sleep(1.2)
+    assert await backend.get(A1, USER, ["s1"]) == [] and await backend.count(A1, USER) == 0
+    assert (await backend.search(A1, query(["harbour"]))).get("fulltext", []) == []

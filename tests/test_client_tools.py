@@ -140,3 +140,33 @@ async def test_write_blocks_then_search_and_context_as_of_and_with_history(clien
         with MemoryClient(tools_server.base_url) as sync_client:
             return reached(sync_client.search(AGENT, query, scope="user", user_id="alice", as_of=between))
     assert await asyncio.to_thread(sync_search) == {"Paris"}
+
+
+async def test_expires_at_is_written_updated_cleared_and_refused_when_past(client, tools_server):
+    """Expiry (docs/expiry.md) through both clients: the time goes on the wire with its zone."""
+    from datetime import timedelta
+
+    when = datetime.now(UTC).replace(microsecond=0) + timedelta(days=1)
+    written = await client.memory_write(AGENT, content="The door code changes weekly.", namespace=f"agent:{AGENT}",
+                                        kind="fact", expires_at=when)
+    assert written.expires_at == when and (await client.memory_get(AGENT, written.id)).expires_at == when
+    later = when + timedelta(days=1)
+    assert (await client.memory_update(AGENT, written.id, expires_at=later)).expires_at == later
+    assert (await client.memory_update(AGENT, written.id, expires_at=None)).expires_at is None
+    with pytest.raises(InvalidRequest, match="has passed"):
+        await client.memory_write(AGENT, content="Never stored.", namespace=f"agent:{AGENT}", kind="fact",
+                                  expires_at=datetime.now(UTC) - timedelta(minutes=1))
+    agent = await client.put_agent(AGENT, memory_ttl={"fact": "90d"})
+    shard = await client.put_shard(AGENT, "travel", name="travel", memory_ttl="12h")
+    assert (agent.memory_ttl, shard.memory_ttl) == ({"fact": 7_776_000}, 43_200)
+    ttl = await client.memory_write(AGENT, content="The ferry leaves at noon.", namespace=f"shard:{AGENT}:travel",
+                                    kind="fact")
+    assert ttl.expires_at is not None and abs(ttl.expires_at - ttl.valid_at - timedelta(hours=12)) < timedelta(seconds=1)
+
+    def sync() -> None:
+        with MemoryClient(tools_server.base_url) as plain:
+            mine = plain.memory_write(AGENT, content="Sync write.", namespace=f"agent:{AGENT}", kind="fact",
+                                      expires_at=when)
+            assert mine.expires_at == when
+
+    await asyncio.to_thread(sync)

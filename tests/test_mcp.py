@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -258,6 +259,24 @@ async def test_stdio_curates_a_memory_through_the_write_tools(api, keys, falkord
         assert memory_id not in json.dumps(gone.structured_content["results"])
         back = await client.call_tool("memory_undelete", {"memory_id": memory_id})
         assert back.structured_content["deleted_at"] is None
+        # Expiry (docs/expiry.md): set, cleared by name, refused when past.
+        soon = "2999-01-01T00:00:00Z"
+        expiring = await client.call_tool("memory_update", {"memory_id": memory_id, "expires_at": soon})
+        assert expiring.is_error, text(expiring)  # beyond MEMORY_EXPIRY_MAX_DAYS
+        when = (datetime.now(UTC) + timedelta(days=2)).replace(microsecond=0).isoformat()
+        expiring = await client.call_tool("memory_update", {"memory_id": memory_id, "expires_at": when})
+        assert datetime.fromisoformat(expiring.structured_content["expires_at"]) == datetime.fromisoformat(when)
+        cleared = await client.call_tool("memory_update", {"memory_id": memory_id, "clear": ["expires_at"]})
+        assert cleared.structured_content["expires_at"] is None
+        past = await client.call_tool("memory_write", {"content": "Never stored.", "namespace": f"agent:{AGENT}",
+                                                       "kind": "fact", "expires_at": "2001-01-01T00:00:00Z"})
+        assert past.is_error and "has passed" in text(past)
+        naive = await client.call_tool("memory_write", {"content": "Never stored.", "namespace": f"agent:{AGENT}",
+                                                        "kind": "fact", "expires_at": "2030-01-01T00:00:00"})
+        assert naive.is_error
+        written = await client.call_tool("memory_write", {"content": "Bo sleeps on the pier.", "kind": "fact",
+                                                          "namespace": f"agent:{AGENT}", "expires_at": when})
+        assert datetime.fromisoformat(written.structured_content["expires_at"]) == datetime.fromisoformat(when)
 
 
 async def test_stdio_writes_the_graph_through_entity_write(api, keys, falkordb_url):
@@ -293,7 +312,7 @@ async def test_stdio_update_clears_the_fields_named_in_clear(api, keys, falkordb
         schema = {tool.name: tool for tool in (await client.list_tools()).tools}["memory_update"].input_schema
         assert "clear" in schema["properties"] and "clear" not in schema.get("required", [])
         arrays = [shape for shape in schema["properties"]["clear"]["anyOf"] if shape["type"] == "array"]
-        assert [shape["items"]["enum"] for shape in arrays] == [["title", "confidence", "tags"]]
+        assert [shape["items"]["enum"] for shape in arrays] == [["title", "confidence", "tags", "expires_at"]]
         written = await client.call_tool("memory_write", {"content": "Bo the pelican sleeps on the pier.",
                                                           "namespace": f"agent:{AGENT}", "kind": "fact",
                                                           "title": "Bo's bed", "tags": ["pets", "pier"],
@@ -324,7 +343,7 @@ async def test_stdio_update_clears_the_fields_named_in_clear(api, keys, falkordb
         assert both.is_error and "confidence, title" in text(both) and "both" in text(both), text(both)
         for unclearable in ("content", "kind", "everything"):
             refused = await client.call_tool("memory_update", {"memory_id": memory_id, "clear": [unclearable]})
-            assert refused.is_error and "clear" in text(refused) and "'title', 'confidence' or 'tags'" in text(refused)
+            assert refused.is_error and "clear" in text(refused) and "'title', 'confidence', 'tags' or 'expires_at'" in text(refused)
         assert snapshot(falkordb_url, worker_running=True) == before
 
 

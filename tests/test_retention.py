@@ -123,7 +123,7 @@ async def test_the_workers_daily_job_purges_what_is_due(service):
     for memory in (due, fresh):
         await service.memory_delete(AGENT, memory.id)
     await backdate(service, due.id, 31)
-    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0, "stale": 0}
+    assert await retention({"service": service}) == {"purged": 1, "agents": 1, "skipped": 0, "stale": 0, "expired": 0}
     _, backend = await service.agents.backend_for(AGENT)
     assert [m.id for m in await backend.find(AGENT, [due.id, fresh.id])] == [fresh.id]
 
@@ -309,7 +309,7 @@ async def test_stale_purge_days_zero_purges_nothing(settings):
         named = await old_conversation(service)
         _, backend = await service.agents.backend_for(AGENT)
         report = await service.retention.purge(now=later(1000))
-        assert report.counts() == {"purged": 0, "agents": 0, "skipped": 0, "stale": 0}
+        assert report.counts() == {"purged": 0, "agents": 0, "skipped": 0, "stale": 0, "expired": 0}
         assert len(await backend.find(AGENT, list(named.values()))) == len(named)
 
 
@@ -335,7 +335,7 @@ async def test_a_stale_purge_reaches_mongodb_and_leaves_no_trace_there(settings,
         await outbox_drained(backend)
         assert len(await mongo.find(AGENT, list(named.values()))) == len(named)
         # The worker's daily job, as cron runs it: all but the three kept below.
-        assert await retention({"service": service}) == {"purged": 0, "agents": 1, "skipped": 0, "stale": 13}
+        assert await retention({"service": service}) == {"purged": 0, "agents": 1, "skipped": 0, "stale": 13, "expired": 0}
         await outbox_drained(backend)
         needles = ("narwhal", named["m1"], named["e0"], named["d0"])
         assert await mongo_findings(mongo.db, needles) == []  # memories, user_memory summaries, every collection

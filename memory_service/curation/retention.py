@@ -18,6 +18,12 @@ and cached memory blocks (memory_service/curation/removal.py, as an erasure does
 FalkorDB's log of recent queries, then out of both indexes. It counts
 what went in the metrics (``memory_service_purged_memories_total``) and the audit log.
 
+The same run then purges, the same way, every memory whose ``expires_at`` has passed
+(docs/expiry.md): the reads skip it from that moment, and the purge takes it out of the stores
+for good. Each agent's are read through the stores' index on the time of expiry
+(``MemoryBackend.expired``); counted apart (``memory_service_expired_purged_memories_total``)
+and audited as ``memory.purge`` with reason ``expired``.
+
 With STALE_PURGE_DAYS set, the same run then purges, the same way, memories nobody wrote,
 updated or read by memory_get for that long: each agent's memories written before the
 cutoff are read in batches through the stores' index on the time
@@ -35,8 +41,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, cast
 
+from memory_service.access.audit import audited_fact
 from memory_service.curation.removal import Removal
 from memory_service.curation.staleness import StaleFilter
+from memory_service.domain.errors import Conflict, NotFound
 from memory_service.domain.models import Memory, count_kinds
 from memory_service.events.log import Cause
 from memory_service.schemas.events import Event, EventType
@@ -56,6 +64,7 @@ log = logging.getLogger(__name__)
 
 PURGE_BATCH = 500  # due entries read per round trip
 STALE_BATCH = 500  # memories written before the stale cutoff read per round trip
+EXPIRED_BATCH = 500  # expired memories read per round trip
 PURGE_ACTOR = "retention"  # the audit log's key id for the daily job
 
 
@@ -71,9 +80,11 @@ class PurgeReport:
     agents: dict[str, int] = field(default_factory=dict)  # per agent
     skipped: int = 0  # due entries not purged: no store holds the memory, it was undeleted, or deleted again later
     stale: int = 0  # memories purged as stale (STALE_PURGE_DAYS), counted apart from ``purged``
+    expired: int = 0  # memories purged past their ``expires_at``, counted apart from ``purged``
 
     def counts(self) -> dict[str, int]:
-        return {"purged": self.purged, "agents": len(self.agents), "skipped": self.skipped, "stale": self.stale}
+        return {"purged": self.purged, "agents": len(self.agents), "skipped": self.skipped, "stale": self.stale,
+                "expired": self.expired}
 
     def add(self, agent_id: str, purged: int) -> None:
         if purged:
@@ -165,12 +176,47 @@ class Retention:
         self.removal, self.audit, self.events, self.webhooks = Removal(state, erasure_state), audit, events, webhooks
 
     async def purge(self, now: datetime | None = None) -> PurgeReport:
-        """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, then stale ones."""
+        """The daily run: soft-deleted memories past PURGE_AFTER_DAYS, expired ones, then stale ones."""
         now = now or datetime.now(UTC)
         report = PurgeReport()
         await self._purge_deleted(now, report)
+        await self._purge_expired(now, report)
         await self._purge_stale(now, report)
         return report
+
+    async def _listed_agents(self) -> list[str]:
+        """Every agent any live store holds memories of, each once."""
+        listed: dict[str, None] = {}
+        for backend in await self.agents.registry.live():
+            listed.update(dict.fromkeys(await backend.agents()))
+        return list(listed)
+
+    async def _purge_expired(self, now: datetime, report: PurgeReport) -> None:
+        agents = 0
+        for agent_id in await self._listed_agents():
+            purged = await self._purge_expired_agent(agent_id, now)
+            report.expired += purged
+            report.add(agent_id, purged)
+            agents += bool(purged)
+        if report.expired:
+            await self.state.add_metrics(expired_purged_memories=report.expired)
+        log.warning("retention: purged %d expired memories of %d agents (expired by %s)", report.expired, agents,
+                    now.isoformat())
+
+    async def _purge_expired_agent(self, agent_id: str, now: datetime) -> int:
+        _, backend = await self.agents.backend_for(agent_id)
+        purged, kinds, seen = 0, Counter[str](), set[str]()
+        while batch := [m for m in await backend.expired(agent_id, now, EXPIRED_BATCH) if m.id not in seen]:
+            seen.update(m.id for m in batch)  # a memory the store failed to drop is not read again
+            await self._close_facts(agent_id, backend, batch, now)  # while their sources are still stored
+            purged += await self._remove(agent_id, backend, batch)
+            kinds.update(count_kinds(batch))
+        if kinds:
+            await backend.purge_query_log(agent_id)
+            await self.audit.append(PURGE_ACTOR, "memory.purge", agent_id, None,
+                                    after={"purged": sum(kinds.values()), "reason": "expired",
+                                           "expired_by": now.isoformat(), "kinds": dict(kinds)})
+        return purged
 
     async def _purge_deleted(self, now: datetime, report: PurgeReport) -> None:
         days = self.settings.purge_after_days
@@ -217,16 +263,33 @@ class Retention:
         await self.index.forget(agent_id, [i for i in ids if i not in still_deleted_later])
         return purged
 
+    async def _close_facts(self, agent_id: str, backend: MemoryBackend, expired: list[Memory], now: datetime) -> None:
+        """The graph's facts that came from ``expired`` memories alone (none of their sources
+        is live any longer) end as facts do: closed, ``invalid_at`` the latest expiry of their
+        sources, the edge and its history kept; each audited as ``fact.invalidate``."""
+        facts = await backend.facts_citing(agent_id, [m.id for m in expired])
+        if not facts:
+            return
+        sources = {m.id: m for m in await backend.find(agent_id, sorted({i for f in facts for i in f.memory_ids}))}
+        for fact in facts:
+            cited = [sources[i] for i in fact.memory_ids if i in sources]
+            if any(m.live for m in cited):
+                continue  # still held by a memory that lives
+            invalid_at = max((m.expires_at for m in cited if m.expires_at is not None), default=now)
+            try:
+                closed = await backend.invalidate_fact(agent_id, fact.id, invalid_at)
+            except (Conflict, NotFound):
+                continue  # closed or erased meanwhile
+            await self.audit.append(PURGE_ACTOR, "fact.invalidate", agent_id, fact.id, before=audited_fact(fact),
+                                    after={**audited_fact(closed), "reason": "expired"})
+
     async def _purge_stale(self, now: datetime, report: PurgeReport) -> None:
         days = self.settings.stale_purge_days
         if days <= 0:
             return
         cutoff = now - timedelta(days=days)
         agents = 0
-        listed: dict[str, None] = {}  # each agent once, whichever stores list it
-        for backend in await self.agents.registry.live():
-            listed.update(dict.fromkeys(await backend.agents()))
-        for agent_id in listed:
+        for agent_id in await self._listed_agents():
             purged = await self._purge_stale_agent(agent_id, cutoff)
             report.stale += purged
             report.add(agent_id, purged)

@@ -23,14 +23,15 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from memory_service.access.reach import Reach
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex, purge_at
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound, preview
+from memory_service.domain.expiry import ExpiryPolicy
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
     MESSAGE_CHARS_CEILING,
@@ -87,6 +88,11 @@ class MemoryWrite(BaseModel):
     tags: list[str] = Field(default_factory=list, max_length=TAGS_CEILING,
                             description="at most MAX_MEMORY_TAGS, each at most MAX_TAG_CHARS characters")
     confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="when it expires (ISO 8601 with a time zone, in the future, within "
+                                  "MEMORY_EXPIRY_MAX_DAYS): from then on search, the memory block and browse skip it, "
+                                  "and the retention job purges it; without it the agent's time to live for the kind "
+                                  "or shard applies, if any (docs/expiry.md)")
     idempotency_key: str | None = Field(
         default=None, min_length=1, max_length=IDEMPOTENCY_KEY_CHARS,
         description="makes the write repeatable: the same key for the same agent stores one memory and answers it "
@@ -119,6 +125,8 @@ class MemoryUpdate(BaseModel):
     tags: list[str] | None = Field(default=None, max_length=TAGS_CEILING)
     confidence: float | None = Field(default=None, ge=0, le=1, allow_inf_nan=False)
     kind: MemoryKind | None = None
+    expires_at: AwareDatetime | None = Field(
+        default=None, description="a new expiry (in the future, within MEMORY_EXPIRY_MAX_DAYS); null: it never expires")
 
     @field_validator("content")
     @classmethod
@@ -188,7 +196,10 @@ class MemoryTools:
         already stored is answered as stored and not written again (its id in ``already_stored``)."""
         reach = await self._writer(agent_id, guard, session_id)
         redactor = self.agents.redactor(agent_id)
-        prepared = [await self._prepare(agent_id, body, reach, session_id, message_id, redactor) for body in bodies]
+        # The agent's times to live, read once, for the bodies without their own expires_at.
+        policy = await self.agents.expiry_policy(agent_id) if any(b.expires_at is None for b in bodies) else None
+        prepared = [await self._prepare(agent_id, body, reach, session_id, message_id, redactor, policy)
+                    for body in bodies]
         memories = [memory for memory, _ in prepared]
         if not memories:
             return Written([], [])
@@ -236,7 +247,8 @@ class MemoryTools:
         return reach
 
     async def _prepare(self, agent_id: str, body: MemoryWrite, reach: Reach, session_id: str | None,
-                       message_id: str | None, redactor: Redactor) -> tuple[Memory, dict[str, int]]:
+                       message_id: str | None, redactor: Redactor,
+                       policy: ExpiryPolicy | None = None) -> tuple[Memory, dict[str, int]]:
         """The memory ``body`` stores, checked, its secrets redacted; and what was redacted."""
         namespace = await self._writable_namespace(agent_id, body.namespace, reach)
         if message_id is not None:
@@ -244,6 +256,10 @@ class MemoryTools:
         self._check_kind(body.kind)
         check_message_chars(body.content, self.settings.max_message_chars)
         tags = self._tags(body.tags)
+        now = _now()
+        expires_at = self._check_expiry(body.expires_at, now)
+        if expires_at is None and policy is not None:
+            expires_at = policy.expires_at(body.kind.value, str(namespace), now)
         provenance = Provenance(agent_id=agent_id, session_id=session_id,
                                 message_ids=[message_id] if message_id else [])
         if namespace.kind is NamespaceKind.USER:
@@ -254,7 +270,8 @@ class MemoryTools:
         content, title, kept_tags, redacted = await _redacted(redactor, body.content, body.title, tags)
         assert content is not None and kept_tags is not None  # given, so redacted
         return Memory(id=memory_id, kind=body.kind, namespace=str(namespace), content=content, metadata=provenance,
-                      valid_at=_now(), title=title, tags=kept_tags, confidence=body.confidence), redacted
+                      valid_at=now, title=title, tags=kept_tags, confidence=body.confidence,
+                      expires_at=expires_at), redacted
 
     async def update(self, agent_id: str, memory_id: str, body: MemoryUpdate,
                      guard: NamespaceGuard = None) -> tuple[MemoryRecord, MemoryRecord]:
@@ -263,6 +280,9 @@ class MemoryTools:
         backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         if memory.deleted_at is not None:
             raise Conflict(f"memory {memory_id!r} is deleted: undelete it before updating it")
+        if memory.expired():
+            raise Conflict(f"memory {memory_id!r} expired at {memory.expires_at}: the retention job purges it; "
+                           "write it again to keep it")
         given = body.model_fields_set
         if "content" in given and body.content is None:
             raise InvalidInput("content: must not be null (send the new content, or leave the field out)")
@@ -284,6 +304,8 @@ class MemoryTools:
             changes["title"] = title
         if "confidence" in given:
             changes["confidence"] = body.confidence
+        if "expires_at" in given:
+            changes["expires_at"] = self._check_expiry(body.expires_at, _now())
         before = self.record(memory)
         updated = memory.model_copy(update={**changes, "updated_at": _now()})
         if updated.search_text != memory.search_text:
@@ -348,7 +370,7 @@ class MemoryTools:
         return MemoryRecord(
             id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content, title=memory.title,
             tags=list(memory.tags), confidence=memory.confidence, valid_at=memory.valid_at, created_at=memory.valid_at,
-            updated_at=memory.updated_at, deleted_at=memory.deleted_at,
+            updated_at=memory.updated_at, deleted_at=memory.deleted_at, expires_at=memory.expires_at,
             purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days), provenance=memory.metadata,
             access_count=access_count, last_accessed_at=last_accessed_at, served_by=memory.served_by)
 
@@ -400,6 +422,18 @@ class MemoryTools:
             raise InvalidInput("message_id: give the session_id the message was said in")
         if not await self.state.has_message(said_in, message_id):
             raise NotFound(f"message_id: session {said_in!r} has no message {message_id!r}")
+
+    def _check_expiry(self, expires_at: datetime | None, now: datetime) -> datetime | None:
+        """A writer's ``expires_at``: ahead of ``now`` and within MEMORY_EXPIRY_MAX_DAYS."""
+        if expires_at is None:
+            return None
+        if expires_at <= now:
+            raise InvalidInput(f"expires_at: {expires_at.isoformat()} has passed; give a time in the future")
+        horizon = self.settings.memory_expiry_max_days
+        if expires_at > now + timedelta(days=horizon):
+            raise InvalidInput(f"expires_at: {expires_at.isoformat()} is more than MEMORY_EXPIRY_MAX_DAYS "
+                               f"({horizon} days) ahead")
+        return expires_at.astimezone(UTC)
 
     def _check_kind(self, kind: MemoryKind) -> None:
         if kind not in WRITABLE_KINDS:

@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from memory_service.domain.errors import MemoryServiceError
+from memory_service.domain.expiry import Ttl
 from memory_service.domain.limits import MAX_HOST_WINDOW, MESSAGE_CHARS_CEILING, check_time, text_problem
 from memory_service.domain.namespaces import Namespace, normalize_id, validate_id, validate_message_id
 from memory_service.domain.redaction import RedactionSettings
@@ -199,14 +200,22 @@ class Memory(BaseModel):
     # Soft delete: set, the memory is read by id only (memory_get, undelete, erasure,
     # migration) until the retention policy purges it; every other read skips it.
     deleted_at: datetime | None = None
+    # Expiry (docs/expiry.md): from this time on, every read but those by id skips it, as it
+    # skips a soft-deleted one, and the retention job purges it. Set by the writer
+    # (memory_write's ``expires_at``) or by the agent's time to live for its kind or shard.
+    expires_at: datetime | None = None
     # Which store answered the read that returned it ("graph", "mongo"): set by the backend
     # that built it, never stored (a mirrored backend may answer from either store).
     served_by: str | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def live(self) -> bool:
-        """Neither soft-deleted nor evicted: what reads and searches give."""
-        return self.deleted_at is None and not self.evicted
+        """Neither soft-deleted, evicted nor expired: what reads and searches give."""
+        return self.deleted_at is None and not self.evicted and not self.expired()
+
+    def expired(self, now: datetime | None = None) -> bool:
+        """Past its ``expires_at`` (at ``now``, by default the current time)."""
+        return self.expires_at is not None and self.expires_at <= (now or utcnow())
 
     @property
     def search_text(self) -> str:
@@ -231,7 +240,7 @@ class Memory(BaseModel):
     def _timezone(cls, value: datetime) -> datetime:
         return _aware(value)
 
-    @field_validator("updated_at", "deleted_at")
+    @field_validator("updated_at", "deleted_at", "expires_at")
     @classmethod
     def _optional_timezone(cls, value: datetime | None) -> datetime | None:
         return _aware(value) if value else value
@@ -239,7 +248,8 @@ class Memory(BaseModel):
     def curated_fields(self) -> dict[str, Any]:
         """The tool-written fields that are set, as JSON (the body carries them beside DESIGN.md's)."""
         fields = {"title": self.title, "tags": self.tags or None, "confidence": self.confidence,
-                  "updated_at": self.updated_at.isoformat() if self.updated_at else None}
+                  "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+                  "expires_at": self.expires_at.isoformat() if self.expires_at else None}
         return {k: v for k, v in fields.items() if v is not None}
 
     def episode_body(self) -> str:
@@ -269,6 +279,7 @@ class Memory(BaseModel):
             tags=data.get("tags") or [],
             confidence=data.get("confidence"),
             updated_at=data.get("updated_at"),
+            expires_at=data.get("expires_at"),
         )
 
 
@@ -398,6 +409,11 @@ class AgentSettings(BaseModel):
     llm_budget: LLMBudget = Field(default_factory=LLMBudget,
                                   description="its LLM token budgets per day and month, and what formation does when "
                                               "one is spent")
+    memory_ttl: dict[MemoryKind, Ttl] = Field(
+        default_factory=dict,
+        description="time to live per memory kind (seconds, or a text like '90d', '12h'): a memory of the kind "
+                    "formed or written without its own expires_at expires that long after it is stored "
+                    "(docs/expiry.md)")
     # Plain JSON of at most MAX_EXTRAS_BYTES: the service checks it on writes (limits.check_extras),
     # so that settings stored before the check was made still read.
     agent_extras: dict[str, Any] = Field(default_factory=dict)
@@ -421,6 +437,10 @@ class ShardIn(BaseModel):
     name: str = Field(min_length=1, max_length=120)
     extraction_focus: str = Field(default="", max_length=2_000)
     active: bool = True
+    memory_ttl: Ttl | None = Field(
+        default=None, description="time to live of the shard's memories (seconds, or a text like '90d'): one formed "
+                                  "or written without its own expires_at expires that long after it is stored "
+                                  "(docs/expiry.md)")
 
 
 class Shard(ShardIn):

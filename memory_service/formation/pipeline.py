@@ -82,8 +82,10 @@ class FormationPipeline:
         if agent_id is None:  # the session's first record names its agent, before it can have a window
             raise RuntimeError(f"session {session_id!r} holds window {window} but names no agent")
         _, backend = await self.agents.backend_for(agent_id)
+        shards = await self.agents.list_shards(agent_id)
         result = await form_window(claim=record.claim, agent_id=agent_id, backend=backend, windows=windows,
-                                   extractor=self.extractor, shards=await self.agents.list_shards(agent_id),
+                                   extractor=self.extractor, shards=shards,
+                                   expiry=await self.agents.expiry_policy(agent_id, shards),
                                    embedder=self.embedder, audit=self.audit, events=self.events,
                                    name_similarity=self.settings.entity_name_similarity,
                                    resolve_candidates=self.settings.entity_resolve_candidates,

@@ -35,9 +35,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
 
 from memory_service.access.audit import AuditLog
 from memory_service.domain.errors import NotSupported
+from memory_service.domain.expiry import ExpiryPolicy
 from memory_service.domain.graph import ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
@@ -127,6 +129,7 @@ async def form_window(
     events: EventLog | None = None,
     name_similarity: float = resolution.DEFAULT_THRESHOLD,
     resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
+    expiry: ExpiryPolicy | None = None,
 ) -> FormationResult:
     """Run the steps the window ``claim`` has left. Safe to run again, and beside itself.
 
@@ -139,6 +142,8 @@ async def form_window(
     ``events``: where the memories written are announced (``formed``, naming the session and
     window) and each fact closed (``superseded``): after the store took them and before the
     window is marked written, so a retried write step announces them again (at least once).
+    ``expiry``: the agent's times to live; a memory the window forms expires that long after
+    its extraction (stored with it, so every try writes the same time; docs/expiry.md).
 
     ``post_process`` is the post-completion work; it runs on every run that finds the
     window completed, so it must be idempotent.
@@ -154,7 +159,7 @@ async def form_window(
 
     if record.state is WindowState.CLAIMED:
         try:
-            extraction = await _extract(claim, agent_id, backend, extractor, shards)
+            extraction = await _extract(claim, agent_id, backend, extractor, shards, expiry)
         except BudgetWait as wait:  # the window stays claimed: tried again when the budget allows
             result.waiting = wait.reason
             return result
@@ -244,7 +249,7 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
 
 
 async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
-                   shards: list[Shard]) -> StoredExtraction:
+                   shards: list[Shard], expiry: ExpiryPolicy | None = None) -> StoredExtraction:
     """The memories ONE extractor call makes of exactly the claimed messages."""
     session_id = claim.session_id
     session_ns = Namespace.session(session_id)
@@ -255,7 +260,7 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
         # out: forming it would bring its words back in an episode. One that is not stored at
         # all is a fault of the store.
         found = await backend.find(agent_id, [message_memory_id(session_id, mid) for mid in missing])
-        deleted = {m.id for m in found if m.deleted_at is not None}
+        deleted = {m.id for m in found if m.deleted_at is not None or m.expired()}
         if lost := [mid for mid in missing if message_memory_id(session_id, mid) not in deleted]:
             raise RuntimeError(f"session {session_id!r}: messages of window {claim.window} missing from the store: "
                                f"{lost[:5]}")
@@ -287,6 +292,11 @@ async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extracto
     ).hexdigest()[:16]
     window_key = f"{session_id}\x1f{claim.window}\x1f{window_digest}\x1f{content_digest}"
     memories = tuple(extraction_memories(window, window_key, extraction))
+    if expiry is not None:  # each memory without an end takes its kind's or shard's time to live
+        extracted_at = datetime.now(UTC)
+        for memory in memories:
+            memory.expires_at = memory.expires_at or expiry.expires_at(memory.kind.value, memory.namespace,
+                                                                       extracted_at)
     # The knowledge graph's share of the window: the extractor's (checked like its shard
     # items), else read offline. Stored with the extraction, so every try of the write step
     # writes the same graph.

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 from mcp.server.mcpserver.exceptions import ToolError
-from pydantic import Field
+from pydantic import AwareDatetime, Field
 
 from memory_service import __version__
 from memory_service.access.authorization import is_loopback
@@ -58,7 +58,7 @@ INSTRUCTIONS = (
 )
 
 MemoryId = Annotated[str, Field(min_length=1, max_length=512, description="the memory's id, as search or write answered it")]
-Clearable = Literal["title", "confidence", "tags"]  # the fields a memory may lack (content and kind it may not)
+Clearable = Literal["title", "confidence", "tags", "expires_at"]  # the fields a memory may lack (content and kind it may not)
 Tags = Annotated[list[str] | None, Field(description="labels; a search with tags finds memories carrying all of them")]
 
 
@@ -168,11 +168,14 @@ def register(server: MCPServer, api: Api, agent_id: str) -> None:
         confidence: Annotated[float | None, Field(ge=0, le=1, description="how sure, 0 to 1")] = None,
         idempotency_key: Annotated[str | None, Field(description="the same key writes one memory and answers "
                                                                  "it again (a safe retry)")] = None,
+        expires_at: Annotated[AwareDatetime | None, Field(
+            description="when it stops being true or useful (ISO 8601 with a time zone, in the future, e.g. "
+                        "'2026-07-01T00:00:00Z'): from then on it is no longer recalled, and it is purged")] = None,
     ) -> MemoryRecord:
         """Write a new memory for the agent."""
         return await call(lambda: api.client(ctx).memory_write(agent_id, content=content, namespace=namespace, kind=kind,
                                                         title=title, tags=tags, confidence=confidence,
-                                                        idempotency_key=idempotency_key))
+                                                        idempotency_key=idempotency_key, expires_at=expires_at))
 
     @server.tool(annotations=writes("Update a memory", destructive=True, idempotent=True))
     async def memory_update(
@@ -183,16 +186,19 @@ def register(server: MCPServer, api: Api, agent_id: str) -> None:
         tags: Tags = None,
         confidence: Annotated[float | None, Field(ge=0, le=1, description="new confidence, 0 to 1")] = None,
         kind: Annotated[str | None, Field(min_length=1, description="new kind")] = None,
+        expires_at: Annotated[AwareDatetime | None, Field(
+            description="a new expiry (ISO 8601 with a time zone, in the future)")] = None,
         clear: Annotated[list[Clearable] | None, Field(
-            description="fields to remove from the memory: title, confidence, tags (a field given a new value "
-                        "cannot be cleared too)")] = None,
+            description="fields to remove from the memory: title, confidence, tags, expires_at (a field given a new "
+                        "value cannot be cleared too)")] = None,
     ) -> MemoryRecord:
         """Change the fields given of one memory; the others stay (null or omitted: unchanged). To remove a
         title, confidence or tags, name them in `clear`. A deleted memory cannot be changed."""
         # Null means unchanged (a model often sends null for an option it does not use), so
         # clearing is said explicitly, by name.
         given: dict[str, Any] = {name: value for name, value in (("content", content), ("title", title), ("tags", tags),
-                                 ("confidence", confidence), ("kind", kind)) if value is not None}
+                                 ("confidence", confidence), ("kind", kind), ("expires_at", expires_at))
+                                 if value is not None}
         both = sorted(set(given) & set(clear or ()))
         if both:
             raise ToolError(f"clear: {', '.join(both)} {'is' if len(both) == 1 else 'are'} both given a new value "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, replace
@@ -192,7 +193,8 @@ class ContextAssembler:
                            left_out={"below_threshold": below, **rendered.left_out},
                            recall=recall.model_dump(mode="json"))
         if complete and cacheable:  # never cache a block shrunk by an outage; stored after the answer
-            self.cache.keep(found, last_good_key, _asdict(rendered), self.settings.context_cache_ttl_seconds,
+            self.cache.keep(found, last_good_key, _asdict(rendered),
+                            cache_seconds(inputs, self.settings.context_cache_ttl_seconds),
                             agent_id, self.settings.context_deadline_seconds)
         elif not complete and (last := await self.cache.last_good(last_good_key)):
             # Every store that could answer failed: the last complete block beats a smaller one.
@@ -449,8 +451,8 @@ class ContextAssembler:
             return [], False, 0
         sources.update(m.served_by for m, _ in kept if m.served_by)
         terms = tuple(query_terms(query))
-        items = [RelevantItem(kind=b.kind, valid_at=b.valid_at, text=b.text, score=e.score, terms=terms)
-                 for b, e in kept]
+        items = [RelevantItem(kind=b.kind, valid_at=b.valid_at, text=b.text, score=e.score, terms=terms,
+                              expires_at=b.expires_at) for b, e in kept]
         return items, True, below
 
     async def _facts(self, agent_id: str, user_id: str, shards: list[Shard], backend: MemoryBackend,
@@ -527,3 +529,17 @@ class _Question:
 
 def _asdict(rendered: RenderedContext) -> dict[str, Any]:
     return {f: getattr(rendered, f) for f in rendered.__dataclass_fields__}
+
+
+def cache_seconds(inputs: ContextInputs, ttl_seconds: int) -> int:
+    """How long a block of ``inputs`` may be served from the cache: CONTEXT_CACHE_TTL_SECONDS,
+    but no longer than the soonest expiry of a memory it shows (an expired memory leaves
+    the block at once, as it leaves the stores' reads: docs/expiry.md); 0, not cached, when
+    that is less than a second away."""
+    shown: list[Memory | RelevantItem] = [
+        *inputs.episodes, *inputs.relevant, *(m for shard in inputs.shards for m in (*shard.facts, *shard.suggestions)),
+        *(m for user in inputs.users for m in user.directives)]
+    ends = [m.expires_at for m in shown if m.expires_at is not None]
+    if not ends or ttl_seconds <= 0:
+        return ttl_seconds
+    return max(0, min(ttl_seconds, math.floor((min(ends) - datetime.now(UTC)).total_seconds())))

@@ -157,10 +157,11 @@ class RelevantItem:
     text: str  # whole: the renderer cuts it to its share of the budget
     score: float = 1.0  # the search's score (0 to 1]: the item's weight in the sliding budget
     terms: tuple[str, ...] = ()  # the query's words: a cut item keeps the text around them
+    expires_at: datetime | None = None  # the memory's (a cached block showing it lives no longer)
 
     @classmethod
     def whole(cls, memory: Memory) -> RelevantItem:
-        return cls(memory.kind, memory.valid_at, memory.content)
+        return cls(memory.kind, memory.valid_at, memory.content, expires_at=memory.expires_at)
 
 
 @dataclass(frozen=True)

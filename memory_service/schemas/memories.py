@@ -24,6 +24,9 @@ class MemoryRecord(BaseModel):
     updated_at: datetime | None = None
     deleted_at: datetime | None = Field(None, description="set while soft-deleted: search and the memory block skip it")
     purge_at: datetime | None = Field(None, description="when the retention job purges it for good (None: never)")
+    expires_at: datetime | None = Field(None, description="when it expires: from then on search, the memory block "
+                                                          "and browse skip it (memory_get still answers it), and "
+                                                          "the next retention run purges it (None: never)")
     provenance: Provenance
     access_count: int = Field(0, description="memory_get calls (bookkeeping, never used for ranking)")
     last_accessed_at: datetime | None = None

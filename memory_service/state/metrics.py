@@ -98,6 +98,7 @@ HELP = {
     "budget_offline_formations": "Windows formed by the offline extractor because an LLM budget was spent",
     "budget_offline_consolidations": "Merges made by rule because an LLM budget was spent",
     "budget_waits": "Formation runs that left a window pending because an LLM budget was spent (when_spent: wait)",
+    "expired_purged_memories": "Memories purged past their expires_at",
 }
 _LLM = re.compile(r"^(consolidation_)?llm_(calls|attempts|prompt_tokens|completion_tokens|seconds)$")
 _flat: dict[str, Counter] = {}

@@ -4,10 +4,12 @@ its redaction policy applied to the texts recorded for it (``Redactor``)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from memory_service.config import Settings
 from memory_service.domain import limits, secrets
 from memory_service.domain.errors import InvalidInput, NotFound, preview
+from memory_service.domain.expiry import TTL_KINDS, ExpiryPolicy
 from memory_service.domain.models import (
     BACKEND_ALIASES,
     LEGACY_BACKEND_FLAG,
@@ -38,6 +40,11 @@ class AgentDirectory:
         """Create or replace the agent's settings: (the settings replaced, the agent now)."""
         limits.check_extras(settings.agent_extras, self.settings.max_extras_bytes)
         self._check_backends(settings)
+        for kind, ttl in settings.memory_ttl.items():
+            if kind.value not in TTL_KINDS:
+                raise InvalidInput(f"memory_ttl.{kind.value}: {kind.value} memories take no time to live; one of "
+                                   f"{', '.join(TTL_KINDS)}")
+            self._check_ttl(f"memory_ttl.{kind.value}", ttl)
         previous = await self.state.put_agent(agent_id, settings)
         return previous, await self.get_agent(agent_id)
 
@@ -55,6 +62,19 @@ class AgentDirectory:
                                     if target in self.registry.factories)
                 raise InvalidInput(f"{field}: unknown memory backend {preview(name)}; registered backends: {known}"
                                    + (f" (aliases: {aliases})" if aliases else ""))
+
+    def _check_ttl(self, field: str, ttl: int | None) -> None:
+        horizon = self.settings.memory_expiry_max_days
+        if ttl is not None and ttl > horizon * 86_400:
+            raise InvalidInput(f"{field}: {ttl} s is beyond MEMORY_EXPIRY_MAX_DAYS ({horizon} days)")
+
+    async def expiry_policy(self, agent_id: str, shards: Sequence[Shard] | None = None) -> ExpiryPolicy:
+        """The agent's times to live: per kind (its settings) and per shard (``shards``, or read)."""
+        settings = await self.state.get_agent(agent_id) or AgentSettings()
+        if shards is None:
+            shards = await self.list_shards(agent_id)
+        return ExpiryPolicy.of({k.value: ttl for k, ttl in settings.memory_ttl.items()},
+                               ((s.shard_id, s.memory_ttl) for s in shards))
 
     async def get_agent(self, agent_id: str) -> Agent:
         settings = await self.state.get_agent(agent_id)
@@ -86,6 +106,7 @@ class AgentDirectory:
 
     async def replace_shard(self, agent_id: str, shard_id: str, shard: ShardIn) -> tuple[Shard | None, Shard]:
         """Create or replace a shard: (the shard replaced, None when created; the shard now)."""
+        self._check_ttl("memory_ttl", shard.memory_ttl)
         previous = await self.state.put_shard(agent_id, shard_id, shard)
         try:  # a copy for the store's own readers (MongoDB dashboards); Redis holds the truth
             _, backend = await self.backend_for(agent_id)

@@ -100,10 +100,11 @@ class Brief:
     valid_at: datetime
     text: str
     served_by: str | None = None
+    expires_at: datetime | None = None  # a cached block showing it lives no longer (docs/expiry.md)
 
     @classmethod
     def of(cls, memory: Memory) -> Brief:
-        return cls(memory.id, memory.kind, memory.valid_at, memory.search_text, memory.served_by)
+        return cls(memory.id, memory.kind, memory.valid_at, memory.search_text, memory.served_by, memory.expires_at)
 
 
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
@@ -288,7 +289,8 @@ class MemoryBackend(ABC):
         embedding; without one the memory waits for the backfill). Namespace, kind, time and
         provenance stay. Ids not stored are skipped; return how many were updated.
 
-        Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``."""
+        Every read but ``find``, ``export`` and ``unembedded`` skips a memory with ``deleted_at``,
+        and one whose ``expires_at`` has passed; ``expires_at`` is overwritten too."""
 
     # Retention (memory_service/curation/retention.py, docs/memory-tools.md) ----------------------
 
@@ -300,6 +302,12 @@ class MemoryBackend(ABC):
         (``valid_at``, id) and following ``after`` (the previous batch's last memory:
         ``(valid_at.timestamp(), id)``). Read through an index on the time, so a batch costs
         the memories in the range, not the agent's."""
+
+    @abstractmethod
+    async def expired(self, agent_id: str, now: datetime, limit: int) -> list[Memory]:
+        """Up to ``limit`` of the agent's memories whose ``expires_at`` is at or before ``now``,
+        whatever their namespace or state, soonest expired first (then by id): what the
+        retention job purges (docs/expiry.md). Read through an index on ``expires_at``."""
 
     # Erasing a user (memory_service/curation/erasure.py, docs/erasure.md) ----------------------
 
@@ -433,6 +441,11 @@ class MemoryBackend(ABC):
     async def get_fact(self, agent_id: str, fact_id: str) -> Fact:
         """One fact by id, current or not. An unknown id raises NotFound."""
         raise self._no_graph()
+
+    async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
+        """The current facts that came from one of these memories (their ``memory_ids``), for
+        the purge of expired memories (docs/expiry.md). A store without a graph holds none."""
+        return []
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,
                          include_superseded: bool = False, *, within: Sequence[Namespace | str] | None = None,

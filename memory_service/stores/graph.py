@@ -8,8 +8,9 @@ graphiti-core's ``EpisodicNode`` model, so Graphiti can later run entity extract
 them. Ours beside them:
 
 * ``kind``, ``ts``/``seq`` (a numeric sort key: ISO strings with and without microseconds
-  do not sort), ``evicted``, ``deleted_at`` (a soft delete's time, as a Unix timestamp)
-  and ``tags`` (a list, for the search filter; the body holds them too);
+  do not sort), ``evicted``, ``deleted_at`` (a soft delete's time, as a Unix timestamp),
+  ``expires_at`` (a Unix timestamp, indexed: every read but by id skips the memory once
+  FalkorDB's clock passes it, docs/expiry.md) and ``tags`` (a list, for the search filter; the body holds them too);
 * ``group_kind`` = ``<group_id>|<kind>``, indexed, so the context's reads ("the 8 latest
   episodes of this session") are one index lookup, not a scan of the group;
 * ``text``: what search reads (a message under its speaker), in a full-text index with
@@ -104,8 +105,12 @@ _READ_FIELDS = ("n.uuid AS uuid, n.group_id AS group_id, n.content AS content, n
 # reuse it).
 _LIVE_FIELDS = ("n.uuid, n.group_id, n.content, n.valid_at, "
                 f"CASE WHEN n.embedding IS NULL THEN NULL ELSE {_VECTOR_MODEL} END")
-# What every read but find/export/unembedded asks of a memory: neither evicted nor soft-deleted.
-_LIVE = "n.evicted IS NULL AND n.deleted_at IS NULL"
+# Not expired: no ``expires_at`` (a Unix timestamp), or one still ahead of the store's clock
+# (``timestamp()``: milliseconds), so an expired memory leaves every read at once.
+_UNEXPIRED = "(n.expires_at IS NULL OR n.expires_at * 1000 > timestamp())"
+# What every read but find/export/unembedded asks of a memory: neither evicted, soft-deleted
+# nor expired.
+_LIVE = f"n.evicted IS NULL AND n.deleted_at IS NULL AND {_UNEXPIRED}"
 _STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
            MemoryState.EVICTED: "n.evicted = true", MemoryState.ALL: None}
 
@@ -181,6 +186,7 @@ def _is_missing_graph(exc: Exception) -> bool:
 
 # Its own statement: graphs made before the stale purge get it from ``written_before``.
 _TS_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.ts)"
+_EXPIRES_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.expires_at)"
 # Made by the first re-embed of a graph: the staged vectors are promoted through it.
 _STAGED_INDEX = f"CREATE INDEX FOR (n:{LABEL}) ON (n.embedding_next_model)"
 # Which stored vectors a query of the model ``$vector_model`` is compared with: those of the same
@@ -193,6 +199,7 @@ def _index_statements(dimension: int | None) -> list[str]:
         f"CREATE INDEX FOR (n:{LABEL}) ON (n.uuid, n.group_id, n.group_kind, n.needs_embedding)",
         f"CALL db.idx.fulltext.createNodeIndex({{label: '{LABEL}', language: 'english'}}, 'text', 'group_key')",
         _TS_INDEX,
+        _EXPIRES_INDEX,
     ]
     if dimension:
         statements.append(f"CREATE VECTOR INDEX FOR (n:{LABEL}) ON (n.embedding) "
@@ -245,7 +252,7 @@ class GraphBackend(EntityGraph):
         # The model of vectors stored before each vector carried its model's name.
         self.untagged_model = untagged_model
         self._staged_indexed: set[str] = set()  # agent graphs known to hold the index of staged vectors
-        self._ts_indexed: set[str] = set()  # agent graphs known to hold the index on ``ts``
+        self._ts_indexed: set[tuple[str, str]] = set()  # (agent graph, index) known to exist: ``_late_index``
         self._entity_indexed: set[str] = set()  # agent graphs known to hold the entity indexes
         self.postings = Postings(self.client.connection)
         self._building: asyncio.Task[None] | None = None
@@ -585,6 +592,7 @@ class GraphBackend(EntityGraph):
             "seq": memory.metadata.sequence,
             "evicted": True if memory.evicted else None,  # null leaves the property out
             "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+            "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
             "tags": list(memory.tags) or None,
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
@@ -719,6 +727,7 @@ class GraphBackend(EntityGraph):
                          "terms": postings.entry(memory.search_text)[2],
                          "tags": list(memory.tags) or None,
                          "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+                         "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
                          "embedding": _FloatList(embedding) if embedding else None,
                          "model": memory.embedding_model if embedding else None,
                          "needs_embedding": None if embedding else True})
@@ -732,7 +741,7 @@ class GraphBackend(EntityGraph):
                 f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
                 "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep, n.text = row.text AS same "
                 "SET n.content = row.body, n.text = row.text, n.terms = row.terms, n.tags = row.tags, "
-                "n.deleted_at = row.deleted_at, "
+                "n.deleted_at = row.deleted_at, n.expires_at = row.expires_at, "
                 "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END, "
                 "n.embedding_model = CASE WHEN keep THEN n.embedding_model ELSE row.model END, "
@@ -801,7 +810,7 @@ class GraphBackend(EntityGraph):
             return []
         rows = await self._read(
             agent_id,
-            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g AND n.deleted_at IS NULL "
+            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g AND n.deleted_at IS NULL AND {_UNEXPIRED} "
             f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid",
             ids=list(ids), g=namespace.group_id,
         )
@@ -827,8 +836,11 @@ class GraphBackend(EntityGraph):
         if not ids:
             return []
         rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
-                                                f"AND {_LIVE} RETURN n.uuid, n.kind, n.valid_at, n.text", ids=list(ids))
-        return [Brief(i, MemoryKind(kind), _moment(valid_at), text or "", "graph") for i, kind, valid_at, text in rows]
+                                                f"AND {_LIVE} RETURN n.uuid, n.kind, n.valid_at, n.text, n.expires_at",
+                                      ids=list(ids))
+        return [Brief(i, MemoryKind(kind), _moment(valid_at), text or "", "graph",
+                      None if expires is None else datetime.fromtimestamp(float(expires), UTC))
+                for i, kind, valid_at, text, expires in rows]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
         return (await self.recent_many(agent_id, [RecentRead(namespace, kinds, limit)]))[0]
@@ -868,12 +880,7 @@ class GraphBackend(EntityGraph):
         if limit <= 0:
             return []
         name = graph_name(agent_id)
-        if name not in self._ts_indexed:
-            # Graphs made before this index existed get it here, once per process; a missing
-            # graph is not created for it (its first write makes every index).
-            if await self.client.connection.exists(name):
-                await _create_index(self.client.select_graph(name), _TS_INDEX)
-                self._ts_indexed.add(name)
+        await self._late_index(name, _TS_INDEX)
         # The range on ``ts`` is what the index answers; the id breaks ties at the cursor.
         params: dict[str, Any] = {}
         if after is None:
@@ -887,6 +894,25 @@ class GraphBackend(EntityGraph):
             f"MATCH (n:{LABEL}) WHERE {where} AND n.kind IS NOT NULL "
             f"WITH n ORDER BY n.ts, n.uuid LIMIT $limit RETURN {_READ_FIELDS}",
             before=before.timestamp(), limit=limit, **params,
+        )
+        return [_memory(row) for row in rows]
+
+    async def _late_index(self, name: str, statement: str) -> None:
+        """Graphs made before an index existed get it here, once per process; a missing graph
+        is not created for it (its first write makes every index)."""
+        if (name, statement) not in self._ts_indexed and await self.client.connection.exists(name):
+            await _create_index(self.client.select_graph(name), statement)
+            self._ts_indexed.add((name, statement))
+
+    async def expired(self, agent_id: str, now: datetime, limit: int) -> list[Memory]:
+        if limit <= 0:
+            return []
+        await self._late_index(graph_name(agent_id), _EXPIRES_INDEX)
+        rows = await self._read(
+            agent_id,
+            f"MATCH (n:{LABEL}) WHERE n.expires_at <= $now AND n.kind IS NOT NULL "
+            f"WITH n ORDER BY n.expires_at, n.uuid LIMIT $limit RETURN {_READ_FIELDS}",
+            now=now.timestamp(), limit=limit,
         )
         return [_memory(row) for row in rows]
 

@@ -525,6 +525,16 @@ class EntityGraph(MemoryBackend):
                                 **params)
         return [_fact(r) for r in rows]
 
+    async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
+        # No index on a list property: one pass over the agent's facts (the daily purge's, per
+        # agent with expired memories).
+        if not memory_ids:
+            return []
+        rows = await self._read(agent_id, f"MATCH ()-[e:RELATES_TO]->() WHERE {_CURRENT} AND "
+                                          f"any(x IN e.episodes WHERE x IN $ids) RETURN {_FACT_FIELDS}",
+                                ids=list(memory_ids))
+        return [_fact(row) for row in rows]
+
     async def _fact(self, agent_id: str, fact_id: str, what: str = "fact") -> Fact:
         rows = await self._read(agent_id, f"MATCH ()-[e:RELATES_TO {{uuid: $id}}]->() RETURN {_FACT_FIELDS}", id=fact_id)
         if not rows:

@@ -479,6 +479,10 @@ class MirroredBackend(MemoryBackend):
         # The graph's, as ``export``: MongoDB mirrors it, and what is purged leaves both.
         return await self.primary.written_before(agent_id, before, limit, after)
 
+    async def expired(self, agent_id: str, now: datetime, limit: int) -> list[Memory]:
+        # The graph's, as ``written_before``: what is purged leaves both stores.
+        return await self.primary.expired(agent_id, now, limit)
+
     async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
         # The graph's, as ``export``: a cursor names a position in one store's order.
         return await self.primary.list_memories(agent_id, listing)
@@ -530,6 +534,9 @@ class MirroredBackend(MemoryBackend):
 
     async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
         return await self.primary.restore_fact(agent_id, fact_id)
+
+    async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
+        return await self.primary.facts_citing(agent_id, memory_ids)
 
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,

@@ -12,7 +12,8 @@ Collections (in MONGODB_DATABASE):
                 while a re-embed runs, ``embedding_next`` and ``embedding_next_model``
                 (the new model's vector, staged until it is promoted; docs/embeddings.md). Tool-written memories add ``title``, ``tags``,
                 ``confidence``, ``updated_at``; a soft-deleted one has ``deleted_at`` (a
-                Unix timestamp), and every read but find/export/unembedded filters it out.
+                Unix timestamp), and every read but find/export/unembedded filters it out;
+                so with ``expires_at`` (a Unix timestamp) once it has passed.
   user_memory   one document per (agent, user): the latest consolidated memory and the
                 most recent directives, for dashboards and the legacy readers.
   shards        one document per (agent, shard): the latest consolidated memory, the
@@ -45,6 +46,7 @@ import logging
 import math
 import re
 import struct
+import time
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -137,6 +139,10 @@ class MongoBackend(MemoryBackend):
         # ... and the memories waiting for an embedding (only those are in the index).
         await self.memories.create_index([("agent_id", ASCENDING), ("needs_embedding", ASCENDING)],
                                          name="agent_unembedded", partialFilterExpression={"needs_embedding": True})
+        # ... and the memories that expire, for the retention job (``expired``; only those are in the index).
+        await self.memories.create_index([("agent_id", ASCENDING), ("expires_at", ASCENDING), ("_id", ASCENDING)],
+                                         name="agent_expiry",
+                                         partialFilterExpression={"expires_at": {"$type": "number"}})
         # ... and the vectors a re-embed staged (only while it runs).
         await self.memories.create_index([("agent_id", ASCENDING), ("embedding_next_model", ASCENDING)],
                                          name="agent_staged",
@@ -321,7 +327,7 @@ class MongoBackend(MemoryBackend):
         for memory in memories:
             doc = self._document(memory)
             changed = {k: doc[k] for k in ("content", "search_text", "title", "tags", "confidence", "updated_at",
-                                            "deleted_at")}
+                                            "deleted_at", "expires_at")}
             update: dict[str, Any]
             same = stored.get(memory.id) == memory.search_text
             staged = {} if same else {"embedding_next": "", "embedding_next_model": ""}
@@ -355,7 +361,7 @@ class MongoBackend(MemoryBackend):
         if not ids:
             return []
         cursor = self.memories.find({"agent_id": agent_id, "namespace": str(namespace), "_id": {"$in": list(ids)},
-                                     "deleted_at": None}, _NO_VECTOR)
+                                     "deleted_at": None, **_unexpired()}, _NO_VECTOR)
         return [_memory(d) for d in await cursor.sort(_OLDEST_FIRST).to_list()]
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
@@ -363,7 +369,7 @@ class MongoBackend(MemoryBackend):
             return []
         cursor = self.memories.find(
             {"agent_id": agent_id, "namespace": str(namespace), "kind": {"$in": [k.value for k in kinds]},
-             "evicted": False, "deleted_at": None},
+             "evicted": False, "deleted_at": None, **_unexpired()},
             _NO_VECTOR,
         ).sort(_NEWEST_FIRST).limit(limit)
         return [self._with_vector_model(d) for d in reversed(await cursor.to_list())]
@@ -380,7 +386,8 @@ class MongoBackend(MemoryBackend):
         return memory
 
     async def count(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind] = ()) -> int:
-        query: dict[str, Any] = {"agent_id": agent_id, "namespace": str(namespace), "evicted": False, "deleted_at": None}
+        query: dict[str, Any] = {"agent_id": agent_id, "namespace": str(namespace), "evicted": False, "deleted_at": None,
+                                 **_unexpired()}
         if kinds:
             query["kind"] = {"$in": [k.value for k in kinds]}
         return await self.memories.count_documents(query)
@@ -402,6 +409,13 @@ class MongoBackend(MemoryBackend):
         cursor = self.memories.find(query, _NO_VECTOR).sort([("ts", ASCENDING), ("_id", ASCENDING)]).limit(limit)
         return [_memory(d) for d in await cursor.to_list()]
 
+    async def expired(self, agent_id: str, now: datetime, limit: int) -> list[Memory]:
+        if limit <= 0:
+            return []
+        cursor = self.memories.find({"agent_id": agent_id, "expires_at": {"$type": "number", "$lte": now.timestamp()}},
+                                    _NO_VECTOR).sort([("expires_at", ASCENDING), ("_id", ASCENDING)]).limit(limit)
+        return [_memory(d) for d in await cursor.to_list()]
+
     async def list_memories(self, agent_id: str, listing: MemoryListing) -> ListedPage:
         """Newest first through the agent_written index (every namespace) or agent_namespace_time
         (some): the position's range bounds the index scan, so a page costs its size."""
@@ -415,7 +429,7 @@ class MongoBackend(MemoryBackend):
         if listing.tags:
             query["tags"] = {"$all": list(listing.tags)}
         if listing.state is MemoryState.LIVE:
-            query.update(evicted=False, deleted_at=None)
+            query.update(evicted=False, deleted_at=None, **_unexpired())
         elif listing.state is MemoryState.DELETED:
             query["deleted_at"] = {"$ne": None}
         elif listing.state is MemoryState.EVICTED:
@@ -547,6 +561,12 @@ class MongoBackend(MemoryBackend):
         return [(_memory(docs[i]), score) for i, score in best if i in docs]
 
 
+def _unexpired() -> dict[str, Any]:
+    """The filter of memories not expired now: no ``expires_at`` (missing or null), or one
+    still ahead (docs/expiry.md)."""
+    return {"expires_at": {"$not": {"$lte": time.time()}}}
+
+
 def _scope(agent_id: str, query: StoreQuery) -> dict[str, Any]:
     """The filter of a search: the agent's live memories in the namespaces, kinds and time range."""
     scope: dict[str, Any] = {"agent_id": agent_id}
@@ -556,6 +576,7 @@ def _scope(agent_id: str, query: StoreQuery) -> dict[str, Any]:
         scope["kind"] = {"$in": [MemoryKind(k).value for k in query.kinds]}
     scope["evicted"] = False
     scope["deleted_at"] = None  # missing or null: not soft-deleted
+    scope.update(_unexpired())
     if query.tags:
         scope["tags"] = {"$all": list(query.tags)}
     if query.since or query.until:
@@ -649,6 +670,7 @@ def _document(memory: Memory) -> dict[str, Any]:
         "confidence": memory.confidence,
         "updated_at": memory.updated_at.isoformat() if memory.updated_at else None,
         "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
+        "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
     }
 
 
@@ -666,5 +688,6 @@ def _memory(doc: dict[str, Any]) -> Memory:
         confidence=doc.get("confidence"),
         updated_at=doc.get("updated_at"),
         deleted_at=datetime.fromtimestamp(float(doc["deleted_at"]), UTC) if doc.get("deleted_at") is not None else None,
+        expires_at=datetime.fromtimestamp(float(doc["expires_at"]), UTC) if doc.get("expires_at") is not None else None,
         served_by="mongo",
     )

@@ -950,6 +950,13 @@ export interface components {
             redaction?: components["schemas"]["RedactionSettings"];
             /** @description its LLM token budgets per day and month, and what formation does when one is spent */
             llm_budget?: components["schemas"]["LLMBudget"];
+            /**
+             * Memory Ttl
+             * @description time to live per memory kind (seconds, or a text like '90d', '12h'): a memory of the kind formed or written without its own expires_at expires that long after it is stored (docs/expiry.md)
+             */
+            memory_ttl?: {
+                [key: string]: number;
+            };
             /** Agent Extras */
             agent_extras?: {
                 [key: string]: unknown;
@@ -991,6 +998,13 @@ export interface components {
             redaction?: components["schemas"]["RedactionSettings"];
             /** @description its LLM token budgets per day and month, and what formation does when one is spent */
             llm_budget?: components["schemas"]["LLMBudget"];
+            /**
+             * Memory Ttl
+             * @description time to live per memory kind (seconds, or a text like '90d', '12h'): a memory of the kind formed or written without its own expires_at expires that long after it is stored (docs/expiry.md)
+             */
+            memory_ttl?: {
+                [key: string]: number;
+            };
             /** Agent Extras */
             agent_extras?: {
                 [key: string]: unknown;
@@ -2098,6 +2112,11 @@ export interface components {
              * @description when the retention job purges it for good (None: never)
              */
             purge_at?: string | null;
+            /**
+             * Expires At
+             * @description when it expires: from then on search, the memory block and browse skip it (memory_get still answers it), and the next retention run purges it (None: never)
+             */
+            expires_at?: string | null;
             provenance: components["schemas"]["Provenance"];
             /**
              * Access Count
@@ -2138,6 +2157,11 @@ export interface components {
             /** Confidence */
             confidence?: number | null;
             kind?: components["schemas"]["MemoryKind"] | null;
+            /**
+             * Expires At
+             * @description a new expiry (in the future, within MEMORY_EXPIRY_MAX_DAYS); null: it never expires
+             */
+            expires_at?: string | null;
         };
         /**
          * MemoryWrite
@@ -2165,6 +2189,11 @@ export interface components {
             tags?: string[];
             /** Confidence */
             confidence?: number | null;
+            /**
+             * Expires At
+             * @description when it expires (ISO 8601 with a time zone, in the future, within MEMORY_EXPIRY_MAX_DAYS): from then on search, the memory block and browse skip it, and the retention job purges it; without it the agent's time to live for the kind or shard applies, if any (docs/expiry.md)
+             */
+            expires_at?: string | null;
             /**
              * Idempotency Key
              * @description makes the write repeatable: the same key for the same agent stores one memory and answers it again (409 if the key was used for another content, namespace or kind); without it every write stores a new memory
@@ -2732,6 +2761,11 @@ export interface components {
              * @default true
              */
             active?: boolean;
+            /**
+             * Memory Ttl
+             * @description time to live of the shard's memories (seconds, or a text like '90d'): one formed or written without its own expires_at expires that long after it is stored (docs/expiry.md)
+             */
+            memory_ttl?: number | null;
             /** Agent Id */
             agent_id: string;
             /** Shard Id */
@@ -2754,6 +2788,11 @@ export interface components {
              * @default true
              */
             active?: boolean;
+            /**
+             * Memory Ttl
+             * @description time to live of the shard's memories (seconds, or a text like '90d'): one formed or written without its own expires_at expires that long after it is stored (docs/expiry.md)
+             */
+            memory_ttl?: number | null;
         };
         /**
          * SharedReference

@@ -213,11 +213,13 @@ class AsyncMemoryClient:
 
     async def memory_write(self, agent_id: str, *, content: str, namespace: str, kind: str, title: str | None = None,
                            tags: list[str] | None = None, confidence: float | None = None,
-                           idempotency_key: str | None = None) -> MemoryRecord:
+                           idempotency_key: str | None = None, expires_at: datetime | None = None) -> MemoryRecord:
         """Write a new memory. Not retried after a 503 (it might have been stored), unless an
-        ``idempotency_key`` is given: the same key writes one memory and answers it again."""
+        ``idempotency_key`` is given: the same key writes one memory and answers it again.
+        ``expires_at`` (with a time zone, ahead): from then on it is skipped by search, the
+        memory block and browse, and the retention job purges it (docs/expiry.md)."""
         request = body(content=content, namespace=namespace, kind=kind, title=title, tags=tags, confidence=confidence,
-                       idempotency_key=idempotency_key)
+                       idempotency_key=idempotency_key, expires_at=expires_at.isoformat() if expires_at else None)
         answer = await self._send("POST", f"/v1/agents/{seg(agent_id)}/memories", json=request,
                                   idempotent=idempotency_key is not None)
         result: MemoryRecord = parse(MemoryRecord, answer)
@@ -225,9 +227,12 @@ class AsyncMemoryClient:
 
     async def memory_update(self, agent_id: str, memory_id: str, *, content: str | Unset = UNSET,
                             title: str | None | Unset = UNSET, tags: list[str] | None | Unset = UNSET,
-                            confidence: float | None | Unset = UNSET, kind: str | Unset = UNSET) -> MemoryRecord:
-        """Change the fields given; the others stay. ``title``, ``confidence`` or ``tags`` None clears it."""
-        request = patch(content=content, title=title, tags=tags, confidence=confidence, kind=kind)
+                            confidence: float | None | Unset = UNSET, kind: str | Unset = UNSET,
+                            expires_at: datetime | None | Unset = UNSET) -> MemoryRecord:
+        """Change the fields given; the others stay. ``title``, ``confidence``, ``tags`` or
+        ``expires_at`` None clears it (a memory without ``expires_at`` never expires)."""
+        when = expires_at.isoformat() if isinstance(expires_at, datetime) else expires_at
+        request = patch(content=content, title=title, tags=tags, confidence=confidence, kind=kind, expires_at=when)
         answer = await self._send("PATCH", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}", json=request)
         result: MemoryRecord = parse(MemoryRecord, answer)
         return result
@@ -391,18 +396,22 @@ class AsyncMemoryClient:
                         agent_extras: dict[str, Any] | None = None,
                         users_join_sessions: bool | None = None,
                         redaction: RedactionSettings | Mapping[str, Any] | None = None,
-                        llm_budget: LLMBudget | Mapping[str, Any] | None = None) -> Agent:
+                        llm_budget: LLMBudget | Mapping[str, Any] | None = None,
+                        memory_ttl: dict[str, int | str] | None = None) -> Agent:
         """Create or replace the agent's settings (a setting not given takes its default:
         ``users_join_sessions`` off, keys limited to some users record only into sessions
         their users took part in; ``redaction`` unset, the server's REDACTION_MODE and
-        REDACTION_KINDS: secrets redacted, docs/redaction.md; no ``llm_budget`` of its own).
-        ``llm_budget``: tokens per UTC day and month and ``when_spent`` (docs/llm-budgets.md)."""
+        REDACTION_KINDS: secrets redacted, docs/redaction.md; no ``llm_budget`` of its own;
+        no ``memory_ttl``). ``llm_budget``: tokens per UTC day and month and ``when_spent``
+        (docs/llm-budgets.md). ``memory_ttl``: a time to live per memory kind, seconds or a
+        text like ``"90d"`` (docs/expiry.md)."""
         if isinstance(redaction, RedactionSettings):
             redaction = redaction.model_dump(mode="json", exclude_none=True)
         budget = llm_budget.model_dump() if isinstance(llm_budget, LLMBudget) else \
             dict(llm_budget) if llm_budget is not None else None
         request = body(memory_backend=memory_backend, agent_extras=agent_extras,
-                       users_join_sessions=users_join_sessions, redaction=redaction, llm_budget=budget)
+                       users_join_sessions=users_join_sessions, redaction=redaction, llm_budget=budget,
+                       memory_ttl=memory_ttl)
         result: Agent = parse(Agent, await self._send("PUT", f"/v1/agents/{seg(agent_id)}", json=request))
         return result
 
@@ -417,9 +426,10 @@ class AsyncMemoryClient:
         return result
 
     async def put_shard(self, agent_id: str, shard_id: str, *, name: str, extraction_focus: str | None = None,
-                        active: bool | None = None) -> Shard:
-        """Create or replace a shard (a topic the agent keeps facts and suggestions on)."""
-        request = body(name=name, extraction_focus=extraction_focus, active=active)
+                        active: bool | None = None, memory_ttl: int | str | None = None) -> Shard:
+        """Create or replace a shard (a topic the agent keeps facts and suggestions on);
+        ``memory_ttl``: how long its memories live, seconds or a text like ``"12h"`` (docs/expiry.md)."""
+        request = body(name=name, extraction_focus=extraction_focus, active=active, memory_ttl=memory_ttl)
         answer = await self._send("PUT", f"/v1/agents/{seg(agent_id)}/shards/{seg(shard_id)}", json=request)
         result: Shard = parse(Shard, answer)
         return result
