@@ -90,6 +90,10 @@ async def test_an_expired_memory_leaves_every_read_at_once_and_the_retention_job
     entries = (await service.audit_page(AGENT, action="memory.purge")).entries
     assert [(e.key_id, e.after["reason"], e.after["purged"], e.after["kinds"]) for e in entries] == [
         ("retention", "expired", 1, {"fact": 1})]
+    # The one trace the purge leaves in the change events: an `expired` event naming it (docs/events.md).
+    events, _ = await service.read_events(AGENT, "0-0", 100, None)
+    assert [(e.type, e.memory_ids, e.reason) for e in events if soon.id in e.memory_ids] == [
+        ("expired", [soon.id], "expired")]
 
 
 async def test_times_to_live_per_kind_and_per_shard_give_formed_and_written_memories_their_expiry(service):

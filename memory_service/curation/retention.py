@@ -210,6 +210,7 @@ class Retention:
             seen.update(m.id for m in batch)  # a memory the store failed to drop is not read again
             await self._close_facts(agent_id, backend, batch, now)  # while their sources are still stored
             purged += await self._remove(agent_id, backend, batch)
+            await self._emit(agent_id, batch, "expired", EventType.EXPIRED)
             kinds.update(count_kinds(batch))
         if kinds:
             await backend.purge_query_log(agent_id)
@@ -321,10 +322,12 @@ class Retention:
                                            "not_accessed_since": cutoff.isoformat(), "kinds": dict(kinds)})
         return purged
 
-    async def _emit(self, agent_id: str, purged: list[Memory], reason: str) -> None:
+    async def _emit(self, agent_id: str, purged: list[Memory], reason: str,
+                    type_: EventType = EventType.PURGED) -> None:
         """The purged memories' earlier change events go (from the stream and the webhooks'
-        dead letters), and one ``purged`` event names their ids: the one trace a purge leaves,
-        which a host needs to drop its own copy (trimmed with the stream, docs/events.md)."""
+        dead letters), and one ``purged`` event (``expired`` for memories past their
+        ``expires_at``) names their ids: the one trace a purge leaves, which a host needs to
+        drop its own copy (trimmed with the stream, docs/events.md)."""
         ids = {m.id for m in purged}
 
         def named(event: Event) -> bool:
@@ -334,7 +337,7 @@ class Retention:
             await self.webhooks.forget(agent_id, named)
         if self.events is not None:
             await self.events.remove(agent_id, named)
-            await self.events.emit_memories(agent_id, EventType.PURGED, purged, Cause(key_id=PURGE_ACTOR, reason=reason))
+            await self.events.emit_memories(agent_id, type_, purged, Cause(key_id=PURGE_ACTOR, reason=reason))
 
     async def _remove(self, agent_id: str, backend: MemoryBackend, held: list[Memory]) -> int:
         """Purge these memories: queued writes quoting them, every store, Redis (but the query log)."""

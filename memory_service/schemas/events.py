@@ -32,9 +32,11 @@ class EventType(StrEnum):
     PURGED = "purged"  # removed for good by the retention job (reason: deleted or stale)
     SUPERSEDED = "superseded"  # knowledge-graph facts closed by newer ones (memory_ids: the facts' ids)
     ERASED = "erased"  # a user erased (no user id kept: only callers for every user see it)
+    # Memories purged by the retention run past their expires_at (invisible from then on already;
+    # reason: expired; docs/expiry.md).
+    EXPIRED = "expired"
     # Declared for the features that emit them, not built yet: emitted when that feature lands.
     CORRECTED = "corrected"
-    EXPIRED = "expired"
     FORGOTTEN = "forgotten"
 
 

@@ -1678,7 +1678,7 @@ export interface components {
          * EventType
          * @enum {string}
          */
-        EventType: "formed" | "written" | "updated" | "deleted" | "undeleted" | "purged" | "superseded" | "erased" | "corrected" | "expired" | "forgotten";
+        EventType: "formed" | "written" | "updated" | "deleted" | "undeleted" | "purged" | "superseded" | "erased" | "expired" | "corrected" | "forgotten";
         /** Explanation */
         Explanation: {
             /**
