@@ -10,8 +10,8 @@ the model as memory. So each item is kept twice, for two readers: whole, in the 
 SQLiteSession (in memory, or a file given by ``db_path``), which ``get_items`` reads; and as
 readable text, recorded as a message of the service's session, which the memory is formed
 from. Popping and clearing change the history only: the service's record of a session is
-append-only (it forms each message exactly once, and a recorded message deleted before its
-formation would leave the session's window unformable).
+append-only (it forms each message exactly once; what was formed from a message is not
+taken back by deleting it).
 """
 
 from __future__ import annotations
