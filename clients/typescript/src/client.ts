@@ -320,6 +320,65 @@ export class MemoryClient {
     }));
   }
 
+  // Change events and webhooks (docs/events.md).
+
+  /** The agent's change events as server-sent events, as text, until `timeout` seconds pass
+   * (the stream stays open until then: give one); `after`: resume after this event id
+   * ("0-0": every event the stream still holds). Each event is an `id:`, `event:` and `data:`
+   * (its JSON) block. */
+  async eventStream(agentId: string, query: QueryOf<"event_stream"> = {}): Promise<string> {
+    const text = await this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/events", {
+      params: { path: { agent_id: agentId }, query }, parseAs: "text",
+    }));
+    return text ?? "";
+  }
+
+  /** Create or replace a webhook: every event of the agent POSTed to `url`, signed with `secret`
+   * (never answered back). */
+  putWebhook(agentId: string, webhookId: string, webhook: BodyOf<"put_webhook">) {
+    return this.unwrap("PUT", this.api.PUT("/v1/agents/{agent_id}/webhooks/{webhook_id}", {
+      params: { path: { agent_id: agentId, webhook_id: webhookId } }, body: webhook,
+    }));
+  }
+
+  /** A webhook's delivery state: its cursor, failed attempts, next attempt, dead letters. */
+  getWebhook(agentId: string, webhookId: string) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/webhooks/{webhook_id}", {
+      params: { path: { agent_id: agentId, webhook_id: webhookId } },
+    }));
+  }
+
+  listWebhooks(agentId: string) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/webhooks", { params: { path: { agent_id: agentId } } }));
+  }
+
+  deleteWebhook(agentId: string, webhookId: string) {
+    return this.unwrap("DELETE", this.api.DELETE("/v1/agents/{agent_id}/webhooks/{webhook_id}", {
+      params: { path: { agent_id: agentId, webhook_id: webhookId } },
+    }));
+  }
+
+  /** The events a webhook gave up on after its retries. */
+  webhookDeadLetters(agentId: string, webhookId: string) {
+    return this.unwrap("GET", this.api.GET("/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters", {
+      params: { path: { agent_id: agentId, webhook_id: webhookId } },
+    }));
+  }
+
+  /** Deliver a dead letter again (the worker sends it once more). */
+  replayDeadLetter(agentId: string, webhookId: string, eventId: string) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters/{event_id}/replay", {
+      params: { path: { agent_id: agentId, webhook_id: webhookId, event_id: eventId } },
+    }));
+  }
+
+  /** Drop a dead letter. */
+  dropDeadLetter(agentId: string, webhookId: string, eventId: string) {
+    return this.unwrap("DELETE", this.api.DELETE("/v1/agents/{agent_id}/webhooks/{webhook_id}/dead-letters/{event_id}", {
+      params: { path: { agent_id: agentId, webhook_id: webhookId, event_id: eventId } },
+    }));
+  }
+
   // Operations.
 
   /** Readiness (`detail`: each dependency, an operator key). A 503 raises ServiceUnavailable.

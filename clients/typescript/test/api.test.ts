@@ -26,7 +26,8 @@ let operator: MemoryClient;
 let client: MemoryClient; // the agent's own write key, as an application would hold
 
 before(async () => {
-  server = await startServer({ MEMORY_WRITE_AGENTS: JSON.stringify([AGENT]) });
+  // Webhooks to loopback allowed: this machine resolves no public name (a webhook test below).
+  server = await startServer({ MEMORY_WRITE_AGENTS: JSON.stringify([AGENT]), WEBHOOK_ALLOW_PRIVATE: "true" });
   operator = new MemoryClient(server.baseUrl, { apiKey: server.operatorKey });
   const made = await operator.createKey({ name: "ts-tests", role: "write", agents: [AGENT] });
   assert.match(made.key, /^msk_/);
@@ -250,6 +251,32 @@ describe("secrets kept out (docs/redaction.md)", () => {
         && !error.detail.includes(key),
     );
     assert.equal((await operator.getAgent(other)).redaction?.mode, "refuse");
+  });
+});
+
+describe("change events and webhooks (docs/events.md)", () => {
+  test("a write is an event of the stream; a webhook is put, read, listed and deleted", async () => {
+    const written = await client.memoryWrite(AGENT, {
+      content: "The heron nests by the lock.", namespace: `agent:${AGENT}`, kind: "fact",
+    });
+    const stream = await operator.eventStream(AGENT, { after: "0-0", timeout: 1 });
+    const events = stream.split("\n").filter((line) => line.startsWith("data:")).map((line) => JSON.parse(line.slice(5)));
+    assert.ok(events.some((e) => e.type === "written" && e.memory_ids.includes(written.id)), stream);
+    const hook = await operator.putWebhook(AGENT, "crm", {
+      url: "http://127.0.0.1:9/memory", secret: "a-secret-of-sixteen-or-more", // nothing listens: never delivered
+    });
+    assert.equal(hook.url, "http://127.0.0.1:9/memory");
+    assert.ok(!JSON.stringify(hook).includes("a-secret-of-sixteen"), "the secret is never answered back");
+    assert.equal((await operator.getWebhook(AGENT, "crm")).id, "crm");
+    assert.deepEqual((await operator.listWebhooks(AGENT)).map((h) => h.id), ["crm"]);
+    assert.deepEqual((await operator.webhookDeadLetters(AGENT, "crm")).dead_letters, []);
+    await assert.rejects(operator.replayDeadLetter(AGENT, "crm", "1-0"), NotFoundError);
+    await assert.rejects(operator.dropDeadLetter(AGENT, "crm", "1-0"), NotFoundError);
+    await assert.rejects(operator.putWebhook(AGENT, "bad", { url: "ftp://x.example", secret: "a-secret-of-sixteen-or-more" }),
+      InvalidRequest);
+    await operator.deleteWebhook(AGENT, "crm");
+    assert.deepEqual(await operator.listWebhooks(AGENT), []);
+    await assert.rejects(client.listWebhooks(AGENT), PermissionDenied); // a write key: webhooks are the admin's
   });
 });
 
