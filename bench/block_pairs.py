@@ -106,7 +106,7 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from memory_service.stores.embedded import EmbeddedFalkorDB
+    from memory_service.backends.embedded import EmbeddedFalkorDB
 
     console = Console()
     header = print_machine(console, "block_pairs")

@@ -36,14 +36,14 @@ from knowledge_updates import summarize_ms  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from memory_service.backends.base import MemoryListing  # noqa: E402
+from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
+from memory_service.backends.graph import LABEL, GraphBackend  # noqa: E402
 from memory_service.config import Settings  # noqa: E402
 from memory_service.domain.models import Memory, MemoryKind, Provenance  # noqa: E402
 from memory_service.domain.namespaces import Namespace  # noqa: E402
 from memory_service.state import keyspace  # noqa: E402
 from memory_service.state.store import StateStore  # noqa: E402
-from memory_service.stores.base import MemoryListing  # noqa: E402
-from memory_service.stores.embedded import EmbeddedFalkorDB  # noqa: E402
-from memory_service.stores.graph import LABEL, GraphBackend  # noqa: E402
 
 AGENT = "bench"
 USERS = 50

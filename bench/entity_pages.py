@@ -37,10 +37,10 @@ from knowledge_updates import summarize_ms  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
+from memory_service.backends.loopback import LoopbackServer  # noqa: E402
 from memory_service.config import Settings  # noqa: E402
 from memory_service.http.app import create_app  # noqa: E402
-from memory_service.stores.embedded import EmbeddedFalkorDB  # noqa: E402
-from memory_service.stores.loopback import LoopbackServer  # noqa: E402
 
 AGENT = "bench"
 BLOCKS, EDGES = 4, 99

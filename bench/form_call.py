@@ -79,9 +79,9 @@ def ms_summary(values: list[float]) -> str:
 
 
 async def run(path: Path, count: int, turns: int, profile: bool, top: int, console: Console) -> int:
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None,
                         # Only the form call forms: no gate opens while a window is recorded.

@@ -50,6 +50,8 @@ from context_bench import print_machine  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
+from memory_service.backends.loopback import LoopbackServer  # noqa: E402
 from memory_service.config import Settings  # noqa: E402
 from memory_service.domain.models import MemoryKind, MessageIn, ShardIn  # noqa: E402
 from memory_service.domain.namespaces import Namespace  # noqa: E402
@@ -59,8 +61,6 @@ from memory_service.formation.llm_extractor import LLMExtractor  # noqa: E402
 from memory_service.http.app import create_app  # noqa: E402
 from memory_service.runtime import open_service  # noqa: E402
 from memory_service.service import MemoryService  # noqa: E402
-from memory_service.stores.embedded import EmbeddedFalkorDB  # noqa: E402
-from memory_service.stores.loopback import LoopbackServer  # noqa: E402
 from tests.fake_llm import EchoLLM  # noqa: E402
 
 log = logging.getLogger("formation_bench")

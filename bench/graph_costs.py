@@ -50,7 +50,7 @@ from knowledge_updates import summarize_ms  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from memory_service.stores.graph import graph_name  # noqa: E402
+from memory_service.backends.graph import graph_name  # noqa: E402
 
 DEMO = HERE.parent / "memory_service" / "data" / "demo_conversation.json"
 SET = HERE / "data" / "knowledge_updates.json"

@@ -55,9 +55,9 @@ def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
 
 async def run(path: Path, store: Path, variants: list[tuple[str, dict[str, Any]]], budgets: list[int],
               limit_samples: int | None, console: Console) -> dict:
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     samples = load_locomo(path, limit_samples)
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None,

@@ -76,9 +76,9 @@ from rich.console import Console  # noqa: E402
 from rich.markup import escape  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from memory_service.backends.graph import graph_name  # noqa: E402
+from memory_service.backends.loopback import free_port  # noqa: E402
 from memory_service.domain.namespaces import Namespace  # noqa: E402
-from memory_service.stores.graph import graph_name  # noqa: E402
-from memory_service.stores.loopback import free_port  # noqa: E402
 
 CLI = HERE.parent / ".venv" / "bin" / "memory-service"
 STORE_ENV = ("FALKORDB_URL", "REDIS_URL", "MONGODB_URI")

@@ -35,11 +35,11 @@ import statistics
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree as ET
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
@@ -215,9 +215,9 @@ def summarize(records: list[dict]) -> dict:
 
 
 async def run(users: list[dict], cases: list[dict], concurrency: int, console: Console, out: dict) -> None:
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)
     out["settings"] = {"extractor": settings.extractor, "embedder": getattr(settings, "embedder", None)}

@@ -479,9 +479,9 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
 async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency: int, console: Console,
                       out: dict, recall_grid: Sequence[str] = ()) -> None:
     """Fills ``out`` as it goes, so that a failure keeps what was measured before it."""
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     # The embedded store, whatever the environment says; other settings as configured.
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)

@@ -305,9 +305,9 @@ async def query_one(http: httpx.AsyncClient, q: LmeQuestion, budgets: Sequence[i
 async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], concurrency: int, console: Console,
                       out: dict, time_limit: float | None = None) -> None:
     """Fills ``out`` as it goes: a failure keeps what was measured before it."""
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)
     out["settings"] = {"extractor": settings.extractor, "max_message_chars": settings.max_message_chars,

@@ -50,7 +50,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
 
-from memory_service.stores.loopback import free_port  # noqa: E402
+from memory_service.backends.loopback import free_port  # noqa: E402
 
 CLI = str(Path(sys.executable).parent / "memory-service")
 STORE_ENV = ("FALKORDB_URL", "REDIS_URL", "MONGODB_URI")

@@ -45,7 +45,7 @@ from context_bench import print_machine  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
-from memory_service.stores.loopback import free_port  # noqa: E402
+from memory_service.backends.loopback import free_port  # noqa: E402
 
 CLI = str(Path(sys.executable).parent / "memory-service")
 AGENT = "overload-agent"

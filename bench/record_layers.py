@@ -45,13 +45,13 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import httpx  # noqa: E402
 from redis.asyncio.connection import AbstractConnection  # noqa: E402
 
+from memory_service.backends.agents import Redactor  # noqa: E402
+from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
 from memory_service.config import Settings  # noqa: E402
 from memory_service.domain.models import MessageIn  # noqa: E402
 from memory_service.http.app import create_app  # noqa: E402
 from memory_service.runtime import open_service  # noqa: E402
 from memory_service.schemas.keys import KeyIn  # noqa: E402
-from memory_service.stores.agents import Redactor  # noqa: E402
-from memory_service.stores.embedded import EmbeddedFalkorDB  # noqa: E402
 
 SENDS: Counter[str] = Counter()
 COUNTING = [False]

@@ -62,9 +62,9 @@ async def collect(path: Path, store: Path, console: Console) -> list[dict]:
         return list(json.loads(cached.read_text()))
     import httpx
 
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     samples = load_locomo(path)
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None, reranker="none")

@@ -44,10 +44,10 @@ FAREWELL = re.compile(r"\b(?:bye|goodbye|see\s+(?:you|ya)|take\s+care|talk\s+(?:
 
 
 async def run(path: Path, limit: int | None, console: Console) -> dict:
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
     from memory_service.domain.smalltalk import is_small_talk
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     samples = load_locomo(path, limit)
     settings = Settings(_env_file=None, falkordb_url=None, redis_url=None, mongodb_uri=None)

@@ -64,10 +64,10 @@ BUDGET = 4000
 
 
 async def run(args: argparse.Namespace, console: Console) -> dict:
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.domain.models import MessageIn
     from memory_service.http.app import create_app
     from memory_service.runtime import open_service
-    from memory_service.stores.loopback import LoopbackServer
 
     corpus = lb.make_corpus(args.size)
     words = sorted({w for m in corpus[:2000] for w in m.text.split() if w.isalpha() and len(w) > 3})

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from memory_service.backends.embedded import EmbeddedFalkorDB
 from memory_service.config import Settings
 from memory_service.embedding.embedders import Embedder
 from memory_service.formation.jobs import JobQueue
@@ -17,13 +18,12 @@ from memory_service.recall.rerank import start_reranker
 from memory_service.service import MemoryService
 from memory_service.state import metrics, tracing
 from memory_service.state.store import StateStore
-from memory_service.stores.embedded import EmbeddedFalkorDB
 
 if TYPE_CHECKING:
+    from memory_service.backends.base import MemoryBackend
+    from memory_service.backends.mongo import MongoBackend
     from memory_service.formation.consolidation import Consolidator
     from memory_service.formation.extractor import Extractor
-    from memory_service.stores.base import MemoryBackend
-    from memory_service.stores.mongo import MongoBackend
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: int | None = None,
                    untagged_model: str | None = None) -> MemoryBackend:
     """The graph backend; with MONGODB_URI set (and MIRROR_TO_MONGO), mirrored to MongoDB."""
-    from memory_service.stores.graph import GraphBackend
+    from memory_service.backends.graph import GraphBackend
 
     if not settings.falkordb_url:
         raise RuntimeError("FALKORDB_URL is not set and no embedded server was started")
@@ -39,9 +39,9 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
                          untagged_model=untagged_model)
     if not (settings.mongodb_uri and settings.mirror_to_mongo):
         return graph
-    from memory_service.stores.breaker import CircuitBreaker
-    from memory_service.stores.mirror import MirroredBackend
-    from memory_service.stores.outbox import TARGETS, Outbox
+    from memory_service.backends.breaker import CircuitBreaker
+    from memory_service.backends.mirror import MirroredBackend
+    from memory_service.backends.outbox import TARGETS, Outbox
 
     outbox = Outbox(state.redis, TARGETS, max_attempts=settings.outbox_max_attempts,
                     alarm_pending=settings.outbox_alarm_pending, max_pending=settings.outbox_max_pending)
@@ -55,7 +55,7 @@ def _graph_backend(settings: Settings, state: StateStore, embedding_dimension: i
 
 def _mongo_backend(settings: Settings, embedding_dimension: int | None = None,
                    untagged_model: str | None = None) -> MongoBackend:
-    from memory_service.stores.mongo import MongoBackend
+    from memory_service.backends.mongo import MongoBackend
 
     if settings.mongodb_uri is None:  # registered only when it is set
         raise RuntimeError("MONGODB_URI is not set")
@@ -261,7 +261,7 @@ async def open_service(
         try:
             await service.registry.get(settings.default_memory_backend)  # fail at start, not on the first call
             if run_worker:
-                from memory_service.worker import InProcessWorker
+                from memory_service.workers.worker import InProcessWorker
 
                 worker = InProcessWorker(service)
                 worker.start()

@@ -2,7 +2,7 @@
 
 A thin facade over the parts, each readable alone:
 
-- ``stores.registry.BackendRegistry``: named backend factories, each built once;
+- ``backends.registry.BackendRegistry``: named backend factories, each built once;
 - ``stores.agents.AgentDirectory``: agents' and shards' settings, and which backend serves an agent;
 - ``ingest.sessions.SessionLedger``: recording messages;
 - ``formation.schedule.FormationSchedule``: the gates, claiming windows and enqueueing their formation;
@@ -36,6 +36,10 @@ from memory_service.access.cursors import Cursors, position_field
 from memory_service.access.keys import KeyStore, Principal
 from memory_service.access.pseudonyms import Pseudonyms
 from memory_service.access.reach import Reach
+from memory_service.backends import readiness
+from memory_service.backends.agents import AgentDirectory
+from memory_service.backends.base import MemoryBackend, MemoryState
+from memory_service.backends.registry import BackendFactory, BackendRegistry
 from memory_service.config import Settings
 from memory_service.curation.browse import BROWSE_INDEX_VERSION, Browser
 from memory_service.curation.erasure import Eraser
@@ -102,10 +106,6 @@ from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRec
 from memory_service.schemas.usage import AgentUsage
 from memory_service.state import keyspace, metrics, tracing
 from memory_service.state.store import StateStore
-from memory_service.stores import readiness
-from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend, MemoryState
-from memory_service.stores.registry import BackendFactory, BackendRegistry
 
 __all__ = ["MemoryService", "RecordResult"]
 
@@ -722,7 +722,7 @@ class MemoryService:
         return values
 
     async def health(self) -> dict[str, Any]:
-        """Readiness: each store would take a write now (memory_service/stores/readiness.py;
+        """Readiness: each store would take a write now (memory_service/backends/readiness.py;
         the graph store's own check: GraphBackend.health), not only answer a PING."""
         state = await readiness.report(self.state.redis)
         backends = await self.registry.health()

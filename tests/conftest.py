@@ -12,12 +12,12 @@ import pytest
 from redis.asyncio import Redis
 
 from memory_service._vendor.arq.constants import in_progress_key_prefix
+from memory_service.backends.embedded import EmbeddedFalkorDB
+from memory_service.backends.loopback import LoopbackServer as LiveServer
+from memory_service.backends.loopback import free_port  # noqa: F401 (the tests import it from here)
 from memory_service.config import Settings, is_cluster_url, redact_url
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
-from memory_service.stores.embedded import EmbeddedFalkorDB
-from memory_service.stores.loopback import LoopbackServer as LiveServer
-from memory_service.stores.loopback import free_port  # noqa: F401 (the tests import it from here)
 
 # Services the suite may be pointed at. Settings built by the tests never read these from
 # the environment by accident: fixtures pass them explicitly.
@@ -124,8 +124,8 @@ def one_server(settings: Settings) -> str:
 
 def graph_client(url: str):
     """falkordb's asyncio client of the graphs the service at ``url`` (its FALKORDB_URL)
-    uses: a cluster client for redis+cluster:// (memory_service/stores/falkordb_client.py)."""
-    from memory_service.stores.falkordb_client import falkordb_client
+    uses: a cluster client for redis+cluster:// (memory_service/backends/falkordb_client.py)."""
+    from memory_service.backends.falkordb_client import falkordb_client
 
     return falkordb_client(url, Settings(_env_file=None))
 
@@ -220,7 +220,7 @@ async def _jobs_ended(redis: Redis) -> None:
 @pytest.fixture
 async def graph_backend(settings):
     """The graph store itself (no service around it) on the suite's flushed store, started."""
-    from memory_service.stores.graph import GraphBackend
+    from memory_service.backends.graph import GraphBackend
 
     backend = GraphBackend(settings.falkordb_url, settings)
     await backend.start()

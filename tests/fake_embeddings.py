@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.embedding.embedders import HashEmbedder
-from memory_service.stores.loopback import LoopbackServer
 
 
 @dataclass

@@ -23,12 +23,12 @@ from datetime import UTC, datetime, timedelta
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.domain.graph import SINGLE_VALUED, normalise_name
 from memory_service.domain.models import Role
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.entities import extract_graph
 from memory_service.formation.extractor import Window, WindowMessage
-from memory_service.stores.loopback import LoopbackServer
 
 _LINE = re.compile(r'^\[(\d+)\] (user (\S+)|assistant): (".*")$')
 

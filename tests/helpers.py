@@ -113,8 +113,8 @@ async def mirrored_service(settings, mongo_uri: str, mongo_database: str, direct
     mirrored to MongoDB (state stays on the suite's store): yields (service, the graph's URL)."""
     from pydantic import SecretStr
 
+    from memory_service.backends.embedded import EmbeddedFalkorDB
     from memory_service.runtime import open_service
-    from memory_service.stores.embedded import EmbeddedFalkorDB
 
     graph = EmbeddedFalkorDB(directory)
     graph.start()

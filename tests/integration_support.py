@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer, free_port
 from memory_service.client import AsyncMemoryClient
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer, free_port
 
 from .conftest import REPO, flush, suite_settings
 

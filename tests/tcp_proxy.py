@@ -20,7 +20,7 @@ import contextlib
 import threading
 from collections.abc import Callable
 
-from memory_service.stores.loopback import free_port
+from memory_service.backends.loopback import free_port
 
 
 class TcpProxy:

@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact
 from memory_service.formation.graph_update import apply
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

@@ -10,9 +10,9 @@ from math import sqrt
 
 import pytest
 
+from memory_service.backends.base import Found, RecentRead
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import Found, RecentRead
 
 T0 = datetime(2026, 5, 1, 9, 0, 0, 123456, tzinfo=UTC)
 A1, A2 = "a1", "a2"
@@ -44,11 +44,11 @@ def ids(hits: dict, signal: str) -> list[str]:
 @pytest.fixture(params=["graph", "mongo"])
 async def backend(request, settings, mongo_uri, mongo_database):
     if request.param == "graph":
-        from memory_service.stores.graph import GraphBackend
+        from memory_service.backends.graph import GraphBackend
 
         instance = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
     else:
-        from memory_service.stores.mongo import MongoBackend
+        from memory_service.backends.mongo import MongoBackend
 
         instance = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=DIMENSION)
     await instance.start()
@@ -131,7 +131,7 @@ async def test_recent_many_by_default_fails_with_the_first_error_and_leaves_no_r
     """The default (the Mongo backend's: one ``recent`` per read at once): a failing read
     fails the whole with its own error, and the reads still waiting are cancelled, not left
     running against a failing store."""
-    from memory_service.stores.mongo import MongoBackend
+    from memory_service.backends.mongo import MongoBackend
 
     both_waiting, waiting, cancelled = asyncio.Event(), [], []
 
@@ -494,7 +494,7 @@ async def test_written_before_pages_an_agents_memories_by_time_through_its_index
 
 
 async def test_a_graph_made_before_the_time_index_gets_it_when_first_paged_by_time(settings):
-    from memory_service.stores.graph import GraphBackend, graph_name
+    from memory_service.backends.graph import GraphBackend, graph_name
 
     first = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
     await first.start()
@@ -526,8 +526,8 @@ async def test_the_query_log_purge_leaves_no_bytes_of_the_purged_queries_behind(
     a rewritten AOF. A server of its own, every entry in one node, DUMP to read the bytes."""
     from redis.asyncio import Redis
 
-    from memory_service.stores.embedded import EmbeddedFalkorDB
-    from memory_service.stores.graph import GraphBackend, graph_name
+    from memory_service.backends.embedded import EmbeddedFalkorDB
+    from memory_service.backends.graph import GraphBackend, graph_name
 
     server = EmbeddedFalkorDB(tmp_path / "own")
     url = server.start()
@@ -658,7 +658,7 @@ async def test_a_reembed_stages_beside_the_searched_vector_then_promotes(backend
 
 async def walk(backend, agent: str = A1, limit: int = 3, **filters) -> list[list[str]]:
     """Every page of ``list_memories`` with these filters, by id."""
-    from memory_service.stores.base import MemoryListing
+    from memory_service.backends.base import MemoryListing
 
     pages, after, hint = [], None, None
     for _ in range(200):
@@ -671,7 +671,7 @@ async def walk(backend, agent: str = A1, limit: int = 3, **filters) -> list[list
 
 
 async def test_list_memories_walks_every_memory_once_newest_first_with_ties_broken_by_id(backend):
-    from memory_service.stores.base import MemoryState
+    from memory_service.backends.base import MemoryState
 
     tied = [memory(f"l{i}", MemoryKind.FACT, SHARD, f"fact {i}", 5) for i in (3, 1, 2)]  # one time: ids break the tie
     years = [memory(f"y{i}", MemoryKind.EPISODE, SESSION, f"long ago {i}", -525_600 * i) for i in (1, 2, 3)]
@@ -706,7 +706,7 @@ async def test_list_memories_walks_every_memory_once_newest_first_with_ties_brok
 
 async def test_list_memories_misses_nothing_while_memories_arrive(backend):
     await backend.write([memory(f"o{i:02d}", MemoryKind.FACT, SHARD, f"old {i}", i) for i in range(20)])
-    from memory_service.stores.base import MemoryListing
+    from memory_service.backends.base import MemoryListing
 
     seen, after, hint, added = [], None, None, 0
     while True:
@@ -727,8 +727,8 @@ async def test_list_memories_misses_nothing_while_memories_arrive(backend):
 async def test_the_graph_narrows_a_dense_window_and_reads_ties_past_its_probe(settings, monkeypatch):
     """Few rows per probe: windows holding more are narrowed, down to memories sharing one
     time, which are read together; the walk still lists every memory once, in order."""
-    from memory_service.stores import graph
-    from memory_service.stores.graph import GraphBackend
+    from memory_service.backends import graph
+    from memory_service.backends.graph import GraphBackend
 
     monkeypatch.setattr(graph, "LIST_PROBE_ROWS", 4)
     backend = GraphBackend(settings.falkordb_url, settings, embedding_dimension=DIMENSION)
@@ -748,7 +748,7 @@ async def test_an_expired_memory_leaves_every_read_but_by_id_and_the_purge_finds
     """Expiry (docs/expiry.md): a memory whose ``expires_at`` has passed is skipped as a
     soft-deleted one is (get, recent, count, search agent-wide and scoped, briefs, admitted,
     the browse list), found by id, and listed by ``expired`` for the retention job."""
-    from memory_service.stores.base import MemoryListing
+    from memory_service.backends.base import MemoryListing
 
     now = datetime.now(UTC)
     gone = memory("x1", MemoryKind.FACT, USER, "alice owns a red kayak", 1, embedding=X)

@@ -15,13 +15,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import AsyncMemoryClient
 from memory_service.domain.models import BatchMessageIn, MemoryKind
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import QUEUE_NAME
 from memory_service.http.app import create_app
 from memory_service.state import keyspace
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, clean_env, flush, suite_settings
 from .helpers import wait_embedded, wait_embedding_idle

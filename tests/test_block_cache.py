@@ -5,10 +5,10 @@ generations it was made with, and a block is stored after it is answered."""
 import json
 import logging
 
+from memory_service.backends.embedded import EmbeddedFalkorDB
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
 from memory_service.state.cache import BlockCache, generation_key, identity
-from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .conftest import state_redis
 from .helpers import record_all

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import AsyncMemoryClient
 from memory_service.http.app import create_app
 from memory_service.schemas.graph import DEFAULT_FACT_PAGE, MAX_FACT_PAGE
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 
@@ -136,8 +136,8 @@ async def test_every_list_refuses_a_page_above_its_maximum(hub, path, limit):
 async def test_a_search_naming_the_hub_reads_only_its_newest_facts(hub, falkordb_url):
     """The graph signal and the memory block read at most FACTS_PER_ENTITY facts of an entity
     (the newest, chosen in the store), not the hub's thousands; search and the block still answer."""
+    from memory_service.backends.graph import GraphBackend
     from memory_service.recall.graph_signal import FACTS_PER_ENTITY, query_graph
-    from memory_service.stores.graph import GraphBackend
 
     backend = GraphBackend(falkordb_url, suite_settings(falkordb_url))
     await backend.start()

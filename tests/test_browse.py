@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

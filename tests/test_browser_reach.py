@@ -11,10 +11,10 @@ import json
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.http import inspector
 from memory_service.http.app import create_app
 from memory_service.http.browser import allowed_hosts, host_name
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

@@ -38,7 +38,7 @@ def test_demo_prints_a_memory_block_with_all_three_sections(tmp_path):
 
 
 def test_demo_rejects_a_data_dir_in_use(tmp_path):
-    from memory_service.stores.embedded import EmbeddedFalkorDB
+    from memory_service.backends.embedded import EmbeddedFalkorDB
 
     held = EmbeddedFalkorDB(tmp_path / "busy")
     held.start()
@@ -99,8 +99,8 @@ async def test_two_servers_with_two_data_dirs_share_nothing(tmp_path):
 async def test_backfill_embeddings_embeds_what_was_stored_without(settings):
     """Memories stored while the embedder was down, embedded by the command; with the
     embedder unreachable it fails with a sentence and changes nothing."""
+    from memory_service.backends.graph import GraphBackend
     from memory_service.runtime import open_service
-    from memory_service.stores.graph import GraphBackend
 
     from .helpers import msg
 

@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import (
     AsyncMemoryClient,
     AuthenticationError,
@@ -43,7 +44,6 @@ from memory_service.schemas.formation import FormationSummary, GateStatus
 from memory_service.schemas.memories import MemoryRecord
 from memory_service.schemas.records import RecordOut
 from memory_service.schemas.search import SearchResult
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, flush, suite_settings
 from .helpers import wait_embedding_idle

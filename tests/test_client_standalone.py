@@ -237,8 +237,8 @@ def test_the_check_sees_a_server_package_or_module_loaded():
     loads without a blocked package is still seen in sys.modules."""
     refused = run_blocked(PROBE.format(extra="import fastapi"), stdin=json.dumps(SAMPLES))
     assert refused.returncode != 0 and "No module named 'fastapi'" in refused.stderr
-    loaded = probe(extra="import memory_service.stores.base")
-    assert "memory_service.stores.base" in server_side(loaded["modules"])
+    loaded = probe(extra="import memory_service.backends.base")
+    assert "memory_service.backends.base" in server_side(loaded["modules"])
 
 
 def test_the_base_dependencies_are_exactly_what_the_client_imports():

@@ -10,6 +10,7 @@ import secrets
 
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import (
     AsyncMemoryClient,
     DeletedStartupRecord,
@@ -21,7 +22,6 @@ from memory_service.client import (
     StartupRecord,
 )
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

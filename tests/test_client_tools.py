@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import (
     AsyncMemoryClient,
     ConflictError,
@@ -20,7 +21,6 @@ from memory_service.client import (
     PermissionDenied,
 )
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

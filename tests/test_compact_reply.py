@@ -1,4 +1,4 @@
-"""The store's reader of FalkorDB's compact replies (memory_service/stores/compact_reply.py)
+"""The store's reader of FalkorDB's compact replies (memory_service/backends/compact_reply.py)
 against the falkordb client's own parser, on replies of the real embedded server: the same
 values for every scalar type, the client's parser for graph entities, errors raised."""
 
@@ -9,7 +9,7 @@ from falkordb.asyncio import FalkorDB
 from falkordb.asyncio.query_result import QueryResult
 from redis.exceptions import ResponseError
 
-from memory_service.stores import compact_reply
+from memory_service.backends import compact_reply
 
 GRAPH = "compact_reply_test"
 EVERY_SCALAR = (

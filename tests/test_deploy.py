@@ -19,7 +19,7 @@ import httpx
 import pytest
 import yaml
 
-from memory_service.stores.loopback import free_port
+from memory_service.backends.loopback import free_port
 
 from .conftest import REPO, clean_env
 from .helpers import until_healthy

@@ -16,8 +16,8 @@ import httpx
 import pytest
 import redis
 
+from memory_service.backends.embedded import LOCK_FILE, PID_FILE, URL_FILE, EmbeddedFalkorDB, _binaries, server_in
 from memory_service.domain.errors import BackendUnavailable
-from memory_service.stores.embedded import LOCK_FILE, PID_FILE, URL_FILE, EmbeddedFalkorDB, _binaries, server_in
 
 from .conftest import clean_env, free_port
 from .test_cli import CLI, _wait_healthy
@@ -288,8 +288,8 @@ def test_a_directory_of_another_user_is_refused(tmp_path):
 
 
 async def test_health_and_errors_do_not_say_where_the_stores_listen(settings, tmp_path):
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     graph = EmbeddedFalkorDB(tmp_path / "graph")
     graph_url = graph.start()

@@ -11,6 +11,7 @@ import socket
 
 import pytest
 
+from memory_service.backends.loopback import free_port
 from memory_service.config import Settings
 from memory_service.embedding.embedders import (
     Embedder,
@@ -20,7 +21,6 @@ from memory_service.embedding.embedders import (
     OpenAIEmbedder,
     build_embedder,
 )
-from memory_service.stores.loopback import free_port
 
 from .fake_embeddings import EmbeddingsServer
 

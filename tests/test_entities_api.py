@@ -17,10 +17,10 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import AsyncMemoryClient, MemoryClient
 from memory_service.client.errors import MemoryApiError
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .test_mcp import stdio

@@ -17,15 +17,15 @@ import httpx
 import pytest
 from redis import asyncio as aioredis
 
+from memory_service.backends.graph import GraphBackend
+from memory_service.backends.loopback import LoopbackServer
+from memory_service.backends.outbox import WriteOp
 from memory_service.config import Settings
 from memory_service.domain.models import AgentSettings, Memory, MemoryKind, Provenance, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import CONSOLIDATE_JOB
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
-from memory_service.stores.graph import GraphBackend
-from memory_service.stores.loopback import LoopbackServer
-from memory_service.stores.outbox import WriteOp
 
 from .conftest import server_urls
 from .helpers import mirrored_service, msg, outbox_drained, queued_jobs, wait_embedded

@@ -19,8 +19,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from memory_service.backends.loopback import LoopbackServer, free_port
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer, free_port
 
 from .conftest import flush, suite_settings
 

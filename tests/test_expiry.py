@@ -13,13 +13,13 @@ import pytest
 from pydantic import SecretStr
 
 from memory_service.access.reach import Reach
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.curation.tools import MemoryUpdate, MemoryWrite
 from memory_service.domain.errors import Conflict, InvalidInput
 from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
-from memory_service.stores.loopback import LoopbackServer
 
 from .helpers import record_all
 

@@ -1,5 +1,5 @@
 """The graphs on a Redis Cluster whose nodes load FalkorDB (FALKORDB_URL=redis+cluster://...;
-memory_service/stores/falkordb_client.py): each agent's graph on the node of its key's
+memory_service/backends/falkordb_client.py): each agent's graph on the node of its key's
 slot, its postings on the node of its hash tag's, and what is per server (GRAPH.LIST, the
 query log's switch, the erasure's file rewrite) asked of the right nodes. Runs in ``make
 test-cluster``; without a cluster only the checks of the settings run."""
@@ -14,6 +14,7 @@ import pytest
 import redis
 from redis.crc import key_slot
 
+from memory_service.backends.graph import GraphBackend, graph_name
 from memory_service.config import Settings
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
@@ -21,7 +22,6 @@ from memory_service.domain.text import stem
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
 from memory_service.state.persistence import rewrite
-from memory_service.stores.graph import GraphBackend, graph_name
 
 from .conftest import cluster_nodes, cluster_url
 from .helpers import msg

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 from falkordb.asyncio import FalkorDB
 
+from memory_service.backends.graph import GraphBackend
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.graph import GraphBackend
 
 from .helpers import T0
 

@@ -127,7 +127,7 @@ async def test_search_as_of_follows_the_facts_true_then(service):
 
 
 async def test_a_store_without_a_graph_searches_and_shows_no_facts(service, mongo_uri, mongo_database):
-    from memory_service.stores.mongo import MongoBackend
+    from memory_service.backends.mongo import MongoBackend
 
     backend = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
     await backend.start()

@@ -1,4 +1,4 @@
-"""The knowledge graph in the store (issue 16, memory_service/stores/graph_entities.py):
+"""The knowledge graph in the store (issue 16, memory_service/backends/graph_entities.py):
 entities, facts and mentions in the agent's FalkorDB graph, against the real embedded store,
 and graphiti-core's own readers reading what it writes."""
 
@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from memory_service.backends.graph import GraphBackend, graph_name
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, NotSupported
 from memory_service.domain.graph import Entity, EntityType, Fact, entity_id, fact_id
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.graph import GraphBackend, graph_name
 
 A = "a1"
 ALICE = Namespace.user(A, "alice")
@@ -222,7 +222,7 @@ async def test_entity_writes_on_a_new_graph_leave_the_memories_indexed(store):
 
 
 async def test_the_mongo_backend_says_it_has_no_graph(mongo_uri, mongo_database):
-    from memory_service.stores.mongo import MongoBackend
+    from memory_service.backends.mongo import MongoBackend
 
     backend = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
     await backend.start()
@@ -287,9 +287,9 @@ async def test_graphiti_core_reads_the_graph_we_write(store):
 async def test_the_mirror_sends_graph_calls_to_the_graph_alone(store, mongo_uri, mongo_database):
     from redis.asyncio import Redis
 
-    from memory_service.stores.mirror import MirroredBackend
-    from memory_service.stores.mongo import MongoBackend
-    from memory_service.stores.outbox import TARGETS, Outbox
+    from memory_service.backends.mirror import MirroredBackend
+    from memory_service.backends.mongo import MongoBackend
+    from memory_service.backends.outbox import TARGETS, Outbox
 
     redis = Redis.from_url(store.url)
     mongo = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)
@@ -313,11 +313,11 @@ async def test_the_mirror_reads_the_blocks_recent_reads_in_one_graph_call_and_it
     agent whose memories may live there only, as ``recent`` does."""
     from redis.asyncio import Redis
 
+    from memory_service.backends.base import Found, RecentRead
+    from memory_service.backends.mirror import MirroredBackend
+    from memory_service.backends.mongo import MongoBackend
+    from memory_service.backends.outbox import TARGETS, Outbox
     from memory_service.domain.models import StoreQuery
-    from memory_service.stores.base import Found, RecentRead
-    from memory_service.stores.mirror import MirroredBackend
-    from memory_service.stores.mongo import MongoBackend
-    from memory_service.stores.outbox import TARGETS, Outbox
 
     redis = Redis.from_url(store.url)
     mongo = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000)

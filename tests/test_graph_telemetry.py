@@ -5,7 +5,7 @@ turns itself off under pytest, so the variable the backend sets is what is check
 
 import os
 
-from memory_service.stores.graph import GraphBackend
+from memory_service.backends.graph import GraphBackend
 
 
 async def test_graphiti_telemetry_is_off_by_default_and_on_only_when_asked(settings, monkeypatch):

@@ -9,11 +9,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from memory_service.backends.graph import GraphBackend
 from memory_service.domain.graph import EntityType, ExtractedEntity, ExtractedFact
 from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.graph_update import apply, mentions
-from memory_service.stores.graph import GraphBackend
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
 

@@ -8,10 +8,10 @@ import json
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.domain.errors import PREVIEW_CHARS
 from memory_service.domain.limits import MAX_JSON_DEPTH
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .helpers import wait_embedding_idle

@@ -12,6 +12,9 @@ import pytest
 from redis.exceptions import ResponseError
 
 from memory_service._vendor.arq.constants import in_progress_key_prefix
+from memory_service.backends.embedded import EmbeddedFalkorDB
+from memory_service.backends.graph import GraphBackend, graph_name
+from memory_service.backends.outages import is_unavailable
 from memory_service.domain.errors import BackendUnavailable, Conflict, InvalidInput
 from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
@@ -20,9 +23,6 @@ from memory_service.formation.steps import message_memory_id
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
 from memory_service.runtime import open_service
 from memory_service.state.keyspace import embed_due, embed_lock
-from memory_service.stores.embedded import EmbeddedFalkorDB
-from memory_service.stores.graph import GraphBackend, graph_name
-from memory_service.stores.outages import is_unavailable
 
 from .conftest import one_server
 from .helpers import T0, msg, wait_embedded

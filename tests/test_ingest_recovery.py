@@ -16,12 +16,12 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from memory_service.backends.loopback import free_port
 from memory_service.domain.models import MemoryKind, MessageIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
 from memory_service.state.keyspace import session_keys
 from memory_service.state.store import _COMMIT
-from memory_service.stores.loopback import free_port
 
 from .conftest import clean_env
 from .tcp_proxy import TcpProxy

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.http import inspector
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import suite_settings
 

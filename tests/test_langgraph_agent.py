@@ -25,10 +25,10 @@ from langgraph.graph import START, StateGraph
 from langgraph.runtime import Runtime
 from pydantic import Field
 
+from memory_service.backends.loopback import free_port
 from memory_service.client import AsyncMemoryClient, InvalidRequest, MemoryClient
 from memory_service.http.app import create_app
 from memory_service.integrations.langgraph import MemoryMiddleware, memory_tools
-from memory_service.stores.loopback import free_port
 
 from .conftest import REPO, suite_settings
 from .threaded_server import ThreadedServer

@@ -57,11 +57,11 @@ from langgraph.store.base import (
     SearchOp,
 )
 
+from memory_service.backends.loopback import free_port
 from memory_service.client import AsyncMemoryClient, MemoryClient, NotFoundError, PermissionDenied, keyed_memory_id
 from memory_service.curation import tools as server_tools
 from memory_service.http.app import create_app
 from memory_service.integrations.langgraph import MemorySearchItem, MemoryServiceStore
-from memory_service.stores.loopback import free_port
 
 from .conftest import suite_settings
 from .threaded_server import ThreadedServer

@@ -6,9 +6,9 @@ it (each one is a piece of untangling still to do, named by the import it makes)
 sits just above the wire schemas, so the rule itself says it stands alone: it can import the
 vocabulary and the schemas, and nothing of the server.
 
-The stores' own modules (graph, graph_layout, mongo, mirror) are imported only by the
-composition root (runtime, the CLI) and by the stores package: everything else speaks to
-memory_service.stores.base, so the core can be read, typed and tested without a driver.
+The backends' own modules (graph, graph_layout, mongo, mirror) are imported only by the
+composition root (runtime, the CLI) and by the backends package: everything else speaks to
+memory_service.backends.base, so the core can be read, typed and tested without a driver.
 
 And no module imports itself back through others (no import cycle) anywhere in
 memory_service/. Every import counts, wherever it is written: at the top, inside a function
@@ -36,21 +36,21 @@ LAYERS = (
     "state",       # Redis: pools, counters, cursors
     "access",      # keys, principals, reach, audit, pseudonyms
     "events",      # change events: the stream, webhooks and their delivery
-    "stores",      # the store interface, the registry, each store
+    "backends",    # the store interface, the registry, each store
     "embedding",
     "formation",   # windows -> memories
     "ingest",      # recording messages
     "recall",      # search and the memory block
     "curation",    # tools, write blocks, retention, erasure, import, migration
     "service",     # MemoryService, the facade
-    "worker",      # the arq worker
+    "workers",     # the arq worker: jobs and cron schedules
     "runtime",     # wiring from Settings
     "http",        # the FastAPI app and its routers
     "mcp",
     "cli",
 )
-DRIVERS = {f"memory_service.stores.{name}" for name in ("graph", "graph_layout", "mongo", "mirror")}
-COMPOSITION_ROOT = ("memory_service.runtime", "memory_service.cli", "memory_service.stores")
+DRIVERS = {f"memory_service.backends.{name}" for name in ("graph", "graph_layout", "mongo", "mirror")}
+COMPOSITION_ROOT = ("memory_service.runtime", "memory_service.cli", "memory_service.backends")
 
 # Imports that still point up: each is removed by the commit that untangles it.
 KNOWN_EXCEPTIONS: set[tuple[str, str]] = set()

@@ -15,6 +15,7 @@ import time
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import AsyncMemoryClient, InvalidRequest, MemoryClient, PermissionDenied
 from memory_service.domain.models import AgentSettings, LLMBudget, MemoryKind
 from memory_service.domain.namespaces import Namespace
@@ -27,7 +28,6 @@ from memory_service.http.app import create_app
 from memory_service.runtime import open_service
 from memory_service.schemas.usage import AgentUsage
 from memory_service.state.pools import redis_client
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .fake_llm import EchoLLM

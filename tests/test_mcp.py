@@ -25,9 +25,9 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
+from memory_service.backends.loopback import LoopbackServer, free_port
 from memory_service.client import AsyncMemoryClient
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer, free_port
 
 from .conftest import clean_env, flush, suite_settings
 from .store_state import snapshot

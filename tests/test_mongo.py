@@ -19,15 +19,15 @@ import pytest
 from pydantic import SecretStr
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from memory_service.backends.breaker import CLOSED, HALF_OPEN, OPEN
+from memory_service.backends.embedded import EmbeddedFalkorDB
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.curation.migration import agent_namespaces
 from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
-from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN
-from memory_service.stores.embedded import EmbeddedFalkorDB
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import clean_env
 from .helpers import msg, shows_episode, wait_embedded, watch_queries
@@ -513,7 +513,7 @@ async def test_the_migrate_command(mongo_settings):
 
 @pytest.fixture
 async def mongo(mongo_uri, mongo_database):
-    from memory_service.stores.mongo import MongoBackend
+    from memory_service.backends.mongo import MongoBackend
 
     backend = MongoBackend(mongo_uri, mongo_database, server_selection_timeout_ms=2000, embedding_dimension=4)
     await backend.start()
@@ -540,8 +540,8 @@ async def test_start_creates_the_search_indexes(mongo):
 async def test_vectors_are_float32_bson_vectors_scored_alike_with_and_without_numpy(mongo, monkeypatch):
     from bson.binary import VECTOR_SUBTYPE
 
+    from memory_service.backends import mongo as module
     from memory_service.domain.models import StoreQuery
-    from memory_service.stores import mongo as module
 
     vectors = {"x": [1.0, 0.0, 0.0, 0.0], "xy": [0.8, 0.6, 0.0, 0.0], "long": [3.0, 0.0, 4.0, 0.0],
                "zero": [0.0, 0.0, 0.0, 0.0]}
@@ -563,8 +563,8 @@ async def test_vectors_are_float32_bson_vectors_scored_alike_with_and_without_nu
 
 async def test_memories_stored_before_search_get_their_search_fields_at_start(mongo_uri, mongo_database):
     """Documents of the first layout (no search_text, no embedding mark) become searchable."""
+    from memory_service.backends.mongo import MongoBackend, _document
     from memory_service.domain.models import StoreQuery
-    from memory_service.stores.mongo import MongoBackend, _document
 
     old = _document(_fact("old", "The hotel near the station"))
     del old["search_text"]

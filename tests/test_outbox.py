@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from memory_service.backends.outbox import Outbox, OutboxFull, TrimOp, WriteOp
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
 from memory_service.state import keyspace
 from memory_service.state.keyspace import OUTBOX_ENTRIES, OUTBOX_REFS
-from memory_service.stores.outbox import Outbox, OutboxFull, TrimOp, WriteOp
 
 from .conftest import clean_env, state_redis
 from .helpers import T0

@@ -23,16 +23,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from memory_service.access.reach import Reach
+from memory_service.backends.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
+from memory_service.backends.embedded import EmbeddedFalkorDB
+from memory_service.backends.loopback import LoopbackServer
+from memory_service.backends.outages import is_unavailable
 from memory_service.config import Settings
 from memory_service.curation.tools import MemoryWrite
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.http.app import create_app
 from memory_service.runtime import default_extractor, open_service
 from memory_service.state import keyspace
-from memory_service.stores.breaker import CLOSED, HALF_OPEN, OPEN, CircuitBreaker
-from memory_service.stores.embedded import EmbeddedFalkorDB
-from memory_service.stores.loopback import LoopbackServer
-from memory_service.stores.outages import is_unavailable
 
 from .helpers import msg
 from .tcp_proxy import ThreadedTcpProxy

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.domain.models import MemoryKind
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .fake_llm import EchoLLM

@@ -1,4 +1,4 @@
-"""Agent-wide full text from the postings (memory_service/stores/postings.py), on the real
+"""Agent-wide full text from the postings (memory_service/backends/postings.py), on the real
 embedded store: the top k equals a brute-force BM25 over the same texts, every way a memory
 leaves search takes its postings out, scoped searches keep their filters, bad input changes
 nothing, and a graph written before the postings gets them built."""
@@ -11,15 +11,15 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from memory_service.backends.base import Found
+from memory_service.backends.graph import GraphBackend
+from memory_service.backends.postings import CHUNK, Postings, entry, find_stems, rank_entries
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import HashEmbedder
 from memory_service.recall.search import query_terms
 from memory_service.state import keyspace
-from memory_service.stores.base import Found
-from memory_service.stores.graph import GraphBackend
-from memory_service.stores.postings import CHUNK, Postings, entry, find_stems, rank_entries
 
 A = "a1"
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)

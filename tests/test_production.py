@@ -30,6 +30,9 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
+from memory_service.backends.embedded import _binaries
+from memory_service.backends.graph import GraphBackend, graph_name
+from memory_service.backends.loopback import LoopbackServer, free_port
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role
 from memory_service.domain.namespaces import Namespace
@@ -37,9 +40,6 @@ from memory_service.formation.llm_client import Malformed, _reply_text
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service, wait_for_stores
 from memory_service.state import logs, tracing
-from memory_service.stores.embedded import _binaries
-from memory_service.stores.graph import GraphBackend, graph_name
-from memory_service.stores.loopback import LoopbackServer, free_port
 
 from .conftest import clean_env, suite_settings
 from .helpers import until_healthy

@@ -6,8 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.http.app import create_app
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .test_access import OPERATOR, OPERATOR_KEY, bearer, make_key

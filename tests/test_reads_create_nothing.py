@@ -7,10 +7,10 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.formation.jobs import QUEUE_NAME
 from memory_service.http.app import create_app
 from memory_service.state import keyspace
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

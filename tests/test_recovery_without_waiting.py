@@ -24,9 +24,9 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from memory_service.backends.loopback import free_port
 from memory_service.formation.window import _ADVANCE
 from memory_service.runtime import open_service
-from memory_service.stores.loopback import free_port
 
 from .conftest import clean_env
 from .helpers import msg

@@ -26,6 +26,7 @@ from opentelemetry.instrumentation.redis import RedisInstrumentor
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.client import AsyncMemoryClient
 from memory_service.curation.legacy_import import plan_import
 from memory_service.domain.models import AgentSettings
@@ -33,7 +34,6 @@ from memory_service.domain.redaction import RedactionMode, RedactionSettings, Se
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
 from memory_service.state import tracing
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import REPO, clean_env, flush, server_urls, state_keys, suite_settings
 from .helpers import wait_embedding_idle

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 from redis.asyncio import Redis
 
+from memory_service.backends.graph import GraphBackend
 from memory_service.curation.tools import MemoryUpdate, MemoryWrite
 from memory_service.domain.errors import InvalidInput, NotFound
 from memory_service.domain.models import StoreQuery
@@ -21,7 +22,6 @@ from memory_service.embedding.embedders import HashEmbedder
 from memory_service.embedding.reembed import MAX_SWEEPS
 from memory_service.runtime import open_service
 from memory_service.state import keyspace
-from memory_service.stores.graph import GraphBackend
 
 from .conftest import clean_env, flush, free_port, suite_settings
 from .helpers import msg, record_all, wait_embedded

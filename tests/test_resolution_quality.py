@@ -26,13 +26,13 @@ from typing import Any
 
 import pytest
 
+from memory_service.backends.graph import GraphBackend
 from memory_service.config import Settings
 from memory_service.domain.graph import Entity, EntityType, ExtractedEntity, entity_id, normalise_name
 from memory_service.domain.namespaces import Namespace
 from memory_service.embedding.embedders import Embedder, LocalEmbedder
 from memory_service.formation.graph_update import resolve
 from memory_service.formation.resolution import DEFAULT_THRESHOLD, cosine
-from memory_service.stores.graph import GraphBackend
 
 SET = Path(__file__).resolve().parent / "data" / "resolution_labelled.json"
 AGENT = "rq"
@@ -207,7 +207,7 @@ async def _cross(settings: Settings, embedder: Embedder, cases: list[dict[str, A
 
 
 def main() -> None:
-    from memory_service.stores.embedded import EmbeddedFalkorDB
+    from memory_service.backends.embedded import EmbeddedFalkorDB
 
     async def run() -> None:
         with tempfile.TemporaryDirectory() as tmp:

@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.curation.tools import MemoryUpdate, MemoryWrite
 from memory_service.domain.errors import NotFound
 from memory_service.domain.models import MemoryKind
@@ -21,8 +22,7 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
 from memory_service.state.metrics import REGISTRY
-from memory_service.stores.loopback import LoopbackServer
-from memory_service.worker import retention
+from memory_service.workers.worker import retention
 
 from .helpers import mirrored_service, msg, outbox_drained
 from .test_erasure import graph_findings, mongo_findings, redis_findings

@@ -251,8 +251,8 @@ async def test_a_time_range_without_a_timezone_is_utc(service):
 async def test_a_scope_search_reads_whole_only_what_it_keeps_and_never_a_memory_deleted_meanwhile(service):
     """The graph's scope scan answers its candidates by id and time (``Found``); the search
     reads whole only what it returns, and one deleted after the ranking is left out."""
+    from memory_service.backends.base import Found
     from memory_service.recall.search import SearchRequest
-    from memory_service.stores.base import Found
 
     await record_all(service, "trip", "a1", TRIP)
     await wait_embedded(service, "a1")

@@ -8,13 +8,13 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
+from memory_service.backends.embedded import EmbeddedFalkorDB
+from memory_service.backends.graph import GraphBackend
 from memory_service.config import Settings
 from memory_service.domain.errors import BackendUnavailable, Conflict, InvalidInput, NotFound
 from memory_service.domain.models import AgentSettings, MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
-from memory_service.stores.embedded import EmbeddedFalkorDB
-from memory_service.stores.graph import GraphBackend
 
 from .helpers import msg, record_all, shows_episode
 

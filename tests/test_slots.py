@@ -26,13 +26,13 @@ from redis.commands.core import AsyncScript
 from redis.crc import key_slot
 
 from memory_service._vendor.arq.constants import in_progress_key_prefix
+from memory_service.backends.outbox import Outbox, WriteOp
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.runtime import open_service
 from memory_service.schemas.keys import KeyIn
 from memory_service.schemas.startup import StartupMode, StartupRecordIn
 from memory_service.state import keyspace
-from memory_service.stores.outbox import Outbox, WriteOp
 
 from .conftest import cluster_url
 from .helpers import msg
@@ -179,10 +179,10 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
         await outbox.release("mongo", token)
         await outbox.drop("mongo", [entry])
         # Change events and a webhook that is down: a dead letter, its replay, the webhook deleted.
+        from memory_service.backends.loopback import free_port
         from memory_service.events.delivery import Delivery
         from memory_service.events.log import Changed
         from memory_service.schemas.events import EventType, WebhookIn
-        from memory_service.stores.loopback import free_port
 
         service.webhooks.allow_private = True
         await service.webhooks.put("a1", "h1", WebhookIn(url=f"http://127.0.0.1:{free_port()}/", secret="x" * 16))

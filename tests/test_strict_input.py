@@ -13,10 +13,10 @@ from urllib.parse import quote, urlsplit
 import pytest
 from redis.exceptions import ResponseError
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.domain.errors import BackendUnavailable
 from memory_service.http.app import STORE_WORDS_WITHHELD, _public_detail, create_app
 from memory_service.http.guard import StrictJSONRoute
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .helpers import wait_embedding_idle

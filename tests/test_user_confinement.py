@@ -20,11 +20,11 @@ from typing import Any
 import httpx
 import pytest
 
+from memory_service.backends.loopback import LoopbackServer
 from memory_service.domain.models import Memory, MemoryKind, Provenance
 from memory_service.domain.namespaces import Namespace
 from memory_service.http.app import create_app
 from memory_service.state import keyspace
-from memory_service.stores.loopback import LoopbackServer
 
 from .conftest import flush, suite_settings
 from .store_state import snapshot

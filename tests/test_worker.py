@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from memory_service.backends.embedded import EmbeddedFalkorDB
 from memory_service.config import Settings
 from memory_service.domain.models import MemoryKind, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import formation_job_id
 from memory_service.runtime import open_service
 from memory_service.schemas.formation import FormationSummary
-from memory_service.stores.embedded import EmbeddedFalkorDB
 
 from .conftest import clean_env
 from .fake_llm import EchoLLM
@@ -271,7 +271,7 @@ async def test_cold_sessions_are_swept_once_even_alongside_a_forced_formation(ur
 async def test_an_in_process_worker_stopped_as_its_jobs_start_lets_them_finish_and_raises_nothing(url):
     """Shutdown used to re-raise the CancelledError of a job cancelled before its first
     round trip, which skipped closing the service (and, in the suite, broke the next tests)."""
-    from memory_service.worker import InProcessWorker
+    from memory_service.workers.worker import InProcessWorker
 
     async with open_service(make_settings(url), run_worker=False) as service:
         for i in range(4):
@@ -434,7 +434,7 @@ async def test_a_worker_killed_during_the_llm_call_forms_the_window_once_after_r
 async def test_a_worker_built_without_a_redis_url_says_which_setting_is_missing(url):
     """open_service always sets REDIS_URL; a service built otherwise without one used to
     fail deep in redis-py ("Redis URL must specify one of the following schemes")."""
-    from memory_service.worker import build_worker
+    from memory_service.workers.worker import build_worker
 
     async with open_service(make_settings(url), run_worker=False) as service:
         service.settings.redis_url = None

@@ -16,11 +16,11 @@ import pytest
 import redis
 from pydantic import SecretStr
 
+from memory_service.backends.graph import graph_name
+from memory_service.backends.loopback import LoopbackServer
+from memory_service.backends.outages import is_unavailable
 from memory_service.http.app import create_app
 from memory_service.runtime import open_service
-from memory_service.stores.graph import graph_name
-from memory_service.stores.loopback import LoopbackServer
-from memory_service.stores.outages import is_unavailable
 
 from .conftest import flush, suite_settings
 from .helpers import msg, wait_embedding_idle

@@ -8,7 +8,7 @@ import time
 
 import uvicorn
 
-from memory_service.stores.loopback import free_port
+from memory_service.backends.loopback import free_port
 
 
 class ThreadedServer:

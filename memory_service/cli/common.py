@@ -31,7 +31,7 @@ def load_settings() -> Settings:
 def with_running_store(settings: Settings, data_dir: Path | None) -> Settings:
     """The configured stores, or the embedded store a running `serve` owns on the data
     directory; unchanged (no store) when neither is there."""
-    from memory_service.stores.embedded import EmbeddedFalkorDB
+    from memory_service.backends.embedded import EmbeddedFalkorDB
 
     if settings.falkordb_url is None:
         url = EmbeddedFalkorDB.running_url(data_dir or settings.memory_data_dir)
@@ -42,7 +42,7 @@ def with_running_store(settings: Settings, data_dir: Path | None) -> Settings:
 
 def attached_settings(data_dir: Path | None) -> Settings:
     """Settings whose stores are the configured ones or the embedded store a `serve` runs."""
-    from memory_service.stores.embedded import EmbeddedFalkorDB
+    from memory_service.backends.embedded import EmbeddedFalkorDB
 
     settings = load_settings()
     if not settings.falkordb_url:

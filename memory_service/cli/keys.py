@@ -37,8 +37,8 @@ DataDir = Annotated[Path | None, typer.Option(help="The embedded store's data di
 
 @asynccontextmanager
 async def _redis(settings: Settings, data_dir: Path | None) -> AsyncIterator[Redis]:
+    from memory_service.backends.embedded import EmbeddedFalkorDB
     from memory_service.state.pools import redis_client
-    from memory_service.stores.embedded import EmbeddedFalkorDB
 
     settings = with_running_store(settings, data_dir)
     embedded, url = None, settings.redis_url or settings.falkordb_url

@@ -282,7 +282,7 @@ async def _migrate(settings: Settings, agent: str, to: str, dry_run: bool) -> Mi
 
 async def _run_worker(settings: Settings) -> None:
     from memory_service.runtime import open_service
-    from memory_service.worker import build_worker
+    from memory_service.workers.worker import build_worker
 
     async with open_service(settings, run_worker=False) as service:
         worker = build_worker(service, handle_signals=True)
@@ -315,8 +315,8 @@ def demo(
 async def _demo(data_dir: Path, model: str | None) -> None:
     import httpx
 
+    from memory_service.backends.loopback import LoopbackServer
     from memory_service.http.app import create_app
-    from memory_service.stores.loopback import LoopbackServer
 
     script = json.loads(resources.files("memory_service").joinpath("data/demo_conversation.json").read_text())
     # A short gate interval, so that the short sample sessions open it and formation is

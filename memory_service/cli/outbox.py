@@ -17,8 +17,8 @@ from typing import Annotated, TypeVar
 import typer
 from rich.table import Table
 
+from memory_service.backends.outbox import TARGETS, Outbox
 from memory_service.cli.common import attached_settings, console
-from memory_service.stores.outbox import TARGETS, Outbox
 
 T = TypeVar("T")
 

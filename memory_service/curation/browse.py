@@ -30,6 +30,8 @@ from typing import Any
 from memory_service.access.audit import AUDIT_SCAN_LIMIT, AuditLog
 from memory_service.access.cursors import Cursors, position_field
 from memory_service.access.reach import Reach
+from memory_service.backends.agents import AgentDirectory
+from memory_service.backends.base import MemoryListing, MemoryState
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex
 from memory_service.curation.tools import MemoryTools
@@ -52,8 +54,6 @@ from memory_service.schemas.browse import (
     UserSummary,
 )
 from memory_service.state.store import StateStore
-from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryListing, MemoryState
 
 CURSOR_VERSION = 1
 BROWSE_INDEX_VERSION = 1  # of the indexes in Redis: a start-up indexes older data once per version

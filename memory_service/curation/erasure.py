@@ -35,6 +35,9 @@ from typing import Any
 
 from memory_service.access.audit import AuditLog
 from memory_service.access.keys import KeyStore
+from memory_service.backends.agents import AgentDirectory
+from memory_service.backends.base import MemoryBackend
+from memory_service.backends.registry import BackendRegistry
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.curation.removal import Removal
 from memory_service.domain.errors import BackendUnavailable, NotSupported
@@ -56,9 +59,6 @@ from memory_service.schemas.events import EventType
 from memory_service.schemas.graph import EntityOut, FactOut
 from memory_service.state.persistence import rewrite as rewrite_persistence
 from memory_service.state.store import StateStore
-from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend
-from memory_service.stores.registry import BackendRegistry
 
 log = logging.getLogger(__name__)
 

@@ -19,10 +19,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from memory_service.backends.agents import AgentDirectory
 from memory_service.domain.errors import InvalidInput, MemoryServiceError, NotFound
 from memory_service.domain.models import AgentSettings
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.agents import AgentDirectory
 
 log = logging.getLogger(__name__)
 

@@ -52,13 +52,13 @@ from memory_service.state import keyspace
 
 if TYPE_CHECKING:
     from memory_service.access.audit import AuditLog
+    from memory_service.backends.agents import AgentDirectory
+    from memory_service.backends.base import MemoryBackend
     from memory_service.config import Settings
     from memory_service.curation.erasure_state import ErasureState
     from memory_service.events.log import EventLog
     from memory_service.events.webhooks import Webhooks
     from memory_service.state.store import StateStore
-    from memory_service.stores.agents import AgentDirectory
-    from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

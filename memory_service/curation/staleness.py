@@ -34,11 +34,11 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Protocol
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.models import Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.formation.consolidation import latest_consolidated
 from memory_service.state.store import SessionCounters, StateStore
-from memory_service.stores.base import MemoryBackend
 
 
 class AccessTimes(Protocol):

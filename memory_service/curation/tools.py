@@ -28,6 +28,8 @@ from datetime import UTC, datetime, timedelta
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator
 
 from memory_service.access.reach import Reach
+from memory_service.backends.agents import AgentDirectory, Redactor
+from memory_service.backends.base import MemoryBackend
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex, purge_at
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound, preview
@@ -48,8 +50,6 @@ from memory_service.embedding.memories import embed_memories
 from memory_service.schemas.memories import DeletedOut, MemoryRecord
 from memory_service.state.cache import agent_wide
 from memory_service.state.store import StateStore
-from memory_service.stores.agents import AgentDirectory, Redactor
-from memory_service.stores.base import MemoryBackend
 
 TITLE_CHARS = 200
 MEMORY_ID_CHARS = 64

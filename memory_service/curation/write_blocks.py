@@ -36,7 +36,7 @@ ids stable per namespace, and mentions are merged. Parsing the same text for the
 message again stores nothing new and answers the same ids, all in ``already_stored``.
 
 Secrets: the text is redacted as the agent's redaction policy says before it is parsed
-(stores/agents.py, ``Redactor``; docs/redaction.md), so no block stores one, in a memory, an
+(backends/agents.py, ``Redactor``; docs/redaction.md), so no block stores one, in a memory, an
 entity's name or a fact; no detector's value crosses a JSON string's quote, so a block
 stays JSON. A repeated parse redacts the same way: its keys, and so its ids, are the same.
 

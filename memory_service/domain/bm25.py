@@ -24,7 +24,7 @@ K1 = 1.2
 B = 0.5
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words that carry no topic: the query drops them (memory_service/recall/search.py), and the
-# store's postings (memory_service/stores/postings.py) do not index them. The full-text index
+# store's postings (memory_service/backends/postings.py) do not index them. The full-text index
 # drops English stopwords too; these are the question words and fillers a query adds on top.
 QUERY_STOPWORDS = frozenset(
     """a about after again all also am an and any are as at be been before being both but by can could

@@ -33,11 +33,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.models import Memory, MemoryKind, Role
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.once import embed_once
 from memory_service.state.store import StateStore
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

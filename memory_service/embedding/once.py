@@ -19,11 +19,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.models import Memory
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.memories import embed_memories
 from memory_service.state.embed_claims import Claim, EmbedClaims
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

@@ -31,10 +31,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.embedding.embedders import Embedder
 from memory_service.embedding.turns import backlog
 from memory_service.state.store import StateStore
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The worker's delivery of each agent's change events to its webhooks: at least once, in
 order per agent, retried with exponential backoff, then dead-lettered.
 
-Every WEBHOOK_POLL_SECONDS a cron run (memory_service/worker.py) visits the agents with a
+Every WEBHOOK_POLL_SECONDS a cron run (memory_service/workers/worker.py) visits the agents with a
 webhook. Per webhook, under a lease (two workers never deliver one webhook at once, so its
 events leave in order):
 

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from memory_service.access.pseudonyms import namespace_for_log
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.models import Memory, MemoryKind, Provenance, utcnow
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.embedding.embedders import Embedder
@@ -28,7 +29,6 @@ from memory_service.embedding.memories import embed_memories
 from memory_service.formation.extractor import ExtractionUsage
 from memory_service.formation.rule_extractor import content_words, limit_words
 from memory_service.state.store import StateStore
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

@@ -52,6 +52,7 @@ from datetime import datetime
 
 from memory_service.access.audit import AuditLog, audited_fact
 from memory_service.access.pseudonyms import namespace_for_log
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.errors import NotFound
 from memory_service.domain.graph import (
     ENDS,
@@ -72,7 +73,6 @@ from memory_service.embedding.embedders import Embedder
 from memory_service.events.log import Cause, Changed, EventLog
 from memory_service.formation import resolution
 from memory_service.schemas.events import EventType
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.errors import NotSupported
 from memory_service.domain.graph import Entity, Fact, normalise_name, query_names
 from memory_service.domain.models import Role
@@ -34,7 +35,6 @@ from memory_service.domain.namespaces import Namespace
 from memory_service.formation.entities import extract_graph
 from memory_service.formation.extractor import KnownGraph, KnownLimits, Window
 from memory_service.formation.rule_extractor import STOP_WORDS
-from memory_service.stores.base import MemoryBackend
 
 __all__ = ["MAX_WINDOW_NAMES", "known_graph", "window_namespaces"]
 

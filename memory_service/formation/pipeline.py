@@ -1,6 +1,6 @@
 """The work the worker does: forming windows, consolidating, sweeping cold sessions, embedding.
 
-Each entry point is a job body (memory_service/worker.py runs them) and is safe to retry.
+Each entry point is a job body (memory_service/workers/worker.py runs them) and is safe to retry.
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from typing import Any
 
 from memory_service._vendor.arq.jobs import JobStatus
 from memory_service.access.audit import AuditLog
+from memory_service.backends.agents import AgentDirectory
+from memory_service.backends.base import MemoryBackend
+from memory_service.backends.registry import BackendRegistry
 from memory_service.config import Settings
 from memory_service.domain.models import LLMBudget, Memory, MemoryKind
 from memory_service.domain.namespaces import Namespace, NamespaceKind
@@ -29,9 +32,6 @@ from memory_service.formation.schedule import FormationSchedule
 from memory_service.formation.steps import FormationResult, form_window
 from memory_service.schemas.formation import FormationSummary
 from memory_service.state.store import StateStore
-from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend
-from memory_service.stores.registry import BackendRegistry
 
 log = logging.getLogger(__name__)
 

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 
 from memory_service.access.audit import AuditLog
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.errors import NotSupported
 from memory_service.domain.expiry import ExpiryPolicy
 from memory_service.domain.graph import ExtractedEntity, ExtractedFact, normalise_name
@@ -64,7 +65,6 @@ from memory_service.formation.rule_extractor import split_sentences
 from memory_service.formation.window import Claim, StoredExtraction, WindowState, WindowStore
 from memory_service.schemas.events import EventType
 from memory_service.schemas.formation import FormationSummary
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

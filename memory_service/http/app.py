@@ -30,6 +30,7 @@ from fastapi.routing import APIRoute
 
 from memory_service import __version__
 from memory_service.access.authorization import resolve_mode
+from memory_service.backends import outages
 from memory_service.config import Settings, redact_addresses
 from memory_service.domain.errors import BackendUnavailable, MemoryServiceError
 from memory_service.http import access_log, browser, inspector, overload, telemetry
@@ -53,7 +54,6 @@ from memory_service.schemas.context import ContextOut
 from memory_service.schemas.records import RecordOut
 from memory_service.service import MemoryService
 from memory_service.state import metrics as process_metrics
-from memory_service.stores import outages
 
 __all__ = ["ContextOut", "RecordOut", "create_app", "operation_id"]
 

@@ -38,7 +38,7 @@ resort sends its 500 and then raises the error again for the server to log, and 
 seeing an error after the answer started, closes the connection, so a keep-alive client
 found it reset.
 
-Which failures are outages is memory_service/stores/outages.py's, below HTTP: the outbox and the
+Which failures are outages is memory_service/backends/outages.py's, below HTTP: the outbox and the
 group commit ask it too.
 """
 
@@ -58,10 +58,10 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memory_service.access.keys import Principal
+from memory_service.backends.outages import UNAVAILABLE, is_unavailable
 from memory_service.domain.errors import BackendUnavailable, FormationPending, MemoryServiceError
 from memory_service.http.access_log import route_template
 from memory_service.ingest.pacing import Pacing
-from memory_service.stores.outages import UNAVAILABLE, is_unavailable
 
 log = logging.getLogger(__name__)
 

@@ -46,6 +46,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memory_service.access.reach import Reach
+from memory_service.backends.agents import Redactor
 from memory_service.domain import limits
 from memory_service.domain.errors import (
     BackendUnavailable,
@@ -65,7 +66,6 @@ from memory_service.ingest.group_commit import RowRefused
 from memory_service.ingest.sessions import SessionLedger
 from memory_service.schemas.records import BatchItemOut, BatchOut, BatchSessionOut, ItemStatus
 from memory_service.state.store import Commit, CommitCall, Reservation, ReserveCall
-from memory_service.stores.agents import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -36,10 +36,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from memory_service.backends.base import MemoryBackend
+from memory_service.backends.outages import is_unavailable
 from memory_service.domain.models import Memory
 from memory_service.ingest import pacing
-from memory_service.stores.base import MemoryBackend
-from memory_service.stores.outages import is_unavailable
 
 # Defaults of STORE_WRITE_MAX_ROWS and STORE_WRITE_MAX_CHARS (memory_service/config.py). The
 # graph store runs one statement at a time and holds its whole server while it commits one

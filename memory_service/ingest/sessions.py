@@ -1,6 +1,6 @@
 """The session ledger: recording messages, and evaluating the formation gates as each commits.
 
-A message's secrets are redacted first, as its agent's policy says (stores/agents.py,
+A message's secrets are redacted first, as its agent's policy says (backends/agents.py,
 ``Redactor``; docs/redaction.md): nothing of them reaches a store, a log or its digest.
 Then the message is stored (and indexed for full-text search), then committed to its
 session's pending window; a gate that opens claims the window and enqueues its formation
@@ -26,6 +26,8 @@ from datetime import UTC, datetime
 from typing import cast
 
 from memory_service.access.reach import Reach
+from memory_service.backends.agents import AgentDirectory
+from memory_service.backends.base import MemoryBackend
 from memory_service.config import Settings
 from memory_service.domain import limits
 from memory_service.domain.errors import (
@@ -46,8 +48,6 @@ from memory_service.formation.steps import message_memory_id
 from memory_service.ingest.group_commit import GroupCommit, RowRefused
 from memory_service.schemas.formation import GateStatus
 from memory_service.state.store import Commit, InFlight, StateStore
-from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from memory_service.access.pseudonyms import for_log
 from memory_service.access.reach import Reach
+from memory_service.backends.agents import AgentDirectory
+from memory_service.backends.base import MemoryBackend, RecentRead
 from memory_service.config import Settings
 from memory_service.domain.bm25 import QUERY_STOPWORDS
 from memory_service.domain.errors import BackendUnavailable, InvalidInput, MemoryServiceError, NotSupported
@@ -50,8 +52,6 @@ from memory_service.recall.search import Retriever, Scored, SearchRequest, query
 from memory_service.recall.startup import StartupRecords
 from memory_service.state.cache import agent_wide, identity
 from memory_service.state.store import StateStore
-from memory_service.stores.agents import AgentDirectory
-from memory_service.stores.base import MemoryBackend, RecentRead
 
 log = logging.getLogger(__name__)
 

@@ -44,11 +44,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from memory_service.backends.base import Candidate, MemoryBackend
 from memory_service.domain.graph import Entity, Fact, MentionedEntity, normalise_name
 from memory_service.domain.models import StoreQuery
 from memory_service.domain.namespaces import Namespace, NamespaceKind
 from memory_service.schemas.search import EntityWeight, GraphPath, Structure
-from memory_service.stores.base import Candidate, MemoryBackend
 
 ENTITIES_PER_MEMORY = 20  # entities of one candidate the re-rank reads
 # Facts of one entity a search or a memory block reads, the newest: what a read costs the

@@ -36,6 +36,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, Field, field_validator
 
 from memory_service.access.reach import Reach
+from memory_service.backends.base import Brief, Candidate, Found, MemoryBackend, SignalHits
 from memory_service.config import Settings
 from memory_service.domain.bm25 import QUERY_STOPWORDS, query_words
 from memory_service.domain.errors import Forbidden, InvalidInput, NotFound, NotSupported, preview
@@ -76,7 +77,6 @@ from memory_service.schemas.search import (
 )
 from memory_service.state import metrics
 from memory_service.state.store import StateStore
-from memory_service.stores.base import Brief, Candidate, Found, MemoryBackend, SignalHits
 
 log = logging.getLogger(__name__)
 

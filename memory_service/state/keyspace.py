@@ -200,7 +200,7 @@ API keys (memory_service/access/keys.py; grows with keys, never with traffic)::
     ms:rl:{<id>}:<r|t>:<minute>             string  requests (r) or tokens (t) of one minute,
                                                     expiring after two minutes                       per key in use
 
-The outbox (memory_service/stores/outbox.py; ``<target>``: graph or mongo), all on the
+The outbox (memory_service/backends/outbox.py; ``<target>``: graph or mongo), all on the
 ``{outbox}`` slot::
 
     ms:outbox:{outbox}:entries              hash    entry id -> the operation (JSON)                 per undelivered entry
@@ -216,7 +216,7 @@ The outbox (memory_service/stores/outbox.py; ``<target>``: graph or mongo), all 
                                                     next drain                                       none (legacy)
     ms:metrics:{outbox}                     hash    the outbox's counters (dead letters)             a fixed set of fields
 
-The graph store's full-text postings (memory_service/stores/postings.py), in the agent's
+The graph store's full-text postings (memory_service/backends/postings.py), in the agent's
 FalkorDB server beside its graph, under the agent's hash tag (one slot: the scripts name
 them together)::
 
@@ -265,7 +265,7 @@ The job queue's Redis (QUEUE_REDIS_URL, a plain Redis; memory_service/formation/
 Not built here: the job queue (``memory-service:jobs``, memory_service/formation/jobs.py)
 and arq's own ``arq:*`` keys, on QUEUE_REDIS_URL (arq's transactions name a job's keys and
 the queue together, so the queue is a plain Redis, never a cluster); each agent's FalkorDB
-graph ``ms_agent__<agent>`` (memory_service/stores/graph.py: one key, so one agent's graph
+graph ``ms_agent__<agent>`` (memory_service/backends/graph.py: one key, so one agent's graph
 is on one node) and FalkorDB's query log of a graph (``telemetry{<graph>}``).
 """
 

@@ -13,9 +13,9 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import RedisError, WatchError
 
-from .constants import default_queue_name, expires_extra_ms, job_key_prefix, result_key_prefix
-from .jobs import Deserializer, Job, JobDef, JobResult, Serializer, deserialize_job, serialize_job
-from .utils import timestamp_ms, to_ms, to_unix_ms
+from memory_service._vendor.arq.constants import default_queue_name, expires_extra_ms, job_key_prefix, result_key_prefix
+from memory_service._vendor.arq.jobs import Deserializer, Job, JobDef, JobResult, Serializer, deserialize_job, serialize_job
+from memory_service._vendor.arq.utils import timestamp_ms, to_ms, to_unix_ms
 
 logger = logging.getLogger('arq.connections')
 

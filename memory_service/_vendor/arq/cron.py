@@ -4,8 +4,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Optional, Union
 
-from .typing import WEEKDAYS, OptionType, SecondsTimedelta, WeekdayOptionType, WorkerCoroutine
-from .utils import import_string, to_seconds
+from memory_service._vendor.arq.typing import WEEKDAYS, OptionType, SecondsTimedelta, WeekdayOptionType, WorkerCoroutine
+from memory_service._vendor.arq.utils import import_string, to_seconds
 
 
 @dataclass

@@ -14,8 +14,8 @@ __all__ = (
 
 
 if TYPE_CHECKING:
-    from .cron import CronJob
-    from .worker import Function
+    from memory_service._vendor.arq.cron import CronJob
+    from memory_service._vendor.arq.worker import Function
 
 OptionType = Union[None, set[int], int]
 WEEKDAYS = 'mon', 'tues', 'wed', 'thurs', 'fri', 'sat', 'sun'

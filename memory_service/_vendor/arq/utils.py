@@ -7,14 +7,14 @@ from functools import lru_cache
 from time import time
 from typing import TYPE_CHECKING, Any, Optional, overload
 
-from .constants import timezone_env_vars
+from memory_service._vendor.arq.constants import timezone_env_vars
 
 logger = logging.getLogger('arq.utils')
 
 if TYPE_CHECKING:
     import pytz
 
-    from .typing import SecondsTimedelta
+    from memory_service._vendor.arq.typing import SecondsTimedelta
 else:
     try:
         import pytz

@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
 
 from redis.exceptions import ResponseError, WatchError
 
-from .cron import CronJob
-from .jobs import Deserializer, JobResult, SerializationError, Serializer, deserialize_job_raw, serialize_result
+from memory_service._vendor.arq.cron import CronJob
+from memory_service._vendor.arq.jobs import Deserializer, JobResult, SerializationError, Serializer, deserialize_job_raw, serialize_result
 
-from .connections import ArqRedis, RedisSettings, create_pool, log_redis_info
-from .constants import (
+from memory_service._vendor.arq.connections import ArqRedis, RedisSettings, create_pool, log_redis_info
+from memory_service._vendor.arq.constants import (
     abort_job_max_age,
     abort_jobs_ss,
     default_queue_name,
@@ -29,7 +29,7 @@ from .constants import (
     result_key_prefix,
     retry_key_prefix,
 )
-from .utils import (
+from memory_service._vendor.arq.utils import (
     args_to_string,
     import_string,
     ms_to_datetime,
@@ -42,7 +42,7 @@ from .utils import (
 )
 
 if TYPE_CHECKING:
-    from .typing import SecondsTimedelta, StartupShutdown, WorkerCoroutine, WorkerSettingsType
+    from memory_service._vendor.arq.typing import SecondsTimedelta, StartupShutdown, WorkerCoroutine, WorkerSettingsType
 
 logger = logging.getLogger('arq.worker')
 no_result = object()

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from memory_service.access.authorization import authorize
 from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.access.keys import Principal
+from memory_service.backends.base import MemoryState
 from memory_service.curation.tools import MEMORY_ID_CHARS, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.domain.errors import InvalidInput
 from memory_service.domain.limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
@@ -31,7 +32,6 @@ from memory_service.schemas.browse import MAX_BROWSE_PAGE, MemoryDetail, MemoryP
 from memory_service.schemas.keys import Role
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.service import MemoryService
-from memory_service.stores.base import MemoryState
 
 router = strict_router(tags=["memory tools"])
 MemoryId = Path(min_length=1, max_length=MEMORY_ID_CHARS, description="the memory's id")

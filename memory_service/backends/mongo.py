@@ -55,10 +55,10 @@ from bson.binary import VECTOR_SUBTYPE, Binary, BinaryVectorDtype
 from pymongo import ASCENDING, DESCENDING, TEXT, AsyncMongoClient, UpdateOne
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
+from memory_service.backends.base import ListedPage, MemoryBackend, MemoryListing, MemoryState, SignalHits
 from memory_service.config import redact_url
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace, NamespaceKind
-from memory_service.stores.base import ListedPage, MemoryBackend, MemoryListing, MemoryState, SignalHits
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray

@@ -32,7 +32,7 @@ slower than a brute-force BM25 scan, and finding the target half as often). Here
 
 Scope: the postings cover every namespace of an agent, so they answer agent-wide search. A
 search inside some namespaces (a user's, a session's) reads its scope once instead
-(memory_service/stores/graph.py, ``_scan_scope``): each memory's node carries its entry
+(memory_service/backends/graph.py, ``_scan_scope``): each memory's node carries its entry
 (``terms``), and BM25 over the scope comes from those; the full-text index, whose per-word
 queries cost each word's matches in the whole agent, answers only scopes larger than
 SEARCH_SCOPE_SCAN_MAX.

@@ -40,7 +40,7 @@ the entities of the namespace listed; never the graph's size):
 * entities_mentioned: a seek per memory (the ``Episodic`` uuid index), at most a limit of
   its mentions, each entity's degree read from the node.
 
-The queries of the memories (memory_service/stores/graph.py) do not change: they read the
+The queries of the memories (memory_service/backends/graph.py) do not change: they read the
 ``Episodic`` label only. Deleting a memory's node deletes its ``MENTIONS`` edges with it.
 """
 
@@ -55,6 +55,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memory_service.access.cursors import plain_text
+from memory_service.backends.base import MemoryBackend, Page
 from memory_service.domain.errors import Conflict, InvalidInput, NotFound, preview
 from memory_service.domain.graph import (
     Closing,
@@ -71,7 +72,6 @@ from memory_service.domain.graph import entity_id as _entity_id
 from memory_service.domain.graph import fact_id as _fact_id
 from memory_service.domain.models import utcnow
 from memory_service.domain.namespaces import Namespace, NamespaceKind
-from memory_service.stores.base import MemoryBackend, Page
 
 Row = dict[str, Any]
 

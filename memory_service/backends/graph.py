@@ -51,13 +51,8 @@ from typing import TYPE_CHECKING, Any
 import redis.exceptions
 from falkordb.asyncio.query_result import QueryResult
 
-from memory_service.config import Settings, redact_url
-from memory_service.domain import bm25
-from memory_service.domain.models import Memory, MemoryKind, StoreQuery
-from memory_service.domain.namespaces import Namespace
-from memory_service.state import keyspace, metrics, tracing
-from memory_service.stores import compact_reply, postings, readiness
-from memory_service.stores.base import (
+from memory_service.backends import compact_reply, postings, readiness
+from memory_service.backends.base import (
     Brief,
     Candidate,
     Found,
@@ -68,9 +63,14 @@ from memory_service.stores.base import (
     RecentRead,
     SignalHits,
 )
-from memory_service.stores.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
-from memory_service.stores.graph_layout import migrate_layout
-from memory_service.stores.postings import Postings
+from memory_service.backends.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
+from memory_service.backends.graph_layout import migrate_layout
+from memory_service.backends.postings import Postings
+from memory_service.config import Settings, redact_url
+from memory_service.domain import bm25
+from memory_service.domain.models import Memory, MemoryKind, StoreQuery
+from memory_service.domain.namespaces import Namespace
+from memory_service.state import keyspace, metrics, tracing
 
 if TYPE_CHECKING:
     from falkordb.asyncio.graph import AsyncGraph  # untyped: Any to mypy, named for the reader
@@ -228,7 +228,7 @@ def fulltext_queries(terms: Sequence[str], group_ids: Sequence[str] | None) -> d
 
 class GraphBackend(EntityGraph):
     """Memories as ``Episodic`` nodes (this module) and the knowledge graph beside them
-    (entities, facts, mentions: memory_service/stores/graph_entities.py)."""
+    (entities, facts, mentions: memory_service/backends/graph_entities.py)."""
 
     name = "graph"
 
@@ -242,11 +242,11 @@ class GraphBackend(EntityGraph):
 
         self._episode_type, self._episodic_node = EpisodeType, EpisodicNode
 
-        from memory_service.stores.falkordb_client import falkordb_client
+        from memory_service.backends.falkordb_client import falkordb_client
 
         self.url = url
         # Bounded pools with the store timeouts, on one server or a Redis Cluster
-        # (memory_service/stores/falkordb_client.py).
+        # (memory_service/backends/falkordb_client.py).
         self.client = falkordb_client(url, self.settings)
         self.embedding_dimension = embedding_dimension
         # The model of vectors stored before each vector carried its model's name.
@@ -337,7 +337,7 @@ class GraphBackend(EntityGraph):
             await pool.disconnect()  # the client does not own the pool it was given
 
     async def health(self) -> dict[str, Any]:
-        """Ready when a write would succeed: the server takes writes (memory_service/stores/
+        """Ready when a write would succeed: the server takes writes (memory_service/backends/
         readiness.py), answers a query, and every agent graph it loaded at its start took its
         first write (``_warm_up``)."""
         try:
@@ -1159,7 +1159,7 @@ class GraphBackend(EntityGraph):
 
     async def _ranked(self, agent_id: str, ranked: list[tuple[str, float]], where: str,
                       params: dict[str, Any]) -> list[tuple[Found, float]]:
-        """The postings' best memories (memory_service/stores/postings.py) that pass the
+        """The postings' best memories (memory_service/backends/postings.py) that pass the
         search's filters, best first, at most the limit, as ``Found`` (one query for their
         times: the search reads whole only those it keeps)."""
         if not ranked:

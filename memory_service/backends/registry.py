@@ -9,9 +9,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.config import Settings
 from memory_service.domain.errors import BackendUnavailable
-from memory_service.stores.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

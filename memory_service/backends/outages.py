@@ -3,7 +3,7 @@
 Below HTTP, so that the parts that store ask it without importing the API: the API answers
 such a failure 503 with Retry-After (memory_service/http/overload.py); the outbox keeps the entry
 waiting without counting an attempt, where an entry the store refuses is counted and
-dead-lettered after OUTBOX_MAX_ATTEMPTS (memory_service/stores/mirror.py); the group commit fails a batch
+dead-lettered after OUTBOX_MAX_ATTEMPTS (memory_service/backends/mirror.py); the group commit fails a batch
 whole, where a batch the store refuses is bisected to the rows it refuses
 (memory_service/ingest/group_commit.py).
 """

@@ -60,7 +60,7 @@ from memory_service.state.keyspace import (
 )
 
 if TYPE_CHECKING:
-    from memory_service.stores.base import MemoryBackend
+    from memory_service.backends.base import MemoryBackend
 
 log = logging.getLogger(__name__)
 

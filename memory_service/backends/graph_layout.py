@@ -1,5 +1,5 @@
 """Moving data directories of the first layout (one FalkorDB graph per namespace) into the
-current one (one graph per agent; see memory_service/stores/graph.py).
+current one (one graph per agent; see memory_service/backends/graph.py).
 
 A graph of the first layout is named by its namespace's group_id (``session__s1``,
 ``user__a__alice``). Each is copied into its agent's graph (the agent is in every memory's
@@ -18,9 +18,9 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from memory_service.backends.base import MemoryBackend
 from memory_service.domain.models import Memory
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import MemoryBackend
 
 if TYPE_CHECKING:
     from falkordb.asyncio import FalkorDB  # untyped: Any to mypy, named for the reader

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import redis
 
+from memory_service.backends.loopback import free_port
 from memory_service.config import redact_url
 from memory_service.domain.errors import BackendUnavailable
-from memory_service.stores.loopback import free_port
 
 log = logging.getLogger(__name__)
 

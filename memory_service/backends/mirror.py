@@ -1,7 +1,7 @@
 """The graph backend with MongoDB beside it: writes mirrored through a durable outbox,
 reads falling back to MongoDB.
 
-Writes: the memories go into the outbox (memory_service.stores.outbox) first, then to the graph
+Writes: the memories go into the outbox (memory_service.backends.outbox) first, then to the graph
 at once; MongoDB gets them from the drain loop, so a slow or absent MongoDB never slows a
 request. The graph's FIFO trims and the shards' settings reach MongoDB the same way. A
 store that is down keeps its queue until it returns; the other is not held back. An entry
@@ -9,7 +9,7 @@ a store keeps refusing is dead-lettered after OUTBOX_MAX_ATTEMPTS, so the entrie
 it are delivered. (The proof of concept wrote to the graph, then to Mongo: a graph
 failure lost the Mongo copy.)
 
-The knowledge graph (entities, facts, mentions: memory_service/stores/graph_entities.py) is
+The knowledge graph (entities, facts, mentions: memory_service/backends/graph_entities.py) is
 the graph's alone: its calls go to the graph, nothing of it is queued for or read from
 MongoDB, which keeps no graph. A graph that is down fails them as it fails any graph call,
 with no fallback: MongoDB has no copy to fall back on.
@@ -45,6 +45,30 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from memory_service.access.pseudonyms import namespace_for_log
+from memory_service.backends.base import (
+    Brief,
+    Candidate,
+    ListedPage,
+    MemoryBackend,
+    MemoryListing,
+    Page,
+    RecentRead,
+    SignalHits,
+)
+from memory_service.backends.breaker import OPEN, CircuitBreaker
+from memory_service.backends.outages import is_unavailable
+from memory_service.backends.outbox import (
+    TARGETS,
+    DeleteOp,
+    DescribeShardOp,
+    EmbeddingsOp,
+    Outbox,
+    OutboxOp,
+    ProvenanceOp,
+    ReplaceOp,
+    TrimOp,
+    WriteOp,
+)
 from memory_service.domain.graph import (
     Closing,
     Entity,
@@ -57,30 +81,6 @@ from memory_service.domain.graph import (
 )
 from memory_service.domain.models import Memory, MemoryKind, StoreQuery
 from memory_service.domain.namespaces import Namespace
-from memory_service.stores.base import (
-    Brief,
-    Candidate,
-    ListedPage,
-    MemoryBackend,
-    MemoryListing,
-    Page,
-    RecentRead,
-    SignalHits,
-)
-from memory_service.stores.breaker import OPEN, CircuitBreaker
-from memory_service.stores.outages import is_unavailable
-from memory_service.stores.outbox import (
-    TARGETS,
-    DeleteOp,
-    DescribeShardOp,
-    EmbeddingsOp,
-    Outbox,
-    OutboxOp,
-    ProvenanceOp,
-    ReplaceOp,
-    TrimOp,
-    WriteOp,
-)
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

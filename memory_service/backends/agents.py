@@ -6,6 +6,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from memory_service.backends.base import MemoryBackend
+from memory_service.backends.registry import BackendRegistry
 from memory_service.config import Settings
 from memory_service.domain import limits, secrets
 from memory_service.domain.errors import InvalidInput, NotFound, preview
@@ -23,8 +25,6 @@ from memory_service.domain.redaction import Policy, SecretsRefused
 from memory_service.domain.secrets import Redacted
 from memory_service.state import metrics
 from memory_service.state.store import StateStore
-from memory_service.stores.base import MemoryBackend
-from memory_service.stores.registry import BackendRegistry
 
 log = logging.getLogger(__name__)
 
