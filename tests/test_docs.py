@@ -72,3 +72,26 @@ async def test_the_readme_curl_example_runs(http, live_server):
     assert '"duplicate":false' in out.replace(" ", "") and '"formed":true' in out.replace(" ", "")
     assert "<MemoryContext>" in out and "window seats" in out
     assert '"results":[{' in out.replace(" ", "")
+
+
+def slug(heading: str) -> str:
+    """The anchor GitHub and MkDocs's toc give a heading (the simple cases the README links)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_the_readme_links_reach_the_pages():
+    """Where to read next is one click each: every relative link of the README names a file
+    that exists and, with an anchor, a heading of that file."""
+    readme = (REPO / "README.md").read_text()
+    links = re.findall(r"\]\(([^)#\s]+)(?:#([\w-]+))?\)", readme)
+    assert len(links) > 20 and all(not target.startswith("/") for target, _ in links)
+    for target, anchor in links:
+        if target.startswith(("http://", "https://")):
+            continue
+        path = REPO / target
+        assert path.exists(), target
+        if anchor:
+            headings = re.findall(r"^#+ (.*)$", path.read_text(), re.MULTILINE)
+            assert anchor in {slug(h) for h in headings}, f"{target}#{anchor}"
+    for page in ("getting-started", "integrations/index", "operating", "deploy", "benchmarks", "configuration", "api"):
+        assert f"(docs/{page}.md" in readme, page
