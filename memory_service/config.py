@@ -1,6 +1,7 @@
 """Settings, read from the environment (and a .env file) by pydantic-settings.
 
-Every environment variable the service reads is a field here; the README lists them.
+Every environment variable the service reads is a field here; docs/configuration.md lists them
+(generated from these fields by scripts/docs-config).
 The formation gate names are those of the system this reimplements.
 """
 
@@ -345,7 +346,7 @@ class Settings(BaseSettings):
                     "and its commit (a crashed API process): a stored message is made pending, the id of one not "
                     "stored is released. Keep it well above the longest record (store timeouts, queueing)")
 
-    # Access control (README, "Security"): API keys, rate limits per key, CORS.
+    # Access control (docs/security.md): API keys, rate limits per key, CORS.
     api_auth: Literal["auto", "keys", "off"] = Field(
         default="auto",
         description="auto: `serve` bound to loopback needs no key (development), any other address needs keys; "

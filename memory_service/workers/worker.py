@@ -1,6 +1,6 @@
 """The arq worker. Jobs are thin: each one calls MemoryService, which does the work.
 
-Job model (see the README's "Jobs" section):
+Job model (see docs/concepts.md, "Jobs", and docs/formation.md):
 - ``form_window(session_id, window)``: enqueued when a gate opens, by the cold-session
   sweep, or by ``POST /form``; its id names the window, so all three collapse into one job.
   A failure is retried with exponential backoff up to WORKER_MAX_TRIES; then the job fails
