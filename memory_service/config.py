@@ -467,6 +467,10 @@ class Settings(BaseSettings):
     webhook_batch: int = Field(default=100, ge=1, le=10_000,
                                description="Most events one webhook is sent per delivery run")
     webhook_max_per_agent: int = Field(default=10, ge=1, le=1000, description="Most webhooks one agent may have")
+    webhook_concurrency: int = Field(
+        default=16, ge=1, le=256,
+        description="Webhooks one delivery run serves at once (each in order under its own lease): an endpoint that "
+                    "is down or slow holds up only its own events, not every other agent's")
     webhook_allow_private: bool = Field(
         default=False,
         description="Let webhook URLs name loopback, private, link-local or reserved addresses (off: refused, "

@@ -2,8 +2,9 @@
 order per agent, retried with exponential backoff, then dead-lettered.
 
 Every WEBHOOK_POLL_SECONDS a cron run (memory_service/workers/worker.py) visits the agents with a
-webhook. Per webhook, under a lease (two workers never deliver one webhook at once, so its
-events leave in order):
+webhook, serving up to WEBHOOK_CONCURRENCY webhooks at once: an endpoint that is down (each
+try waits out WEBHOOK_TIMEOUT_SECONDS) delays only its own agent's events. Per webhook, under
+a lease (two runs never deliver one webhook at once, so its events leave in order):
 
 1. the replays an operator asked for (dead letters handed back), each tried once: a failure
    makes it a dead letter again;
@@ -22,6 +23,7 @@ behind got them are not delivered; the webhook's cursor then jumps to the oldest
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -60,10 +62,22 @@ class Delivery:
         """One pass over every webhook; its counts (delivered, failed, dead)."""
         counts = {"delivered": 0, "failed": 0, "dead": 0}
         timeout = self.settings.webhook_timeout_seconds
+        room = asyncio.Semaphore(self.settings.webhook_concurrency)
+
+        async def serve(client: httpx.AsyncClient, agent_id: str, hook_id: str) -> None:
+            try:
+                await self._under_lease(client, agent_id, hook_id, counts)
+            except Exception as exc:  # the lease's store failed: the next run tries again
+                log.warning("webhook delivery of agent %s skipped: %s", agent_id, exc)
+            finally:
+                room.release()
+
         async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False) as client:
-            async for agent_id in self.redis.sscan_iter(keyspace.HOOK_AGENTS, count=500):
-                for hook_id in await self.webhooks.ids(agent_id):
-                    await self._under_lease(client, agent_id, hook_id, counts)
+            async with asyncio.TaskGroup() as group:
+                async for agent_id in self.redis.sscan_iter(keyspace.HOOK_AGENTS, count=500):
+                    for hook_id in await self.webhooks.ids(agent_id):
+                        await room.acquire()
+                        group.create_task(serve(client, agent_id, hook_id))
         return counts
 
     async def _under_lease(self, client: httpx.AsyncClient, agent_id: str, hook_id: str, counts: dict[str, int]) -> None:
