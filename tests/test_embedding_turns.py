@@ -139,3 +139,30 @@ async def test_the_embedding_job_and_the_backfill_are_the_backlog(settings):
         await unembedded(3)
         assert (await service.pipeline.backfill_embeddings())["embedded"] == 3
         assert seen and all(seen)
+
+
+def test_a_loop_that_ends_holding_a_turn_leaves_the_model_to_the_other_loops():
+    """Turns are per event loop: a thread's loop closed while one of its calls held the
+    model's turn does not make every later caller, on another loop, wait for ever."""
+    embedder = LocalEmbedder()
+    dead = asyncio.new_event_loop()
+    held = asyncio.Event()
+
+    async def hold_a_turn() -> None:
+        async with embedder._turns_of(asyncio.get_running_loop()).take(backlog=False):
+            held.set()
+            await asyncio.sleep(3600)
+
+    dead.run_until_complete(embedder.start())
+    task = dead.create_task(hold_a_turn())
+    dead.run_until_complete(held.wait())
+    dead.close()  # the task never lets go of its turn
+    del task
+
+    async def embed_elsewhere() -> list[list[float]]:
+        return await asyncio.wait_for(embedder.embed(["the ferry leaves at nine"]), 60)
+
+    try:
+        assert len(asyncio.run(embed_elsewhere())[0]) == embedder.dimension
+    finally:
+        asyncio.run(embedder.aclose())

@@ -26,6 +26,7 @@ import logging
 import math
 import os
 import re
+import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -172,7 +173,9 @@ class LocalEmbedder:
         self._session: InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._turns = Turns()
+        # Turns per event loop: a loop that ends while one of its calls holds a turn (a thread's
+        # loop closed mid-call) must not leave the turn held for every other loop.
+        self._turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Turns] = weakref.WeakKeyDictionary()
         self._start_lock = asyncio.Lock()
 
     async def start(self) -> None:
@@ -275,7 +278,7 @@ class LocalEmbedder:
             encodings = await asyncio.to_thread(tokenizer.encode_batch, texts)
             out: list[list[float]] = [[] for _ in texts]
             for run in self.runs([len(e.ids) for e in encodings]):
-                async with self._turns.take(backlog=behind):
+                async with self._turns_of(loop).take(backlog=behind):
                     if self._pool is None:
                         raise EmbedderUnavailable("the local embedder was closed")
                     vectors = await loop.run_in_executor(pool, self._infer_open, [encodings[i] for i in run])
@@ -288,6 +291,12 @@ class LocalEmbedder:
             raise EmbedderUnavailable(f"the local embedding model failed: {exc}") from exc
         except Exception as exc:
             raise EmbedderUnavailable(f"the local embedding model failed: {type(exc).__name__}: {exc}") from exc
+
+    def _turns_of(self, loop: asyncio.AbstractEventLoop) -> Turns:
+        turns = self._turns.get(loop)
+        if turns is None:
+            turns = self._turns[loop] = Turns()
+        return turns
 
     async def aclose(self) -> None:
         pool, self._pool = self._pool, None

@@ -42,7 +42,8 @@ def is_backlog() -> bool:
 
 class Turns:
     """One holder at a time; when it lets go, the turn goes to the first waiting caller,
-    else to the first waiting backlog run. Per event loop (made by an embedder as it starts)."""
+    else to the first waiting backlog run. Per event loop (an embedder keeps one for each loop
+    that calls it)."""
 
     def __init__(self) -> None:
         self._busy = False
