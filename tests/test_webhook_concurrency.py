@@ -45,17 +45,22 @@ class Meeting:
                                      for a, b in (AGENTS, AGENTS[::-1])])
 
 
+async def one_event_each_then_deliver(service, base_url: str) -> dict[str, int]:
+    """A webhook for each agent, one event for each, then one delivery run: its counts."""
+    for agent in AGENTS:
+        await service.put_webhook(agent, "main", WebhookIn(url=f"{base_url}/{agent}", secret=SECRET))
+        await service.memory_write(agent, MemoryWrite(namespace=f"agent:{agent}", kind=MemoryKind.OBSERVATION,
+                                                      content=f"The {agent} gate opens at nine."))
+    return await service.deliver_webhooks()
+
+
 async def test_two_webhooks_are_served_at_once_so_neither_waits_for_the_other(falkordb_url):
     await flush(falkordb_url)
     settings = suite_settings(falkordb_url, memory_write_agents=["*"], webhook_allow_private=True,
                               webhook_timeout_seconds=3, webhook_retry_base_seconds=60)
     meeting = Meeting()
     async with LoopbackServer(meeting.app) as hooks, open_service(settings, run_worker=False) as service:
-        for agent in AGENTS:
-            await service.put_webhook(agent, "main", WebhookIn(url=f"{hooks.base_url}/{agent}", secret=SECRET))
-            await service.memory_write(agent, MemoryWrite(namespace=f"agent:{agent}", kind=MemoryKind.OBSERVATION,
-                                                          content=f"The {agent} gate opens at nine."))
-        counts = await service.deliver_webhooks()
+        counts = await one_event_each_then_deliver(service, hooks.base_url)
         # One after the other, the first endpoint would wait for the second, time out and fail.
         assert counts == {"delivered": 2, "failed": 0, "dead": 0}
         assert [[e["agent_id"] for e in meeting.got[a]] for a in AGENTS] == [["north"], ["south"]]
@@ -70,9 +75,5 @@ async def test_one_webhook_at_a_time_is_still_delivered_in_order(falkordb_url):
                               webhook_timeout_seconds=1, webhook_retry_base_seconds=60, webhook_concurrency=1)
     meeting = Meeting()
     async with LoopbackServer(meeting.app) as hooks, open_service(settings, run_worker=False) as service:
-        for agent in AGENTS:
-            await service.put_webhook(agent, "main", WebhookIn(url=f"{hooks.base_url}/{agent}", secret=SECRET))
-            await service.memory_write(agent, MemoryWrite(namespace=f"agent:{agent}", kind=MemoryKind.OBSERVATION,
-                                                          content=f"The {agent} gate opens at nine."))
-        counts = await service.deliver_webhooks()
+        counts = await one_event_each_then_deliver(service, hooks.base_url)
         assert counts["failed"] == 1 and counts["delivered"] == 1
