@@ -33,6 +33,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("BROWSE_INDEX", (), "ms:browse-index"),
     ("RETENTION_AGENTS", (), "ms:retention:agents"),
     ("WORKERS", (), "ms:workers"),
+    ("DOORBELL", (), "ms:queue:doorbell"),
     ("windows", (S1,), "ms:windows:{s:240}"),
     ("active", (S1,), "ms:active:{s:240}"),
     ("in_flight", (S1,), "ms:inflight:{s:240}"),
