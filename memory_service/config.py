@@ -365,6 +365,15 @@ class Settings(BaseSettings):
     rate_limit_tokens_per_minute: int = Field(
         default=500_000, ge=0,
         description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
+    agent_requests_per_minute: int = Field(
+        default=0, ge=0,
+        description="Requests per minute per agent, whichever of its keys and replicas they come through, counted in "
+                    "Redis (0: no limit); beyond it 429 with Retry-After, before the request takes an admission slot "
+                    "(memory_service/access/agent_limits.py)")
+    agent_tokens_per_minute: int = Field(
+        default=0, ge=0,
+        description="Recorded message tokens (characters / 4.5) per minute per agent, every key and replica counted "
+                    "(0: no limit); beyond it 429, nothing recorded")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
     allowed_hosts: list[str] = Field(

@@ -64,7 +64,7 @@ async def record_message(session_id: SessionId, body: MessageIn, service: Servic
     key limited to users records into a session other users started only if the agent's
     `users_join_sessions` is on; else it is answered as a session of another agent (409)."""
     authorize(principal, Role.WRITE, body.agent_id, body.user_id)
-    await service.charge_tokens(principal, body.content)
+    await service.charge_tokens(principal, body.content, body.agent_id)
     result = await service.record_message(session_id, body, service.reach(principal, body.agent_id))
     return RecordOut(
         session_id=result.session_id, message_id=result.message_id, sequence=result.sequence,
