@@ -19,7 +19,8 @@ a message and asking for its memory block. Per phase: the light agent's p50 and 
 and messages recorded per second; then the ratio of the light agent's p95 in each loaded
 phase to its p95 alone, measured in the same run. ``--code NAME=DIR`` (repeatable) runs
 other checkouts' servers in turn within each repetition (``before=`` a checkout of main,
-``after=.``); ``--repeat`` repetitions, and the medians over them.
+``after=.``), each with settings of its own if given (``--variant-env NAME:KEY=VALUE``);
+``--repeat`` repetitions, and the medians over them.
 
 Correctness, checked on every run (exit 1): the light agent gets no 5xx in any phase and
 every one of its records is recorded; the heavy agent gets no 500 (503 with Retry-After
@@ -246,7 +247,8 @@ def light_summary(samples: list[tuple[str, str, float]]) -> dict:
 
 
 async def one_variant(name: str, code: Path | None, args: argparse.Namespace, tmp: Path, rep: int) -> dict:
-    server = Server(code, tmp / f"{name}-{rep}", dict(e.split("=", 1) for e in args.env))
+    own = [e.split(":", 1)[1] for e in args.variant_env if e.split(":", 1)[0] == name]
+    server = Server(code, tmp / f"{name}-{rep}", dict(e.split("=", 1) for e in [*args.env, *own]))
     try:
         heavy_key, light_key = await server.ready()
         code_line = [line for line in server.tail().splitlines() if line.startswith("code:")]
@@ -398,6 +400,9 @@ if __name__ == "__main__":
                         help="a checkout to run (repeatable; default: after=. , this checkout)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of every variant's server, e.g. API_MAX_CONCURRENT_PER_AGENT=0")
+    parser.add_argument("--variant-env", action="append", default=[], metavar="NAME:KEY=VALUE",
+                        help="a setting of one variant's server (repeatable), e.g. share1:API_BULK_SHARE=1 with "
+                             "--code share1=.")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clients", type=int, default=50, help="the heavy agent's clients in the batches phase")
     parser.add_argument("--batch", type=int, default=100, help="messages per batch in the batches phase")

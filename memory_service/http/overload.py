@@ -224,11 +224,12 @@ class AdmissionLimit:
     STREAM_SUFFIX = "/events"
 
     def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0,
-                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1):
+                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1,
+                 bulk_share: float = 1.0):
         self.app, self.limit, self.wait, self.retry_after = app, limit, wait, retry_after_seconds
         self.slots = FairSlots(limit, per_agent)
         self.bulk = bulk
-        self.pacing = Pacing(bulk_pause, bulk_steps)
+        self.pacing = Pacing(bulk_pause, bulk_steps, bulk_share)
         self.refused = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -319,7 +320,7 @@ class UnexpectedErrors:
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
             queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str,
             per_agent: int = 0, bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0,
-            bulk_steps: int = 1) -> None:
+            bulk_steps: int = 1, bulk_share: float = 1.0) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
     ``max_concurrent``, admit at most that many requests at once, ``per_agent`` of one agent
     (the others wait up to ``queue_seconds``). ``describe`` words our own errors for the
@@ -328,7 +329,7 @@ def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | No
         app.add_middleware(AdmissionLimit, limit=max_concurrent or UNLIMITED, wait=queue_seconds,
                            retry_after_seconds=retry_after_seconds, per_agent=per_agent if max_concurrent else 0,
                            bulk=bulk if max_concurrent else None,
-                           bulk_pause=bulk_pause, bulk_steps=bulk_steps)
+                           bulk_pause=bulk_pause, bulk_steps=bulk_steps, bulk_share=bulk_share)
 
     def unavailable_response(detail: str, request: Request) -> JSONResponse:
         return unavailable(detail, retry_after_seconds, request.scope)
