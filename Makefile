@@ -38,7 +38,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-# The TypeScript client (clients/typescript, README "TypeScript client"): npm packages from the
+# The TypeScript client (clients/typescript, docs/typescript.md): npm packages from the
 # registry, pinned by its package-lock.json.
 TS := clients/typescript
 TS_STAMP := $(TS)/node_modules/.installed

@@ -1,6 +1,7 @@
 """Settings, read from the environment (and a .env file) by pydantic-settings.
 
-Every environment variable the service reads is a field here; the README lists them.
+Every environment variable the service reads is a field here; docs/configuration.md lists them
+(generated from these fields by scripts/docs-config).
 The formation gate names are those of the system this reimplements.
 """
 
@@ -96,6 +97,11 @@ class Settings(BaseSettings):
         description="A worker's lease, renewed every quarter of it: a job whose worker let it lapse (died) is run again "
                     "by another worker at once, not after the job timeout")
     worker_max_jobs: int = Field(default=10, ge=1, description="Jobs one worker runs at once")
+    worker_poll_seconds: float = Field(
+        default=0.05, gt=0, le=60,
+        description="How often an idle worker looks at the queue when no enqueue rings its doorbell: deferred "
+                    "jobs (retries) and jobs released from a dead worker wait up to this long; a new job is "
+                    "taken at once, whatever it is")
     worker_keep_result_seconds: float = Field(default=3600, ge=1, description="How long a job's result is kept for waiting clients")
     form_wait_seconds: float = Field(default=120, gt=0, description="How long POST /form waits for the window to be stored")
 
@@ -351,7 +357,7 @@ class Settings(BaseSettings):
                     "and its commit (a crashed API process): a stored message is made pending, the id of one not "
                     "stored is released. Keep it well above the longest record (store timeouts, queueing)")
 
-    # Access control (README, "Security"): API keys, rate limits per key, CORS.
+    # Access control (docs/security.md): API keys, rate limits per key, CORS.
     api_auth: Literal["auto", "keys", "off"] = Field(
         default="auto",
         description="auto: `serve` bound to loopback needs no key (development), any other address needs keys; "

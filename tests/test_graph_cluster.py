@@ -152,3 +152,29 @@ def test_a_cluster_as_the_job_queue_is_refused():
     with pytest.raises(ValueError, match="QUEUE_REDIS_URL names a Redis Cluster"):
         settings.job_queue_url()
     assert Settings(_env_file=None, redis_url="rediss+cluster://127.0.0.1:7000").state_is_cluster()
+
+
+@on_cluster
+async def test_readiness_reads_every_primary_and_the_warm_up_writes_each_graph_on_its_node(backend):
+    """Readiness (memory_service/backends/readiness.py) asks each primary of the cluster, not
+    the node the URL names: its run ids are every node's own; and after a (simulated) restart
+    of the servers the warm-up writes every agent graph, on whichever node holds it, before
+    health says ready."""
+    from memory_service.backends import readiness
+
+    for agent in AGENTS:
+        await backend.write([memory(agent, 0, f"the harbour of {agent}")])
+    why, runs = await readiness.check(backend.client.connection)
+    nodes = cluster_nodes()
+    own = set()
+    for node in nodes:
+        with redis.Redis.from_url(node, decode_responses=True) as client:
+            own.add(client.info("server")["run_id"])
+    assert why is None and set(runs) == own and len(runs) == len(nodes)
+    backend._warmed = ()  # as if every server had started again since the last warm-up
+    health = await backend.health()
+    if not health["ok"]:  # the warm-up runs in the background: ready once it is done
+        await backend._warming[1]
+        health = await backend.health()
+    assert health["ok"] and health["agent_graphs"] == len(AGENTS)
+    assert backend._warmed == runs

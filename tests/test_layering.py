@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("memory_service",)
 
-# Bottom first. The README's architecture section draws the same list.
+# Bottom first. docs/architecture.md draws the same list.
 LAYERS = (
     "domain",      # the vocabulary: ids, namespaces, models, errors, limits, text scoring
     "schemas",     # what goes over the wire

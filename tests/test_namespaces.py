@@ -112,7 +112,7 @@ def test_the_facade_takes_ids_of_many_kinds():
 
 @pytest.mark.parametrize("bad", ["a/b", "a:b", " a", "", ".."])
 async def test_the_facade_checks_every_id_before_it_does_anything(bad):
-    """MemoryService is where ids enter in process (README, "From Python, in process"): each
+    """MemoryService is where ids enter in process (docs/getting-started.md, "From Python, in process"): each
     method refuses a malformed id argument before it runs (here on no service at all: any
     step taken would fail otherwise), so the parts below it need not check again."""
     from memory_service.service import MemoryService

@@ -1,4 +1,4 @@
-"""The public paths the README promises keep working after the layout (issue 15): the
+"""The public paths the README and the docs promise keep working after the layout: the
 settings, the data models (a re-export of memory_service.domain.models), the runtime, the
 client and the `memory-service` entry point; and every `from memory_service... import ...`
 the README's and docs' examples write names something that exists."""
@@ -36,15 +36,17 @@ def test_the_entry_point_names_a_callable():
 
 def documented_imports() -> list[tuple[str, str, str]]:
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for module, names in IMPORT.findall(path.read_text()):
-            found += [(path.name, module, name.strip()) for name in names.split(",") if name.strip()]
+            found += [(str(path.relative_to(ROOT)), module, name.strip()) for name in names.split(",") if name.strip()]
     return found
 
 
 def test_the_docs_show_imports():
-    """The check below reads something: the README imports from memory_service.models."""
-    assert ("README.md", "memory_service.models", "MessageIn") in documented_imports()
+    """The check below reads something: the README imports the client, getting started the
+    data models."""
+    assert ("README.md", "memory_service.client", "MemoryClient") in documented_imports()
+    assert ("docs/getting-started.md", "memory_service.models", "MessageIn") in documented_imports()
 
 
 @pytest.mark.parametrize(("doc", "module", "name"), documented_imports())

@@ -401,6 +401,8 @@ async def test_the_pages_example_runs(http, server, capsys):
     assert out[2] == "['My password is [redacted:password], mail me at ana@example.org']"
 
 
-def test_the_readme_names_the_settings_and_the_page():
-    readme = (REPO / "README.md").read_text()
-    assert "`REDACTION_MODE`" in readme and "`REDACTION_KINDS`" in readme and "docs/redaction.md" in readme
+def test_the_docs_name_the_settings_and_the_page():
+    config = (REPO / "docs" / "configuration.md").read_text()
+    assert "`REDACTION_MODE`" in config and "`REDACTION_KINDS`" in config
+    assert "(redaction.md)" in (REPO / "docs" / "security.md").read_text()
+    assert "Secrets kept out of the stores: redaction.md" in (REPO / "mkdocs.yml").read_text()

@@ -440,3 +440,27 @@ async def test_a_worker_built_without_a_redis_url_says_which_setting_is_missing(
         service.settings.redis_url = None
         with pytest.raises(ValueError, match="REDIS_URL"):
             build_worker(service)
+
+
+async def test_an_idle_worker_takes_a_new_job_when_its_doorbell_rings_not_at_its_next_poll(url, tmp_path):
+    """Every enqueue rings the queue's doorbell (JobQueue.ring): an idle worker blocked on it
+    takes the job at once, however long its poll interval. With a 30 s interval and no
+    doorbell, the form call below would wait out the interval (and its 20 s wait)."""
+    worker = WorkerProcess(url, tmp_path / "worker.log", worker_poll_seconds=30).start()
+    try:
+        await worker.ready()
+        await asyncio.sleep(0.5)  # past the worker's first poll: it now waits on the doorbell
+        async with open_service(make_settings(url, form_wait_seconds=20), run_worker=False) as service:
+            for i in range(2):
+                await service.record_message("bell", msg("a1", "alice", preference("bell", i), mid=f"b{i}", minute=i))
+            summary = await service.form_memories("bell")
+            assert summary.formed and summary.message_ids == ["b0", "b1"]
+            redis = Redis.from_url(url)
+            try:  # the rings are bounded: a queue nobody serves keeps at most DOORBELL_RINGS
+                for _ in range(40):
+                    await service.queue.ring()
+                assert await redis.llen("ms:queue:doorbell") <= 16
+            finally:
+                await redis.aclose()
+    finally:
+        assert worker.stop() in (0, -signal.SIGTERM)

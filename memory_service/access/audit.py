@@ -2,7 +2,7 @@
 
 Append-only: entries are added to Redis streams and no route, command or job edits,
 trims or deletes them (an operator with direct access to Redis can; the threat model in
-the README says so). One stream per agent, so an agent's history is one range read, and a
+docs/security.md says so). One stream per agent, so an agent's history is one range read, and a
 system stream for changes that name no agent (operator keys): ``keyspace.audit_stream``
 (memory_service/state/keyspace.py).
 

@@ -1,6 +1,6 @@
 """The graph backend: memories as Graphiti episodes on FalkorDB, one graph per agent.
 
-Layout (see the README, "Storage layout"): every memory of an agent, in every one of its
+Layout (see docs/storage.md, "Storage layout"): every memory of an agent, in every one of its
 namespaces, is an ``Episodic`` node in the agent's graph ``ms_agent__<agent>``, with
 Graphiti's own properties (``uuid``, ``name``, ``group_id`` = the namespace's group_id,
 ``content`` = the JSON body, ``source``, ``created_at``, ``valid_at``, ...) built from

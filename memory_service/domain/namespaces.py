@@ -145,7 +145,7 @@ def checks_ids[T](cls: type[T]) -> type[T]:
     """Make every public coroutine method of ``cls`` check its id arguments (those named in
     ID_ARGUMENTS, when given and not None) with validate_id before it runs.
 
-    For the class where ids enter in process (the MemoryService facade, which the README
+    For the class where ids enter in process (the MemoryService facade, which docs/getting-started.md
     documents for direct use): one rule, applied to every method the class has or gains, and
     the parts below it take the ids as checked. The HTTP API checks them in its own types
     (memory_service.domain.models.AgentId...) before it calls the facade.

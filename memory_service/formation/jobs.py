@@ -20,7 +20,7 @@ from memory_service.access.pseudonyms import scrub_text
 from memory_service.config import Settings
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.leases import Leases
-from memory_service.state import tracing
+from memory_service.state import keyspace, tracing
 from memory_service.state.pools import arq_client
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,11 @@ def waited(result: Any) -> bool:
 
 # How often POST /form, waiting on a job, checks that its worker is alive (leases.py).
 WAIT_CHECK_SECONDS = 1.0
+# How often a waiter reads the job's result: often in the first check, when most windows
+# are done (a window is formed in a few hundred ms), then less.
+FIRST_POLL_SECONDS, LATER_POLL_SECONDS = 0.01, 0.05
+# How many rings the doorbell keeps: one per idle worker it can wake at once.
+DOORBELL_RINGS = 16
 
 
 class JobQueue:
@@ -75,7 +80,9 @@ class JobQueue:
     async def _enqueue(self, job_id: str, function: str, *args: Any) -> str:
         await tracing.remember_job(self.pool, job_id)  # the worker's span continues this request's trace
         job = await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
-        if job is None:
+        if job is not None:
+            await self.ring()
+        else:
             # arq holds the id: the job is queued or running (a duplicate, nothing to do), or
             # its result is kept. A kept failure must not block the window for keep_result
             # seconds, nor a formation that left its window waiting for the LLM budget
@@ -86,7 +93,16 @@ class JobQueue:
                          "wait for the LLM budget", scrub_text(str(info.result)))
                 await self.pool.delete(result_key_prefix + job_id)
                 await self.pool.enqueue_job(function, *args, _job_id=job_id, _queue_name=QUEUE_NAME)
+                await self.ring()
         return job_id
+
+    async def ring(self) -> None:
+        """Wake an idle worker (memory_service/workers/worker.py blocks on the doorbell between
+        polls), so a job waits for no poll interval."""
+        async with self.pool.pipeline(transaction=False) as pipe:
+            pipe.lpush(keyspace.DOORBELL, 1)
+            pipe.ltrim(keyspace.DOORBELL, 0, DOORBELL_RINGS - 1)
+            await pipe.execute()
 
     async def enqueue_formation(self, session_id: str, window: int) -> str:
         return await self._enqueue(formation_job_id(session_id, window), FORM_JOB, session_id, window)
@@ -109,13 +125,15 @@ class JobQueue:
         Never waits on a dead worker: every WAIT_CHECK_SECONDS, a job in progress under a
         worker whose lease ended is released, and a live worker runs it again."""
         deadline = time.monotonic() + timeout
+        poll_delay = FIRST_POLL_SECONDS
         while True:
             left = deadline - time.monotonic()
             try:
-                return await self.job(job_id).result(timeout=min(left, WAIT_CHECK_SECONDS), poll_delay=0.05)
+                return await self.job(job_id).result(timeout=min(left, WAIT_CHECK_SECONDS), poll_delay=poll_delay)
             except TimeoutError:
                 if left <= WAIT_CHECK_SECONDS:
                     raise
+                poll_delay = LATER_POLL_SECONDS
                 await self.leases.release([job_id])
 
     async def status(self, job_id: str) -> dict[str, Any]:

@@ -267,6 +267,9 @@ The job queue's Redis (QUEUE_REDIS_URL, a plain Redis; memory_service/formation/
                                                     whose in-progress mark names a worker whose
                                                     lease ended is run again; ended leases are
                                                     forgotten an hour later                          per worker running
+    ms:queue:doorbell                       list    rung by every enqueue (at most DOORBELL_RINGS
+                                                    entries): an idle worker blocks on it between
+                                                    polls and takes a new job at once                global
 
 Not built here: the job queue (``memory-service:jobs``, memory_service/formation/jobs.py)
 and arq's own ``arq:*`` keys, on QUEUE_REDIS_URL (arq's transactions name a job's keys and
@@ -315,6 +318,7 @@ BROWSE_INDEX = "ms:browse-index"
 RETENTION_AGENTS = "ms:retention:agents"
 HOOK_AGENTS = "ms:ev:hook-agents"
 WORKERS = "ms:workers"  # on the job queue's Redis
+DOORBELL = "ms:queue:doorbell"  # on the job queue's Redis
 OUTBOX_TAG = "outbox"
 
 

@@ -1,6 +1,6 @@
 """The arq worker. Jobs are thin: each one calls MemoryService, which does the work.
 
-Job model (see the README's "Jobs" section):
+Job model (see docs/concepts.md, "Jobs", and docs/formation.md):
 - ``form_window(session_id, window)``: enqueued when a gate opens, by the cold-session
   sweep, or by ``POST /form``; its id names the window, so all three collapse into one job.
   A failure is retried with exponential backoff up to WORKER_MAX_TRIES; then the job fails
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar, cast
 
 from memory_service._vendor.arq import Retry
@@ -42,7 +42,7 @@ from memory_service.config import Settings
 from memory_service.formation.jobs import CONSOLIDATE_JOB, EMBED_JOB, FORM_JOB, QUEUE_NAME
 from memory_service.formation.leases import Leases, WorkerLease, new_worker_id
 from memory_service.service import MemoryService
-from memory_service.state import metrics, tracing
+from memory_service.state import keyspace, metrics, tracing
 from memory_service.state.pools import arq_client
 
 log = logging.getLogger(__name__)
@@ -144,6 +144,19 @@ async def retention(ctx: Ctx) -> dict[str, int]:
     return (await _service(ctx).purge_expired()).counts()
 
 
+class DoorbellWorker(Worker):
+    """arq's worker, woken by the queue's doorbell (rung by every enqueue, JobQueue.ring)
+    between its polls: a job is taken within a round trip of its enqueue, not after up to a
+    poll interval (``POST /form?wait=true`` waits for it). A ring while the worker is busy
+    stays on the list and ends its next wait at once; with no ring it polls every
+    poll_delay as arq does (deferred jobs, retries, a lost ring)."""
+
+    async def ticks(self) -> AsyncGenerator[float, None]:
+        while True:
+            yield 0.0
+            await self.pool.blpop([keyspace.DOORBELL], timeout=self.poll_delay_s)
+
+
 def build_worker(service: MemoryService, *, handle_signals: bool = False, burst: bool = False) -> Worker:
     """A worker on the service's Redis (its own connections), with the service in every job's
     ctx, and a lease of its own (memory_service/formation/leases.py) held while it runs."""
@@ -160,7 +173,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
     async def end_lease(ctx: Ctx) -> None:
         await lease.stop()
 
-    return Worker(
+    return DoorbellWorker(
         functions=[
             func(form_window, name=FORM_JOB, max_tries=s.worker_max_tries),
             func(consolidate, name=CONSOLIDATE_JOB, max_tries=s.worker_max_tries),
@@ -187,7 +200,7 @@ def build_worker(service: MemoryService, *, handle_signals: bool = False, burst:
         keep_result=s.worker_keep_result_seconds,
         max_jobs=s.worker_max_jobs,
         max_tries=s.worker_max_tries,
-        poll_delay=0.05,
+        poll_delay=s.worker_poll_seconds,
         # Cancelling a job on shutdown re-queues it; a window is never half-claimed.
         job_completion_wait=SHUTDOWN_WAIT_SECONDS,
     )

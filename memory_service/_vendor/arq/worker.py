@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from functools import partial
 from signal import Signals
 from time import time
-from typing import TYPE_CHECKING, Any, Callable, Optional, Union, cast
+from typing import TYPE_CHECKING, Any, AsyncGenerator, Callable, Optional, Union, cast
 
 from redis.exceptions import ResponseError, WatchError
 
@@ -366,7 +366,7 @@ class Worker:
         if self.on_startup:
             await self.on_startup(self.ctx)
 
-        async for _ in poll(self.poll_delay_s):
+        async for _ in self.ticks():
             await self._poll_iteration()
 
             if self.burst:
@@ -377,6 +377,10 @@ class Worker:
                 if queued_jobs == 0:
                     await asyncio.gather(*self.tasks.values())
                     return None
+
+    def ticks(self) -> 'AsyncGenerator[float, None]':
+        """The pace of the poll loop: every poll_delay (memory-service: a subclass wakes sooner)."""
+        return poll(self.poll_delay_s)
 
     async def _poll_iteration(self) -> None:
         """
