@@ -25,7 +25,11 @@ caller cannot put its requests in another agent's lane: a path naming an agent t
 does not reach counts to the key's own.
 
 Admission is per process: with R replicas an agent may run R times its share at once.
-What is shared by every replica is counted in Redis: the rate limits (memory_service/access/keys.py).
+What is shared by every replica is counted in Redis: the rate limits, a key's
+(memory_service/access/keys.py) and, with AGENT_REQUESTS_PER_MINUTE, an agent's across all
+its keys (memory_service/access/agent_limits.py), charged here once the lane is known and
+before a slot is taken: a 429 holds nothing and did nothing. With API_MAX_CONCURRENT_REQUESTS
+0 this middleware only does that (no pool, no share, no pacing).
 /health, /health/live and /metrics are never queued (a liveness probe queued behind a
 flood would get the process restarted for being busy), nor is ``GET /v1/agents/{id}/events`` (a
 stream, docs/events.md: EVENTS_SSE_MAX_STREAMS bounds them), nor ``POST /v1/sessions/{id}/form``: with

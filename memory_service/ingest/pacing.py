@@ -29,8 +29,9 @@ batch route), each inside ``async with step()``:
   however many batches wait. Giving way alone only keeps new steps from starting during a
   neighbour's request; the step under way when it arrives, and the heavy agent's demand for
   the CPU (two shared cores: the process waited for a core far longer than it ran), still
-  delayed it. A share of 1 never rests: batches then take every moment between other
-  agents' requests.
+  delayed it. A share of 1 (the default: it has not yet been measured to help, on a machine
+  too loaded to tell) never rests: batches then take every moment between other agents'
+  requests.
 
 A store statement of a batch gives way too (memory_service/ingest/group_commit.py), without
 taking a step of its own: the step that wrote its rows holds one.
