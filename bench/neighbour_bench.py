@@ -16,10 +16,13 @@ The light agent runs in a process of its own (so the heavy clients' event loop d
 delay its requests), open loop: a request every 1/``--light-rate`` s, alternating recording
 a message and asking for its memory block. Per phase: the light agent's p50 and p95
 (nearest rank) in ms, overall and per route, and its statuses; the heavy agent's statuses
-and messages recorded per second; then the ratio of the light agent's p95 in each loaded
-phase to its p95 alone, measured in the same run. ``--code NAME=DIR`` (repeatable) runs
+and messages recorded per second; the seconds per second the server process (with the
+embedded store) ran on a core and waited on a run queue for one (Linux schedstat: on a
+shared machine, how starved of CPU the server was); then the ratio of the light agent's p95
+in each loaded phase to its p95 alone, measured in the same run. ``--code NAME=DIR`` (repeatable) runs
 other checkouts' servers in turn within each repetition (``before=`` a checkout of main,
-``after=.``); ``--repeat`` repetitions, and the medians over them.
+``after=.``), each with settings of its own if given (``--variant-env NAME:KEY=VALUE``);
+``--repeat`` repetitions, and the medians over them.
 
 Correctness, checked on every run (exit 1): the light agent gets no 5xx in any phase and
 every one of its records is recorded; the heavy agent gets no 500 (503 with Retry-After
@@ -236,6 +239,29 @@ class Server:
         self.log.close()
 
 
+def cpu_of(pid: int) -> tuple[float, float]:
+    """Seconds a process (and its children: the embedded store) ran, and waited on a run queue
+    for a core (Linux schedstat; zeros elsewhere)."""
+    ran = waited = 0.0
+    pids = [pid]
+    try:
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return 0.0, 0.0
+    for one in pids:
+        for task in Path(f"/proc/{one}/task").glob("*"):
+            try:
+                run, wait, _ = (task / "schedstat").read_text().split()
+            except (OSError, ValueError):
+                continue
+            ran, waited = ran + int(run) / 1e9, waited + int(wait) / 1e9
+    return ran, waited
+
+
+def cpu_per_second(before: tuple[float, float], after: tuple[float, float], seconds: float) -> dict:
+    return {"server_ran_per_s": (after[0] - before[0]) / seconds, "server_waited_per_s": (after[1] - before[1]) / seconds}
+
+
 def light_summary(samples: list[tuple[str, str, float]]) -> dict:
     def stats(values: list[float]) -> dict:
         return {"n": len(values), "p50_ms": statistics.median(values) * 1e3 if values else None,
@@ -246,14 +272,17 @@ def light_summary(samples: list[tuple[str, str, float]]) -> dict:
 
 
 async def one_variant(name: str, code: Path | None, args: argparse.Namespace, tmp: Path, rep: int) -> dict:
-    server = Server(code, tmp / f"{name}-{rep}", dict(e.split("=", 1) for e in args.env))
+    own = [e.split(":", 1)[1] for e in args.variant_env if e.split(":", 1)[0] == name]
+    server = Server(code, tmp / f"{name}-{rep}", dict(e.split("=", 1) for e in [*args.env, *own]))
     try:
         heavy_key, light_key = await server.ready()
         code_line = [line for line in server.tail().splitlines() if line.startswith("code:")]
         result: dict = {"variant": name, "code": code_line[0] if code_line else "this checkout", "phases": {}}
         light_result(run_light(server.base_url, light_key, args.light_rate, 2, f"warm{rep}"))  # warm-up
+        cpu0, t0 = cpu_of(server.proc.pid), time.monotonic()
         result["phases"]["alone"] = {"light": light_summary(light_result(
-            run_light(server.base_url, light_key, args.light_rate, args.alone_seconds, f"alone{rep}")))}
+            run_light(server.base_url, light_key, args.light_rate, args.alone_seconds, f"alone{rep}"))),
+            **cpu_per_second(cpu0, cpu_of(server.proc.pid), time.monotonic() - t0)}
         for phase in ("batches", "large"):
             if phase == "large" and not args.large_mb:
                 continue
@@ -274,8 +303,10 @@ async def one_variant(name: str, code: Path | None, args: argparse.Namespace, tm
                          for i in range(args.large_clients)]
                 window = args.large_seconds
             await asyncio.sleep(2)  # the heavy load builds up
+            cpu0, t0 = cpu_of(server.proc.pid), time.monotonic()
             light = run_light(server.base_url, light_key, args.light_rate, window, f"{phase}{rep}")
             samples = await asyncio.to_thread(light_result, light)
+            cpu = cpu_per_second(cpu0, cpu_of(server.proc.pid), time.monotonic() - t0)
             try:
                 await asyncio.wait_for(asyncio.gather(*tasks), args.drain_timeout)
             except TimeoutError:
@@ -288,7 +319,7 @@ async def one_variant(name: str, code: Path | None, args: argparse.Namespace, tm
                 "light": light_summary(samples), "heavy_statuses": dict(heavy.statuses),
                 "heavy_recorded_per_s": heavy.recorded / elapsed, "heavy_recorded": heavy.recorded,
                 "heavy_p50_s": statistics.median(heavy.seconds) if heavy.seconds else None,
-                "heavy_max_s": max(heavy.seconds) if heavy.seconds else None, "violations": heavy.violations}
+                "heavy_max_s": max(heavy.seconds) if heavy.seconds else None, "violations": heavy.violations, **cpu}
         alone = result["phases"]["alone"]["light"]["all"]["p95_ms"]
         for phase in ("batches", "large"):
             if phase in result["phases"]:
@@ -337,7 +368,8 @@ async def main(args: argparse.Namespace) -> int:
                                  if "large" in result["phases"] else ""))
     table = Table(title="the light agent (ms) while the heavy agent saturates; heavy: its answers")
     for column in ("variant", "rep", "phase", "light n", "light p50", "light p95", "p95 ratio", "record p95",
-                   "context p95", "light statuses", "heavy statuses", "heavy msg/s", "heavy batch p50 / max s"):
+                   "context p95", "light statuses", "heavy statuses", "heavy msg/s", "heavy batch p50 / max s",
+                   "server ran / waited s/s"):
         table.add_column(column, justify="left" if column in ("variant", "phase", "light statuses", "heavy statuses")
                          else "right")
     for r in results:
@@ -350,7 +382,8 @@ async def main(args: argparse.Namespace) -> int:
                           ", ".join(f"{k}: {v}" for k, v in light["statuses"].items()),
                           ", ".join(f"{k}: {v}" for k, v in d.get("heavy_statuses", {}).items()) or "-",
                           f"{d['heavy_recorded_per_s']:.0f}" if "heavy_recorded_per_s" in d else "-",
-                          f"{d['heavy_p50_s']:.1f} / {d['heavy_max_s']:.1f}" if d.get("heavy_p50_s") else "-")
+                          f"{d['heavy_p50_s']:.1f} / {d['heavy_max_s']:.1f}" if d.get("heavy_p50_s") else "-",
+                          f"{d['server_ran_per_s']:.2f} / {d['server_waited_per_s']:.2f}")
     console.print(table)
     medians: dict = {}
     for name in codes:
@@ -398,6 +431,9 @@ if __name__ == "__main__":
                         help="a checkout to run (repeatable; default: after=. , this checkout)")
     parser.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                         help="a setting of every variant's server, e.g. API_MAX_CONCURRENT_PER_AGENT=0")
+    parser.add_argument("--variant-env", action="append", default=[], metavar="NAME:KEY=VALUE",
+                        help="a setting of one variant's server (repeatable), e.g. share1:API_BULK_SHARE=1 with "
+                             "--code share1=.")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--clients", type=int, default=50, help="the heavy agent's clients in the batches phase")
     parser.add_argument("--batch", type=int, default=100, help="messages per batch in the batches phase")

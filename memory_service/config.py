@@ -294,6 +294,12 @@ class Settings(BaseSettings):
         default=1, ge=1,
         description="Steps of batches (BATCH_STEP_MESSAGES) one API process runs at once, whoever's they are; the "
                     "others wait their turn (memory_service/ingest/pacing.py)")
+    api_bulk_share: float = Field(
+        default=1.0, gt=0, le=1,
+        description="While another agent is active in the process (a request in flight or within the last second), "
+                    "the most of the process's time batches' steps may take: after each step it rests as long as it "
+                    "took times (1 - share) / share, at most API_BULK_PAUSE_SECONDS (memory_service/ingest/pacing.py); "
+                    "1 (the default): batches never rest. Not yet measured to help (docs/known-limits.md)")
     api_queue_timeout_seconds: float = Field(
         default=1.0, ge=0, description="How long a request waits for a slot before it answers 503 with Retry-After")
     overload_retry_after_seconds: int = Field(
@@ -371,6 +377,15 @@ class Settings(BaseSettings):
     rate_limit_tokens_per_minute: int = Field(
         default=500_000, ge=0,
         description="Recorded message tokens (characters / 4.5) per minute per key, shared by all replicas (0: no limit)")
+    agent_requests_per_minute: int = Field(
+        default=0, ge=0,
+        description="Requests per minute per agent, whichever of its keys and replicas they come through, counted in "
+                    "Redis (0: no limit); beyond it 429 with Retry-After, before the request takes an admission slot "
+                    "(memory_service/access/agent_limits.py)")
+    agent_tokens_per_minute: int = Field(
+        default=0, ge=0,
+        description="Recorded message tokens (characters / 4.5) per minute per agent, every key and replica counted "
+                    "(0: no limit); beyond it 429, nothing recorded")
     cors_allow_origins: list[str] = Field(
         default_factory=list, description="Browser origins allowed to call the API (JSON list); empty: CORS off")
     allowed_hosts: list[str] = Field(

@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import datetime
 from typing import Any
 
+from memory_service.access.agent_limits import AgentLimits
 from memory_service.access.audit import AuditLog, audited_fact
 from memory_service.access.authorization import authorize_session
 from memory_service.access.cursors import Cursors, position_field
@@ -134,6 +135,8 @@ class MemoryService:
         operator_key = settings.operator_api_key.get_secret_value() if settings.operator_api_key else None
         self.keys = KeyStore(state.redis, settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute,
                              operator_key)
+        self.agent_limits = AgentLimits(state.redis, settings.agent_requests_per_minute,
+                                        settings.agent_tokens_per_minute)
         digest_key = settings.user_digest_key.get_secret_value() if settings.user_digest_key else None
         self.pseudonyms = Pseudonyms(state.redis, digest_key)
         self.audit = AuditLog(state.redis, self.pseudonyms)
@@ -183,9 +186,18 @@ class MemoryService:
         """Whether any API key (or OPERATOR_API_KEY) exists to call with."""
         return await self.keys.any_key()
 
-    async def charge_tokens(self, principal: Principal, text: str) -> None:
-        """Count the tokens of ``text`` (estimated from its length) against the key's limit; RateLimited when spent."""
-        await self.keys.charge_tokens(principal, math.ceil(len(text) / CHARS_PER_TOKEN))
+    async def charge_tokens(self, principal: Principal, text: str, agent_id: str | None = None) -> None:
+        """Count the tokens of ``text`` (estimated from its length) against ``agent_id``'s limit
+        (memory_service/access/agent_limits.py), then the key's; RateLimited when spent."""
+        tokens = math.ceil(len(text) / CHARS_PER_TOKEN)
+        if agent_id is not None:
+            await self.agent_limits.charge_tokens(agent_id, tokens)
+        await self.keys.charge_tokens(principal, tokens)
+
+    async def charge_request(self, agent_id: str) -> None:
+        """Count one request against ``agent_id``'s requests per minute (every key, every
+        replica); RateLimited when spent."""
+        await self.agent_limits.charge_request(agent_id)
 
     def reach(self, principal: Principal, agent_id: str) -> Reach:
         """What ``principal`` may see of ``agent_id``'s memory (memory_service/access/reach.py): the rule
@@ -286,6 +298,7 @@ class MemoryService:
         holds the answers as they are given (for an answer cut short)."""
         if principal is not None:
             tokens = sum(math.ceil(len(m.content) / CHARS_PER_TOKEN) for m in messages if isinstance(m, BatchMessageIn))
+            await self.agent_limits.charge_tokens(agent_id, tokens)
             await self.keys.charge_tokens(principal, tokens)
         reach = self.reach(principal, agent_id) if principal is not None else None
         return await self.batches.record_batch(agent_id, messages, reach, progress)

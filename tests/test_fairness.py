@@ -326,3 +326,47 @@ def test_bulk_steps_hold_a_bounded_count_and_size():
     parts = steps(sizes, 3, 6, lambda n: n)
     assert [sizes[p] for p in parts] == [[3, 3], [3], [10], [1, 1, 1], [1, 1, 4]]
     assert steps([], 3, 6, lambda n: n) == []
+
+
+async def test_bulk_steps_rest_for_their_share_while_another_agent_is_active(monkeypatch):
+    """The bulk share (API_BULK_SHARE, memory_service/ingest/pacing.py): after a step, while
+    another agent is active (a request in flight, or ended within ACTIVE_SECONDS), the step
+    rests (1 - share) / share times what it took, at most the pause bound, holding its
+    place: the next step starts after the rest. The agent's own requests, or none, never
+    make it rest, nor a share of 1."""
+    from memory_service.ingest import pacing
+    from memory_service.state import metrics
+
+    half = pacing.Pacing(max_pause=5, steps_at_once=1, share=0.5)
+    assert half.rest_for("A", 0.2) == 0  # nobody else about
+    with half.interactive("B"):
+        assert half.rest_for("A", 0.2) == 0.2  # half the time: as long as it took
+        assert half.rest_for("B", 0.2) == 0  # its own requests do not count
+        assert half.rest_for("A", 60) == 5  # at most the pause bound
+    for share, rest in ((1.0, 0.0), (0.25, 0.6)):
+        other = pacing.Pacing(max_pause=5, steps_at_once=1, share=share)
+        with other.interactive("B"):
+            assert abs(other.rest_for("A", 0.2) - rest) < 1e-9, share
+    assert half.rest_for("A", 0.2) == 0.2  # B's request just ended: still active
+    monkeypatch.setattr(pacing, "ACTIVE_SECONDS", 0.0)
+    await asyncio.sleep(0.001)
+    assert half.rest_for("A", 0.2) == 0  # B's last request is past the window
+
+    # Two steps of A's batches while B is active: the second starts after the first's rest.
+    monkeypatch.setattr(pacing, "ACTIVE_SECONDS", 60.0)
+    paced = pacing.Pacing(max_pause=5, steps_at_once=1, share=0.5)
+    with paced.interactive("B"):
+        pass  # B was seen just now
+    seen: list[tuple[str, float]] = []
+
+    async def batch(name: str) -> None:
+        with paced.bulk("A"):
+            async with pacing.step():
+                seen.append((name, metrics.BULK_PAUSE_SECONDS._value.get()))
+                await asyncio.sleep(0.02)
+
+    before = metrics.BULK_PAUSE_SECONDS._value.get()
+    await asyncio.gather(batch("first"), batch("second"))
+    (_, at_first), (_, at_second) = seen
+    assert at_first == before
+    assert at_second - at_first >= 0.02 * 0.9  # the first step's rest was over before the second began

@@ -85,6 +85,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("agent_api_keys", ("a1",), "ms:agent:a1:keys"),
     ("rate_counter", ("3f9c0a7d2b1e4c58", "r", 29_000_000), "ms:rl:{3f9c0a7d2b1e4c58}:r:29000000"),
     ("rate_counter", ("3f9c0a7d2b1e4c58", "t", 28_999_999), "ms:rl:{3f9c0a7d2b1e4c58}:t:28999999"),
+    ("agent_rate_counter", ("a1", "r", 29_000_000), "ms:arl:{arl:a1}:r:29000000"),
     ("llm_usage", ("a1", "d2026-12-07"), "ms:llm:{llm}:a1:d2026-12-07"),
     ("llm_usage", (None, "m2026-12"), "ms:llmd:{llm}:m2026-12"),
     ("OUTBOX_ENTRIES", (), "ms:outbox:{outbox}:entries"),

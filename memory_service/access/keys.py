@@ -78,8 +78,9 @@ LOCAL = Principal(LOCAL_KEY_ID, Role.ADMIN, None)
 OPERATOR = Principal(OPERATOR_KEY_ID, Role.ADMIN, None)
 
 # A sliding window over two fixed minutes: the previous minute counts in proportion to how
-# much of it is still inside the last 60 s. Answers {allowed, retry-after seconds}.
-_CHARGE = """
+# much of it is still inside the last 60 s. Answers {allowed, retry-after seconds}. Also the
+# agents' limits' (memory_service/access/agent_limits.py).
+CHARGE = """
 local function charge(current, previous, limit, amount, now_ms)
   if limit <= 0 then return {1, 0} end
   local elapsed = (now_ms % 60000) / 60000
@@ -105,7 +106,7 @@ end
 # ARGV: secret hash, now (ms), default requests per minute.
 # Answers {status, allowed, retry_after, record...}: status "ok", "unknown" (no such key
 # or a wrong secret: the same answer) or "revoked".
-_AUTHENTICATE = _CHARGE + """
+_AUTHENTICATE = CHARGE + """
 local record = redis.call('HGETALL', KEYS[1])
 if #record == 0 then return {'unknown'} end
 local fields = {}
@@ -121,7 +122,7 @@ return {'ok', decision[1], decision[2], fields['role'], fields['agents'] or '', 
 """
 
 # KEYS: record, this and the previous minute's token counters. ARGV: tokens, now (ms), default.
-_CHARGE_TOKENS = _CHARGE + """
+_CHARGE_TOKENS = CHARGE + """
 local limit = tonumber(ARGV[3])
 local own = redis.call('HGET', KEYS[1], 'tokens_per_minute')
 if own and own ~= '' then limit = tonumber(own) end

@@ -126,7 +126,8 @@ def create_app(settings: Settings | None = None, data_dir: Path | None = None, s
     overload.install(app, configured.overload_retry_after_seconds, configured.api_max_concurrent_requests,
                      configured.api_queue_timeout_seconds, describe=_public_detail,
                      per_agent=configured.api_max_concurrent_per_agent, bulk=sessions.BATCH_PATH,
-                     bulk_pause=configured.api_bulk_pause_seconds, bulk_steps=configured.api_bulk_steps_at_once)
+                     bulk_pause=configured.api_bulk_pause_seconds, bulk_steps=configured.api_bulk_steps_at_once,
+                     bulk_share=configured.api_bulk_share)
     access_log.install(app)  # access-log lines show route templates, not ids or queries
     # Before any route, the inspector's included: what a web page in a browser must not reach
     # (DNS rebinding, simple cross-site writes; memory_service/http/browser.py).

@@ -25,7 +25,11 @@ caller cannot put its requests in another agent's lane: a path naming an agent t
 does not reach counts to the key's own.
 
 Admission is per process: with R replicas an agent may run R times its share at once.
-What is shared by every replica is counted in Redis: the rate limits (memory_service/access/keys.py).
+What is shared by every replica is counted in Redis: the rate limits, a key's
+(memory_service/access/keys.py) and, with AGENT_REQUESTS_PER_MINUTE, an agent's across all
+its keys (memory_service/access/agent_limits.py), charged here once the lane is known and
+before a slot is taken: a 429 holds nothing and did nothing. With API_MAX_CONCURRENT_REQUESTS
+0 this middleware only does that (no pool, no share, no pacing).
 /health, /health/live and /metrics are never queued (a liveness probe queued behind a
 flood would get the process restarted for being busy), nor is ``GET /v1/agents/{id}/events`` (a
 stream, docs/events.md: EVENTS_SSE_MAX_STREAMS bounds them), nor ``POST /v1/sessions/{id}/form``: with
@@ -59,7 +63,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from memory_service.access.keys import Principal
 from memory_service.backends.outages import UNAVAILABLE, is_unavailable
-from memory_service.domain.errors import BackendUnavailable, FormationPending, MemoryServiceError
+from memory_service.domain.errors import BackendUnavailable, FormationPending, MemoryServiceError, RateLimited
 from memory_service.http.access_log import route_template
 from memory_service.ingest.pacing import Pacing
 
@@ -158,8 +162,10 @@ class FairSlots:
 # The outcome of checking the request's key (a Principal, a sentence why not, or the error),
 # kept in the request's state for the route's ``caller`` (memory_service/http/deps.py).
 AUTHENTICATED = "authenticated"
+AGENT_LANE = "agent:"
 _AGENT_PATH = re.compile(r"/v1/agents/([^/]+)")
 MAX_LANE_CHARS = 200
+UNLIMITED = 1 << 30  # the pool of a process without API_MAX_CONCURRENT_REQUESTS
 LANE_LOOKUP_SECONDS = 1.0
 
 
@@ -202,12 +208,12 @@ async def lane_of(scope: Scope) -> str:
     named = _agent_named(scope)
     if principal is not None and principal.agents is not None:
         if named is not None and named in principal.agents:
-            return f"agent:{named}"
+            return f"{AGENT_LANE}{named}"
         if len(principal.agents) == 1:
-            return f"agent:{next(iter(principal.agents))}"
+            return f"{AGENT_LANE}{next(iter(principal.agents))}"
         return f"key:{principal.key_id}"
     if named is not None:
-        return f"agent:{named}"
+        return f"{AGENT_LANE}{named}"
     return f"key:{principal.key_id}" if principal is not None else "keyless"
 
 
@@ -222,11 +228,12 @@ class AdmissionLimit:
     STREAM_SUFFIX = "/events"
 
     def __init__(self, app: ASGIApp, limit: int, wait: float, retry_after_seconds: int = 1, per_agent: int = 0,
-                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1):
+                 bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0, bulk_steps: int = 1,
+                 bulk_share: float = 1.0):
         self.app, self.limit, self.wait, self.retry_after = app, limit, wait, retry_after_seconds
         self.slots = FairSlots(limit, per_agent)
         self.bulk = bulk
-        self.pacing = Pacing(bulk_pause, bulk_steps)
+        self.pacing = Pacing(bulk_pause, bulk_steps, bulk_share)
         self.refused = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -236,6 +243,11 @@ class AdmissionLimit:
             await self.app(scope, receive, send)
             return
         lane = await lane_of(scope)
+        if lane.startswith(AGENT_LANE):
+            limited = await self._over_agent_limit(scope, lane.removeprefix(AGENT_LANE))
+            if limited is not None:
+                await limited(scope, receive, send)
+                return
         try:
             async with asyncio.timeout(self.wait):
                 await self.slots.acquire(lane)
@@ -255,6 +267,23 @@ class AdmissionLimit:
                 await self.app(scope, receive, send)
         finally:
             self.slots.release(lane)
+
+
+    @staticmethod
+    async def _over_agent_limit(scope: Scope, agent_id: str) -> JSONResponse | None:
+        """A 429 if the agent's requests per minute are spent (memory_service/access/agent_limits.py),
+        else None (also when Redis cannot say: the route meets the outage itself)."""
+        service = getattr(scope["app"].state, "service", None) if "app" in scope else None
+        if service is None or not service.agent_limits.counts_requests:
+            return None
+        try:
+            async with asyncio.timeout(LANE_LOOKUP_SECONDS):
+                await service.charge_request(agent_id)
+        except RateLimited as exc:
+            return JSONResponse(status_code=exc.status_code, headers=exc.headers(), content={"detail": str(exc)})
+        except Exception:  # noqa: BLE001 - a stalled or absent Redis: the route answers it under the stall guard
+            return None
+        return None
 
 
 class UnexpectedErrors:
@@ -295,15 +324,16 @@ class UnexpectedErrors:
 def install(app: FastAPI, retry_after_seconds: int = 1, max_concurrent: int | None = None,
             queue_seconds: float = 1.0, describe: Callable[[MemoryServiceError], str] = str,
             per_agent: int = 0, bulk: re.Pattern[str] | None = None, bulk_pause: float = 0.0,
-            bulk_steps: int = 1) -> None:
+            bulk_steps: int = 1, bulk_share: float = 1.0) -> None:
     """Answer store outages and overload with 503 + Retry-After on ``app``; with
     ``max_concurrent``, admit at most that many requests at once, ``per_agent`` of one agent
     (the others wait up to ``queue_seconds``). ``describe`` words our own errors for the
     caller (it redacts what a store's error text says about where it listens)."""
-    if max_concurrent:
-        app.add_middleware(AdmissionLimit, limit=max_concurrent, wait=queue_seconds,
-                           retry_after_seconds=retry_after_seconds, per_agent=per_agent, bulk=bulk,
-                           bulk_pause=bulk_pause, bulk_steps=bulk_steps)
+    if max_concurrent is not None:  # 0: no pool, no share (an agent's requests per minute still counted here)
+        app.add_middleware(AdmissionLimit, limit=max_concurrent or UNLIMITED, wait=queue_seconds,
+                           retry_after_seconds=retry_after_seconds, per_agent=per_agent if max_concurrent else 0,
+                           bulk=bulk if max_concurrent else None,
+                           bulk_pause=bulk_pause, bulk_steps=bulk_steps, bulk_share=bulk_share)
 
     def unavailable_response(detail: str, request: Request) -> JSONResponse:
         return unavailable(detail, retry_after_seconds, request.scope)

@@ -21,6 +21,18 @@ batch route), each inside ``async with step()``:
   answered. An agent's own requests, and other agents' batches, never make it wait, and the
   bound keeps bulk work going under a flood of small requests: a step per pause at least.
 
+- after it ran, while another agent has been active in the process within the last
+  ACTIVE_SECONDS (a request of its in flight, or ended that recently), a step rests before it
+  lets the next step go: as long as it took times (1 - share) / share (API_BULK_SHARE; at
+  most API_BULK_PAUSE_SECONDS), holding its place among the steps at once. So while other
+  agents are about, bulk work takes at most that share of the process's time (0.5: half),
+  however many batches wait. Giving way alone only keeps new steps from starting during a
+  neighbour's request; the step under way when it arrives, and the heavy agent's demand for
+  the CPU (two shared cores: the process waited for a core far longer than it ran), still
+  delayed it. A share of 1 (the default: it has not yet been measured to help, on a machine
+  too loaded to tell) never rests: batches then take every moment between other agents'
+  requests.
+
 A store statement of a batch gives way too (memory_service/ingest/group_commit.py), without
 taking a step of its own: the step that wrote its rows holds one.
 
@@ -46,19 +58,44 @@ from memory_service.state import metrics
 T = TypeVar("T")
 
 
+# How long after its last request an agent still counts as active, for the bulk share.
+ACTIVE_SECONDS = 1.0
+
+
 class Pacing:
     """The interactive requests in flight per lane, and the bulk steps waiting for them."""
 
-    def __init__(self, max_pause: float, steps_at_once: int = 1):
+    def __init__(self, max_pause: float, steps_at_once: int = 1, share: float = 1.0):
         self.max_pause = max_pause
+        self.share = share
         self.steps = asyncio.Semaphore(steps_at_once)
         self._interactive: Counter[str] = Counter()
         self._total = 0
         self._waiters: set[asyncio.Future[None]] = set()
+        self._last_seen: dict[str, float] = {}  # lane -> when its last interactive request ended (loop time)
 
     def others_busy(self, lane: str) -> bool:
         """Whether an interactive request of a lane other than ``lane`` is in flight."""
         return self._total > self._interactive.get(lane, 0)
+
+    def others_active(self, lane: str) -> bool:
+        """Whether another lane than ``lane`` has an interactive request in flight, or had
+        one end within ACTIVE_SECONDS."""
+        if self.others_busy(lane):
+            return True
+        since = asyncio.get_running_loop().time() - ACTIVE_SECONDS
+        for other, seen in list(self._last_seen.items()):
+            if seen < since:
+                del self._last_seen[other]
+            elif other != lane:
+                return True
+        return False
+
+    def rest_for(self, lane: str, spent: float) -> float:
+        """How long a step of ``lane`` that took ``spent`` seconds rests (see the module's docstring)."""
+        if self.share >= 1 or spent <= 0 or not self.others_active(lane):
+            return 0.0
+        return min(spent * (1 - self.share) / self.share, self.max_pause)
 
     @contextmanager
     def interactive(self, lane: str) -> Iterator[None]:
@@ -68,6 +105,7 @@ class Pacing:
             yield
         finally:
             self._total -= 1
+            self._last_seen[lane] = asyncio.get_running_loop().time()
             self._interactive[lane] -= 1
             if not self._interactive[lane]:
                 del self._interactive[lane]
@@ -126,14 +164,22 @@ async def give_way() -> None:
 
 @asynccontextmanager
 async def step() -> AsyncIterator[None]:
-    """One step of bulk work: one of the process's API_BULK_STEPS_AT_ONCE, after giving way."""
+    """One step of bulk work: one of the process's API_BULK_STEPS_AT_ONCE, after giving way,
+    resting after it for the bulk share while other agents are active."""
     bulk = _BULK.get()
     if bulk is None:
         yield
         return
-    async with bulk.pacing.steps:
-        await bulk.pacing.pause(bulk.lane)
+    pacing = bulk.pacing
+    async with pacing.steps:
+        await pacing.pause(bulk.lane)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         yield
+        rest = pacing.rest_for(bulk.lane, loop.time() - started)
+        if rest > 0:  # the bulk share: holding its place, so no other step runs meanwhile
+            await asyncio.sleep(rest)
+            metrics.BULK_PAUSE_SECONDS.inc(rest)
 
 
 def steps(items: Sequence[T], size: int, chars: int, length: Callable[[T], int]) -> list[slice]:

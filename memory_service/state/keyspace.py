@@ -200,6 +200,12 @@ API keys (memory_service/access/keys.py; grows with keys, never with traffic)::
     ms:rl:{<id>}:<r|t>:<minute>             string  requests (r) or tokens (t) of one minute,
                                                     expiring after two minutes                       per key in use
 
+Agents' rate limits across their keys (memory_service/access/agent_limits.py)::
+
+    ms:arl:{arl:<agent>}:<r|t>:<minute>     string  the agent's requests (r) or tokens (t) of one
+                                                    minute, every key and replica; expiring after
+                                                    two minutes                                      per agent in use
+
 The outbox (memory_service/backends/outbox.py; ``<target>``: graph or mongo), all on the
 ``{outbox}`` slot::
 
@@ -576,6 +582,12 @@ def agent_api_keys(agent_id: str) -> str:
 def rate_counter(key_id: str, kind: str, minute: int) -> str:
     """The key's counter of requests (``kind`` r) or tokens (t) in one minute since the epoch."""
     return f"ms:rl:{{{key_id}}}:{kind}:{minute}"
+
+
+def agent_rate_counter(agent_id: str, kind: str, minute: int) -> str:
+    """The agent's counter of requests (``kind`` r) or tokens (t) in one minute since the
+    epoch, whichever key and replica they came through."""
+    return f"ms:arl:{{arl:{agent_id}}}:{kind}:{minute}"
 
 
 # The outbox --------------------------------------------------------------------------

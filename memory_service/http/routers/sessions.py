@@ -18,7 +18,7 @@ import asyncio
 import re
 from typing import Any
 
-from fastapi import Query, Request
+from fastapi import Query, Request, Response
 from pydantic import ValidationError
 
 from memory_service.access.authorization import authorize, authorize_users
@@ -64,7 +64,7 @@ async def record_message(session_id: SessionId, body: MessageIn, service: Servic
     key limited to users records into a session other users started only if the agent's
     `users_join_sessions` is on; else it is answered as a session of another agent (409)."""
     authorize(principal, Role.WRITE, body.agent_id, body.user_id)
-    await service.charge_tokens(principal, body.content)
+    await service.charge_tokens(principal, body.content, body.agent_id)
     result = await service.record_message(session_id, body, service.reach(principal, body.agent_id))
     return RecordOut(
         session_id=result.session_id, message_id=result.message_id, sequence=result.sequence,
@@ -133,7 +133,7 @@ def _inlined(schema: dict[str, Any]) -> dict[str, Any]:
 @router.post("/v1/agents/{agent_id}/messages/batch", response_model=BatchOut,
              openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
                  "schema": _inlined(MessageBatchIn.model_json_schema())}}}})
-async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep, principal: CallerDep) -> BatchOut:
+async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep, principal: CallerDep) -> Response:
     """Record many messages of the agent's sessions in one request: each item as the
     single-message route records it (idempotent by its required `message_id`, in order per
     session, the same gates and formation), each answered on its own: `recorded`,
@@ -156,7 +156,12 @@ async def record_batch(agent_id: AgentId, request: Request, service: ServiceDep,
             items[index] = RefusedItem(refused, item.session_id, item.message_id)
     progress = BatchProgress()
     request.state.partial_answer = progress.so_far  # a 503 cut short says what was recorded (overload.PARTIAL_ANSWER)
-    return await service.record_batch(agent_id, items, principal, progress)
+    answer = await service.record_batch(agent_id, items, principal, progress)
+    # The answer as FastAPI would send it (response_model BatchOut, the same bytes), built in
+    # one dump, as a step of the batch: its validation and encoding again by FastAPI took 3x
+    # the CPU, on the loop, outside the batch's paced steps.
+    async with pacing.step():
+        return Response(answer.model_dump_json(by_alias=True), media_type="application/json")
 
 
 async def _read_body(body: bytes, limit: int, step_messages: int, step_chars: int) -> list[BatchMessageIn | RefusedItem]:
