@@ -61,14 +61,14 @@ def test_a_broken_link_or_a_page_left_out_of_the_nav_fails_the_build(tmp_path):
 
 
 def test_links_to_files_outside_docs_point_at_the_repository_or_name_the_file():
-    page = "See [the benchmarks](../bench/README.md#running), [bench/RESULTS.md](../bench/RESULTS.md) and [a page](client.md)."
+    page = "See [the benchmarks](../bench/README.md#running), [bench/locomo.py](../bench/locomo.py) and [a page](client.md)."
     docs = REPO / "docs"
     linked = rewrite_outside_links(page, "benchmarks.md", docs, REPO, "https://git.example/ms/", "main")
     assert "[the benchmarks](https://git.example/ms/blob/main/bench/README.md#running)" in linked
-    assert "[bench/RESULTS.md](https://git.example/ms/blob/main/bench/RESULTS.md)" in linked
+    assert "[bench/locomo.py](https://git.example/ms/blob/main/bench/locomo.py)" in linked
     assert "[a page](client.md)" in linked  # inside docs/: MkDocs's own
     named = rewrite_outside_links(page, "benchmarks.md", docs, REPO, None)
-    assert "the benchmarks (`bench/README.md`)" in named and "`bench/RESULTS.md`" in named
+    assert "the benchmarks (`bench/README.md`)" in named and "`bench/locomo.py`" in named
     nested = rewrite_outside_links("[code](../../memory_service/integrations/)", "integrations/index.md", docs, REPO,
                                    "https://git.example/ms")
     assert nested == "[code](https://git.example/ms/tree/main/memory_service/integrations)"

@@ -9,7 +9,7 @@
   answers 200 only once a write succeeds (the graph server's first write to each graph
   after a replay blocked it for seconds while readiness said 200).
 
-Each prints the time from the restart to the window formed (bench/RESULTS.md, "Recovery").
+Each prints the time from the restart to the window formed (docs/formation.md, "Recovery, measured").
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ K1 = 1.2
 # Length normalisation: 0.5, not the textbook 0.75. On the LoCoMo dev split (chat turns,
 # lengths counted in searchable words), 0.75 let short generic turns ("Cool! What did it
 # look like?") outrank the evidence: service R@10 0.696 at 0.75, 0.712 at 0.5, and evidence
-# in the 4,000-character block 0.694 and 0.691 (bench/RESULTS.md, "Search at scale").
+# in the 4,000-character block 0.694 and 0.691 (docs/benchmarks/locomo.md, "What was tried").
 B = 0.5
 _WORD = re.compile(r"\w+", re.UNICODE)
 # Words that carry no topic: the query drops them (memory_service/recall/search.py), and the

@@ -29,7 +29,7 @@ namespace. From them:
   penalty again): the subject the candidates have in common. Each is on a fixed scale,
   capped at 1 (``structure`` says why not relative to the best candidate), so a weight says
   how much of a score the structure can move. Both weights are 0 by default (measured:
-  bench/RESULTS.md).
+  docs/benchmarks/graph_rank.md).
 
 A store without a graph (Mongo) answers NotSupported: the block shows no facts and search
 runs on its other signals.
