@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-cluster lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor docs docs-serve docs-pages
+.PHONY: install demo test test-cluster test-image image lint serve bench clean ts-client test-ts test-browser screenshots inspector-vendor docs docs-serve docs-pages
 
 install: $(STAMP)
 
@@ -32,6 +32,18 @@ test: lint
 # server (arq needs a plain Redis).
 test-cluster: $(STAMP)
 	TEST_REDIS_CLUSTER=start $(PY) -m pytest -m cluster $(PYTEST_ARGS)
+
+# The image (deploy/Dockerfile) without Docker or an image registry: scripts/image-build
+# builds it with Debian's podman on a Debian base made with mmdebstrap (kept for a month in
+# podman's store), then tests/test_image.py runs its API and worker containers, locked down,
+# against a FalkorDB on loopback (docs/deploy.md, "Building without Docker"). Needs Debian's
+# podman, runc and mmdebstrap: .ci/run installs them. IMAGE_BASE=<image> picks another base.
+IMAGE ?= localhost/memory-service:test
+image:
+	scripts/image-build $(IMAGE)
+
+test-image: $(STAMP) image
+	MEMORY_SERVICE_IMAGE=$(IMAGE) $(PY) -m pytest -q tests/test_image.py
 
 # ruff over the whole project; mypy --strict over the service's packages (pyproject.toml, [tool.mypy]).
 lint: $(STAMP)

@@ -1,14 +1,16 @@
-"""What can be proven of the deployment without a container engine (none runs here, and
-none in CI): the Dockerfile lints clean and has the shape the issue asks for; compose
-pins its images and keeps data where each store writes; the Kubernetes manifests render
-with kustomize and validate against the schemas of a stated Kubernetes version; and the
-package installs WITHOUT the embedded store into a clean virtual environment with no C
-compiler on PATH, and its `serve` and `worker` run against a store started separately.
-"""
+"""What is proven of the deployment files without running a container (the image itself
+is built and run by `make test-image`, tests/test_image.py): the Dockerfile lints clean and
+has the shape the issue asks for; compose pins its images and keeps data where each store
+writes, and a compose parser (Debian's docker-compose, `config`) accepts it and rejects a
+broken copy; the Kubernetes manifests render with kustomize and validate against the
+schemas of a stated Kubernetes version; and the package installs WITHOUT the embedded store
+into a clean virtual environment with no C compiler on PATH, and its `serve` and `worker`
+run against a store started separately."""
 
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -67,6 +69,39 @@ def test_compose_pins_images_keeps_data_where_stores_write_and_comes_up_in_any_o
         conditions = services[service]["depends_on"]
         assert conditions["falkordb"]["condition"] == conditions["redis"]["condition"] == "service_healthy"
         assert services[service]["read_only"] is True and services[service]["cap_drop"] == ["ALL"]
+
+
+# compose, parsed ----------------------------------------------------------------------------------
+
+
+def compose_config(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("docker-compose (Debian's package) parses compose files: .ci/run installs it")
+        pytest.skip("docker-compose is not installed (apt-get install docker-compose)")
+    return subprocess.run([exe, "--file", str(path), "--project-directory", str(REPO / "deploy"), "config"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+
+
+def test_the_compose_file_passes_a_compose_parser_which_rejects_a_broken_copy(tmp_path):
+    source = REPO / "deploy/compose.yaml"
+    operator = {"OPERATOR_API_KEY": secrets.token_urlsafe(32)}
+    done = compose_config(source, operator)
+    assert done.returncode == 0, done.stderr
+    services = yaml.safe_load(done.stdout)["services"]
+    assert services["api"]["environment"]["OPERATOR_API_KEY"] == operator["OPERATOR_API_KEY"]
+    assert services["api"]["build"]["dockerfile"] == "deploy/Dockerfile"
+    assert services["worker"]["image"] == services["api"]["image"]
+
+    missing = compose_config(source, {"OPERATOR_API_KEY": ""})
+    assert missing.returncode != 0 and "set OPERATOR_API_KEY" in missing.stderr
+
+    broken = yaml.safe_load(source.read_text())
+    broken["services"]["api"]["read_only"] = "sometimes"
+    (tmp_path / "compose.yaml").write_text(yaml.safe_dump(broken))
+    rejected = compose_config(tmp_path / "compose.yaml", operator)
+    assert rejected.returncode != 0 and "read_only" in rejected.stderr, rejected.stderr
 
 
 def rendered(overlay: str) -> list[dict]:
