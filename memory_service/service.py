@@ -47,6 +47,7 @@ from memory_service.curation.forget import Forgetter
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import, plan_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
 from memory_service.curation.reform import WindowReformer
+from memory_service.curation.reformation import Reformation, ReformProgress
 from memory_service.curation.removal import Removal
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
 from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
@@ -102,7 +103,7 @@ from memory_service.schemas.graph import (
     FactOut,
 )
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
-from memory_service.schemas.lifecycle import ForgetMode, ForgetReport
+from memory_service.schemas.lifecycle import ForgetMode, ForgetReport, ReformIn, ReformReport
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
@@ -165,6 +166,7 @@ class MemoryService:
                                        self.events, embedder)
         self.forgetter = Forgetter(state, self.agents, self.tools, self.retention_index, self.eraser.redis_side,
                                    self.pipeline.extractor, self.audit, self.events, self.webhooks, self.reformer)
+        self.reformation = Reformation(state, self.agents, self.reformer, self.pipeline.extractor, self.audit)
         self.cursors = Cursors(self.pseudonyms)
         self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit,
                                self.cursors)
@@ -605,6 +607,14 @@ class MemoryService:
         ``soft`` undoable by ``memory_undelete``, ``hard`` for good. Audited as ``memory.forget``
         (ids and counts), announced as ``forgotten``. Finishes a forget a crash left."""
         return await self.forgetter.forget(agent_id, memory_id, mode, guard, actor)
+
+    async def reform(self, agent_id: str, ask: ReformIn, on_progress: ReformProgress | None = None,
+                     actor: str | None = None) -> ReformReport:
+        """Re-form the agent's formed windows (of a user, a session; since a date) with the
+        extractor configured now (memory_service/curation/reformation.py): each window's
+        memories replaced in one step, exactly once per run id, resumable; ``dry_run`` counts.
+        Audited as ``memory.reform``."""
+        return await self.reformation.run(agent_id, ask, on_progress, actor)
 
     async def resume_forgets(self, agent_id: str) -> list[ForgetReport]:
         """Finish the agent's forgets a crash left (the CLI's ``forget --resume``)."""

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.domain.models import Memory
 from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.state import keyspace
 from memory_service.state.store import StateStore
 
 
@@ -54,3 +55,9 @@ class Removal:
         await self.state.cache.bump(*sorted({m.namespace for m in memories}))
         forgotten.cached_blocks = await self.state.cache.purge_agent(agent_id)
         return forgotten
+
+    async def drop_forget_records(self, agent_id: str, memory_ids: Collection[str]) -> None:
+        """The records of soft forgets of memories now gone for good (kept for an undo that
+        can no longer be; memory_service/curation/forget.py): they name their ids."""
+        if memory_ids:
+            await self.state.redis.hdel(keyspace.forget_records(agent_id), *memory_ids)

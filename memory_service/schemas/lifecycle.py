@@ -6,7 +6,9 @@ from __future__ import annotations
 from datetime import datetime
 from enum import StrEnum
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from memory_service.domain.models import SessionId, UserId
 
 
 class ForgetMode(StrEnum):
@@ -64,10 +66,9 @@ class ReformIn(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    user_id: str | None = Field(default=None, min_length=1, max_length=128,
-                                description="only the sessions this user took part in")
-    session_id: str | None = Field(default=None, min_length=1, max_length=128, description="only this session")
-    since: datetime | None = Field(default=None, description="only windows formed at or after this time (ISO 8601 "
+    user_id: UserId | None = Field(default=None, description="only the sessions this user took part in")
+    session_id: SessionId | None = Field(default=None, description="only this session")
+    since: AwareDatetime | None = Field(default=None, description="only windows formed at or after this time (ISO 8601 "
                                    "with a time zone)")
     dry_run: bool = Field(default=False, description="count the windows and the extractor calls, change nothing")
     run_id: str | None = Field(default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$",

@@ -30,7 +30,7 @@ from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, MemoryDetail, MemoryPage
 from memory_service.schemas.keys import Role
-from memory_service.schemas.lifecycle import ForgetIn, ForgetMode, ForgetReport
+from memory_service.schemas.lifecycle import ForgetIn, ForgetMode, ForgetReport, ReformIn, ReformReport
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.service import MemoryService
 
@@ -157,6 +157,19 @@ async def memory_forget(agent_id: AgentId, service: ServiceDep, principal: Calle
     mode = body.mode if body is not None else ForgetMode.SOFT
     guard = _allow(service, principal, Role.ADMIN if mode is ForgetMode.HARD else Role.WRITE, agent_id)
     return await service.memory_forget(agent_id, memory_id, mode, guard, actor=principal.key_id)
+
+
+@router.post("/v1/agents/{agent_id}/reform", response_model=ReformReport)
+async def reform_windows(agent_id: AgentId, body: ReformIn, service: ServiceDep, principal: CallerDep) -> ReformReport:
+    """Re-form the agent's formed windows (all, a user's sessions, or one session; those
+    formed since a time) with the extractor configured now (docs/reform.md): the memories
+    each window's old extraction made are replaced by the new ones in one step per window.
+    Memories written by hand or by tools are never touched. `dry_run` says how many windows
+    and extractor calls it would take, changing nothing; `limit` bounds one call, and the
+    same `run_id` again resumes the run (skipping the windows it re-formed). An unknown
+    session (or another agent's): 404. Needs `admin` for all of the agent's users."""
+    authorize(principal, Role.ADMIN, agent_id)
+    return await service.reform(agent_id, body, actor=principal.key_id)
 
 
 class WriteBlocksIn(BaseModel):
