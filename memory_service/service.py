@@ -594,11 +594,16 @@ class MemoryService:
         ``deleted`` for the memory itself and ``forgotten`` for what was formed from it."""
         self.tools.require_writes(agent_id)
         _, memory = await self.tools.changeable(agent_id, memory_id, guard)
-        if memory.deleted_at is None:
-            await self.forgetter.forget(agent_id, memory_id, ForgetMode.SOFT, guard, actor, target_event=EventType.DELETED)
-        deleted, changed = await self.tools.delete(agent_id, memory_id, guard)  # answers the forget's dates
-        if memory.deleted_at is None and actor is not None:
-            await self.audit.append(actor, "memory.delete", agent_id, memory_id, after=deleted.model_dump(mode="json"))
+        if memory.deleted_at is not None:  # deleted already: the same answer
+            return (await self.tools.delete(agent_id, memory_id, guard))[0]
+        report = await self.forgetter.forget(agent_id, memory_id, ForgetMode.SOFT, guard, actor,
+                                             target_event=EventType.DELETED)
+        deleted, _ = await self.tools.delete(agent_id, memory_id, guard)  # answers the forget's dates
+        if actor is not None:  # with what went along (ids and counts: memory_service/curation/forget.py)
+            derived = [i for i in report.memory_ids if i != memory_id]
+            await self.audit.append(actor, "memory.delete", agent_id, memory_id, after={
+                **deleted.model_dump(mode="json"), **({"forgotten": derived, "reformed": len(report.reformed)}
+                                                      if derived else {})})
         return deleted
 
     async def memory_forget(self, agent_id: str, memory_id: str, mode: ForgetMode = ForgetMode.SOFT,

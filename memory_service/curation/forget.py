@@ -250,8 +250,9 @@ class Forgetter:
         await self.events.emit_memories(agent_id, target_event, [m for m in going if m.id == record["target"]], cause)
         await self.events.emit_memories(agent_id, EventType.FORGOTTEN, [m for m in going if m.id != record["target"]],
                                         cause)
-        await self.audit.append(record.get("actor") or FORGET_ACTOR, "memory.forget", agent_id, record["target"],
-                                after=report.model_dump(mode="json", exclude={"agent_id", "id"}))
+        if target_event is EventType.FORGOTTEN:  # a delete (``deleted``) is audited by its caller, with these ids
+            await self.audit.append(record.get("actor") or FORGET_ACTOR, "memory.forget", agent_id, record["target"],
+                                    after=report.model_dump(mode="json", exclude={"agent_id", "id"}))
         if hard:
             await self.records.advance(key, record["target"], PLANNED, None)
         else:
@@ -327,6 +328,7 @@ class Forgetter:
             await backend.delete(agent_id, [m.id for m in new])
             await self.removal.forget(agent_id, new)
             revived_ids += reformed["removed"]
+            window = next((w for w in await formed_windows(self.state, session_id) if w.number == number), None)
             if window is not None:
                 entry = {**window.entry, "memory_ids": reformed["removed"], "memories": len(reformed["removed"]),
                          "op": f"undo:{record['op']}", "replaced": reformed["formed"]}

@@ -110,16 +110,17 @@ async def window_of(state: StateStore, session_id: str, sequence: int) -> Window
     return next((w for w in await formed_windows(state, session_id) if w.first <= sequence <= w.last), None)
 
 
-def items(memories: Sequence[Memory]) -> list[list[str]]:
-    """What a record keeps of memories: [id, namespace, kind], never content."""
-    return [[m.id, m.namespace, m.kind.value] for m in memories]
+def items(memories: Sequence[Memory]) -> list[list[str | None]]:
+    """What a record keeps of memories: [id, namespace, kind, session], never content."""
+    return [[m.id, m.namespace, m.kind.value, m.metadata.session_id] for m in memories]
 
 
-def stubs(agent_id: str, kept: Sequence[Sequence[str]]) -> list[Memory]:
-    """Memories as a record kept them (no content): what caches, queues and events need of
-    memories a crash may have deleted already."""
-    return [Memory(id=i, kind=MemoryKind(kind), namespace=namespace, content="", metadata=Provenance(agent_id=agent_id))
-            for i, namespace, kind in kept]
+def stubs(agent_id: str, kept: Sequence[Sequence[str | None]]) -> list[Memory]:
+    """Memories as a record kept them (no content): what caches, queues, windows' entries and
+    events need of memories a crash may have deleted already."""
+    return [Memory(id=str(row[0]), kind=MemoryKind(str(row[2])), namespace=str(row[1]), content="",
+                   metadata=Provenance(agent_id=agent_id, session_id=row[3] if len(row) > 3 else None))
+            for row in kept]
 
 
 def _live_message(memory: Memory) -> bool:
@@ -245,6 +246,7 @@ class WindowReformer:
             await write_graph(agent_id, backend, claim, stored, self.audit, self.embedder)
         except NotSupported:
             pass
+        done.cached_blocks = (await self.removal.forget(agent_id, done.old)).cached_blocks
         await self._rewrite_entry(session_id, record, done)
         async with self.state.redis.pipeline(transaction=False) as pipe:
             for memory in done.new:
@@ -252,7 +254,6 @@ class WindowReformer:
                     pipe.rpush(keyspace.cons_pending(memory.namespace), memory.id)
             await pipe.execute()
         await self.state.cache.bump(*sorted({m.namespace for m in done.new}), agent_wide(agent_id))
-        done.cached_blocks = (await self.removal.forget(agent_id, done.old)).cached_blocks
         if self.events is not None:
             window_cause = Cause(key_id=cause.key_id, session_id=session_id, window=done.window,
                                  reason=cause.reason or str(record["op"]))
