@@ -184,7 +184,7 @@ describe("the memory tools", () => {
     assert.ok(message);
     const report = await client.memoryForget(AGENT, message.id);
     assert.equal(report.mode, "soft");
-    assert.ok(report.undoable && report.reformed.length === 1 && report.memory_ids.includes(message.id));
+    assert.ok(report.undoable && (report.reformed ?? []).length === 1 && report.memory_ids.includes(message.id));
     const found = await client.searchMemoriesWithBody(AGENT, { query: "Quillfeather grandmother" });
     assert.ok(!found.results.some((h) => h.content.includes("Quillfeather")), "nothing formed from it is found");
     assert.equal((await client.memoryUndelete(AGENT, message.id)).deleted_at, null);
