@@ -188,12 +188,16 @@ describe("the memory tools", () => {
     const found = await client.searchMemoriesWithBody(AGENT, { query: "Quillfeather grandmother" });
     assert.ok(!found.results.some((h) => h.content.includes("Quillfeather")), "nothing formed from it is found");
     assert.equal((await client.memoryUndelete(AGENT, message.id)).deleted_at, null);
-    await assert.rejects(client.memoryForget(AGENT, "no-such-memory", { mode: "hard" }), NotFoundError);
+    await assert.rejects(client.memoryForget(AGENT, "no-such-memory"), NotFoundError);
+    await assert.rejects(client.memoryForget(AGENT, message.id, { mode: "hard" }), PermissionDenied); // admin's
+    const hard = await operator.memoryForget(AGENT, message.id, { mode: "hard" });
+    assert.equal(hard.undoable, false);
 
-    const dry = await client.reformWindows(AGENT, { session_id: session, dry_run: true });
+    await assert.rejects(client.reformWindows(AGENT, { dry_run: true }), PermissionDenied); // admin's
+    const dry = await operator.reformWindows(AGENT, { session_id: session, dry_run: true });
     assert.equal(dry.windows, 1);
     assert.equal(dry.reformed, 0);
-    const done = await client.reformWindows(AGENT, { session_id: session, run_id: "ts-run" });
+    const done = await operator.reformWindows(AGENT, { session_id: session, run_id: "ts-run" });
     assert.ok(done.done && done.reformed === 1);
   });
 
