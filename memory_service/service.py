@@ -44,8 +44,12 @@ from memory_service.backends.registry import BackendFactory, BackendRegistry
 from memory_service.config import Settings
 from memory_service.curation.browse import BROWSE_INDEX_VERSION, Browser
 from memory_service.curation.erasure import Eraser
+from memory_service.curation.forget import Forgetter
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import, plan_import
 from memory_service.curation.migration import MigrationReport, migrate_agent
+from memory_service.curation.reform import WindowReformer
+from memory_service.curation.reformation import Reformation, ReformProgress
+from memory_service.curation.removal import Removal
 from memory_service.curation.retention import PurgeReport, Retention, RetentionIndex
 from memory_service.curation.tools import MemoryTools, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.curation.write_blocks import WRITE_BLOCKS_ACTOR, store_write_blocks
@@ -100,6 +104,7 @@ from memory_service.schemas.graph import (
     FactOut,
 )
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
+from memory_service.schemas.lifecycle import ForgetMode, ForgetReport, ReformIn, ReformReport
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
@@ -159,6 +164,12 @@ class MemoryService:
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
                                    self.audit, self.events, self.webhooks)
+        # Forgetting with everything formed from it, and re-forming windows (curation/forget.py, reform.py).
+        self.reformer = WindowReformer(state, Removal(state, self.eraser.redis_side), self.retention_index, self.audit,
+                                       self.events, embedder)
+        self.forgetter = Forgetter(state, self.agents, self.tools, self.retention_index, self.eraser.redis_side,
+                                   self.pipeline.extractor, self.audit, self.events, self.webhooks, self.reformer)
+        self.reformation = Reformation(state, self.agents, self.reformer, self.pipeline.extractor, self.audit)
         self.cursors = Cursors(self.pseudonyms)
         self.browser = Browser(settings, state, self.agents, self.tools, self.retention_index, self.audit,
                                self.cursors)
@@ -592,15 +603,49 @@ class MemoryService:
 
     async def memory_delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
                             actor: str | None = None) -> DeletedOut:
-        deleted, changed = await self.tools.delete(agent_id, memory_id, guard)
-        if changed:
-            await self._emit_records(agent_id, EventType.DELETED, [await self.tools.peek(agent_id, memory_id)], actor)
-        if changed and actor is not None:
-            await self.audit.append(actor, "memory.delete", agent_id, memory_id, after=deleted.model_dump(mode="json"))
+        """A soft delete that follows provenance: a soft forget (docs/forget.md), announced as
+        ``deleted`` for the memory itself and ``forgotten`` for what was formed from it."""
+        self.tools.require_writes(agent_id)
+        _, memory = await self.tools.changeable(agent_id, memory_id, guard)
+        if memory.deleted_at is not None:  # deleted already: the same answer
+            return (await self.tools.delete(agent_id, memory_id, guard))[0]
+        report = await self.forgetter.forget(agent_id, memory_id, ForgetMode.SOFT, guard, actor,
+                                             target_event=EventType.DELETED)
+        deleted, _ = await self.tools.delete(agent_id, memory_id, guard)  # answers the forget's dates
+        if actor is not None:  # with what went along (ids and counts: memory_service/curation/forget.py)
+            derived = [i for i in report.memory_ids if i != memory_id]
+            await self.audit.append(actor, "memory.delete", agent_id, memory_id, after={
+                **deleted.model_dump(mode="json"), **({"forgotten": derived, "reformed": len(report.reformed)}
+                                                      if derived else {})})
         return deleted
+
+    async def memory_forget(self, agent_id: str, memory_id: str, mode: ForgetMode = ForgetMode.SOFT,
+                            guard: NamespaceGuard = None, actor: str | None = None) -> ForgetReport:
+        """Forget a message or a memory with everything formed from it (memory_service/curation/forget.py):
+        ``soft`` undoable by ``memory_undelete``, ``hard`` for good. Audited as ``memory.forget``
+        (ids and counts), announced as ``forgotten``. Finishes a forget a crash left."""
+        return await self.forgetter.forget(agent_id, memory_id, mode, guard, actor)
+
+    async def reform(self, agent_id: str, ask: ReformIn, on_progress: ReformProgress | None = None,
+                     actor: str | None = None) -> ReformReport:
+        """Re-form the agent's formed windows (of a user, a session; since a date) with the
+        extractor configured now (memory_service/curation/reformation.py): each window's
+        memories replaced in one step, exactly once per run id, resumable; ``dry_run`` counts.
+        Audited as ``memory.reform``."""
+        return await self.reformation.run(agent_id, ask, on_progress, actor)
+
+    async def resume_forgets(self, agent_id: str) -> list[ForgetReport]:
+        """Finish the agent's forgets a crash left (the CLI's ``forget --resume``)."""
+        return await self.forgetter.resume(agent_id)
 
     async def memory_undelete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
                               actor: str | None = None) -> MemoryRecord:
+        if await self.forgetter.soft_forgotten(agent_id, memory_id):  # undo the forget, whole
+            memory = await self.forgetter.undo(agent_id, memory_id, guard, actor)
+            if actor is not None:
+                await self.audit.append(actor, "memory.undelete", agent_id, memory_id)
+            access = await self.retention_index.access(agent_id, memory_id)
+            return self.tools.record(memory, access.count, access.last)
         record, changed = await self.tools.undelete(agent_id, memory_id, guard)
         if changed:
             await self._emit_records(agent_id, EventType.UNDELETED, [record], actor)

@@ -58,6 +58,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("import_manifest", ("a1",), "ms:import:a1"),
     ("memory_access", ("a1",), "ms:memaccess:{retention:a1}"),
     ("retention_deleted", ("a1",), "ms:retention:{retention:a1}:deleted"),
+    ("forget_records", ("a1",), "ms:forget:{forget:a1}"),
     ("audit_stream", ("a1",), "ms:audit:agent:a1"),
     ("HOOK_AGENTS", (), "ms:ev:hook-agents"),
     ("event_stream", ("a1",), "ms:ev:{ev:a1}:stream"),
@@ -69,7 +70,7 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("audit_stream", (None,), "ms:audit:system"),
     ("session_keys", ("s1",), {part: f"ms:s:{{s:240}}:s1:{part}" for part in
                                ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed",
-                                "participants")}),
+                                "participants", "reform")}),
     ("window", ("s1",), "ms:s:{s:240}:s1:window"),
     ("legacy_claim", ("s1",), "ms:s:{s:240}:s1:claim"),
     ("cons_pending", ("user:a1:alice",), "ms:cons:{user:a1:alice}:user:a1:alice:pending"),

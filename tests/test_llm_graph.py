@@ -21,7 +21,7 @@ from memory_service.domain.models import Shard, ShardIn
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.extractor import KnownGraph, Window
 from memory_service.formation.llm_extractor import LLMExtractor
-from memory_service.formation.steps import PersonalGuard, _extract, _write_graph
+from memory_service.formation.steps import PersonalGuard, extract_claim, write_graph
 from memory_service.formation.window import StoredExtraction
 from memory_service.runtime import open_service
 
@@ -292,7 +292,7 @@ async def test_a_retried_write_writes_the_same_graph_from_the_stored_extraction(
     windows = service.formation.windows
     claim = await windows.claim("r2", limit=10)
     backend = (await service.agents.backend_for(AGENT))[1]
-    stored = await _extract(claim, AGENT, backend, service.extractor, [])
+    stored = await extract_claim(claim, AGENT, backend, service.extractor, [])
     record = await windows.store_extraction(await windows.load("r2"), stored)
     assert len(llm.requests) == 1
     again = StoredExtraction.from_json(stored.to_json())  # as a retry reads it
@@ -305,9 +305,9 @@ async def test_a_retried_write_writes_the_same_graph_from_the_stored_extraction(
         return [rows, nodes]
 
     await backend.write(list(again.memories))
-    first = await _write_graph(AGENT, backend, claim, again, service.audit)
+    first = await write_graph(AGENT, backend, claim, again, service.audit)
     after_first = await graph_state()
-    second = await _write_graph(AGENT, backend, claim, again, service.audit)
+    second = await write_graph(AGENT, backend, claim, again, service.audit)
     assert len(first.superseded) == 1 and second.superseded == []
     assert await graph_state() == after_first
     # And the window finishes from its stored extraction: still no second call.

@@ -45,6 +45,7 @@ HINTS = {
     "memory_update": (False, True, True, False),
     "memory_delete": (False, True, True, False),
     "memory_undelete": (False, False, True, False),
+    "memory_forget": (False, True, True, False),
     "entity_search": (True, False, True, False),
     "entity_get": (True, False, True, False),
     "entity_write": (False, True, True, False),
@@ -259,6 +260,13 @@ async def test_stdio_curates_a_memory_through_the_write_tools(api, keys, falkord
         assert memory_id not in json.dumps(gone.structured_content["results"])
         back = await client.call_tool("memory_undelete", {"memory_id": memory_id})
         assert back.structured_content["deleted_at"] is None
+        # Forget (docs/forget.md): soft, then undone; an unknown id is an error the agent reads.
+        forgot = await client.call_tool("memory_forget", {"memory_id": memory_id})
+        assert not forgot.is_error and forgot.structured_content["undoable"], text(forgot)
+        assert memory_id in forgot.structured_content["memory_ids"]
+        assert (await client.call_tool("memory_undelete", {"memory_id": memory_id})).structured_content["deleted_at"] is None
+        unknown = await client.call_tool("memory_forget", {"memory_id": "no-such-memory"})
+        assert unknown.is_error
         # Expiry (docs/expiry.md): set, cleared by name, refused when past.
         soon = "2999-01-01T00:00:00Z"
         expiring = await client.call_tool("memory_update", {"memory_id": memory_id, "expires_at": soon})

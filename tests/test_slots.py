@@ -195,6 +195,12 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
         await service.webhooks.replay("a1", "h1", letter.event.id)
         await down.run()
         await service.webhooks.delete("a1", "h1")
+        # A forget (its record, the window's re-formation record and entry) and a re-formation.
+        from memory_service.formation.steps import message_memory_id
+        from memory_service.schemas.lifecycle import ForgetMode, ReformIn
+
+        await service.memory_forget("a1", message_memory_id("s1", "m2"), ForgetMode.HARD)
+        await service.reform("a1", ReformIn(session_id="s1"))
         # An erasure: a session shared with another user, and one of hers alone; the cache purge.
         await service.record_message("s1", msg("a1", "carol", "hi", mid="c1", role=Role.USER))
         await service.record_message("s3", msg("a1", "alice", "mine", mid="a3"))

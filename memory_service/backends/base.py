@@ -319,6 +319,24 @@ class MemoryBackend(ABC):
         Ids not stored are skipped, so a repeated call removes nothing more.
         """
 
+    async def swap(self, agent_id: str, new: Sequence[Memory], old_ids: Sequence[str],
+                   retired_at: datetime | None = None) -> tuple[int, int]:
+        """Store ``new`` (as ``write``) and take ``old_ids`` out of every read, in one step where
+        the store can (the graph: one statement, so no reader sees both or neither): deleted
+        for good, or with ``retired_at``, soft-deleted at that time (kept for an undo). A
+        window's re-formation (memory_service/formation/reform.py) replaces its memories so.
+        Idempotent. (new ones stored, old ones found). This default takes two steps (a reader
+        between them sees both)."""
+        written = await self.write(new) if new else 0
+        if not old_ids:
+            return written, 0
+        if retired_at is None:
+            return written, await self.delete(agent_id, old_ids)
+        found = [m.model_copy(update={"deleted_at": retired_at}) for m in await self.find(agent_id, old_ids)
+                 if m.metadata.agent_id == agent_id]
+        await self.replace(agent_id, found)
+        return written, len(found)
+
     @abstractmethod
     async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
         """Replace the stored provenance (``metadata``) of these memories, by id, with theirs;
@@ -436,6 +454,17 @@ class MemoryBackend(ABC):
     async def drop_namespace_entities(self, agent_id: str, namespace: Namespace | str) -> int:
         """Delete every entity of one namespace with its facts and mentions (an erasure of
         the namespace's user); how many entities went. A store without a graph holds none: 0."""
+        return 0
+
+    async def drop_facts(self, agent_id: str, fact_ids: Sequence[str]) -> int:
+        """Delete these facts for good (a hard forget of the memories they came from); how many
+        went. A store without a graph holds none: 0."""
+        return 0
+
+    async def drop_orphan_entities(self, agent_id: str, entity_ids: Sequence[str]) -> int:
+        """Delete those of these entities that no fact and no memory links to any more (what a
+        hard forget left of them: their names and summaries came from what was forgotten);
+        how many went. A store without a graph holds none: 0."""
         return 0
 
     async def get_fact(self, agent_id: str, fact_id: str) -> Fact:

@@ -704,6 +704,32 @@ class GraphBackend(EntityGraph):
             deleted += int(result.nodes_deleted)
         return deleted
 
+    async def swap(self, agent_id: str, new: Sequence[Memory], old_ids: Sequence[str],
+                   retired_at: datetime | None = None) -> tuple[int, int]:
+        old = [i for i in dict.fromkeys(old_ids) if i not in {m.id for m in new}]
+        if not new or not old or not await self.client.connection.exists(graph_name(agent_id)):
+            return await super().swap(agent_id, new, old, retired_at)  # one statement each way already
+        if len(old) > DELETE_BATCH:  # a window's memories are a few dozen; never one statement this large
+            raise ValueError(f"a swap takes out at most {DELETE_BATCH} memories, not {len(old)}")
+        graph = await self._writable(agent_id)
+        firsts = [m for m in _first_of_each(new) if m.metadata.agent_id == agent_id]
+        entries = {m.id: postings.entry(m.search_text) for m in firsts}
+        # One statement: the new nodes MERGEd (as ``write``), then the old ones deleted or
+        # soft-deleted. FalkorDB runs a query under the graph's write lock, whole or not at all.
+        change = "DELETE o" if retired_at is None else "SET o.deleted_at = $at"
+        result = await graph.query(
+            f"UNWIND $rows AS row MERGE (n:{LABEL} {{uuid: row.uuid}}) "
+            "ON CREATE SET n += row.props, n.embedding = CASE WHEN row.embedding IS NULL THEN NULL "
+            "ELSE vecf32(row.embedding) END "
+            f"WITH count(n) AS written UNWIND $old AS id MATCH (o:{LABEL} {{uuid: id}}) {change} "
+            "RETURN count(o)",
+            {"rows": [self._row(m, entries[m.id][2]) for m in firsts], "old": old,
+             "at": retired_at.timestamp() if retired_at else None})
+        found = int(result.result_set[0][0]) if result.result_set else 0
+        await self.postings.remove(agent_id, old)
+        await self.postings.index_entries(agent_id, [(m.id, entries[m.id]) for m in firsts if m.live])
+        return int(result.nodes_created), found
+
     async def set_provenance(self, agent_id: str, memories: Sequence[Memory]) -> int:
         if not memories or not await self.client.connection.exists(graph_name(agent_id)):
             return 0

@@ -244,6 +244,23 @@ class EntityGraph(MemoryBackend):
             dropped += int(result.result_set[0][0]) if result.result_set else 0
         return dropped
 
+    async def drop_facts(self, agent_id: str, fact_ids: Sequence[str]) -> int:
+        ids = list(dict.fromkeys(fact_ids))
+        if not ids:
+            return 0
+        graph = await self._entity_graph(agent_id)
+        result = await graph.query("UNWIND $ids AS id MATCH ()-[e:RELATES_TO {uuid: id}]->() DELETE e", {"ids": ids})
+        return int(result.relationships_deleted)
+
+    async def drop_orphan_entities(self, agent_id: str, entity_ids: Sequence[str]) -> int:
+        ids = list(dict.fromkeys(entity_ids))
+        if not ids:
+            return 0
+        graph = await self._entity_graph(agent_id)
+        result = await graph.query(f"UNWIND $ids AS id MATCH (n:{ENTITY} {{uuid: id}}) WHERE NOT (n)--() DELETE n",
+                                   {"ids": ids})
+        return int(result.nodes_deleted)
+
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
                               superseded_by: str | None = None) -> Fact:
         fact = await self._fact(agent_id, fact_id)

@@ -1,6 +1,7 @@
 """The command line: `memory-service serve`, `worker`, `migrate`, `backfill-embeddings`,
-`reembed` and `demo` here; `import`, `import-history`, `keys`, `outbox`, `mcp`, `memories` and
-`sessions` in their own modules (imports.py, history.py, keys.py, outbox.py, mcp.py, browse.py), registered here. What they share, the console and
+`reembed` and `demo` here; `import`, `import-history`, `keys`, `outbox`, `mcp`, `memories`,
+`sessions`, `forget` and `reform` in their own modules (imports.py, history.py, keys.py, outbox.py, mcp.py, browse.py,
+lifecycle.py), registered here. What they share, the console and
 the settings, is in common.py, so that none of them imports this module back."""
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from memory_service.cli.common import attached_settings, console, load_settings
 from memory_service.cli.history import import_history_command
 from memory_service.cli.imports import import_command
 from memory_service.cli.keys import keys_app
+from memory_service.cli.lifecycle import forget_command, reform_command
 from memory_service.cli.mcp import mcp_command
 from memory_service.cli.outbox import outbox_app
 from memory_service.config import Settings
@@ -429,6 +431,9 @@ app.add_typer(keys_app, name="keys")
 app.command("import")(import_command)
 # `memory-service import-history FILE.jsonl`: a conversation history through the batch route (cli/history.py).
 app.command("import-history")(import_history_command)
+# `memory-service forget` and `reform`: forgetting with what was formed, re-forming windows (cli/lifecycle.py).
+app.command("forget")(forget_command)
+app.command("reform")(reform_command)
 # `memory-service mcp`: the memory tools over MCP (memory_service/cli/mcp.py, memory_service/mcp/server.py).
 app.command("mcp")(mcp_command)
 

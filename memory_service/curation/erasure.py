@@ -316,6 +316,7 @@ class Eraser:
         dropped = {held.own_namespace, *(str(Namespace.session(s)) for s in report.sessions_removed)}
         forgotten = await self.removal.forget(agent_id, held.removed.values(), dropped)
         report.consolidation_items, report.cached_blocks = forgotten.consolidation_items, forgotten.cached_blocks
+        await self.removal.drop_forget_records(agent_id, removed_ids)
         report.user_keys = await self.redis_side.drop_user(agent_id, user_id)
         # The change events naming the user or its sessions go too, from the stream and from
         # the webhooks' dead letters.

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from memory_service.curation.erasure_state import ErasureState
 from memory_service.domain.models import Memory
 from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.state import keyspace
 from memory_service.state.store import StateStore
 
 
@@ -53,4 +54,26 @@ class Removal:
             forgotten.consolidation_items += await self.redis_side.forget_consolidation_items(namespace, ids)
         await self.state.cache.bump(*sorted({m.namespace for m in memories}))
         forgotten.cached_blocks = await self.state.cache.purge_agent(agent_id)
+        await self._out_of_windows(memories)
         return forgotten
+
+    async def _out_of_windows(self, memories: list[Memory]) -> None:
+        """Removed memories' ids out of their sessions' formed-window entries (which name the
+        memories each window made, memory_service/curation/reform.py)."""
+        by_session: dict[str, set[str]] = {}
+        for memory in memories:
+            if memory.metadata.session_id is not None:
+                by_session.setdefault(memory.metadata.session_id, set()).add(memory.id)
+        for session_id, ids in sorted(by_session.items()):
+            for stored, entry in await self.state.formed_windows(session_id):
+                named = [f for f in ("memory_ids", "replaced") if isinstance(entry.get(f), list) and ids & set(entry[f])]
+                if named:
+                    kept = {**entry, **{f: [i for i in entry[f] if i not in ids] for f in named}}
+                    await self.state.replace_formed_window(session_id, stored, kept,
+                                                           int(entry.get("last_sequence", 0)))
+
+    async def drop_forget_records(self, agent_id: str, memory_ids: Collection[str]) -> None:
+        """The records of soft forgets of memories now gone for good (kept for an undo that
+        can no longer be; memory_service/curation/forget.py): they name their ids."""
+        if memory_ids:
+            await self.state.redis.hdel(keyspace.forget_records(agent_id), *memory_ids)

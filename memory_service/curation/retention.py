@@ -350,5 +350,6 @@ class Retention:
         await backend.scrub_pending(agent_id, judge, doomed)  # queued writes quoting them
         purged = await backend.delete(agent_id, doomed)
         await self.removal.forget(agent_id, held)  # the caller then trims the store's query log
+        await self.removal.drop_forget_records(agent_id, doomed)
         await self.index.forget(agent_id, doomed)
         return purged

@@ -177,6 +177,11 @@ class MemoryTools:
             (memory,) = await guard.shown([memory])  # its provenance as the caller may see it
         return self.record(memory, access.count, access.last)
 
+    async def changeable(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[MemoryBackend, Memory]:
+        """(the agent's backend, the memory) if the caller sees it and may change it (a forget's
+        target); NotFound or Forbidden as ``update`` answers. Writes need not be on."""
+        return await self._find(agent_id, memory_id, guard, changing=True)
+
     async def peek(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> Memory:
         """The memory, as ``get`` finds it, without counting an access (the browse API)."""
         return (await self._find(agent_id, memory_id, guard))[1]
@@ -340,9 +345,10 @@ class MemoryTools:
     # above after their checks, and the operator's import that follows its files
     # (memory_service/curation/legacy_import.py), which removes what a file no longer holds.
 
-    async def retire(self, agent_id: str, backend: MemoryBackend, memories: Sequence[Memory]) -> list[DeletedOut]:
-        """Soft-delete live ``memories`` of ``agent_id``: read by id only until the purge."""
-        deleted_at = _now()
+    async def retire(self, agent_id: str, backend: MemoryBackend, memories: Sequence[Memory],
+                     at: datetime | None = None) -> list[DeletedOut]:
+        """Soft-delete live ``memories`` of ``agent_id`` (at ``at``, else now): read by id only until the purge."""
+        deleted_at = at or _now()
         retired = [m.model_copy(update={"deleted_at": deleted_at}) for m in memories]
         if not retired:
             return []

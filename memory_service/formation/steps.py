@@ -159,7 +159,7 @@ async def form_window(
 
     if record.state is WindowState.CLAIMED:
         try:
-            extraction = await _extract(claim, agent_id, backend, extractor, shards, expiry)
+            extraction = await extract_claim(claim, agent_id, backend, extractor, shards, expiry)
         except BudgetWait as wait:  # the window stays claimed: tried again when the budget allows
             result.waiting = wait.reason
             return result
@@ -180,7 +180,7 @@ async def form_window(
         await embed_memories(embedder, result.memories)
         written = await backend.write(result.memories)
         cause = Cause(session_id=session_id, window=claim.window)
-        result.graph = await _write_graph(agent_id, backend, claim, stored, audit, embedder, name_similarity,
+        result.graph = await write_graph(agent_id, backend, claim, stored, audit, embedder, name_similarity,
                                           resolve_candidates, events, cause)
         if events is not None:
             await events.emit_memories(agent_id, EventType.FORMED, result.memories, cause)
@@ -213,7 +213,8 @@ async def form_window(
                 await windows.state.record_formed_window(session_id, {
                     "window": claim.window, "extractor": result.extractor, "first_sequence": min(sequences),
                     "last_sequence": max(sequences), "messages": len(sequences), "memories": len(result.memories),
-                    "formed_at": round(time.time(), 3), "llm_tokens": tokens, "llm_budget": stored.fallback},
+                    "formed_at": round(time.time(), 3), "llm_tokens": tokens, "llm_budget": stored.fallback,
+                    "memory_ids": [m.id for m in result.memories]},
                     max(sequences))
         record = await windows.load(session_id)  # completed, by this run or a racing one
         if record is None or record.claim.window != claim.window:
@@ -227,7 +228,7 @@ async def form_window(
     return result
 
 
-async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stored: StoredExtraction,
+async def write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stored: StoredExtraction,
                        audit: AuditLog | None = None, embedder: Embedder | None = None,
                        name_similarity: float = resolution.DEFAULT_THRESHOLD,
                        resolve_candidates: int = resolution.DEFAULT_MAX_CANDIDATES, events: EventLog | None = None,
@@ -248,7 +249,7 @@ async def _write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, stor
         return None
 
 
-async def _extract(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
+async def extract_claim(claim: Claim, agent_id: str, backend: MemoryBackend, extractor: Extractor,
                    shards: list[Shard], expiry: ExpiryPolicy | None = None) -> StoredExtraction:
     """The memories ONE extractor call makes of exactly the claimed messages."""
     session_id = claim.session_id

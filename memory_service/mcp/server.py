@@ -39,6 +39,7 @@ from memory_service.mcp.hints import reads, writes
 from memory_service.recall.render import MIN_BUDGET_CHARS
 from memory_service.schemas.context import ContextOut
 from memory_service.schemas.graph import ENTITY_ID_PATTERN, MAX_ENTITY_PAGE, MAX_FACT_PAGE, EntityDetailOut, EntityPage
+from memory_service.schemas.lifecycle import ForgetReport
 from memory_service.schemas.records import RecordOut
 from memory_service.schemas.search import Scope, SearchResult
 
@@ -52,6 +53,7 @@ INSTRUCTIONS = (
     "model's next call (within a character budget); memory_search finds memories (each result explained, best first); "
     "memory_get reads one by id; memory_write, memory_update, memory_delete and memory_undelete curate them, "
     "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date. "
+    "memory_forget forgets what a user asks to be forgotten, with everything formed from it (undoable unless hard). "
     "entity_search lists the people, places and things the agent knows of; entity_get reads one with its facts "
     "(current ones, or those true at a time, or their history) and the entities they link it to; entity_write "
     "writes entities, observations about them and edges between them (with memory writes on)."
@@ -215,6 +217,15 @@ def register(server: MCPServer, api: Api, agent_id: str) -> None:
     async def memory_undelete(ctx: Context, memory_id: MemoryId) -> MemoryRecord:
         """Bring back a deleted memory before its purge date."""
         return await call(lambda: api.client(ctx).memory_undelete(agent_id, memory_id))
+
+    @server.tool(annotations=writes("Forget a memory and what was formed from it", destructive=True, idempotent=True))
+    async def memory_forget(ctx: Context, memory_id: MemoryId,
+                            hard: Annotated[bool, Field(description="gone for good (needs an admin key); default: "
+                                                                    "undoable with memory_undelete")] = False) -> ForgetReport:
+        """Forget a message or a memory when the user asks you to: it and everything formed from it (the
+        conversation's summary re-formed without it, merged memories, graph facts) leave search and the memory
+        block at once. Soft by default (memory_undelete brings it all back); hard deletes it for good."""
+        return await call(lambda: api.client(ctx).memory_forget(agent_id, memory_id, mode="hard" if hard else "soft"))
 
     @server.tool(annotations=writes("Write to the knowledge graph", destructive=True, idempotent=True))
     async def entity_write(

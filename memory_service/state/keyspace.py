@@ -88,6 +88,9 @@ Agents (memory_service/state/store.py unless named)::
                                                     (memory_service/curation/retention.py)           per soft-deleted memory
     ms:retention:agents                     set     the agents that ever had a memory soft-deleted
                                                     (where the daily purge looks)                    per agent
+    ms:forget:{forget:<agent>}              hash    memory id -> JSON: a forget in progress (its plan and
+                                                    step; ids only), and a soft one done, kept for its
+                                                    undo (memory_service/curation/forget.py)         per forget
     ms:audit:agent:<agent>                  stream  the agent's changes, append-only, kept
                                                     (memory_service/access/audit.py)                 per change
 
@@ -130,6 +133,9 @@ Sessions (the ledger, memory_service/state/store.py; the window, memory_service/
                                                     extractor, first and last sequence, message count,
                                                     time) -> its last sequence: which window and
                                                     extractor formed a memory (the browse API), kept per formed window
+    ms:s:{s:<b>}:<session>:reform           hash    window number -> JSON: a formed window being re-formed
+                                                    (its plan, state and new extraction; state/records.py,
+                                                    formation/reform.py); deleted once re-formed      per window re-forming
     ms:s:{s:<b>}:<session>:startup          string  the startup digest last sent to the session
                                                     (modes first-run and digest, ~70 bytes), expiring
                                                     STARTUP_SESSION_TTL_SECONDS after its last block per session asking
@@ -499,7 +505,7 @@ def postings_build_lock(agent_id: str) -> str:
 
 # The parts of a session's ledger, all under ``ms:s:{<bucket>}:<session>:``.
 SESSION_PARTS = ("meta", "ids", "pending", "tokens", "users", "committed", "startup", "inflight", "formed",
-                 "participants")
+                 "participants", "reform")
 
 
 def _session_prefix(session_id: str) -> str:
@@ -526,6 +532,11 @@ def legacy_claim(session_id: str) -> str:
 
 
 # Namespaces --------------------------------------------------------------------------
+
+
+def forget_records(agent_id: str) -> str:
+    """The agent's forgets in progress (and the soft ones kept for undo): memory id -> JSON."""
+    return f"ms:forget:{{forget:{agent_id}}}"
 
 
 def cons_pending(namespace: str) -> str:

@@ -983,6 +983,20 @@ class StateStore:
         await self.redis.zadd(keyspace.session_keys(session_id)["formed"],
                               {json.dumps(entry, sort_keys=True): last_sequence})
 
+    async def formed_windows(self, session_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """Every formed window the session keeps, oldest first: (the stored JSON, its entry)."""
+        rows = cast(list[str], await self.redis.zrange(keyspace.session_keys(session_id)["formed"], 0, -1))
+        return [(raw, cast(dict[str, Any], json.loads(raw))) for raw in rows]
+
+    async def replace_formed_window(self, session_id: str, stored: str, entry: dict[str, object],
+                                    last_sequence: int) -> None:
+        """A formed window's entry (as ``formed_windows`` read it) replaced by ``entry``, in one step."""
+        key = keyspace.session_keys(session_id)["formed"]
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zrem(key, stored)
+            pipe.zadd(key, {json.dumps(entry, sort_keys=True): last_sequence})
+            await pipe.execute()
+
     async def formed_window(self, session_id: str, sequence: int) -> dict[str, object] | None:
         """The formed window that held the message of ``sequence``, as ``record_formed_window``
         kept it; None if none did (not formed yet, or formed before windows were kept)."""

@@ -157,6 +157,21 @@ export class MemoryClient {
     }));
   }
 
+  /** Forget a message or a memory with everything formed from it: "soft" (undone by memoryUndelete) or "hard"
+   * (for good; an admin key). Asked again after a failure, it finishes the forget. */
+  memoryForget(agentId: string, memoryId: string, request: BodyOf<"memory_forget"> = { mode: "soft" }) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/memories/{memory_id}/forget", {
+      params: { path: { agent_id: agentId, memory_id: memoryId } }, body: request,
+    }));
+  }
+
+  /** Re-form the agent's formed windows with the extractor configured now (dry_run counts; run_id resumes). */
+  reformWindows(agentId: string, request: BodyOf<"reform_windows"> = {}) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/reform", {
+      params: { path: { agent_id: agentId } }, body: request,
+    }));
+  }
+
   /** Store the <memory_write>/<shadow_write> blocks of a model's output (repeatable for the same message). */
   parseWrites(agentId: string, request: BodyOf<"parse_writes">) {
     return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/writes/parse", {

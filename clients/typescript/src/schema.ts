@@ -680,6 +680,60 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/memories/{memory_id}/forget": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Memory Forget
+         * @description memory_forget: forget a message or a memory with everything formed from it
+         *     (docs/forget.md): the window of a forgotten message formed again from its other
+         *     messages, consolidated versions that merged it, the graph facts that came from it, its
+         *     vectors, postings and the cached blocks that showed it. `soft` (the default) takes it
+         *     all out of every read at once and is undone by `POST .../undelete`; `hard` deletes it
+         *     for good, as an erasure does (needs `admin`). Answers what went (ids and counts).
+         *     Asked again after a crash, it finishes the forget. A message in the window being formed
+         *     right now: 409 (try again once it is formed). Needs `write` (`admin` for hard); not
+         *     MEMORY_WRITE_AGENTS.
+         */
+        post: operations["memory_forget"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/reform": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Reform Windows
+         * @description Re-form the agent's formed windows (all, a user's sessions, or one session; those
+         *     formed since a time) with the extractor configured now (docs/reform.md): the memories
+         *     each window's old extraction made are replaced by the new ones in one step per window.
+         *     Memories written by hand or by tools are never touched. `dry_run` says how many windows
+         *     and extractor calls it would take, changing nothing; `limit` bounds one call, and the
+         *     same `run_id` again resumes the run (skipping the windows it re-formed). An unknown
+         *     session (or another agent's): 404. Needs `admin` for all of the agent's users.
+         */
+        post: operations["reform_windows"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent_id}/writes/parse": {
         parameters: {
             query?: never;
@@ -1806,6 +1860,102 @@ export interface components {
              */
             message_ids?: string[];
         };
+        /** ForgetIn */
+        ForgetIn: {
+            /**
+             * @description soft: undoable (POST .../undelete) until the purge; hard: gone for good, as an erasure is (needs `admin`)
+             * @default soft
+             */
+            mode?: components["schemas"]["ForgetMode"];
+        };
+        /**
+         * ForgetMode
+         * @enum {string}
+         */
+        ForgetMode: "soft" | "hard";
+        /**
+         * ForgetReport
+         * @description What a forget took out: the memory, what was formed from it, and where it was shown.
+         */
+        ForgetReport: {
+            /**
+             * Id
+             * @description the memory forgotten
+             */
+            id: string;
+            /** Agent Id */
+            agent_id: string;
+            mode: components["schemas"]["ForgetMode"];
+            /**
+             * Undoable
+             * @description soft: POST .../undelete brings everything back
+             */
+            undoable: boolean;
+            /**
+             * Forgotten At
+             * Format: date-time
+             */
+            forgotten_at: string;
+            /**
+             * Memories
+             * @description memories taken out, by kind (the memory, what was formed from it, consolidated versions that merged any of them)
+             */
+            memories: {
+                [key: string]: number;
+            };
+            /**
+             * Memory Ids
+             * @description their ids
+             */
+            memory_ids: string[];
+            /**
+             * Reformed
+             * @description windows formed again without a forgotten message
+             */
+            reformed?: components["schemas"]["ReformedWindow"][];
+            /**
+             * Facts
+             * @description knowledge-graph facts that came from them alone: deleted (hard) or closed (soft)
+             */
+            facts?: string[];
+            /**
+             * Entities
+             * @description entities deleted because nothing links to them any more (hard)
+             * @default 0
+             */
+            entities?: number;
+            /**
+             * Requeued
+             * @description other items of a removed consolidated version, queued to be merged again (hard)
+             * @default 0
+             */
+            requeued?: number;
+            /**
+             * Cached Blocks
+             * @description cached and last good memory blocks deleted
+             * @default 0
+             */
+            cached_blocks?: number;
+            /**
+             * Ledger Entries
+             * @description entries of the session ledger taken out (hard)
+             * @default 0
+             */
+            ledger_entries?: number;
+            /**
+             * Query Log Entries
+             * @description entries of the graph store's query log deleted (hard)
+             * @default 0
+             */
+            query_log_entries?: number;
+            /**
+             * Persistence
+             * @description append-only file rewrites asked of each server (hard), as in an erasure's report
+             */
+            persistence?: {
+                [key: string]: string;
+            };
+        };
         /**
          * FormationSummary
          * @description What a formation job did, as the job returns it and the API shows it.
@@ -2480,6 +2630,142 @@ export interface components {
              * @description the kinds looked for: api_key, token, private_key, password, card_number, iban, government_id, email, phone; None: REDACTION_KINDS
              */
             kinds?: components["schemas"]["Kind"][] | null;
+        };
+        /**
+         * ReformIn
+         * @description Which formed windows to form again with the extractor configured now.
+         */
+        ReformIn: {
+            /**
+             * User Id
+             * @description only the sessions this user took part in
+             */
+            user_id?: string | null;
+            /**
+             * Session Id
+             * @description only this session
+             */
+            session_id?: string | null;
+            /**
+             * Since
+             * @description only windows formed at or after this time (ISO 8601 with a time zone)
+             */
+            since?: string | null;
+            /**
+             * Dry Run
+             * @description count the windows and the extractor calls, change nothing
+             * @default false
+             */
+            dry_run?: boolean;
+            /**
+             * Run Id
+             * @description a run's name: the same name again resumes it, skipping the windows it re-formed (default: a new run)
+             */
+            run_id?: string | null;
+            /**
+             * Limit
+             * @description at most this many windows in this call (the rest: call again with the same run_id)
+             */
+            limit?: number | null;
+        };
+        /** ReformReport */
+        ReformReport: {
+            /** Agent Id */
+            agent_id: string;
+            /** Run Id */
+            run_id: string;
+            /** Dry Run */
+            dry_run: boolean;
+            /**
+             * Extractor
+             * @description the extractor configured now, which forms the windows
+             */
+            extractor: string;
+            /**
+             * Sessions
+             * @description sessions looked at
+             */
+            sessions: number;
+            /**
+             * Windows
+             * @description windows chosen (formed, matching the filters)
+             */
+            windows: number;
+            /**
+             * Skipped
+             * @description windows this run re-formed before (resumed) or left for the next call (limit)
+             */
+            skipped: number;
+            /**
+             * Reformed
+             * @description windows re-formed by this call (0 on a dry run)
+             */
+            reformed: number;
+            /**
+             * Llm Calls
+             * @description extractor calls made (a dry run: the calls it would take, one per window for an LLM extractor, 0 offline)
+             */
+            llm_calls: number;
+            /**
+             * Memories Removed
+             * @default 0
+             */
+            memories_removed?: number;
+            /**
+             * Memories Formed
+             * @default 0
+             */
+            memories_formed?: number;
+            /**
+             * Done
+             * @description every chosen window is re-formed by this run
+             */
+            done: boolean;
+        };
+        /** ReformedWindow */
+        ReformedWindow: {
+            /** Session Id */
+            session_id: string;
+            /** Window */
+            window: number;
+            /**
+             * Messages
+             * @description messages the window was formed from this time
+             */
+            messages: number;
+            /**
+             * Removed
+             * @description ids of the memories its earlier extraction made, taken out
+             */
+            removed: string[];
+            /**
+             * Removed Kinds
+             * @description those, by kind
+             */
+            removed_kinds?: {
+                [key: string]: number;
+            };
+            /**
+             * Formed
+             * @description ids of the memories the new extraction made
+             */
+            formed: string[];
+            /**
+             * Facts
+             * @description facts that came from the removed memories alone: deleted (hard) or closed (soft)
+             */
+            facts?: string[];
+            /**
+             * Entities
+             * @description entities deleted: nothing links to them any more
+             * @default 0
+             */
+            entities?: number;
+            /**
+             * Llm Calls
+             * @default 0
+             */
+            llm_calls?: number;
         };
         /**
          * Rerank
@@ -4351,6 +4637,78 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["MemoryRecord"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    memory_forget: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the memory's id */
+                memory_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["ForgetIn"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ForgetReport"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    reform_windows: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["ReformIn"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ReformReport"];
                 };
             };
             /** @description Validation Error */

@@ -173,6 +173,34 @@ describe("the memory tools", () => {
     assert.equal((await ids())[0], written.id, "an undeleted memory is found again");
   });
 
+  test("forget a message with what was formed from it, undo it; re-form windows (docs/forget.md, docs/reform.md)", async () => {
+    const session = "ts-forget";
+    for (const [i, content] of ["I am planning a trip to Lisbon.", "My grandmother's maiden name is Quillfeather."].entries()) {
+      await client.recordMessage(session, { agent_id: AGENT, user_id: "ada", role: "user", content, message_id: `${session}-${i}` });
+    }
+    await client.formMemories(session);
+    const message = (await client.listMemories(AGENT, { session_id: session, kind: ["message"] })).memories
+      .find((m) => m.content.includes("Quillfeather"));
+    assert.ok(message);
+    const report = await client.memoryForget(AGENT, message.id);
+    assert.equal(report.mode, "soft");
+    assert.ok(report.undoable && (report.reformed ?? []).length === 1 && report.memory_ids.includes(message.id));
+    const found = await client.searchMemoriesWithBody(AGENT, { query: "Quillfeather grandmother" });
+    assert.ok(!found.results.some((h) => h.content.includes("Quillfeather")), "nothing formed from it is found");
+    assert.equal((await client.memoryUndelete(AGENT, message.id)).deleted_at, null);
+    await assert.rejects(client.memoryForget(AGENT, "no-such-memory"), NotFoundError);
+    await assert.rejects(client.memoryForget(AGENT, message.id, { mode: "hard" }), PermissionDenied); // admin's
+    const hard = await operator.memoryForget(AGENT, message.id, { mode: "hard" });
+    assert.equal(hard.undoable, false);
+
+    await assert.rejects(client.reformWindows(AGENT, { dry_run: true }), PermissionDenied); // admin's
+    const dry = await operator.reformWindows(AGENT, { session_id: session, dry_run: true });
+    assert.equal(dry.windows, 1);
+    assert.equal(dry.reformed, 0);
+    const done = await operator.reformWindows(AGENT, { session_id: session, run_id: "ts-run" });
+    assert.ok(done.done && done.reformed === 1);
+  });
+
   test("an idempotency key writes one memory", async () => {
     const memory = { content: "Standup moves to 9:30.", namespace, kind: "fact" as const, idempotency_key: "standup-1" };
     const first = await client.memoryWrite(AGENT, memory);

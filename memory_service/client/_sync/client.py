@@ -52,6 +52,7 @@ from memory_service.schemas.events import DeadLetterPage, Event, WebhookOut
 from memory_service.schemas.formation import FormationSummary
 from memory_service.schemas.graph import EntityDetailOut, EntityPage, EntitySplitOut, FactOut
 from memory_service.schemas.keys import ApiKey, NewKey
+from memory_service.schemas.lifecycle import ForgetReport, ReformReport
 from memory_service.schemas.records import BatchOut, RecordOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
@@ -248,6 +249,26 @@ class MemoryClient:
         """Bring back a soft-deleted memory before its purge date."""
         answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/undelete")
         result: MemoryRecord = parse(MemoryRecord, answer)
+        return result
+
+    def memory_forget(self, agent_id: str, memory_id: str, *, mode: str = "soft") -> ForgetReport:
+        """Forget a message or a memory with everything formed from it (docs/forget.md):
+        ``soft`` (undone by ``memory_undelete``) or ``hard`` (for good; needs an admin key).
+        Asked again after a failure, it finishes the forget."""
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/forget",
+                                  json={"mode": mode})
+        result: ForgetReport = parse(ForgetReport, answer)
+        return result
+
+    def reform(self, agent_id: str, *, user_id: str | None = None, session_id: str | None = None,
+                     since: datetime | None = None, dry_run: bool = False, run_id: str | None = None,
+                     limit: int | None = None) -> ReformReport:
+        """Re-form the agent's formed windows (a user's, a session's; formed since a time) with
+        the extractor configured now (docs/reform.md); the same ``run_id`` resumes a run."""
+        request = body(user_id=user_id, session_id=session_id, since=since.isoformat() if since else None,
+                       dry_run=dry_run or None, run_id=run_id, limit=limit)
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/reform", json=request)
+        result: ReformReport = parse(ReformReport, answer)
         return result
 
     # Browsing what the service holds: agents, users, sessions and memories, page by page.

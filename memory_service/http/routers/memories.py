@@ -7,7 +7,7 @@ the agent, changing needs `write` and the operator's MEMORY_WRITE_AGENTS; a key 
 to some users reads what they may see (their user namespaces, the sessions they took part
 in, the shards and the agent's namespace; anything else is an unknown memory) and changes
 only their own namespaces and sessions (memory_service/access/reach.py). The service audits
-every change (``memory.write``, ``.update``, ``.delete``, ``.undelete``, ``.write_blocks``).
+every change (``memory.write``, ``.update``, ``.delete``, ``.undelete``, ``.forget``, ``.write_blocks``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from memory_service.http.deps import CallerDep, ServiceDep
 from memory_service.http.guard import strict_router
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, MemoryDetail, MemoryPage
 from memory_service.schemas.keys import Role
+from memory_service.schemas.lifecycle import ForgetIn, ForgetMode, ForgetReport, ReformIn, ReformReport
 from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
 from memory_service.service import MemoryService
 
@@ -139,6 +140,36 @@ async def memory_undelete(agent_id: AgentId, service: ServiceDep, principal: Cal
     Needs `write` and MEMORY_WRITE_AGENTS."""
     guard = _allow(service, principal, Role.WRITE, agent_id)
     return await service.memory_undelete(agent_id, memory_id, guard, actor=principal.key_id)
+
+
+@router.post("/v1/agents/{agent_id}/memories/{memory_id}/forget", response_model=ForgetReport)
+async def memory_forget(agent_id: AgentId, service: ServiceDep, principal: CallerDep, body: ForgetIn | None = None,
+                        memory_id: OpaqueId = MemoryId) -> ForgetReport:
+    """memory_forget: forget a message or a memory with everything formed from it
+    (docs/forget.md): the window of a forgotten message formed again from its other
+    messages, consolidated versions that merged it, the graph facts that came from it, its
+    vectors, postings and the cached blocks that showed it. `soft` (the default) takes it
+    all out of every read at once and is undone by `POST .../undelete`; `hard` deletes it
+    for good, as an erasure does (needs `admin`). Answers what went (ids and counts).
+    Asked again after a crash, it finishes the forget. A message in the window being formed
+    right now: 409 (try again once it is formed). Needs `write` (`admin` for hard); not
+    MEMORY_WRITE_AGENTS."""
+    mode = body.mode if body is not None else ForgetMode.SOFT
+    guard = _allow(service, principal, Role.ADMIN if mode is ForgetMode.HARD else Role.WRITE, agent_id)
+    return await service.memory_forget(agent_id, memory_id, mode, guard, actor=principal.key_id)
+
+
+@router.post("/v1/agents/{agent_id}/reform", response_model=ReformReport)
+async def reform_windows(agent_id: AgentId, body: ReformIn, service: ServiceDep, principal: CallerDep) -> ReformReport:
+    """Re-form the agent's formed windows (all, a user's sessions, or one session; those
+    formed since a time) with the extractor configured now (docs/reform.md): the memories
+    each window's old extraction made are replaced by the new ones in one step per window.
+    Memories written by hand or by tools are never touched. `dry_run` says how many windows
+    and extractor calls it would take, changing nothing; `limit` bounds one call, and the
+    same `run_id` again resumes the run (skipping the windows it re-formed). An unknown
+    session (or another agent's): 404. Needs `admin` for all of the agent's users."""
+    authorize(principal, Role.ADMIN, agent_id)
+    return await service.reform(agent_id, body, actor=principal.key_id)
 
 
 class WriteBlocksIn(BaseModel):
