@@ -191,10 +191,21 @@ async def test_every_script_and_transaction_names_one_slot(settings, monkeypatch
                                                             "webhook_timeout_seconds": 1}),
                         state.redis, service.events, service.webhooks)
         await down.run()
-        (letter,) = (await service.webhooks.dead_letters("a1", "h1")).dead_letters
+
+        async def dead_letters() -> list:  # dead-lettered by this run, or by the worker's cron run beside it
+            return (await service.webhooks.dead_letters("a1", "h1")).dead_letters
+
+        await until(dead_letters, "the event dead-lettered")
+        (letter,) = await dead_letters()
         await service.webhooks.replay("a1", "h1", letter.event.id)
         await down.run()
         await service.webhooks.delete("a1", "h1")
+        # An agent's rate limits across its keys (memory_service/access/agent_limits.py).
+        from memory_service.access.agent_limits import AgentLimits
+
+        limits = AgentLimits(state.redis, requests_per_minute=10, tokens_per_minute=1000)
+        await limits.charge_request("a1")
+        await limits.charge_tokens("a1", 5)
         # A forget (its record, the window's re-formation record and entry) and a re-formation.
         from memory_service.formation.steps import message_memory_id
         from memory_service.schemas.lifecycle import ForgetMode, ReformIn
