@@ -39,6 +39,7 @@ import platform  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from contextlib import AsyncExitStack  # noqa: E402
 from datetime import UTC, datetime  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -61,14 +62,16 @@ class Driver:
         self.app = app
         self.auth = f"Bearer {key}".encode()
 
-    async def call(self, method: str, path: str, body: bytes = b"") -> int:
+    async def call(self, method: str, path: str, body: bytes = b"", bare: bool = False) -> int:
+        """The answer's status. ``bare``: the app's router alone, without its middleware (and
+        without FastAPI's exception handlers: for requests that succeed)."""
         headers = [(b"host", b"bench"), (b"authorization", self.auth)]
         if body:
             headers += [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
                  "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
                  "root_path": "", "headers": headers, "client": ("127.0.0.1", 50000), "server": ("bench", 80),
-                 "state": {}}
+                 "state": {}, "app": self.app}
         sent = False
         status = 0
 
@@ -85,7 +88,12 @@ class Driver:
             if message["type"] == "http.response.start":
                 status = message["status"]
 
-        await self.app(scope, receive, send)
+        if bare:  # what FastAPI's innermost middleware gives every request
+            async with AsyncExitStack() as stack:
+                scope["fastapi_middleware_astack"] = stack
+                await self.app.router(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
         return status
 
 
