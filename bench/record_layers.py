@@ -3,23 +3,27 @@ how many Redis round trips it makes, on the plain keyspace (one server) and on a
 Cluster (three masters loading FalkorDB, started here from the shipped redis-server).
 
 In one process, sequential records in sessions that already exist (no gate opens: the
-formation gates are set out of reach), through the FastAPI app in process (httpx's ASGI
-transport: no socket, no uvicorn), with API keys on. Timed per record, as medians of N:
+formation gates are set out of reach), the FastAPI app called as ASGI in process by a driver
+that costs almost nothing (bench/route_cpu.py's: no socket, no uvicorn, no HTTP client), with
+API keys on. Timed per record, as medians of N, in CPU of this process (``time.process_time``;
+the store's own CPU is in its process) and in wall time (the store's included):
 
 * **route**: ``POST /v1/sessions/{id}/messages`` with a write key, whole;
-* **floor**: ``GET /health/live`` through the same app and transport: the middleware
-  stack and the framework on a route that touches nothing;
-* **auth**: the key check alone (``KeyStore.authenticate``, its Redis read included);
+* **route without the middleware**: the same request to the app's router alone (the
+  difference is what the middleware stack costs a record: request telemetry, access-log
+  scope, browser guard, unexpected errors, admission with its key check, stall guard);
+* **floor**: ``GET /health/live`` through the same app, and through the router alone;
+* **auth**: the key check alone (``KeyStore.authenticate``, its Redis round trip included);
 * **record**: ``MemoryService.record_message`` called directly (no HTTP);
 * inside it, wrapped where they are called: **redaction** (the secrets' detectors, and the
   agent's redaction policy read when they find something: docs/redaction.md), **reserve**
   (the settings read and the reserve script), **store write** (the group commit's write: the graph statement, the postings
   included), **postings** (the postings' script alone), **commit** (the commit script and the
-  writes after it), **hand-off** (the record-time embedding's start and the job's enqueue).
+  writes around it), **hand-off** (the record-time embedding's start and the job's enqueue).
 
 Round trips: every command or pipeline the process sends to Redis or FalkorDB during one
 record, counted at the connection (a pipeline is one), by kind (graph statement, script,
-other). Wall times include the store's own time (its process runs on the same cores).
+other).
 
     .venv/bin/python bench/record_layers.py                 # plain and cluster, 300 records each
     .venv/bin/python bench/record_layers.py --records 1000 --no-cluster
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import sys
 import tempfile
@@ -42,8 +47,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import httpx  # noqa: E402
 from redis.asyncio.connection import AbstractConnection  # noqa: E402
+from route_cpu import Driver  # noqa: E402
 
 from memory_service.backends.agents import Redactor  # noqa: E402
 from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
@@ -110,44 +115,74 @@ def install_counter() -> None:
 
 
 class Timers:
+    """Wall and CPU time (``time.process_time``: this process's user + system) of each
+    wrapped layer, per record. The records run one after the other, so the CPU this process
+    spends while a layer is awaited is that layer's (the store's own CPU is in its process)."""
+
     def __init__(self) -> None:
         self.spent: dict[str, list[float]] = defaultdict(list)
+        self.cpu: dict[str, list[float]] = defaultdict(list)
         self.current: dict[str, float] = defaultdict(float)
+        self.current_cpu: dict[str, float] = defaultdict(float)
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
         inner: Callable[..., Awaitable[Any]] = getattr(owner, name)
-        current = self.current
+        current, current_cpu = self.current, self.current_cpu
 
         async def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return await inner(*args, **kwargs)
             finally:
                 current[label] += time.perf_counter() - started
+                current_cpu[label] += time.process_time() - cpu
 
         setattr(owner, name, timed)
 
     def wrap_sync(self, owner: Any, name: str, label: str) -> None:
         inner: Callable[..., Any] = getattr(owner, name)
-        current = self.current
+        current, current_cpu = self.current, self.current_cpu
 
         def timed(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return inner(*args, **kwargs)
             finally:
                 current[label] += time.perf_counter() - started
+                current_cpu[label] += time.process_time() - cpu
 
         setattr(owner, name, timed)
 
     def next_record(self) -> None:
         for label, value in self.current.items():
             self.spent[label].append(value)
+            self.cpu[label].append(self.current_cpu[label])
         self.current.clear()
+        self.current_cpu.clear()
+
+    def clear(self) -> None:
+        self.current.clear()
+        self.current_cpu.clear()
 
 
 def ms(values: list[float]) -> str:
     return f"{statistics.median(values) * 1000:.3f}" if values else "-"
+
+
+class Clock:
+    """Wall and CPU time of one call, appended to ``wall`` and ``cpu``."""
+
+    def __init__(self) -> None:
+        self.wall: list[float] = []
+        self.cpu: list[float] = []
+
+    async def time(self, call: Awaitable[Any]) -> Any:
+        started, cpu = time.perf_counter(), time.process_time()
+        try:
+            return await call
+        finally:
+            self.cpu.append(time.process_time() - cpu)
+            self.wall.append(time.perf_counter() - started)
 
 
 # A realistic message: two sentences, a date and a time, a number (the detectors' cues are
@@ -161,16 +196,14 @@ async def measure(settings: Settings, records: int, label: str, secret: bool = F
     async with open_service(settings, run_worker=False) as service:
         app = create_app(settings, service=service, host="0.0.0.0")
         key = await service.keys.create(KeyIn(name="bench", role="write", agents=["bench-a"]), "bench")
-        headers = {"Authorization": f"Bearer {key.key}"}
-        transport = httpx.ASGITransport(app=app)
-        async with app.router.lifespan_context(app), \
-                httpx.AsyncClient(transport=transport, base_url="http://bench") as client:
+        driver = Driver(app, key.key)
+        async with app.router.lifespan_context(app):
             sessions = [f"bench-s{i}" for i in range(8)]
             for i, s in enumerate(sessions):  # the sessions exist, the agent's graph and indexes too
-                reply = await client.post(f"/v1/sessions/{s}/messages", headers=headers,
-                                          json={"agent_id": "bench-a", "user_id": "ann", "role": "user",
-                                                "content": f"warm-up {i}", "message_id": f"w{i}"})
-                assert reply.status_code == 200, reply.text
+                status = await driver.call("POST", f"/v1/sessions/{s}/messages", body(s, i, f"w{i}", f"warm-up {i}"))
+                assert status == 200, status
+            await driver.call("GET", "/health/live")
+            await driver.call("GET", "/health/live", bare=True)
             timers = Timers()
             ledger, graph = service.sessions, await service.registry.get("graph")
             name_scripts(state=service.state, claims=service.state.embed_claims, cache=service.state.cache,
@@ -182,45 +215,53 @@ async def measure(settings: Settings, records: int, label: str, secret: bool = F
             timers.wrap(service.state, "commit_message", "commit")
             timers.wrap(ledger, "enqueue_embedding", "hand-off")
             timers.wrap_sync(ledger.fresh, "recorded", "hand-off")
-            route, floor, auth, direct = [], [], [], []
+            route, bare, floor, floor_bare, auth, direct = Clock(), Clock(), Clock(), Clock(), Clock(), Clock()
             sends: list[Counter[str]] = []
             for i in range(records):
                 session = sessions[i % len(sessions)]
-                body = {"agent_id": "bench-a", "user_id": "ann", "role": "user",
-                        "content": MESSAGE.format(i=i) + (SECRET if secret else ""), "message_id": f"r{i}"}
+                content = MESSAGE.format(i=i) + (SECRET if secret else "")
                 SENDS.clear()
                 COUNTING[0] = True
-                started = time.perf_counter()
-                reply = await client.post(f"/v1/sessions/{session}/messages", headers=headers, json=body)
-                route.append(time.perf_counter() - started)
+                status = await route.time(driver.call("POST", f"/v1/sessions/{session}/messages",
+                                                      body(session, i, f"r{i}", content)))
                 COUNTING[0] = False
                 sends.append(Counter(SENDS))
-                assert reply.status_code == 200, reply.text
-                timers.current.clear()  # the layers are timed on the direct records below
-                started = time.perf_counter()
-                await client.get("/health/live")
-                floor.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                await service.keys.authenticate(key.key)
-                auth.append(time.perf_counter() - started)
-                started = time.perf_counter()
-                await service.record_message(session, MessageIn(agent_id="bench-a", user_id="ann", role="user",
-                                                                content=body["content"], message_id=f"d{i}"))
-                direct.append(time.perf_counter() - started)
+                assert status == 200, status
+                timers.clear()  # the record's layers are timed on the direct records below
+                status = await bare.time(driver.call("POST", f"/v1/sessions/{session}/messages",
+                                                     body(session, i, f"b{i}", content), bare=True))
+                assert status == 200, status
+                timers.clear()
+                await floor.time(driver.call("GET", "/health/live"))
+                await floor_bare.time(driver.call("GET", "/health/live", bare=True))
+                await auth.time(service.keys.authenticate(key.key))
+                await direct.time(service.record_message(session, MessageIn(
+                    agent_id="bench-a", user_id="ann", role="user", content=content, message_id=f"d{i}")))
                 timers.next_record()
-        print(f"\n{label}: {records} records, medians per record (ms, wall)")
-        print(f"  route (HTTP in process, key check, record)  {ms(route)}")
-        print(f"  floor (GET /health/live, same stack)        {ms(floor)}")
-        print(f"  auth (key check alone)                      {ms(auth)}")
-        print(f"  record (MemoryService.record_message)       {ms(direct)}")
+        print(f"\n{label}: {records} records, medians per record, ms: CPU of this process (wall)")
+
+        def line(name: str, clock: Clock) -> None:
+            print(f"  {name:<58} {ms(clock.cpu):>7} ({ms(clock.wall)})")
+
+        line("route: POST /v1/sessions/{id}/messages, whole", route)
+        line("route without the middleware (the router called alone)", bare)
+        line("floor: GET /health/live, the whole stack", floor)
+        line("floor without the middleware", floor_bare)
+        line("auth: the key check alone (KeyStore.authenticate)", auth)
+        line("record: MemoryService.record_message, no HTTP", direct)
         for layer in ("redaction", "reserve", "store write", "postings", "commit", "hand-off"):
-            print(f"    {layer:<40} {ms(timers.spent.get(layer, []))}")
+            print(f"    {'of which ' + layer:<56} {ms(timers.cpu.get(layer, [])):>7} ({ms(timers.spent.get(layer, []))})")
         total = Counter[str]()
         for one in sends:
             total.update(one)
         print(f"  round trips per record through the route (mean): {sum(total.values()) / records:.2f}")
         for kind, n in sorted(total.items()):
             print(f"    {kind:<60} {n / records:.2f}")
+
+
+def body(session: str, i: int, message_id: str, content: str) -> bytes:
+    return json.dumps({"agent_id": "bench-a", "user_id": "ann", "role": "user", "content": content,
+                       "message_id": message_id}).encode()
 
 
 async def main() -> None:

@@ -16,7 +16,7 @@ from memory_service.backends.embedded import EmbeddedFalkorDB
 from memory_service.backends.graph import GraphBackend, graph_name
 from memory_service.backends.outages import is_unavailable
 from memory_service.domain.errors import BackendUnavailable, Conflict, InvalidInput
-from memory_service.domain.models import Memory, MemoryKind, MessageIn, Provenance, StoreQuery
+from memory_service.domain.models import BatchMessageIn, Memory, MemoryKind, MessageIn, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
 from memory_service.formation.jobs import EMBED_JOB
 from memory_service.formation.steps import message_memory_id
@@ -109,6 +109,26 @@ async def test_without_an_embedder_nothing_is_enqueued_and_messages_wait_for_the
         assert await service.queue.pool.queued_jobs() == []
         assert await service.state.redis.exists(embed_due("a1"), embed_lock("a1")) == 0
         assert len(await unembedded(service, "a1")) == 1
+
+
+async def test_records_and_a_batch_go_on_after_the_server_forgot_its_scripts(settings):
+    """One server takes a record's scripts by EVALSHA in a pipeline (memory_service/state/store.py,
+    ``_with_scripts``); a server that lost them (restarted, SCRIPT FLUSH) answers NOSCRIPT, and
+    the calls run again, in order, loading them."""
+    async with open_service(settings, run_worker=False) as service:
+        await service.record_message("nos", msg("a1", "alice", "first", mid="m1"))
+        await service.state.redis.script_flush()
+        second = await service.record_message("nos", msg("a1", "alice", "second", mid="m2"))
+        again = await service.record_message("nos", msg("a1", "alice", "second", mid="m2"))
+        assert (second.sequence, second.duplicate, again.sequence, again.duplicate) == (2, False, 2, True)
+        await service.state.redis.script_flush()
+        batch = [BatchMessageIn(session_id="nos", user_id="alice", role="user", content=f"batch {i}",
+                                message_id=f"b{i}") for i in range(3)]
+        answer = await service.record_batch("a1", batch)
+        assert [(item.status, item.sequence) for item in answer.items] == [("recorded", 3), ("recorded", 4),
+                                                                          ("recorded", 5)]
+        counters = await service.state.counters("nos")
+        assert (counters.pending_messages, counters.messages) == (5, 5)
 
 
 # --- the agent's embedding lock ------------------------------------------------------------------

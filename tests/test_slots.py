@@ -50,6 +50,7 @@ class SlotWatch:
     def __init__(self, url: str):
         self.server = redis.Redis.from_url(url)  # names a command's keys: COMMAND GETKEYS
         self.registered: set[bytes] = set()
+        self.by_sha: dict[str, bytes] = {}  # a registered script's SHA1 -> its source
         self.ran: set[bytes] = set()
         self.transactions: set[tuple[str, str]] = set()  # (module, function) that opened one
         self.crossing: list[str] = []
@@ -57,18 +58,29 @@ class SlotWatch:
     def install(self, monkeypatch) -> None:
         watch = self
         script_init, script_call = AsyncScript.__init__, AsyncScript.__call__
-        transaction = Pipeline._execute_transaction
+        transaction, pipeline = Pipeline._execute_transaction, Pipeline._execute_pipeline
 
         def init(self, registered_client, script):
             script_init(self, registered_client, script)
-            watch.registered.add(self.script if isinstance(self.script, bytes) else self.script.encode())
-
-        async def call(self, keys=None, args=None, client=None):
             source = self.script if isinstance(self.script, bytes) else self.script.encode()
+            watch.registered.add(source)
+            watch.by_sha[self.sha] = source
+
+        def ran(source: bytes, keys) -> None:
             watch.ran.add(source)
             if len(slots(keys or [])) > 1:
                 watch.crossing.append(f"script {source[:60]!r}... keys {keys}")
+
+        async def call(self, keys=None, args=None, client=None):
+            ran(self.script if isinstance(self.script, bytes) else self.script.encode(), keys)
             return await script_call(self, keys, args, client)
+
+        async def in_pipeline(self, connection, commands, raise_on_error):
+            # A script sent by EVALSHA in a pipeline (memory_service/state/store.py, ``_with_scripts``).
+            for args, _ in commands:
+                if str(args[0]).upper() == "EVALSHA" and args[1] in watch.by_sha:
+                    ran(watch.by_sha[args[1]], list(args[3 : 3 + int(args[2])]))
+            return await pipeline(self, connection, commands, raise_on_error)
 
         async def execute(self, connection, commands, raise_on_error):
             keys = [k for args, _ in commands for k in watch.keys_of(args)]
@@ -85,6 +97,7 @@ class SlotWatch:
         monkeypatch.setattr(AsyncScript, "__init__", init)
         monkeypatch.setattr(AsyncScript, "__call__", call)
         monkeypatch.setattr(Pipeline, "_execute_transaction", execute)
+        monkeypatch.setattr(Pipeline, "_execute_pipeline", in_pipeline)
 
     def keys_of(self, args) -> list[bytes]:
         try:

@@ -25,7 +25,7 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -51,6 +51,10 @@ class Principal:
     role: Role
     agents: frozenset[str] | None  # None: every agent
     users: frozenset[str] | None = None  # None: every user of its agents
+    # The key's recorded tokens per minute as its check read them (its own, else the
+    # default; 0: no limit), so that a record with no limit to count against skips the
+    # charge's round trip; None: not read (``charge_tokens`` asks Redis).
+    token_limit: int | None = field(default=None, compare=False)
 
     @property
     def is_operator(self) -> bool:
@@ -118,7 +122,8 @@ if fields['requests_per_minute'] and fields['requests_per_minute'] ~= '' then
   limit = tonumber(fields['requests_per_minute'])
 end
 local decision = charge(KEYS[2], KEYS[3], limit, 1, tonumber(ARGV[2]))
-return {'ok', decision[1], decision[2], fields['role'], fields['agents'] or '', fields['users'] or ''}
+return {'ok', decision[1], decision[2], fields['role'], fields['agents'] or '', fields['users'] or '',
+        fields['tokens_per_minute'] or ''}
 """
 
 # KEYS: record, this and the previous minute's token counters. ARGV: tokens, now (ms), default.
@@ -260,14 +265,16 @@ class KeyStore:
             return "this API key was revoked"
         if not int(answer[1]):
             raise RateLimited(f"key {key_id} is over its requests per minute", int(answer[2]))
-        agents, users = answer[4], answer[5]
+        agents, users, tokens = answer[4], answer[5], answer[6]
         return Principal(key_id, Role(answer[3]),
                          frozenset(json.loads(agents)) if agents else None,
-                         frozenset(json.loads(users)) if users else None)
+                         frozenset(json.loads(users)) if users else None,
+                         token_limit=int(tokens) if tokens else self.tokens_per_minute)
 
     async def charge_tokens(self, principal: Principal, tokens: int) -> None:
-        """Count recorded tokens against the key's limit; RateLimited when they are spent."""
-        if principal.key_id in (LOCAL_KEY_ID, OPERATOR_KEY_ID) or tokens <= 0:
+        """Count recorded tokens against the key's limit; RateLimited when they are spent.
+        Nothing is counted for a key without a limit (``Principal.token_limit`` 0)."""
+        if principal.key_id in (LOCAL_KEY_ID, OPERATOR_KEY_ID) or tokens <= 0 or principal.token_limit == 0:
             return
         now_ms = int(time.time() * 1000)
         allowed, retry_after = await self._charge_tokens(

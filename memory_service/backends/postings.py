@@ -38,7 +38,7 @@ queries cost each word's matches in the whole agent, answers only scopes larger 
 SEARCH_SCOPE_SCAN_MAX.
 
 On a cluster every key of an agent carries the agent's hash tag (one slot, one node).
-The removal script builds its word keys from the agent's prefix (the words are stored in
+The index and removal scripts build the word keys from the agent's prefix (the words are in
 the memory's entry): keys of the same slot, as the scripts of a tag may use.
 """
 
@@ -60,24 +60,29 @@ log = logging.getLogger(__name__)
 MAX_TERMS = 32  # query words read (as the full-text path)
 CHUNK = 256  # postings read per word and step, at least: the script reads max(CHUNK, k)
 
-# KEYS: stats, docs, then one key per distinct word of the batch.
-# ARGV: fresh (1: the graph was created by this write, the postings cover it), then per
-# memory: id, length, its entry ("<length> <stem> ..."), the number of words, then per word
-# (index into KEYS, tf).
+# KEYS: stats, docs. ARGV: k1, b, fresh (1: the graph was created by this write, the
+# postings cover it), the agent's word-key prefix, then per memory: id, its entry
+# ("<length> <stem> <stem>*<tf> ..."). The words' keys are built from the prefix, as the
+# removal's are: each word was an argument of its own, and packing a message's fifty
+# arguments cost the API more than the script costs the store.
 _INDEX = """
 local k1, b = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fresh = ARGV[3] == '1'
+local prefix = ARGV[4]
 local docs = {}
-local i = 4
 local added, added_len = 0, 0
-while i <= #ARGV do
-  local id, len, entry, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
-  local words = {}
-  for j = 0, n - 1 do
-    words[#words + 1] = {tonumber(ARGV[i + 4 + 2 * j]), tonumber(ARGV[i + 5 + 2 * j])}
-  end
-  i = i + 4 + 2 * n
+for i = 5, #ARGV, 2 do
+  local id, entry = ARGV[i], ARGV[i + 1]
   if redis.call('HSETNX', KEYS[2], id, entry) == 1 then
+    local len, words = nil, {}
+    for token in string.gmatch(entry, '%S+') do
+      if not len then
+        len = tonumber(token)
+      else
+        local term, tf = string.match(token, '^([^*]+)%*(%d+)$')
+        if term then words[#words + 1] = {term, tonumber(tf)} else words[#words + 1] = {token, 1} end
+      end
+    end
     docs[#docs + 1] = {id, len, words}
     added, added_len = added + 1, added_len + len
   end
@@ -101,7 +106,7 @@ end
 -- In pieces: Lua's unpack takes at most about 8,000 values (an even piece keeps the pairs).
 for key, pairs_ in pairs(adds) do
   for s = 1, #pairs_, 4000 do
-    redis.call('ZADD', KEYS[key], unpack(pairs_, s, math.min(s + 3999, #pairs_)))
+    redis.call('ZADD', prefix .. key, unpack(pairs_, s, math.min(s + 3999, #pairs_)))
   end
 end
 if fresh then redis.call('HSETNX', KEYS[1], 'built', '1') end
@@ -308,18 +313,12 @@ class Postings:
     async def index_entries(self, agent_id: str, entries: Sequence[tuple[str, tuple[int, dict[str, int], str]]],
                             fresh: bool = False) -> int:
         """``index`` of texts whose ``entry`` the caller made already."""
-        keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id)]
-        slots: dict[str, int] = {}
-        args: list[Any] = [bm25.K1, bm25.B, "1" if fresh else "0"]
-        for memory_id, (length, counts, line) in entries:
-            args += [memory_id, length, line, len(counts)]
-            for term, tf in counts.items():
-                if term not in slots:
-                    keys.append(keyspace.postings_term(agent_id, term))
-                    slots[term] = len(keys)  # Lua's 1-based index into KEYS
-                args += [slots[term], tf]
-        if len(args) == 3 and not fresh:
+        if not entries and not fresh:
             return 0
+        keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id)]
+        args: list[Any] = [bm25.K1, bm25.B, "1" if fresh else "0", keyspace.postings_term(agent_id, "")]
+        for memory_id, (_, _, line) in entries:
+            args += [memory_id, line]
         return int(await self._index(keys=keys, args=args))
 
     async def remove(self, agent_id: str, ids: Sequence[str]) -> int:

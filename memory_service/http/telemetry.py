@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 from opentelemetry.propagate import extract
 from opentelemetry.trace import SpanKind
@@ -154,7 +155,14 @@ class StoreProbes:
 
 
 class StallGuard:
-    """503 with Retry-After, at once, for a request stuck on a store that stopped answering."""
+    """503 with Retry-After, at once, for a request stuck on a store that stopped answering.
+
+    The request runs in its own task, watched by a timer (no task of its own per request:
+    one cost the single-message route a task, a future and a wait's callbacks every time,
+    for a timer that fires only on a stall). Once STORE_STALL_SECONDS pass without an
+    answer started, the stores are probed; a frozen one cancels the request's task (as
+    ``asyncio.timeout`` does: ``uncancel`` tells its cancellation from another's) and the
+    503 is answered here; live ones re-arm the timer."""
 
     UNGUARDED = frozenset({"/health", "/health/live", "/metrics", "/v1/context"})
 
@@ -165,40 +173,66 @@ class StallGuard:
         if scope["type"] != "http" or scope["path"] in self.UNGUARDED or route_template(scope) in self.UNGUARDED:
             await self.app(scope, receive, send)
             return
-        answering = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal answering
-            if message["type"] == "http.response.start":
-                answering = True
-            await send(message)
-
-        async def run() -> None:
-            await self.app(scope, receive, tracked)
-
-        task = asyncio.create_task(run())
+        watch = _Watch(self, scope, send)
         try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self.stall)
-                if done or answering:
-                    await task
-                    return
-                probes = self.probes.of(scope)
-                alive = await asyncio.gather(*(p.alive() for p in probes))
-                frozen = [p.name for p, ok in zip(probes, alive, strict=True) if not ok]
-                if frozen and not task.done() and not answering:
-                    task.cancel()
-                    await asyncio.gather(task, return_exceptions=True)
-                    if answering:
-                        return
-                    for name in frozen:
-                        metrics.STORE_FROZEN.labels(name).inc()
-                    log.warning("%s %s: answered 503, the %s store does not answer", scope["method"],
-                                route_template(scope), " and ".join(frozen))
-                    response = unavailable(f"the {' and '.join(frozen)} store does not answer; try again shortly",
-                                           self.retry_after, scope)
-                    await response(scope, receive, send)
-                    return
+            await self.app(scope, receive, watch.tracked)
+            if not watch.frozen or watch.answering:
+                return
+            watch.task.uncancel()  # the app took our cancellation and returned unanswered
+        except asyncio.CancelledError:
+            if not watch.frozen or watch.task.uncancel() > 0 or watch.answering:
+                raise  # not (only) ours: the client went away, the server stops
         finally:
-            if not task.done():  # the client went away: stop its work
-                task.cancel()
+            watch.stop()
+        for name in watch.frozen:
+            metrics.STORE_FROZEN.labels(name).inc()
+        log.warning("%s %s: answered 503, the %s store does not answer", scope["method"],
+                    route_template(scope), " and ".join(watch.frozen))
+        response = unavailable(f"the {' and '.join(watch.frozen)} store does not answer; try again shortly",
+                               self.retry_after, scope)
+        await response(scope, receive, send)
+
+
+class _Watch:
+    """One guarded request: its answer's start seen, the timer, the probes of a stall."""
+
+    def __init__(self, guard: StallGuard, scope: Scope, send: Send):
+        self.guard, self.scope, self.send = guard, scope, send
+        task = asyncio.current_task()
+        assert task is not None  # an ASGI app runs in a task
+        self.task: asyncio.Task[Any] = task
+        self.answering = False
+        self.frozen: list[str] = []
+        self.done = False
+        self.loop = asyncio.get_running_loop()
+        self.timer: asyncio.TimerHandle | None = self.loop.call_later(guard.stall, self._stalled)
+        self.probing: asyncio.Task[None] | None = None
+
+    async def tracked(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.answering = True
+        await self.send(message)
+
+    def _stalled(self) -> None:
+        self.timer = None
+        if not (self.done or self.answering):
+            self.probing = self.loop.create_task(self._probe())
+
+    async def _probe(self) -> None:
+        probes = self.guard.probes.of(self.scope)
+        alive = await asyncio.gather(*(p.alive() for p in probes))
+        if self.done or self.answering:
+            return
+        frozen = [p.name for p, ok in zip(probes, alive, strict=True) if not ok]
+        if frozen:
+            self.frozen = frozen
+            self.task.cancel()
+        else:  # alive, only busy: look again after another stall period
+            self.timer = self.loop.call_later(self.guard.stall, self._stalled)
+
+    def stop(self) -> None:
+        self.done = True
+        if self.timer is not None:
+            self.timer.cancel()
+        if self.probing is not None and not self.probing.done():
+            self.probing.cancel()

@@ -74,12 +74,13 @@ class SessionLedger:
     async def record_message(self, session_id: str, message: MessageIn, reach: Reach | None = None) -> RecordResult:
         """Store one message (idempotent by message_id) and evaluate the gates.
 
-        In the common case: reserve (the agent's settings, then its script: two round
-        trips), the store's write (shared with the agent's concurrent records), then the
-        commit in three (the users' indexes, the session's atomic commit with its counters,
-        the user's generation and the embedding mark: each under its own hash tag,
-        memory_service/state/store.py). The message is stored without its embedding; the
-        worker adds it.
+        In the common case: reserve (the agent's settings, the user's index, then its
+        script), the store's write (shared with the agent's concurrent records; the graph's
+        statement, then the postings' script), then the commit (the users' indexes, the
+        session's atomic commit with its counters, the user's generation and the embedding
+        mark: each under its own hash tag, memory_service/state/store.py). On one server the
+        reserve is one round trip and the commit one; on a cluster two and three. The
+        message is stored without its embedding; the worker adds it.
         ``reach``: the caller's (memory_service/access/reach.py); a key limited to some users
         records into a session other users started only with the agent's
         ``users_join_sessions``, else it is answered as a session of another agent: decided
@@ -119,7 +120,8 @@ class SessionLedger:
         # formation could not read, and the client's retry completes the same message.
         # Stored without its embedding (marked for it): the embedding job adds it.
         await self._store(backend, memory, reservation.sequence)
-        commit = await self._commit(session_id, message_id, reservation.sequence, memory, message.incognito)
+        commit = await self._commit(session_id, message_id, reservation.sequence, memory, message.incognito,
+                                    reservation.committed)
         gate = gates.evaluate(commit.counters, self.settings)
         result = RecordResult(session_id, message_id, reservation.sequence, duplicate=not commit.first, gate=gate,
                               redacted=redacted.counts)
@@ -171,14 +173,15 @@ class SessionLedger:
                 raise
 
     async def _commit(self, session_id: str, message_id: str, sequence: int, memory: Memory,
-                      incognito: bool) -> Commit:
-        """Make the stored ``memory`` (the message) pending, once, and enqueue its embedding."""
+                      incognito: bool, committed: bool = False) -> Commit:
+        """Make the stored ``memory`` (the message) pending, once, and enqueue its embedding.
+        ``committed``: its reservation found the id committed already (a retry)."""
         meta = memory.metadata
         role, user_id = meta.role or Role.USER, meta.user_id  # a message always has its role
         commit = await self.state.commit_message(
             session_id, message_id, sequence, gates.weighted_tokens(role, memory.content),
             user_id if role == "user" else None, incognito, meta.agent_id,
-            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=user_id,
+            embed_lock_ms=EMBED_LOCK_MS if self.embedder is not None else 0, user_id=user_id, committed=committed,
         )
         if commit.enqueue_embedding:
             await self.enqueue_embedding(meta.agent_id)

@@ -18,6 +18,13 @@ crash between two steps leaves something extra rather than something missing: th
 indexes are written before the commit (an index naming a session is harmless, one missing
 would hide it from an erasure), the generation and the embedding mark after it (and again
 by a retry, whose commit is not ``first``).
+
+Round trips: on a cluster those steps are sent apart (a node each). On one server (the
+embedded default, or a plain Redis) a step's commands and scripts go in one pipeline,
+which the server runs in the order sent: a record's reserve is one round trip and its
+commit one (``reserve_messages``, ``commit_messages``; bench/record_layers.py counts them).
+Scripts in a pipeline go by EVALSHA (``_with_scripts``): redis-py's own way asks the server
+first whether it knows them, a round trip more.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from typing import Any, NamedTuple, cast
 
 from redis.asyncio import Redis, RedisCluster
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from memory_service.config import Settings
 from memory_service.domain.errors import session_taken
@@ -332,6 +340,7 @@ class CommitCall(NamedTuple):
     agent_id: str
     embed_lock_ms: int = 0
     user_id: str | None = None
+    committed: bool = False  # its reservation found the id committed: this commit is not expected to be the first
 
 
 def _reserve_call(call: ReserveCall, confined: bool, took_part: bool) -> tuple[list[str], list[str]]:
@@ -369,6 +378,13 @@ def _commit_call(call: CommitCall) -> tuple[list[str], list[str | int]]:
              "1" if call.incognito else "0", call.session_id])
 
 
+def _raise_first(replies: Sequence[Any]) -> None:
+    """The first error among a pipeline's replies, raised (an index write failed)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+
+
 def _commit_of(reply: list[Any], enqueue_embedding: bool) -> Commit:
     """``_COMMIT``'s answer read."""
     first, pending, meta = reply
@@ -376,11 +392,43 @@ def _commit_of(reply: list[Any], enqueue_embedding: bool) -> Commit:
     return Commit(first=bool(first), counters=counters, enqueue_embedding=enqueue_embedding)
 
 
+class _AfterCommit:
+    """The step after the commits: the generation of each speaker of a first commit bumped,
+    and each agent's embedding marked due and its lock taken if free (by the first call
+    that marks it). ``first``: per call, whether it is (or is expected to be) a first commit."""
+
+    def __init__(self, first: Sequence[bool], calls: Sequence[CommitCall]):
+        self.generations: dict[str, None] = {}
+        self.locking: dict[str, tuple[int, int]] = {}  # agent -> (the first call marking it, its lock's ms)
+        for i, (call, is_first) in enumerate(zip(calls, first, strict=True)):
+            if not is_first:
+                continue
+            if call.speaker:
+                self.generations.setdefault(generation_key(f"user:{call.agent_id}:{call.speaker}"))
+            if call.embed_lock_ms > 0:
+                self.locking.setdefault(call.agent_id, (i, int(call.embed_lock_ms)))
+
+    def queue(self, pipe: Any) -> None:
+        for key in self.generations:
+            pipe.incr(key)
+        for agent_id, (_, lock_ms) in self.locking.items():
+            pipe.set(keyspace.embed_due(agent_id), "1")
+            pipe.set(keyspace.embed_lock(agent_id), "1", nx=True, px=lock_ms)
+
+    def locked(self, replies: Sequence[Any]) -> dict[int, bool]:
+        """Call -> whether it took its agent's embedding lock (the second SET of its agent's pair)."""
+        return {i: replies[len(self.generations) + 2 * place + 1] is True
+                for place, (i, _) in enumerate(self.locking.values())}
+
+
 class StateStore:
     def __init__(self, redis: Redis, embed_claim_seconds: float = 30.0):
         self.redis = redis
         self.cache = BlockCache(redis)  # generations, cached and last good memory blocks
         self.embed_claims = EmbedClaims(redis, embed_claim_seconds)  # who embeds a stored memory
+        # A cluster client runs what a record writes on other slots as steps of their own
+        # (the module's docstring); one server takes them in one pipeline with the scripts.
+        self.cluster = isinstance(redis, RedisCluster)
         self._reserve = redis.register_script(_RESERVE)
         self._commit = redis.register_script(_COMMIT)
         self._settle_swept = redis.register_script(_SETTLE_SWEPT)
@@ -497,6 +545,7 @@ class StateStore:
     async def commit_message(
         self, session_id: str, message_id: str, sequence: int, weighted_tokens: float,
         speaker: str | None, incognito: bool, agent_id: str, embed_lock_ms: int = 0, user_id: str | None = None,
+        committed: bool = False,
     ) -> Commit:
         """Make a stored message pending for formation, once; the session's counters after.
 
@@ -506,10 +555,12 @@ class StateStore:
         mark before it lets go (``finish_embedding``), so no message is left behind.
 
         Three steps (see the module's docstring): the user's indexes, the session's atomic
-        commit (``_COMMIT``), then the user's generation and the embedding mark.
+        commit (``_COMMIT``), then the user's generation and the embedding mark; one round
+        trip on one server, three on a cluster (``commit_messages``). ``committed``: the
+        id's reservation found it committed already (a retry).
         """
         (answer,) = await self.commit_messages([CommitCall(session_id, message_id, sequence, weighted_tokens, speaker,
-                                                           incognito, agent_id, embed_lock_ms, user_id)])
+                                                           incognito, agent_id, embed_lock_ms, user_id, committed)])
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -521,7 +572,8 @@ class StateStore:
     async def reserve_messages(self, calls: Sequence[ReserveCall]) -> list[Reservation | Exception]:
         """``reserve_message`` for each call, in two round trips (the agents' settings with
         what the scripts need read or written first, then the reservations; and one for the
-        new sessions' indexes); each answer is a Reservation (``committed`` set if the id was
+        new sessions' indexes), or in one on a single server when no caller is limited to
+        users (the scripts then need nothing read first); each answer is a Reservation (``committed`` set if the id was
         committed before the call: nothing is held for it) or the error that call raised
         (e.g. session_taken).
 
@@ -539,6 +591,19 @@ class StateStore:
         for call in calls:
             if call.user_id:
                 joined.setdefault(keyspace.user_joined(call.agent_id, call.user_id), set()).add(call.session_id)
+        if not self.cluster and all(call.confined_to is None for call in calls):
+            # No caller limited to users: the scripts need nothing the first step reads, and
+            # one server runs the pipeline in order (the indexes first): one round trip.
+            scripts = [_reserve_call(call, False, False) for call in calls]
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for agent_id in agents:
+                    pipe.get(keyspace.agent_settings(agent_id))
+                for key, members in joined.items():
+                    pipe.sadd(key, *sorted(members))
+                head = len(agents) + len(joined)
+                raw = await self._with_scripts(pipe, self._reserve, scripts)
+            settings = {agent_id: _readable_settings(value) for agent_id, value in zip(agents, raw, strict=False)}
+            return await self._reserved(calls, raw[head:], settings)
         async with self.redis.pipeline(transaction=False) as pipe:
             for agent_id in agents:
                 pipe.get(keyspace.agent_settings(agent_id))
@@ -563,7 +628,11 @@ class StateStore:
             confined = call.confined_to is not None and not (agent is not None and agent.users_join_sessions)
             scripts.append(_reserve_call(call, confined, took_part.get((call.agent_id, call.session_id,
                                                                          call.confined_to), False)))
-        reserved = await self._run_script(self._reserve, scripts)
+        return await self._reserved(calls, await self._run_script(self._reserve, scripts), settings)
+
+    async def _reserved(self, calls: Sequence[ReserveCall], reserved: Sequence[Any],
+                        settings: dict[str, AgentSettings | None]) -> list[Reservation | Exception]:
+        """The reservations' answers read; what a refusal wrote taken out, new sessions indexed."""
         answers: list[Reservation | Exception] = []
         new_sessions: dict[str, str] = {}
         refused: dict[str, set[str]] = {}  # the users' indexes naming a session their call was refused
@@ -595,7 +664,7 @@ class StateStore:
         """``script`` run for each (keys, args), in order; each answer its reply or the error it
         raised. One pipeline on a plain Redis; one call after the other on a cluster, whose
         client refuses scripts in a pipeline (each call names one slot, the calls many)."""
-        if isinstance(self.redis, RedisCluster) or len(calls) == 1:
+        if self.cluster or len(calls) == 1:
             replies: list[Any] = []
             for keys, args in calls:
                 try:
@@ -604,17 +673,43 @@ class StateStore:
                     replies.append(exc)
             return replies
         async with self.redis.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                await script(keys=keys, args=args, client=pipe)
-            replies = await pipe.execute(raise_on_error=False)
-            return replies
+            return await self._with_scripts(pipe, script, calls)
+
+    async def _with_scripts(self, pipe: Any, script: AsyncScript, calls: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+                            after: Callable[[Any], None] | None = None) -> list[Any]:
+        """Run ``pipe`` (commands queued already) with ``script`` for each (keys, args) after
+        them, then what ``after`` queues: every reply, an error in place of a failed one.
+
+        By EVALSHA: a script run through a pipeline (``script(client=pipe)``) first asks the
+        server whether it knows the script, a round trip of its own. A server that does not
+        (restarted, flushed) answers NOSCRIPT for every call: they are run again in order, each
+        loading it, after the rest of the pipeline ran."""
+        head = len(pipe)
+        for keys, args in calls:
+            pipe.evalsha(script.sha, len(keys), *keys, *args)
+        if after is not None:
+            after(pipe)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        ran = replies[head : head + len(calls)]
+        if any(isinstance(reply, NoScriptError) for reply in ran):
+            again = [await self._run_script(script, [call]) for call in calls]  # in order, each loading it
+            replies[head : head + len(calls)] = [reply for (reply,) in again]
+        return replies
 
     async def commit_messages(self, calls: Sequence[CommitCall]) -> list[Commit | Exception]:
-        """``commit_message`` for each call, in order, in three round trips (see the module's
-        docstring): the users' indexes, the sessions' atomic commits, then the users'
-        generations and the embedding marks. Each answer is a Commit or the error that call
-        raised. A batch's many messages of one session and speaker touch the same index
-        members, generation and marks: each is written once for the batch, not per message."""
+        """``commit_message`` for each call, in order: the users' indexes, the sessions' atomic
+        commits, then the users' generations and the embedding marks (see the module's
+        docstring). Each answer is a Commit or the error that call raised. A batch's many
+        messages of one session and speaker touch the same index members, generation and
+        marks: each is written once for the batch, not per message.
+
+        On a cluster, three round trips: the last step only for the calls that committed
+        first (a duplicate changes nothing, so it invalidates no cached block). On one server,
+        one pipeline, in that order: the last step for the calls whose reservation did not
+        find their id committed (``CommitCall.committed``), as it expects of their commits; a
+        retry racing its original to the commit (the one case it does not foresee) bumps a
+        generation and marks an embedding once more, which only costs a cached block and an
+        embedding job that finds nothing to do."""
         sessions: dict[str, set[str]] = {}  # index key -> the sessions it gains
         users: dict[str, set[str]] = {}  # the agent's users index -> the users it gains
         for call in calls:
@@ -624,35 +719,35 @@ class StateStore:
                 sessions.setdefault(keyspace.user_recorded(call.agent_id, call.user_id), set()).add(call.session_id)
             if speaking := [u for u in (call.speaker, call.user_id) if u]:  # the browse API's index of users
                 users.setdefault(keyspace.agent_users(call.agent_id), set()).update(speaking)
-        async with self.redis.pipeline(transaction=False) as pipe:
+
+        def indexes(pipe: Any) -> None:
             for key, members in sessions.items():
                 pipe.sadd(key, *sorted(members))
             for key, members in users.items():
                 pipe.zadd(key, dict.fromkeys(sorted(members), 0))
-            await pipe.execute()
-        replies = await self._run_script(self._commit, [_commit_call(call) for call in calls])
-        # Only a first commit: a duplicate changes nothing, so it invalidates no cached block.
-        # (A crash between the commit and this step leaves the speaker's other sessions'
-        # blocks without the message until their next write or CONTEXT_CACHE_TTL; this
-        # session's blocks were invalidated by the commit itself.)
-        generations: dict[str, None] = {}
-        locking: dict[str, tuple[int, int]] = {}  # agent -> (the first call marking it, its lock's ms)
-        for i, (call, reply) in enumerate(zip(calls, replies, strict=True)):
-            if isinstance(reply, Exception) or not bool(reply[0]):
-                continue
-            if call.speaker:
-                generations.setdefault(generation_key(f"user:{call.agent_id}:{call.speaker}"))
-            if call.embed_lock_ms > 0:
-                locking.setdefault(call.agent_id, (i, int(call.embed_lock_ms)))
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for key in generations:
-                pipe.incr(key)
-            for agent_id, (_, lock_ms) in locking.items():
-                pipe.set(keyspace.embed_due(agent_id), "1")
-                pipe.set(keyspace.embed_lock(agent_id), "1", nx=True, px=lock_ms)
-            after = await pipe.execute()
-        # call -> whether it took its agent's embedding lock (the second SET of its agent's pair)
-        locked = {i: bool(after[len(generations) + 2 * place + 1]) for place, (i, _) in enumerate(locking.values())}
+
+        scripts = [_commit_call(call) for call in calls]
+        if not self.cluster:
+            after = _AfterCommit([not call.committed for call in calls], calls)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                indexes(pipe)
+                head = len(pipe)
+                raw = await self._with_scripts(pipe, self._commit, scripts, after.queue)
+            _raise_first(raw[:head])  # as the cluster's first step would
+            _raise_first(raw[head + len(calls):])  # as its last step would
+            replies, locked = raw[head : head + len(calls)], after.locked(raw[head + len(calls):])
+        else:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                indexes(pipe)
+                await pipe.execute()
+            replies = await self._run_script(self._commit, scripts)
+            # Only a first commit (a crash between the commit and this step leaves the speaker's
+            # other sessions' blocks without the message until their next write or
+            # CONTEXT_CACHE_TTL; this session's blocks were invalidated by the commit itself).
+            after = _AfterCommit([not isinstance(r, Exception) and bool(r[0]) for r in replies], calls)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                after.queue(pipe)
+                locked = after.locked(await pipe.execute())
         return [reply if isinstance(reply, Exception) else _commit_of(reply, locked.get(i, False))
                 for i, reply in enumerate(replies)]
 
