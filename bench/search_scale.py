@@ -264,6 +264,13 @@ class ExactBM25:
         return [int(i) for i in sorted(part, key=lambda i: (-scores[i], i))]
 
 
+class _Ids(dict):
+    """Message id -> corpus index, a replicated copy's id ("<id>#r<copy>") too."""
+
+    def __missing__(self, key: str) -> int:
+        return self[key.split("#r", 1)[0]]
+
+
 def p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(0.95 * len(ordered)) - 1))]
@@ -341,13 +348,20 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
     n = len(texts)
     out: dict = {"corpus": corpus.name, "n": n, "queries": len(corpus.queries), "notes": dict(corpus.notes)}
     console.rule(f"{corpus.name}: {n:,} memories, {len(corpus.queries)} queries")
-    started = time.perf_counter()
-    exact = ExactBM25(texts)
-    out["exact_bm25_index_s"] = time.perf_counter() - started
-    started = time.perf_counter()
-    bm25s = BM25Index(texts)
-    out["bm25s_index_s"] = time.perf_counter() - started
-    console.print(f"  baselines indexed: exact BM25 {out['exact_bm25_index_s']:.1f} s, bm25s {out['bm25s_index_s']:.1f} s")
+    copies = args.replicate if args.postings_only else 1
+    exact = bm25s = None
+    if copies == 1:
+        started = time.perf_counter()
+        exact = ExactBM25(texts)
+        out["exact_bm25_index_s"] = time.perf_counter() - started
+        started = time.perf_counter()
+        bm25s = BM25Index(texts)
+        out["bm25s_index_s"] = time.perf_counter() - started
+        console.print(f"  baselines indexed: exact BM25 {out['exact_bm25_index_s']:.1f} s, "
+                      f"bm25s {out['bm25s_index_s']:.1f} s")
+    else:
+        out["notes"]["replicate"] = (f"every text indexed {copies} times under ids of its own (lists {copies} times "
+                                     "as long, the vocabulary unchanged: the postings' worst growth); no baselines")
     budget = args.budget
 
     async with contextlib.AsyncExitStack() as stack:
@@ -361,10 +375,12 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
             stack.callback(store.stop)
             postings = Postings(redis)
             started = time.perf_counter()
-            for i in range(0, n, 2000):
-                await postings.index(AGENT, [(m.message_id, t) for m, t in
-                                             zip(corpus.messages[i:i + 2000], texts[i:i + 2000], strict=True)],
-                                     fresh=i == 0)
+            for copy in range(copies):
+                suffix = f"#r{copy}" if copy else ""
+                for i in range(0, n, 2000):
+                    await postings.index(AGENT, [(m.message_id + suffix, t) for m, t in
+                                                 zip(corpus.messages[i:i + 2000], texts[i:i + 2000], strict=True)],
+                                         fresh=i == 0 and copy == 0)
             out["ingest"] = {"postings_index_s": time.perf_counter() - started}
             service = None
             out["memory"] = {"used_memory": int((await redis.info("memory"))["used_memory"])}
@@ -381,7 +397,12 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
             if filled.exists():
                 out["ingest"] = json.loads(filled.read_text())
                 await indexes_operational(service)
-                console.print(f"  store kept in {data_dir}, filled earlier")
+                backend = (await service.agents.backend_for(AGENT))[1]
+                started = time.perf_counter()
+                await backend.startup_build()  # postings of an older layout are built again first
+                out["postings_build_s"] = time.perf_counter() - started
+                console.print(f"  store kept in {data_dir}, filled earlier (postings ready after "
+                              f"{out['postings_build_s']:.1f} s)")
             else:
                 console.print(f"  filling {n:,} messages through the batch route ...")
                 out["ingest"] = await fill(service, corpus.messages, 4, 500, console, errors)
@@ -405,17 +426,20 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                 out["notes"]["query_embedder"] = (f"each query also embedded by {args.query_embedder} inside the timed "
                                                   "search; the stored vectors and the searched one are the hash "
                                                   "embedder's")
-        out["memory"]["per_memory_bytes"] = out["memory"]["used_memory"] / n
-        postings_budget = budget or 20_000
-        ids = {m.message_id: m.index for m in corpus.messages}
+        out["memory"]["per_memory_bytes"] = out["memory"]["used_memory"] / (n * copies)
+        from memory_service.config import Settings
+
+        postings_budget = budget or Settings.model_fields["search_postings_budget"].default
+        ids = _Ids({m.message_id: m.index for m in corpus.messages})
 
         # Warm-up: the first calls' costs (the model's first run, index loads).
         for q in corpus.queries[:3]:
             if service is not None:
                 await service.search(AGENT, q.text, scope="agent", top_k=TOP_K)
             await postings.top(AGENT, query_terms(q.text), CANDIDATES, postings_budget)
-            exact.rank(q.text, TOP_K)
-            bm25s.rank(q.text, TOP_K)
+            if exact is not None and bm25s is not None:
+                exact.rank(q.text, TOP_K)
+                bm25s.rank(q.text, TOP_K)
 
         times: dict[str, list[float]] = {"service": [], "postings_top50": [], "postings_top10": [],
                                          "exact_bm25": [], "bm25s": []}
@@ -443,7 +467,7 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                     ranked, t = await timed(postings.top(AGENT, terms, TOP_K, postings_budget))
                     times["postings_top10"].append(t)
                     hits["postings_top10"] += bool({ids[x] for x, _ in ranked.hits} & q.targets)
-                else:
+                elif exact is not None and bm25s is not None:
                     best, t = clocked(lambda q=q: exact.rank(q.text, TOP_K))
                     times["exact_bm25"].append(t)
                     got = bool(set(best) & q.targets)
@@ -453,7 +477,8 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                     found, t = clocked(lambda q=q: bm25s.rank(q.text, TOP_K))
                     times["bm25s"].append(t)
                     hits["bm25s"] += bool(set(found) & q.targets)
-            hits["postings_top50_has_exact_top10"] += set(best) <= top50
+            if exact is not None:
+                hits["postings_top50_has_exact_top10"] += set(best) <= top50
         count = len(queries)
         out["latency"] = {k: {"median_ms": float(np.median(v)) * 1000, "p95_ms": p95(v) * 1000} if v else None
                           for k, v in times.items()}
@@ -462,6 +487,7 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                                         for k, v in d.items()} for kind, d in by_kind.items()}
         out["postings"] = {"scored_median": float(np.median(scored)), "scored_max": max(scored),
                            "incomplete": incomplete, "budget": postings_budget}
+        out["postings"]["copies"] = copies
         if service is not None and times["service"]:
             out["ratio_service_to_exact_bm25"] = out["latency"]["service"]["median_ms"] / \
                 out["latency"]["exact_bm25"]["median_ms"]
@@ -500,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                   "the timed search ('' for none)")
     parser.add_argument("--budget", type=int, default=None, help="SEARCH_POSTINGS_BUDGET (default: the setting's)")
     parser.add_argument("--postings-only", action="store_true", help="the postings alone, no service")
+    parser.add_argument("--replicate", type=int, default=1,
+                        help="--postings-only: index every text this many times (lists that many times as long)")
     parser.add_argument("--store", type=Path, help="keep the filled store in DIR and reuse it")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)

@@ -14,7 +14,7 @@ import pytest
 
 from memory_service.backends.base import Found
 from memory_service.backends.graph import GraphBackend
-from memory_service.backends.postings import LAYOUT, RECORD, Postings, entry, find_stems, rank_entries
+from memory_service.backends.postings import LAYOUT, RECORD, Postings, best, entry, find_stems, rank_entries
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
@@ -454,3 +454,33 @@ def test_a_scopes_bm25_from_its_entries_is_the_textbook_bm25_of_its_texts():
         assert got.keys() == expected.keys() and all(math.isclose(got[i], expected[i], rel_tol=1e-12) for i in got)
         by_text = bm25.rank(dict(enumerate(texts)), words)  # the same, from the texts' counts
         assert by_text.keys() == expected.keys() and all(math.isclose(by_text[i], expected[i], rel_tol=1e-12) for i in by_text)
+
+
+def test_best_scores_every_posting_whether_the_numbers_are_dense_or_sparse():
+    """``best`` equals a plain sum over the lists, with dense numbers (an array by number) and
+    sparse ones (past 4 x the postings + 65,536: the numbers made dense first); zeroed
+    records (removed memories) count neither in the score nor in the idf."""
+    rng = random.Random(3)
+    for spread in (500, 10_000_000):
+        for _ in range(30):
+            lists, plain = [], {}
+            docs = rng.randint(50, 400)
+            for _ in range(rng.randint(1, 5)):
+                nums = sorted(rng.sample(range(1, spread), rng.randint(1, 40)))
+                impacts = [rng.choice([0.0, rng.uniform(0.1, 2.2)]) for _ in nums]
+                records = np.array(list(zip(nums, impacts, strict=True)), dtype=RECORD)
+                lists.append(records.tobytes())
+                live = [(n, w) for n, w in zip(nums, impacts, strict=True) if w > 0]
+                for n, w in live:
+                    plain[n] = plain.get(n, 0.0) + bm25.idf(max(docs, len(live)), len(live)) * w
+            lists.append(b"")  # a word no memory holds
+            k = rng.choice([1, 3, 10, 1000])
+            ranked, read = best(docs, lists, k)
+            want = sorted(plain.items(), key=lambda p: (-p[1], p[0]))[:k]
+            assert read == sum(len(b) for b in lists) // RECORD.itemsize
+            if not want:
+                assert ranked == []
+                continue
+            assert [s for _, s in ranked] == pytest.approx([s for _, s in want], abs=1e-9)
+            assert {n for n, s in ranked if s > want[-1][1] + 1e-9} == {n for n, s in want if s > want[-1][1] + 1e-9}
+    assert best(10, [b"", b""], 5) == ([], 0)
