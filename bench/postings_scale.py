@@ -30,8 +30,8 @@ from baselines import BM25Index  # noqa: E402
 from latency_bench import SEED, make_corpus, make_queries  # noqa: E402
 
 from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
-from memory_service.config import Settings  # noqa: E402
 from memory_service.backends.postings import Postings  # noqa: E402
+from memory_service.config import Settings  # noqa: E402
 from memory_service.recall.search import query_terms  # noqa: E402
 
 QUERIES = 60
