@@ -264,6 +264,23 @@ class ExactBM25:
         return [int(i) for i in sorted(part, key=lambda i: (-scores[i], i))]
 
 
+BEFORE = "scale-agent-before"
+BEFORE_BUDGET = 20_000  # the first layout's SEARCH_POSTINGS_BUDGET: memories scored
+
+
+def before_postings(root: Path):
+    """The postings module of another checkout (``--compare-before``: the first layout, sorted
+    sets read best first), loaded beside this one; its keys are another agent's."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("postings_before", root / "memory_service/backends/postings.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 class _Ids(dict):
     """Message id -> corpus index, a replicated copy's id ("<id>#r<copy>") too."""
 
@@ -364,6 +381,7 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                                      "as long, the vocabulary unchanged: the postings' worst growth); no baselines")
     budget = args.budget
 
+    older = None
     async with contextlib.AsyncExitStack() as stack:
         if args.postings_only:
             import redis.asyncio as aredis
@@ -382,6 +400,14 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                                                  zip(corpus.messages[i:i + 2000], texts[i:i + 2000], strict=True)],
                                          fresh=i == 0 and copy == 0)
             out["ingest"] = {"postings_index_s": time.perf_counter() - started}
+            if args.compare_before:
+                older = before_postings(args.compare_before).Postings(redis)
+                started = time.perf_counter()
+                for i in range(0, n, 2000):
+                    await older.index(BEFORE, [(m.message_id, t) for m, t in
+                                               zip(corpus.messages[i:i + 2000], texts[i:i + 2000], strict=True)],
+                                      fresh=i == 0)
+                out["ingest"]["before_postings_index_s"] = time.perf_counter() - started
             service = None
             out["memory"] = {"used_memory": int((await redis.info("memory"))["used_memory"])}
         else:
@@ -442,8 +468,11 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                 bm25s.rank(q.text, TOP_K)
 
         times: dict[str, list[float]] = {"service": [], "postings_top50": [], "postings_top10": [],
-                                         "exact_bm25": [], "bm25s": []}
-        hits = {k: 0 for k in ("service", "postings_top10", "exact_bm25", "bm25s", "postings_top50_has_exact_top10")}
+                                         "before_top50": [], "before_top10": [], "exact_bm25": [], "bm25s": []}
+        hits = {k: 0 for k in ("service", "postings_top10", "before_top10", "exact_bm25", "bm25s",
+                               "postings_top50_has_exact_top10")}
+        before_scored: list[int] = []
+        before_incomplete = 0
         scored, incomplete = [], 0
         by_kind: dict[str, dict[str, int]] = {}
         queries = corpus.queries[:args.queries] if args.queries else corpus.queries
@@ -459,6 +488,14 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                         hits["service"] += got
                         by_kind.setdefault(q.kind or corpus.name, {}).setdefault("service", 0)
                         by_kind[q.kind or corpus.name]["service"] += got
+                    if older is not None:
+                        old, t = await timed(older.top(BEFORE, terms, CANDIDATES, BEFORE_BUDGET))
+                        times["before_top50"].append(t)
+                        before_scored.append(old.scored)
+                        before_incomplete += not old.complete
+                        old, t = await timed(older.top(BEFORE, terms, TOP_K, BEFORE_BUDGET))
+                        times["before_top10"].append(t)
+                        hits["before_top10"] += bool({ids[x] for x, _ in old.hits} & q.targets)
                     ranked, t = await timed(postings.top(AGENT, terms, CANDIDATES, postings_budget))
                     times["postings_top50"].append(t)
                     scored.append(ranked.scored)
@@ -488,6 +525,10 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
         out["postings"] = {"scored_median": float(np.median(scored)), "scored_max": max(scored),
                            "incomplete": incomplete, "budget": postings_budget}
         out["postings"]["copies"] = copies
+        if before_scored:
+            out["before_postings"] = {"scored_median": float(np.median(before_scored)), "scored_max": max(before_scored),
+                                      "incomplete": before_incomplete, "budget": BEFORE_BUDGET,
+                                      "code": str(args.compare_before)}
         if service is not None and times["service"]:
             out["ratio_service_to_exact_bm25"] = out["latency"]["service"]["median_ms"] / \
                 out["latency"]["exact_bm25"]["median_ms"]
@@ -528,6 +569,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--postings-only", action="store_true", help="the postings alone, no service")
     parser.add_argument("--replicate", type=int, default=1,
                         help="--postings-only: index every text this many times (lists that many times as long)")
+    parser.add_argument("--compare-before", type=Path, metavar="CHECKOUT",
+                        help="--postings-only: also index into CHECKOUT's postings module (another agent's keys) "
+                             "and time it beside, same queries, same baselines")
     parser.add_argument("--store", type=Path, help="keep the filled store in DIR and reuse it")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
