@@ -282,9 +282,11 @@ def before_postings(root: Path):
 
 
 class _Ids(dict):
-    """Message id -> corpus index, a replicated copy's id ("<id>#r<copy>") too."""
+    """Message id or memory id -> corpus index, a replicated copy's id ("<id>#r<copy>") too."""
 
     def __missing__(self, key: str) -> int:
+        if "#r" not in key:
+            raise KeyError(key)
         return self[key.split("#r", 1)[0]]
 
 
@@ -456,7 +458,10 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
         from memory_service.config import Settings
 
         postings_budget = budget or Settings.model_fields["search_postings_budget"].default
+        from memory_service.formation.steps import message_memory_id
+
         ids = _Ids({m.message_id: m.index for m in corpus.messages})
+        ids.update({message_memory_id(m.session_id, m.message_id): m.index for m in corpus.messages})
 
         # Warm-up: the first calls' costs (the model's first run, index loads).
         for q in corpus.queries[:3]:
