@@ -419,9 +419,12 @@ async def measure(corpus: Corpus, args, console: Console, errors: list[str]) -> 
                 data_dir = args.store / f"{corpus.name}-{n}-{fingerprint(corpus)}"
                 data_dir.mkdir(parents=True, exist_ok=True)
             filled = data_dir / "filled.json"
+            extra = {k: json.loads(v) for k, v in (item.split("=", 1) for item in args.setting)}
+            if budget:
+                extra["search_postings_budget"] = budget
             service = await stack.enter_async_context(open_service(
-                service_settings(search_postings_budget=budget) if budget else service_settings(),
-                data_dir=data_dir, run_worker=True))
+                service_settings(**extra), data_dir=data_dir, run_worker=True))
+            out["settings"] = extra
             if filled.exists():
                 out["ingest"] = json.loads(filled.read_text())
                 await indexes_operational(service)
@@ -581,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                              "and time it beside, same queries, same baselines")
     parser.add_argument("--no-bm25s", action="store_true", help="no bm25s baseline (its index takes minutes "
                                                                    "on the real text): the exact BM25 only")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=JSON",
+                        help="a Settings field for the service, e.g. search_recency_weight=0 (repeatable)")
     parser.add_argument("--store", type=Path, help="keep the filled store in DIR and reuse it")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
