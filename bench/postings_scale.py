@@ -31,10 +31,11 @@ from latency_bench import SEED, make_corpus, make_queries  # noqa: E402
 
 from memory_service.backends.embedded import EmbeddedFalkorDB  # noqa: E402
 from memory_service.backends.postings import Postings  # noqa: E402
+from memory_service.config import Settings  # noqa: E402
 from memory_service.recall.search import query_terms  # noqa: E402
 
 QUERIES = 60
-BUDGET = 20_000  # SEARCH_POSTINGS_BUDGET's default
+BUDGET = Settings.model_fields["search_postings_budget"].default
 
 
 def p95(values: list[float]) -> float:

@@ -200,9 +200,9 @@ class Settings(BaseSettings):
         description="JSON: each signal's weight in the fusion (a signal left out weighs 1)")
     search_candidates: int = Field(default=50, ge=1, le=1000, description="Candidates each signal (full-text, vector) gives fusion")
     search_postings_budget: int = Field(
-        default=20_000, ge=100,
-        description="Agent-wide full text: at most this many memories scored per query (a query of only very common "
-                    "words stops there with the best found)")
+        default=2_000_000, ge=100,
+        description="Agent-wide full text: at most this many postings read per query (12 bytes each), the rarest "
+                    "words' first; a word whose list would pass it is left out of that query")
     search_scope_scan_max: int = Field(
         default=5_000, ge=0,
         description="A search inside some namespaces (a user's, a session's) reads and ranks every memory of its scope "

@@ -103,7 +103,10 @@ EXAMPLES: list[tuple[str, tuple[object, ...], object]] = [
     ("postings_prefix", ("a1",), "ms:ft:{a1}:"),
     ("postings_stats", ("a1",), "ms:ft:{a1}:stats"),
     ("postings_docs", ("a1",), "ms:ft:{a1}:docs"),
-    ("postings_term", ("a1", "flight"), "ms:ft:{a1}:t:flight"),
+    ("postings_term", ("a1", "flight"), "ms:ft:{a1}:p:flight"),
+    ("postings_nums", ("a1",), "ms:ft:{a1}:nums"),
+    ("postings_ids", ("a1",), "ms:ft:{a1}:ids"),
+    ("postings_dead", ("a1",), "ms:ft:{a1}:dead"),
     ("postings_build_lock", ("a1",), "ms:ft:{a1}:build"),
 ]
 

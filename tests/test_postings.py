@@ -9,11 +9,12 @@ import math
 import random
 from datetime import UTC, datetime, timedelta
 
+import numpy as np
 import pytest
 
 from memory_service.backends.base import Found
 from memory_service.backends.graph import GraphBackend
-from memory_service.backends.postings import CHUNK, Postings, entry, find_stems, rank_entries
+from memory_service.backends.postings import LAYOUT, RECORD, Postings, best, entry, find_stems, rank_entries
 from memory_service.domain import bm25
 from memory_service.domain.models import Memory, MemoryKind, Provenance, StoreQuery
 from memory_service.domain.namespaces import Namespace
@@ -44,11 +45,12 @@ def message(i: int, text: str, session: str = "s1", kind: MemoryKind = MemoryKin
                   metadata=Provenance(agent_id=A, user_id="alice", session_id=session))
 
 
-def brute_force(texts: dict[str, str], query: str, k: int) -> list[tuple[str, float]]:
-    """BM25 of every text, as the postings define it (their words, their lengths), best k."""
+def brute_force(texts: dict[str, str], query: str, k: int, average: float | None = None) -> list[tuple[str, float]]:
+    """BM25 of every text, as the postings define it (their words, their lengths), best k
+    (``average``: the length the impacts were computed with, by default the texts')."""
     counts = {i: bm25.indexed(t) for i, t in texts.items()}
     n = len(counts)
-    average = sum(length for length, _ in counts.values()) / n
+    average = average or sum(length for length, _ in counts.values()) / n
     terms = list(dict.fromkeys(bm25.stem(w) for w in query_terms(query)))
     df = {t: sum(1 for _, c in counts.values() if t in c) for t in terms}
     out = []
@@ -77,15 +79,18 @@ async def test_top_k_equals_brute_force_bm25(store, k):
         ranked = await store.postings.top(A, query_terms(query), k, budget=10**6)
         assert ranked is not None and ranked.complete and ranked.docs == 400
         same(ranked.hits, brute_force(by_id, query, k))
-    # The early stop reads less than everything: "w0" is in most texts, its best 5 need one chunk.
-    df = await store.client.connection.zcard(keyspace.postings_term(A, "w0"))
-    assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored <= CHUNK < df
+    # Every posting of the query's words is read: exact whatever their frequencies.
+    df = await postings_of(store, "w0")
+    assert (await store.postings.top(A, ["w0"], 5, budget=10**6)).scored == df > 300
+
+
+async def postings_of(store: GraphBackend, word: str) -> int:
+    """How many postings the word's list holds (removed memories' zeroed ones included)."""
+    return int(await store.client.connection.strlen(keyspace.postings_term(A, word))) // RECORD.itemsize
 
 
 async def test_top_k_equals_brute_force_bm25_for_random_queries(store):
-    """The early stop and the skipped look-ups (a memory looked up only in the lists after
-    its own, and not at all when it cannot reach the k-th best) change no answer: random
-    queries of common and rare words, repeats, every k from 1 to past the matches."""
+    """Random queries of common and rare words, repeats, every k from 1 to past the matches."""
     memories = [message(i, t) for i, t in enumerate(corpus(600, seed=11))]
     await store.write(memories)
     by_id = {m.id: m.search_text for m in memories}
@@ -101,11 +106,11 @@ async def test_top_k_equals_brute_force_bm25_for_random_queries(store):
 
 
 async def test_a_word_held_by_thousands_of_one_batch_is_indexed(store):
-    """Lua's unpack takes at most about 8,000 values: a word held by 5,000 memories of one
-    write (10,000 score-member values) is added in pieces, not refused."""
+    """Lua's unpack takes at most about 8,000 values: 5,000 memories of one write (10,000
+    values for the number hashes) are added in pieces, not refused."""
     texts = [(f"m{i:05d}", f"common w{i % 7}") for i in range(5_000)]
     assert await store.postings.index(A, texts, fresh=True) == 5_000
-    assert await store.client.connection.zcard(keyspace.postings_term(A, "common")) == 5_000
+    assert await postings_of(store, "common") == 5_000
     ranked = await store.postings.top(A, ["common", "w3"], 5, budget=10**6)
     assert ranked is not None and len(ranked.hits) == 5
     assert all(int(i[1:]) % 7 == 3 for i, _ in ranked.hits)  # both words beat one
@@ -145,7 +150,7 @@ async def test_a_retried_write_indexes_nothing_twice(store):
     await store.write(memories[:10])
     await store.write(memories)
     assert await store.client.connection.hgetall(keyspace.postings_stats(A)) == stats
-    assert stats["docs"] == "30" and stats["built"] == "1"
+    assert stats["docs"] == "30" and stats["built"] == LAYOUT and stats["seq"] == "30"
 
 
 async def indexed(store: GraphBackend) -> set[str]:
@@ -219,12 +224,61 @@ async def test_bad_queries_answer_empty_and_change_nothing(store):
     assert "fulltext" not in await store.search(A, StoreQuery(terms=query_terms("what is the"), limit=5))
 
 
-async def test_the_budget_stops_a_query_early(store):
-    await store.write([message(i, t) for i, t in enumerate(corpus(1500))])
-    ranked = await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=10)
-    assert ranked is not None and not ranked.complete and 10 <= ranked.scored <= CHUNK
-    assert len(ranked.hits) == 50  # the best of what it read
-    assert (await store.postings.top(A, ["w0", "w1", "w2"], 50, budget=10**6)).complete
+async def test_the_budget_leaves_out_the_commonest_words(store):
+    """A query whose lists hold more postings than the budget reads the rarest words' lists
+    that fit and leaves the others out (flagged)."""
+    memories = [message(i, t) for i, t in enumerate(corpus(1500))]
+    await store.write(memories)
+    rare = await postings_of(store, "w50")
+    assert 0 < rare < await postings_of(store, "w1") < await postings_of(store, "w0")
+    ranked = await store.postings.top(A, ["w0", "w1", "w50"], 50, budget=rare)
+    assert ranked is not None and not ranked.complete and ranked.scored == rare
+    assert ranked.hits == (await store.postings.top(A, ["w50"], 50, budget=10**6)).hits
+    assert (await store.postings.top(A, ["w0", "w1", "w50"], 50, budget=10**6)).complete
+
+
+async def test_removed_postings_are_zeroed_then_their_lists_rewritten(store):
+    """A removal zeroes the memory's postings in place; a list half dead is rewritten without
+    them; the answers stay those of a brute force over what is left, and a memory indexed
+    again (a changed text) gets a number of its own, so every list stays in number order."""
+    memories = [message(i, t) for i, t in enumerate(corpus(300, seed=3))]
+    await store.write(memories)
+    by_id = {m.id: m.search_text for m in memories}
+    async def all_postings() -> int:
+        return sum([await postings_of(store, w) for w in WORDS])
+
+    before = await all_postings()
+    gone = [m.id for m in memories[::2]]
+    assert await store.delete(A, gone[:5]) == 5
+    assert await all_postings() == before  # zeroed in place, not rewritten yet
+    assert await store.delete(A, gone[5:]) == len(gone) - 5
+    assert await all_postings() < before * 0.8  # lists half dead: rewritten without them
+    average = sum(bm25.indexed(t)[0] for t in by_id.values()) / len(by_id)  # the impacts' (one batch)
+    for i in gone:
+        del by_id[i]
+    for query in QUERIES:
+        ranked = await store.postings.top(A, query_terms(query), 20, budget=10**6)
+        assert ranked is not None and ranked.docs == len(by_id)
+        same(ranked.hits, brute_force(by_id, query, 20, average))
+    changed = memories[1]
+    changed.content = "w0 w0 w59 fresh words"
+    await store.replace(A, [changed])
+    assert [i for i, _ in (await store.postings.top(A, ["fresh"], 5, budget=10**6)).hits] == [changed.id]
+    raw = await store.client.connection.execute_command("GET", keyspace.postings_term(A, "w0"), NEVER_DECODE=True)
+    nums = [int(x) for x in np.frombuffer(raw, dtype=RECORD)["num"]]
+    assert nums == sorted(nums) and len(set(nums)) == len(nums)
+
+
+async def test_postings_of_the_first_layout_are_rebuilt(store):
+    """A store whose postings are sorted sets (the first layout, ``built`` 1) is searched
+    through the index until its postings are built again in this layout."""
+    await store.write([message(0, "lighthouse keeper"), message(1, "lighthouse lamp")])
+    await store.client.connection.hset(keyspace.postings_stats(A), "built", "1")
+    assert not await store.postings.built(A)
+    assert await store.postings.top(A, ["lighthouse"], 5, budget=1000) is None
+    assert await store.postings.entries(A, ["m0000"]) is None
+    assert await store.build_postings(A) == 2
+    assert [i for i, _ in (await store.postings.top(A, ["keeper"], 5, budget=1000)).hits] == ["m0000"]
 
 
 async def test_a_graph_written_before_the_postings_gets_them_built(store, settings):
@@ -400,3 +454,33 @@ def test_a_scopes_bm25_from_its_entries_is_the_textbook_bm25_of_its_texts():
         assert got.keys() == expected.keys() and all(math.isclose(got[i], expected[i], rel_tol=1e-12) for i in got)
         by_text = bm25.rank(dict(enumerate(texts)), words)  # the same, from the texts' counts
         assert by_text.keys() == expected.keys() and all(math.isclose(by_text[i], expected[i], rel_tol=1e-12) for i in by_text)
+
+
+def test_best_scores_every_posting_whether_the_numbers_are_dense_or_sparse():
+    """``best`` equals a plain sum over the lists, with dense numbers (an array by number) and
+    sparse ones (past 4 x the postings + 65,536: the numbers made dense first); zeroed
+    records (removed memories) count neither in the score nor in the idf."""
+    rng = random.Random(3)
+    for spread in (500, 10_000_000):
+        for _ in range(30):
+            lists, plain = [], {}
+            docs = rng.randint(50, 400)
+            for _ in range(rng.randint(1, 5)):
+                nums = sorted(rng.sample(range(1, spread), rng.randint(1, 40)))
+                impacts = [rng.choice([0.0, rng.uniform(0.1, 2.2)]) for _ in nums]
+                records = np.array(list(zip(nums, impacts, strict=True)), dtype=RECORD)
+                lists.append(records.tobytes())
+                live = [(n, w) for n, w in zip(nums, impacts, strict=True) if w > 0]
+                for n, w in live:
+                    plain[n] = plain.get(n, 0.0) + bm25.idf(max(docs, len(live)), len(live)) * w
+            lists.append(b"")  # a word no memory holds
+            k = rng.choice([1, 3, 10, 1000])
+            ranked, read = best(docs, lists, k)
+            want = sorted(plain.items(), key=lambda p: (-p[1], p[0]))[:k]
+            assert read == sum(len(b) for b in lists) // RECORD.itemsize
+            if not want:
+                assert ranked == []
+                continue
+            assert [s for _, s in ranked] == pytest.approx([s for _, s in want], abs=1e-9)
+            assert {n for n, s in ranked if s > want[-1][1] + 1e-9} == {n for n, s in want if s > want[-1][1] + 1e-9}
+    assert best(10, [b"", b""], 5) == ([], 0)

@@ -1,12 +1,20 @@
-"""Full-text postings for agent-wide search: per (agent, word) a Redis sorted set of the
-memories holding the word, scored by the word's BM25 impact in each, read best first with
-early termination.
+"""Full-text postings for agent-wide search: per (agent, word) the memories holding the word,
+each with the word's BM25 impact in it, every posting of the query's words scored at once.
 
 Why: FalkorDB's full-text procedure returns every match of each word and has no top-k of
 its own for an OR of words, so an agent-wide search cost O(matches) per common word, and
-re-scoring only a cut of the matches lost good hits (issue 18: at 50,000 memories five times
-slower than a brute-force BM25 scan, and finding the target half as often). Here:
+re-scoring only a cut of the matches lost good hits (issue 18). The first postings (sorted
+sets read best first, stopping once no unread memory could reach the k-th best, with a cap
+on memories scored) were exact when a query held a rare word, but a query of only common
+words (issue 34: 100 everyday words) has flat impacts, so no bound stops the read early:
+every list was read through Lua's look-ups (4-18 microseconds a memory), the cap cut it,
+and the target was lost. Now every posting is read and scored, in bulk, and cheaply:
 
+* **A list is a string of fixed records** (``RECORD``: the memory's number, uint32, and the
+  word's impact in it, float64: 12 bytes against about 80 for a sorted-set entry), in
+  number order. Each memory gets a number when indexed, higher than any before
+  (``seq`` in the stats; ``nums``/``ids`` map both ways), so a batch's postings are
+  APPENDed to its words' lists and every list stays sorted.
 * **Written with the memory.** The graph backend indexes a memory's searchable words
   (``bm25.term_counts`` of its search text: stems, stopwords left out) after storing it,
   and takes them out when it is evicted, soft-deleted, changed, purged or erased. A
@@ -17,18 +25,25 @@ slower than a brute-force BM25 scan, and finding the target half as often). Here
   a write retried after a crash between the two (the ingest's recovery and formation both
   retry) completes the postings too. A removal runs before the graph's delete, so a crash
   between them leaves a memory outside search, never a posting of an erased one.
-* **Impact-ordered.** A posting's score is the word's BM25 weight in the memory without the
-  idf: ``tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))``, with the agent's average
-  length when it was indexed (``avglen`` moves little once an agent holds a few hundred
-  memories; a batch is scored with the average including itself). The idf comes at query
-  time from the live counts: ``ZCARD`` of the word's set and the agent's ``docs``.
-* **Top k by the threshold algorithm** (Fagin's TA), in one Lua script: read each query
-  word's postings best first, a chunk at a time; score each new memory fully (``ZSCORE``
-  in the other words' sets); stop when the k-th best score reaches the sum over the words
-  of idf x the last impact read (no unseen memory can score more). Exact BM25 top k (as
-  the impacts define it) reading a few chunks of each list, whatever the lists' lengths;
-  a cap on memories scored (SEARCH_POSTINGS_BUDGET) bounds a query of only very common
-  words, which then returns the best found (``complete`` False).
+* **A removal zeroes** the memory's record in each of its words' lists in place (found by
+  bisection, SETRANGE: no copy), and a list whose records are half zeroed is rewritten
+  without them (``dead`` counts them), so removals cost O(words x log list) amortised and
+  a list never holds more dead records than live ones. A changed memory is removed and
+  indexed again under a new number.
+* **Impacts**: ``tf (k1 + 1) / (tf + k1 (1 - b + b len / avglen))``, the word's BM25 weight
+  without the idf, with the agent's average length when it was indexed (``avglen`` moves
+  little once an agent holds a few hundred memories; a batch is scored with the average
+  including itself). The idf comes at query time from the live counts: the list's live
+  records and the agent's ``docs``.
+* **Top k, exact**: one script answers the query words' lists (one round trip, never
+  decoded), numpy adds each list's ``idf x impact`` into the memories' scores (a dense
+  array by number, or the numbers made dense first when they are sparse) and takes the k
+  best (``argpartition``); their ids come in a second round trip. The cost is the query
+  words' postings, 12 bytes and a few nanoseconds each: at 100,000 memories of 100
+  everyday words (a query's four lists about 60,000 postings) a few ms. A cap
+  (SEARCH_POSTINGS_BUDGET, 2,000,000 postings) bounds a query of very many common words
+  in a huge agent: the lists are taken rarest first, and one that would pass the cap is
+  left out (``complete`` False).
 
 Scope: the postings cover every namespace of an agent, so they answer agent-wide search. A
 search inside some namespaces (a user's, a session's) reads its scope once instead
@@ -38,18 +53,23 @@ queries cost each word's matches in the whole agent, answers only scopes larger 
 SEARCH_SCOPE_SCAN_MAX.
 
 On a cluster every key of an agent carries the agent's hash tag (one slot, one node).
-The index and removal scripts build the word keys from the agent's prefix (the words are in
+The removal script builds its word keys from the agent's prefix (the words are stored in
 the memory's entry): keys of the same slot, as the scripts of a tag may use.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from bisect import bisect_right
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
-from typing import Any
+from typing import Any, cast
+
+import numpy as np
+from redis.client import NEVER_DECODE
+from redis.exceptions import NoScriptError
 
 from memory_service.domain import bm25
 from memory_service.domain.text import stem
@@ -58,31 +78,29 @@ from memory_service.state import keyspace
 log = logging.getLogger(__name__)
 
 MAX_TERMS = 32  # query words read (as the full-text path)
-CHUNK = 256  # postings read per word and step, at least: the script reads max(CHUNK, k)
+LAYOUT = "2"  # the stats' ``built``: postings of this layout cover the agent's graph (1: sorted sets, rebuilt)
+# A posting: the memory's number (uint32, little-endian) and the word's impact in it (float64).
+RECORD = np.dtype([("num", "<u4"), ("impact", "<f8")])
+_SIZE = RECORD.itemsize  # 12: the scripts' struct format '<Id'
 
-# KEYS: stats, docs. ARGV: k1, b, fresh (1: the graph was created by this write, the
-# postings cover it), the agent's word-key prefix, then per memory: id, its entry
-# ("<length> <stem> <stem>*<tf> ..."). The words' keys are built from the prefix, as the
-# removal's are: each word was an argument of its own, and packing a message's fifty
-# arguments cost the API more than the script costs the store.
+# KEYS: stats, docs, nums, ids, then one key per distinct word of the batch.
+# ARGV: k1, b, fresh (1: the graph was created by this write, the postings cover it), then per
+# memory: id, length, its entry ("<length> <stem> ..."), the number of words, then per word
+# (index into KEYS, tf).
 _INDEX = """
 local k1, b = tonumber(ARGV[1]), tonumber(ARGV[2])
 local fresh = ARGV[3] == '1'
-local prefix = ARGV[4]
 local docs = {}
+local i = 4
 local added, added_len = 0, 0
-for i = 5, #ARGV, 2 do
-  local id, entry = ARGV[i], ARGV[i + 1]
+while i <= #ARGV do
+  local id, len, entry, n = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], tonumber(ARGV[i + 3])
+  local words = {}
+  for j = 0, n - 1 do
+    words[#words + 1] = {tonumber(ARGV[i + 4 + 2 * j]), tonumber(ARGV[i + 5 + 2 * j])}
+  end
+  i = i + 4 + 2 * n
   if redis.call('HSETNX', KEYS[2], id, entry) == 1 then
-    local len, words = nil, {}
-    for token in string.gmatch(entry, '%S+') do
-      if not len then
-        len = tonumber(token)
-      else
-        local term, tf = string.match(token, '^([^*]+)%*(%d+)$')
-        if term then words[#words + 1] = {term, tonumber(tf)} else words[#words + 1] = {token, 1} end
-      end
-    end
     docs[#docs + 1] = {id, len, words}
     added, added_len = added + 1, added_len + len
   end
@@ -91,41 +109,74 @@ local total = redis.call('HINCRBY', KEYS[1], 'docs', added)
 local total_len = redis.call('HINCRBY', KEYS[1], 'len', added_len)
 local average = total > 0 and total_len / total or 1
 if average <= 0 then average = 1 end
--- One ZADD per word of the batch, with every new memory holding it.
-local adds = {}
-for _, doc in ipairs(docs) do
+-- Each new memory a number, higher than any before: every word's list stays in number order.
+local first = redis.call('HINCRBY', KEYS[1], 'seq', #docs) - #docs
+local records, nums, ids = {}, {}, {}
+for d, doc in ipairs(docs) do
+  local num = first + d
+  nums[#nums + 1] = doc[1]; nums[#nums + 1] = num
+  ids[#ids + 1] = num; ids[#ids + 1] = doc[1]
   local norm = k1 * (1 - b + b * doc[2] / average)
   for _, w in ipairs(doc[3]) do
     local tf = w[2]
-    local pairs_ = adds[w[1]]
-    if not pairs_ then pairs_ = {}; adds[w[1]] = pairs_ end
-    pairs_[#pairs_ + 1] = tf * (k1 + 1) / (tf + norm)
-    pairs_[#pairs_ + 1] = doc[1]
+    local list = records[w[1]]
+    if not list then list = {}; records[w[1]] = list end
+    list[#list + 1] = struct.pack('<Id', num, tf * (k1 + 1) / (tf + norm))
   end
 end
+for key, list in pairs(records) do redis.call('APPEND', KEYS[key], table.concat(list)) end
 -- In pieces: Lua's unpack takes at most about 8,000 values (an even piece keeps the pairs).
-for key, pairs_ in pairs(adds) do
-  for s = 1, #pairs_, 4000 do
-    redis.call('ZADD', prefix .. key, unpack(pairs_, s, math.min(s + 3999, #pairs_)))
-  end
+for s = 1, #nums, 4000 do
+  redis.call('HSET', KEYS[3], unpack(nums, s, math.min(s + 3999, #nums)))
+  redis.call('HSET', KEYS[4], unpack(ids, s, math.min(s + 3999, #ids)))
 end
-if fresh then redis.call('HSETNX', KEYS[1], 'built', '1') end
+if fresh then redis.call('HSET', KEYS[1], 'built', '""" + LAYOUT + """') end
 return added
 """
 
-# KEYS: stats, docs. ARGV: the agent's word-key prefix, then memory ids.
+# KEYS: stats, docs, nums, ids, dead. ARGV: the agent's word-key prefix, then memory ids.
+# A memory's posting in each of its words' lists is found by bisection (the lists are in number
+# order) and its impact set to 0 in place (SETRANGE); a list whose records are half dead is
+# rewritten without them, and deleted when none is left.
 _REMOVE = """
+local zero = struct.pack('<d', 0)
 local removed, removed_len = 0, 0
+local function compact(key, term)
+  local blob = redis.call('GET', key)
+  local kept = {}
+  for p = 1, #blob, 12 do
+    if string.sub(blob, p + 4, p + 11) ~= zero then kept[#kept + 1] = string.sub(blob, p, p + 11) end
+  end
+  if #kept == 0 then redis.call('DEL', key) else redis.call('SET', key, table.concat(kept)) end
+  redis.call('HDEL', KEYS[5], term)
+end
 for i = 2, #ARGV do
   local id = ARGV[i]
   local entry = redis.call('HGET', KEYS[2], id)
   if entry then
+    local num = tonumber(redis.call('HGET', KEYS[3], id))
     local first = true
     for word in string.gmatch(entry, '%S+') do
       if first then removed_len = removed_len + tonumber(word); first = false
-      else redis.call('ZREM', ARGV[1] .. string.match(word, '^[^*]+'), id) end
+      elseif num then
+        local term = string.match(word, '^[^*]+')
+        local key = ARGV[1] .. term
+        local size = redis.call('STRLEN', key) / 12
+        local lo, hi = 0, size - 1
+        while lo <= hi do
+          local mid = math.floor((lo + hi) / 2)
+          local at = struct.unpack('<I', redis.call('GETRANGE', key, mid * 12, mid * 12 + 3))
+          if at == num then
+            redis.call('SETRANGE', key, mid * 12 + 4, zero)
+            if redis.call('HINCRBY', KEYS[5], term, 1) * 2 >= size then compact(key, term) end
+            break
+          elseif at < num then lo = mid + 1 else hi = mid - 1 end
+        end
+      end
     end
     redis.call('HDEL', KEYS[2], id)
+    redis.call('HDEL', KEYS[3], id)
+    if num then redis.call('HDEL', KEYS[4], num) end
     removed = removed + 1
   end
 end
@@ -136,88 +187,26 @@ end
 return removed
 """
 
-# KEYS: stats, then one key per query word. ARGV: k, chunk, the cap on memories scored.
-# Returns {docs, complete (0/1), scored, id, score, id, score, ...} best first; {-1, 0, 0}
-# when the postings do not cover the graph yet.
-_TOP = """
-local k, chunk, budget = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+# KEYS: stats, then one key per query word. ARGV: the most postings to read.
+# Returns {docs, complete (0/1), then per word its list (empty when missing or left out)};
+# {-1} when the postings do not cover the graph yet. The lists are taken shortest first (the
+# rarest words weigh most); one that would pass the cap is left out (complete 0).
+_READ = """
 local stats = redis.call('HMGET', KEYS[1], 'docs', 'built')
-if not stats[2] then return {-1, 0, 0} end
-local n = tonumber(stats[1] or '0')
-local lists = {}
-for i = 2, #KEYS do
-  local df = redis.call('ZCARD', KEYS[i])
-  if df > 0 then
-    local top = redis.call('ZREVRANGE', KEYS[i], 0, 0, 'WITHSCORES')
-    local docs = math.max(n, df)
-    local idf = math.log(1 + (docs - df + 0.5) / (df + 0.5))
-    lists[#lists + 1] = {key = KEYS[i], idf = idf, bound = idf * tonumber(top[2])}
+if stats[2] ~= '""" + LAYOUT + """' then return {-1} end
+local budget = tonumber(ARGV[1])
+local sizes = {}
+for i = 2, #KEYS do sizes[#sizes + 1] = {i, redis.call('STRLEN', KEYS[i])} end
+table.sort(sizes, function(a, b) return a[2] < b[2] or (a[2] == b[2] and a[1] < b[1]) end)
+local lists, read, complete = {}, 0, 1
+for _, s in ipairs(sizes) do
+  if s[2] > 0 then
+    if read + s[2] / 12 > budget then complete = 0
+    else read = read + s[2] / 12; lists[s[1]] = redis.call('GET', KEYS[s[1]]) end
   end
 end
--- The list that can add the most first; rest[i]: what the lists after i can add at most.
-table.sort(lists, function(a, b) return a.bound > b.bound or (a.bound == b.bound and a.key < b.key) end)
-local rest = {}
-local after = 0
-for i = #lists, 1, -1 do rest[i] = after; after = after + lists[i].bound end
-local best, seen = {}, {}
-local scored, complete = 0, 1
-local function offer(id, score)
-  if #best >= k then
-    local worst = best[#best]
-    if score < worst[2] or (score == worst[2] and id > worst[1]) then return end
-    best[#best] = nil
-  end
-  local at = #best + 1
-  while at > 1 and (best[at - 1][2] < score or (best[at - 1][2] == score and best[at - 1][1] > id)) do
-    best[at] = best[at - 1]
-    at = at - 1
-  end
-  best[at] = {id, score}
-end
-local function theta() if #best >= k then return best[k][2] end return -1 end
-for i, l in ipairs(lists) do
-  if l.bound + rest[i] < theta() then break end
-  local pos = 0
-  while true do
-    if scored >= budget then complete = 0; break end
-    local rows = redis.call('ZREVRANGE', l.key, pos, pos + chunk - 1, 'WITHSCORES')
-    if #rows == 0 then break end
-    if l.idf * tonumber(rows[2]) + rest[i] < theta() then break end
-    -- A memory first read here is in no list before this one (each was read to its end, or
-    -- the search would have stopped), and holds at most the best of each list after it: it
-    -- is scored only if that could reach the k-th best, and looked up in those lists only.
-    local ids, scores = {}, {}
-    for j = 1, #rows, 2 do
-      local id = rows[j]
-      if not seen[id] then
-        seen[id] = true
-        scored = scored + 1
-        local score = l.idf * tonumber(rows[j + 1])
-        if score + rest[i] >= theta() then
-          ids[#ids + 1] = id
-          scores[#scores + 1] = score
-        end
-      end
-    end
-    if #ids > 0 then
-      for o = i + 1, #lists do
-        local found = redis.call('ZMSCORE', lists[o].key, unpack(ids))
-        for j = 1, #ids do
-          if found[j] then scores[j] = scores[j] + lists[o].idf * tonumber(found[j]) end
-        end
-      end
-      for j = 1, #ids do offer(ids[j], scores[j]) end
-    end
-    pos = pos + #rows / 2
-    if #rows / 2 < chunk then break end
-  end
-  if complete == 0 then break end
-end
-local out = {n, complete, scored}
-for _, pair in ipairs(best) do
-  out[#out + 1] = pair[1]
-  out[#out + 1] = tostring(pair[2])
-end
+local out = {tonumber(stats[1] or '0'), complete}
+for i = 2, #KEYS do out[#out + 1] = lists[i] or '' end
 return out
 """
 
@@ -287,6 +276,46 @@ def _length(line: str) -> int:
     return int(line[:end] if end >= 0 else line or 0)
 
 
+def best(docs: int, lists: Sequence[bytes], k: int) -> tuple[list[tuple[int, float]], int]:
+    """The ``k`` best memory numbers by BM25 over these words' ``lists`` (the agent holding
+    ``docs`` memories), best first, and how many postings were read.
+
+    Every posting of every list is scored (a vectorised sum): exact whatever the words'
+    frequencies. Each list holds a memory at most once, so a list's scores are added with one
+    indexed sum; a memory's number indexes a dense array when the numbers are not sparse
+    (the agent's memories were not mostly removed), else the numbers are first made dense."""
+    nums, weights = [], []
+    read = 0
+    for blob in lists:
+        if not blob:
+            continue
+        records = np.frombuffer(blob, dtype=RECORD)
+        read += len(records)
+        live = records[records["impact"] > 0]  # a removed memory's postings are zeroed
+        if len(live):
+            df = len(live)
+            nums.append(live["num"])
+            weights.append(bm25.idf(max(docs, df), df) * live["impact"])
+    if not nums:
+        return [], read
+    top = max(int(n[-1]) for n in nums)  # each list is in number order
+    total = sum(len(n) for n in nums)
+    if top < 4 * total + 65_536:
+        scores = np.zeros(top + 1)
+        for n, w in zip(nums, weights, strict=True):
+            scores[n] += w
+        held = np.flatnonzero(scores) if len(nums) > 1 else nums[0].astype(np.int64)
+        values = scores[held]
+    else:
+        held, inverse = np.unique(np.concatenate(nums), return_inverse=True)
+        values = np.bincount(inverse, weights=np.concatenate(weights))
+    if k < len(held):
+        cut = np.argpartition(-values, k - 1)[:k]
+        held, values = held[cut], values[cut]
+    order = np.lexsort((held, -values))
+    return [(int(held[i]), float(values[i])) for i in order], read
+
+
 class Postings:
     """One agent-independent handle on the postings in a Redis server (``redis``: an asyncio
     client answering strings)."""
@@ -295,14 +324,16 @@ class Postings:
         self.redis = redis
         self._index = redis.register_script(_INDEX)
         self._remove = redis.register_script(_REMOVE)
-        self._top = redis.register_script(_TOP)
+        # The read answers bytes (the lists), so it is sent as EVALSHA that is never decoded.
+        self._read_sha = hashlib.sha1(_READ.encode()).hexdigest()
 
     async def built(self, agent_id: str) -> bool:
-        """Whether the agent's postings cover its whole graph (else search reads the index)."""
-        return bool(await self.redis.hexists(keyspace.postings_stats(agent_id), "built"))
+        """Whether the agent's postings, of this layout, cover its whole graph (else search
+        reads the index)."""
+        return bool(await self.redis.hget(keyspace.postings_stats(agent_id), "built") == LAYOUT)
 
     async def mark_built(self, agent_id: str) -> None:
-        await self.redis.hset(keyspace.postings_stats(agent_id), "built", "1")
+        await self.redis.hset(keyspace.postings_stats(agent_id), "built", LAYOUT)
 
     async def index(self, agent_id: str, texts: Iterable[tuple[str, str]], fresh: bool = False) -> int:
         """Index ``(memory id, search text)`` pairs; ids indexed already are left as they are.
@@ -313,19 +344,27 @@ class Postings:
     async def index_entries(self, agent_id: str, entries: Sequence[tuple[str, tuple[int, dict[str, int], str]]],
                             fresh: bool = False) -> int:
         """``index`` of texts whose ``entry`` the caller made already."""
-        if not entries and not fresh:
+        keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id),
+                keyspace.postings_nums(agent_id), keyspace.postings_ids(agent_id)]
+        slots: dict[str, int] = {}
+        args: list[Any] = [bm25.K1, bm25.B, "1" if fresh else "0"]
+        for memory_id, (length, counts, line) in entries:
+            args += [memory_id, length, line, len(counts)]
+            for term, tf in counts.items():
+                if term not in slots:
+                    keys.append(keyspace.postings_term(agent_id, term))
+                    slots[term] = len(keys)  # Lua's 1-based index into KEYS
+                args += [slots[term], tf]
+        if len(args) == 3 and not fresh:
             return 0
-        keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id)]
-        args: list[Any] = [bm25.K1, bm25.B, "1" if fresh else "0", keyspace.postings_term(agent_id, "")]
-        for memory_id, (_, _, line) in entries:
-            args += [memory_id, line]
         return int(await self._index(keys=keys, args=args))
 
     async def remove(self, agent_id: str, ids: Sequence[str]) -> int:
         """Take these memories out of the postings (unknown ids are skipped); how many were in."""
         if not ids:
             return 0
-        keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id)]
+        keys = [keyspace.postings_stats(agent_id), keyspace.postings_docs(agent_id),
+                keyspace.postings_nums(agent_id), keyspace.postings_ids(agent_id), keyspace.postings_dead(agent_id)]
         return int(await self._remove(keys=keys, args=[keyspace.postings_term(agent_id, ""), *dict.fromkeys(ids)]))
 
     async def reindex(self, agent_id: str, texts: Sequence[tuple[str, str]]) -> None:
@@ -333,31 +372,45 @@ class Postings:
         await self.remove(agent_id, [memory_id for memory_id, _ in texts])
         await self.index(agent_id, texts)
 
+    async def _read(self, keys: list[str], args: list[Any]) -> list[Any]:
+        """The read script's answer, its lists as bytes (loaded first if the server lacks it)."""
+        command = ("EVALSHA", self._read_sha, len(keys), *keys, *args)
+        try:
+            return cast(list[Any], await self.redis.execute_command(*command, **{NEVER_DECODE: True}))
+        except NoScriptError:
+            await self.redis.script_load(_READ)
+            return cast(list[Any], await self.redis.execute_command(*command, **{NEVER_DECODE: True}))
+
     async def top(self, agent_id: str, terms: Sequence[str], k: int, budget: int) -> Ranked | None:
         """The ``k`` memories of the agent with the highest BM25 for ``terms`` (query words,
-        stemmed here), scoring at most ``budget`` memories; None when the postings do not
-        cover the agent's graph yet (``build_postings`` has not finished)."""
+        stemmed here), reading at most ``budget`` postings (the rarest words' first); None
+        when the postings do not cover the agent's graph yet (``build_postings`` has not
+        finished). Ties in score: the memory indexed first first."""
         if k <= 0:
             return Ranked([], 0, True, 0)
         stems = list(dict.fromkeys(stem(t) for t in terms))[:MAX_TERMS]
         keys = [keyspace.postings_stats(agent_id), *(keyspace.postings_term(agent_id, s) for s in stems)]
-        reply = await self._top(keys=keys, args=[k, max(CHUNK, k), budget])
-        if int(reply[0]) < 0:
+        reply = await self._read(keys, [budget])
+        docs = int(reply[0])
+        if docs < 0:
             return None
-        pairs = reply[3:]
-        hits = [(str(pairs[i]), float(pairs[i + 1])) for i in range(0, len(pairs), 2)]
-        return Ranked(hits, int(reply[0]), bool(reply[1]), int(reply[2]))
+        ranked, read = best(docs, [bytes(blob) for blob in reply[2:]], k)
+        if not ranked:
+            return Ranked([], docs, bool(reply[1]), read)
+        ids = await self.redis.hmget(keyspace.postings_ids(agent_id), [num for num, _ in ranked])
+        hits = [(str(memory_id), score) for memory_id, (_, score) in zip(ids, ranked, strict=True) if memory_id]
+        return Ranked(hits, docs, bool(reply[1]), read)
 
     async def entries(self, agent_id: str, ids: Sequence[str]) -> dict[str, str] | None:
         """By memory id, its ``docs`` entry (``entry``: what ranking a scope by BM25 needs,
         without reading and tokenising texts). Ids not indexed are left out; None when the
         postings do not cover the agent's graph yet."""
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hexists(keyspace.postings_stats(agent_id), "built")
+            pipe.hget(keyspace.postings_stats(agent_id), "built")
             if ids:
                 pipe.hmget(keyspace.postings_docs(agent_id), list(ids))
             built, *replies = await pipe.execute()
-        if not built:
+        if built != LAYOUT:
             return None
         lines = replies[0] if replies else []
         return {memory_id: line for memory_id, line in zip(ids, lines, strict=True) if line}

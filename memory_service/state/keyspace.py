@@ -233,14 +233,21 @@ FalkorDB server beside its graph, under the agent's hash tag (one slot: the scri
 them together)::
 
     ms:ft:{<agent>}:stats                   hash    docs (live memories indexed), len (their indexed
-                                                    words), built (set once the postings cover every
+                                                    words), seq (the last memory number given), built
+                                                    (the layout, "2", once the postings cover every
                                                     memory of the graph)                             per agent
     ms:ft:{<agent>}:docs                    hash    memory id -> "<indexed words> <stem> <stem>*<tf>
                                                     ...": what a removal takes out (the node's
                                                     ``terms`` holds the same)                        per live memory
-    ms:ft:{<agent>}:t:<stem>                zset    memory id -> the term's BM25 impact in it (its
-                                                    weight without the idf), best first              per live memory and
+    ms:ft:{<agent>}:nums                    hash    memory id -> its number in the postings          per live memory
+    ms:ft:{<agent>}:ids                     hash    number -> memory id                              per live memory
+    ms:ft:{<agent>}:p:<stem>                string  the word's postings in number order, 12 bytes
+                                                    each: the memory's number (uint32) and the
+                                                    word's BM25 impact in it (float64, its weight
+                                                    without the idf; 0 once the memory is removed)   per memory and
                                                                                                      distinct word
+    ms:ft:{<agent>}:dead                    hash    stem -> zeroed postings in its list (rewritten
+                                                    without them once they are half of it)           per word with removals
     ms:ft:{<agent>}:build                   string  the lock of the process building the postings of
                                                     a graph written before them, with a lifetime     per agent building
 
@@ -494,7 +501,24 @@ def postings_docs(agent_id: str) -> str:
 
 
 def postings_term(agent_id: str, term: str) -> str:
-    return postings_prefix(agent_id) + "t:" + term
+    """A word's list of postings (a string of fixed-size records; "t:" held the sorted sets
+    of the first layout)."""
+    return postings_prefix(agent_id) + "p:" + term
+
+
+def postings_nums(agent_id: str) -> str:
+    """memory id -> its number in the postings."""
+    return postings_prefix(agent_id) + "nums"
+
+
+def postings_ids(agent_id: str) -> str:
+    """A number in the postings -> its memory id."""
+    return postings_prefix(agent_id) + "ids"
+
+
+def postings_dead(agent_id: str) -> str:
+    """word -> its list's postings of removed memories (zeroed in place until the list is rewritten)."""
+    return postings_prefix(agent_id) + "dead"
 
 
 def postings_build_lock(agent_id: str) -> str:
