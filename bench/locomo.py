@@ -47,6 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+import baselines  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from baselines import (  # noqa: E402
@@ -528,7 +529,7 @@ async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Se
         # compared on the same memories, without the formation's minutes).
         marker = Path(tmp) / "locomo-ingested.json"
         names = [s.sample_id for s in samples]
-        if marker.exists() and json.loads(marker.read_text()) == names:
+        if marker.exists() and set(names) <= set(json.loads(marker.read_text())):
             console.print(f"  ingest: skipped, {tmp} holds these samples already")
         else:
             if marker.exists():
@@ -741,6 +742,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budgets", default="2000,4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=5, help="samples ingested at once (default 5)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
+    parser.add_argument("--no-dense", action="store_true", help="skip the dense and RRF baselines (BM25 stays)")
     parser.add_argument("--recall", action="append", default=[], metavar="SPEC",
                         help="also measure the block with these /v1/context recall parameters, e.g. "
                              "'min_similarity=0.3;top_k=20' (repeatable: one run each, same ingest)")
@@ -774,6 +776,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"questions of categories 1-4 with usable evidence (skipped: {data['skipped']})")
 
     console.print("baselines ...")
+    baselines.DENSE = not args.no_dense
     base = asyncio.run(run_baselines(samples, budgets, console))
     service: dict = {"errors": []}
     failure = None

@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", type=Path, metavar="DIR",
                         help="keep the service's store in DIR; a later run with the same DIR queries the questions "
                              "it holds again without ingesting them (compare ranking settings on the same memories)")
+    parser.add_argument("--stored-only", action="store_true",
+                        help="with --store: only the questions the store holds already (nothing is ingested)")
     parser.add_argument("--budgets", default="4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=2, help="questions ingested at once (default 2)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
@@ -427,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     questions, stats = load(args.path, max_chars)
     total = Counter(q.half for q in questions)
+    if args.stored_only:
+        if args.store is None:
+            parser.error("--stored-only needs --store")
+        held = (args.store / "lme-ingested.txt").read_text().split() if (args.store / "lme-ingested.txt").exists() else []
+        questions = [q for q in questions if q.question_id in held]
     questions = [q for q in questions if in_half(q.half, args.half)
                  and (not args.types or q.question_type in args.types.split(","))][:args.limit_questions]
     data = {"path": str(args.path), "questions": len(questions), "halves_in_file": dict(total),

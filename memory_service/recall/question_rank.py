@@ -51,6 +51,11 @@ class Weights:
     aggregate_always: bool = False
     window: int = 50
 
+    @property
+    def on(self) -> bool:
+        """Whether any factor is on (else the question is not even read)."""
+        return self.window > 0 and bool(self.people or self.time or self.aggregate)
+
     @classmethod
     def of(cls, settings: Settings) -> Weights:
         return cls(settings.search_question_people, settings.search_question_time, settings.search_question_aggregate,

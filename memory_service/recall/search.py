@@ -553,7 +553,7 @@ class Retriever:
                 log.warning("search without the structural re-rank: %s", exc)
                 degraded.append(f"structure: {type(exc).__name__}: {exc}")
         questioned = QuestionWeights.of(self.settings)
-        if ranked and questioned.window > 0:
+        if ranked and questioned.on:
             try:
                 ranked = await question_ranked(backend, agent_id, ranked, question_cues(request.query, request.as_of or now),
                                                questioned, request.min_score)
