@@ -29,16 +29,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from memory_service.backends.base import Candidate, Facet, Found, MemoryBackend
 from memory_service.config import Settings
 from memory_service.domain.question import Cues
-
-if TYPE_CHECKING:
-    from memory_service.recall.search import Scored
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,32 +121,17 @@ async def facets_of(backend: MemoryBackend, agent_id: str, candidates: Sequence[
     return [read.get(c.id) if isinstance(c, Found) else Facet.of(c) for c in candidates]
 
 
-async def question_ranked(backend: MemoryBackend, agent_id: str, ranked: list[tuple[Candidate, Scored]],
-                          cues: Cues, weights: Weights,
-                          min_score: float | None) -> list[tuple[Candidate, Scored]]:
-    """``ranked`` with the question's factors on its best ``weights.window``, best first again."""
-    if not ranked or not weights.wanted(cues):
-        return ranked
-    head, tail = ranked[:weights.window], ranked[weights.window:]
-    facets = await facets_of(backend, agent_id, [c for c, _ in head])
+def question_order(facets: Sequence[Facet | None], cues: Cues, weights: Weights,
+                   scores: Sequence[tuple[float, float]]) -> list[tuple[int, float]]:
+    """The new order of candidates with these ``facets`` and (score, recency factor)
+    ``scores``, best first: (the candidate's index, its new score). The search applies it
+    (memory_service/recall/search.py, ``Retriever.questioned``)."""
     values = factors(facets, cues, weights)
-    scored: list[tuple[tuple[Candidate, Scored], float, str | None]] = []
-    for (candidate, s), factor, facet in zip(head, values, facets, strict=True):
-        score = s.score / s.recency if weights.time and cues.first and s.recency > 0 else s.score
-        scored.append(((candidate, s), score * factor, facet.session_id if facet is not None else None))
+    scored: list[tuple[int, float, str | None]] = []
+    for at, ((score, recency), factor, facet) in enumerate(zip(scores, values, facets, strict=True)):
+        if weights.time and cues.first and recency > 0:
+            score = score / recency  # the earliest is asked for: age costs nothing
+        scored.append((at, score * factor, facet.session_id if facet is not None else None))
     if weights.aggregate and (cues.aggregate or weights.aggregate_always):
-        order = spread(scored, weights.aggregate)
-    else:
-        order = [(item, score) for item, score, _ in sorted(scored, key=lambda x: -x[1])]
-    out = [(c, s if round(value, 6) == s.score else
-            replace(s, score=round(value, 6), activated=min_score is None or round(value, 6) >= min_score))
-           for (c, s), value in order]
-    if tail:
-        # The tail keeps its scores: merged by score so that a demoted candidate may fall below it.
-        out = sorted([*out, *tail], key=lambda pair: -pair[1].score)
-    return out
-
-
-def reference_time(as_of: datetime | None, now: datetime) -> datetime:
-    """When the question is asked: its ``as_of`` (LongMemEval's question date), else now."""
-    return as_of if as_of is not None else now
+        return spread(scored, weights.aggregate)
+    return [(at, score) for at, score, _ in sorted(scored, key=lambda x: (-x[1], x[0]))]

@@ -66,7 +66,7 @@ from memory_service.recall.graph_signal import (
     structure,
 )
 from memory_service.recall.question_rank import Weights as QuestionWeights
-from memory_service.recall.question_rank import question_ranked
+from memory_service.recall.question_rank import facets_of, question_order
 from memory_service.recall.render import age
 from memory_service.recall.rerank import Reranker
 from memory_service.schemas.search import (
@@ -552,16 +552,35 @@ class Retriever:
             except Exception as exc:  # as the signal: the fused order stands
                 log.warning("search without the structural re-rank: %s", exc)
                 degraded.append(f"structure: {type(exc).__name__}: {exc}")
-        questioned = QuestionWeights.of(self.settings)
-        if ranked and questioned.on:
+        if ranked and QuestionWeights.of(self.settings).on:
             try:
-                ranked = await question_ranked(backend, agent_id, ranked, question_cues(request.query, request.as_of or now),
-                                               questioned, request.min_score)
+                ranked = await self.questioned(agent_id, backend, request, ranked, now)
             except Exception as exc:
                 log.warning("search without question-aware ranking: %s", exc)
                 degraded.append(f"question: {type(exc).__name__}: {exc}")
         ranked = await self.reranked(agent_id, backend, request, ranked, degraded)
         return Ranking(ranked, sorted(hits), degraded, now, backend, agent_id)
+
+    async def questioned(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
+                         ranked: list[tuple[Candidate, Scored]], now: datetime) -> list[tuple[Candidate, Scored]]:
+        """``ranked`` with the question's factors (memory_service/recall/question_rank.py) on
+        its best SEARCH_QUESTION_WINDOW, best first again; as it was when no factor applies to
+        this question (then nothing is read)."""
+        weights = QuestionWeights.of(self.settings)
+        cues = question_cues(request.query, request.as_of or now)
+        if not weights.wanted(cues):
+            return ranked
+        head, tail = ranked[:weights.window], ranked[weights.window:]
+        facets = await facets_of(backend, agent_id, [c for c, _ in head])
+        order = question_order(facets, cues, weights, [(s.score, s.recency) for _, s in head])
+        out = []
+        for at, value in order:
+            candidate, scored = head[at]
+            value = round(value, 6)
+            out.append((candidate, scored if value == scored.score else replace(
+                scored, score=value, activated=request.min_score is None or value >= request.min_score)))
+        # The tail keeps its scores: merged by score, a demoted candidate may fall below it.
+        return sorted([*out, *tail], key=lambda pair: -pair[1].score) if tail else out
 
     async def fed_back(self, agent_id: str, backend: MemoryBackend, store_query: StoreQuery, hits: SignalHits,
                        ranked: list[tuple[Candidate, Scored]], now: datetime, min_score: float | None,
