@@ -412,8 +412,16 @@ async def _maybe_await(value):
     return await value if inspect.isawaitable(value) else value
 
 
+# ``--no-dense`` (bench/locomo.py): the dense and RRF baselines are skipped (re-running a kept
+# store under other ranking settings: the baselines do not change, and embedding every turn again
+# is most of their time on a loaded machine).
+DENSE = True
+
+
 async def load_embedder() -> tuple[Embedder | None, str]:
     """The service's embedder (``build_embedder(Settings())``, started), or None and why not."""
+    if not DENSE:
+        return None, "--no-dense: dense and RRF baselines skipped"
     try:
         from memory_service.embedding import embedders as embedding
     except ImportError as exc:

@@ -47,6 +47,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
+import baselines  # noqa: E402
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
 from baselines import (  # noqa: E402
@@ -286,9 +287,14 @@ async def ingest(http: httpx.AsyncClient, samples: list[Sample], concurrency: in
                 for turn, at in zip(session.turns, turn_times(session), strict=True):
                     body = {"agent_id": sample.sample_id, "user_id": turn.speaker, "role": "user",
                             "content": turn.content, "message_id": turn.dia_id, "created_at": at.isoformat()}
-                    start = time.perf_counter()
-                    r = await http.post(f"/v1/sessions/{sid}/messages", json=body)
-                    record_s.append(time.perf_counter() - start)
+                    # A 503 (the store busy on a loaded machine) is sent again, as docs/ingest.md says.
+                    for attempt in range(1, 6):
+                        start = time.perf_counter()
+                        r = await http.post(f"/v1/sessions/{sid}/messages", json=body)
+                        record_s.append(time.perf_counter() - start)
+                        if r.status_code != 503:
+                            break
+                        await asyncio.sleep(2 * attempt)
                     if r.status_code == 422 and ":" in turn.dia_id and "message_id" in detail(r):
                         raise BenchError(
                             f"the service refuses LoCoMo's message ids: POST /v1/sessions/{sid}/messages with "
@@ -297,16 +303,17 @@ async def ingest(http: httpx.AsyncClient, samples: list[Sample], concurrency: in
                     if r.status_code != 200:
                         raise BenchError(f"POST /v1/sessions/{sid}/messages ({turn.dia_id}) answered "
                                          f"{r.status_code}: {detail(r)}")
-                    if r.json().get("duplicate"):
+                    if r.json().get("duplicate") and attempt == 1:
                         raise BenchError(f"{sid}/{turn.dia_id} was recorded as a duplicate on a fresh store")
-                for attempt in (1, 2):
+                for attempt in range(1, 6):
                     start = time.perf_counter()
                     r = await http.post(f"/v1/sessions/{sid}/form", params={"wait": "true"})
                     form_s.append(time.perf_counter() - start)
                     if r.status_code != 503:
                         break
                     console.print(f"  POST /v1/sessions/{sid}/form answered 503 ({detail(r)}); "
-                                  f"{'retrying' if attempt == 1 else 'giving up'}")
+                                  f"{'retrying' if attempt < 5 else 'giving up'}")
+                    await asyncio.sleep(2 * attempt)
                 if r.status_code != 200:
                     raise BenchError(f"POST /v1/sessions/{sid}/form answered {r.status_code}: {detail(r)}")
                 forms.append({"session_id": sid, **{k: r.json().get(k) for k in ("formed", "memories", "written")}})
@@ -477,7 +484,7 @@ async def run_context(http: httpx.AsyncClient, samples: list[Sample], budgets: S
 
 
 async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency: int, console: Console,
-                      out: dict, recall_grid: Sequence[str] = ()) -> None:
+                      out: dict, recall_grid: Sequence[str] = (), store: Path | None = None) -> None:
     """Fills ``out`` as it goes, so that a failure keeps what was measured before it."""
     from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
@@ -492,7 +499,9 @@ async def run_service(samples: list[Sample], budgets: Sequence[int], concurrency
                        # machine raise it, or blocks lose their relevant memories to the clock.
                        "context_deadline_seconds": settings.context_deadline_seconds}
     errors: list[str] = out.setdefault("errors", [])
-    with tempfile.TemporaryDirectory(prefix="locomo-bench-") as tmp:
+    if store is not None:
+        store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="locomo-bench-") if store is None else nullcontext(str(store)) as tmp:
         server = LoopbackServer(create_app(settings, data_dir=Path(tmp), run_worker=True, host="127.0.0.1"))
         try:
             await server.start()
@@ -516,11 +525,21 @@ async def _run_on(server, settings, tmp: str, samples: list[Sample], budgets: Se
         console.print(f"service: API on {server.base_url}, embedded FalkorDB in {tmp}, "
                       f"extractor {settings.extractor}; ingesting "
                       f"{sum(len(s.turns) for s in samples)} turns ...")
-        out["ingest"] = await ingest(http, samples, concurrency, console)
-        ing = out["ingest"]
-        console.print(f"  ingest: {ing['messages']} messages, {ing['sessions']} sessions formed in "
-                      f"{ing['seconds']:.1f} s ({ing['messages_per_s']:.1f} msgs/s); memories formed by POST /form: "
-                      f"{ing['memories_formed_by_post_form']} (windows a gate opened not counted)")
+        # --store: a store ingested by an earlier run is queried again (ranking settings
+        # compared on the same memories, without the formation's minutes).
+        marker = Path(tmp) / "locomo-ingested.json"
+        names = [s.sample_id for s in samples]
+        if marker.exists() and set(names) <= set(json.loads(marker.read_text())):
+            console.print(f"  ingest: skipped, {tmp} holds these samples already")
+        else:
+            if marker.exists():
+                raise BenchError(f"{tmp} holds other samples ({marker.read_text().strip()}): use another --store")
+            out["ingest"] = await ingest(http, samples, concurrency, console)
+            ing = out["ingest"]
+            console.print(f"  ingest: {ing['messages']} messages, {ing['sessions']} sessions formed in "
+                          f"{ing['seconds']:.1f} s ({ing['messages_per_s']:.1f} msgs/s); memories formed by POST "
+                          f"/form: {ing['memories_formed_by_post_form']} (windows a gate opened not counted)")
+            marker.write_text(json.dumps(names))
         errors += await check_formed(http, samples)
         if not shape.has_search:
             raise BenchError("GET /v1/search does not exist in this service yet (not in /openapi.json): "
@@ -717,9 +736,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="OUT", help="also write everything as JSON to OUT")
     parser.add_argument("--capture", type=Path, metavar="PATH",
                         help="also keep every block's renderer inputs in PATH, for bench/block_replay.py")
+    parser.add_argument("--store", type=Path, metavar="DIR",
+                        help="keep the service's store in DIR; a later run with the same DIR and samples skips "
+                             "the ingest and queries it again (compare ranking settings on the same memories)")
     parser.add_argument("--budgets", default="2000,4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=5, help="samples ingested at once (default 5)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
+    parser.add_argument("--no-dense", action="store_true", help="skip the dense and RRF baselines (BM25 stays)")
     parser.add_argument("--recall", action="append", default=[], metavar="SPEC",
                         help="also measure the block with these /v1/context recall parameters, e.g. "
                              "'min_similarity=0.3;top_k=20' (repeatable: one run each, same ingest)")
@@ -753,13 +776,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"questions of categories 1-4 with usable evidence (skipped: {data['skipped']})")
 
     console.print("baselines ...")
+    baselines.DENSE = not args.no_dense
     base = asyncio.run(run_baselines(samples, budgets, console))
     service: dict = {"errors": []}
     failure = None
     if not args.baselines_only:
         try:
             with CAPTURE.active() if args.capture else nullcontext():
-                asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall))
+                asyncio.run(run_service(samples, budgets, args.concurrency, console, service, args.recall,
+                                            args.store))
             if args.capture:
                 CAPTURE.save(args.capture)
         except BenchError as exc:

@@ -209,23 +209,32 @@ async def ingest_one(http: httpx.AsyncClient, q: LmeQuestion, max_chars: int, ti
                 items.append({"session_id": sid, "user_id": USER, "role": turn.speaker, "content": piece,
                               "message_id": turn.dia_id if n == 1 else f"{turn.dia_id}{PART}{n}", "created_at": at})
         for start_at in range(0, len(items), 500):
-            start = time.perf_counter()
-            r = await http.post(f"/v1/agents/{q.question_id}/messages/batch", json={"messages": items[start_at:start_at + 500]})
-            timing["batch"].append(time.perf_counter() - start)
+            # A 503 (the store busy on a loaded machine) is sent again, as docs/ingest.md says;
+            # what the first try recorded comes back as duplicates then.
+            for attempt in range(1, 6):
+                start = time.perf_counter()
+                r = await http.post(f"/v1/agents/{q.question_id}/messages/batch",
+                                    json={"messages": items[start_at:start_at + 500]})
+                timing["batch"].append(time.perf_counter() - start)
+                if r.status_code != 503:
+                    break
+                await asyncio.sleep(2 * attempt)
             if r.status_code != 200:
                 raise BenchError(f"POST /v1/agents/{q.question_id}/messages/batch ({sid}) answered "
                                  f"{r.status_code}: {detail(r)}")
-            bad = [x for x in r.json()["items"] if x["status"] != "recorded"]
+            fine = {"recorded"} if attempt == 1 else {"recorded", "duplicate"}
+            bad = [x for x in r.json()["items"] if x["status"] not in fine]
             if bad:
                 raise BenchError(f"{sid}: {len(bad)} batch items not recorded, the first: {bad[0]}")
         if not items:
             continue
-        for attempt in (1, 2):
+        for attempt in range(1, 6):
             start = time.perf_counter()
             r = await http.post(f"/v1/sessions/{sid}/form", params={"wait": "true"})
             timing["form"].append(time.perf_counter() - start)
-            if r.status_code != 503 or attempt == 2:
+            if r.status_code != 503 or attempt == 5:
                 break
+            await asyncio.sleep(2 * attempt)
         if r.status_code != 200:
             raise BenchError(f"POST /v1/sessions/{sid}/form answered {r.status_code}: {detail(r)}")
 
@@ -260,7 +269,9 @@ async def check_formed(http: httpx.AsyncClient, q: LmeQuestion, max_chars: int) 
 async def query_one(http: httpx.AsyncClient, q: LmeQuestion, budgets: Sequence[int], errors: list[str],
                     timing: dict[str, list[float]]) -> dict:
     known = {t.dia_id for t in q.turns}
-    params = {"agent_id": q.question_id, "query": q.question, "scope": "agent", "top_k": SEARCH_DEPTH}
+    # Asked as of the question's date, as the block is: search reads "last week" from it.
+    params = {"agent_id": q.question_id, "query": q.question, "scope": "agent", "top_k": SEARCH_DEPTH,
+              "as_of": q.date.isoformat()}
     start = time.perf_counter()
     r = await http.get("/v1/search", params=params)
     timing["search"].append(time.perf_counter() - start)
@@ -303,7 +314,7 @@ async def query_one(http: httpx.AsyncClient, q: LmeQuestion, budgets: Sequence[i
 
 
 async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], concurrency: int, console: Console,
-                      out: dict, time_limit: float | None = None) -> None:
+                      out: dict, time_limit: float | None = None, store: Path | None = None) -> None:
     """Fills ``out`` as it goes: a failure keeps what was measured before it."""
     from memory_service.backends.loopback import LoopbackServer
     from memory_service.config import Settings
@@ -319,7 +330,12 @@ async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], 
     records: list[dict] = out.setdefault("records", [])
     timing: dict[str, list[float]] = {k: [] for k in ("batch", "form", "embed_wait", "search",
                                                       *(f"context@{b}" for b in budgets))}
-    with tempfile.TemporaryDirectory(prefix="lme-bench-") as tmp:
+    if store is not None:
+        store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="lme-bench-") if store is None else nullcontext(str(store)) as tmp:
+        # --store: the questions an earlier run ingested into it are queried again, not ingested
+        marker = Path(tmp) / "lme-ingested.txt"
+        ingested = set(marker.read_text().split()) if marker.exists() else set()
         app = create_app(settings, data_dir=Path(tmp), run_worker=True, host="127.0.0.1")
         server = LoopbackServer(app)
         await server.start()
@@ -334,9 +350,12 @@ async def run_service(questions: Sequence[LmeQuestion], budgets: Sequence[int], 
                         if time_limit is not None and t0 - started > time_limit:
                             out["not_started"] = out.get("not_started", 0) + 1
                             return
-                        await ingest_one(http, q, settings.max_message_chars, timing)
-                        timing["embed_wait"].append(await wait_embedded(app.state.service, q.question_id))
-                        errors.extend(await check_formed(http, q, settings.max_message_chars))
+                        if q.question_id not in ingested:
+                            await ingest_one(http, q, settings.max_message_chars, timing)
+                            timing["embed_wait"].append(await wait_embedded(app.state.service, q.question_id))
+                            errors.extend(await check_formed(http, q, settings.max_message_chars))
+                            with marker.open("a") as f:
+                                f.write(q.question_id + "\n")
                         records.append(await query_one(http, q, budgets, errors, timing))
                         console.print(f"  {len(records)}/{len(questions)} {q.question_id} ({q.question_type}, half "
                                       f"{q.half}, {len(q.turns)} turns) in {time.perf_counter() - t0:.0f} s")
@@ -385,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--types", metavar="T1,T2", help="only questions of these types (e.g. single-session-assistant)")
     parser.add_argument("--capture", type=Path, metavar="PATH",
                         help="also keep every block's renderer inputs in PATH, for bench/block_replay.py")
+    parser.add_argument("--store", type=Path, metavar="DIR",
+                        help="keep the service's store in DIR; a later run with the same DIR queries the questions "
+                             "it holds again without ingesting them (compare ranking settings on the same memories)")
+    parser.add_argument("--stored-only", action="store_true",
+                        help="with --store: only the questions the store holds already (nothing is ingested)")
     parser.add_argument("--budgets", default="4000,16000", help="context budgets, comma-separated (chars)")
     parser.add_argument("--concurrency", type=int, default=2, help="questions ingested at once (default 2)")
     parser.add_argument("--baselines-only", action="store_true", help="skip the service (baselines only)")
@@ -405,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     questions, stats = load(args.path, max_chars)
     total = Counter(q.half for q in questions)
+    if args.stored_only:
+        if args.store is None:
+            parser.error("--stored-only needs --store")
+        held = (args.store / "lme-ingested.txt").read_text().split() if (args.store / "lme-ingested.txt").exists() else []
+        questions = [q for q in questions if q.question_id in held]
     questions = [q for q in questions if in_half(q.half, args.half)
                  and (not args.types or q.question_type in args.types.split(","))][:args.limit_questions]
     data = {"path": str(args.path), "questions": len(questions), "halves_in_file": dict(total),
@@ -422,7 +451,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.baselines_only:
         try:
             with CAPTURE.active() if args.capture else nullcontext():
-                asyncio.run(run_service(questions, budgets, args.concurrency, console, service, args.time_limit))
+                asyncio.run(run_service(questions, budgets, args.concurrency, console, service, args.time_limit,
+                                            args.store))
         except BenchError as exc:
             failure = str(exc)
         except httpx.HTTPError as exc:

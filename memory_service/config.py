@@ -233,6 +233,37 @@ class Settings(BaseSettings):
     search_rank_activation: float = Field(
         default=0.0, ge=0, le=MAX_RANK_WEIGHT,
         description="Re-rank weight of activation: how many other candidates share a candidate's entities (hub penalty)")
+    # Question-aware ranking (memory_service/recall/question_rank.py, docs/search.md): each
+    # factor re-orders the best SEARCH_QUESTION_WINDOW fused candidates; a weight of 0 is off.
+    search_question_window: int = Field(
+        default=50, ge=0, le=200,
+        description="How many of the best fused candidates question-aware ranking reads (speaker, role, session, "
+                    "time) and re-orders; 0: none")
+    search_question_people: float = Field(
+        default=0.0, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+        description="People: a candidate said by someone the question names (or by the assistant, when it asks what "
+                    "'you' said) keeps its score, the others' are divided by 1 + this weight; 0: off")
+    search_question_time: float = Field(
+        default=0.0, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+        description="Time: a candidate from the period the question names (read from its date, as_of or now) keeps "
+                    "its score, the others' are divided by 1 + this weight; 'first' questions rank without recency; "
+                    "0: off")
+    search_question_aggregate: float = Field(
+        default=0.0, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+        description="Aggregation: in a question over several sessions ('how many', 'in total'), each candidate's "
+                    "score is divided by (1 + this weight) once per better candidate of the same session; 0: off")
+    search_question_aggregate_always: bool = Field(
+        default=False,
+        description="Spread every search across sessions (SEARCH_QUESTION_AGGREGATE), not only those whose question "
+                    "gathers from several")
+    search_feedback_weight: float = Field(
+        default=0.0, ge=0, le=MAX_RANK_WEIGHT, allow_inf_nan=False,
+        description="Pseudo-relevance feedback: the words the best SEARCH_FEEDBACK_DOCS results share are searched "
+                    "again with the query's, and that full-text list fused in with this weight; 0: off")
+    search_feedback_docs: int = Field(default=3, ge=1, le=20,
+                                      description="How many of the best results feedback reads")
+    search_feedback_terms: int = Field(default=6, ge=1, le=30,
+                                       description="Most words feedback adds to the query")
     # How the block picks the memories relevant to its query: the server's defaults, which an
     # agent's settings (`context`, per context type too) and each call override.
     context_top_k: int = Field(

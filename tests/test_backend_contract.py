@@ -420,6 +420,23 @@ async def test_briefs_give_what_the_block_shows_of_live_memories_only(backend):
     assert await backend.briefs(A2, ["b1"]) == [] and await backend.briefs(A1, []) == []
 
 
+async def test_facets_give_speaker_role_session_and_time_of_live_memories_only(backend):
+    """What question-aware ranking reads of a search's candidates (memory_service/recall/question_rank.py)."""
+    said = memory("f1", MemoryKind.MESSAGE, SESSION, "the ferry leaves at nine", 1, role="user")
+    answer = memory("f2", MemoryKind.MESSAGE, SESSION, "take the early one", 2, role="assistant")
+    episode = memory("f3", MemoryKind.EPISODE, SESSION, "they talked ferries", 3, user_ids=["Alice", "Bob Stone"])
+    gone = memory("f4", MemoryKind.MESSAGE, SESSION, "gone", 4, role="user")
+    await backend.write([said, answer, episode, gone])
+    await backend.replace(A1, [gone.model_copy(update={"deleted_at": datetime(2026, 6, 1, tzinfo=UTC)})])
+    facets = {f.id: f for f in await backend.facets(A1, ["f1", "f2", "f3", "f4", "unknown"])}
+    assert sorted(facets) == ["f1", "f2", "f3"]
+    assert (facets["f1"].role, facets["f1"].speakers, facets["f1"].session_id) == ("user", ("alice",), "s-1")
+    assert facets["f1"].valid_at == said.valid_at and facets["f1"].kind is MemoryKind.MESSAGE
+    assert facets["f2"].role == "assistant"
+    assert facets["f3"].speakers == ("alice", "bob stone") and facets["f3"].role is None
+    assert await backend.facets(A2, ["f1"]) == [] and await backend.facets(A1, []) == []
+
+
 async def test_admitted_is_what_a_search_admits_given_only_ids_and_times(backend):
     """The graph signal finds memories through entities: of those, ``admitted`` keeps what the
     search for its query would admit (live, namespaces, kinds, time, tags). Each comes back

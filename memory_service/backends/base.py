@@ -107,6 +107,32 @@ class Brief:
         return cls(memory.id, memory.kind, memory.valid_at, memory.search_text, memory.served_by, memory.expires_at)
 
 
+@dataclass(frozen=True, slots=True)
+class Facet:
+    """Where and by whom a memory was said: what question-aware ranking reads of the best
+    candidates (memory_service/recall/question_rank.py). ``speakers``: its ``user_id`` and
+    ``user_ids`` (a message's speaker; an episode's participants), lowercase."""
+
+    id: str
+    kind: MemoryKind
+    valid_at: datetime
+    session_id: str | None
+    role: str | None
+    speakers: tuple[str, ...]
+
+    @classmethod
+    def of(cls, memory: Memory) -> Facet:
+        meta = memory.metadata
+        return cls(memory.id, memory.kind, memory.valid_at, meta.session_id,
+                   None if meta.role is None else str(meta.role),
+                   speakers_of(meta.user_id, meta.user_ids))
+
+
+def speakers_of(user_id: str | None, user_ids: Sequence[str] = ()) -> tuple[str, ...]:
+    """A memory's speakers as ``Facet`` keeps them: lowercase, each once."""
+    return tuple(dict.fromkeys(u.lower() for u in (user_id, *user_ids) if u))
+
+
 # A backend's answer to a search: per signal ("fulltext", "vector"), candidates best first
 # with that signal's raw score (higher is better); each a memory, or a ``Found`` to read
 # (with ``find``) if it is kept.
@@ -272,6 +298,12 @@ class MemoryBackend(ABC):
     async def briefs(self, agent_id: str, ids: Sequence[str]) -> list[Brief]:
         """The ``Brief`` of each of the agent's live memories with these ids (others skipped)."""
         return [Brief.of(m) for m in await self.find(agent_id, ids) if m.live]
+
+    async def facets(self, agent_id: str, ids: Sequence[str]) -> list[Facet]:
+        """The ``Facet`` of each of the agent's live memories with these ids (others skipped):
+        whatever a search's signals answered (a memory or a ``Found``), the question-aware
+        ranking reads the speaker, role and session of its best candidates here."""
+        return [Facet.of(m) for m in await self.find(agent_id, ids) if m.live]
 
     async def admitted(self, agent_id: str, ids: Sequence[str], query: StoreQuery) -> list[Candidate]:
         """Of the agent's memories with these ids, those a search for ``query`` admits (live, in

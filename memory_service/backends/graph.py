@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
+import json
 import logging
 import os
 import time
@@ -55,6 +56,7 @@ from memory_service.backends import compact_reply, postings, readiness
 from memory_service.backends.base import (
     Brief,
     Candidate,
+    Facet,
     Found,
     ListedPage,
     MemoryListing,
@@ -62,6 +64,7 @@ from memory_service.backends.base import (
     Position,
     RecentRead,
     SignalHits,
+    speakers_of,
 )
 from memory_service.backends.graph_entities import ENTITY, ENTITY_INDEXES, EntityGraph
 from memory_service.backends.graph_layout import migrate_layout
@@ -867,6 +870,20 @@ class GraphBackend(EntityGraph):
         return [Brief(i, MemoryKind(kind), _moment(valid_at), text or "", "graph",
                       None if expires is None else datetime.fromtimestamp(float(expires), UTC))
                 for i, kind, valid_at, text, expires in rows]
+
+    async def facets(self, agent_id: str, ids: Sequence[str]) -> list[Facet]:
+        # The speaker, role and session live in the stored body (``content``): read it, not the text.
+        if not ids:
+            return []
+        rows = await self._read_plain(agent_id, f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.kind IS NOT NULL "
+                                                f"AND {_LIVE} RETURN n.uuid, n.kind, n.valid_at, n.content",
+                                      ids=list(ids))
+        out = []
+        for memory_id, kind, valid_at, content in rows:
+            meta = json.loads(content).get("metadata") or {}
+            out.append(Facet(memory_id, MemoryKind(kind), _moment(valid_at), meta.get("session_id"), meta.get("role"),
+                             speakers_of(meta.get("user_id"), meta.get("user_ids") or ())))
+        return out
 
     async def recent(self, agent_id: str, namespace: Namespace, kinds: Sequence[MemoryKind], limit: int) -> list[Memory]:
         return (await self.recent_many(agent_id, [RecentRead(namespace, kinds, limit)]))[0]

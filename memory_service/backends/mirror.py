@@ -48,6 +48,7 @@ from memory_service.access.pseudonyms import namespace_for_log
 from memory_service.backends.base import (
     Brief,
     Candidate,
+    Facet,
     ListedPage,
     MemoryBackend,
     MemoryListing,
@@ -464,6 +465,11 @@ class MirroredBackend(MemoryBackend):
         # does not give is not asked of MongoDB: the ids come from a search the graph answered,
         # and one it leaves out may be deleted there while MongoDB's copy waits in the outbox.
         found, _ = await self._read(agent_id, lambda b: b.briefs(agent_id, ids), f"agent {agent_id}")
+        return found
+
+    async def facets(self, agent_id: str, ids: Sequence[str]) -> list[Facet]:
+        # As ``briefs``: the ids come from a search the graph answered.
+        found, _ = await self._read(agent_id, lambda b: b.facets(agent_id, ids), f"agent {agent_id}")
         return found
 
     async def admitted(self, agent_id: str, ids: Sequence[str], query: StoreQuery) -> list[Candidate]:

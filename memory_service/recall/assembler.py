@@ -332,7 +332,7 @@ class ContextAssembler:
             (inputs, complete), asked, (fact_items, _, facts_complete), (relevant, relevant_complete, below) = \
                 await asyncio.gather(shown_read, question, facts_read, self._relevant(
                     agent_id, session_id, shards, backend, shown_read, question, facts_read, scope, deadline,
-                    sources, recall, window_read))
+                    sources, recall, window_read, as_of))
         finally:
             for task in tasks:
                 task.cancel()  # never left running when the gather failed
@@ -368,7 +368,8 @@ class ContextAssembler:
                         facts: Awaitable[tuple[list[FactItem], QueryGraph | None, bool]],
                         user_scope: Awaitable[list[Namespace] | None], deadline: float,
                         sources: set[str], recall: Recall,
-                        host_window: Awaitable[set[str]]) -> tuple[list[RelevantItem], bool, int]:
+                        host_window: Awaitable[set[str]],
+                        as_of: datetime | None = None) -> tuple[list[RelevantItem], bool, int]:
         """The block's query-relevant memories, best first, each with its score (the renderer
         gives each its share of the budget by it); whether every read succeeded; and how many
         candidates fell below the thresholds.
@@ -383,6 +384,8 @@ class ContextAssembler:
         allowance leaves out earns its place here); the session's messages in the
         ``host_window`` (those the host sends the model itself) are left out.
         Without a query, the session's latest user message is the query (and is itself left out).
+        ``as_of``: when the question is asked (the search reads its dates from it, and its
+        graph signal follows the facts true then, as the block's facts do).
 
         The search starts once the ``question`` and ``user_scope`` are known; the ``facts``'
         entities (its graph signal) and what the block ``shown`` (left out) are awaited when
@@ -429,7 +432,7 @@ class ContextAssembler:
                 elsewhere |= {m.id for sh in inputs.shards for m in (*sh.facts, *sh.suggestions)}
                 left_out = set(await host_window) | ({asked.like} if asked.like is not None else set())
                 top_k = min(wanted + len(elsewhere) + len(left_out), s.search_max_top_k)
-                request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score)
+                request = SearchRequest(query=query, top_k=top_k, min_score=recall.min_score, as_of=as_of)
                 vector = await asked.fresh if asked.fresh is not None else None
                 ranking = await self.retriever.rank(agent_id, backend, request, namespaces, found=entities,
                                                     like=asked.like if asked.reusable else None, vector=vector)

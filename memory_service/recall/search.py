@@ -53,6 +53,8 @@ from memory_service.domain.limits import (
 )
 from memory_service.domain.models import Memory, MemoryKind, NamespaceText, SessionId, ShardId, StoreQuery, UserId
 from memory_service.domain.namespaces import Namespace, NamespaceKind
+from memory_service.domain.question import cues as question_cues
+from memory_service.domain.question import feedback_terms
 from memory_service.embedding.embedders import Embedder
 from memory_service.recall.graph_signal import (
     GraphHits,
@@ -63,6 +65,8 @@ from memory_service.recall.graph_signal import (
     query_graph,
     structure,
 )
+from memory_service.recall.question_rank import Weights as QuestionWeights
+from memory_service.recall.question_rank import facets_of, question_order
 from memory_service.recall.render import age
 from memory_service.recall.rerank import Reranker
 from memory_service.schemas.search import (
@@ -129,6 +133,7 @@ def recency_factor(age_days: float, half_life_days: float, weight: float) -> flo
 
 
 GRAPH = "graph"
+FEEDBACK = "feedback"
 
 
 def tied_ranks(ranked: Sequence[tuple[str, float]]) -> dict[str, float]:
@@ -174,7 +179,8 @@ class Scored:
 
 
 def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float | None,
-         paths: dict[str, list[GraphPath]] | None = None) -> list[tuple[Candidate, Scored]]:
+         paths: dict[str, list[GraphPath]] | None = None,
+         weighing: dict[str, float] | None = None) -> list[tuple[Candidate, Scored]]:
     """Every candidate once, with how it scored (and its graph ``paths``), best first.
 
     The graph signal is fused on its own terms: its score is evidence on a fixed scale (1 =
@@ -182,7 +188,9 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
     1/log2(2 + degree)), so its contribution is multiplied by that score (at most 1), and
     memories it scores alike share the mean of their ranks. Else a hub's fifty mentions,
     all alike, would enter the fusion as ranks 1 to 50 in arbitrary order, as if the signal
-    had ranked them, and the hub penalty, uniform across them, would change nothing."""
+    had ranked them, and the hub penalty, uniform across them, would change nothing.
+
+    ``weighing``: signals' weights beyond SEARCH_SIGNAL_WEIGHTS (feedback's)."""
     k = settings.search_rrf_k
     memories: dict[str, Candidate] = {}
     signals: dict[str, dict[str, tuple[float, int]]] = {}
@@ -197,7 +205,7 @@ def fuse(hits: SignalHits, settings: Settings, now: datetime, min_score: float |
         if signal == GRAPH:
             for memory_id, place in tied_ranks([(m.id, score) for m, score in ranked]).items():
                 places[(signal, memory_id)] = place
-    weights = {signal: settings.search_signal_weights.get(signal, 1.0) for signal in hits}
+    weights = {signal: (weighing or {}).get(signal, settings.search_signal_weights.get(signal, 1.0)) for signal in hits}
     best_possible = sum(weights.values()) / (k + 1) if hits else 1.0
     half_life, weight = settings.search_recency_half_life_days, settings.search_recency_weight
     paths = paths or {}
@@ -528,6 +536,13 @@ class Retriever:
             hits = {**hits, GRAPH: graph.hits}
         now = datetime.now(UTC)
         ranked = fuse(hits, self.settings, now, request.min_score, graph.paths)
+        if self.settings.search_feedback_weight > 0 and store_query.terms and ranked:
+            try:
+                hits, ranked = await self.fed_back(agent_id, backend, store_query, hits, ranked, now, request.min_score,
+                                                   graph.paths)
+            except Exception as exc:  # as the signals: the first order stands
+                log.warning("search without feedback: %s", exc)
+                degraded.append(f"feedback: {type(exc).__name__}: {exc}")
         if self.settings.search_graph_signal and any(weights) and ranked:
             try:
                 structures = await structure(backend, agent_id, [m.id for m, _ in ranked], graph.closeness, *weights)
@@ -537,8 +552,56 @@ class Retriever:
             except Exception as exc:  # as the signal: the fused order stands
                 log.warning("search without the structural re-rank: %s", exc)
                 degraded.append(f"structure: {type(exc).__name__}: {exc}")
+        if ranked and QuestionWeights.of(self.settings).on:
+            try:
+                ranked = await self.questioned(agent_id, backend, request, ranked, now)
+            except Exception as exc:
+                log.warning("search without question-aware ranking: %s", exc)
+                degraded.append(f"question: {type(exc).__name__}: {exc}")
         ranked = await self.reranked(agent_id, backend, request, ranked, degraded)
         return Ranking(ranked, sorted(hits), degraded, now, backend, agent_id)
+
+    async def questioned(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
+                         ranked: list[tuple[Candidate, Scored]], now: datetime) -> list[tuple[Candidate, Scored]]:
+        """``ranked`` with the question's factors (memory_service/recall/question_rank.py) on
+        its best SEARCH_QUESTION_WINDOW, best first again; as it was when no factor applies to
+        this question (then nothing is read)."""
+        weights = QuestionWeights.of(self.settings)
+        cues = question_cues(request.query, request.as_of or now)
+        if not weights.wanted(cues):
+            return ranked
+        head, tail = ranked[:weights.window], ranked[weights.window:]
+        facets = await facets_of(backend, agent_id, [c for c, _ in head])
+        order = question_order(facets, cues, weights, [(s.score, s.recency) for _, s in head])
+        out = []
+        for at, value in order:
+            candidate, scored = head[at]
+            value = round(value, 6)
+            out.append((candidate, scored if value == scored.score else replace(
+                scored, score=value, activated=request.min_score is None or value >= request.min_score)))
+        # The tail keeps its scores: merged by score, a demoted candidate may fall below it.
+        return sorted([*out, *tail], key=lambda pair: -pair[1].score) if tail else out
+
+    async def fed_back(self, agent_id: str, backend: MemoryBackend, store_query: StoreQuery, hits: SignalHits,
+                       ranked: list[tuple[Candidate, Scored]], now: datetime, min_score: float | None,
+                       paths: dict[str, list[GraphPath]]) -> tuple[SignalHits, list[tuple[Candidate, Scored]]]:
+        """Pseudo-relevance feedback: the words the best SEARCH_FEEDBACK_DOCS share
+        (memory_service/domain/question.py), searched by full text with the query's, fused
+        in as the signal ``feedback`` (weight SEARCH_FEEDBACK_WEIGHT). The hits and their
+        fusion; as they were when the best share no word the query lacks."""
+        s = self.settings
+        best = await _resolved(ranked[:s.search_feedback_docs], lambda ids: backend.briefs(agent_id, ids), Brief.of)
+        # A message's text starts with its speaker's name ("alice: ..."): who said it, not what about.
+        texts = [b.text.partition(": ")[2] or b.text if b.kind is MemoryKind.MESSAGE else b.text for b, _ in best]
+        extra = feedback_terms(texts, store_query.terms, s.search_feedback_terms)
+        if not extra:
+            return hits, ranked
+        more = await backend.search(agent_id, replace(store_query, terms=[*store_query.terms, *extra], vector=None,
+                                                      like=None, vector_model=None))
+        if not more.get("fulltext"):
+            return hits, ranked
+        hits = {**hits, FEEDBACK: more["fulltext"]}
+        return hits, fuse(hits, s, now, min_score, paths, {FEEDBACK: s.search_feedback_weight})
 
     async def reranked(self, agent_id: str, backend: MemoryBackend, request: SearchRequest,
                        ranked: list[tuple[Candidate, Scored]], degraded: list[str]) -> list[tuple[Candidate, Scored]]:
