@@ -63,6 +63,33 @@ async def test_a_cancelled_waiter_gives_its_turn_on():
     assert order == ["kept"] and not turns._busy
 
 
+async def test_a_waiter_cancelled_after_the_holder_passed_it_by_raises_only_its_cancellation():
+    """The holder lets go first (its hand-on skips the cancelled waiter and gives the turn
+    on), then the cancelled waiter runs: it finds itself gone from the line already."""
+    turns, order = Turns(), []
+    release = asyncio.Event()
+
+    async def hold() -> None:
+        async with turns.take(backlog=True):
+            await release.wait()
+
+    async def take(name: str) -> None:
+        async with turns.take(backlog=True):
+            order.append(name)
+
+    holder = asyncio.create_task(hold())
+    await asyncio.sleep(0)
+    gone, kept = asyncio.create_task(take("gone")), asyncio.create_task(take("kept"))
+    await asyncio.sleep(0)
+    release.set()  # the holder wakes first ...
+    gone.cancel()  # ... then the cancelled waiter
+    await holder
+    await kept
+    with pytest.raises(asyncio.CancelledError):
+        await gone
+    assert order == ["kept"] and not turns._busy and turns.waiting() == 0
+
+
 def test_backlog_marks_the_calls_made_inside_only():
     assert not is_backlog()
     with backlog():

@@ -59,7 +59,7 @@ class Turns:
             except asyncio.CancelledError:
                 if turn.done() and not turn.cancelled():  # handed the turn as it was cancelled
                     self._hand_on()
-                else:
+                elif turn in self._waiting[backlog]:  # a hand-on may have passed it by already
                     self._waiting[backlog].remove(turn)
                 raise
         else:
