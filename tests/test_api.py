@@ -234,6 +234,8 @@ OPERATION_IDS = {
     ("PATCH", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_update",
     ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): "memory_delete",
     ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): "memory_undelete",
+    ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/correct"): "memory_correct",
+    ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/uncorrect"): "memory_uncorrect",
     ("POST", "/v1/agents/{agent_id}/writes/parse"): "parse_writes",
     ("GET", "/v1/agents/{agent_id}/entities"): "list_entities",
     ("GET", "/v1/agents/{agent_id}/entities/{entity_id}"): "get_entity",

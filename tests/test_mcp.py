@@ -43,6 +43,7 @@ HINTS = {
     "memory_get": (True, False, True, False),
     "memory_write": (False, False, False, False),
     "memory_update": (False, True, True, False),
+    "memory_correct": (False, True, False, False),
     "memory_delete": (False, True, True, False),
     "memory_undelete": (False, False, True, False),
     "entity_search": (True, False, True, False),

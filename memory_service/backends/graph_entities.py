@@ -101,7 +101,7 @@ _FACT_FIELDS = ("e.uuid AS uuid, e.group_id AS group_id, startNode(e).uuid AS s,
                 "e.name AS name, e.fact AS fact, e.valid_at AS valid_at, e.invalid_at AS invalid_at, "
                 "e.created_at AS created_at, e.expired_at AS expired_at, e.superseded_by AS superseded_by, "
                 "e.episodes AS episodes, e.message_ids AS message_ids, e.created_ts AS created_ts, "
-                "e.subject_via AS subject_via, e.object_via AS object_via")
+                "e.subject_via AS subject_via, e.object_via AS object_via, e.corrected_by AS corrected_by")
 _CURRENT = "e.invalid_ts IS NULL AND e.expired_ts IS NULL"
 _HELD_AT = "(e.valid_ts IS NULL OR e.valid_ts <= $as_of) AND (e.invalid_ts IS NULL OR $as_of < e.invalid_ts)"
 
@@ -245,7 +245,7 @@ class EntityGraph(MemoryBackend):
         return dropped
 
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
-                              superseded_by: str | None = None) -> Fact:
+                              superseded_by: str | None = None, corrected_by: str | None = None) -> Fact:
         fact = await self._fact(agent_id, fact_id)
         if fact.invalid_at is not None or fact.expired_at is not None:
             raise Conflict(f"fact {fact_id!r} is already closed (superseded by {fact.superseded_by!r}); restore it first")
@@ -257,16 +257,17 @@ class EntityGraph(MemoryBackend):
         graph = await self._entity_graph(agent_id)
         await graph.query(
             "MATCH ()-[e:RELATES_TO {uuid: $id}]->() SET e.invalid_at = $invalid_at, e.invalid_ts = $invalid_ts, "
-            "e.expired_at = $now, e.expired_ts = $now_ts, e.superseded_by = $by",
+            "e.expired_at = $now, e.expired_ts = $now_ts, e.superseded_by = $by, e.corrected_by = $corrected_by",
             {"id": fact_id, "invalid_at": invalid_at.isoformat(), "invalid_ts": invalid_at.timestamp(),
-             "now": now.isoformat(), "now_ts": now.timestamp(), "by": superseded_by})
+             "now": now.isoformat(), "now_ts": now.timestamp(), "by": superseded_by, "corrected_by": corrected_by})
         return await self._fact(agent_id, fact_id)
 
     async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
         await self._fact(agent_id, fact_id)
         graph = await self._entity_graph(agent_id)
         await graph.query("MATCH ()-[e:RELATES_TO {uuid: $id}]->() SET e.invalid_at = NULL, e.invalid_ts = NULL, "
-                          "e.expired_at = NULL, e.expired_ts = NULL, e.superseded_by = NULL", {"id": fact_id})
+                          "e.expired_at = NULL, e.expired_ts = NULL, e.superseded_by = NULL, e.corrected_by = NULL",
+                          {"id": fact_id})
         return await self._fact(agent_id, fact_id)
 
     async def split_entity(self, agent_id: str, entity_id: str, alias: str) -> EntitySplit:
@@ -535,6 +536,12 @@ class EntityGraph(MemoryBackend):
                                 ids=list(memory_ids))
         return [_fact(row) for row in rows]
 
+    async def facts_corrected_by(self, agent_id: str, memory_id: str) -> list[Fact]:
+        # As facts_citing: one pass over the agent's facts, once per undone correction.
+        rows = await self._read(agent_id, f"MATCH ()-[e:RELATES_TO]->() WHERE e.corrected_by = $id "
+                                          f"RETURN {_FACT_FIELDS}", id=memory_id)
+        return [_fact(row) for row in rows]
+
     async def _fact(self, agent_id: str, fact_id: str, what: str = "fact") -> Fact:
         rows = await self._read(agent_id, f"MATCH ()-[e:RELATES_TO {{uuid: $id}}]->() RETURN {_FACT_FIELDS}", id=fact_id)
         if not rows:
@@ -643,7 +650,8 @@ def _fact(row: Row) -> Fact:
                 invalid_at=_time(row["invalid_at"]), created_at=_time(row["created_at"]) or utcnow(),
                 expired_at=_time(row["expired_at"]), superseded_by=row["superseded_by"],
                 memory_ids=list(row["episodes"] or []), message_ids=list(row["message_ids"] or []),
-                subject_via=list(row.get("subject_via") or []), object_via=list(row.get("object_via") or []))
+                subject_via=list(row.get("subject_via") or []), object_via=list(row.get("object_via") or []),
+                corrected_by=row.get("corrected_by"))
 
 
 def _encode_cursor(norm_name: str, uuid: str) -> str:

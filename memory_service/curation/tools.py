@@ -280,6 +280,9 @@ class MemoryTools:
         backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         if memory.deleted_at is not None:
             raise Conflict(f"memory {memory_id!r} is deleted: undelete it before updating it")
+        if memory.corrected_by is not None:
+            raise Conflict(f"memory {memory_id!r} was corrected, by {memory.corrected_by!r}: it is kept as history; "
+                           "update the correction")
         if memory.expired():
             raise Conflict(f"memory {memory_id!r} expired at {memory.expires_at}: the retention job purges it; "
                            "write it again to keep it")
@@ -364,6 +367,20 @@ class MemoryTools:
         await self._changed(agent_id, *revived)
         return revived
 
+    # For the other curators of a memory (memory_service/curation/corrections.py) ---------
+
+    async def changeable(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[MemoryBackend, Memory]:
+        """The memory, for a change: writes on, the caller sees it and may change its namespace."""
+        self.require_writes(agent_id)
+        return await self._find(agent_id, memory_id, guard, changing=True)
+
+    def check_tags(self, tags: list[str]) -> list[str]:
+        return self._tags(tags)
+
+    async def changed(self, agent_id: str, *memories: Memory) -> None:
+        """Every cached block that may show ``memories`` is stale."""
+        await self._changed(agent_id, *memories)
+
     # Helpers ----------------------------------------------------------------------------
 
     def record(self, memory: Memory, access_count: int = 0, last_accessed_at: datetime | None = None) -> MemoryRecord:
@@ -371,6 +388,7 @@ class MemoryTools:
             id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content, title=memory.title,
             tags=list(memory.tags), confidence=memory.confidence, valid_at=memory.valid_at, created_at=memory.valid_at,
             updated_at=memory.updated_at, deleted_at=memory.deleted_at, expires_at=memory.expires_at,
+            corrected_at=memory.corrected_at, corrected_by=memory.corrected_by, corrects=memory.corrects,
             purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days), provenance=memory.metadata,
             access_count=access_count, last_accessed_at=last_accessed_at, served_by=memory.served_by)
 

@@ -151,6 +151,9 @@ class Fact(BaseModel):
     # through an alias, so that splitting the alias off (a merge undone) takes them along.
     subject_via: list[str] = Field(default_factory=list)
     object_via: list[str] = Field(default_factory=list)
+    # Closed as wrong, not as outdated: the memory (a correction) that replaced the one it came
+    # from (docs/corrections.md); its ``invalid_at`` is its ``valid_at``: it never held.
+    corrected_by: str | None = None
 
     def current_at(self, when: datetime | None = None) -> bool:
         """Whether the fact held at ``when`` (now, if None): not yet invalidated then."""
