@@ -179,6 +179,7 @@ async def test_openapi_documents_every_route(http):
         "/v1/agents/{agent_id}/startup/block",
         "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{memory_id}",
         "/v1/agents/{agent_id}/memories/{memory_id}/undelete", "/v1/agents/{agent_id}/writes/parse",
+        "/v1/agents/{agent_id}/memories/{memory_id}/correct", "/v1/agents/{agent_id}/memories/{memory_id}/uncorrect",
         "/v1/agents/{agent_id}/entities", "/v1/agents/{agent_id}/entities/{entity_id}",
         "/v1/agents/{agent_id}/facts/{fact_id}/restore", "/v1/agents/{agent_id}/entities/{entity_id}/split",
         "/v1/agents/{agent_id}/messages/batch",
