@@ -258,3 +258,22 @@ async def test_over_http_and_the_client_with_keys_and_the_event_stream(settings)
                     if line.startswith("event: "):
                         events.append(line[7:])
             assert events == ["written", "corrected", "uncorrected"]
+
+
+async def test_the_docs_example_runs(settings, capsys):
+    """docs/corrections.md's example, as written, against a real server (writes on for its agent)."""
+    import asyncio
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "corrections.md").read_text()
+    start = page.index("```python\n") + len("```python\n")
+    code = page[start:page.index("```", start)]
+    placeholder = 'API, AGENT = "http://127.0.0.1:8080", "concierge"'
+    assert placeholder in code
+    config = settings.model_copy(update={"memory_write_agents": ["concierge"]})
+    async with LoopbackServer(create_app(config, run_worker=True)) as server:
+        code = code.replace(placeholder, f'API, AGENT = "{server.base_url}", "concierge"')
+        await asyncio.to_thread(exec, compile(code, "docs/corrections.md", "exec"), {"__name__": "docs"})
+    out = capsys.readouterr().out
+    assert "corrected by True" in out and "search finds ['Alice is allergic to pecans.']" in out
+    assert "kept as history: Alice is allergic to walnuts." in out and "the correction deleted: True" in out

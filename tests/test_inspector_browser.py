@@ -523,6 +523,7 @@ def test_expiry_the_memories_ends_and_the_agents_times_to_live(page, world):
     page.click(f'#memories-table tr[data-id="{world.ids["expired"]}"]')
     page.settle()
     assert "expired" in page.shows("#memory-expires", "expired")
+    assert "null" not in page.text("#memory-detail")  # nothing absent is shown as "null"
     page.shot("expiry")
     # A read key for one user cannot read the agent's settings: the page says so, and lists hers.
     page.open(world.ids["bob_key"], "memories")
@@ -541,6 +542,7 @@ def test_the_change_events_live(page, world):
             "namespace": f"user:{AGENT}:alice", "kind": "observation", "content": "Alice learns Norwegian."}).json()
     page.wait(lambda d: written["id"] in page.text("#events-table tbody tr:first-child"))
     first = page.text("#events-table tbody tr:first-child")
+    assert page.text("#events-table tbody tr:first-child span.badge") == "written"
     assert "written" in first and f"user:{AGENT}:alice" in first and "Norwegian" not in first  # ids, never words
     page.shot("events")
     # A row opens its memory.
@@ -579,6 +581,7 @@ def test_a_correction_and_its_undoing_through_the_page(page, world):
     page.click("#memory-corrects")
     page.settle()
     assert "Found wrong" in page.shows("#memory-wrong", "corrected")
+    assert "null" not in page.text("#memory-detail")
     assert "14C" in page.text("#memory-content")
     history = page.text("#memory-history")
     assert "memory.correct" in history and "correction" in history

@@ -314,8 +314,8 @@
             "Delete"));
       panel.replaceChildren(
         h("h3", {}, "Memory"),
-        m.corrected_by ? h("p", { class: "error", id: "memory-wrong" }, "Found wrong and corrected: kept as history only, "
-          + "search and the memory block show its correction.") : null,
+        ...(m.corrected_by ? [h("p", { class: "error", id: "memory-wrong" }, "Found wrong and corrected: kept as history "
+          + "only, search and the memory block show its correction.")] : []),
         h("p", { class: "content", id: "memory-content" }, m.content), actions,
         h("p", { class: "error", id: "memory-action-error" }), fields,
         h("h4", {}, "Provenance"),
@@ -325,7 +325,7 @@
           : h("p", { class: "muted", id: "memory-window" }, "No formation window: written by a tool, a recorded message, "
             + "or formed before windows were kept."),
         messages, h("h4", {}, "History"), history,
-        detail.history_complete ? null : h("p", { class: "muted" }, "older entries may be missing (AUDIT_SCAN_LIMIT)"));
+        ...(detail.history_complete ? [] : [h("p", { class: "muted" }, "older entries may be missing (AUDIT_SCAN_LIMIT)")]));
       panel.hidden = false;
     });
   }
@@ -761,7 +761,7 @@
   }
 
   const EVENT_COLUMNS = [
-    ["at", (e) => when(e.at)], ["event", (e) => h("span", { class: "badge" }, e.type)], ["kind", (e) => e.kind],
+    ["at", (e) => when(e.at)], ["event", (e) => h("span", { class: `badge event ${e.type}` }, e.type)], ["kind", (e) => e.kind],
     ["namespace", (e) => e.namespace], ["memories", (e) => e.memory_ids.join(", ")],
     ["cause", (e) => [e.key_id && `key ${e.key_id}`, e.session_id && `session ${e.session_id}`,
       e.window !== null && e.window !== undefined && `window ${e.window}`, e.reason && `reason ${e.reason}`]
