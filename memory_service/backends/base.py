@@ -451,6 +451,11 @@ class MemoryBackend(ABC):
         the purge of expired memories (docs/expiry.md). A store without a graph holds none."""
         return []
 
+    async def set_fact_ends(self, agent_id: str, ends: Mapping[str, datetime | None]) -> int:
+        """Set each fact's ``expires_at`` (when its source memories all expire; None: never), by
+        fact id: a source memory's expiry changed (docs/expiry.md). A store without a graph: 0."""
+        return 0
+
     async def facts_corrected_by(self, agent_id: str, memory_id: str) -> list[Fact]:
         """The facts closed as wrong by the correction ``memory_id`` (``invalidate_fact``'s
         ``corrected_by``), for undoing it (docs/corrections.md). A store without a graph holds none."""

@@ -538,6 +538,9 @@ class MirroredBackend(MemoryBackend):
     async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
         return await self.primary.facts_citing(agent_id, memory_ids)
 
+    async def set_fact_ends(self, agent_id: str, ends: Mapping[str, datetime | None]) -> int:
+        return await self.primary.set_fact_ends(agent_id, ends)
+
     async def facts_corrected_by(self, agent_id: str, memory_id: str) -> list[Fact]:
         return await self.primary.facts_corrected_by(agent_id, memory_id)
 

@@ -33,7 +33,7 @@ from memory_service.backends.base import MemoryBackend
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex, purge_at
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound, preview
-from memory_service.domain.expiry import ExpiryPolicy
+from memory_service.domain.expiry import ExpiryPolicy, sources_end
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
     MESSAGE_CHARS_CEILING,
@@ -315,6 +315,8 @@ class MemoryTools:
             updated.embedding = None
             await embed_memories(self.embedder, [updated])  # re-indexed: the stores take the new vector
         await backend.replace(agent_id, [updated])
+        if updated.expires_at != memory.expires_at:
+            await _refresh_fact_ends(agent_id, backend, updated)
         await self._changed(agent_id, updated)
         after = self.record(updated)
         after.redacted = redacted or None
@@ -465,6 +467,19 @@ class MemoryTools:
         # The agent's generation too: a block's relevant memories come from sessions it does
         # not list as dependencies (every session the user spoke in).
         await self.state.cache.bump(*sorted({m.namespace for m in memories}), agent_wide(agent_id))
+
+
+async def _refresh_fact_ends(agent_id: str, backend: MemoryBackend, memory: Memory) -> None:
+    """The graph facts ``memory`` is a source of end when their sources (as stored now, those
+    not deleted or corrected) all expire: its new ``expires_at`` moves that (docs/expiry.md)."""
+    facts = await backend.facts_citing(agent_id, [memory.id])
+    if not facts:
+        return
+    sources = {m.id: m for m in await backend.find(agent_id, sorted({i for f in facts for i in f.memory_ids}))}
+    sources[memory.id] = memory
+    holding = {i: m for i, m in sources.items() if m.deleted_at is None and m.corrected_at is None}
+    await backend.set_fact_ends(agent_id, {
+        f.id: sources_end(holding[i].expires_at for i in f.memory_ids if i in holding) for f in facts})
 
 
 async def _redacted(redactor: Redactor, content: str | None, title: str | None,

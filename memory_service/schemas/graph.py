@@ -50,7 +50,9 @@ class FactOut(BaseModel):
                                      "corrected the one it came from (docs/corrections.md)")
     created_at: datetime = Field(description="when the service learnt it")
     expired_at: datetime | None = Field(description="when the service stopped holding it as current")
-    current: bool = Field(description="neither invalidated nor expired")
+    current: bool = Field(description="neither invalidated nor expired, and its memories not all expired")
+    expires_at: datetime | None = Field(default=None, description="when the memories it came from all expire: from "
+                                        "then on it is no longer current (docs/expiry.md); None: one never does")
     memory_ids: list[str] = Field(default_factory=list, description="the memories it came from")
     message_ids: list[str] = Field(default_factory=list, description="the messages it came from")
 
@@ -59,7 +61,7 @@ class FactOut(BaseModel):
         return cls(id=fact.id, namespace=fact.namespace, subject_id=fact.subject_id, predicate=fact.predicate,
                    object_id=fact.object_id, text=fact.text, valid_at=fact.valid_at, invalid_at=fact.invalid_at,
                    superseded_by=fact.superseded_by, corrected_by=fact.corrected_by, created_at=fact.created_at, expired_at=fact.expired_at,
-                   current=fact.current_at(), memory_ids=list(fact.memory_ids), message_ids=list(fact.message_ids))
+                   current=fact.shown_current(), expires_at=fact.expires_at, memory_ids=list(fact.memory_ids), message_ids=list(fact.message_ids))
 
 
 class EntityPage(BaseModel):
