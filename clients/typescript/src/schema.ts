@@ -1867,9 +1867,14 @@ export interface components {
             expired_at: string | null;
             /**
              * Current
-             * @description neither invalidated nor expired
+             * @description neither invalidated nor expired, and its memories not all expired
              */
             current: boolean;
+            /**
+             * Expires At
+             * @description when the memories it came from all expire: from then on it is no longer current (docs/expiry.md); None: one never does
+             */
+            expires_at?: string | null;
             /**
              * Memory Ids
              * @description the memories it came from
