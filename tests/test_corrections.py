@@ -277,3 +277,19 @@ async def test_the_docs_example_runs(settings, capsys):
     out = capsys.readouterr().out
     assert "corrected by True" in out and "search finds ['Alice is allergic to pecans.']" in out
     assert "kept as history: Alice is allergic to walnuts." in out and "the correction deleted: True" in out
+
+
+async def test_a_consolidated_memory_corrected_is_its_namespaces_latest_version(service):
+    """The block shows a namespace's latest consolidated memory: its correction takes its place."""
+    from memory_service.domain.models import Memory, Provenance
+
+    await record_all(service, "s1", AGENT, [("alice", "user", "Hello there.")])
+    _, backend = await service.agents.backend_for(AGENT)
+    merged = Memory(id="cons-1", kind=MemoryKind.CONSOLIDATED, namespace=USER_NS,
+                    content="Alice wants replies in French, always.", metadata=Provenance(agent_id=AGENT, user_id="alice"))
+    await backend.write([merged])
+    done = await service.memory_correct(AGENT, merged.id, MemoryCorrection(content="Alice wants replies in Spanish."))
+    [latest] = await backend.recent(AGENT, Namespace.parse(USER_NS), [MemoryKind.CONSOLIDATED], 1)
+    assert latest.id == done.correction.id and latest.kind is MemoryKind.CONSOLIDATED
+    block = await service.assemble_memory_context(AGENT, "alice", "s1", query="which language")
+    assert "Spanish" in block.xml and "French" not in block.xml
