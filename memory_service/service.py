@@ -43,6 +43,7 @@ from memory_service.backends.base import MemoryBackend, MemoryState
 from memory_service.backends.registry import BackendFactory, BackendRegistry
 from memory_service.config import Settings
 from memory_service.curation.browse import BROWSE_INDEX_VERSION, Browser
+from memory_service.curation.corrections import Corrections, MemoryCorrection
 from memory_service.curation.erasure import Eraser
 from memory_service.curation.forget import Forgetter
 from memory_service.curation.legacy_import import ImportPlan, ImportReport, Progress, apply_import, plan_import
@@ -105,7 +106,7 @@ from memory_service.schemas.graph import (
 )
 from memory_service.schemas.keys import ApiKey, KeyIn, NewKey, Role
 from memory_service.schemas.lifecycle import ForgetMode, ForgetReport, ReformIn, ReformReport
-from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
+from memory_service.schemas.memories import CorrectionOut, DeletedOut, MemoryRecord, UncorrectedOut, WriteBlocksOut
 from memory_service.schemas.records import BatchOut
 from memory_service.schemas.search import SearchResult
 from memory_service.schemas.startup import StartupBlock, StartupMode, StartupRecord, StartupRecordIn
@@ -162,6 +163,7 @@ class MemoryService:
         self.startup = self.assembler.startup  # startup records (memory_service/recall/startup.py)
         self.retention_index = RetentionIndex(state)
         self.tools = MemoryTools(settings, state, self.agents, self.retention_index, embedder)
+        self.corrections = Corrections(self.tools)
         self.retention = Retention(settings, state, self.agents, self.retention_index, self.eraser.redis_side,
                                    self.audit, self.events, self.webhooks)
         # Forgetting with everything formed from it, and re-forming windows (curation/forget.py, reform.py).
@@ -598,8 +600,67 @@ class MemoryService:
             changed = sorted(f for f in ("content", "title", "tags", "confidence", "kind")
                              if getattr(before, f) != getattr(after, f))
             await self.audit.append(actor, "memory.update", agent_id, memory_id,
-                                    before=_audited(before), after={**_audited(after), "changed": changed})
+                                    before=_audited(before), after={**_audited(after), "changed": changed,
+                                                                    "reason": "update"})
         return after
+
+    async def memory_correct(self, agent_id: str, memory_id: str, body: MemoryCorrection,
+                             guard: NamespaceGuard = None, actor: str | None = None) -> CorrectionOut:
+        """Replace a memory found wrong by the right one (memory_service/curation/corrections.py).
+        Audited: ``memory.correct`` on the old memory, ``memory.write`` (reason correction) on
+        the new one, ``fact.invalidate`` (reason correction) per fact closed; one ``corrected``
+        event for the two memories, one for the facts."""
+        done = await self.corrections.correct(agent_id, memory_id, body, guard)
+        old, new = self.tools.record(done.old), self.tools.record(done.new)
+        if guard is not None:
+            shown = await guard.shown([done.old, done.new])
+            old, new = self.tools.record(shown[0]), self.tools.record(shown[1])
+        facts = [f.id for f in done.facts]
+        cause = Cause(key_id=actor)
+        await self.events.emit(agent_id, EventType.CORRECTED,
+                               [Changed(done.old.namespace, done.old.kind.value, (done.old.id, done.new.id))], cause)
+        if done.facts:
+            by_namespace: dict[str, list[str]] = {}
+            for fact in done.facts:
+                by_namespace.setdefault(fact.namespace, []).append(fact.id)
+            await self.events.emit(agent_id, EventType.CORRECTED,
+                                   [Changed(ns, "graph_fact", tuple(ids)) for ns, ids in by_namespace.items()], cause)
+        if actor is not None:
+            await self.audit.append(actor, "memory.correct", agent_id, old.id,
+                                    after={**_audited(old), "reason": "correction", "corrected_by": new.id,
+                                           "corrected_at": old.corrected_at.isoformat() if old.corrected_at else None,
+                                           "facts_closed": facts})
+            await self.audit.append(actor, "memory.write", agent_id, new.id,
+                                    after={**_audited(new), "reason": "correction", "corrects": old.id})
+            for fact in done.facts:
+                await self.audit.append(actor, "fact.invalidate", agent_id, fact.id,
+                                        before=audited_fact(fact.model_copy(update={
+                                            "invalid_at": None, "expired_at": None, "corrected_by": None})),
+                                        after={**audited_fact(fact), "reason": "correction"})
+        return CorrectionOut(corrected=old, correction=new, facts_closed=facts, redacted=done.redacted or None)
+
+    async def memory_uncorrect(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
+                               actor: str | None = None) -> UncorrectedOut:
+        """Undo a correction: the memory live again, the correction soft-deleted, its facts restored."""
+        done = await self.corrections.undo(agent_id, memory_id, guard)
+        shown = [done.old] + ([done.new] if done.new is not None else [])
+        if guard is not None:
+            shown = await guard.shown(shown)
+        records = [self.tools.record(m) for m in shown]
+        old, new = records[0], (records[1] if len(records) > 1 else None)
+        restored = [f.id for f in done.facts]
+        await self.events.emit(agent_id, EventType.UNCORRECTED,
+                               [Changed(old.namespace, old.kind.value, tuple(r.id for r in records))], Cause(key_id=actor))
+        if actor is not None:
+            await self.audit.append(actor, "memory.uncorrect", agent_id, old.id,
+                                    after={**_audited(old), "correction": new.id if new else None,
+                                           "facts_restored": restored})
+            if new is not None and done.new_deleted_now:
+                await self.audit.append(actor, "memory.delete", agent_id, new.id,
+                                        after={**_audited(new), "reason": "correction undone"})
+            for fact in done.facts:
+                await self.audit.append(actor, "fact.restore", agent_id, fact.id, after=audited_fact(fact))
+        return UncorrectedOut(memory=old, correction=new, facts_restored=restored)
 
     async def memory_delete(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None,
                             actor: str | None = None) -> DeletedOut:

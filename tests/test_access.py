@@ -157,6 +157,11 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
         ("PATCH", "/v1/agents/{agent_id}/memories/{memory_id}"): Case("PATCH", memory, "write", {"title": "Bo"}),
         ("DELETE", "/v1/agents/{agent_id}/memories/{memory_id}"): Case("DELETE", memory, "write"),
         ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/undelete"): Case("POST", f"{memory}/undelete", "write"),
+        # Corrected then undone, if the correction ran first (else there is nothing to undo: 409).
+        ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/correct"): Case(
+            "POST", f"{memory}/correct", "write", {"content": "Pelicans eat fish, and crabs."}),
+        ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/uncorrect"): Case("POST", f"{memory}/uncorrect", "write",
+                                                                               ok=(200, 409)),
         ("POST", "/v1/sessions/{session_id}/messages"): Case("POST", "/v1/sessions/alice-s1/messages", "write", message),
         ("POST", "/v1/agents/{agent_id}/messages/batch"): Case(
             "POST", f"/v1/agents/{AGENT}/messages/batch", "write",

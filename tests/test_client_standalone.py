@@ -82,6 +82,10 @@ FACT = {"id": "fact_" + "1" * 24, "namespace": "user:trip:alice", "subject_id": 
 EVENT = {"id": "1714554000000-0", "agent_id": "trip", "type": "written", "at": AT, "memory_ids": ["mem-1"],
          "kind": "fact", "namespace": "shard:trip:travel", "user_id": None, "session_id": None, "window": None,
          "key_id": "3f9c0a7d2b1e4c58", "reason": None}
+MEMORY = {"id": "mem-1", "kind": "fact", "namespace": "shard:trip:travel", "content": "Gate B closes early.",
+          "title": "Gate B", "tags": ["airport"], "confidence": 0.8, "valid_at": AT, "created_at": AT,
+          "updated_at": None, "deleted_at": None, "purge_at": None, "provenance": PROVENANCE,
+          "access_count": 2, "last_accessed_at": AT, "served_by": "graph"}
 SAMPLES: dict[str, Any] = {
     "Event": EVENT,
     "WebhookOut": {"id": "crm", "agent_id": "trip", "url": "https://hooks.example.com/memory", "created_at": AT,
@@ -103,11 +107,13 @@ SAMPLES: dict[str, Any] = {
                    "source": "graph"},
     "SearchResult": {"query": "window seats", "scope": "user", "namespaces": 3, "signals": ["fulltext", "vector"],
                      "degraded": [], "results": [HIT], "candidates": [], "took_ms": 12.5},
-    "MemoryRecord": {"id": "mem-1", "kind": "fact", "namespace": "shard:trip:travel", "content": "Gate B closes early.",
-                     "title": "Gate B", "tags": ["airport"], "confidence": 0.8, "valid_at": AT, "created_at": AT,
-                     "updated_at": None, "deleted_at": None, "purge_at": None, "provenance": PROVENANCE,
-                     "access_count": 2, "last_accessed_at": AT, "served_by": "graph"},
+    "MemoryRecord": MEMORY,
     "DeletedOut": {"id": "mem-1", "deleted_at": AT, "purge_at": "2026-05-31T09:00:00Z"},
+    "CorrectionOut": {"corrected": {**MEMORY, "corrected_at": AT, "corrected_by": "mem-2"},
+                      "correction": {**MEMORY, "id": "mem-2", "content": "Gate B closes at 9.", "corrects": "mem-1"},
+                      "facts_closed": [FACT["id"]], "redacted": None},
+    "UncorrectedOut": {"memory": MEMORY, "correction": {**MEMORY, "id": "mem-2", "deleted_at": AT, "corrects": "mem-1"},
+                       "facts_restored": [FACT["id"]]},
     "Agent": {"agent_id": "trip", "memory_backend": "graph", "users_join_sessions": False, "agent_extras": {},
               "effective_backend": "graph"},
     "AgentUsage": {"agent_id": "trip", "budget": {"tokens_per_day": 5000, "tokens_per_month": None,

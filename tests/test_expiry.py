@@ -212,3 +212,49 @@ async def test_graph_facts_of_expired_memories_alone_end_as_facts_do_at_the_purg
         entries = (await service.audit_page(AGENT, action="fact.invalidate")).entries
         assert sorted(e.target for e in entries) == sorted(f.id for f in facts)
         assert all(e.key_id == "retention" and e.after["reason"] == "expired" for e in entries)
+
+
+async def test_a_fact_whose_memories_all_expired_is_no_longer_current_at_once_before_the_purge(settings):
+    """Reads hold a graph fact closed from its source memories' latest ``expires_at`` on (as
+    they skip the memories), not from the next daily purge; ``as_of`` before the end still
+    finds it; a source's expiry moved by memory_update moves the fact's end with it."""
+    async with open_service(settings.model_copy(update=WRITES), run_worker=True) as service:
+        await service.put_agent(AGENT, AgentSettings(memory_ttl=dict.fromkeys(
+            ("episode", "directive", "fact", "suggestion", "observation"), 3)))
+        await record_all(service, "s1", AGENT, [
+            ("alice", "user", "I live in Porto and I work at Sonae."), ("alice", "assistant", "Noted.")])
+        assert (await service.form_memories("s1")).formed
+        _, backend = await service.agents.backend_for(AGENT)
+        memories = [m for ns in (Namespace.session("s1"), Namespace.parse(USER_NS))
+                    for m in await backend.export(AGENT, ns) if m.kind is not MemoryKind.MESSAGE]
+        facts = await backend.facts_citing(AGENT, [m.id for m in memories])
+        assert facts and all(f.expires_at is not None for f in facts)
+        subject = facts[0].subject_id
+        before = await service.get_entity(AGENT, subject)
+        assert before.facts and all(f.current and f.expires_at for f in before.facts)
+        end = max(m.expires_at for m in memories)
+        assert all(abs(f.expires_at - end) < timedelta(milliseconds=1) for f in facts), (end, facts)
+        await asyncio.sleep(max(0.0, (end - datetime.now(UTC)).total_seconds()) + 0.2)
+        after = await service.get_entity(AGENT, subject)
+        assert after.facts == []  # no longer current, though the purge has not run
+        history = await service.get_entity(AGENT, subject, include_superseded=True)
+        assert history.facts and not any(f.current for f in history.facts)
+        held = await service.get_entity(AGENT, subject, as_of=end - timedelta(seconds=1))
+        assert {f.id for f in held.facts} == {f.id for f in before.facts}
+        assert await backend.current_facts(AGENT, USER_NS, [subject]) == []
+
+        # A source's expiry moved: the fact's end moves with it.
+        await record_all(service, "s2", AGENT, [
+            ("alice", "user", "I work at Efacec and I live in Braga."), ("alice", "assistant", "Noted.")])
+        assert (await service.form_memories("s2")).formed
+        fresh = [m for ns in (Namespace.session("s2"), Namespace.parse(USER_NS))
+                 for m in await backend.export(AGENT, ns) if m.kind is not MemoryKind.MESSAGE and m.live]
+        cited = await backend.facts_citing(AGENT, [m.id for m in fresh])
+        assert cited
+        for memory in fresh:
+            await service.memory_update(AGENT, memory.id, MemoryUpdate(expires_at=None))
+        moved = [await backend.get_fact(AGENT, f.id) for f in cited]
+        assert all(f.expires_at is None for f in moved)
+        await asyncio.sleep(3.2)
+        assert {f.id for f in await backend.current_facts(AGENT, USER_NS, [f.subject_id for f in cited])} >= {
+            f.id for f in cited}

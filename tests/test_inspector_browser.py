@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,19 @@ def seed(base_url: str, operator: str) -> World:
         ids["markup"] = ok(http.post(f"/v1/agents/{AGENT}/memories", json={
             "namespace": alice, "kind": "observation",
             "content": 'Alice wrote <img src=x onerror="document.body.dataset.pwned=1"> in a note.'}))["id"]
+        # Expiry: one memory past its end already when the tests run, one ending in ten days; the
+        # agent's times to live per kind and a shard's (set last: the memories above have none).
+        soon = (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
+        ids["expired"] = ok(http.post(f"/v1/agents/{AGENT}/memories", json={
+            "namespace": alice, "kind": "fact", "content": "Alice's boarding pass for Oslo is gate 12.",
+            "expires_at": soon}))["id"]
+        later = (datetime.now(UTC) + timedelta(days=10)).replace(microsecond=0)
+        ids["expiring"] = ok(http.post(f"/v1/agents/{AGENT}/memories", json={
+            "namespace": alice, "kind": "fact", "content": "Alice's hotel in Oslo is booked until the 14th.",
+            "expires_at": later.isoformat()}))["id"]
+        ids["expiring_at"] = later.strftime("%Y-%m-%d %H:%M:%S")
+        ids["wrong"] = ok(http.post(f"/v1/agents/{AGENT}/memories", json={
+            "namespace": alice, "kind": "observation", "content": "Alice's seat on the Oslo flight is 14C."}))["id"]
         # The graph: Alice lived in Paris, then in Lyon (the Paris fact superseded).
         for city in ("Paris", "Lyon"):
             block = ('<memory_write>{"entities": [{"name": "Alice", "type": "person"}, {"name": "%s", "type": "city"}], '
@@ -137,6 +151,8 @@ def seed(base_url: str, operator: str) -> World:
         # Formation made her entity (the user's, named by her id); the blocks' "Alice" resolved to it.
         entities = ok(http.get(f"/v1/agents/{AGENT}/entities", params={"user_id": "alice"}))["entities"]
         (ids["alice_entity"],) = [e["id"] for e in entities if e["name"].lower() == "alice"]
+        ok(http.put(f"/v1/agents/{AGENT}", json={"memory_ttl": {"episode": "30d", "suggestion": "12h"}}))
+        ok(http.put(f"/v1/agents/{AGENT}/shards/travel", json={"name": "travel", "memory_ttl": "2w"}))
         read = ok(http.post("/v1/keys", json={"name": "viewer", "role": "read", "agents": [AGENT]}))["key"]
         write = ok(http.post("/v1/keys", json={"name": "editor", "role": "write", "agents": [AGENT]}))["key"]
         ids["bob_key"] = ok(http.post("/v1/keys", json={"name": "bob's", "role": "read", "agents": [AGENT],
@@ -486,3 +502,104 @@ def test_the_audit_log_filtered(page, world):
     page.click('#audit-form button[type="submit"]')
     page.settle()
     page.shot("audit")
+
+
+def test_expiry_the_memories_ends_and_the_agents_times_to_live(page, world):
+    page.open(world.operator, "memories")
+    ttl = page.shows("#memory-ttl", "Times to live")
+    assert "per kind: episode 30d, suggestion 12h" in ttl and "per shard: travel 14d" in ttl, ttl
+    page.fill('#memories-form input[name="user_id"]', "alice")
+    page.click('#memories-form button[type="submit"]')
+    page.settle()
+    listed = page.shows("#memories-table", "hotel in Oslo")
+    assert "boarding pass" not in listed  # expired: the live list skips it at once
+    assert world.ids["expiring_at"] in page.text(f'#memories-table tr[data-id="{world.ids["expiring"]}"]')
+    # State "all" lists it, said expired, and its detail says when.
+    page.el('#memories-form select[name="state"]').send_keys("all")
+    page.click('#memories-form button[type="submit"]')
+    page.settle()
+    row = page.shows(f'#memories-table tr[data-id="{world.ids["expired"]}"]', "expired")
+    assert "boarding pass" in row
+    page.click(f'#memories-table tr[data-id="{world.ids["expired"]}"]')
+    page.settle()
+    assert "expired" in page.shows("#memory-expires", "expired")
+    assert "null" not in page.text("#memory-detail")  # nothing absent is shown as "null"
+    page.shot("expiry")
+    # A read key for one user cannot read the agent's settings: the page says so, and lists hers.
+    page.open(world.ids["bob_key"], "memories")
+    assert "not readable with this key" in page.shows("#memory-ttl", "Times to live")
+    assert page.errors() == []
+
+
+def test_the_change_events_live(page, world):
+    page.open(world.operator, "events")
+    page.wait(lambda d: page.el("#view-events").get_attribute("data-following") == "1")
+    held = page.shows("#events-table", "written")
+    assert "formed" in held and "superseded" in held  # the windows formed and the Paris fact closed
+    # A change made now reaches the page while it follows the stream, newest first.
+    with world.http(world.operator) as http:
+        written = http.post(f"/v1/agents/{AGENT}/memories", json={
+            "namespace": f"user:{AGENT}:alice", "kind": "observation", "content": "Alice learns Norwegian."}).json()
+    page.wait(lambda d: written["id"] in page.text("#events-table tbody tr:first-child"))
+    first = page.text("#events-table tbody tr:first-child")
+    assert page.text("#events-table tbody tr:first-child span.badge") == "written"
+    assert "written" in first and f"user:{AGENT}:alice" in first and "Norwegian" not in first  # ids, never words
+    page.shot("events")
+    # A row opens its memory.
+    page.click("#events-table tbody tr:first-child")
+    page.settle()
+    assert "Alice learns Norwegian." in page.shows("#memory-content", "Norwegian")
+    assert page.el("#view-events").get_attribute("data-following") == "0"  # leaving the view closed the stream
+    assert page.errors() == []  # the stream was read within the Content-Security-Policy
+    # A key for one user follows only what it may read.
+    page.open(world.ids["bob_key"], "events")
+    page.wait(lambda d: page.el("#view-events").get_attribute("data-following") == "1")
+    page.shows("#events-table", "bob")
+    assert "user:travel-agent:alice" not in page.text("#events-table")
+
+
+def test_a_correction_and_its_undoing_through_the_page(page, world):
+    memory = world.ids["wrong"]
+    page.open_memory(world.write, "alice", memory)
+    page.click("#memory-correct")
+    page.wait(lambda d: page.el("#confirm").get_attribute("open") is not None)
+    page.fill("#correct-content", "Alice's seat on the Oslo flight is 22A.")
+    page.shot("correct-dialog")
+    page.click("#confirm-ok")
+    page.settle()
+    page.shows("#memory-content", "22A")
+    correction = page.text("#memory-corrects")
+    assert correction == memory  # the correction's detail names the memory it corrects
+    with world.http(world.operator) as http:
+        old = http.get(f"/v1/agents/{AGENT}/memories/{memory}").json()
+        assert old["corrected_by"] and old["corrected_by"] != memory
+        new = http.get(f"/v1/agents/{AGENT}/memories/{old['corrected_by']}").json()
+        assert new["content"] == "Alice's seat on the Oslo flight is 22A." and new["corrects"] == memory
+        listed = [m["id"] for m in http.get(f"/v1/agents/{AGENT}/memories", params={"user_id": "alice"}).json()["memories"]]
+        assert memory not in listed and new["id"] in listed
+    # The old one, opened from the link: shown as wrong, with its history, and undone.
+    page.click("#memory-corrects")
+    page.settle()
+    assert "Found wrong" in page.shows("#memory-wrong", "corrected")
+    assert "null" not in page.text("#memory-detail")
+    assert "14C" in page.text("#memory-content")
+    history = page.text("#memory-history")
+    assert "memory.correct" in history and "correction" in history
+    assert not page.els("#memory-correct") and not page.els("#memory-edit")
+    page.click("#memory-uncorrect")
+    page.click("#confirm-ok")
+    page.settle()
+    page.wait(lambda d: page.els("#memory-correct"))
+    with world.http(world.operator) as http:
+        assert http.get(f"/v1/agents/{AGENT}/memories/{memory}").json()["corrected_by"] is None
+        assert http.get(f"/v1/agents/{AGENT}/memories/{new['id']}").json()["deleted_at"] is not None
+    assert "memory.uncorrect" in page.text("#memory-history")
+    # A read key's correction is refused with the API's words, and nothing changes.
+    page.open_memory(world.read, "alice", memory)
+    page.click("#memory-correct")
+    page.fill("#correct-content", "Alice's seat is 1A.")
+    page.click("#confirm-ok")
+    assert "403" in page.shows("#memory-action-error", "Refused")
+    with world.http(world.operator) as http:
+        assert http.get(f"/v1/agents/{AGENT}/memories/{memory}").json()["corrected_by"] is None
+    assert page.errors() == []

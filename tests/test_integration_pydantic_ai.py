@@ -94,7 +94,8 @@ async def test_the_toolset_holds_the_memory_tools_bound_to_the_user(memory):
     agent = Agent(model)
     await agent.run("Remember my allergy.", capabilities=[MemoryCapability(memory, AGENT, USER, "s-tools")])
     tools = [tool.name for tool in model.last_model_request_parameters.function_tools]
-    assert tools == ["memory_search", "memory_get", "memory_write", "memory_update", "memory_delete", "memory_undelete"]
+    assert tools == ["memory_search", "memory_get", "memory_write", "memory_update", "memory_correct", "memory_delete",
+                     "memory_undelete"]
     written = [m async for m in memory.iter_memories(AGENT, namespace=f"user:{AGENT}:{USER}")]
     assert len(written) == 1 and written[0].kind.value == "observation"
     tool_messages = [content for role, content in await recorded(memory, "s-tools") if role == "tool"]

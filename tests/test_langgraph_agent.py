@@ -11,6 +11,7 @@ messages each call was sent, so a test reads the system prompt the model got.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import uuid
 from typing import Any
@@ -185,7 +186,8 @@ def test_tool_calls_and_answers_are_recorded_and_the_tools_reach_the_runs_user(m
 async def test_the_tools_update_delete_and_answer_refusals_to_the_model(memory, amemory):
     tools = {tool.name: tool for tool in memory_tools(WRITER, client=memory, async_client=amemory,
                                                       user_id="dana", session_id="unused")}
-    assert set(tools) == {"memory_search", "memory_get", "memory_write", "memory_update", "memory_delete"}
+    assert set(tools) == {"memory_search", "memory_get", "memory_write", "memory_update", "memory_correct",
+                          "memory_delete"}
     assert "runtime" not in tools["memory_write"].tool_call_schema.model_json_schema()["properties"]
     written = memory.memory_write(WRITER, content="Dana likes tea", namespace=f"user:{WRITER}:dana", kind="directive",
                                   title="tea", confidence=0.5)
@@ -200,6 +202,11 @@ async def test_the_tools_update_delete_and_answer_refusals_to_the_model(memory, 
     assert "nothing to change" in run("memory_update", {"memory_id": written.id})
     assert "also given a new value" in run("memory_update", {"memory_id": written.id, "title": "x", "clear": ["title"]})
     assert "NotFoundError (404)" in run("memory_get", {"memory_id": "no-such-memory"})
+    wrong = memory.memory_write(WRITER, content="Dana's cat is Tom", namespace=f"user:{WRITER}:dana", kind="fact")
+    corrected = json.loads(run("memory_correct", {"memory_id": wrong.id, "content": "Dana's cat is Tim"}))
+    assert corrected["correction"]["content"] == "Dana's cat is Tim"
+    assert memory.memory_get(WRITER, wrong.id).corrected_by == corrected["correction"]["id"]
+    assert "ConflictError (409)" in run("memory_correct", {"memory_id": wrong.id, "content": "Dana's cat is Tam"})
     assert '"deleted_at"' in run("memory_delete", {"memory_id": written.id})
     answer = await tools["memory_get"].ainvoke({"type": "tool_call", "name": "memory_get", "id": "a-1",
                                                 "args": {"memory_id": written.id}})

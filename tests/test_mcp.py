@@ -43,6 +43,7 @@ HINTS = {
     "memory_get": (True, False, True, False),
     "memory_write": (False, False, False, False),
     "memory_update": (False, True, True, False),
+    "memory_correct": (False, True, False, False),
     "memory_delete": (False, True, True, False),
     "memory_undelete": (False, False, True, False),
     "memory_forget": (False, True, True, False),
@@ -285,6 +286,18 @@ async def test_stdio_curates_a_memory_through_the_write_tools(api, keys, falkord
         written = await client.call_tool("memory_write", {"content": "Bo sleeps on the pier.", "kind": "fact",
                                                           "namespace": f"agent:{AGENT}", "expires_at": when})
         assert datetime.fromisoformat(written.structured_content["expires_at"]) == datetime.fromisoformat(when)
+        # A correction (docs/corrections.md): the wrong memory kept as history, search finds the right one.
+        fixed = await client.call_tool("memory_correct", {"memory_id": written.structured_content["id"],
+                                                          "content": "Bo sleeps on the jetty."})
+        assert not fixed.is_error, text(fixed)
+        answer = fixed.structured_content
+        assert answer["corrected"]["corrected_by"] == answer["correction"]["id"]
+        assert answer["correction"]["content"] == "Bo sleeps on the jetty." and answer["correction"]["expires_at"]
+        again = await client.call_tool("memory_correct", {"memory_id": written.structured_content["id"],
+                                                          "content": "Bo sleeps at home."})
+        assert again.is_error and "409" in text(again) and "corrected already" in text(again)
+        blank = await client.call_tool("memory_correct", {"memory_id": answer["correction"]["id"], "content": ""})
+        assert blank.is_error
 
 
 async def test_stdio_writes_the_graph_through_entity_write(api, keys, falkordb_url):

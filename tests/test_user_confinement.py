@@ -241,7 +241,8 @@ async def test_memory_tools_answer_a_hidden_memory_as_an_unknown_one(world, falk
     base = f"/v1/agents/{AGENT}/memories"
     before = snapshot(falkordb_url)
     for method, suffix, body in [("GET", "", None), ("PATCH", "", {"title": "mine"}), ("DELETE", "", None),
-                                 ("POST", "/undelete", None)]:
+                                 ("POST", "/undelete", None), ("POST", "/correct", {"content": "mine"}),
+                                 ("POST", "/uncorrect", None)]:
         unknown = await http.request(method, f"{base}/no-such-memory{suffix}", headers=alice, json=body)
         assert unknown.status_code == 404
         for name in ("bob_directive", "bob_episode", "rival_memory"):

@@ -46,7 +46,8 @@ def audited_fact(fact: Fact) -> dict[str, Any]:
 
     return {"id": fact.id, "namespace": fact.namespace, "subject_id": fact.subject_id, "predicate": fact.predicate,
             "object_id": fact.object_id, "valid_at": iso(fact.valid_at), "invalid_at": iso(fact.invalid_at),
-            "expired_at": iso(fact.expired_at), "superseded_by": fact.superseded_by}
+            "expired_at": iso(fact.expired_at), "superseded_by": fact.superseded_by,
+            **({"corrected_by": fact.corrected_by} if fact.corrected_by else {})}
 
 
 def _bounded(value: Any) -> str:

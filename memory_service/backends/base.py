@@ -35,11 +35,13 @@ Position = tuple[float, str]
 
 class MemoryState(StrEnum):
     """Which memories a listing shows: live ones (what search and the memory block read),
-    soft-deleted ones, evicted ones (past a FIFO cap), or all."""
+    soft-deleted ones, evicted ones (past a FIFO cap), corrected ones (found wrong and
+    replaced, kept as history: docs/corrections.md), or all."""
 
     LIVE = "live"
     DELETED = "deleted"
     EVICTED = "evicted"
+    CORRECTED = "corrected"
     ALL = "all"
 
 
@@ -463,10 +465,12 @@ class MemoryBackend(ABC):
         raise self._no_graph()
 
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
-                              superseded_by: str | None = None) -> Fact:
+                              superseded_by: str | None = None, corrected_by: str | None = None) -> Fact:
         """Close a current fact: it stopped being true at ``invalid_at``, and the service stops
         showing it as current now (``expired_at``). The edge stays, linked to the fact that
-        replaced it. Unknown ids raise NotFound; a fact already closed raises Conflict."""
+        replaced it, or, closed as wrong, to the memory that corrected its source
+        (``corrected_by``, docs/corrections.md). Unknown ids raise NotFound; a fact already
+        closed raises Conflict."""
         raise self._no_graph()
 
     async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
@@ -506,6 +510,16 @@ class MemoryBackend(ABC):
     async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
         """The current facts that came from one of these memories (their ``memory_ids``), for
         the purge of expired memories (docs/expiry.md). A store without a graph holds none."""
+        return []
+
+    async def set_fact_ends(self, agent_id: str, ends: Mapping[str, datetime | None]) -> int:
+        """Set each fact's ``expires_at`` (when its source memories all expire; None: never), by
+        fact id: a source memory's expiry changed (docs/expiry.md). A store without a graph: 0."""
+        return 0
+
+    async def facts_corrected_by(self, agent_id: str, memory_id: str) -> list[Fact]:
+        """The facts closed as wrong by the correction ``memory_id`` (``invalidate_fact``'s
+        ``corrected_by``), for undoing it (docs/corrections.md). A store without a graph holds none."""
         return []
 
     async def get_entity(self, agent_id: str, entity_id: str, as_of: datetime | None = None,

@@ -10,7 +10,8 @@ them. Ours beside them:
 * ``kind``, ``ts``/``seq`` (a numeric sort key: ISO strings with and without microseconds
   do not sort), ``evicted``, ``deleted_at`` (a soft delete's time, as a Unix timestamp),
   ``expires_at`` (a Unix timestamp, indexed: every read but by id skips the memory once
-  FalkorDB's clock passes it, docs/expiry.md) and ``tags`` (a list, for the search filter; the body holds them too);
+  FalkorDB's clock passes it, docs/expiry.md), ``corrected_at`` (a Unix timestamp: a memory
+  found wrong, read by id only, docs/corrections.md) and ``tags`` (a list, for the search filter; the body holds them too);
 * ``group_kind`` = ``<group_id>|<kind>``, indexed, so the context's reads ("the 8 latest
   episodes of this session") are one index lookup, not a scan of the group;
 * ``text``: what search reads (a message under its speaker), in a full-text index with
@@ -111,11 +112,12 @@ _LIVE_FIELDS = ("n.uuid, n.group_id, n.content, n.valid_at, "
 # Not expired: no ``expires_at`` (a Unix timestamp), or one still ahead of the store's clock
 # (``timestamp()``: milliseconds), so an expired memory leaves every read at once.
 _UNEXPIRED = "(n.expires_at IS NULL OR n.expires_at * 1000 > timestamp())"
-# What every read but find/export/unembedded asks of a memory: neither evicted, soft-deleted
-# nor expired.
-_LIVE = f"n.evicted IS NULL AND n.deleted_at IS NULL AND {_UNEXPIRED}"
+# What every read but find/export/unembedded asks of a memory: neither evicted, soft-deleted,
+# corrected (docs/corrections.md) nor expired.
+_LIVE = f"n.evicted IS NULL AND n.deleted_at IS NULL AND n.corrected_at IS NULL AND {_UNEXPIRED}"
 _STATES = {MemoryState.LIVE: _LIVE, MemoryState.DELETED: "n.deleted_at IS NOT NULL",
-           MemoryState.EVICTED: "n.evicted = true", MemoryState.ALL: None}
+           MemoryState.EVICTED: "n.evicted = true", MemoryState.CORRECTED: "n.corrected_at IS NOT NULL",
+           MemoryState.ALL: None}
 
 # Listing memories (``list_memories``). FalkorDB sorts every row a query matches before its
 # LIMIT (no ordered index scan), so a page is read from a window of time below the cursor,
@@ -596,6 +598,7 @@ class GraphBackend(EntityGraph):
             "evicted": True if memory.evicted else None,  # null leaves the property out
             "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
             "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
+            "corrected_at": memory.corrected_at.timestamp() if memory.corrected_at else None,
             "tags": list(memory.tags) or None,
             "group_kind": _group_kind(node.group_id, memory.kind),
             "group_key": group_key(node.group_id),
@@ -757,6 +760,7 @@ class GraphBackend(EntityGraph):
                          "tags": list(memory.tags) or None,
                          "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
                          "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
+                         "corrected_at": memory.corrected_at.timestamp() if memory.corrected_at else None,
                          "embedding": _FloatList(embedding) if embedding else None,
                          "model": memory.embedding_model if embedding else None,
                          "needs_embedding": None if embedding else True})
@@ -770,7 +774,7 @@ class GraphBackend(EntityGraph):
                 f"UNWIND $rows AS row MATCH (n:{LABEL} {{uuid: row.id}}) "
                 "WITH n, row, row.embedding IS NULL AND n.text = row.text AS keep, n.text = row.text AS same "
                 "SET n.content = row.body, n.text = row.text, n.terms = row.terms, n.tags = row.tags, "
-                "n.deleted_at = row.deleted_at, n.expires_at = row.expires_at, "
+                "n.deleted_at = row.deleted_at, n.expires_at = row.expires_at, n.corrected_at = row.corrected_at, "
                 "n.embedding = CASE WHEN keep THEN n.embedding WHEN row.embedding IS NULL THEN NULL "
                 "ELSE vecf32(row.embedding) END, "
                 "n.embedding_model = CASE WHEN keep THEN n.embedding_model ELSE row.model END, "
@@ -839,7 +843,8 @@ class GraphBackend(EntityGraph):
             return []
         rows = await self._read(
             agent_id,
-            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g AND n.deleted_at IS NULL AND {_UNEXPIRED} "
+            f"MATCH (n:{LABEL}) WHERE n.uuid IN $ids AND n.group_id = $g AND n.deleted_at IS NULL "
+            f"AND n.corrected_at IS NULL AND {_UNEXPIRED} "
             f"RETURN {_READ_FIELDS} ORDER BY n.ts, n.seq, n.uuid",
             ids=list(ids), g=namespace.group_id,
         )

@@ -101,9 +101,15 @@ _FACT_FIELDS = ("e.uuid AS uuid, e.group_id AS group_id, startNode(e).uuid AS s,
                 "e.name AS name, e.fact AS fact, e.valid_at AS valid_at, e.invalid_at AS invalid_at, "
                 "e.created_at AS created_at, e.expired_at AS expired_at, e.superseded_by AS superseded_by, "
                 "e.episodes AS episodes, e.message_ids AS message_ids, e.created_ts AS created_ts, "
-                "e.subject_via AS subject_via, e.object_via AS object_via")
+                "e.subject_via AS subject_via, e.object_via AS object_via, e.corrected_by AS corrected_by, "
+                "e.expires_ts AS expires_ts")
+# Not closed in the store (invalidated, superseded, corrected, closed by the purge).
 _CURRENT = "e.invalid_ts IS NULL AND e.expired_ts IS NULL"
-_HELD_AT = "(e.valid_ts IS NULL OR e.valid_ts <= $as_of) AND (e.invalid_ts IS NULL OR $as_of < e.invalid_ts)"
+# What a read shows as current: not closed, and its source memories not all expired
+# (``expires_ts``, their latest end; docs/expiry.md), by FalkorDB's clock, as memories are.
+_SHOWN_CURRENT = f"{_CURRENT} AND (e.expires_ts IS NULL OR e.expires_ts * 1000 > timestamp())"
+_HELD_AT = ("(e.valid_ts IS NULL OR e.valid_ts <= $as_of) AND (e.invalid_ts IS NULL OR $as_of < e.invalid_ts) "
+            "AND (e.expires_ts IS NULL OR $as_of < e.expires_ts)")
 
 
 def name_key(group_id: str, name: str) -> str:
@@ -200,7 +206,11 @@ class EntityGraph(MemoryBackend):
             "ON MATCH SET e.episodes = e.episodes + [x IN row.props.episodes WHERE NOT x IN e.episodes], "
             "e.message_ids = e.message_ids + [x IN row.props.message_ids WHERE NOT x IN e.message_ids], "
             "e.subject_via = coalesce(e.subject_via, []) + [x IN row.props.subject_via WHERE NOT x IN coalesce(e.subject_via, [])], "
-            "e.object_via = coalesce(e.object_via, []) + [x IN row.props.object_via WHERE NOT x IN coalesce(e.object_via, [])] "
+            "e.object_via = coalesce(e.object_via, []) + [x IN row.props.object_via WHERE NOT x IN coalesce(e.object_via, [])], "
+            # Stated again by memories of another window: held until the later of the two ends
+            # (none if either never ends).
+            "e.expires_ts = CASE WHEN e.expires_ts IS NULL OR row.props.expires_ts IS NULL THEN NULL "
+            "WHEN row.props.expires_ts > e.expires_ts THEN row.props.expires_ts ELSE e.expires_ts END "
             "WITH e, row WHERE row.embedding IS NOT NULL SET e.fact_embedding = vecf32(row.embedding) "
             "WITH count(*) AS written UNWIND $closes AS c "
             "MATCH ()-[o:RELATES_TO {uuid: c.id}]->() WHERE o.invalid_at IS NULL AND o.expired_at IS NULL "
@@ -262,7 +272,7 @@ class EntityGraph(MemoryBackend):
         return int(result.nodes_deleted)
 
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
-                              superseded_by: str | None = None) -> Fact:
+                              superseded_by: str | None = None, corrected_by: str | None = None) -> Fact:
         fact = await self._fact(agent_id, fact_id)
         if fact.invalid_at is not None or fact.expired_at is not None:
             raise Conflict(f"fact {fact_id!r} is already closed (superseded by {fact.superseded_by!r}); restore it first")
@@ -274,16 +284,17 @@ class EntityGraph(MemoryBackend):
         graph = await self._entity_graph(agent_id)
         await graph.query(
             "MATCH ()-[e:RELATES_TO {uuid: $id}]->() SET e.invalid_at = $invalid_at, e.invalid_ts = $invalid_ts, "
-            "e.expired_at = $now, e.expired_ts = $now_ts, e.superseded_by = $by",
+            "e.expired_at = $now, e.expired_ts = $now_ts, e.superseded_by = $by, e.corrected_by = $corrected_by",
             {"id": fact_id, "invalid_at": invalid_at.isoformat(), "invalid_ts": invalid_at.timestamp(),
-             "now": now.isoformat(), "now_ts": now.timestamp(), "by": superseded_by})
+             "now": now.isoformat(), "now_ts": now.timestamp(), "by": superseded_by, "corrected_by": corrected_by})
         return await self._fact(agent_id, fact_id)
 
     async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
         await self._fact(agent_id, fact_id)
         graph = await self._entity_graph(agent_id)
         await graph.query("MATCH ()-[e:RELATES_TO {uuid: $id}]->() SET e.invalid_at = NULL, e.invalid_ts = NULL, "
-                          "e.expired_at = NULL, e.expired_ts = NULL, e.superseded_by = NULL", {"id": fact_id})
+                          "e.expired_at = NULL, e.expired_ts = NULL, e.superseded_by = NULL, e.corrected_by = NULL",
+                          {"id": fact_id})
         return await self._fact(agent_id, fact_id)
 
     async def split_entity(self, agent_id: str, entity_id: str, alias: str) -> EntitySplit:
@@ -552,6 +563,21 @@ class EntityGraph(MemoryBackend):
                                 ids=list(memory_ids))
         return [_fact(row) for row in rows]
 
+    async def set_fact_ends(self, agent_id: str, ends: Mapping[str, datetime | None]) -> int:
+        if not ends:
+            return 0
+        graph = await self._entity_graph(agent_id)
+        result = await graph.query("UNWIND $rows AS row MATCH ()-[e:RELATES_TO {uuid: row.id}]->() "
+                                   "SET e.expires_ts = row.ts RETURN count(e)",
+                                   {"rows": [{"id": i, "ts": _ts(end)} for i, end in ends.items()]})
+        return int(result.result_set[0][0]) if result.result_set else 0
+
+    async def facts_corrected_by(self, agent_id: str, memory_id: str) -> list[Fact]:
+        # As facts_citing: one pass over the agent's facts, once per undone correction.
+        rows = await self._read(agent_id, f"MATCH ()-[e:RELATES_TO]->() WHERE e.corrected_by = $id "
+                                          f"RETURN {_FACT_FIELDS}", id=memory_id)
+        return [_fact(row) for row in rows]
+
     async def _fact(self, agent_id: str, fact_id: str, what: str = "fact") -> Fact:
         rows = await self._read(agent_id, f"MATCH ()-[e:RELATES_TO {{uuid: $id}}]->() RETURN {_FACT_FIELDS}", id=fact_id)
         if not rows:
@@ -581,7 +607,7 @@ def _fact_filters(groups: list[str] | None, predicate: str | None, as_of: dateti
         params["predicate"] = predicate
     if not include_superseded:
         if as_of is None:
-            filters.append(_CURRENT)
+            filters.append(_SHOWN_CURRENT)
         else:
             filters.append(_HELD_AT)
             params["as_of"] = _aware(as_of).timestamp()
@@ -638,6 +664,7 @@ def _fact_row(agent_id: str, fact: Fact) -> dict[str, Any]:
         "invalid_at": _iso(fact.invalid_at), "invalid_ts": _ts(fact.invalid_at),
         "expired_at": _iso(fact.expired_at), "expired_ts": _ts(fact.expired_at),
         "superseded_by": fact.superseded_by, "subject_via": list(fact.subject_via), "object_via": list(fact.object_via),
+        "expires_ts": _ts(fact.expires_at),
     }
     return {"s": fact.subject_id, "o": fact.object_id, "uuid": fact.id, "props": props,
             "embedding": fact.fact_embedding}
@@ -660,7 +687,9 @@ def _fact(row: Row) -> Fact:
                 invalid_at=_time(row["invalid_at"]), created_at=_time(row["created_at"]) or utcnow(),
                 expired_at=_time(row["expired_at"]), superseded_by=row["superseded_by"],
                 memory_ids=list(row["episodes"] or []), message_ids=list(row["message_ids"] or []),
-                subject_via=list(row.get("subject_via") or []), object_via=list(row.get("object_via") or []))
+                subject_via=list(row.get("subject_via") or []), object_via=list(row.get("object_via") or []),
+                corrected_by=row.get("corrected_by"),
+                expires_at=datetime.fromtimestamp(float(row["expires_ts"]), UTC) if row.get("expires_ts") else None)
 
 
 def _encode_cursor(norm_name: str, uuid: str) -> str:

@@ -535,14 +535,20 @@ class MirroredBackend(MemoryBackend):
                                                 per_entity)
 
     async def invalidate_fact(self, agent_id: str, fact_id: str, invalid_at: datetime,
-                              superseded_by: str | None = None) -> Fact:
-        return await self.primary.invalidate_fact(agent_id, fact_id, invalid_at, superseded_by)
+                              superseded_by: str | None = None, corrected_by: str | None = None) -> Fact:
+        return await self.primary.invalidate_fact(agent_id, fact_id, invalid_at, superseded_by, corrected_by)
 
     async def restore_fact(self, agent_id: str, fact_id: str) -> Fact:
         return await self.primary.restore_fact(agent_id, fact_id)
 
     async def facts_citing(self, agent_id: str, memory_ids: Sequence[str]) -> list[Fact]:
         return await self.primary.facts_citing(agent_id, memory_ids)
+
+    async def set_fact_ends(self, agent_id: str, ends: Mapping[str, datetime | None]) -> int:
+        return await self.primary.set_fact_ends(agent_id, ends)
+
+    async def facts_corrected_by(self, agent_id: str, memory_id: str) -> list[Fact]:
+        return await self.primary.facts_corrected_by(agent_id, memory_id)
 
     async def list_entities(self, agent_id: str, namespace: Namespace | str | None = None,
                             entity_type: EntityType | None = None, name_prefix: str | None = None,

@@ -13,7 +13,9 @@ Collections (in MONGODB_DATABASE):
                 (the new model's vector, staged until it is promoted; docs/embeddings.md). Tool-written memories add ``title``, ``tags``,
                 ``confidence``, ``updated_at``; a soft-deleted one has ``deleted_at`` (a
                 Unix timestamp), and every read but find/export/unembedded filters it out;
-                so with ``expires_at`` (a Unix timestamp) once it has passed.
+                so with ``expires_at`` (a Unix timestamp) once it has passed, and with
+                ``corrected_at`` (a memory found wrong; ``corrected_by``, ``corrects``
+                link it and its correction: docs/corrections.md).
   user_memory   one document per (agent, user): the latest consolidated memory and the
                 most recent directives, for dashboards and the legacy readers.
   shards        one document per (agent, shard): the latest consolidated memory, the
@@ -327,7 +329,7 @@ class MongoBackend(MemoryBackend):
         for memory in memories:
             doc = self._document(memory)
             changed = {k: doc[k] for k in ("content", "search_text", "title", "tags", "confidence", "updated_at",
-                                            "deleted_at", "expires_at")}
+                                            "deleted_at", "expires_at", "corrected_at", "corrected_by", "corrects")}
             update: dict[str, Any]
             same = stored.get(memory.id) == memory.search_text
             staged = {} if same else {"embedding_next": "", "embedding_next_model": ""}
@@ -434,6 +436,8 @@ class MongoBackend(MemoryBackend):
             query["deleted_at"] = {"$ne": None}
         elif listing.state is MemoryState.EVICTED:
             query["evicted"] = True
+        elif listing.state is MemoryState.CORRECTED:
+            query["corrected_at"] = {"$ne": None}
         ts: dict[str, float] = {}
         if listing.since is not None:
             ts["$gte"] = listing.since.timestamp()
@@ -562,9 +566,9 @@ class MongoBackend(MemoryBackend):
 
 
 def _unexpired() -> dict[str, Any]:
-    """The filter of memories not expired now: no ``expires_at`` (missing or null), or one
-    still ahead (docs/expiry.md)."""
-    return {"expires_at": {"$not": {"$lte": time.time()}}}
+    """The filter of memories neither expired now nor corrected: no ``expires_at`` (missing or
+    null), or one still ahead (docs/expiry.md), and no ``corrected_at`` (docs/corrections.md)."""
+    return {"expires_at": {"$not": {"$lte": time.time()}}, "corrected_at": None}
 
 
 def _scope(agent_id: str, query: StoreQuery) -> dict[str, Any]:
@@ -671,6 +675,9 @@ def _document(memory: Memory) -> dict[str, Any]:
         "updated_at": memory.updated_at.isoformat() if memory.updated_at else None,
         "deleted_at": memory.deleted_at.timestamp() if memory.deleted_at else None,
         "expires_at": memory.expires_at.timestamp() if memory.expires_at else None,
+        "corrected_at": memory.corrected_at.timestamp() if memory.corrected_at else None,
+        "corrected_by": memory.corrected_by,
+        "corrects": memory.corrects,
     }
 
 
@@ -689,5 +696,9 @@ def _memory(doc: dict[str, Any]) -> Memory:
         updated_at=doc.get("updated_at"),
         deleted_at=datetime.fromtimestamp(float(doc["deleted_at"]), UTC) if doc.get("deleted_at") is not None else None,
         expires_at=datetime.fromtimestamp(float(doc["expires_at"]), UTC) if doc.get("expires_at") is not None else None,
+        corrected_at=(datetime.fromtimestamp(float(doc["corrected_at"]), UTC)
+                      if doc.get("corrected_at") is not None else None),
+        corrected_by=doc.get("corrected_by"),
+        corrects=doc.get("corrects"),
         served_by="mongo",
     )

@@ -17,12 +17,13 @@ from memory_service.client.errors import (
                      ServerError,
                      ServiceUnavailable,
 )
-from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
+from memory_service.client.tool_models import CorrectionOut, DeletedMemory, MemoryRecord, UncorrectedOut, WriteBlocksOut
 from memory_service.domain.models import keyed_memory_id
 from memory_service.schemas.startup import DeletedStartupRecord, StartupBlock, StartupRecord
 
 __all__ = [
     "AsyncMemoryClient", "MemoryClient", "MemoryApiError", "InvalidRequest", "AuthenticationError", "PermissionDenied",
     "NotFoundError", "ConflictError", "RateLimitError", "ServerError", "ServiceUnavailable", "MemoryRecord",
-    "DeletedMemory", "StartupRecord", "StartupBlock", "DeletedStartupRecord", "WriteBlocksOut", "keyed_memory_id",
+    "DeletedMemory", "CorrectionOut", "UncorrectedOut", "StartupRecord", "StartupBlock", "DeletedStartupRecord",
+    "WriteBlocksOut", "keyed_memory_id",
 ]

@@ -3,7 +3,7 @@ under the names the client gives them."""
 
 from __future__ import annotations
 
+from memory_service.schemas.memories import CorrectionOut, MemoryRecord, UncorrectedOut, WriteBlocksOut
 from memory_service.schemas.memories import DeletedOut as DeletedMemory
-from memory_service.schemas.memories import MemoryRecord, WriteBlocksOut
 
-__all__ = ["DeletedMemory", "MemoryRecord", "WriteBlocksOut"]
+__all__ = ["CorrectionOut", "DeletedMemory", "MemoryRecord", "UncorrectedOut", "WriteBlocksOut"]

@@ -33,7 +33,7 @@ from memory_service.backends.base import MemoryBackend
 from memory_service.config import Settings
 from memory_service.curation.retention import RetentionIndex, purge_at
 from memory_service.domain.errors import Conflict, Forbidden, InvalidInput, NotFound, preview
-from memory_service.domain.expiry import ExpiryPolicy
+from memory_service.domain.expiry import ExpiryPolicy, sources_end
 from memory_service.domain.limits import (
     MAX_NAMESPACE_CHARS,
     MESSAGE_CHARS_CEILING,
@@ -285,6 +285,9 @@ class MemoryTools:
         backend, memory = await self._find(agent_id, memory_id, guard, changing=True)
         if memory.deleted_at is not None:
             raise Conflict(f"memory {memory_id!r} is deleted: undelete it before updating it")
+        if memory.corrected_by is not None:
+            raise Conflict(f"memory {memory_id!r} was corrected, by {memory.corrected_by!r}: it is kept as history; "
+                           "update the correction")
         if memory.expired():
             raise Conflict(f"memory {memory_id!r} expired at {memory.expires_at}: the retention job purges it; "
                            "write it again to keep it")
@@ -317,6 +320,8 @@ class MemoryTools:
             updated.embedding = None
             await embed_memories(self.embedder, [updated])  # re-indexed: the stores take the new vector
         await backend.replace(agent_id, [updated])
+        if updated.expires_at != memory.expires_at:
+            await _refresh_fact_ends(agent_id, backend, updated)
         await self._changed(agent_id, updated)
         after = self.record(updated)
         after.redacted = redacted or None
@@ -370,6 +375,20 @@ class MemoryTools:
         await self._changed(agent_id, *revived)
         return revived
 
+    # For the other curators of a memory (memory_service/curation/corrections.py) ---------
+
+    async def writable(self, agent_id: str, memory_id: str, guard: NamespaceGuard = None) -> tuple[MemoryBackend, Memory]:
+        """The memory, for a change: writes on, the caller sees it and may change its namespace."""
+        self.require_writes(agent_id)
+        return await self.changeable(agent_id, memory_id, guard)
+
+    def check_tags(self, tags: list[str]) -> list[str]:
+        return self._tags(tags)
+
+    async def changed(self, agent_id: str, *memories: Memory) -> None:
+        """Every cached block that may show ``memories`` is stale."""
+        await self._changed(agent_id, *memories)
+
     # Helpers ----------------------------------------------------------------------------
 
     def record(self, memory: Memory, access_count: int = 0, last_accessed_at: datetime | None = None) -> MemoryRecord:
@@ -377,6 +396,7 @@ class MemoryTools:
             id=memory.id, kind=memory.kind, namespace=memory.namespace, content=memory.content, title=memory.title,
             tags=list(memory.tags), confidence=memory.confidence, valid_at=memory.valid_at, created_at=memory.valid_at,
             updated_at=memory.updated_at, deleted_at=memory.deleted_at, expires_at=memory.expires_at,
+            corrected_at=memory.corrected_at, corrected_by=memory.corrected_by, corrects=memory.corrects,
             purge_at=purge_at(memory.deleted_at, self.settings.purge_after_days), provenance=memory.metadata,
             access_count=access_count, last_accessed_at=last_accessed_at, served_by=memory.served_by)
 
@@ -453,6 +473,19 @@ class MemoryTools:
         # The agent's generation too: a block's relevant memories come from sessions it does
         # not list as dependencies (every session the user spoke in).
         await self.state.cache.bump(*sorted({m.namespace for m in memories}), agent_wide(agent_id))
+
+
+async def _refresh_fact_ends(agent_id: str, backend: MemoryBackend, memory: Memory) -> None:
+    """The graph facts ``memory`` is a source of end when their sources (as stored now, those
+    not deleted or corrected) all expire: its new ``expires_at`` moves that (docs/expiry.md)."""
+    facts = await backend.facts_citing(agent_id, [memory.id])
+    if not facts:
+        return
+    sources = {m.id: m for m in await backend.find(agent_id, sorted({i for f in facts for i in f.memory_ids}))}
+    sources[memory.id] = memory
+    holding = {i: m for i, m in sources.items() if m.deleted_at is None and m.corrected_at is None}
+    await backend.set_fact_ends(agent_id, {
+        f.id: sources_end(holding[i].expires_at for i in f.memory_ids if i in holding) for f in facts})
 
 
 async def _redacted(redactor: Redactor, content: str | None, title: str | None,

@@ -70,6 +70,7 @@ from pydantic import (
 from memory_service.access.audit import AuditLog
 from memory_service.curation.tools import MemoryTools, MemoryWrite, NamespaceGuard, Written
 from memory_service.domain.errors import InvalidInput, preview
+from memory_service.domain.expiry import sources_end
 from memory_service.domain.graph import (
     Entity as GraphEntity,
 )
@@ -486,7 +487,8 @@ async def store_write_blocks(tools: MemoryTools, agent_id: str, text: str, names
         named.setdefault(memory_ids[i], set()).add(normalise_name(about))
     changes = await graph_update.apply(
         backend, agent_id, plan.entities, plan.facts, [Mention(m, tuple(sorted(n))) for m, n in named.items()],
-        memory_ids=memory_ids, observed_at=utcnow(), audit=audit, actor=actor, resolved=resolution,
+        memory_ids=memory_ids, ends_at=sources_end(r.expires_at for r in written.records), observed_at=utcnow(),
+        audit=audit, actor=actor, resolved=resolution,
         events=events, cause=cause)
     if changes.entities or changes.facts or changes.mentions or changes.superseded or described:
         await tools.state.cache.bump(str(target), agent_wide(agent_id))

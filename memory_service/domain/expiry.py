@@ -73,3 +73,13 @@ class ExpiryPolicy:
     def expires_at(self, kind: str, namespace: str, stored_at: datetime) -> datetime | None:
         ttl = self.ttl(kind, namespace)
         return stored_at + timedelta(seconds=ttl) if ttl else None
+
+
+def sources_end(expiries: Iterable[datetime | None]) -> datetime | None:
+    """When a knowledge-graph fact's source memories have all expired (their latest
+    ``expires_at``): from then on reads hold the fact closed, as the next purge closes it.
+    None when one of them never expires, or there are none."""
+    ends = list(expiries)
+    if not ends or any(end is None for end in ends):
+        return None
+    return max(end for end in ends if end is not None)

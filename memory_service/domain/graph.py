@@ -151,6 +151,16 @@ class Fact(BaseModel):
     # through an alias, so that splitting the alias off (a merge undone) takes them along.
     subject_via: list[str] = Field(default_factory=list)
     object_via: list[str] = Field(default_factory=list)
+    # Closed as wrong, not as outdated: the memory (a correction) that replaced the one it came
+    # from (docs/corrections.md); its ``invalid_at`` is its ``valid_at``: it never held.
+    corrected_by: str | None = None
+    # When its source memories all expire (docs/expiry.md): from then on reads hold it closed,
+    # before the daily purge closes it in the store. None: one of them never expires.
+    expires_at: datetime | None = None
+
+    def shown_current(self, now: datetime | None = None) -> bool:
+        """Current as reads show it: not closed, and its source memories not all expired."""
+        return self.current_at() and (self.expires_at is None or self.expires_at > (now or utcnow()))
 
     def current_at(self, when: datetime | None = None) -> bool:
         """Whether the fact held at ``when`` (now, if None): not yet invalidated then."""

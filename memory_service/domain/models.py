@@ -204,14 +204,21 @@ class Memory(BaseModel):
     # skips a soft-deleted one, and the retention job purges it. Set by the writer
     # (memory_write's ``expires_at``) or by the agent's time to live for its kind or shard.
     expires_at: datetime | None = None
+    # Corrections (docs/corrections.md): a memory found wrong keeps its words as history but
+    # leaves every read but those by id, as a soft-deleted one does, and is never purged for
+    # it; ``corrected_by`` names the memory that replaced it, whose ``corrects`` names it back.
+    # Told apart from an update (memory_update: ``updated_at``, the world changed).
+    corrected_at: datetime | None = None
+    corrected_by: str | None = None
+    corrects: str | None = None
     # Which store answered the read that returned it ("graph", "mongo"): set by the backend
     # that built it, never stored (a mirrored backend may answer from either store).
     served_by: str | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def live(self) -> bool:
-        """Neither soft-deleted, evicted nor expired: what reads and searches give."""
-        return self.deleted_at is None and not self.evicted and not self.expired()
+        """Neither soft-deleted, corrected, evicted nor expired: what reads and searches give."""
+        return self.deleted_at is None and self.corrected_at is None and not self.evicted and not self.expired()
 
     def expired(self, now: datetime | None = None) -> bool:
         """Past its ``expires_at`` (at ``now``, by default the current time)."""
@@ -249,7 +256,9 @@ class Memory(BaseModel):
         """The tool-written fields that are set, as JSON (the body carries them beside DESIGN.md's)."""
         fields = {"title": self.title, "tags": self.tags or None, "confidence": self.confidence,
                   "updated_at": self.updated_at.isoformat() if self.updated_at else None,
-                  "expires_at": self.expires_at.isoformat() if self.expires_at else None}
+                  "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+                  "corrected_at": self.corrected_at.isoformat() if self.corrected_at else None,
+                  "corrected_by": self.corrected_by, "corrects": self.corrects}
         return {k: v for k, v in fields.items() if v is not None}
 
     def episode_body(self) -> str:
@@ -280,6 +289,9 @@ class Memory(BaseModel):
             confidence=data.get("confidence"),
             updated_at=data.get("updated_at"),
             expires_at=data.get("expires_at"),
+            corrected_at=data.get("corrected_at"),
+            corrected_by=data.get("corrected_by"),
+            corrects=data.get("corrects"),
         )
 
 

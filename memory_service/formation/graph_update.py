@@ -256,7 +256,7 @@ async def _again(backend: MemoryBackend, agent_id: str, fact: Fact) -> Fact:
 
 async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[ExtractedEntity],
                 facts: Sequence[ExtractedFact], mentioned: Sequence[Mention], *,
-                memory_ids: Sequence[str] = (), observed_at: datetime | None = None,
+                memory_ids: Sequence[str] = (), ends_at: datetime | None = None, observed_at: datetime | None = None,
                 audit: AuditLog | None = None, actor: str = FORMATION_ACTOR, embedder: Embedder | None = None,
                 threshold: float = resolution.DEFAULT_THRESHOLD,
                 max_candidates: int = resolution.DEFAULT_MAX_CANDIDATES,
@@ -268,7 +268,9 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
     compares them). ``resolved``: ``entities`` resolved already (``resolve``), by a caller that
     looked before writing anything else. ``supersedes``: ids of facts the extractor says the
     window ends (an LLM shown them), closed too. ``events``: where the facts closed are
-    announced (``superseded``, by namespace, with ``cause``)."""
+    announced (``superseded``, by namespace, with ``cause``). ``ends_at``: when the
+    ``memory_ids`` all expire (``domain.expiry.sources_end``): the facts are held closed by
+    reads from then on (docs/expiry.md)."""
 
     changes = GraphChanges()
     if not entities and not supersedes:
@@ -296,7 +298,7 @@ async def apply(backend: MemoryBackend, agent_id: str, entities: Sequence[Extrac
             id=fact_id(item.namespace, subject.id, item.predicate, obj.id), namespace=item.namespace,
             subject_id=subject.id, object_id=obj.id, predicate=item.predicate, text=item.text,
             valid_at=item.valid_at or observed_at, memory_ids=list(memory_ids), message_ids=item.message_ids,
-            subject_via=[normalise_name(item.subject)], object_via=[normalise_name(item.object)],
+            subject_via=[normalise_name(item.subject)], object_via=[normalise_name(item.object)], expires_at=ends_at,
         ))
     new_facts = [await _again(backend, agent_id, f) for f in new_facts]
     # An ending is not a relation that holds: it closes one (below), and the closed fact's

@@ -40,7 +40,7 @@ from datetime import UTC, datetime
 from memory_service.access.audit import AuditLog
 from memory_service.backends.base import MemoryBackend
 from memory_service.domain.errors import NotSupported
-from memory_service.domain.expiry import ExpiryPolicy
+from memory_service.domain.expiry import ExpiryPolicy, sources_end
 from memory_service.domain.graph import ExtractedEntity, ExtractedFact, normalise_name
 from memory_service.domain.models import Memory, MemoryKind, Provenance, Role, Shard, count_kinds
 from memory_service.domain.namespaces import Namespace
@@ -242,7 +242,8 @@ async def write_graph(agent_id: str, backend: MemoryBackend, claim: Claim, store
     try:
         return await graph_update.apply(
             backend, agent_id, stored.entities, stored.facts, stored.mentions,
-            memory_ids=[m.id for m in stored.memories], observed_at=observed, audit=audit, embedder=embedder,
+            memory_ids=[m.id for m in stored.memories], ends_at=sources_end(m.expires_at for m in stored.memories),
+            observed_at=observed, audit=audit, embedder=embedder,
             threshold=name_similarity, max_candidates=resolve_candidates, supersedes=stored.supersedes,
             events=events, cause=cause)
     except NotSupported:

@@ -36,13 +36,17 @@ def describe(memory: MemoryRecord) -> str:
         extras.append("tags: " + ", ".join(memory.tags))
     if memory.deleted_at is not None:
         extras.append(f"deleted, purged at {memory.purge_at.isoformat() if memory.purge_at else 'never'}")
+    if memory.corrected_by is not None:
+        extras.append(f"wrong, corrected by [{memory.corrected_by}]")
+    if memory.corrects is not None:
+        extras.append(f"corrects [{memory.corrects}]")
     head = f"[{memory.id}] {memory.kind.value}, {memory.valid_at.date().isoformat()}"
     return f"{head} ({'; '.join(extras)}): {memory.content}" if extras else f"{head}: {memory.content}"
 
 
 def memory_functions(conversation: Conversation, *, writes: bool = True) -> list[ToolFunction]:
     """memory_search and memory_get, and with ``writes`` memory_write, memory_update,
-    memory_delete and memory_undelete (the service answers them only for an agent listed in
+    memory_correct, memory_delete and memory_undelete (the service answers them only for an agent listed in
     its MEMORY_WRITE_AGENTS)."""
     client, agent_id = conversation.client, conversation.agent_id
 
@@ -94,7 +98,7 @@ def memory_functions(conversation: Conversation, *, writes: bool = True) -> list
 
     async def memory_update(memory_id: str, content: str | None = None, title: str | None = None,
                             tags: list[str] | None = None) -> str:
-        """Change a memory: the fields given are replaced, the others stay.
+        """Change a memory because things changed since (it was true until now): the fields given are replaced, the others stay.
 
         Args:
             memory_id: the memory's id.
@@ -110,6 +114,20 @@ def memory_functions(conversation: Conversation, *, writes: bool = True) -> list
             return "Updated " + describe(await client.memory_update(agent_id, memory_id, **given))
         except MemoryApiError as exc:
             return refusal(exc)
+
+    async def memory_correct(memory_id: str, content: str) -> str:
+        """Correct a memory that was wrong (never true, unlike memory_update's change): the right content replaces it, the wrong one is kept only as history.
+
+        Args:
+            memory_id: the wrong memory's id.
+            content: the right content.
+        """
+        try:
+            done = await client.memory_correct(agent_id, memory_id, content)
+        except MemoryApiError as exc:
+            return refusal(exc)
+        closed = f"; {len(done.facts_closed)} graph facts closed as wrong" if done.facts_closed else ""
+        return f"Corrected [{memory_id}] by {describe(done.correction)}{closed}."
 
     async def memory_delete(memory_id: str) -> str:
         """Forget a memory that is wrong or no longer wanted (memory_undelete brings it back until it is purged).
@@ -136,4 +154,4 @@ def memory_functions(conversation: Conversation, *, writes: bool = True) -> list
             return refusal(exc)
 
     reads: list[ToolFunction] = [memory_search, memory_get]
-    return reads + [memory_write, memory_update, memory_delete, memory_undelete] if writes else reads
+    return reads + [memory_write, memory_update, memory_correct, memory_delete, memory_undelete] if writes else reads

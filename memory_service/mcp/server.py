@@ -29,7 +29,7 @@ from pydantic import AwareDatetime, Field
 
 from memory_service import __version__
 from memory_service.access.authorization import is_loopback
-from memory_service.client import AsyncMemoryClient, DeletedMemory, MemoryRecord, WriteBlocksOut
+from memory_service.client import AsyncMemoryClient, CorrectionOut, DeletedMemory, MemoryRecord, WriteBlocksOut
 from memory_service.domain.graph import EntityType
 from memory_service.domain.limits import CONTEXT_BUDGET_CEILING, MAX_HOST_WINDOW
 from memory_service.domain.models import ContextType, MemoryKind, Role
@@ -51,8 +51,10 @@ INSTRUCTIONS = (
     "Long-term memory of agent {agent}. memory_record records a message of a user's session (the conversation "
     "the memories are formed from); memory_context gives the XML memory block of a user's session for the "
     "model's next call (within a character budget); memory_search finds memories (each result explained, best first); "
-    "memory_get reads one by id; memory_write, memory_update, memory_delete and memory_undelete curate them, "
-    "when the operator has turned memory writes on for the agent. A deleted memory can be undeleted until its purge date. "
+    "memory_get reads one by id; memory_write, memory_update, memory_correct, memory_delete and memory_undelete curate "
+    "them, when the operator has turned memory writes on for the agent. memory_update is for what changed (it was "
+    "true until now); memory_correct for what was wrong (never true). A deleted memory can be undeleted until its "
+    "purge date. "
     "memory_forget forgets what a user asks to be forgotten, with everything formed from it (undoable unless hard). "
     "entity_search lists the people, places and things the agent knows of; entity_get reads one with its facts "
     "(current ones, or those true at a time, or their history) and the entities they link it to; entity_write "
@@ -207,6 +209,17 @@ def register(server: MCPServer, api: Api, agent_id: str) -> None:
                             "and cleared; do one or the other")
         given.update(dict.fromkeys(clear or (), None))
         return await call(lambda: api.client(ctx).memory_update(agent_id, memory_id, **given))
+
+    @server.tool(annotations=writes("Correct a wrong memory", destructive=True, idempotent=False))
+    async def memory_correct(
+        ctx: Context,
+        memory_id: MemoryId,
+        content: Annotated[str, Field(min_length=1, description="the right content")],
+    ) -> CorrectionOut:
+        """Correct a memory that was wrong (never true; for one that changed since, use memory_update): a new
+        memory with the right content replaces it in search and the memory block, the wrong one is kept as history
+        only, and the knowledge-graph facts formed from it are closed as wrong."""
+        return await call(lambda: api.client(ctx).memory_correct(agent_id, memory_id, content))
 
     @server.tool(annotations=writes("Delete a memory", destructive=True, idempotent=True))
     async def memory_delete(ctx: Context, memory_id: MemoryId) -> DeletedMemory:

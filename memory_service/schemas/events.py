@@ -35,8 +35,11 @@ class EventType(StrEnum):
     # Memories purged by the retention run past their expires_at (invisible from then on already;
     # reason: expired; docs/expiry.md).
     EXPIRED = "expired"
-    # Declared for the features that emit them, not built yet: emitted when that feature lands.
+    # A memory found wrong and replaced (docs/corrections.md): memory_ids = [the memory corrected,
+    # its correction]; and the knowledge-graph facts it closed as wrong (kind 'graph_fact').
     CORRECTED = "corrected"
+    UNCORRECTED = "uncorrected"  # a correction undone: memory_ids = [the memory, live again; the correction, deleted]
+    # Declared for the features that emit them, not built yet: emitted when that feature lands.
     FORGOTTEN = "forgotten"
 
 

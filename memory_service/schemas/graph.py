@@ -46,9 +46,13 @@ class FactOut(BaseModel):
     valid_at: datetime | None = Field(description="when it became true (None: not known)")
     invalid_at: datetime | None = Field(description="when it stopped being true (None: it still is)")
     superseded_by: str | None = Field(description="the fact that replaced it")
+    corrected_by: str | None = Field(default=None, description="closed as wrong, not outdated: the memory that "
+                                     "corrected the one it came from (docs/corrections.md)")
     created_at: datetime = Field(description="when the service learnt it")
     expired_at: datetime | None = Field(description="when the service stopped holding it as current")
-    current: bool = Field(description="neither invalidated nor expired")
+    current: bool = Field(description="neither invalidated nor expired, and its memories not all expired")
+    expires_at: datetime | None = Field(default=None, description="when the memories it came from all expire: from "
+                                        "then on it is no longer current (docs/expiry.md); None: one never does")
     memory_ids: list[str] = Field(default_factory=list, description="the memories it came from")
     message_ids: list[str] = Field(default_factory=list, description="the messages it came from")
 
@@ -56,8 +60,8 @@ class FactOut(BaseModel):
     def of(cls, fact: Fact) -> FactOut:
         return cls(id=fact.id, namespace=fact.namespace, subject_id=fact.subject_id, predicate=fact.predicate,
                    object_id=fact.object_id, text=fact.text, valid_at=fact.valid_at, invalid_at=fact.invalid_at,
-                   superseded_by=fact.superseded_by, created_at=fact.created_at, expired_at=fact.expired_at,
-                   current=fact.current_at(), memory_ids=list(fact.memory_ids), message_ids=list(fact.message_ids))
+                   superseded_by=fact.superseded_by, corrected_by=fact.corrected_by, created_at=fact.created_at, expired_at=fact.expired_at,
+                   current=fact.shown_current(), expires_at=fact.expires_at, memory_ids=list(fact.memory_ids), message_ids=list(fact.message_ids))
 
 
 class EntityPage(BaseModel):

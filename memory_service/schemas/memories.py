@@ -27,6 +27,11 @@ class MemoryRecord(BaseModel):
     expires_at: datetime | None = Field(None, description="when it expires: from then on search, the memory block "
                                                           "and browse skip it (memory_get still answers it), and "
                                                           "the next retention run purges it (None: never)")
+    corrected_at: datetime | None = Field(None, description="set when it was found wrong and corrected (not "
+                                          "outdated: an update says that): kept as history, read by id only "
+                                          "(docs/corrections.md)")
+    corrected_by: str | None = Field(None, description="the memory that corrected it")
+    corrects: str | None = Field(None, description="the memory this one corrects (found wrong)")
     provenance: Provenance
     access_count: int = Field(0, description="memory_get calls (bookkeeping, never used for ranking)")
     last_accessed_at: datetime | None = None
@@ -58,3 +63,23 @@ class WriteBlocksOut(BaseModel):
                                                   "this call (the same text parsed again for the same message: all)")
     redacted: dict[str, int] = Field(default_factory=dict, description="what the agent's redaction policy took out "
                                      "of the text before it was parsed, by kind (docs/redaction.md)")
+
+
+class CorrectionOut(BaseModel):
+    """What POST /v1/agents/{agent_id}/memories/{memory_id}/correct changed (docs/corrections.md)."""
+
+    corrected: MemoryRecord = Field(description="the memory found wrong, as kept now: `corrected_at`, `corrected_by`")
+    correction: MemoryRecord = Field(description="the memory that replaces it (`corrects` names the old one)")
+    facts_closed: list[str] = Field(default_factory=list, description="ids of the knowledge-graph facts formed from "
+                                    "the old memory, closed as wrong (their `corrected_by` is the correction)")
+    redacted: dict[str, int] | None = Field(default=None, description="what the agent's redaction policy took out of "
+                                            "the correction's content, title and tags, by kind (docs/redaction.md)")
+
+
+class UncorrectedOut(BaseModel):
+    """What POST /v1/agents/{agent_id}/memories/{memory_id}/uncorrect changed (docs/corrections.md)."""
+
+    memory: MemoryRecord = Field(description="the memory that was corrected, live again")
+    correction: MemoryRecord | None = Field(description="the correction, soft-deleted (None: purged or erased since)")
+    facts_restored: list[str] = Field(default_factory=list, description="ids of the facts the correction had closed, "
+                                      "current again")

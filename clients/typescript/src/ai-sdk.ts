@@ -223,6 +223,13 @@ export function memoryTools(session: MemorySession) {
       },
     }),
 
+    memory_correct: tool({
+      description: "Correct a memory that was wrong (never true; for one that changed since, use memory_update): "
+        + "the right content replaces it, the wrong one is kept as history only.",
+      inputSchema: z.object({ memory_id: memoryId, content: z.string().min(1).describe("the right content") }),
+      execute: async ({ memory_id, content }) => client.memoryCorrect(agentId, memory_id, { content }),
+    }),
+
     memory_delete: tool({
       description: "Delete a memory: it leaves search at once; memory_undelete brings it back until its purge date.",
       inputSchema: z.object({ memory_id: memoryId }),

@@ -172,6 +172,23 @@ export class MemoryClient {
     }));
   }
 
+  /**
+   * The memory was wrong (not outdated: that is `memoryUpdate`): a new memory with the right content replaces
+   * it, the old one is kept as history (`corrected_by`) and its knowledge-graph facts close as wrong.
+   */
+  memoryCorrect(agentId: string, memoryId: string, correction: BodyOf<"memory_correct">) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/memories/{memory_id}/correct", {
+      params: { path: { agent_id: agentId, memory_id: memoryId } }, body: correction,
+    }));
+  }
+
+  /** Undo the correction of `memoryId` (the memory corrected): live again, its correction soft-deleted. */
+  memoryUncorrect(agentId: string, memoryId: string) {
+    return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/memories/{memory_id}/uncorrect", {
+      params: { path: { agent_id: agentId, memory_id: memoryId } },
+    }));
+  }
+
   /** Store the <memory_write>/<shadow_write> blocks of a model's output (repeatable for the same message). */
   parseWrites(agentId: string, request: BodyOf<"parse_writes">) {
     return this.unwrap("POST", this.api.POST("/v1/agents/{agent_id}/writes/parse", {

@@ -734,6 +734,54 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/agents/{agent_id}/memories/{memory_id}/correct": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Memory Correct
+         * @description memory_correct: the memory was wrong (not outdated: that is memory_update). A new memory
+         *     with the right content takes its place (`correction`, whose `corrects` names the old one);
+         *     the old one is kept as history (`corrected_at`, `corrected_by`), read by id only: search,
+         *     the memory block and browse's live list skip it. The knowledge-graph facts formed from it
+         *     close as wrong (`facts_closed`). Undo with `.../uncorrect`. 409 on a memory deleted,
+         *     expired or corrected already; 422 on a recorded message or an unchanged content. Needs
+         *     `write` and MEMORY_WRITE_AGENTS (docs/corrections.md).
+         */
+        post: operations["memory_correct"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/agents/{agent_id}/memories/{memory_id}/uncorrect": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Memory Uncorrect
+         * @description Undo memory_correct on `memory_id` (the memory that was corrected): it is live again, its
+         *     correction soft-deleted, the facts the correction closed current again. 409 if it is not
+         *     corrected, or its correction was corrected since. Needs `write` and MEMORY_WRITE_AGENTS.
+         */
+        post: operations["memory_uncorrect"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/agents/{agent_id}/writes/parse": {
         parameters: {
             query?: never;
@@ -1336,6 +1384,28 @@ export interface components {
          * @enum {string}
          */
         ContextType: "chat" | "task" | "document";
+        /**
+         * CorrectionOut
+         * @description What POST /v1/agents/{agent_id}/memories/{memory_id}/correct changed (docs/corrections.md).
+         */
+        CorrectionOut: {
+            /** @description the memory found wrong, as kept now: `corrected_at`, `corrected_by` */
+            corrected: components["schemas"]["MemoryRecord"];
+            /** @description the memory that replaces it (`corrects` names the old one) */
+            correction: components["schemas"]["MemoryRecord"];
+            /**
+             * Facts Closed
+             * @description ids of the knowledge-graph facts formed from the old memory, closed as wrong (their `corrected_by` is the correction)
+             */
+            facts_closed?: string[];
+            /**
+             * Redacted
+             * @description what the agent's redaction policy took out of the correction's content, title and tags, by kind (docs/redaction.md)
+             */
+            redacted?: {
+                [key: string]: number;
+            } | null;
+        };
         /** DeadLetter */
         DeadLetter: {
             event: components["schemas"]["Event"];
@@ -1732,7 +1802,7 @@ export interface components {
          * EventType
          * @enum {string}
          */
-        EventType: "formed" | "written" | "updated" | "deleted" | "undeleted" | "purged" | "superseded" | "erased" | "expired" | "corrected" | "forgotten";
+        EventType: "formed" | "written" | "updated" | "deleted" | "undeleted" | "purged" | "superseded" | "erased" | "expired" | "corrected" | "uncorrected" | "forgotten";
         /** Explanation */
         Explanation: {
             /**
@@ -1834,6 +1904,11 @@ export interface components {
              */
             superseded_by: string | null;
             /**
+             * Corrected By
+             * @description closed as wrong, not outdated: the memory that corrected the one it came from (docs/corrections.md)
+             */
+            corrected_by?: string | null;
+            /**
              * Created At
              * Format: date-time
              * @description when the service learnt it
@@ -1846,9 +1921,14 @@ export interface components {
             expired_at: string | null;
             /**
              * Current
-             * @description neither invalidated nor expired
+             * @description neither invalidated nor expired, and its memories not all expired
              */
             current: boolean;
+            /**
+             * Expires At
+             * @description when the memories it came from all expire: from then on it is no longer current (docs/expiry.md); None: one never does
+             */
+            expires_at?: string | null;
             /**
              * Memory Ids
              * @description the memories it came from
@@ -2185,6 +2265,27 @@ export interface components {
              */
             when_spent?: "offline" | "wait";
         };
+        /**
+         * MemoryCorrection
+         * @description The right content of a memory found wrong (and, if they were wrong too, its title and tags).
+         */
+        MemoryCorrection: {
+            /**
+             * Content
+             * @description the right content, at most MAX_MESSAGE_CHARS characters; must differ from the memory's
+             */
+            content: string;
+            /**
+             * Title
+             * @description a new title (left out: the memory's)
+             */
+            title?: string | null;
+            /**
+             * Tags
+             * @description new tags (left out: the memory's)
+             */
+            tags?: string[] | null;
+        };
         /** MemoryDetail */
         MemoryDetail: {
             memory: components["schemas"]["MemoryRecord"];
@@ -2267,6 +2368,21 @@ export interface components {
              * @description when it expires: from then on search, the memory block and browse skip it (memory_get still answers it), and the next retention run purges it (None: never)
              */
             expires_at?: string | null;
+            /**
+             * Corrected At
+             * @description set when it was found wrong and corrected (not outdated: an update says that): kept as history, read by id only (docs/corrections.md)
+             */
+            corrected_at?: string | null;
+            /**
+             * Corrected By
+             * @description the memory that corrected it
+             */
+            corrected_by?: string | null;
+            /**
+             * Corrects
+             * @description the memory this one corrects (found wrong)
+             */
+            corrects?: string | null;
             provenance: components["schemas"]["Provenance"];
             /**
              * Access Count
@@ -2289,10 +2405,11 @@ export interface components {
         /**
          * MemoryState
          * @description Which memories a listing shows: live ones (what search and the memory block read),
-         *     soft-deleted ones, evicted ones (past a FIFO cap), or all.
+         *     soft-deleted ones, evicted ones (past a FIFO cap), corrected ones (found wrong and
+         *     replaced, kept as history: docs/corrections.md), or all.
          * @enum {string}
          */
-        MemoryState: "live" | "deleted" | "evicted" | "all";
+        MemoryState: "live" | "deleted" | "evicted" | "corrected" | "all";
         /**
          * MemoryUpdate
          * @description A partial update: only the fields given change (null clears title and confidence).
@@ -3222,6 +3339,21 @@ export interface components {
              * @description the entities it mentions that were counted
              */
             entities?: components["schemas"]["EntityWeight"][];
+        };
+        /**
+         * UncorrectedOut
+         * @description What POST /v1/agents/{agent_id}/memories/{memory_id}/uncorrect changed (docs/corrections.md).
+         */
+        UncorrectedOut: {
+            /** @description the memory that was corrected, live again */
+            memory: components["schemas"]["MemoryRecord"];
+            /** @description the correction, soft-deleted (None: purged or erased since) */
+            correction: components["schemas"]["MemoryRecord"] | null;
+            /**
+             * Facts Restored
+             * @description ids of the facts the correction had closed, current again
+             */
+            facts_restored?: string[];
         };
         /** UserExport */
         UserExport: {
@@ -4412,7 +4544,7 @@ export interface operations {
                 since?: string | null;
                 /** @description valid_at at or before (ISO 8601) */
                 until?: string | null;
-                /** @description live (the default: what search and the memory block read), deleted (soft-deleted), evicted, or all */
+                /** @description live (the default: what search and the memory block read), deleted (soft-deleted), evicted, corrected (found wrong, kept as history), or all */
                 state?: components["schemas"]["MemoryState"];
                 /** @description the `next` of the previous page (with the same filters) */
                 cursor?: string | null;
@@ -4709,6 +4841,76 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ReformReport"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    memory_correct: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the memory's id */
+                memory_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["MemoryCorrection"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["CorrectionOut"];
+                };
+            };
+            /** @description Validation Error */
+            422: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["HTTPValidationError"];
+                };
+            };
+        };
+    };
+    memory_uncorrect: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                agent_id: string;
+                /** @description the memory's id */
+                memory_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UncorrectedOut"];
                 };
             };
             /** @description Validation Error */

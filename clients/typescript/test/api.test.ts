@@ -201,6 +201,22 @@ describe("the memory tools", () => {
     assert.ok(done.done && done.reformed === 1);
   });
 
+  test("correct, then undo the correction", async () => {
+    const wrong = await client.memoryWrite(AGENT, { content: "The office moves to Lille in June.", namespace, kind: "fact" });
+    const done = await client.memoryCorrect(AGENT, wrong.id, { content: "The office moves to Lyon in March." });
+    assert.equal(done.corrected.id, wrong.id);
+    assert.equal(done.corrected.corrected_by, done.correction.id);
+    assert.equal(done.correction.corrects, wrong.id);
+    assert.equal(done.correction.content, "The office moves to Lyon in March.");
+    const ids = async () => (await client.searchMemoriesWithBody(AGENT, { query: "office moves" })).results.map((h) => h.id);
+    assert.ok(!(await ids()).includes(wrong.id), "a corrected memory is not found");
+    await assert.rejects(client.memoryCorrect(AGENT, wrong.id, { content: "Again" }), ConflictError);
+    const undone = await client.memoryUncorrect(AGENT, wrong.id);
+    assert.equal(undone.memory.corrected_by, null);
+    assert.ok(undone.correction?.deleted_at, "the correction is deleted");
+    assert.ok((await ids()).includes(wrong.id), "found again once the correction is undone");
+  });
+
   test("an idempotency key writes one memory", async () => {
     const memory = { content: "Standup moves to 9:30.", namespace, kind: "fact" as const, idempotency_key: "standup-1" };
     const first = await client.memoryWrite(AGENT, memory);

@@ -32,7 +32,7 @@ from memory_service.client._common import (
     retryable,
     seg,
 )
-from memory_service.client.tool_models import DeletedMemory, MemoryRecord, WriteBlocksOut
+from memory_service.client.tool_models import CorrectionOut, DeletedMemory, MemoryRecord, UncorrectedOut, WriteBlocksOut
 from memory_service.domain.models import Agent, BatchMessageIn, LLMBudget, Shard
 from memory_service.domain.redaction import RedactionSettings
 from memory_service.schemas.audit import AuditPage
@@ -269,6 +269,23 @@ class MemoryClient:
                        dry_run=dry_run or None, run_id=run_id, limit=limit)
         answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/reform", json=request)
         result: ReformReport = parse(ReformReport, answer)
+        return result
+
+    def memory_correct(self, agent_id: str, memory_id: str, content: str, *, title: str | None = None,
+                             tags: list[str] | None = None) -> CorrectionOut:
+        """The memory was wrong (not outdated: that is ``memory_update``): a new memory with
+        ``content`` replaces it, the old one is kept as history and its graph facts close as
+        wrong. ``title``/``tags``: new ones (left out: the memory's). Undo: ``memory_uncorrect``."""
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/correct",
+                                  json=body(content=content, title=title, tags=tags))
+        result: CorrectionOut = parse(CorrectionOut, answer)
+        return result
+
+    def memory_uncorrect(self, agent_id: str, memory_id: str) -> UncorrectedOut:
+        """Undo the correction of ``memory_id`` (the memory corrected): live again, the correction
+        soft-deleted, its closed facts current again."""
+        answer = self._send("POST", f"/v1/agents/{seg(agent_id)}/memories/{seg(memory_id)}/uncorrect")
+        result: UncorrectedOut = parse(UncorrectedOut, answer)
         return result
 
     # Browsing what the service holds: agents, users, sessions and memories, page by page.

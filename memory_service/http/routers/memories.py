@@ -7,7 +7,8 @@ the agent, changing needs `write` and the operator's MEMORY_WRITE_AGENTS; a key 
 to some users reads what they may see (their user namespaces, the sessions they took part
 in, the shards and the agent's namespace; anything else is an unknown memory) and changes
 only their own namespaces and sessions (memory_service/access/reach.py). The service audits
-every change (``memory.write``, ``.update``, ``.delete``, ``.undelete``, ``.forget``, ``.write_blocks``).
+every change (``memory.write``, ``.update``, ``.delete``, ``.undelete``, ``.forget``, ``.correct``,
+``.uncorrect``, ``.write_blocks``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from memory_service.access.authorization import authorize
 from memory_service.access.cursors import MAX_CURSOR_CHARS
 from memory_service.access.keys import Principal
 from memory_service.backends.base import MemoryState
+from memory_service.curation.corrections import MemoryCorrection
 from memory_service.curation.tools import MEMORY_ID_CHARS, MemoryUpdate, MemoryWrite, NamespaceGuard
 from memory_service.domain.errors import InvalidInput
 from memory_service.domain.limits import MAX_NAMESPACE_CHARS, MESSAGE_CHARS_CEILING
@@ -31,7 +33,7 @@ from memory_service.http.guard import strict_router
 from memory_service.schemas.browse import MAX_BROWSE_PAGE, MemoryDetail, MemoryPage
 from memory_service.schemas.keys import Role
 from memory_service.schemas.lifecycle import ForgetIn, ForgetMode, ForgetReport, ReformIn, ReformReport
-from memory_service.schemas.memories import DeletedOut, MemoryRecord, WriteBlocksOut
+from memory_service.schemas.memories import CorrectionOut, DeletedOut, MemoryRecord, UncorrectedOut, WriteBlocksOut
 from memory_service.service import MemoryService
 
 router = strict_router(tags=["memory tools"])
@@ -64,7 +66,8 @@ async def list_memories(
     since: datetime | None = Query(None, description="valid_at at or after (ISO 8601)"),
     until: datetime | None = Query(None, description="valid_at at or before (ISO 8601)"),
     state: MemoryState = Query(MemoryState.LIVE, description="live (the default: what search and the memory block "
-                                                             "read), deleted (soft-deleted), evicted, or all"),
+                                                             "read), deleted (soft-deleted), evicted, corrected "
+                                                             "(found wrong, kept as history), or all"),
     cursor: str | None = Query(None, min_length=1, max_length=MAX_CURSOR_CHARS,
                                description="the `next` of the previous page (with the same filters)"),
     limit: int = Query(50, ge=1, le=MAX_BROWSE_PAGE),
@@ -170,6 +173,30 @@ async def reform_windows(agent_id: AgentId, body: ReformIn, service: ServiceDep,
     session (or another agent's): 404. Needs `admin` for all of the agent's users."""
     authorize(principal, Role.ADMIN, agent_id)
     return await service.reform(agent_id, body, actor=principal.key_id)
+
+
+@router.post("/v1/agents/{agent_id}/memories/{memory_id}/correct", response_model=CorrectionOut)
+async def memory_correct(agent_id: AgentId, body: MemoryCorrection, service: ServiceDep, principal: CallerDep,
+                         memory_id: OpaqueId = MemoryId) -> CorrectionOut:
+    """memory_correct: the memory was wrong (not outdated: that is memory_update). A new memory
+    with the right content takes its place (`correction`, whose `corrects` names the old one);
+    the old one is kept as history (`corrected_at`, `corrected_by`), read by id only: search,
+    the memory block and browse's live list skip it. The knowledge-graph facts formed from it
+    close as wrong (`facts_closed`). Undo with `.../uncorrect`. 409 on a memory deleted,
+    expired or corrected already; 422 on a recorded message or an unchanged content. Needs
+    `write` and MEMORY_WRITE_AGENTS (docs/corrections.md)."""
+    guard = _allow(service, principal, Role.WRITE, agent_id)
+    return await service.memory_correct(agent_id, memory_id, body, guard, actor=principal.key_id)
+
+
+@router.post("/v1/agents/{agent_id}/memories/{memory_id}/uncorrect", response_model=UncorrectedOut)
+async def memory_uncorrect(agent_id: AgentId, service: ServiceDep, principal: CallerDep,
+                           memory_id: OpaqueId = MemoryId) -> UncorrectedOut:
+    """Undo memory_correct on `memory_id` (the memory that was corrected): it is live again, its
+    correction soft-deleted, the facts the correction closed current again. 409 if it is not
+    corrected, or its correction was corrected since. Needs `write` and MEMORY_WRITE_AGENTS."""
+    guard = _allow(service, principal, Role.WRITE, agent_id)
+    return await service.memory_uncorrect(agent_id, memory_id, guard, actor=principal.key_id)
 
 
 class WriteBlocksIn(BaseModel):

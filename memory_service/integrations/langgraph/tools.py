@@ -27,6 +27,7 @@ from pydantic import Field
 
 from memory_service.client import (
     AsyncMemoryClient,
+    CorrectionOut,
     DeletedMemory,
     MemoryApiError,
     MemoryClient,
@@ -107,7 +108,8 @@ class MemoryTools:
         kind: Annotated[Kind | None, Field(description="new kind")] = None,
         clear: Annotated[list[Cleared] | None, Field(description="fields to remove: title, confidence, tags")] = None,
     ) -> Plan[str]:
-        """Change a memory: the fields given; those left out (or null) stay as they are."""
+        """Change a memory because it changed since (it was true until now): the fields given; those left out (or
+        null) stay as they are."""
         changes: dict[str, Any] = {name: value for name, value in
                                    (("content", content), ("title", title), ("tags", tags), ("confidence", confidence),
                                     ("kind", kind)) if value is not None}
@@ -119,6 +121,16 @@ class MemoryTools:
             raise ToolException("nothing to change: give content, title, tags, confidence or kind, or clear")
         record: MemoryRecord = yield call("memory_update", self.agent_id, memory_id, **changes)
         return _record(record)
+
+    def memory_correct(
+        self,
+        memory_id: MemoryId,
+        content: Annotated[str, Field(min_length=1, description="the right content")],
+    ) -> Plan[str]:
+        """Correct a memory that was wrong (never true; for one that changed since, use memory_update): the right
+        content replaces it, the wrong one is kept as history only."""
+        done: CorrectionOut = yield call("memory_correct", self.agent_id, memory_id, content)
+        return _json({"correction": json.loads(_record(done.correction)), "facts_closed": done.facts_closed})
 
     def memory_delete(self, memory_id: MemoryId) -> Plan[str]:
         """Forget a memory (it can be brought back until it is purged)."""
@@ -133,13 +145,14 @@ def memory_tools(agent_id: str, *, client: MemoryClient | None = None, async_cli
                  user_id: str | None = None, session_id: str | None = None,
                  read_only: bool = False) -> list[BaseTool]:
     """LangChain tools over ``agent_id``'s memories: memory_search and memory_get, and unless
-    ``read_only`` memory_write, memory_update and memory_delete (writes need the agent in the
+    ``read_only`` memory_write, memory_update, memory_correct and memory_delete (writes need the agent in the
     operator's MEMORY_WRITE_AGENTS). ``client`` runs them in ``invoke``, ``async_client`` in
     ``ainvoke``. ``user_id`` and ``session_id`` are used when the run does not name them."""
     if client is None and async_client is None:
         raise ValueError("give client=MemoryClient(...), async_client=AsyncMemoryClient(...) or both")
     plans = MemoryTools(agent_id, user_id=user_id, session_id=session_id)
-    names = READ_TOOLS if read_only else (*READ_TOOLS, "memory_write", "memory_update", "memory_delete")
+    names = READ_TOOLS if read_only else (*READ_TOOLS, "memory_write", "memory_update", "memory_correct",
+                                          "memory_delete")
     return [_tool(getattr(plans, name), client, async_client) for name in names]
 
 

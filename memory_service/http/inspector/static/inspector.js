@@ -180,6 +180,7 @@
     for (const row of $$("#agents-table tbody tr")) row.classList.toggle("selected", row.dataset.id === agentId);
     if (agentId) await Promise.all([loadUsers(), loadSessions()]);
     if (current === "formation") await loadFormation();
+    if (current === "events") LOADERS.events();
   }
 
   async function loadUsers(append = false) {
@@ -225,10 +226,52 @@
       setMore("memories", page.next);
       fillTable($("#memories-table"), [
         ["kind", (m) => m.kind], ["content", (m) => short(m.content)], ["namespace", (m) => m.namespace],
-        ["valid at", (m) => when(m.valid_at)], ["accesses", (m) => m.access_count],
-        ["state", (m) => (m.deleted_at ? "deleted" : "live")],
+        ["valid at", (m) => when(m.valid_at)], ["expires", (m) => expiresCell(m)], ["accesses", (m) => m.access_count],
+        ["state", (m) => memoryState(m)],
       ], page.memories, { append, rowId: (m) => m.id, onRow: (m) => showMemory(m.id) });
     });
+    if (!append) await showTtl();
+  }
+
+  const expired = (m) => Boolean(m.expires_at && Date.parse(m.expires_at) <= Date.now());
+
+  /** A memory's state as the page says it: corrected (found wrong), deleted, expired or live. */
+  function memoryState(m) {
+    if (m.corrected_by) return h("span", { class: "badge off" }, "corrected");
+    if (m.deleted_at) return h("span", { class: "badge off" }, "deleted");
+    if (expired(m)) return h("span", { class: "badge off" }, "expired");
+    return "live";
+  }
+
+  function expiresCell(m) {
+    if (!m.expires_at) return "";
+    return expired(m) ? h("span", { class: "badge off", title: m.expires_at }, `expired ${when(m.expires_at)}`)
+      : when(m.expires_at);
+  }
+
+  /** A time to live in seconds as the settings may write it: 90d, 12h, 30m, 45s. */
+  function ttl(seconds) {
+    for (const [unit, size] of [["d", 86400], ["h", 3600], ["m", 60]]) {
+      if (seconds % size === 0) return `${seconds / size}${unit}`;
+    }
+    return `${seconds}s`;
+  }
+
+  // The agent's times to live (its settings' memory_ttl per kind, each shard's): a key for some
+  // users may not read the agent's settings; the line then says so.
+  async function showTtl() {
+    const line = $("#memory-ttl");
+    try {
+      const [settings, shards] = await Promise.all([api("GET", `/v1/agents/${enc(agent)}`),
+        api("GET", `/v1/agents/${enc(agent)}/shards`)]);
+      const kinds = Object.entries(settings.memory_ttl || {}).map(([kind, s]) => `${kind} ${ttl(s)}`);
+      const perShard = shards.filter((x) => x.memory_ttl).map((x) => `${x.shard_id} ${ttl(x.memory_ttl)}`);
+      line.textContent = "Times to live — per kind: " + (kinds.join(", ") || "none")
+        + "; per shard: " + (perShard.join(", ") || "none")
+        + ". A memory written with expires_at ends then; expired memories leave search and the block at once.";
+    } catch (error) {
+      line.textContent = `Times to live: not readable with this key (${error.message}).`;
+    }
   }
 
   async function showMemory(memoryId) {
@@ -243,6 +286,11 @@
         ["tags", (m.tags || []).join(", ")], ["confidence", m.confidence], ["valid at", when(m.valid_at)],
         ["created at", when(m.created_at)], ["updated at", when(m.updated_at)],
         ["deleted at", when(m.deleted_at)], ["purge at", when(m.purge_at)],
+        ["expires at", m.expires_at ? h("span", { id: "memory-expires" }, when(m.expires_at),
+          expired(m) ? h("span", { class: "badge off" }, " expired") : "") : "never"],
+        ["corrected at", when(m.corrected_at)],
+        ["corrected by", m.corrected_by ? memoryLink(m.corrected_by, "memory-corrected-by") : ""],
+        ["corrects", m.corrects ? memoryLink(m.corrects, "memory-corrects") : ""],
         ["accesses", m.access_count], ["last accessed", when(m.last_accessed_at)],
         ["session", m.provenance && m.provenance.session_id], ["user", m.provenance && m.provenance.user_id],
         ["messages", m.provenance && (m.provenance.message_ids || []).join(", ")],
@@ -252,16 +300,23 @@
         ["at", (x) => when(x.valid_at)]], detail.messages);
       const formed = detail.window;
       const history = h("table", { class: "data", id: "memory-history" });
-      fillTable(history, [["at", (e) => when(e.at)], ["action", (e) => e.action], ["key", (e) => e.key_id]],
-        detail.history);
+      fillTable(history, [["at", (e) => when(e.at)], ["action", (e) => e.action],
+        ["reason", (e) => (e.after && e.after.reason) || ""], ["key", (e) => e.key_id]], detail.history);
       const actions = h("div", { class: "actions" },
-        h("button", { type: "button", id: "memory-edit", onclick: () => editMemory(m) }, "Edit"),
+        m.corrected_by ? null : h("button", { type: "button", id: "memory-edit", onclick: () => editMemory(m) }, "Edit"),
+        m.corrected_by || m.deleted_at || m.kind === "message" ? null
+          : h("button", { type: "button", id: "memory-correct", onclick: () => correctMemory(m) }, "Correct"),
+        m.corrected_by ? h("button", { type: "button", id: "memory-uncorrect", onclick: () => changeMemory(m, "uncorrect") },
+          "Undo correction") : null,
         m.deleted_at
           ? h("button", { type: "button", id: "memory-undelete", onclick: () => changeMemory(m, "undelete") }, "Undelete")
           : h("button", { type: "button", id: "memory-delete", class: "danger", onclick: () => changeMemory(m, "delete") },
             "Delete"));
       panel.replaceChildren(
-        h("h3", {}, "Memory"), h("p", { class: "content", id: "memory-content" }, m.content), actions,
+        h("h3", {}, "Memory"),
+        ...(m.corrected_by ? [h("p", { class: "error", id: "memory-wrong" }, "Found wrong and corrected: kept as history "
+          + "only, search and the memory block show its correction.")] : []),
+        h("p", { class: "content", id: "memory-content" }, m.content), actions,
         h("p", { class: "error", id: "memory-action-error" }), fields,
         h("h4", {}, "Provenance"),
         formed ? h("p", { id: "memory-window" }, `Formed by window ${formed.window} (extractor ${formed.extractor}) from `
@@ -270,7 +325,7 @@
           : h("p", { class: "muted", id: "memory-window" }, "No formation window: written by a tool, a recorded message, "
             + "or formed before windows were kept."),
         messages, h("h4", {}, "History"), history,
-        detail.history_complete ? null : h("p", { class: "muted" }, "older entries may be missing (AUDIT_SCAN_LIMIT)"));
+        ...(detail.history_complete ? [] : [h("p", { class: "muted" }, "older entries may be missing (AUDIT_SCAN_LIMIT)")]));
       panel.hidden = false;
     });
   }
@@ -278,17 +333,46 @@
   async function changeMemory(m, action) {
     const question = action === "delete"
       ? `Delete this memory? Search and the memory block skip it at once; the retention job purges it later. "${short(m.content, 80)}"`
-      : `Undelete this memory? "${short(m.content, 80)}"`;
+      : action === "uncorrect"
+        ? `Undo the correction? This memory is shown again, its correction is deleted. "${short(m.content, 80)}"`
+        : `Undelete this memory? "${short(m.content, 80)}"`;
     if (!(await confirmAction(question))) return;
     const box = $("#memory-action-error");
     try {
       const path = `/v1/agents/${enc(agent)}/memories/${enc(m.id)}`;
       if (action === "delete") await api("DELETE", path);
-      else await api("POST", `${path}/undelete`);
+      else await api("POST", `${path}/${action}`);
       await loadMemories();
       await showMemory(m.id);
     } catch (error) {
       box.textContent = `Refused: ${error.message}`;
+    }
+  }
+
+  /** A memory's id that opens it. */
+  function memoryLink(memoryId, id) {
+    return h("a", { href: "#memories", id, class: "memory-link", onclick: (event) => {
+      event.preventDefault();
+      showMemory(memoryId);
+    } }, memoryId);
+  }
+
+  // A correction: the memory was wrong (never true), not outdated (Edit says that): a new memory
+  // replaces it, this one is kept as history (POST .../correct).
+  async function correctMemory(m) {
+    const content = h("textarea", { name: "content", id: "correct-content", rows: 4, cols: 60 });
+    content.value = m.content;
+    const ok = await confirmAction("Correct this memory: it was wrong (use Edit for what changed since). The right "
+      + "content replaces it; the wrong one is kept as history and its graph facts close as wrong.",
+    [h("label", {}, "Right content", content)]);
+    if (!ok) return;
+    try {
+      const done = await api("POST", `/v1/agents/${enc(agent)}/memories/${enc(m.id)}/correct`,
+        { body: { content: content.value.trim() } });
+      await loadMemories();
+      await showMemory(done.correction.id);
+    } catch (error) {
+      $("#memory-action-error").textContent = `Refused: ${error.message}`;
     }
   }
 
@@ -606,6 +690,102 @@
     });
   }
 
+  // ---- change events ------------------------------------------------------------------------------
+
+  // The stream is read with fetch, not EventSource: EventSource cannot send the Authorization
+  // header, and the key never goes in a URL. The page parses the server-sent events itself and
+  // resumes after the last id when the server ends a stream (EVENTS_SSE_MAX_SECONDS).
+  let following = null; // { agent, controller, last }
+
+  function stopEvents(status = "stopped") {
+    if (following) following.controller.abort();
+    following = null;
+    $("#events-status").textContent = status;
+    $("#view-events").dataset.following = "0";
+  }
+
+  async function followEvents() {
+    if (!agent) return;
+    stopEvents("connecting…");
+    fillTable($("#events-table"), EVENT_COLUMNS, []);
+    const mine = { agent, controller: new AbortController(), last: "0-0" };
+    following = mine;
+    while (following === mine) {
+      try {
+        await readEvents(mine);
+      } catch (error) {
+        if (following !== mine) return;
+        if (error instanceof ApiError) {
+          showError("events", error);
+          stopEvents("refused");
+          return;
+        }
+        $("#events-status").textContent = `reconnecting after: ${error.message}`;
+      }
+      if (following === mine) await new Promise((resolve) => { setTimeout(resolve, 1000); });
+    }
+  }
+
+  async function readEvents(mine) {
+    const url = new URL(`/v1/agents/${enc(mine.agent)}/events`, window.location.origin);
+    url.searchParams.set("after", mine.last);
+    const headers = { Accept: "text/event-stream" };
+    if (key) headers.Authorization = `Bearer ${key}`;
+    const answer = await fetch(url, { headers, credentials: "omit", cache: "no-store", signal: mine.controller.signal });
+    if (!answer.ok) {
+      const text = await answer.text();
+      let detail = text;
+      try { detail = JSON.parse(text).detail; } catch { /* not JSON: the text */ }
+      throw new ApiError(answer.status, typeof detail === "string" ? detail : JSON.stringify(detail));
+    }
+    showError("events", null);
+    $("#events-status").textContent = `following ${mine.agent}'s events`;
+    $("#view-events").dataset.following = "1";
+    const reader = answer.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffer = "";
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      let end;
+      while ((end = buffer.indexOf("\n\n")) >= 0) {
+        const block = buffer.slice(0, end);
+        buffer = buffer.slice(end + 2);
+        const data = block.split("\n").filter((line) => line.startsWith("data: ")).map((line) => line.slice(6)).join("\n");
+        if (!data) continue;
+        const event = JSON.parse(data);
+        mine.last = event.id;
+        if (following === mine) addEvent(event);
+      }
+    }
+  }
+
+  const EVENT_COLUMNS = [
+    ["at", (e) => when(e.at)], ["event", (e) => h("span", { class: `badge event ${e.type}` }, e.type)], ["kind", (e) => e.kind],
+    ["namespace", (e) => e.namespace], ["memories", (e) => e.memory_ids.join(", ")],
+    ["cause", (e) => [e.key_id && `key ${e.key_id}`, e.session_id && `session ${e.session_id}`,
+      e.window !== null && e.window !== undefined && `window ${e.window}`, e.reason && `reason ${e.reason}`]
+      .filter(Boolean).join(", ")],
+    ["id", (e) => e.id],
+  ];
+
+  function addEvent(event) {
+    const table = $("#events-table");
+    const empty = $("tbody td.muted", table);
+    if (empty) empty.parentElement.remove();
+    fillTable(table, EVENT_COLUMNS, [event], {
+      append: true, rowId: (e) => e.id,
+      onRow: (e) => { if (e.kind !== "graph_fact" && e.memory_ids.length) openMemory(e.memory_ids[e.memory_ids.length - 1]); },
+    });
+    const body = table.tBodies[0];
+    body.prepend(body.lastElementChild); // newest first
+  }
+
+  async function openMemory(memoryId) {
+    go("memories");
+    await showMemory(memoryId);
+  }
+
   // ---- the audit log ----------------------------------------------------------------------------
 
   let auditFilters = {};
@@ -631,6 +811,8 @@
     agents: () => (agent ? Promise.all([loadUsers(), loadSessions()]) : null),
     memories: () => loadMemories(), formation: () => loadFormation(), audit: () => loadAudit(),
     graph: () => loadEntities(), search: () => null, context: () => null,
+    // Not awaited: the stream runs until stopped (the view is left, another agent picked).
+    events: () => { if (!following || following.agent !== agent) followEvents(); return null; },
   };
 
   /** Show `view`; `filters` pre-fill its form (e.g. a user's memories). */
@@ -650,6 +832,7 @@
 
   async function show(view) {
     if (!LOADERS[view]) view = "agents";
+    if (view !== "events" && following) stopEvents(); // a stream open is one of the server's EVENTS_SSE_MAX_STREAMS
     current = view;
     for (const section of $$(".view")) section.hidden = section.id !== `view-${view}`;
     for (const link of $$("#nav a")) link.classList.toggle("active", link.dataset.view === view);
@@ -687,6 +870,8 @@
       link.addEventListener("click", (event) => { event.preventDefault(); go(link.dataset.view); });
     }
     window.addEventListener("popstate", () => show(window.location.hash.slice(1)));
+    $("#events-follow").addEventListener("click", () => { followEvents(); });
+    $("#events-stop").addEventListener("click", () => stopEvents());
     onSubmit("#memories-form", () => loadMemories());
     onSubmit("#search-form", runSearch);
     onSubmit("#context-form", assemble);
