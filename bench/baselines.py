@@ -7,17 +7,13 @@
 - Baselines outside the service: BM25 (bm25s, English stopwords, no stemming), dense
   (the service's own embedder, when ``memory_service.embedding.embedders`` exists), RRF of both, and
   packing the best turns, whole, into a character budget.
-- Timing summaries: median and p95 (nearest rank).
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import math
 import re
-import statistics
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -298,19 +294,6 @@ def pack_turns(turns: Iterable[Turn], budget: int, skip: bool = False) -> tuple[
 
 # --- timing ---------------------------------------------------------------------------------
 
-def p95(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]  # nearest rank
-
-
-def summarize_ms(seconds: Sequence[float]) -> dict:
-    """median, p95 (nearest rank), min, max in ms; empty -> counts only."""
-    if not seconds:
-        return {"n": 0}
-    return {"n": len(seconds), "median_ms": statistics.median(seconds) * 1e3, "p95_ms": p95(seconds) * 1e3,
-            "min_ms": min(seconds) * 1e3, "max_ms": max(seconds) * 1e3}
-
-
 # --- baselines ------------------------------------------------------------------------------
 
 class BM25Index:
@@ -449,8 +432,3 @@ async def close_embedder(embedder: Embedder | None) -> None:
                 return
 
 
-def timed(fn, *args, **kwargs):
-    """(result, seconds)"""
-    start = time.perf_counter()
-    result = fn(*args, **kwargs)
-    return result, time.perf_counter() - start

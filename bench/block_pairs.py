@@ -75,7 +75,7 @@ async def child(args: argparse.Namespace) -> dict:
 
 
 def summary(times: dict[str, list[float]]) -> dict:
-    from baselines import p95
+    from common import p95
 
     return {"p50_ms": statistics.median(times["wall"]) * 1e3, "p95_ms": p95(times["wall"]) * 1e3,
             "cpu_p50_ms": statistics.median(times["cpu"]) * 1e3}
@@ -102,7 +102,7 @@ def main() -> int:
         parser.error("--store must be a store the latency bench filled (a directory holding filled.json)")
 
     sys.path[:0] = [str(HERE), str(HERE.parent)]
-    from context_bench import print_machine
+    from common import print_machine
     from rich.console import Console
     from rich.table import Table
 

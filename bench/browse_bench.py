@@ -31,8 +31,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from context_bench import print_machine  # noqa: E402
-from knowledge_updates import summarize_ms  # noqa: E402
+from common import print_machine, summarize_ms  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 

@@ -20,17 +20,16 @@ import gc
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from xml.etree import ElementTree as ET
 from xml.sax.saxutils import escape, quoteattr
 
+from common import calls_per_sample, print_machine, sample
 from rich.console import Console
 from rich.table import Table
 
@@ -177,25 +176,6 @@ class Stats:
         return cls(statistics.median(ordered) * 1e3, p95 * 1e3, ordered[0] * 1e3, len(ordered), calls)
 
 
-def calls_per_sample(fn: Callable[[], object], min_seconds: float) -> int:
-    """How many back-to-back calls make one sample last at least ``min_seconds``."""
-    calls = 1
-    while True:
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        if time.perf_counter() - start >= min_seconds or calls >= 10_000:
-            return calls
-        calls *= 2
-
-
-def sample(fn: Callable[[], object], calls: int) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls
-
-
 def check(size: str, budget: int, inputs: ContextInputs, total: int, naive_xml: str) -> list[str]:
     """Correctness of one case; the list of what is wrong."""
     errors = []
@@ -272,42 +252,6 @@ def run(repeat: int, min_sample_seconds: float, console: Console) -> tuple[list[
 
 
 # --- reporting ----------------------------------------------------------------------------
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def print_machine(console: Console, bench: str) -> dict:
-    """Print which machine this runs on, and its load; the header for the results."""
-    header = machine()
-    console.print(f"[bold]{bench}[/bold]  {header['date']}  {header['cpu']}, "
-                  f"{header['cores']} cores ({header['usable_cores']} usable)  {header['python']}  "
-                  f"{header['platform']}")
-    console.print(f"load average at start: {header['load_avg_1_5_15']}  (shared machine: expect noise)")
-    return header
-
-
-def machine() -> dict:
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "usable_cores": usable,
-        "python": f"{platform.python_implementation()} {platform.python_version()}",
-        "platform": platform.platform(),
-        "load_avg_1_5_15": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
-    }
-
 
 def table(cases: list[dict], repeat: int) -> Table:
     t = Table(title=f"render_context vs naive baseline (ms per call, {repeat} samples each)")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from context_bench import print_machine  # noqa: E402
+from common import print_machine  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from memory_service.config import Settings  # noqa: E402

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine  # noqa: E402
 from longmemeval import USER, LmeQuestion, load, parts, wait_embedded  # noqa: E402
 from rich.console import Console  # noqa: E402
 

@@ -44,9 +44,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
 import redis.asyncio as aioredis  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine, summarize_ms  # noqa: E402
 from ingest_bench import Server  # noqa: E402
-from knowledge_updates import summarize_ms  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 

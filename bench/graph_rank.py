@@ -32,7 +32,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
 from baselines import load_locomo  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine  # noqa: E402
 from locomo import BenchError, check_formed, ingest, run_context, run_search  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402

@@ -35,7 +35,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -45,7 +44,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine, summarize_ms  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -55,16 +54,6 @@ BUDGET = 4000
 TOP_K = 10
 TARGET_CURRENT = 0.95
 CLOSED_ATTRS = ("invalid_at", "superseded", "superseded_by", "expired_at")
-
-
-def summarize_ms(seconds: Sequence[float]) -> dict:
-    """median, p95 (nearest rank), min, max in ms (bench/baselines.py's, without its bm25s import)."""
-    if not seconds:
-        return {"n": 0}
-    ordered = sorted(seconds)
-    p95 = ordered[max(0, -(-95 * len(ordered) // 100) - 1)]
-    return {"n": len(seconds), "median_ms": statistics.median(seconds) * 1e3, "p95_ms": p95 * 1e3,
-            "min_ms": ordered[0] * 1e3, "max_ms": ordered[-1] * 1e3}
 
 
 class BenchError(Exception):

@@ -71,8 +71,13 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import numpy as np  # noqa: E402
-from baselines import BM25Index, DenseIndex, close_embedder, load_embedder, rrf, summarize_ms  # noqa: E402
-from context_bench import calls_per_sample, print_machine, sample  # noqa: E402
+from baselines import BM25Index, DenseIndex, close_embedder, load_embedder, rrf  # noqa: E402
+from common import (  # noqa: E402
+    calls_per_sample,
+    print_machine,
+    sample,
+    summarize_ms,  # noqa: E402
+)
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 

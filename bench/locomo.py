@@ -66,11 +66,10 @@ from baselines import (  # noqa: E402
     recall_at,
     rrf,
     speaker_of_question,
-    summarize_ms,
     turn_times,
 )
 from block_replay import Capture  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine, summarize_ms  # noqa: E402
 from evidence import (  # noqa: E402
     context_metrics,
     grouped,

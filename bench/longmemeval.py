@@ -57,9 +57,9 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
-from baselines import BM25Index, Session, Turn, pack_turns, summarize_ms  # noqa: E402
+from baselines import BM25Index, Session, Turn, pack_turns  # noqa: E402
 from block_replay import Capture  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine, summarize_ms  # noqa: E402
 from evidence import (  # noqa: E402
     SEARCH_DEPTH,
     answer_words,

@@ -343,7 +343,7 @@ def violations_of(result: dict) -> list[str]:
 
 
 async def main(args: argparse.Namespace) -> int:
-    from context_bench import print_machine
+    from common import print_machine
     from rich.console import Console
     from rich.table import Table
 

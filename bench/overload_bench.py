@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import httpx  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from common import print_machine  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 

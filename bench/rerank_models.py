@@ -42,8 +42,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-from baselines import load_locomo, p95, ranked_sources, recall_at  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from baselines import load_locomo, ranked_sources, recall_at  # noqa: E402
+from common import p95, print_machine  # noqa: E402
 from graph_rank import FORMED  # noqa: E402
 from locomo import BenchError, check_formed, ingest  # noqa: E402
 from rich.console import Console  # noqa: E402

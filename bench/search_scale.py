@@ -66,8 +66,8 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 import numpy as np  # noqa: E402
-from baselines import BM25Index, summarize_ms  # noqa: E402
-from context_bench import print_machine  # noqa: E402
+from baselines import BM25Index  # noqa: E402
+from common import print_machine, summarize_ms  # noqa: E402
 from latency_bench import QueryCost, embedded_all, indexes_operational, service_settings  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402

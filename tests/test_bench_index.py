@@ -13,7 +13,7 @@ import pytest
 
 from .conftest import REPO
 
-HELPERS = {"baselines.py", "evidence.py"}  # shared modules of the retrieval benchmarks, not benchmarks
+HELPERS = {"common.py", "baselines.py", "evidence.py"}  # shared modules, not benchmarks
 ROW = re.compile(r"^\| \[?`(\w+\.py)`", re.MULTILINE)
 PAGES = REPO / "docs" / "benchmarks"
 HISTORY = re.compile(r"\b(?:issue|session) \d+(?![.,]?\d)", re.IGNORECASE)  # "session 32", not "multi-session 0.810"

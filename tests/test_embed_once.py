@@ -111,6 +111,30 @@ async def test_two_callers_racing_over_one_backlog_store_each_vector_once(settin
         assert await backend.unembedded("a1", 100) == [] and len(await claims_of_state(service)) == 40
 
 
+async def test_a_turn_longer_than_the_lease_keeps_its_claims_and_stores_its_vectors(settings):
+    """One model call that outlasts the claims' lease (a loaded machine, long turns, or a turn
+    waiting behind callers at the model): the claims are renewed in the background while it
+    runs, so its vectors are written, not dropped and embedded again over and over."""
+    from memory_service.state.embed_claims import EmbedClaims
+
+    async with open_service(settings, run_worker=False) as service:
+        backend = await service.registry.get("graph")
+        session = Namespace.session("s1")
+        await backend.write([Memory(id=f"m{i}", kind=MemoryKind.MESSAGE, namespace=str(session), content=f"note {i}",
+                                    metadata=Provenance(agent_id="a1", session_id="s1"), valid_at=T0)
+                             for i in range(6)])
+
+        class Slow(HashEmbedder):
+            async def embed(self, texts, *, query=False):
+                await asyncio.sleep(1.2)  # 2.4 leases
+                return await super().embed(texts, query=query)
+
+        claims = EmbedClaims(service.state.redis, lease_seconds=0.5)
+        outcome = await embed_once(Slow(64), claims, backend, "a1", await backend.unembedded("a1", 100), 6)
+        assert (outcome.stored, outcome.lost) == (6, 0)
+        assert await backend.unembedded("a1", 100) == []
+
+
 async def claims_of_state(service) -> list[str]:
     return [k async for k in service.state.redis.scan_iter(match=keyspace.embed_claim("a1", "*"))]
 

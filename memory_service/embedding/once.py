@@ -4,9 +4,12 @@ embeds what was stored without its vector: the record-time run, the embedding jo
 A memory is embedded by the one caller that claimed it (memory_service/state/embed_claims.py);
 a memory another caller holds is skipped and named back (``busy``), so a reader can look past
 it. The model is called in turns of the embedder's batch size (the local model runs one call
-at a time: a formation job's embedding waits behind one turn, not the whole read), renewing
-the claims when a third of the lease has passed; the claims are renewed once more before the
-write, and only the vectors whose claim held are written. A written memory keeps its claim
+at a time: a formation job's embedding waits behind one turn, not the whole read). The claims
+are renewed every third of the lease while the caller works, in the background: one turn of
+long texts on a loaded machine (or one waiting for its turn at the model behind callers
+someone waits for) can outlast the lease, and a claim that lapsed mid-turn had its vectors
+dropped and the memories embedded again, over and over. They are renewed once more before
+the write, and only the vectors whose claim held are written. A written memory keeps its claim
 until the lease ends (a reader whose read came just before the write must not claim it
 again); a memory left unwritten (the embedder or the store failed) is released, claimable
 again at once; one whose claimer died, after the lease.
@@ -14,9 +17,10 @@ again at once; one whose claimer died, after the lease.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, field
 
 from memory_service.backends.base import MemoryBackend
@@ -47,10 +51,14 @@ async def embed_once(embedder: Embedder, claims: EmbedClaims, backend: MemoryBac
     held = set(claim.ids)
     result = Embedded(claimed=len(held), busy=[m.id for m in memories if m.id not in held])
     written: set[str] = set()
+    keeper = asyncio.create_task(_keep_renewed(claims, claim), name=f"embedding claims of {agent_id}")
     try:
         written = await _embed_and_write(embedder, claims, claim, backend, [m for m in memories if m.id in held],
                                          step, result, on_turn)
     finally:
+        keeper.cancel()
+        with suppress(asyncio.CancelledError):
+            await keeper
         # What was written keeps its claim until the lease ends: a reader whose read came just
         # before the write finds it claimed. The rest is claimable again at once.
         try:
@@ -60,12 +68,22 @@ async def embed_once(embedder: Embedder, claims: EmbedClaims, backend: MemoryBac
     return result
 
 
+async def _keep_renewed(claims: EmbedClaims, claim: Claim) -> None:
+    """Renew the claim's ids every third of the lease until cancelled (a renewal that fails is
+    tried again at the next; the claims then hold until their lease ends)."""
+    while True:
+        await asyncio.sleep(claims.lease_ms / 3000)
+        try:
+            await claims.renew(claim)
+        except Exception as exc:
+            log.warning("could not renew %d embedding claims of agent %s: %s", len(claim.ids), claim.agent_id, exc)
+
+
 async def _embed_and_write(embedder: Embedder, claims: EmbedClaims, claim: Claim, backend: MemoryBackend,
                            todo: list[Memory], step: int, result: Embedded,
                            on_turn: Callable[[Sequence[Memory]], None] | None) -> set[str]:
     """Embed ``todo`` in turns and write the vectors whose claim held; the ids written."""
     done: list[Memory] = []
-    renewed = time.monotonic()
     while todo:
         turn, todo = todo[:step], todo[step:]
         if not await embed_memories(embedder, turn):
@@ -74,12 +92,6 @@ async def _embed_and_write(embedder: Embedder, claims: EmbedClaims, claim: Claim
         done += turn
         if on_turn is not None:
             on_turn(turn)
-        if todo and time.monotonic() - renewed > claims.lease_ms / 3000:
-            held = await claims.renew(claim, [m.id for m in done + todo])
-            kept = [m for m in done if m.id in held]
-            result.lost += len(done) - len(kept)
-            done, todo = kept, [m for m in todo if m.id in held]
-            renewed = time.monotonic()
     vectors: dict[str, list[float]] = {}
     if done:
         held = await claims.renew(claim, [m.id for m in done])
