@@ -207,6 +207,11 @@ class MemoryService:
             await self.agent_limits.charge_tokens(agent_id, tokens)
         await self.keys.charge_tokens(principal, tokens)
 
+    @property
+    def counts_agent_requests(self) -> bool:
+        """Whether agents' requests per minute are limited (AGENT_REQUESTS_PER_MINUTE)."""
+        return self.agent_limits.counts_requests
+
     async def charge_request(self, agent_id: str) -> None:
         """Count one request against ``agent_id``'s requests per minute (every key, every
         replica); RateLimited when spent."""

@@ -162,6 +162,10 @@ def cases(keys: Keys) -> dict[tuple[str, str], Case]:
             "POST", f"{memory}/correct", "write", {"content": "Pelicans eat fish, and crabs."}),
         ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/uncorrect"): Case("POST", f"{memory}/uncorrect", "write",
                                                                                ok=(200, 409)),
+        # Forgotten (soft: undoable) if the memory is still there to forget; re-formation by an admin, as a dry run.
+        ("POST", "/v1/agents/{agent_id}/memories/{memory_id}/forget"): Case("POST", f"{memory}/forget", "write",
+                                                                            {"mode": "soft"}, ok=(200, 409)),
+        ("POST", "/v1/agents/{agent_id}/reform"): Case("POST", f"/v1/agents/{AGENT}/reform", "admin", {"dry_run": True}),
         ("POST", "/v1/sessions/{session_id}/messages"): Case("POST", "/v1/sessions/alice-s1/messages", "write", message),
         ("POST", "/v1/agents/{agent_id}/messages/batch"): Case(
             "POST", f"/v1/agents/{AGENT}/messages/batch", "write",

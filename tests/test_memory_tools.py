@@ -157,7 +157,8 @@ async def test_a_message_deleted_before_its_window_is_formed_is_left_out_of_it(h
     # from the store and failed (POST /form 503), again at every retry.
     await record(http, "s1", "My locker code is 4417.", mid="m1")
     await record(http, "s1", "I moved to Porto in March.", mid="m2")
-    [message] = await search(http, "locker code", scope="session", session_id="s1")
+    # The session's other message may come too (the vector signal ranks it, at similarity 0).
+    [message] = [h for h in await search(http, "locker code", scope="session", session_id="s1") if "locker" in h["content"]]
     assert (await http.delete(f"/v1/agents/{AGENT}/memories/{message['id']}")).status_code == 200
     formed = await http.post("/v1/sessions/s1/form", params={"wait": "true"})
     assert formed.status_code == 200, formed.text
@@ -167,7 +168,7 @@ async def test_a_message_deleted_before_its_window_is_formed_is_left_out_of_it(h
     assert {h["kind"] for h in await search(http, "Porto March", top_k=50)} > {"message"}  # the other one is formed
     # A window whose every message was deleted forms nothing, and is formed.
     await record(http, "s2", "My bank PIN is 9931.", mid="m1")
-    [alone] = await search(http, "bank PIN", scope="session", session_id="s2")
+    [alone] = [h for h in await search(http, "bank PIN", scope="session", session_id="s2") if "PIN" in h["content"]]
     assert (await http.delete(f"/v1/agents/{AGENT}/memories/{alone['id']}")).status_code == 200
     formed = await http.post("/v1/sessions/s2/form", params={"wait": "true"})
     assert formed.status_code == 200, formed.text

@@ -274,7 +274,7 @@ class AdmissionLimit:
         """A 429 if the agent's requests per minute are spent (memory_service/access/agent_limits.py),
         else None (also when Redis cannot say: the route meets the outage itself)."""
         service = getattr(scope["app"].state, "service", None) if "app" in scope else None
-        if service is None or not service.agent_limits.counts_requests:
+        if service is None or not service.counts_agent_requests:
             return None
         try:
             async with asyncio.timeout(LANE_LOOKUP_SECONDS):
