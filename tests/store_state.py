@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import redis
 
 from memory_service.formation.jobs import QUEUE_NAME
-from memory_service.state.keyspace import WORKERS, embed_claim, outbox_lock
+from memory_service.state.keyspace import DOORBELL, WORKERS, embed_claim, outbox_lock
 
 # Keys neither compared nor counted (a read may write them): the service's counters (of
 # reads served too), the API keys' request counters, and FalkorDB's log of the queries run
@@ -22,7 +22,8 @@ QUERY_LOG_PREFIX = b"telemetry{"
 # The job queue's keys (arq:* and the queue itself), which a worker's cron jobs write on
 # their own schedule, and the outbox's delivery leases, which its relay takes and releases
 # on its own schedule too (ms:outbox:{outbox}:lock:<target>).
-WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode(), WORKERS.encode())  # WORKERS: their leases
+WORKER_KEYS = (b"arq:", QUEUE_NAME.encode(), outbox_lock("").encode(), WORKERS.encode(),  # WORKERS: their leases
+               DOORBELL.encode())  # rung by every enqueue, emptied by the idle workers
 # Embedding claims (ms:embed:{embed:<agent>}:claim:<memory>) are leases too: a written memory
 # keeps its claim until the lease ends (EMBEDDING_CLAIM_SECONDS), so a claim taken by an
 # earlier request's embedding expires on its own schedule, between any two snapshots.
