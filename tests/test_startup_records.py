@@ -101,10 +101,10 @@ async def test_records_are_created_replaced_listed_and_deleted_with_audit(http):
 ])
 async def test_bad_records_are_refused_naming_the_field_and_change_nothing(http, falkordb_url, rid, body, field):
     assert (await put(http, "kept", "P1", "Kept", "unchanged")).status_code == 201
-    before = await asyncio.to_thread(snapshot, falkordb_url)
+    before = await asyncio.to_thread(snapshot, falkordb_url, worker_running=True)
     answer = await http.put(f"/v1/agents/{AGENT}/startup/{rid}", json=body)
     assert answer.status_code == 422 and field in answer.text, answer.text
-    assert await asyncio.to_thread(snapshot, falkordb_url) == before
+    assert await asyncio.to_thread(snapshot, falkordb_url, worker_running=True) == before
 
 
 async def test_an_agent_holds_at_most_startup_max_records(falkordb_url):
@@ -194,13 +194,13 @@ async def test_digest_sends_again_only_when_the_records_change(http):
 
 async def test_a_session_nobody_recorded_in_is_sent_every_time_and_nothing_is_written(http, falkordb_url):
     await put(http, "soul", "P0", "Identity", "I am Atlas.")
-    before = await asyncio.to_thread(snapshot, falkordb_url)
+    before = await asyncio.to_thread(snapshot, falkordb_url, worker_running=True)
     for mode in ("first-run", "first-run", "digest", "digest"):
         assert (await block(http, session_id="fresh", mode=mode))["sent"] is True
     nobody = await http.get("/v1/agents/nobody/startup/block", params={"session_id": "fresh", "mode": "digest"})
     assert nobody.status_code == 200 and nobody.json()["records"] == []
     assert (await http.get("/v1/agents/nobody/startup")).json() == []
-    assert await asyncio.to_thread(snapshot, falkordb_url) == before
+    assert await asyncio.to_thread(snapshot, falkordb_url, worker_running=True) == before
 
 
 async def test_bad_block_requests(http):
@@ -221,14 +221,14 @@ async def test_a_session_of_another_agent_is_answered_as_an_unknown_one(http, fa
     await put(http, "soul", "P0", "Identity", "I am Atlas.")
     await record_message(http, "theirs", agent="rival")
     await wait_embedding_idle(falkordb_url, "rival")  # its writes are not the block's
-    before = await asyncio.to_thread(snapshot, falkordb_url)
+    before = await asyncio.to_thread(snapshot, falkordb_url, worker_running=True)
     for mode in ("first-run", "first-run", "digest", "always"):
         answers = [await http.get(f"/v1/agents/{AGENT}/startup/block", params={"session_id": session, "mode": mode})
                    for session in ("theirs", "never-recorded")]
         assert [a.status_code for a in answers] == [200, 200], [a.text for a in answers]
         assert answers[0].json() == answers[1].json() and answers[0].json()["sent"] is True
         assert "rival" not in answers[0].text
-    assert await asyncio.to_thread(snapshot, falkordb_url) == before  # no digest kept for either
+    assert await asyncio.to_thread(snapshot, falkordb_url, worker_running=True) == before  # no digest kept for either
 
 
 async def test_the_service_refuses_a_mode_without_its_session(service):
