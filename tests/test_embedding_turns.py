@@ -38,22 +38,29 @@ async def test_a_waiting_caller_goes_before_the_backlog_waiting_longer():
     assert turns.waiting() == 0 and not turns._busy
 
 
-async def test_a_cancelled_waiter_gives_its_turn_on():
-    turns, order = Turns(), []
+async def holder_and_two_waiters(turns: Turns, order: list[str], backlog: bool):
+    """A holder of the turn (until its event is set) and two waiters in line, "gone" first:
+    (the holder's release, the holder, gone, kept)."""
     release = asyncio.Event()
 
     async def hold() -> None:
-        async with turns.take(backlog=False):
+        async with turns.take(backlog=backlog):
             await release.wait()
 
     async def take(name: str) -> None:
-        async with turns.take(backlog=False):
+        async with turns.take(backlog=backlog):
             order.append(name)
 
     holder = asyncio.create_task(hold())
     await asyncio.sleep(0)
     gone, kept = asyncio.create_task(take("gone")), asyncio.create_task(take("kept"))
     await asyncio.sleep(0)
+    return release, holder, gone, kept
+
+
+async def test_a_cancelled_waiter_gives_its_turn_on():
+    turns, order = Turns(), []
+    release, holder, gone, kept = await holder_and_two_waiters(turns, order, backlog=False)
     gone.cancel()
     release.set()
     await holder
@@ -67,20 +74,7 @@ async def test_a_waiter_cancelled_after_the_holder_passed_it_by_raises_only_its_
     """The holder lets go first (its hand-on skips the cancelled waiter and gives the turn
     on), then the cancelled waiter runs: it finds itself gone from the line already."""
     turns, order = Turns(), []
-    release = asyncio.Event()
-
-    async def hold() -> None:
-        async with turns.take(backlog=True):
-            await release.wait()
-
-    async def take(name: str) -> None:
-        async with turns.take(backlog=True):
-            order.append(name)
-
-    holder = asyncio.create_task(hold())
-    await asyncio.sleep(0)
-    gone, kept = asyncio.create_task(take("gone")), asyncio.create_task(take("kept"))
-    await asyncio.sleep(0)
+    release, holder, gone, kept = await holder_and_two_waiters(turns, order, backlog=True)
     release.set()  # the holder wakes first ...
     gone.cancel()  # ... then the cancelled waiter
     await holder
